@@ -1,0 +1,91 @@
+"""Record schemas shared by the load driver (writer), the run store and the analysis (readers).
+
+All times are integer nanoseconds on the driver's `time.perf_counter_ns()` clock (CLOCK_MONOTONIC
+on Linux, the same clock the bundled engine stamps its steps with).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+# One row per request the driver planned and sent (or tried to).
+REQUEST_SCHEMA: dict[str, pl.DataType] = {
+    "request_id": pl.Utf8(),            # client-side id, unique within the run
+    "server_request_id": pl.Utf8(),     # the `id` field the server streamed back (links to steps)
+    "workload": pl.Utf8(),              # catalog name, e.g. "rag"
+    "cls": pl.Utf8(),                   # SLO class: the workload name, or "injected"
+    "injected": pl.Boolean(),
+    "stream": pl.Int64(),               # closed-loop stream index; null for open-loop sends
+    "session": pl.Utf8(),               # multi-turn session id (agent); null otherwise
+    "turn": pl.Int64(),
+    "prompt_tokens": pl.Int64(),        # tokens the driver built the prompt to
+    "prompt_tokens_reported": pl.Int64(),  # usage.prompt_tokens from the server; null if absent
+    "max_tokens": pl.Int64(),
+    "scheduled_ns": pl.Int64(),         # when the schedule said to send
+    "sent_ns": pl.Int64(),              # when the request was actually written
+    "first_token_ns": pl.Int64(),       # first chunk that carried tokens
+    "last_token_ns": pl.Int64(),
+    "done_ns": pl.Int64(),              # stream ended ([DONE], error or timeout)
+    "output_tokens": pl.Int64(),        # tokens counted from content chunks
+    "output_tokens_reported": pl.Int64(),  # usage.completion_tokens; null if absent
+    "num_chunks": pl.Int64(),           # content chunks received
+    "status": pl.Utf8(),                # ok | error | timeout | cancelled
+    "http_status": pl.Int64(),
+    "error": pl.Utf8(),
+    "finish_reason": pl.Utf8(),
+}
+
+# One row per content chunk (a chunk that carried at least one token).
+CHUNK_SCHEMA: dict[str, pl.DataType] = {
+    "request_id": pl.Utf8(),
+    "index": pl.Int64(),                # 0 = first token chunk
+    "t_ns": pl.Int64(),                 # arrival time at the client
+    "n_tokens": pl.Int64(),             # tokens carried (token_ids length, else 1)
+}
+
+# One row per engine step (bundled engine's /v1/steps stream), see itlbench.engine.instrument.
+STEP_SCHEMA: dict[str, pl.DataType] = {
+    "step": pl.Int64(),
+    "phase": pl.Utf8(),                 # prefill | decode | mixed | idle
+    "prefill_tokens": pl.Int64(),
+    "decode_tokens": pl.Int64(),
+    "num_prefill_reqs": pl.Int64(),
+    "num_decode_reqs": pl.Int64(),
+    "num_running": pl.Int64(),
+    "num_waiting": pl.Int64(),
+    "num_preemptions": pl.Int64(),
+    "kv_usage": pl.Float64(),
+    "token_budget": pl.Int64(),         # null = unchunked
+    "start_ns": pl.Int64(),
+    "end_ns": pl.Int64(),
+    "prefill_request_ids": pl.List(pl.Utf8()),
+    "num_finished": pl.Int64(),
+    "wall_start_ns": pl.Int64(),
+}
+
+# Samples of an external engine's /metrics (vllm:, sglang:, itlbench_), one row per series per scrape.
+SERVER_METRIC_SCHEMA: dict[str, pl.DataType] = {
+    "t_ns": pl.Int64(),
+    "name": pl.Utf8(),
+    "labels": pl.Utf8(),                # JSON of the label set
+    "value": pl.Float64(),
+}
+
+TABLES: dict[str, dict[str, pl.DataType]] = {
+    "requests": REQUEST_SCHEMA,
+    "chunks": CHUNK_SCHEMA,
+    "steps": STEP_SCHEMA,
+    "server_metrics": SERVER_METRIC_SCHEMA,
+}
+
+
+def empty(table: str) -> pl.DataFrame:
+    return pl.DataFrame(schema=TABLES[table])
+
+
+def frame(table: str, rows: list[dict[str, object]]) -> pl.DataFrame:
+    """Rows (dicts, missing keys become null) as a frame with the table's exact schema."""
+    schema = TABLES[table]
+    if not rows:
+        return empty(table)
+    return pl.DataFrame([{k: r.get(k) for k in schema} for r in rows], schema=schema, orient="row")

@@ -1,0 +1,244 @@
+"""Model and engine configuration: presets, Hugging Face `config.json`, validation.
+
+Torch-free on purpose: the scheduler, block manager and CLI read these without importing torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Literal
+
+from itlbench.errors import ConfigError
+
+Policy = Literal["budget", "prefill-first"]
+POLICIES: tuple[str, ...] = ("budget", "prefill-first")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3.1 frequency scaling ("llama3" rope type) that stretches 8k training to 128k."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes of a Llama-3-architecture decoder; all the engine needs to build it."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    max_position_embeddings: int
+    head_dim: int = 0  # 0: hidden_size // num_heads
+    rope_theta: float = 500_000.0
+    rope_scaling: RopeScaling | None = None
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    bos_token_id: int = 1
+    eos_token_id: int = 2
+    path: str | None = None  # local Hugging Face directory the shapes came from, if any
+
+    def __post_init__(self) -> None:
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // max(self.num_heads, 1))
+        _validate_model(self)
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count (embeddings included once when tied)."""
+        d, h, kv, hd, f = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate_size
+        attn = d * (h * hd) + 2 * d * (kv * hd) + (h * hd) * d
+        mlp = 3 * d * f
+        per_layer = attn + mlp + 2 * d
+        embed = self.vocab_size * d
+        head = 0 if self.tie_word_embeddings else self.vocab_size * d
+        return self.num_layers * per_layer + embed + head + d
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """K and V for one token across all layers: 2 · L · h_kv · d_h · b."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+
+def _validate_model(cfg: ModelConfig) -> None:
+    positive = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                "num_kv_heads", "max_position_embeddings", "head_dim")
+    for name in positive:
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"model.{name}", f"must be > 0, got {getattr(cfg, name)}")
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise ConfigError("model.num_kv_heads",
+                          f"{cfg.num_kv_heads} does not divide num_heads={cfg.num_heads}",
+                          "grouped-query attention needs num_heads % num_kv_heads == 0")
+    if cfg.head_dim % 2:
+        raise ConfigError("model.head_dim", f"must be even for RoPE, got {cfg.head_dim}")
+
+
+_LLAMA31_ROPE = RopeScaling()
+
+PRESETS: dict[str, ModelConfig] = {
+    "llama-3.1-8b": ModelConfig(
+        name="llama-3.1-8b", vocab_size=128_256, hidden_size=4096, intermediate_size=14_336,
+        num_layers=32, num_heads=32, num_kv_heads=8, max_position_embeddings=131_072,
+        rope_scaling=_LLAMA31_ROPE, bos_token_id=128_000, eos_token_id=128_001),
+    "llama-3-8b": ModelConfig(
+        name="llama-3-8b", vocab_size=128_256, hidden_size=4096, intermediate_size=14_336,
+        num_layers=32, num_heads=32, num_kv_heads=8, max_position_embeddings=8192,
+        bos_token_id=128_000, eos_token_id=128_001),
+    "llama-3.2-1b": ModelConfig(
+        name="llama-3.2-1b", vocab_size=128_256, hidden_size=2048, intermediate_size=8192,
+        num_layers=16, num_heads=32, num_kv_heads=8, head_dim=64, max_position_embeddings=131_072,
+        rope_scaling=RopeScaling(factor=32.0), tie_word_embeddings=True,
+        bos_token_id=128_000, eos_token_id=128_001),
+    # CPU presets: Llama-3 shapes scaled down so a 2-core box shows the phase fight in seconds.
+    "cpu-small": ModelConfig(
+        name="cpu-small", vocab_size=8192, hidden_size=256, intermediate_size=768,
+        num_layers=4, num_heads=4, num_kv_heads=2, max_position_embeddings=65_536,
+        rope_scaling=_LLAMA31_ROPE),
+    "cpu-medium": ModelConfig(
+        name="cpu-medium", vocab_size=8192, hidden_size=384, intermediate_size=1024,
+        num_layers=4, num_heads=6, num_kv_heads=2, max_position_embeddings=65_536,
+        rope_scaling=_LLAMA31_ROPE),
+    "tiny": ModelConfig(
+        name="tiny", vocab_size=512, hidden_size=64, intermediate_size=160,
+        num_layers=2, num_heads=4, num_kv_heads=2, max_position_embeddings=4096,
+        rope_scaling=RopeScaling(factor=8.0, original_max_position_embeddings=256)),
+}
+
+CPU_DEFAULT_PRESET = "cpu-small"
+CUDA_DEFAULT_PRESET = "llama-3.2-1b"
+
+
+def load_model_config(spec: str) -> ModelConfig:
+    """A preset name, or a local Hugging Face directory holding `config.json`."""
+    if spec in PRESETS:
+        return PRESETS[spec]
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return model_config_from_hf_dir(path)
+    raise ConfigError("model", f"unknown preset or directory {spec!r}",
+                      f"use one of {', '.join(PRESETS)} or a local Hugging Face model directory")
+
+
+def model_config_from_hf_dir(path: Path) -> ModelConfig:
+    """Read a Llama-family `config.json` (the keys transformers writes)."""
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ConfigError("model", f"{path} has no config.json",
+                          "point --model at a Hugging Face model directory or use a preset")
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError("model", f"{cfg_file} is not valid JSON: {exc}") from exc
+    missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                           "num_attention_heads") if k not in raw]
+    if missing:
+        raise ConfigError("model", f"{cfg_file} lacks {', '.join(missing)}",
+                          "a Llama-architecture config.json is required")
+    rope = raw.get("rope_scaling") or None
+    scaling = None
+    if rope and rope.get("rope_type", rope.get("type")) == "llama3":
+        scaling = RopeScaling(
+            factor=float(rope.get("factor", 8.0)),
+            low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
+            original_max_position_embeddings=int(rope.get("original_max_position_embeddings", 8192)))
+    eos = raw.get("eos_token_id", 2)
+    if isinstance(eos, list):
+        eos = eos[0]
+    heads = int(raw["num_attention_heads"])
+    return ModelConfig(
+        name=raw.get("_name_or_path") or path.name,
+        vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
+        intermediate_size=int(raw["intermediate_size"]), num_layers=int(raw["num_hidden_layers"]),
+        num_heads=heads, num_kv_heads=int(raw.get("num_key_value_heads", heads)),
+        head_dim=int(raw.get("head_dim") or 0),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 8192)),
+        rope_theta=float(raw.get("rope_theta", 10_000.0)), rope_scaling=scaling,
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        bos_token_id=int(raw.get("bos_token_id", 1) or 1), eos_token_id=int(eos),
+        path=str(path))
+
+
+@dataclass
+class EngineConfig:
+    """Scheduler and cache knobs; the ones a sweep varies."""
+
+    model: str = CPU_DEFAULT_PRESET
+    chunk_budget: int | None = 2048  # tokens per step; None = unchunked prefill
+    policy: Policy = "budget"
+    mixed: bool = False  # prefill-first only: decodes ride in prefill steps
+    max_num_seqs: int = 64
+    block_size: int = 16
+    kv_blocks: int | None = None  # None: sized from kv_memory_gib
+    kv_memory_gib: float = 4.0
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    enable_prefix_caching: bool = True
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
+    seed: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.chunk_budget is not None and self.chunk_budget <= 0:
+            raise ConfigError("chunk_budget", f"must be a positive token count or none, got {self.chunk_budget}",
+                              "e.g. --chunk-budget 2048, or --chunk-budget none for unchunked prefill")
+        if self.policy not in POLICIES:
+            raise ConfigError("policy", f"unknown policy {self.policy!r}", f"use one of {', '.join(POLICIES)}")
+        if self.mixed and self.policy != "prefill-first":
+            raise ConfigError("mixed", "only applies to --policy prefill-first",
+                              "the budget policy always mixes decodes into prefill steps")
+        for name in ("max_num_seqs", "block_size"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+        if self.kv_blocks is not None and self.kv_blocks <= 0:
+            raise ConfigError("kv_blocks", f"must be > 0, got {self.kv_blocks}")
+        if self.kv_memory_gib <= 0:
+            raise ConfigError("kv_memory_gib", f"must be > 0, got {self.kv_memory_gib}")
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise ConfigError("max_model_len", f"must be > 0, got {self.max_model_len}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ConfigError("device", f"unknown device {self.device!r}", "use auto, cpu or cuda")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError("dtype", f"unknown dtype {self.dtype!r}", "use auto, float32, bfloat16 or float16")
+
+    def with_(self, **changes: object) -> EngineConfig:
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def parse_chunk_budget(text: str | int | None) -> int | None:
+    """`2048`, `2k`, `none`/`off`/`0`-less spellings of unchunked; errors name the flag."""
+    if text is None:
+        return None
+    if isinstance(text, int):
+        value = text
+    else:
+        t = text.strip().lower()
+        if t in ("none", "off", "unchunked", "inf"):
+            return None
+        mult = 1
+        if t.endswith("k"):
+            mult, t = 1024, t[:-1]
+        try:
+            value = int(float(t) * mult)
+        except ValueError:
+            raise ConfigError("--chunk-budget", f"cannot read {text!r}",
+                              "give a token count such as 2048 or 8k, or none") from None
+    if value <= 0:
+        raise ConfigError("--chunk-budget", f"must be > 0, got {value}", "use none for unchunked prefill")
+    return value

@@ -1,0 +1,138 @@
+"""Step instrumentation: one `StepRecord` per engine step, a subscribable log, and NVTX ranges.
+
+Times are `time.perf_counter_ns()`, which on Linux reads CLOCK_MONOTONIC, the same clock the load
+driver stamps chunks with, so step and chunk times line up without conversion on one host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+
+def phase_of(prefill_tokens: int, decode_tokens: int) -> str:
+    """Phase derived from token counts, never declared: prefill / decode / mixed / idle."""
+    if prefill_tokens and decode_tokens:
+        return "mixed"
+    if prefill_tokens:
+        return "prefill"
+    if decode_tokens:
+        return "decode"
+    return "idle"
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one engine step did and how long it took."""
+
+    step: int
+    phase: str
+    prefill_tokens: int
+    decode_tokens: int
+    num_prefill_reqs: int
+    num_decode_reqs: int
+    num_running: int
+    num_waiting: int
+    num_preemptions: int
+    kv_usage: float
+    token_budget: int | None
+    start_ns: int
+    end_ns: int
+    prefill_request_ids: tuple[str, ...] = ()
+    num_finished: int = 0
+    wall_start_ns: int = 0  # time.time_ns() at start, for aligning with another host's clock
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def scheduled_tokens(self) -> int:
+        return self.prefill_tokens + self.decode_tokens
+
+    def to_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["prefill_request_ids"] = list(self.prefill_request_ids)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> StepRecord:
+        d = dict(d)
+        d["prefill_request_ids"] = tuple(d.get("prefill_request_ids") or ())  # type: ignore[arg-type]
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in d.items() if k in known})  # type: ignore[arg-type]
+
+
+class StepLog:
+    """Bounded in-memory step history that readers poll by step index (thread-safe)."""
+
+    def __init__(self, capacity: int = 200_000) -> None:
+        self._records: deque[StepRecord] = deque(maxlen=capacity)
+        self._cond = threading.Condition()
+
+    def append(self, record: StepRecord) -> None:
+        with self._cond:
+            self._records.append(record)
+            self._cond.notify_all()
+
+    @property
+    def last_step(self) -> int:
+        with self._cond:
+            return self._records[-1].step if self._records else -1
+
+    def since(self, step: int) -> list[StepRecord]:
+        """Records with index >= step that are still held."""
+        with self._cond:
+            if not self._records or self._records[-1].step < step:
+                return []
+            first = self._records[0].step
+            start = max(0, step - first)
+            return list(self._records)[start:]
+
+    def wait_for(self, step: int, timeout: float) -> bool:
+        """Block until a record with index >= step exists or timeout elapses."""
+        with self._cond:
+            return self._cond.wait_for(lambda: bool(self._records) and self._records[-1].step >= step, timeout)
+
+
+class _Nvtx:
+    """NVTX ranges when CUDA is present; a no-op context otherwise (guarded: CPU torch raises)."""
+
+    def __init__(self) -> None:
+        self._push = self._pop = None
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                self._push, self._pop = torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
+        except Exception:  # noqa: BLE001 - any import/runtime problem means "no NVTX"
+            self._push = self._pop = None
+
+    @property
+    def enabled(self) -> bool:
+        return self._push is not None
+
+    @contextlib.contextmanager
+    def range(self, name: str) -> Iterator[None]:
+        if self._push is None:
+            yield
+            return
+        self._push(name)
+        try:
+            yield
+        finally:
+            self._pop()
+
+
+_nvtx: _Nvtx | None = None
+
+
+def nvtx_range(name: str) -> contextlib.AbstractContextManager[None]:
+    """`with nvtx_range("step 12 mixed"):` costs a dictionary lookup on CPU-only machines."""
+    global _nvtx
+    if _nvtx is None:
+        _nvtx = _Nvtx()
+    return _nvtx.range(name)
