@@ -71,11 +71,20 @@ SERVER_METRIC_SCHEMA: dict[str, pl.DataType] = {
     "value": pl.Float64(),
 }
 
+# The driver's own health, sampled periodically: the validity gate reads it.
+CLIENT_SAMPLE_SCHEMA: dict[str, pl.DataType] = {
+    "t_ns": pl.Int64(),
+    "loop_lag_s": pl.Float64(),         # event-loop lag: how late a periodic timer fired
+    "cpu_percent": pl.Float64(),        # client process CPU, 100 = one core
+    "in_flight": pl.Int64(),            # requests open at the sample time
+}
+
 TABLES: dict[str, dict[str, pl.DataType]] = {
     "requests": REQUEST_SCHEMA,
     "chunks": CHUNK_SCHEMA,
     "steps": STEP_SCHEMA,
     "server_metrics": SERVER_METRIC_SCHEMA,
+    "client_samples": CLIENT_SAMPLE_SCHEMA,
 }
 
 

@@ -1,0 +1,157 @@
+"""`itlbench` command line: run, serve, analyze, workloads."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from itlbench.engine.config import CPU_DEFAULT_PRESET, EngineConfig, parse_chunk_budget
+from itlbench.errors import ItlbenchError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Measure what long prompts do to streaming LLM latency: TTFT by prompt bucket, "
+                       "ITL tails, stalls and their cause, prefill:decode split.")
+console = Console(stderr=True)
+
+ChunkBudget = Annotated[str, typer.Option("--chunk-budget", help="Tokens per engine step, or 'none' (unchunked prefill).")]
+Policy = Annotated[str, typer.Option("--policy", help="budget (vLLM V1 token budget) or prefill-first (SGLang).")]
+
+
+def _fail(exc: Exception) -> None:
+    console.print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(2)
+
+
+def _engine_config(model: str | None, chunk_budget: str, policy: str, mixed: bool, max_num_seqs: int,
+                   kv_blocks: int | None, device: str, seed: int, max_model_len: int | None = None) -> EngineConfig:
+    return EngineConfig(model=model or CPU_DEFAULT_PRESET, chunk_budget=parse_chunk_budget(chunk_budget),
+                        policy=policy, mixed=mixed, max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
+                        device=device, seed=seed, max_model_len=max_model_len)  # type: ignore[arg-type]
+
+
+@app.command()
+def run(
+    workload: Annotated[str, typer.Option(help="chat-short, chat, rag, summarization, code, agent or trace.")] = "chat",
+    inject: Annotated[str | None, typer.Option(help="Long prompts to inject: 32k, 32k@20s, 2x16k@10s,40s, 32k/30s.")] = None,
+    streams: Annotated[int, typer.Option(help="Closed-loop steady streams.")] = 32,
+    rate: Annotated[float | None, typer.Option(help="Open-loop arrivals per second (instead of or besides streams).")] = None,
+    burstiness: Annotated[float, typer.Option(help="Gamma shape for --rate arrivals; 1 = Poisson.")] = 1.0,
+    duration: Annotated[float, typer.Option(help="Measured seconds (after warmup).")] = 60.0,
+    warmup: Annotated[float, typer.Option(help="Seconds of load before measurement starts.")] = 5.0,
+    seed: Annotated[int, typer.Option(help="Seed for lengths, arrivals, prompts and the engine.")] = 0,
+    endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (…/v1); default: start the bundled engine.")] = None,
+    model: Annotated[str | None, typer.Option(help="Served model name (with --endpoint) or bundled preset / HF dir.")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY", help="Bearer key for --endpoint.")] = None,
+    api: Annotated[str, typer.Option(help="completions or chat.")] = "completions",
+    chunk_budget: ChunkBudget = "2048",
+    policy: Policy = "budget",
+    mixed: Annotated[bool, typer.Option(help="prefill-first only: decodes ride in prefill steps.")] = False,
+    max_num_seqs: Annotated[int, typer.Option(help="Bundled engine: cap on running sequences.")] = 64,
+    kv_blocks: Annotated[int | None, typer.Option(help="Bundled engine: KV blocks (default: sized from memory).")] = None,
+    device: Annotated[str, typer.Option(help="Bundled engine: auto, cpu or cuda.")] = "auto",
+    slo: Annotated[str | None, typer.Option(help="SLOs, e.g. 'ttft:le2k=2s,itl_p99=150ms'.")] = None,
+    stall_factor: Annotated[float, typer.Option(help="A stall is a gap ≥ factor × the stream's median gap…")] = 5.0,
+    stall_floor: Annotated[float, typer.Option(help="…and ≥ this many seconds.")] = 0.05,
+    inject_max_tokens: Annotated[int, typer.Option(help="Output tokens of each injected request.")] = 16,
+    trace: Annotated[Path | None, typer.Option(help="Azure-format CSV for --workload trace.")] = None,
+    time_scale: Annotated[float, typer.Option(help="Trace replay speed-up (2 = twice as fast).")] = 1.0,
+    drain_timeout: Annotated[float, typer.Option(help="Seconds to let in-flight requests finish after the end.")] = 120.0,
+    out: Annotated[Path | None, typer.Option(help="Run directory (default reports/<time>-<workload>-…).")] = None,
+    workers: Annotated[int, typer.Option(help="Client processes for very high stream counts.")] = 1,
+    live: Annotated[bool, typer.Option(help="Show the live progress line.")] = True,
+) -> None:
+    """Drive a workload (and injected long prompts) against the bundled engine or --endpoint."""
+    from itlbench.report.terminal import LiveProgress, print_summary
+    from itlbench.run_config import RunConfig
+
+    try:
+        engine = _engine_config(None if endpoint else model, chunk_budget, policy, mixed, max_num_seqs,
+                                kv_blocks, device, seed)
+        cfg = RunConfig(workload=workload, inject=inject, inject_max_tokens=inject_max_tokens, streams=streams,
+                        rate=rate, burstiness=burstiness, duration_s=duration, warmup_s=warmup, seed=seed,
+                        endpoint=endpoint, model=model, api_key=api_key, api=api, engine=engine, slo=slo,
+                        stall_factor=stall_factor, stall_floor_s=stall_floor, trace=trace, time_scale=time_scale,
+                        drain_timeout_s=drain_timeout, out=out, workers=workers, live=live)
+        cfg.validate()
+        from itlbench.orchestrate import run_load_test
+
+        with LiveProgress(console, total_s=warmup + duration, enabled=live) as progress:
+            run_dir, summary = run_load_test(cfg, progress=progress.update, on_status=progress.status)
+    except ItlbenchError as exc:
+        _fail(exc)
+        return
+    print_summary(console, summary, run_dir)
+    print(run_dir)
+
+
+@app.command()
+def serve(
+    model: Annotated[str, typer.Option(help="Preset (cpu-small, llama-3.1-8b, …) or local HF directory.")] = CPU_DEFAULT_PRESET,
+    chunk_budget: ChunkBudget = "2048",
+    policy: Policy = "budget",
+    mixed: Annotated[bool, typer.Option(help="prefill-first only: decodes ride in prefill steps.")] = False,
+    max_num_seqs: Annotated[int, typer.Option()] = 64,
+    kv_blocks: Annotated[int | None, typer.Option()] = None,
+    max_model_len: Annotated[int | None, typer.Option()] = None,
+    host: Annotated[str, typer.Option(help="Bind address (loopback unless told otherwise).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option()] = 8000,
+    api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY")] = None,
+    device: Annotated[str, typer.Option()] = "auto",
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Serve the bundled engine with an OpenAI-compatible API, /metrics and /v1/steps."""
+    from itlbench.server import ServerConfig
+    from itlbench.server import serve as serve_forever
+
+    try:
+        engine = _engine_config(model, chunk_budget, policy, mixed, max_num_seqs, kv_blocks, device, seed,
+                                max_model_len)
+        serve_forever(ServerConfig(engine=engine, host=host, port=port, api_key=api_key))
+    except ItlbenchError as exc:
+        _fail(exc)
+
+
+@app.command()
+def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory written by `itlbench run`.")]) -> None:
+    """Recompute summary.json from a run directory's records (e.g. after an interrupted run)."""
+    from itlbench.analysis.summary import analyze_run
+    from itlbench.report.terminal import print_summary
+    from itlbench.store import RunStore
+
+    if not (run_dir / "run.json").is_file():
+        _fail(ItlbenchError(f"{run_dir} has no run.json: not a run directory"))
+    try:
+        summary = analyze_run(run_dir)
+    except ItlbenchError as exc:
+        _fail(exc)
+        return
+    RunStore(run_dir).write_json("summary.json", summary)
+    print_summary(console, summary, run_dir)
+    print(run_dir)
+
+
+@app.command()
+def workloads(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """List the workload catalog with its prompt and output lengths."""
+    from itlbench.report.terminal import print_catalog
+    from itlbench.workloads import catalog_table
+
+    rows = catalog_table()
+    if as_json:
+        json.dump(rows, sys.stdout, indent=2)
+        print()
+        return
+    print_catalog(Console(), rows)
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

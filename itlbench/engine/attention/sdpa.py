@@ -1,0 +1,119 @@
+"""Paged attention with `scaled_dot_product_attention`: runs on any device torch runs on.
+
+Per step, `prepare` sorts chunks into three kinds so each layer does the least work:
+- fresh: a multi-token chunk at position 0 attends only to itself: `is_causal=True`, no gather;
+- extend: a chunk after a cached prefix gathers its K/V from the block table, with a causal mask
+  offset by the prefix;
+- single: every one-row chunk (decodes) goes into one padded SDPA call with a key-padding mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from itlbench.engine.batch import FlatBatch
+
+
+@dataclass
+class _Extend:
+    rows: slice
+    seq_len: int
+    block_ids: torch.Tensor  # [num_blocks]
+    mask: torch.Tensor  # [T, seq_len] bool, True = attend
+
+
+@dataclass
+class _Single:
+    rows: torch.Tensor | None  # [B] row indices; None when the batch is only these rows, in order
+    block_tables: torch.Tensor  # [B, max_blocks]
+    mask: torch.Tensor | None  # [B, 1, 1, S] bool; None when all contexts fill S exactly
+    max_len: int
+
+
+@dataclass
+class SdpaMetadata:
+    slot_mapping: torch.Tensor
+    fresh: list[slice]
+    extend: list[_Extend]
+    single: _Single | None
+
+
+class SdpaBackend:
+    name = "sdpa"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def prepare(self, batch: FlatBatch) -> SdpaMetadata:
+        qlens, starts, seq_lens = batch.query_lens_np, batch.starts_np, batch.seq_lens_np
+        qsl = np.concatenate(([0], np.cumsum(qlens)))
+        fresh: list[slice] = []
+        extend: list[_Extend] = []
+        for i in np.flatnonzero(qlens > 1):
+            rows = slice(int(qsl[i]), int(qsl[i + 1]))
+            if starts[i] == 0:
+                fresh.append(rows)
+            else:
+                extend.append(self._extend(batch, int(i), rows))
+        single_idx = np.flatnonzero(qlens == 1)
+        single = self._single(batch, single_idx, qsl) if len(single_idx) else None
+        return SdpaMetadata(batch.slot_mapping, fresh, extend, single)
+
+    def _extend(self, batch: FlatBatch, i: int, rows: slice) -> _Extend:
+        start, seq_len = int(batch.starts_np[i]), int(batch.seq_lens_np[i])
+        nblocks = -(-seq_len // batch.block_size)
+        q_pos = torch.arange(start, seq_len, device=self.device)
+        k_pos = torch.arange(seq_len, device=self.device)
+        return _Extend(rows, seq_len, batch.block_tables[i, :nblocks].long(), k_pos[None, :] <= q_pos[:, None])
+
+    def _single(self, batch: FlatBatch, idx: np.ndarray, qsl: np.ndarray) -> _Single:
+        seq_lens = batch.seq_lens_np[idx]
+        max_len = int(seq_lens.max())
+        nblocks = -(-max_len // batch.block_size)
+        tables = torch.from_numpy(batch.block_tables_np[idx, :nblocks]).to(self.device)
+        only_singles = len(idx) == batch.num_reqs
+        rows = None if only_singles else torch.from_numpy(qsl[idx]).to(self.device)
+        mask = None
+        if (seq_lens != max_len).any():
+            lens = torch.from_numpy(seq_lens).to(self.device)
+            mask = (torch.arange(max_len, device=self.device)[None, :] < lens[:, None])[:, None, None, :]
+        return _Single(rows, tables, mask, max_len)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, meta: SdpaMetadata) -> torch.Tensor:
+        """q [N, H, D], k/v [N, KVH, D]; caches [num_blocks, block_size, KVH, D] → [N, H, D]."""
+        flat_k, flat_v = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
+        flat_k.index_copy_(0, meta.slot_mapping, k)
+        flat_v.index_copy_(0, meta.slot_mapping, v)
+        out = torch.empty_like(q)
+        for rows in meta.fresh:
+            out[rows] = _sdpa(q[rows], k[rows], v[rows], causal=True)
+        for e in meta.extend:
+            kk = k_cache[e.block_ids].flatten(0, 1)[: e.seq_len]
+            vv = v_cache[e.block_ids].flatten(0, 1)[: e.seq_len]
+            out[e.rows] = _sdpa(q[e.rows], kk, vv, mask=e.mask)
+        if meta.single is not None:
+            s = meta.single
+            qs = q if s.rows is None else q[s.rows]
+            kk = k_cache[s.block_tables].flatten(1, 2)[:, : s.max_len].transpose(1, 2)  # [B, KVH, S, D]
+            vv = v_cache[s.block_tables].flatten(1, 2)[:, : s.max_len].transpose(1, 2)
+            o = F.scaled_dot_product_attention(qs.unsqueeze(2), kk, vv, attn_mask=s.mask, enable_gqa=True)
+            o = o.squeeze(2)
+            if s.rows is None:
+                out.copy_(o)
+            else:
+                out[s.rows] = o
+        return out
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+          mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One sequence: q [T, H, D], k/v [S, KVH, D] → [T, H, D]."""
+    o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                                       v.transpose(0, 1).unsqueeze(0), attn_mask=mask, is_causal=causal,
+                                       enable_gqa=True)
+    return o.squeeze(0).transpose(0, 1)

@@ -1,0 +1,89 @@
+"""Flatten a `SchedulerOutput` into one `[N]` row batch plus the offsets attention needs.
+
+Every operator but attention is row-wise, so all scheduled tokens of all requests become one
+matrix; `query_start_loc` and `seq_lens` tell attention where each request's rows start and how
+long its context is. Built with numpy (O(requests) Python, O(tokens) vectorised), converted to
+torch in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from itlbench.engine.request import Request
+from itlbench.engine.scheduler_output import SchedulerOutput
+
+
+@dataclass
+class FlatBatch:
+    """One step's model input. Index `i` of the per-chunk arrays is the i-th scheduled chunk."""
+
+    input_ids: torch.Tensor  # [N] int64
+    positions: torch.Tensor  # [N] int64
+    slot_mapping: torch.Tensor  # [N] int64: block_id * block_size + offset of each row's K/V
+    query_start_loc: torch.Tensor  # [R + 1] int32
+    seq_lens: torch.Tensor  # [R] int32: context length after this step (prefix + new rows)
+    block_tables: torch.Tensor  # [R, max_blocks] int32, padded with 0
+    logits_indices: torch.Tensor  # [S] int64: last row of every chunk that samples
+    request_ids: tuple[str, ...]  # [R]
+    sample_requests: tuple[Request, ...]  # [S]: whose token each logits row yields
+    # host copies for metadata built on the CPU
+    query_lens_np: np.ndarray
+    starts_np: np.ndarray
+    seq_lens_np: np.ndarray
+    block_tables_np: np.ndarray
+    block_size: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.request_ids)
+
+
+def _chunk_tokens(req: Request, start: int, end: int) -> list[int]:
+    if end - start == 1:
+        return [req.token_at(start)]
+    return req.token_slice(start, end)
+
+
+def flatten(output: SchedulerOutput, block_size: int, device: torch.device | str = "cpu") -> FlatBatch:
+    chunks = output.chunks
+    starts = np.fromiter((c.start for c in chunks), np.int64, len(chunks))
+    lens = np.fromiter((c.num_new_tokens for c in chunks), np.int64, len(chunks))
+    seq_lens = starts + lens
+    qsl = np.zeros(len(chunks) + 1, np.int64)
+    np.cumsum(lens, out=qsl[1:])
+    total = int(qsl[-1])
+
+    input_ids = np.concatenate([np.asarray(_chunk_tokens(c.request, c.start, c.end), np.int64) for c in chunks])
+    row_req = np.repeat(np.arange(len(chunks)), lens)
+    positions = np.arange(total, dtype=np.int64) - np.repeat(qsl[:-1] - starts, lens)
+
+    num_blocks = -(-seq_lens // block_size)
+    block_tables = np.zeros((len(chunks), int(num_blocks.max(initial=1))), np.int64)
+    for i, c in enumerate(chunks):
+        n = int(num_blocks[i])
+        block_tables[i, :n] = c.request.block_ids[:n]
+    slot_mapping = block_tables[row_req, positions // block_size] * block_size + positions % block_size
+
+    samples = np.fromiter((c.samples for c in chunks), bool, len(chunks))
+    logits_indices = qsl[1:][samples] - 1
+
+    def t(a: np.ndarray, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.from_numpy(a).to(device=device, dtype=dtype)
+
+    return FlatBatch(
+        input_ids=t(input_ids), positions=t(positions), slot_mapping=t(slot_mapping),
+        query_start_loc=t(qsl, torch.int32), seq_lens=t(seq_lens, torch.int32),
+        block_tables=t(block_tables, torch.int32), logits_indices=t(logits_indices),
+        request_ids=tuple(c.request.request_id for c in chunks),
+        sample_requests=tuple(c.request for c, s in zip(chunks, samples, strict=True) if s),
+        query_lens_np=lens, starts_np=starts, seq_lens_np=seq_lens, block_tables_np=block_tables,
+        block_size=block_size,
+    )

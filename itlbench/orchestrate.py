@@ -1,0 +1,203 @@
+"""One load test end to end: engine (bundled or external) → plan → drive → records → summary.
+
+Whatever happens — Ctrl-C, a dead server, a timeout — the records collected so far are flushed
+and the summary is computed from them, so no run is ever lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import platform
+import re
+import signal
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from itlbench import __version__
+from itlbench.analysis.summary import analyze_run
+from itlbench.bundled_server import BundledServer
+from itlbench.errors import ConfigError, ItlbenchError
+from itlbench.load.driver import DriveResult, ProgressSnapshot, drive
+from itlbench.load.metrics_sampler import sample_metrics
+from itlbench.load.sse_client import Target
+from itlbench.load.steps_follower import follow_steps
+from itlbench.run_config import RunConfig
+from itlbench.store import RunStore
+from itlbench.workloads.build import LoadSpec, build_load_plan
+
+ProgressFn = Callable[[ProgressSnapshot], None]
+
+
+def default_run_dir(cfg: RunConfig) -> Path:
+    """reports/<UTC time>-<workload>[-inj<spec>]-<budget> — sortable and self-describing."""
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    parts = [stamp, cfg.workload]
+    if cfg.inject:
+        parts.append("inj" + re.sub(r"[^0-9a-zA-Z]+", "_", cfg.inject))
+    if cfg.endpoint is None:
+        budget = cfg.engine.chunk_budget
+        parts.append(f"b{budget}" if budget else "unchunked")
+        if cfg.engine.policy != "budget":
+            parts.append(cfg.engine.policy + ("-mixed" if cfg.engine.mixed else ""))
+    else:
+        parts.append("ext")
+    return cfg.reports_dir / "-".join(parts)
+
+
+def _probe_endpoint(cfg: RunConfig) -> dict[str, Any]:
+    """GET /v1/models on an external server: fail early, naming the flag, if it is unreachable."""
+    assert cfg.endpoint is not None
+    url = cfg.endpoint.rstrip("/") + "/models"
+    req = urllib.request.Request(url)
+    if cfg.api_key:
+        req.add_header("Authorization", f"Bearer {cfg.api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - user-given endpoint
+            models = json.loads(resp.read().decode())
+    except Exception as exc:  # noqa: BLE001 - any failure means the endpoint is unusable
+        raise ConfigError("--endpoint", f"GET {url} failed: {exc}",
+                          "check the URL ends in /v1 and the server is up") from None
+    ids = [m.get("id") for m in models.get("data", [])]
+    if ids and cfg.model not in ids:
+        raise ConfigError("--model", f"{cfg.model!r} is not served at {cfg.endpoint}", f"served: {', '.join(ids)}")
+    entry = next((m for m in models.get("data", []) if m.get("id") == cfg.model), {})
+    return {"models": ids, "max_model_len": entry.get("max_model_len")}
+
+
+def _hardware() -> dict[str, Any]:
+    import os
+
+    import psutil
+
+    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
+                            "cpu_count": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+                            "processor": platform.processor()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        info["torch"] = None
+    return info
+
+
+def _load_spec(cfg: RunConfig, max_model_len: int, vocab_size: int | None) -> LoadSpec:
+    return LoadSpec(
+        workload=cfg.workload, streams=cfg.streams, rate=cfg.rate, burstiness=cfg.burstiness,
+        duration_s=cfg.duration_s, inject=cfg.inject, inject_max_tokens=cfg.inject_max_tokens,
+        seed=cfg.seed, max_model_len=max_model_len, trace_path=cfg.trace, trace_time_scale=cfg.time_scale,
+        token_ids=vocab_size is not None, vocab_size=vocab_size or 0)
+
+
+async def _drive_with_followers(cfg: RunConfig, plan: Any, target: Target, store: RunStore,
+                                server: BundledServer | None, progress: ProgressFn | None) -> DriveResult:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    interrupts = 0
+
+    def on_sigint() -> None:
+        nonlocal interrupts
+        interrupts += 1
+        stop.set()
+        if interrupts > 1:
+            for task in asyncio.all_tasks(loop):
+                task.cancel()
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+    if server is not None:
+        follower = asyncio.create_task(follow_steps(server.base_url, store))
+    else:
+        follower = asyncio.create_task(sample_metrics(cfg.endpoint or "", store, api_key=cfg.api_key))
+    try:
+        return await drive(plan, target, store, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s,
+                           drain_timeout_s=cfg.drain_timeout_s, on_progress=progress, stop_event=stop)
+    finally:
+        await asyncio.sleep(0.3)  # let the last steps arrive
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await follower
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
+
+
+def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
+                  on_status: Callable[[str], None] = lambda s: None) -> tuple[Path, dict[str, Any]]:
+    """Run one load test; returns (run directory, summary). Records are always flushed."""
+    cfg.validate()
+    run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError("--out", f"{run_dir} already holds a run", "choose a new directory")
+    store = RunStore(run_dir)
+    server: BundledServer | None = None
+    run_doc: dict[str, Any] = {"itlbench_version": __version__, "created": dt.datetime.now(dt.UTC).isoformat(),
+                               "config": _config_doc(cfg), "hardware": _hardware(),
+                               "stall_factor": cfg.stall_factor, "stall_floor_s": cfg.stall_floor_s, "slo": cfg.slo}
+    result: DriveResult | None = None
+    started_ns = time.perf_counter_ns()
+    try:
+        if cfg.endpoint is None:
+            on_status(f"starting the bundled engine ({cfg.engine.model})")
+            server = BundledServer(cfg.engine, run_dir / "server.log").start()
+            info = server.engine_info
+            target = Target(base_url=server.base_url, model=str(info["served_model_name"]), api=cfg.api,
+                            accepts_token_ids=True, forced_lengths=True, timeout_s=cfg.request_timeout_s)
+            max_len, vocab = int(info["max_model_len"]), int(info["model"]["vocab_size"])  # type: ignore[index]
+            run_doc["engine"] = info
+            run_doc["target"] = {"kind": "bundled", "base_url": server.base_url}
+        else:
+            probe = _probe_endpoint(cfg)
+            target = Target(base_url=cfg.endpoint.rstrip("/"), model=cfg.model or "", api=cfg.api,
+                            api_key=cfg.api_key, accepts_token_ids=False, forced_lengths=True,
+                            timeout_s=cfg.request_timeout_s)
+            max_len, vocab = int(probe.get("max_model_len") or 131_072), None
+            run_doc["engine"] = {"external": True, **probe}
+            run_doc["target"] = {"kind": "external", "base_url": cfg.endpoint}
+        plan = build_load_plan(_load_spec(cfg, max_len, vocab))
+        run_doc["plan"] = plan.description
+        store.write_json("run.json", run_doc)
+        on_status("running")
+        result = asyncio.run(_drive_with_followers(cfg, plan, target, store, server, progress))
+    except KeyboardInterrupt:
+        run_doc["interrupted"] = True
+    finally:
+        store.close()
+        if server is not None:
+            run_doc["server_exit_code"] = server.process.poll() if server.process else None
+            server.stop()
+        run_doc.update(_window(result, started_ns, cfg))
+        if result is not None and result.aborted_reason:
+            run_doc["aborted_reason"] = result.aborted_reason
+        store.write_json("run.json", run_doc)
+    summary = analyze_run(run_dir)
+    store.write_json("summary.json", summary)
+    return run_dir, summary
+
+
+def _window(result: DriveResult | None, started_ns: int, cfg: RunConfig) -> dict[str, int]:
+    if result is None:
+        end = time.perf_counter_ns()
+        return {"run_start_ns": started_ns, "measure_start_ns": started_ns + int(cfg.warmup_s * 1e9), "end_ns": end}
+    return {"run_start_ns": result.run_start_ns, "measure_start_ns": result.measure_start_ns,
+            "end_ns": result.end_ns}
+
+
+def _config_doc(cfg: RunConfig) -> dict[str, Any]:
+    doc = {k: v for k, v in vars(cfg).items() if k not in ("engine", "api_key")}
+    doc["engine"] = cfg.engine.as_dict() if cfg.endpoint is None else None
+    doc["api_key_set"] = bool(cfg.api_key)
+    return json.loads(json.dumps(doc, default=str))
+
+
+def load_summary(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / "summary.json"
+    if not path.is_file():
+        raise ItlbenchError(f"{run_dir} has no summary.json; run `itlbench analyze {run_dir}`")
+    return json.loads(path.read_text())

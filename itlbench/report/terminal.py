@@ -1,0 +1,126 @@
+"""Terminal output: a live progress line during a run and the summary tables after it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+BUCKET_ORDER = ("le128", "le512", "le2k", "le8k", "le32k", "gt32k")
+
+
+def _ms(v: Any) -> str:
+    return "—" if v is None else f"{float(v) * 1e3:,.1f}"
+
+
+def _s(v: Any) -> str:
+    return "—" if v is None else f"{float(v):,.2f}"
+
+
+class LiveProgress:
+    """Progress bar over the planned run time plus a one-line live view of ITL and TTFT."""
+
+    def __init__(self, console: Console, total_s: float, enabled: bool = True) -> None:
+        self.enabled = enabled and console.is_terminal
+        self.console = console
+        self.total_s = total_s
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                                  TextColumn("{task.fields[line]}"), console=console, transient=False)
+        self._task = self._progress.add_task("starting", total=total_s, line="")
+        self._last = 0.0
+
+    def __enter__(self) -> LiveProgress:
+        if self.enabled:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self._progress.stop()
+
+    def status(self, text: str) -> None:
+        if self.enabled:
+            self._progress.update(self._task, description=text)
+        else:
+            self.console.print(f"[dim]{text}[/]")
+
+    def update(self, snap: Any) -> None:
+        now = time.monotonic()
+        if now - self._last < 0.25:
+            return
+        self._last = now
+        line = (f"sent {snap.sent} done {snap.done} in-flight {snap.in_flight} │ "
+                f"ITL p50 {_ms(snap.itl_p50_s)} p99 {_ms(snap.itl_p99_s)} ms │ TTFT p50 {_ms(snap.ttft_p50_s)} ms")
+        if self.enabled:
+            self._progress.update(self._task, completed=min(snap.elapsed_s, self.total_s), line=line,
+                                  description="draining" if snap.elapsed_s > self.total_s else "running")
+
+
+def _stat_row(d: dict[str, Any], keys: tuple[str, ...], fmt: Any = _ms) -> list[str]:
+    return [fmt(d.get(k)) for k in keys]
+
+
+def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> None:
+    """Headline tables: TTFT by bucket, ITL, stalls, split, throughput, validity."""
+    reqs = summary.get("requests", {})
+    console.print(f"\n[bold]Run[/] {run_dir}  requests: {reqs.get('total', 0)} "
+                  f"(ok {reqs.get('ok', 0)}, errors {reqs.get('error', 0)}, timeouts {reqs.get('timeout', 0)}, "
+                  f"cancelled {reqs.get('cancelled', 0)}, injected {reqs.get('injected', 0)})")
+    ttft = Table(title="TTFT by prompt bucket (s)", show_lines=False)
+    for col in ("bucket", "count", "p50", "p90", "p99", "max"):
+        ttft.add_column(col, justify="right")
+    buckets = summary.get("ttft_s", {})
+    for name in (*BUCKET_ORDER, "all"):
+        b = buckets.get(name)
+        if b and b.get("count"):
+            ttft.add_row(name, str(b.get("count")), *_stat_row(b, ("p50", "p90", "p99", "max"), _s))
+    console.print(ttft)
+    itl = summary.get("itl_s", {})
+    itl_t = Table(title="Inter-token latency, pooled per gap, steady streams (ms)")
+    for col in ("gaps", "p50", "p90", "p95", "p99", "p99.9", "max"):
+        itl_t.add_column(col, justify="right")
+    itl_t.add_row(str(itl.get("count", 0)), *_stat_row(itl, ("p50", "p90", "p95", "p99", "p999", "max")))
+    console.print(itl_t)
+    stalls = summary.get("stalls", {})
+    split = summary.get("split", {})
+    thr = summary.get("throughput", {})
+    console.print(f"[bold]Stalls[/]: {stalls.get('count', 0)} gaps, {_s(stalls.get('stalled_s'))} s stalled, "
+                  f"worst {_s(stalls.get('worst_s'))} s, {stalls.get('victims', 0)} victim streams, "
+                  f"{stalls.get('events', 0)} events")
+    for ev in (stalls.get("attribution") or [])[:3]:
+        console.print(f"  • {_event_line(ev)}")
+    frac = split.get("prefill_frac")
+    console.print(f"[bold]Prefill:decode[/] {_s(split.get('prefill_s'))} s : {_s(split.get('decode_s'))} s"
+                  + (f" ({frac * 100:.0f} % prefill)" if frac is not None else "")
+                  + f"  [dim]source: {split.get('source', 'unavailable')}[/]")
+    console.print(f"[bold]Throughput[/] {_s(thr.get('requests_per_s'))} req/s, "
+                  f"{_s(thr.get('output_tokens_per_s'))} output tok/s; "
+                  f"[bold]goodput[/] {_s((summary.get('goodput') or {}).get('requests_per_s'))} req/s")
+    bundling = summary.get("bundling") or {}
+    if bundling.get("warning"):
+        console.print(f"[yellow]warning:[/] {bundling['warning']}")
+    if summary.get("valid") is False:
+        reasons = (summary.get("validity") or {}).get("reasons") or []
+        console.print(f"[bold red]INVALID RUN[/]: the client may have been the bottleneck: {'; '.join(reasons)}")
+
+
+def _event_line(ev: dict[str, Any]) -> str:
+    who = ", ".join(str(r) for r in (ev.get("prefill_requests") or ev.get("request_ids") or [])[:3]) or "no prefill"
+    return (f"{_s(ev.get('worst_s') or ev.get('duration_s'))} s across {ev.get('victims', '?')} streams; "
+            f"overlapping prefill: {who}")
+
+
+def print_catalog(console: Console, rows: list[dict[str, Any]]) -> None:
+    table = Table(title="Workloads")
+    if not rows:
+        console.print("(empty catalog)")
+        return
+    for col in rows[0]:
+        table.add_column(str(col))
+    for row in rows:
+        table.add_row(*[str(v) for v in row.values()])
+    console.print(table)

@@ -1,0 +1,100 @@
+"""The workload catalog: named length mixes, so runs are comparable by name alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from itlbench.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """A pool of documents that requests prepend, so prefix caching has something to hit."""
+
+    num_documents: int
+    prefix_tokens: int  # mean document length; the unique question is mean_in - prefix_tokens
+    prefix_sigma: float = 0.3
+
+
+@dataclass(frozen=True)
+class Sessions:
+    """Multi-turn sessions: each turn's prompt is the previous prompt + its output + a tool result."""
+
+    min_turns: int
+    max_turns: int
+    initial_tokens: int  # mean first-turn context
+    tool_result_tokens: int  # mean tokens a tool adds between turns
+    think_time_mean_s: float  # exponential tool/think time before each later turn
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """One catalog entry. Lengths are lognormal with these means (sigma in log space)."""
+
+    name: str
+    mean_in: int
+    mean_out: int
+    sigma: float
+    description: str
+    shared_prefix: SharedPrefix | None = None
+    sessions: Sessions | None = None
+    from_trace: bool = False
+
+
+def _entries() -> list[WorkloadSpec]:
+    return [
+        WorkloadSpec("chat-short", 50, 300, 0.6, "short questions, long answers"),
+        WorkloadSpec("chat", 500, 500, 0.6, "balanced chat turns"),
+        WorkloadSpec(
+            "rag", 8000, 400, 0.3, "shared document prefixes + unique questions",
+            shared_prefix=SharedPrefix(num_documents=32, prefix_tokens=7800),
+        ),
+        WorkloadSpec("summarization", 32000, 500, 0.25, "very long inputs"),
+        WorkloadSpec("code", 2000, 50, 0.5, "completion: long context, short output"),
+        WorkloadSpec(
+            "agent", 4000, 100, 0.4,
+            "multi-turn sessions, growing context, tool think-time, prefix reuse",
+            sessions=Sessions(min_turns=3, max_turns=8, initial_tokens=2500,
+                              tool_result_tokens=500, think_time_mean_s=1.0),
+        ),
+        WorkloadSpec("trace", 0, 0, 0.0, "replay of an Azure-format CSV trace, time-scalable",
+                     from_trace=True),
+    ]
+
+
+CATALOG: dict[str, WorkloadSpec] = {spec.name: spec for spec in _entries()}
+
+
+def get_workload(name: str) -> WorkloadSpec:
+    """Look a workload up by name; unknown names get the list of valid ones."""
+    try:
+        return CATALOG[name]
+    except KeyError:
+        raise ConfigError("--workload", f"unknown workload '{name}'",
+                          f"use one of {', '.join(CATALOG)}") from None
+
+
+def _notes(spec: WorkloadSpec) -> str:
+    notes = [spec.description]
+    if spec.shared_prefix:
+        sp = spec.shared_prefix
+        notes.append(f"{sp.num_documents} docs of ~{sp.prefix_tokens} tokens")
+    if spec.sessions:
+        s = spec.sessions
+        notes.append(f"{s.min_turns}-{s.max_turns} turns, think ~{s.think_time_mean_s:g} s")
+    if not spec.from_trace:
+        notes.append(f"lognormal sigma {spec.sigma:g}")
+    return "; ".join(notes)
+
+
+def catalog_table() -> list[tuple[str, str, str, str, str]]:
+    """Rows (name, mean in, mean out, in:out, notes) for `itlbench workloads`."""
+    rows = []
+    for spec in CATALOG.values():
+        if spec.from_trace:
+            rows.append((spec.name, "from CSV", "from CSV", "from CSV", _notes(spec)))
+            continue
+        per_turn = " per turn" if spec.sessions else ""
+        rows.append((spec.name, str(spec.mean_in), str(spec.mean_out),
+                     f"{spec.mean_in}:{spec.mean_out}{per_turn}", _notes(spec)))
+    return rows

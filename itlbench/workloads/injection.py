@@ -1,0 +1,110 @@
+"""The `--inject` grammar: when to send long prompts into an otherwise steady load.
+
+One spec is ``[Nx]LENGTH[@T1,T2,...][/PERIOD]``; several are separated by ``;`` (or given as
+repeated flags).
+
+- LENGTH: prompt tokens, a plain integer (``5000``) or with ``k`` = 1000 (``32k``, ``1.5k``).
+  ``k`` is decimal so that ``32k`` plus a few output tokens fits a 32768 context.
+- ``@T1,T2``: send at each listed time (``20s``, ``20``, ``500ms``, ``2m``; bare = seconds).
+  Without ``@`` the single send time is the default the caller gives.
+- ``Nx``: N copies sent together at *each* time: ``2x16k@10s,40s`` sends four prompts,
+  two at 10 s and two at 40 s.
+- ``/PERIOD``: repeat every PERIOD, starting at the ``@`` time (at most one) or else at the
+  default time, until the run ends: ``32k/30s`` with default 20 s sends at 20, 50, 80 s, ...
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from itlbench.errors import ConfigError
+
+EXAMPLES = "examples: 32k, 32k@20s, 2x16k@10s,40s, 32k/30s"
+
+_SPEC = re.compile(
+    r"^(?:(?P<count>\d+)\s*x\s*)?(?P<num>\d+(?:\.\d+)?|\.\d+)\s*(?P<k>k)?"
+    r"\s*(?:@(?P<at>[^/]+))?\s*(?:/(?P<every>.+))?$",
+    re.IGNORECASE,
+)
+_TIME = re.compile(r"^(?P<num>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>ms|s|m)?$", re.IGNORECASE)
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0}
+
+
+@dataclass(frozen=True)
+class Injection:
+    """One parsed spec: `count` prompts of `tokens` tokens at each of `at_s`, repeated every
+    `every_s` seconds when set (then `at_s` holds the single start time)."""
+
+    tokens: int
+    count: int
+    at_s: tuple[float, ...]
+    every_s: float | None = None
+    spec: str = ""
+
+
+def _bad(piece: str, why: str = "") -> ConfigError:
+    problem = f"cannot read '{piece}'" + (f": {why}" if why else "")
+    return ConfigError("--inject", problem, EXAMPLES)
+
+
+def _time(piece: str, text: str) -> float:
+    match = _TIME.match(text.strip())
+    if not match:
+        raise _bad(piece, f"'{text.strip()}' is not a time like 20s or 500ms")
+    unit = (match["unit"] or "s").lower()
+    return float(match["num"]) * _UNITS[unit]
+
+
+def _tokens(piece: str, num: str, k: str | None) -> int:
+    value = float(num) * (1000 if k else 1)
+    if value < 1 or not math.isclose(value, round(value)):
+        raise _bad(piece, "the length must be a whole number of tokens >= 1")
+    return int(round(value))
+
+
+def parse_one(piece: str, default_at_s: float) -> Injection:
+    """Parse a single spec (no `;`)."""
+    match = _SPEC.match(piece.strip())
+    if not match:
+        raise _bad(piece)
+    count = int(match["count"]) if match["count"] else 1
+    if count < 1:
+        raise _bad(piece, "the count must be >= 1")
+    at = tuple(_time(piece, t) for t in match["at"].split(",")) if match["at"] else (float(default_at_s),)
+    every = _time(piece, match["every"]) if match["every"] else None
+    if every is not None and every <= 0:
+        raise _bad(piece, "the period must be > 0")
+    if every is not None and len(at) > 1:
+        raise _bad(piece, "a repeating spec takes one start time")
+    return Injection(_tokens(piece, match["num"], match["k"]), count, at, every, piece.strip())
+
+
+def _pieces(text: str | Iterable[str] | None) -> list[str]:
+    if text is None:
+        return []
+    texts = [text] if isinstance(text, str) else list(text)
+    return [p.strip() for t in texts for p in t.split(";") if p.strip()]
+
+
+def parse_injections(text: str | Iterable[str] | None, default_at_s: float) -> list[Injection]:
+    """Parse `--inject` values (one string, or one per repeated flag); None/empty = none."""
+    return [parse_one(piece, default_at_s) for piece in _pieces(text)]
+
+
+def _starts(inj: Injection, duration_s: float) -> list[float]:
+    if inj.every_s is None:
+        return [t for t in inj.at_s if t < duration_s]
+    start = inj.at_s[0]
+    n = max(0, math.ceil((duration_s - start) / inj.every_s))
+    return [t for t in (start + k * inj.every_s for k in range(n)) if t < duration_s]
+
+
+def injection_times(injections: Iterable[Injection], duration_s: float) -> list[tuple[float, int]]:
+    """The exact schedule: (send time, tokens) for every prompt before `duration_s`, in time order
+    (ties keep spec order)."""
+    schedule = [(t, inj.tokens) for inj in injections
+                for t in _starts(inj, duration_s) for _ in range(inj.count)]
+    return sorted(schedule, key=lambda item: item[0])
