@@ -38,7 +38,7 @@ def _engine_config(model: str | None, chunk_budget: str, policy: str, mixed: boo
 def run(
     workload: Annotated[str, typer.Option(help="chat-short, chat, rag, summarization, code, agent or trace.")] = "chat",
     inject: Annotated[str | None, typer.Option(help="Long prompts to inject: 32k, 32k@20s, 2x16k@10s,40s, 32k/30s.")] = None,
-    streams: Annotated[int, typer.Option(help="Closed-loop steady streams.")] = 32,
+    streams: Annotated[int | None, typer.Option(help="Closed-loop steady streams [default: 32; 0 with --rate or trace].")] = None,
     rate: Annotated[float | None, typer.Option(help="Open-loop arrivals per second (instead of or besides streams).")] = None,
     burstiness: Annotated[float, typer.Option(help="Gamma shape for --rate arrivals; 1 = Poisson.")] = 1.0,
     duration: Annotated[float, typer.Option(help="Measured seconds (after warmup).")] = 60.0,

@@ -151,7 +151,8 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
                             accepts_token_ids=True, forced_lengths=True, timeout_s=cfg.request_timeout_s)
             max_len, vocab = int(info["max_model_len"]), int(info["model"]["vocab_size"])  # type: ignore[index]
             run_doc["engine"] = info
-            run_doc["target"] = {"kind": "bundled", "base_url": server.base_url}
+            run_doc["target"] = {"kind": "bundled", "base_url": server.base_url,
+                                  "server_pid": server.process.pid if server.process else None}
         else:
             probe = _probe_endpoint(cfg)
             target = Target(base_url=cfg.endpoint.rstrip("/"), model=cfg.model or "", api=cfg.api,

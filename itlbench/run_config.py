@@ -14,7 +14,7 @@ class RunConfig:
     workload: str = "chat"
     inject: str | None = None
     inject_max_tokens: int = 16
-    streams: int = 32
+    streams: int | None = None  # None: 32 steady streams, or 0 with --rate / trace replay
     rate: float | None = None
     burstiness: float = 1.0
     duration_s: float = 60.0
@@ -42,7 +42,7 @@ class RunConfig:
             raise ConfigError("--duration", f"must be > 0 seconds, got {self.duration_s}")
         if self.warmup_s < 0:
             raise ConfigError("--warmup", f"must be >= 0 seconds, got {self.warmup_s}")
-        if self.streams < 0:
+        if self.streams is not None and self.streams < 0:
             raise ConfigError("--streams", f"must be >= 0, got {self.streams}")
         if self.streams == 0 and self.rate is None and not self.inject and self.workload != "trace":
             raise ConfigError("--streams", "0 streams, no --rate and no --inject sends nothing",

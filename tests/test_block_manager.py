@@ -213,4 +213,4 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
-TestBlockManagerMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestBlockManagerMachine.settings = settings(max_examples=100, stateful_step_count=50, deadline=None)

@@ -22,6 +22,8 @@ from itlbench.errors import ItlbenchError
 
 log = logging.getLogger("itlbench.engine.async")
 
+_EMPTY_STEP_PAUSE_S = 0.001
+
 
 class EngineDeadError(ItlbenchError):
     """The engine loop is not running (stopped, or a step failed) so the request cannot finish."""
@@ -187,7 +189,8 @@ class AsyncEngine:
         try:
             await asyncio.wait_for(fut, timeout)
         except TimeoutError:
-            pass
+            if fut in self._step_waiters:
+                self._step_waiters.remove(fut)
         return self.engine.step_log.last_step >= step
 
     # ---- engine thread -----------------------------------------------------------------------
@@ -254,11 +257,18 @@ class AsyncEngine:
             self._recover(exc)
             return
         records = self._new_records()
+        if not records and not outputs:
+            self._idle_pause()
         self._observe(records, outputs)
         for out in outputs:
             if out.finished:
                 self._requests.pop(out.request_id, None)
         self._call(self._dispatch, outputs)
+
+    def _idle_pause(self) -> None:
+        """An empty step (nothing schedulable yet) must not spin the CPU the model needs."""
+        with self._shared.cond:
+            self._shared.cond.wait(_EMPTY_STEP_PAUSE_S)
 
     def _new_records(self) -> list[StepRecord]:
         log_ = self.engine.step_log

@@ -88,9 +88,13 @@ class StepLog:
         with self._cond:
             if not self._records or self._records[-1].step < step:
                 return []
-            first = self._records[0].step
-            start = max(0, step - first)
-            return list(self._records)[start:]
+            out: list[StepRecord] = []
+            for record in reversed(self._records):  # newest first: O(records returned)
+                if record.step < step:
+                    break
+                out.append(record)
+            out.reverse()
+            return out
 
     def wait_for(self, step: int, timeout: float) -> bool:
         """Block until a record with index >= step exists or timeout elapses."""

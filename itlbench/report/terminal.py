@@ -109,9 +109,13 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
 
 
 def _event_line(ev: dict[str, Any]) -> str:
-    who = ", ".join(str(r) for r in (ev.get("prefill_requests") or ev.get("request_ids") or [])[:3]) or "no prefill"
-    return (f"{_s(ev.get('worst_s') or ev.get('duration_s'))} s across {ev.get('victims', '?')} streams; "
-            f"overlapping prefill: {who}")
+    injected = list(ev.get("injected_request_ids") or [])
+    others = [r for r in (ev.get("prefill_request_ids") or []) if r not in injected]
+    who = ", ".join([f"{r} (injected)" for r in injected[:3]] + [str(r) for r in others[:3]]) or "no prefill step"
+    more = len(injected) + len(others) - min(len(injected), 3) - min(len(others), 3)
+    return (f"worst {_s(ev.get('worst_s'))} s across {ev.get('victims', '?')} streams; overlapping prefill: "
+            f"{who}{f' +{more} more' if more > 0 else ''} ({ev.get('prefill_tokens', 0)} tokens, "
+            f"{_s(ev.get('prefill_s'))} s)")
 
 
 def print_catalog(console: Console, rows: list[dict[str, Any]]) -> None:

@@ -49,6 +49,18 @@ class Prompt:
         text = None if self.text is None or other.text is None else self.text + other.text
         return Prompt(self.tokens + other.tokens, ids, text)
 
+    def head(self, n: int) -> Prompt:
+        """The first `n` tokens (text mode: the same share of words), an exact prefix."""
+        if n >= self.tokens:
+            return self
+        ids = None if self.ids is None else self.ids[:n]
+        text = None
+        if self.text is not None:
+            words = self.text.split(" ")[1:]
+            keep = 0 if n <= 0 else max(1, round(len(words) * n / self.tokens))
+            text = "".join(" " + w for w in words[:keep])
+        return Prompt(max(0, n), ids, text)
+
 
 def _key_seed(seed: int, namespace: str, key: str) -> list[int]:
     digest = hashlib.blake2b(f"{namespace}\0{key}".encode(), digest_size=8).digest()

@@ -49,7 +49,7 @@ class SdpaBackend:
         self.device = device
 
     def prepare(self, batch: FlatBatch) -> SdpaMetadata:
-        qlens, starts, seq_lens = batch.query_lens_np, batch.starts_np, batch.seq_lens_np
+        qlens, starts = batch.query_lens_np, batch.starts_np
         qsl = np.concatenate(([0], np.cumsum(qlens)))
         fresh: list[slice] = []
         extend: list[_Extend] = []

@@ -1,0 +1,46 @@
+"""The metric definitions every summary and report states, worded as in DESIGN.md."""
+
+from __future__ import annotations
+
+from itlbench.analysis.stats import PERCENTILE_METHOD
+
+DEFINITIONS: dict[str, str] = {
+    "ttft": (
+        "TTFT: first generated token's arrival at the client − the request's scheduled send time. "
+        "Decomposed: client lag (scheduled → actually sent), server queue (arrival → first scheduled step), "
+        "prefill (first scheduled step → first token). A chunk carries tokens when its text/content or "
+        "token_ids are non-empty; role-only and finish-only chunks carry none."
+    ),
+    "itl": (
+        "ITL: every gap between consecutive content chunks of one stream. Reported three ways: pooled "
+        "per-gap percentiles (p50/p90/p95/p99/p99.9/max; the default), per-request mean (TPOT = "
+        "(last − first chunk) / (tokens − 1)), and per-token (a chunk carrying k tokens splits its gap into k). "
+        "Token bundling is detected and warned about. Steady views exclude injected requests' own gaps."
+    ),
+    "stall": (
+        "Stall: a gap ≥ max(stall_factor × the stream's median gap, stall_floor). Reported: count, total "
+        "stalled seconds (sum of the stalled gaps), worst gap, victim streams, and attribution: which "
+        "in-flight prefill (injected or not) overlapped the gap, from the engine's step log when available. "
+        "Stalls whose gaps overlap across streams form one event."
+    ),
+    "split": (
+        "Prefill:decode split: engine time in prefill vs decode. Prefill-only and decode-only steps count "
+        "whole; a mixed step is apportioned by a linear cost model of its token counts fitted on the run's "
+        "pure steps (token share as a fallback, stated). For external engines their own counters (vLLM "
+        "request prefill/decode time sums, SGLang gpu_execution_seconds_total{category}); source says which."
+    ),
+    "prompt_buckets": "Prompt buckets: ≤128, ≤512, ≤2k, ≤8k, ≤32k, >32k tokens (le128 … gt32k, k = 1024).",
+    "goodput": (
+        "Goodput: requests/s meeting every SLO of their class (TTFT by bucket, ITL p99 or max); a request "
+        "must also have completed ok."
+    ),
+    "validity": (
+        "Validity: the run records the client's own lag (send-schedule lag, event-loop lag, CPU) and flags "
+        "itself invalid when the client, not the server, was the bottleneck."
+    ),
+    "window": (
+        "Window: requests scheduled in [measure start, end) after warmup, their chunks, engine steps "
+        "overlapping the window; rates divide by the window's seconds."
+    ),
+    "percentiles": f"Percentiles: {PERCENTILE_METHOD}.",
+}

@@ -1,0 +1,176 @@
+"""Goodput: requests per second that met every SLO of their class.
+
+A request is good when its status is "ok" and
+  TTFT ≤ the TTFT target of its class and prompt bucket (no target: met), and
+  its own ITL statistic (p99 — linear interpolation — or max of its gaps) ≤ the ITL target
+  (no target, or a stream with no gaps: met).
+goodput = good requests / window seconds; fraction = good / requests in the window.
+
+SLO grammar (`--slo`), comma-separated items layered over the defaults:
+  [CLASS/]ttft:BUCKET=DUR | [CLASS/]ttft=DUR (all buckets) | [CLASS/]itl_p99=DUR | [CLASS/]itl_max=DUR
+DUR is a number with unit us, ms, s or m (bare number = seconds) or "off" (no target). Items without
+CLASS/ set the default every class inherits; CLASS/ items override for that class only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+
+import polars as pl
+
+from itlbench.analysis.buckets import BUCKET_LABELS
+from itlbench.errors import ConfigError
+
+DEFAULT_TTFT_S: dict[str, float | None] = {
+    "le128": 0.5,
+    "le512": 1.0,
+    "le2k": 2.0,
+    "le8k": 5.0,
+    "le32k": 15.0,
+    "gt32k": 60.0,
+}
+ITL_STATS = ("p99", "max")
+SLO_FIX = "e.g. 'ttft:le2k=2s,itl_p99=150ms,injected/ttft=off'; buckets: " + ", ".join(BUCKET_LABELS)
+_DURATION = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)(us|ms|s|m)?$")
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, None: 1.0}
+
+
+@dataclass(frozen=True)
+class ClassSlo:
+    """Targets for one class: TTFT per bucket (None = none) and one ITL statistic's target."""
+
+    ttft_s: dict[str, float | None] = field(default_factory=lambda: dict(DEFAULT_TTFT_S))
+    itl_stat: str = "p99"
+    itl_s: float | None = 0.2
+
+    def to_dict(self) -> dict[str, object]:
+        return {"ttft_s": dict(self.ttft_s), "itl_stat": self.itl_stat, "itl_s": self.itl_s}
+
+
+@dataclass(frozen=True)
+class SloSet:
+    """The default targets and per-class overrides (already merged over the default)."""
+
+    default: ClassSlo = field(default_factory=ClassSlo)
+    classes: dict[str, ClassSlo] = field(default_factory=dict)
+    spec: str = ""
+
+    def for_class(self, cls: str | None) -> ClassSlo:
+        return self.classes.get(cls or "", self.default)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "spec": self.spec,
+            "default": self.default.to_dict(),
+            "classes": {k: v.to_dict() for k, v in sorted(self.classes.items())},
+        }
+
+
+def _duration(item: str, text: str) -> float | None:
+    if text == "off":
+        return None
+    m = _DURATION.match(text)
+    if not m or float(m.group(1)) <= 0:
+        raise ConfigError("--slo", f"{item!r}: {text!r} is not a positive duration", SLO_FIX)
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _apply(slo: ClassSlo, item: str, key: str, value: float | None) -> ClassSlo:
+    if key == "ttft":
+        return replace(slo, ttft_s=dict.fromkeys(BUCKET_LABELS, value))
+    if key.startswith("ttft:"):
+        bucket = key[5:]
+        if bucket not in BUCKET_LABELS:
+            raise ConfigError("--slo", f"{item!r}: unknown prompt bucket {bucket!r}", SLO_FIX)
+        return replace(slo, ttft_s={**slo.ttft_s, bucket: value})
+    if key.startswith("itl_") and key[4:] in ITL_STATS:
+        return replace(slo, itl_stat=key[4:], itl_s=value)
+    raise ConfigError("--slo", f"{item!r}: unknown target {key!r}", SLO_FIX)
+
+
+def _items(spec: str) -> list[tuple[str, str, str, float | None]]:
+    """(item, class or '', key, seconds) per comma-separated item."""
+    out = []
+    for raw in spec.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        if "=" not in item:
+            raise ConfigError("--slo", f"{item!r} has no '='", SLO_FIX)
+        left, value = (s.strip() for s in item.split("=", 1))
+        cls, _, key = left.rpartition("/")
+        if not key:
+            raise ConfigError("--slo", f"{item!r} names no target", SLO_FIX)
+        out.append((item, cls, key, _duration(item, value)))
+    return out
+
+
+def parse_slo(spec: str | None, base: SloSet | None = None) -> SloSet:
+    """Parse an --slo string over `base` (default SLOs when None); raises ConfigError("--slo", ...)."""
+    base = base or SloSet()
+    items = _items(spec or "")
+    default = base.default
+    for item, cls, key, value in items:
+        if not cls:
+            default = _apply(default, item, key, value)
+    classes: dict[str, ClassSlo] = {}
+    for item, cls, key, value in items:
+        if cls:
+            classes[cls] = _apply(classes.get(cls, default), item, key, value)
+    merged = {**base.classes, **classes}
+    return SloSet(default, merged, ",".join(filter(None, [base.spec, (spec or "").strip()])))
+
+
+def request_itl(gaps: pl.DataFrame) -> pl.DataFrame:
+    """Per request: its own gaps' p99 (linear) and max."""
+    return gaps.group_by("request_id").agg(
+        pl.col("gap_s").quantile(0.99, interpolation="linear").alias("itl_p99_s"),
+        pl.col("gap_s").max().alias("itl_max_s"),
+    )
+
+
+def _targets(slos: SloSet, classes: list[str | None]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    ttft_rows, itl_rows = [], []
+    for cls in classes:
+        slo = slos.for_class(cls)
+        ttft_rows += [{"cls": cls, "bucket": b, "ttft_target_s": slo.ttft_s.get(b)} for b in BUCKET_LABELS]
+        itl_rows.append({"cls": cls, "itl_stat": slo.itl_stat, "itl_target_s": slo.itl_s})
+    ttft = pl.DataFrame(ttft_rows, schema={"cls": pl.Utf8, "bucket": pl.Utf8, "ttft_target_s": pl.Float64})
+    itl = pl.DataFrame(itl_rows, schema={"cls": pl.Utf8, "itl_stat": pl.Utf8, "itl_target_s": pl.Float64})
+    return ttft, itl
+
+
+def judge(ttft: pl.DataFrame, gaps: pl.DataFrame, slos: SloSet) -> pl.DataFrame:
+    """Per request (rows of ttft.ttft_table): ttft_ok, itl_ok, good."""
+    ttft_targets, itl_targets = _targets(slos, ttft["cls"].unique().to_list())
+    itl_value = pl.when(pl.col("itl_stat") == "max").then(pl.col("itl_max_s")).otherwise(pl.col("itl_p99_s"))
+    return (
+        ttft.join(ttft_targets, on=["cls", "bucket"], how="left", nulls_equal=True)
+        .join(itl_targets, on="cls", how="left", nulls_equal=True)
+        .join(request_itl(gaps), on="request_id", how="left")
+        .with_columns(
+            (
+                pl.col("ttft_target_s").is_null()
+                | (pl.col("ttft_s") <= pl.col("ttft_target_s")).fill_null(False)
+            ).alias("ttft_ok"),
+            (
+                pl.col("itl_target_s").is_null() | itl_value.is_null() | (itl_value <= pl.col("itl_target_s"))
+            ).alias("itl_ok"),
+        )
+        .with_columns(
+            ((pl.col("status") == "ok").fill_null(False) & pl.col("ttft_ok") & pl.col("itl_ok")).alias("good")
+        )
+    )
+
+
+def goodput(judged: pl.DataFrame, window_s: float, slos: SloSet) -> dict[str, object]:
+    total = judged.height
+    good = int(judged["good"].sum()) if total else 0
+    return {
+        "requests_per_s": good / window_s if window_s > 0 else None,
+        "fraction": good / total if total else None,
+        "good": good,
+        "total": total,
+        "slos": slos.to_dict(),
+    }

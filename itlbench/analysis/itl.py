@@ -1,0 +1,109 @@
+"""Inter-token latency: every gap between consecutive content chunks of one request's stream.
+
+Views (percentiles per `stats.PERCENTILE_METHOD`):
+  pooled     every gap is one sample (the default and the headline; the tail is not smeared)
+  per_token  a chunk carrying k tokens splits the gap before it into k equal gaps of gap/k
+  tpot       per request: (last chunk − first chunk) / (tokens − 1), tokens = Σ n_tokens;
+             requests with fewer than 2 tokens have none
+The first chunk of a stream opens no gap (its arrival is TTFT). "Steady" views drop gaps of
+injected requests; "all" views keep them.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from itlbench.analysis.stats import describe, ns_to_s
+
+ITL_KEYS: tuple[str, ...] = ("p50", "p90", "p95", "p99", "p999", "max", "mean", "count")
+TPOT_KEYS: tuple[str, ...] = ("p50", "p90", "p99", "mean", "count")
+BUNDLING_WARN_FRACTION = 0.05
+
+
+def _tagged_chunks(chunks: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame:
+    tags = requests.select("request_id", "cls", pl.col("injected").fill_null(False))
+    return (
+        chunks.join(tags, on="request_id", how="left")
+        .with_columns(
+            pl.col("injected").fill_null(False),
+            pl.col("n_tokens").fill_null(1).clip(lower_bound=1),
+        )
+        .sort("request_id", "index", "t_ns")
+    )
+
+
+def gap_table(chunks: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame:
+    """One row per gap: request_id, cls, injected, t_prev_ns, t_ns, gap_s, n_tokens (of the later chunk)."""
+    return (
+        _tagged_chunks(chunks, requests)
+        .with_columns(pl.col("t_ns").shift(1).over("request_id").alias("t_prev_ns"))
+        .drop_nulls("t_prev_ns")
+        .with_columns(ns_to_s(pl.col("t_ns") - pl.col("t_prev_ns")).alias("gap_s"))
+        .select("request_id", "cls", "injected", "t_prev_ns", "t_ns", "gap_s", "n_tokens")
+    )
+
+
+def steady(gaps: pl.DataFrame) -> pl.DataFrame:
+    """Gaps of non-injected requests: what the injection did to everyone else."""
+    return gaps.filter(~pl.col("injected"))
+
+
+def pooled(gaps: pl.DataFrame) -> dict[str, float | int | None]:
+    return describe(gaps, "gap_s", ITL_KEYS)
+
+
+def per_token(gaps: pl.DataFrame) -> dict[str, float | int | None]:
+    split = (
+        gaps.select(
+            (pl.col("gap_s") / pl.col("n_tokens")).alias("gap_s"),
+            pl.int_ranges(0, pl.col("n_tokens")).alias("k"),
+        )
+        .explode("k")
+        .select("gap_s")
+    )
+    return describe(split, "gap_s", ITL_KEYS)
+
+
+def tpot_table(chunks: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame:
+    """One row per request with ≥ 2 tokens: request_id, cls, injected, tokens, tpot_s."""
+    return (
+        _tagged_chunks(chunks, requests)
+        .group_by("request_id")
+        .agg(
+            pl.col("cls").first(),
+            pl.col("injected").first(),
+            pl.col("n_tokens").sum().alias("tokens"),
+            (pl.col("t_ns").max() - pl.col("t_ns").min()).alias("span_ns"),
+        )
+        .filter(pl.col("tokens") >= 2)
+        .with_columns((ns_to_s(pl.col("span_ns")) / (pl.col("tokens") - 1)).alias("tpot_s"))
+        .drop("span_ns")
+        .sort("request_id")
+    )
+
+
+def tpot(table: pl.DataFrame) -> dict[str, float | int | None]:
+    return describe(table, "tpot_s", TPOT_KEYS)
+
+
+def bundling(chunks: pl.DataFrame, warn_fraction: float = BUNDLING_WARN_FRACTION) -> dict[str, object]:
+    """How often the server put more than one token in a chunk. Bundled tokens arrive together,
+    so pooled gaps undercount tokens and per-token gaps are an even split, not a measurement."""
+    n = chunks.height
+    bundled = chunks.filter(pl.col("n_tokens") > 1).height if n else 0
+    fraction = bundled / n if n else 0.0
+    tokens = int(chunks["n_tokens"].fill_null(1).sum()) if n else 0
+    warning = None
+    if fraction > warn_fraction:
+        warning = (
+            f"{fraction:.1%} of content chunks carry more than one token (server bundles tokens): "
+            "pooled ITL counts chunks, not tokens; see itl_per_token_s"
+        )
+    return {
+        "fraction": fraction,
+        "chunks": n,
+        "bundled_chunks": bundled,
+        "tokens_per_chunk": tokens / n if n else None,
+        "warn_fraction": warn_fraction,
+        "warning": warning,
+    }

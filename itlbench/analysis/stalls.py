@@ -1,0 +1,199 @@
+"""Stalls: gaps far longer than their own stream's rhythm, and which prefill caused them.
+
+A gap (see itl.py) is a stall when gap ≥ max(factor × median gap of its request, floor_s).
+  stalled_s  Σ of the whole stalled gaps (not the excess over the median)
+  worst_s    the longest stalled gap
+  victims    distinct requests with at least one stall
+An *event* is a cluster of stalls whose gaps [t_prev, t_next] overlap (transitively, across
+streams): one engine hiccup seen by many streams. Attribution of an interval [lo, hi] (a stall's
+gap, or an event's span): engine steps with prefill tokens > 0 overlapping it, their prefill
+tokens (whole steps), prefill_s (Σ of the parts of those steps inside the interval), and the
+requests they prefilled (server ids mapped back to client request ids; injected ones listed).
+Needs the engine step log; without it attribution is empty and the source is "unavailable".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from itlbench.analysis.stats import json_safe, ns_to_s
+
+STR_LIST = pl.List(pl.Utf8)
+
+
+@dataclass(frozen=True)
+class StallParams:
+    """factor × the stream's median gap, but never below floor_s (tiny medians make noise stalls)."""
+
+    factor: float = 5.0
+    floor_s: float = 0.05
+    top_events: int = 10
+
+
+@dataclass(frozen=True)
+class StallReport:
+    stalls: pl.DataFrame
+    events: pl.DataFrame
+    summary: dict[str, object]
+
+
+def find_stalls(gaps: pl.DataFrame, params: StallParams) -> pl.DataFrame:
+    """The stalled gaps, with the median and threshold that flagged them."""
+    return (
+        gaps.with_columns(pl.col("gap_s").median().over("request_id").alias("median_gap_s"))
+        .with_columns(
+            pl.max_horizontal(pl.col("median_gap_s") * params.factor, pl.lit(params.floor_s)).alias(
+                "threshold_s"
+            )
+        )
+        .filter(pl.col("gap_s") >= pl.col("threshold_s"))
+        .sort("t_prev_ns", "request_id")
+    )
+
+
+def cluster_events(stalls: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Label each stall with an event id (interval merge on t_prev_ns order) and list the events."""
+    labelled = stalls.sort("t_prev_ns", "t_ns").with_columns(
+        (pl.col("t_prev_ns") >= pl.col("t_ns").cum_max().shift(1))
+        .fill_null(True)
+        .cum_sum()
+        .cast(pl.Int64)
+        .sub(1)
+        .alias("event")
+    )
+    events = (
+        labelled.group_by("event")
+        .agg(
+            pl.col("t_prev_ns").min().alias("start_ns"),
+            pl.col("t_ns").max().alias("end_ns"),
+            pl.len().cast(pl.Int64).alias("stalls"),
+            pl.col("request_id").n_unique().cast(pl.Int64).alias("victims"),
+            pl.col("gap_s").max().alias("worst_s"),
+        )
+        .sort("event")
+    )
+    return labelled, events
+
+
+def _request_map(requests: pl.DataFrame) -> pl.DataFrame:
+    return (
+        requests.select(
+            "server_request_id",
+            pl.col("request_id").alias("client_id"),
+            pl.col("injected").fill_null(False).alias("client_injected"),
+        )
+        .drop_nulls("server_request_id")
+        .unique("server_request_id", keep="first")
+    )
+
+
+def _overlapping_prefill(intervals: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    prefill = steps.filter(pl.col("prefill_tokens") > 0).select(
+        "step", "start_ns", "end_ns", "prefill_tokens", "prefill_request_ids"
+    )
+    return intervals.join_where(
+        prefill, pl.col("start_ns") < pl.col("hi_ns"), pl.col("end_ns") > pl.col("lo_ns")
+    ).with_columns(
+        ns_to_s(pl.min_horizontal("end_ns", "hi_ns") - pl.max_horizontal("start_ns", "lo_ns")).alias(
+            "overlap_s"
+        )
+    )
+
+
+def attribute(intervals: pl.DataFrame, steps: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame:
+    """Per interval (columns id, lo_ns, hi_ns): prefill_steps, prefill_tokens, prefill_s,
+    prefill_request_ids, injected_request_ids, injected_prefill."""
+    hits = _overlapping_prefill(intervals.select("id", "lo_ns", "hi_ns"), steps)
+    totals = hits.group_by("id").agg(
+        pl.len().cast(pl.Int64).alias("prefill_steps"),
+        pl.col("prefill_tokens").sum().alias("prefill_tokens"),
+        pl.col("overlap_s").sum().alias("prefill_s"),
+    )
+    ids = (
+        hits.select("id", pl.col("prefill_request_ids").alias("server_request_id"))
+        .explode("server_request_id")
+        .drop_nulls("server_request_id")
+        .join(_request_map(requests), on="server_request_id", how="left")
+        .with_columns(
+            pl.coalesce("client_id", "server_request_id").alias("rid"),
+            pl.col("client_injected").fill_null(False),
+        )
+        .group_by("id")
+        .agg(
+            pl.col("rid").unique().sort().alias("prefill_request_ids"),
+            pl.col("rid").filter(pl.col("client_injected")).unique().sort().alias("injected_request_ids"),
+        )
+    )
+    return (
+        intervals.select("id")
+        .join(totals, on="id", how="left")
+        .join(ids, on="id", how="left")
+        .with_columns(
+            pl.col("prefill_steps").fill_null(0),
+            pl.col("prefill_tokens").fill_null(0),
+            pl.col("prefill_s").fill_null(0.0),
+            pl.col("prefill_request_ids").fill_null(pl.lit([], dtype=STR_LIST)),
+            pl.col("injected_request_ids").fill_null(pl.lit([], dtype=STR_LIST)),
+        )
+        .with_columns((pl.col("injected_request_ids").list.len() > 0).alias("injected_prefill"))
+    )
+
+
+def _attach(
+    frame: pl.DataFrame, key: str, lo: str, hi: str, steps: pl.DataFrame, requests: pl.DataFrame
+) -> pl.DataFrame:
+    intervals = frame.select(pl.col(key).alias("id"), pl.col(lo).alias("lo_ns"), pl.col(hi).alias("hi_ns"))
+    return frame.join(attribute(intervals, steps, requests).rename({"id": key}), on=key, how="left")
+
+
+def analyze_stalls(
+    gaps: pl.DataFrame, steps: pl.DataFrame, requests: pl.DataFrame, params: StallParams, origin_ns: int = 0
+) -> StallReport:
+    """Stalls and events with attribution, plus the summary dict (times in events relative to origin_ns)."""
+    stalls, events = cluster_events(find_stalls(gaps, params).with_row_index("stall"))
+    stalls = _attach(
+        stalls.with_columns(pl.col("stall").cast(pl.Int64)), "stall", "t_prev_ns", "t_ns", steps, requests
+    )
+    events = _attach(events, "event", "start_ns", "end_ns", steps, requests)
+    return StallReport(stalls, events, stall_summary(stalls, events, steps, params, origin_ns))
+
+
+def event_records(events: pl.DataFrame, limit: int, origin_ns: int) -> list[dict[str, object]]:
+    """The top events (most victims, then longest worst gap) as plain dicts."""
+    top = events.sort(["victims", "worst_s", "start_ns"], descending=[True, True, False]).head(limit)
+    rows = top.select(
+        "event",
+        ns_to_s(pl.col("start_ns") - origin_ns).alias("start_s"),
+        ns_to_s(pl.col("end_ns") - pl.col("start_ns")).alias("span_s"),
+        "stalls",
+        "victims",
+        "worst_s",
+        "prefill_steps",
+        "prefill_tokens",
+        "prefill_s",
+        "injected_prefill",
+        "prefill_request_ids",
+        "injected_request_ids",
+    ).to_dicts()
+    return json_safe(rows)  # type: ignore[return-value]
+
+
+def stall_summary(
+    stalls: pl.DataFrame, events: pl.DataFrame, steps: pl.DataFrame, params: StallParams, origin_ns: int
+) -> dict[str, object]:
+    n = stalls.height
+    return json_safe(
+        {
+            "count": n,
+            "stalled_s": float(stalls["gap_s"].sum()) if n else 0.0,
+            "worst_s": stalls["gap_s"].max() if n else None,
+            "victims": stalls["request_id"].n_unique() if n else 0,
+            "events": events.height,
+            "events_with_injected_prefill": int(events["injected_prefill"].sum()) if events.height else 0,
+            "attribution_source": "engine_steps" if steps.height else "unavailable",
+            "attribution": event_records(events, params.top_events, origin_ns),
+            "params": {"factor": params.factor, "floor_s": params.floor_s},
+        }
+    )  # type: ignore[return-value]

@@ -1,0 +1,164 @@
+"""One run's analysis as a JSON-ready dict with stable keys (no NaN anywhere; unknown = null).
+
+Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always present):
+  window.{run_start_ns,measure_start_ns,end_ns,seconds}
+  ttft_s.<bucket>.{p50,p90,p99,max,mean,count}        ttft_s.all.{same}
+  ttft_by_class_s.<cls>.{same}
+  ttft_breakdown_s.<bucket>.{client_lag_p50,queue_p50,prefill_p50,server_p50}
+  itl_s.{p50,p90,p95,p99,p999,max,mean,count}          pooled gaps, steady streams (not injected)
+  itl_all_s.{same}                                     pooled gaps, all streams
+  itl_per_token_s.{same}                               per-token view, steady streams
+  tpot_s.{p50,p90,p99,mean,count}                      per-request mean, steady streams
+  stalls.{count,stalled_s,worst_s,victims,events,events_with_injected_prefill,attribution_source,params}
+  stalls.attribution[]  top events: {event,start_s (from measure start),span_s,stalls,victims,worst_s,
+                        prefill_steps,prefill_tokens,prefill_s,injected_prefill,prefill_request_ids,
+                        injected_request_ids}
+  split.{prefill_s,decode_s,prefill_frac,source}  (+ mixed_steps, cost_model | unattributed_s)
+  throughput.{requests_per_s,output_tokens_per_s,input_tokens_per_s}
+  goodput.{requests_per_s,fraction,good,total,slos}
+  requests.{total,ok,error,timeout,cancelled,injected}
+  bundling.{fraction,chunks,bundled_chunks,tokens_per_chunk,warn_fraction,warning}
+  valid, validity.{reasons,figures,thresholds}
+  definitions.{ttft,itl,stall,split,prompt_buckets,goodput,validity,window,percentiles}
+Throughput: ok requests, all received output tokens (Σ n_tokens of window requests' chunks) and
+prompt tokens of ok requests, each divided by the window's seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import polars as pl
+
+from itlbench.analysis import itl, ttft
+from itlbench.analysis.buckets import prompt_tokens
+from itlbench.analysis.definitions import DEFINITIONS
+from itlbench.analysis.goodput import SloSet, goodput, judge, parse_slo
+from itlbench.analysis.rundir import load_tables
+from itlbench.analysis.split import time_split
+from itlbench.analysis.stalls import StallParams, analyze_stalls
+from itlbench.analysis.stats import json_safe
+from itlbench.analysis.validity import ValidityThresholds, check_validity
+from itlbench.analysis.window import RunWindow, select_window
+from itlbench.errors import ConfigError
+
+STATUSES = ("ok", "error", "timeout", "cancelled")
+
+
+def request_counts(requests: pl.DataFrame) -> dict[str, int]:
+    out = {"total": requests.height}
+    for status in STATUSES:
+        out[status] = requests.filter(pl.col("status") == status).height
+    out["injected"] = requests.filter(pl.col("injected").fill_null(False)).height
+    return out
+
+
+def throughput(requests: pl.DataFrame, chunks: pl.DataFrame, window_s: float) -> dict[str, float | None]:
+    if window_s <= 0:
+        return {"requests_per_s": None, "output_tokens_per_s": None, "input_tokens_per_s": None}
+    ok = requests.filter(pl.col("status") == "ok")
+    out_tokens = chunks["n_tokens"].fill_null(1).sum() if chunks.height else 0
+    in_tokens = ok.select(prompt_tokens().sum()).item() if ok.height else 0
+    return {
+        "requests_per_s": ok.height / window_s,
+        "output_tokens_per_s": float(out_tokens) / window_s,
+        "input_tokens_per_s": float(in_tokens or 0) / window_s,
+    }
+
+
+def _ttft_section(table: pl.DataFrame) -> dict[str, object]:
+    by_bucket: dict[str, object] = dict(ttft.ttft_by_bucket(table))
+    by_bucket["all"] = ttft.ttft_all(table)
+    return {
+        "ttft_s": by_bucket,
+        "ttft_by_class_s": ttft.ttft_by_class(table),
+        "ttft_breakdown_s": ttft.breakdown_by_bucket(table),
+    }
+
+
+def _itl_section(chunks: pl.DataFrame, requests: pl.DataFrame, gaps: pl.DataFrame) -> dict[str, object]:
+    steady = itl.steady(gaps)
+    return {
+        "itl_s": itl.pooled(steady),
+        "itl_all_s": itl.pooled(gaps),
+        "itl_per_token_s": itl.per_token(steady),
+        "tpot_s": itl.tpot(itl.tpot_table(chunks, requests).filter(~pl.col("injected"))),
+        "bundling": itl.bundling(chunks),
+    }
+
+
+def summarize(
+    tables: Mapping[str, pl.DataFrame],
+    window: RunWindow,
+    slos: SloSet | None = None,
+    stall_params: StallParams | None = None,
+    thresholds: ValidityThresholds | None = None,
+) -> dict[str, object]:
+    """Every metric of one run over its measurement window (see the module docstring for keys)."""
+    slos = slos or SloSet()
+    stall_params = stall_params or StallParams()
+    t = select_window(tables, window)
+    requests, chunks, steps = t["requests"], t["chunks"], t["steps"]
+    ttft_rows = ttft.ttft_table(requests, steps)
+    gaps = itl.gap_table(chunks, requests)
+    stalls = analyze_stalls(itl.steady(gaps), steps, requests, stall_params, window.measure_start_ns)
+    validity = check_validity(requests, t["client_samples"], thresholds)
+    out: dict[str, object] = {
+        "window": {
+            "run_start_ns": window.run_start_ns,
+            "measure_start_ns": window.measure_start_ns,
+            "end_ns": window.end_ns,
+            "seconds": window.seconds,
+        },
+        **_ttft_section(ttft_rows),
+        **_itl_section(chunks, requests, gaps),
+        "stalls": stalls.summary,
+        "split": time_split(steps, t["server_metrics"], window),
+        "throughput": throughput(requests, chunks, window.seconds),
+        "goodput": goodput(judge(ttft_rows, gaps, slos), window.seconds, slos),
+        "requests": request_counts(requests),
+        "valid": validity["valid"],
+        "validity": {k: v for k, v in validity.items() if k != "valid"},
+        "definitions": dict(DEFINITIONS),
+    }
+    return json_safe(out)  # type: ignore[return-value]
+
+
+def _window_from(meta: dict[str, object]) -> RunWindow:
+    for key in ("run_start_ns", "end_ns"):
+        if not isinstance(meta.get(key), int):
+            raise ConfigError(
+                "run.json",
+                f"{key} is missing or not an integer",
+                "the run store writes it; rerun or fix the file",
+            )
+    start = int(meta["run_start_ns"])  # type: ignore[call-overload]
+    measure = meta.get("measure_start_ns")
+    return RunWindow(start, int(measure) if isinstance(measure, int) else start, int(meta["end_ns"]))  # type: ignore[call-overload]
+
+
+def _stall_params(meta: dict[str, object]) -> StallParams:
+    d = StallParams()
+    factor = meta.get("stall_factor")
+    floor = meta.get("stall_floor_s")
+    return StallParams(
+        factor=float(factor) if factor is not None else d.factor,  # type: ignore[arg-type]
+        floor_s=float(floor) if floor is not None else d.floor_s,  # type: ignore[arg-type]
+    )
+
+
+def analyze_run(run_dir: str | Path) -> dict[str, object]:
+    """Summarize a stored run (reads run.json and the table directories; writes nothing)."""
+    path = Path(run_dir, "run.json")
+    if not path.is_file():
+        raise ConfigError("run_dir", f"{path} not found", "pass a directory written by `itlbench run`")
+    meta = json.loads(path.read_text())
+    slo = meta.get("slo")
+    return summarize(
+        load_tables(run_dir),
+        _window_from(meta),
+        parse_slo(slo if isinstance(slo, str) else None),
+        _stall_params(meta),
+    )

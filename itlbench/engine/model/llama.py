@@ -1,0 +1,109 @@
+"""Llama-3 decoder on flattened token rows `[N, d]`; attention is delegated to a paged backend.
+
+Projections are fused (QKV, gate+up) so each layer runs four GEMMs; the loader splits and joins
+Hugging Face tensors to this layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from itlbench.engine.config import ModelConfig
+from itlbench.engine.model.rope import apply_rope
+
+
+@dataclass
+class ForwardContext:
+    """Per-step inputs shared by every layer."""
+
+    cos: torch.Tensor  # [N, 1, D/2] for this step's positions
+    sin: torch.Tensor
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (K, V) [blocks, block_size, KVH, D]
+    backend: object  # AttentionBackend
+    meta: object  # the backend's per-step metadata
+
+
+def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+        self.qkv_proj = _param(width, cfg.hidden_size, dtype=dtype, device=device)
+        self.o_proj = _param(cfg.hidden_size, cfg.num_heads * cfg.head_dim, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        n, h, kvh = x.shape[0], self.num_heads, self.num_kv_heads
+        qkv = F.linear(x, self.qkv_proj).view(n, h + 2 * kvh, self.head_dim)
+        qk = apply_rope(qkv[:, : h + kvh], ctx.cos, ctx.sin)
+        k_cache, v_cache = ctx.kv_caches[self.layer]
+        out = ctx.backend.forward(qk[:, :h], qk[:, h:], qkv[:, h + kvh:], k_cache, v_cache, ctx.meta)
+        return F.linear(out.reshape(n, h * self.head_dim), self.o_proj)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.gate_up_proj = _param(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.down_proj = _param(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_proj).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_proj)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.self_attn = Attention(cfg, layer, dtype, device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.mlp = MLP(cfg, dtype, device)
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, device) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.lm_head = None if cfg.tie_word_embeddings else _param(
+            cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+
+    def forward(self, input_ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """Hidden states [N, d] before the final norm."""
+        x = F.embedding(input_ids, self.embed_tokens)
+        for layer in self.layers:
+            x = layer(x, ctx)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head, applied only to the rows that sample."""
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        return F.linear(self.norm(hidden), head)

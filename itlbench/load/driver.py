@@ -1,0 +1,269 @@
+"""The load driver: closed-loop streams and an open-loop schedule against one target.
+
+Timeline: `run_start` → warmup (`warmup_s`) → `measure_start` → `duration_s` → end of sends →
+drain (`drain_timeout_s`) → remaining requests cancelled (recorded "cancelled").
+Closed-loop streams start sending at `run_start`, so the warmup fills the server. Open-loop
+`send_at_s` counts from `measure_start` (after the warmup); a plan due at or after the end of the
+measurement window is not sent, and the feed (time-ordered) is not read further.
+Every request row carries `scheduled_ns` and `sent_ns`, so client send lag is part of the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import signal
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+
+from itlbench.errors import ConfigError
+from itlbench.load.client_monitor import ClientMonitor, ClientStats
+from itlbench.load.progress import ProgressSnapshot, ms_percentile
+from itlbench.load.sink import RowSink
+from itlbench.load.sse_client import Outcome, StreamClient
+from itlbench.load.target import Target
+from itlbench.store import RunStore
+from itlbench.workloads.plan import LoadPlan, RequestPlan
+
+_now = time.perf_counter_ns
+STATUSES = ("ok", "error", "timeout", "cancelled")
+
+
+def install_uvloop() -> bool:
+    """Use uvloop's faster event loop for later `asyncio.run` calls when it is installed."""
+    try:
+        import uvloop
+    except ImportError:
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
+
+
+@dataclass
+class DriveResult:
+    """What happened, on the perf_counter_ns clock. `end_ns` is when sending stopped."""
+
+    run_start_ns: int
+    measure_start_ns: int
+    end_ns: int
+    finished_ns: int
+    counts: dict[str, int]
+    stop_reason: str  # completed | stop_event | interrupted | aborted
+    aborted_reason: str | None = None
+    open_loop_truncated: bool = False
+    client: ClientStats = field(default_factory=ClientStats)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class _Run:
+    """State shared by the stream tasks, the scheduler and the sampler of one drive() call."""
+
+    def __init__(self, client: StreamClient, max_connection_errors: int) -> None:
+        self.client = client
+        self.max_connection_errors = max_connection_errors
+        self.closed = asyncio.Event()
+        self.stop_reason: str | None = None
+        self.aborted_reason: str | None = None
+        self.counts = dict.fromkeys(("sent", *STATUSES), 0)
+        self.in_flight = 0
+        self.connection_errors_in_row = 0
+        self.send_lags: list[int] = []
+        self.requests: set[asyncio.Task[Outcome]] = set()
+        self.open_loop_truncated = False
+
+    def stop(self, reason: str) -> None:
+        """Stop sending now; in-flight requests are cancelled without a drain."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.closed.set()
+
+    async def pause(self, seconds: float) -> None:
+        """Sleep, but wake as soon as sending is closed."""
+        if seconds <= 0 or self.closed.is_set():
+            return
+        try:
+            await asyncio.wait_for(self.closed.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    async def send(self, plan: RequestPlan, scheduled_ns: int, stream: int | None) -> Outcome:
+        self.in_flight += 1
+        self.counts["sent"] += 1
+        try:
+            out = await self.client.run(plan, scheduled_ns, stream)
+        except asyncio.CancelledError:
+            self.counts["cancelled"] += 1
+            raise
+        finally:
+            self.in_flight -= 1
+        self.counts[out.status] += 1
+        if out.sent_ns is not None:
+            self.send_lags.append(out.sent_ns - scheduled_ns)
+        self._track_connection(out)
+        return out
+
+    def _track_connection(self, out: Outcome) -> None:
+        if not out.connection_error:
+            self.connection_errors_in_row = 0
+            return
+        self.connection_errors_in_row += 1
+        if self.connection_errors_in_row >= self.max_connection_errors and self.aborted_reason is None:
+            self.aborted_reason = f"{self.connection_errors_in_row} connection errors in a row: server unreachable"
+            self.closed.set()
+
+    def snapshot(self, elapsed_s: float, measuring: bool, cpu: float, lag_s: float) -> ProgressSnapshot:
+        c = self.counts
+        itl = self.client.recent_itl_ns
+        return ProgressSnapshot(
+            elapsed_s=elapsed_s, measuring=measuring, sent=c["sent"],
+            done=c["ok"] + c["error"] + c["timeout"] + c["cancelled"], in_flight=self.in_flight,
+            errors=c["error"] + c["timeout"], itl_p50_ms=ms_percentile(itl, 50), itl_p99_ms=ms_percentile(itl, 99),
+            ttft_p50_ms=ms_percentile(self.client.recent_ttft_ns, 50), cpu_percent=cpu, loop_lag_ms=lag_s * 1e3)
+
+
+async def _closed_stream(run: _Run, k: int, plans: Iterator[RequestPlan], end_ns: int) -> None:
+    """Send each plan as soon as the previous one ended (plus its think time), until the end."""
+    ready_ns = _now()
+    while not run.closed.is_set():
+        plan = next(plans, None)
+        if plan is None:
+            return
+        due = ready_ns + int(plan.think_time_s * 1e9)
+        if due >= end_ns:
+            return
+        await run.pause((due - _now()) / 1e9)
+        if run.closed.is_set():
+            return
+        await run.send(plan, due, plan.stream if plan.stream is not None else k)
+        ready_ns = _now()
+
+
+async def _open_loop(run: _Run, feed: Iterator[RequestPlan], measure_start_ns: int, end_ns: int) -> None:
+    """Send each plan at its time without waiting for earlier ones."""
+    for plan in feed:
+        due = measure_start_ns + int((plan.send_at_s or 0.0) * 1e9)
+        if due >= end_ns:
+            run.open_loop_truncated = True
+            return
+        await run.pause((due - _now()) / 1e9)
+        if run.closed.is_set():
+            return
+        task = asyncio.create_task(run.send(plan, due, None))
+        run.requests.add(task)
+        task.add_done_callback(run.requests.discard)
+
+
+async def _sample(run: _Run, monitor: ClientMonitor, sink: RowSink, run_start_ns: int, measure_start_ns: int,
+                  on_progress: Callable[[ProgressSnapshot], None] | None) -> None:
+    """Every interval: a client_samples row, a progress snapshot, and a hand-off of rows to the store."""
+    while True:
+        t, lag, cpu = await monitor.tick()
+        sink.add("client_samples", {"t_ns": t, "loop_lag_s": lag, "cpu_percent": cpu, "in_flight": run.in_flight})
+        if on_progress is not None:
+            on_progress(run.snapshot((t - run_start_ns) / 1e9, t >= measure_start_ns, cpu, lag))
+        await sink.pump()
+
+
+async def _watch(event: asyncio.Event, run: _Run) -> None:
+    await event.wait()
+    run.stop("stop_event")
+
+
+def _install_sigint(run: _Run) -> Callable[[], None]:
+    """Ctrl-C stops the run cleanly (records kept) instead of unwinding it; returns the undo."""
+    loop = asyncio.get_running_loop()
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        loop.add_signal_handler(signal.SIGINT, run.stop, "interrupted")
+    except (ValueError, RuntimeError, NotImplementedError):  # not the main thread, or no signals
+        return lambda: None
+
+    def restore() -> None:
+        loop.remove_signal_handler(signal.SIGINT)
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+    return restore
+
+
+async def _finish(tasks: set[asyncio.Task], timeout: float) -> None:
+    """Let tasks end within `timeout`, then cancel the rest and wait for them to record."""
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=timeout)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _split_feed(feed: Iterator[RequestPlan]) -> Iterator[RequestPlan] | None:
+    first = next(feed, None)
+    return None if first is None else itertools.chain([first], feed)
+
+
+def _check(duration_s: float, warmup_s: float, drain_timeout_s: float, max_connection_errors: int) -> None:
+    if duration_s <= 0:
+        raise ConfigError("duration_s", f"must be > 0, got {duration_s}")
+    if warmup_s < 0 or drain_timeout_s < 0:
+        raise ConfigError("warmup_s/drain_timeout_s", "must be >= 0")
+    if max_connection_errors < 1:
+        raise ConfigError("max_connection_errors", "must be >= 1")
+
+
+async def drive(plan: LoadPlan, target: Target, store: RunStore, *, duration_s: float, warmup_s: float = 0.0,
+                drain_timeout_s: float = 30.0, on_progress: Callable[[ProgressSnapshot], None] | None = None,
+                stop_event: asyncio.Event | None = None, start_at_ns: int | None = None,
+                max_connection_errors: int = 50, sample_interval_s: float = 0.5,
+                handle_sigint: bool = True, stream_ids: Sequence[int] | None = None) -> DriveResult:
+    """Run `plan` against `target`, writing requests, chunks and client samples into `store`.
+
+    Returns after the drain; a cancelled drive cancels its requests, flushes every record, re-raises.
+    Ctrl-C stops the run cleanly unless the caller passes `stop_event` (then it owns the signal).
+    `start_at_ns` (perf_counter_ns) lets several worker processes start on one instant, and
+    `stream_ids` gives their streams run-wide indices (default 0..n-1; a plan's own `stream` wins).
+    """
+    _check(duration_s, warmup_s, drain_timeout_s, max_connection_errors)
+    streams = [iter(s) for s in plan.streams]
+    feed = _split_feed(iter(plan.open_loop))
+    sink = RowSink(store)
+    client = StreamClient(target, sink, limit=0 if feed is not None else max(1, len(streams)))
+    run = _Run(client, max_connection_errors)
+    monitor = ClientMonitor(sample_interval_s)
+    async with client:
+        if start_at_ns is not None:
+            await asyncio.sleep(max(0.0, (start_at_ns - _now()) / 1e9))
+        run_start = _now()
+        measure_start = run_start + int(warmup_s * 1e9)
+        end = measure_start + int(duration_s * 1e9)
+        ids = list(stream_ids) if stream_ids is not None else list(range(len(streams)))
+        workers = {asyncio.create_task(_closed_stream(run, k, it, end)) for k, it in zip(ids, streams, strict=True)}
+        if feed is not None:
+            workers.add(asyncio.create_task(_open_loop(run, feed, measure_start, end)))
+        helpers = [asyncio.create_task(_sample(run, monitor, sink, run_start, measure_start, on_progress))]
+        if stop_event is not None:
+            helpers.append(asyncio.create_task(_watch(stop_event, run)))
+        restore = _install_sigint(run) if handle_sigint and stop_event is None else (lambda: None)
+        send_end = end
+        try:
+            await run.pause((end - _now()) / 1e9)
+            send_end = min(_now(), end)
+            run.closed.set()
+            await _finish(workers | set(run.requests), 0.0 if run.stop_reason else drain_timeout_s)
+        except asyncio.CancelledError:
+            run.stop("cancelled")
+            await _finish(workers | set(run.requests), 0.0)
+            raise
+        finally:
+            restore()
+            for h in helpers:
+                h.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            await sink.aclose()
+    stats = monitor.stats(run.send_lags)
+    stats.dropped_rows = dict(sink.dropped)
+    reason = run.stop_reason or ("aborted" if run.aborted_reason else "completed")
+    return DriveResult(run_start, measure_start, send_end, _now(), dict(run.counts), reason,
+                       run.aborted_reason, run.open_loop_truncated, stats)

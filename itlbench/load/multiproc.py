@@ -1,0 +1,202 @@
+"""Split a load across worker processes when one client event loop cannot keep up.
+
+Each worker builds the plan itself (`plan_factory` must be picklable: a module-level function or a
+`functools.partial` of one), keeps streams `k, k+n, ...` and every n-th open-loop plan, and runs
+`drive` on its own event loop into its own store `run_dir/workers/<k>/`. All workers start on one
+`perf_counter_ns` instant (CLOCK_MONOTONIC is shared by every process on a host), so their records
+line up. At the end each worker's parts are concatenated into the main run directory as
+`<table>/part-9NNNN.parquet` (N = worker) and the worker folders are removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from itlbench.analysis.records import TABLES
+from itlbench.errors import ConfigError
+from itlbench.load.client_monitor import ClientStats
+from itlbench.load.driver import DriveResult, drive, install_uvloop
+from itlbench.load.progress import ProgressSnapshot
+from itlbench.load.target import Target
+from itlbench.store import RunStore
+from itlbench.workloads.plan import LoadPlan
+
+MERGED_PART_BASE = 90_000
+
+
+def split_plan(plan: LoadPlan, k: int, n: int) -> LoadPlan:
+    """Worker k's share: every n-th stream and every n-th open-loop plan, starting at k."""
+    return LoadPlan(streams=plan.streams[k::n], open_loop=itertools.islice(plan.open_loop, k, None, n),
+                    description=plan.description)
+
+
+def worker_dir(run_dir: str | Path, k: int) -> Path:
+    return Path(run_dir) / "workers" / str(k)
+
+
+def _worker(k: int, n: int, plan_factory: Callable[[], LoadPlan], target: Target, run_dir: str,
+            kwargs: dict[str, Any], start_q: Any, out_q: Any) -> None:
+    install_uvloop()
+    store = RunStore(worker_dir(run_dir, k))
+    try:
+        full = plan_factory()
+        ids = list(range(len(full.streams)))[k::n]
+        plan = split_plan(full, k, n)
+        out_q.put(("ready", k, None))
+        start_at = start_q.get()
+        res = asyncio.run(drive(plan, target, store, start_at_ns=start_at, stream_ids=ids,
+                                on_progress=lambda s: out_q.put(("progress", k, s)), **kwargs))
+        out_q.put(("done", k, res))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides
+        out_q.put(("failed", k, f"{type(e).__name__}: {e}"))
+    finally:
+        store.close()
+
+
+class _Collector:
+    """Reads worker messages; raises if a worker dies or fails."""
+
+    def __init__(self, q: Any, procs: list[Any], on_progress: Callable[[ProgressSnapshot], None] | None) -> None:
+        self.q, self.procs, self.on_progress = q, procs, on_progress
+        self.results: dict[int, DriveResult] = {}
+        self.ready: set[int] = set()
+        self.progress: dict[int, ProgressSnapshot] = {}
+
+    async def until(self, done: Callable[[], bool], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"workers did not report within {timeout_s:.0f} s")
+            try:
+                kind, k, payload = await asyncio.to_thread(self.q.get, True, 0.25)
+            except queue.Empty:
+                self._check_alive()
+                continue
+            self._on_message(kind, k, payload)
+
+    def _on_message(self, kind: str, k: int, payload: Any) -> None:
+        if kind == "failed":
+            raise RuntimeError(f"load worker {k} failed: {payload}")
+        if kind == "ready":
+            self.ready.add(k)
+        elif kind == "done":
+            self.results[k] = payload
+        elif kind == "progress":
+            self.progress[k] = payload
+            if self.on_progress is not None:
+                self.on_progress(merge_progress(list(self.progress.values())))
+
+    def _check_alive(self) -> None:
+        for k, p in enumerate(self.procs):
+            if p.exitcode not in (None, 0) and k not in self.results:
+                raise RuntimeError(f"load worker {k} exited with code {p.exitcode}")
+
+
+async def drive_workers(plan_factory: Callable[[], LoadPlan], target: Target, store: RunStore, *, workers: int,
+                        duration_s: float, warmup_s: float = 0.0, drain_timeout_s: float = 30.0,
+                        on_progress: Callable[[ProgressSnapshot], None] | None = None,
+                        start_delay_s: float = 0.3, **drive_kwargs: Any) -> DriveResult:
+    """`drive` in `workers` processes; returns the combined result after merging their records."""
+    if workers < 1:
+        raise ConfigError("workers", f"must be >= 1, got {workers}")
+    ctx = mp.get_context("spawn")
+    start_q, out_q = ctx.Queue(), ctx.Queue()
+    kwargs = dict(duration_s=duration_s, warmup_s=warmup_s, drain_timeout_s=drain_timeout_s, **drive_kwargs)
+    procs = [ctx.Process(target=_worker, args=(k, workers, plan_factory, target, str(store.path), kwargs,
+                                               start_q, out_q)) for k in range(workers)]
+    for p in procs:
+        p.start()
+    collector = _Collector(out_q, procs, on_progress)
+    try:
+        await collector.until(lambda: len(collector.ready) == workers, 120.0)
+        start_at = time.perf_counter_ns() + int(start_delay_s * 1e9)
+        for _ in procs:
+            start_q.put(start_at)
+        budget = start_delay_s + warmup_s + duration_s + drain_timeout_s + 60.0
+        await collector.until(lambda: len(collector.results) == workers, budget)
+    finally:
+        await asyncio.to_thread(_join, procs)
+        merge_worker_parts(store.path, workers)
+    return combine_results([collector.results[k] for k in sorted(collector.results)])
+
+
+def _join(procs: list[Any], timeout_s: float = 30.0) -> None:
+    for p in procs:
+        p.join(timeout_s)
+        if p.is_alive():
+            p.terminate()
+            p.join(5)
+
+
+def merge_worker_parts(run_dir: str | Path, workers: int) -> None:
+    """Concatenate each worker's parts per table into the main run dir, then drop the worker folders."""
+    run_dir = Path(run_dir)
+    for k in range(workers):
+        wdir = worker_dir(run_dir, k)
+        for table in TABLES:
+            parts = sorted((wdir / table).glob("part-*.parquet"))
+            if not parts:
+                continue
+            frame = pl.concat([pl.read_parquet(p) for p in parts], how="vertical_relaxed")
+            (run_dir / table).mkdir(parents=True, exist_ok=True)
+            final = run_dir / table / f"part-{MERGED_PART_BASE + k:05d}.parquet"
+            tmp = final.with_name("." + final.name + ".tmp")
+            frame.write_parquet(tmp)
+            os.replace(tmp, final)
+    shutil.rmtree(run_dir / "workers", ignore_errors=True)
+
+
+def combine_results(results: list[DriveResult]) -> DriveResult:
+    """One result for all workers: union of windows, summed counts, the worst worker's client lags."""
+    if not results:
+        raise RuntimeError("no worker returned a result")
+    counts: dict[str, int] = {}
+    for r in results:
+        for key, v in r.counts.items():
+            counts[key] = counts.get(key, 0) + v
+    reasons = [r.stop_reason for r in results if r.stop_reason != "completed"]
+    aborted = next((r.aborted_reason for r in results if r.aborted_reason), None)
+    return replace(results[0], run_start_ns=min(r.run_start_ns for r in results),
+                   measure_start_ns=min(r.measure_start_ns for r in results),
+                   end_ns=max(r.end_ns for r in results), finished_ns=max(r.finished_ns for r in results),
+                   counts=counts, stop_reason=reasons[0] if reasons else "completed", aborted_reason=aborted,
+                   open_loop_truncated=any(r.open_loop_truncated for r in results),
+                   client=_combine_stats([r.client for r in results]))
+
+
+def _worst(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def _combine_stats(stats: list[ClientStats]) -> ClientStats:
+    """CPU adds up across processes; lags are the worst worker's (a bound, not a pooled percentile)."""
+    return ClientStats(
+        samples=sum(s.samples for s in stats), cpu_percent_mean=sum(s.cpu_percent_mean for s in stats),
+        cpu_percent_max=sum(s.cpu_percent_max for s in stats), cpu_seconds=sum(s.cpu_seconds for s in stats),
+        loop_lag_p99_s=max(s.loop_lag_p99_s for s in stats), loop_lag_max_s=max(s.loop_lag_max_s for s in stats),
+        send_lag_p50_s=_worst([s.send_lag_p50_s for s in stats]),
+        send_lag_p99_s=_worst([s.send_lag_p99_s for s in stats]),
+        send_lag_max_s=_worst([s.send_lag_max_s for s in stats]))
+
+
+def merge_progress(snaps: list[ProgressSnapshot]) -> ProgressSnapshot:
+    """Counts add up; latencies and lag are the worst worker's."""
+    return ProgressSnapshot(
+        elapsed_s=max(s.elapsed_s for s in snaps), measuring=all(s.measuring for s in snaps),
+        sent=sum(s.sent for s in snaps), done=sum(s.done for s in snaps), in_flight=sum(s.in_flight for s in snaps),
+        errors=sum(s.errors for s in snaps), itl_p50_ms=_worst([s.itl_p50_ms for s in snaps]),
+        itl_p99_ms=_worst([s.itl_p99_ms for s in snaps]), ttft_p50_ms=_worst([s.ttft_p50_ms for s in snaps]),
+        cpu_percent=sum(s.cpu_percent for s in snaps), loop_lag_ms=max(s.loop_lag_ms for s in snaps))

@@ -1,0 +1,47 @@
+"""Live progress: counts and sliding-window latency percentiles, cheap enough to compute twice a second."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100) of a small sample; None when empty."""
+    s = sorted(values)
+    if not s:
+        return None
+    k = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
+    return s[k]
+
+
+@dataclass(frozen=True)
+class ProgressSnapshot:
+    """One line of live status. Latencies (ms) cover only the most recent gaps and first tokens."""
+
+    elapsed_s: float
+    measuring: bool
+    sent: int
+    done: int
+    in_flight: int
+    errors: int
+    itl_p50_ms: float | None
+    itl_p99_ms: float | None
+    ttft_p50_ms: float | None
+    cpu_percent: float
+    loop_lag_ms: float
+
+    def line(self) -> str:
+        def ms(v: float | None) -> str:
+            return "-" if v is None else f"{v:.1f}"
+
+        phase = "measure" if self.measuring else "warmup"
+        return (f"{self.elapsed_s:6.1f}s {phase} sent {self.sent} done {self.done} in-flight {self.in_flight} "
+                f"err {self.errors} | ITL p50 {ms(self.itl_p50_ms)} p99 {ms(self.itl_p99_ms)} ms "
+                f"TTFT p50 {ms(self.ttft_p50_ms)} ms | client CPU {self.cpu_percent:.0f}% "
+                f"lag {self.loop_lag_ms:.1f} ms")
+
+
+def ms_percentile(values_ns: Iterable[int], q: float) -> float | None:
+    v = percentile(values_ns, q)
+    return None if v is None else v / 1e6

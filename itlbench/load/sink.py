@@ -1,0 +1,62 @@
+"""Row hand-off from the event loop to the run store, off the loop thread.
+
+Parquet writes take milliseconds; done on the loop they would delay reading sockets and so shift
+every chunk timestamp taken meanwhile. The loop only appends to lists; a worker thread feeds the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Any, Protocol
+
+from itlbench.analysis.records import TABLES
+from itlbench.store import RunStore
+
+
+class RowWriter(Protocol):
+    def add(self, table: str, row: dict[str, Any]) -> None: ...
+
+
+class RowSink:
+    """Buffers rows per table; `pump()` hands them to the store in a thread, `close()` flushes."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
+        self._pending: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.dropped: dict[str, int] = {}
+        self._busy: asyncio.Future[None] | None = None
+
+    def add(self, table: str, row: dict[str, Any]) -> None:
+        self._pending[table].append(row)
+
+    def extend(self, table: str, rows: list[dict[str, Any]]) -> None:
+        self._pending[table].extend(rows)
+
+    def _take(self) -> dict[str, list[dict[str, Any]]]:
+        pending, self._pending = self._pending, defaultdict(list)
+        return pending
+
+    def _hand_off(self, pending: dict[str, list[dict[str, Any]]]) -> None:
+        for table, rows in pending.items():
+            if table in TABLES:
+                self.store.add_many(table, rows)
+            else:  # a table this store does not know (schema not registered): count, don't crash
+                self.dropped[table] = self.dropped.get(table, 0) + len(rows)
+
+    async def pump(self) -> None:
+        """Hand pending rows over in a thread; a cancelled caller does not abandon the hand-off."""
+        pending = self._take()
+        if pending:
+            self._busy = asyncio.ensure_future(asyncio.to_thread(self._hand_off, pending))
+            await asyncio.shield(self._busy)
+
+    async def aclose(self) -> None:
+        """Wait for a hand-off still running, then write everything left."""
+        if self._busy is not None:
+            await asyncio.gather(self._busy, return_exceptions=True)
+        self.close()
+
+    def close(self) -> None:
+        self._hand_off(self._take())
+        self.store.flush()

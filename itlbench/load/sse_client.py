@@ -1,0 +1,253 @@
+"""Streaming OpenAI client: one pooled aiohttp session, every chunk timestamped on arrival.
+
+Each network read is stamped with `time.perf_counter_ns()` before any parsing, and that time is
+given to every SSE event in the read. Events are split by hand (no SSE library) and each JSON body is
+decoded once. Tokens per event: `len(token_ids)` when the server sends ids, else 1 when text or
+`delta.content` is non-empty, else 0 (role-only, finish-only and usage chunks carry none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from itlbench.load.sink import RowWriter
+from itlbench.load.target import Target
+from itlbench.workloads.plan import RequestPlan
+
+try:
+    from orjson import loads as _loads
+except ImportError:  # optional speed-up
+    _loads = json.loads
+
+_now = time.perf_counter_ns
+CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError)
+
+
+@dataclass(slots=True)
+class _Exchange:
+    """Mutable state of one request while it streams."""
+
+    plan: RequestPlan
+    scheduled_ns: int
+    stream: int | None
+    sent_ns: int | None = None
+    times: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    tokens: int = 0
+    server_id: str | None = None
+    finish_reason: str | None = None
+    prompt_reported: int | None = None
+    completion_reported: int | None = None
+    http_status: int | None = None
+    status: str = "error"
+    error: str | None = None
+    saw_done: bool = False
+    connection_error: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the driver needs back from one request."""
+
+    status: str
+    connection_error: bool
+    http_status: int | None
+    output_tokens: int
+    sent_ns: int | None
+    first_token_ns: int | None
+
+
+def build_body(plan: RequestPlan, target: Target) -> dict[str, Any]:
+    """The JSON body for one plan; token-id prompts only where the target takes them."""
+    body: dict[str, Any] = {
+        "model": target.model,
+        "max_tokens": plan.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": target.temperature,
+    }
+    if target.forced_lengths:
+        body["ignore_eos"] = True
+        body["min_tokens"] = plan.max_tokens
+    use_ids = plan.prompt_token_ids is not None and target.accepts_token_ids and target.api == "completions"
+    if use_ids:
+        body["prompt"] = list(plan.prompt_token_ids or ())
+    elif plan.prompt_text is None:
+        raise ValueError(f"request {plan.request_id}: target takes text prompts but the plan has no prompt_text")
+    elif target.api == "chat":
+        body["messages"] = [{"role": "user", "content": plan.prompt_text}]
+    else:
+        body["prompt"] = plan.prompt_text
+    body.update(target.extra_body)
+    return body
+
+
+class StreamClient:
+    """Sends plans over one shared session and writes one request row plus its chunk rows each.
+
+    `recent_itl_ns` / `recent_ttft_ns` keep the last gaps for a cheap live progress line.
+    """
+
+    def __init__(self, target: Target, sink: RowWriter, *, limit: int = 0, recent: int = 4096) -> None:
+        self.target = target
+        self.sink = sink
+        self.limit = limit
+        self.recent_itl_ns: deque[int] = deque(maxlen=recent)
+        self.recent_ttft_ns: deque[int] = deque(maxlen=max(64, recent // 16))
+        self._session: aiohttp.ClientSession | None = None
+        self._headers = target.headers()
+
+    async def __aenter__(self) -> StreamClient:
+        connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=0, ttl_dns_cache=300)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def run(self, plan: RequestPlan, scheduled_ns: int, stream: int | None = None) -> Outcome:
+        """Send one plan and record it whatever happens; cancellation is recorded, then re-raised."""
+        ex = _Exchange(plan, scheduled_ns, stream)
+        try:
+            async with asyncio.timeout(self.target.timeout_s):
+                await self._exchange(ex)
+        except asyncio.CancelledError:
+            ex.status, ex.error = "cancelled", "cancelled (drain timeout or stop)"
+            raise
+        except TimeoutError as e:  # before OSError: TimeoutError is one
+            if isinstance(e, aiohttp.ClientError):  # connect timeout: the server is unreachable
+                ex.status, ex.error, ex.connection_error = "error", f"{type(e).__name__}: {e}", True
+            else:
+                ex.status, ex.error = "timeout", f"no end of stream within {self.target.timeout_s} s"
+        except CONNECTION_ERRORS as e:
+            ex.status, ex.error, ex.connection_error = "error", f"{type(e).__name__}: {e}", True
+        except Exception as e:  # noqa: BLE001 - a bad response must not kill the run
+            ex.status, ex.error = "error", f"{type(e).__name__}: {e}"
+        finally:
+            self._record(ex, _now())
+        return Outcome(ex.status, ex.connection_error, ex.http_status, ex.tokens, ex.sent_ns,
+                       ex.times[0] if ex.times else None)
+
+    async def _exchange(self, ex: _Exchange) -> None:
+        assert self._session is not None, "use StreamClient as an async context manager"
+        data = json.dumps(build_body(ex.plan, self.target)).encode()
+        ex.sent_ns = _now()
+        async with self._session.post(self.target.url, data=data, headers=self._headers) as resp:
+            ex.http_status = resp.status
+            if resp.status != 200:
+                ex.error = await _error_message(resp)
+                return
+            await self._read_stream(resp, ex)
+        if ex.error is None and (ex.saw_done or ex.finish_reason is not None):
+            ex.status = "ok"
+        elif ex.error is None:
+            ex.error = "stream ended before [DONE]"
+
+    async def _read_stream(self, resp: aiohttp.ClientResponse, ex: _Exchange) -> None:
+        buf = b""
+        content = resp.content
+        while True:
+            data = await content.readany()
+            t = _now()
+            if not data:
+                return
+            buf += data
+            if b"\r" in buf:
+                buf = buf.replace(b"\r\n", b"\n")
+            start = 0
+            while (end := buf.find(b"\n\n", start)) >= 0:
+                self._on_event(buf[start:end], t, ex)
+                start = end + 2
+            if start:
+                buf = buf[start:]
+
+    def _on_event(self, event: bytes, t: int, ex: _Exchange) -> None:
+        if event.startswith(b"data: ") and b"\n" not in event:
+            payload = event[6:]
+        else:
+            payload = _data_of(event)
+            if payload is None:
+                return
+        if payload == b"[DONE]":
+            ex.saw_done = True
+            return
+        obj = _loads(payload)
+        choices = obj.get("choices")
+        if choices:
+            self._on_choice(choices[0], t, ex)
+        if ex.server_id is None:
+            ex.server_id = obj.get("id")
+        usage = obj.get("usage")
+        if usage:
+            ex.prompt_reported = usage.get("prompt_tokens")
+            ex.completion_reported = usage.get("completion_tokens")
+        if "error" in obj or obj.get("object") == "error":
+            err = obj.get("error", obj)
+            ex.error = str(err.get("message", err) if isinstance(err, dict) else err)
+
+    def _on_choice(self, c: dict[str, Any], t: int, ex: _Exchange) -> None:
+        ids = c.get("token_ids")
+        if ids:
+            n = len(ids)
+        else:
+            text = c.get("text")
+            if text is None:
+                delta = c.get("delta")
+                text = (delta.get("content") or delta.get("reasoning_content")) if delta else None
+            n = 1 if text else 0
+        if n:
+            times = ex.times
+            if times:
+                self.recent_itl_ns.append(t - times[-1])
+            else:
+                self.recent_ttft_ns.append(t - ex.scheduled_ns)
+            times.append(t)
+            ex.counts.append(n)
+            ex.tokens += n
+        fr = c.get("finish_reason")
+        if fr:
+            ex.finish_reason = fr
+
+    def _record(self, ex: _Exchange, done_ns: int) -> None:
+        p = ex.plan
+        rid = p.request_id
+        self.sink.add("requests", {
+            "request_id": rid, "server_request_id": ex.server_id, "workload": p.workload, "cls": p.cls,
+            "injected": p.injected, "stream": ex.stream, "session": p.session, "turn": p.turn,
+            "prompt_tokens": p.prompt_tokens, "prompt_tokens_reported": ex.prompt_reported,
+            "max_tokens": p.max_tokens, "scheduled_ns": ex.scheduled_ns, "sent_ns": ex.sent_ns,
+            "first_token_ns": ex.times[0] if ex.times else None,
+            "last_token_ns": ex.times[-1] if ex.times else None, "done_ns": done_ns,
+            "output_tokens": ex.tokens, "output_tokens_reported": ex.completion_reported,
+            "num_chunks": len(ex.times), "status": ex.status, "http_status": ex.http_status,
+            "error": ex.error, "finish_reason": ex.finish_reason,
+        })
+        for i, (t, n) in enumerate(zip(ex.times, ex.counts, strict=True)):
+            self.sink.add("chunks", {"request_id": rid, "index": i, "t_ns": t, "n_tokens": n})
+
+
+def _data_of(event: bytes) -> bytes | None:
+    """General SSE event: join its `data:` lines; comments and other fields are ignored."""
+    parts = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(parts) if parts else None
+
+
+async def _error_message(resp: aiohttp.ClientResponse) -> str:
+    body = (await resp.content.read(4096)).decode(errors="replace")
+    try:
+        obj = json.loads(body)
+        err = obj.get("error", obj) if isinstance(obj, dict) else obj
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        return f"HTTP {resp.status}: {msg}"
+    except ValueError:
+        return f"HTTP {resp.status}: {body.strip()[:500]}"

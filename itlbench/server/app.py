@@ -1,0 +1,247 @@
+"""The aiohttp application: OpenAI-compatible generation, health, metrics, engine introspection.
+
+Handlers never touch the engine directly; they go through `AsyncEngine`, whose thread owns it.
+Streaming writes one SSE chunk per engine step per request, so chunk arrival times at the client
+are step times, which is what ITL analysis needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from itlbench.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream
+from itlbench.errors import ConfigError
+from itlbench.server.detok import IncrementalDetokenizer
+from itlbench.server.metrics import ServerMetrics
+from itlbench.server.protocol import (
+    ApiError,
+    GenerationRequest,
+    bad,
+    parse_chat,
+    parse_completion,
+    parse_json,
+)
+from itlbench.server.responses import SSE_DONE, ResponseBuilder, sse
+from itlbench.server.steps import stream_steps
+
+log = logging.getLogger("itlbench.server")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class ServerState:
+    """What the handlers share: the engine driver, its metrics, and the public model name."""
+
+    engine: AsyncEngine
+    metrics: ServerMetrics
+    model_name: str
+    api_key: str | None = None
+
+
+STATE: web.AppKey[ServerState] = web.AppKey("itlbench_state", ServerState)
+
+
+def build_app(state: ServerState) -> web.Application:
+    app = web.Application(middlewares=[_errors, _auth], client_max_size=256 * 1024 * 1024)
+    app[STATE] = state
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/v1/steps", _steps)
+    app.router.add_get("/v1/engine", _engine_info)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
+def _state(request: web.Request) -> ServerState:
+    return request.app[STATE]
+
+
+def error_response(err: ApiError) -> web.Response:
+    return web.json_response(err.body(), status=err.status)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as err:
+        return error_response(err)
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return error_response(ApiError(exc.status, exc.reason, None, "not_found_error"
+                                           if exc.status == 404 else "invalid_request_error"))
+        raise
+    except (ConnectionResetError, ConnectionError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a handler bug must answer 500, not drop the connection
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(ApiError(500, f"internal error: {exc!r}", None, "internal_server_error"))
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    key = _state(request).api_key
+    if key and request.path.startswith("/v1/"):
+        if request.headers.get("Authorization", "") != f"Bearer {key}":
+            raise ApiError(401, "Authorization: missing or invalid API key", "Authorization",
+                           "authentication_error", "invalid_api_key")
+    return await handler(request)
+
+
+# ---- generation ---------------------------------------------------------------------------
+async def _completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, parse_completion(parse_json(await request.read())))
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, parse_chat(parse_json(await request.read())))
+
+
+async def _generate(request: web.Request, req: GenerationRequest) -> web.StreamResponse:
+    arrival_ns = time.perf_counter_ns()
+    state = _state(request)
+    if req.model is not None and req.model != state.model_name:
+        raise ApiError(404, f"model: {req.model!r} does not exist; this server serves {state.model_name!r}",
+                       "model", "invalid_request_error", "model_not_found")
+    prompt_ids = _prompt_ids(state.engine.engine, req)
+    max_tokens = _max_tokens(state.engine.engine.max_model_len, req, len(prompt_ids))
+    sampling = req.sampling(max_tokens)
+    request_id = f"{'chatcmpl' if req.chat else 'cmpl'}-{uuid.uuid4().hex}"
+    stream = await _admit(state.engine, prompt_ids, sampling, request_id, arrival_ns)
+    out = ResponseBuilder(request_id, state.model_name, req.chat)
+    try:
+        if req.stream:
+            return await _stream(request, stream, out, req, len(prompt_ids))
+        return await _collect(stream, out, len(prompt_ids), state.engine.engine.tokenizer)
+    finally:
+        stream.abort()  # no-op when finished; frees KV blocks when the client went away
+
+
+def _prompt_ids(engine: Any, req: GenerationRequest) -> list[int]:
+    if isinstance(req.prompt, str):
+        ids = engine.tokenizer.encode(req.prompt)
+        if not ids:
+            raise bad(req.prompt_param, "tokenizes to zero tokens")
+        return ids
+    vocab = engine.tokenizer.vocab_size
+    for tok in req.prompt:
+        if not 0 <= tok < vocab:
+            raise bad(req.prompt_param, f"token id {tok} is outside the vocabulary [0, {vocab})")
+    return req.prompt
+
+
+def _max_tokens(max_model_len: int, req: GenerationRequest, num_prompt: int) -> int:
+    room = max_model_len - num_prompt
+    if room <= 0:
+        raise bad(req.prompt_param, f"{num_prompt} prompt tokens leave no room in the "
+                  f"{max_model_len}-token context")
+    if req.max_tokens is None:
+        return room
+    if req.max_tokens > room:
+        raise bad(req.max_tokens_param, f"{num_prompt} prompt tokens + {req.max_tokens} {req.max_tokens_param} "
+                  f"exceeds the {max_model_len}-token context; use at most {room}")
+    return req.max_tokens
+
+
+async def _admit(engine: AsyncEngine, prompt_ids: list[int], sampling: Any, request_id: str,
+                 arrival_ns: int) -> RequestStream:
+    try:
+        return await engine.add(prompt_ids, sampling, request_id, arrival_ns)
+    except ConfigError as exc:
+        raise bad(exc.field, exc.problem) from exc
+    except QueueFullError as exc:
+        raise ApiError(429, f"server over capacity: {exc}", None, "rate_limit_error", "queue_full") from exc
+    except EngineDeadError as exc:
+        raise ApiError(503, str(exc), None, "service_unavailable", "engine_dead") from exc
+
+
+async def _stream(request: web.Request, stream: RequestStream, out: ResponseBuilder,
+                  req: GenerationRequest, num_prompt: int) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    if req.chat:
+        await resp.write(sse(out.role_chunk()))
+    detok = IncrementalDetokenizer(_state(request).engine.engine.tokenizer)
+    generated = 0
+    try:
+        async for o in stream:
+            if not o.new_token_ids and not o.finished:
+                continue
+            generated += len(o.new_token_ids)
+            text = detok.push(o.new_token_ids, final=o.finished)
+            await resp.write(sse(out.chunk(text, list(o.new_token_ids), o.finish_reason if o.finished else None)))
+    except EngineDeadError as exc:
+        await resp.write(sse(ApiError(500, str(exc), None, "internal_server_error", "engine_error").body()))
+    else:
+        if req.include_usage:
+            await resp.write(sse(out.usage_chunk(num_prompt, generated)))
+    await resp.write(SSE_DONE)
+    await resp.write_eof()
+    return resp
+
+
+async def _collect(stream: RequestStream, out: ResponseBuilder, num_prompt: int,
+                   tokenizer: Any) -> web.Response:
+    ids: list[int] = []
+    reason: str | None = None
+    try:
+        async for o in stream:
+            ids.extend(o.new_token_ids)
+            reason = o.finish_reason if o.finished else None
+    except EngineDeadError as exc:
+        raise ApiError(500, str(exc), None, "internal_server_error", "engine_error") from exc
+    return web.json_response(out.full(tokenizer.decode(ids), ids, reason, num_prompt))
+
+
+# ---- introspection ------------------------------------------------------------------------
+async def _models(request: web.Request) -> web.Response:
+    state = _state(request)
+    engine = state.engine.engine
+    model = {"id": state.model_name, "object": "model", "created": 0, "owned_by": "itlbench",
+             "root": engine.model_config.name, "max_model_len": engine.max_model_len}
+    return web.json_response({"object": "list", "data": [model]})
+
+
+async def _health(request: web.Request) -> web.Response:
+    engine = _state(request).engine
+    if engine.is_alive:
+        return web.json_response({"status": "ok"})
+    return web.json_response({"status": "error", "error": repr(engine.error)}, status=503)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body, content_type = _state(request).metrics.render()
+    resp = web.Response(body=body)
+    resp.headers["Content-Type"] = content_type
+    return resp
+
+
+async def _steps(request: web.Request) -> web.StreamResponse:
+    return await stream_steps(request, _state(request).engine)
+
+
+async def _engine_info(request: web.Request) -> web.Response:
+    state = _state(request)
+    engine = state.engine.engine
+    bm = engine.block_manager
+    return web.json_response({
+        "served_model_name": state.model_name,
+        "engine": engine.config.as_dict(),
+        "model": dataclasses.asdict(engine.model_config),
+        "device": str(engine.device), "dtype": str(engine.dtype),
+        "max_model_len": engine.max_model_len,
+        "kv_blocks": bm.num_blocks, "kv_free_blocks": bm.num_free_blocks, "kv_usage": bm.usage,
+        "num_running": engine.num_running, "num_waiting": engine.num_waiting,
+        "last_step": engine.step_log.last_step,
+    })

@@ -1,0 +1,225 @@
+"""OpenAI request parsing and validation: JSON bodies in, a `GenerationRequest` or an `ApiError` out.
+
+Every rejection names the offending field in `param` and in the message so load-test operators
+can fix a client without reading server logs. Unknown fields are ignored, as OpenAI-compatible
+servers commonly do, except those whose semantics this engine cannot honour.
+
+Chat template (documented, model-agnostic): each message renders as ``<|{role}|>\\n{content}\\n``
+and the prompt ends with ``<|assistant|>\\n``; the result is tokenized like a completion prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from itlbench.engine.request import SamplingParams
+from itlbench.errors import ConfigError
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+
+
+@dataclass
+class ApiError(Exception):
+    """An OpenAI-shaped error response."""
+
+    status: int
+    message: str
+    param: str | None = None
+    type: str = "invalid_request_error"
+    code: str | None = None
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def bad(param: str, message: str) -> ApiError:
+    return ApiError(400, f"{param}: {message}", param)
+
+
+@dataclass
+class GenerationRequest:
+    """One validated completion or chat request, prompt not yet tokenized (unless given as ids)."""
+
+    chat: bool
+    model: str | None
+    prompt: str | list[int]
+    max_tokens: int | None  # None: chat default, the rest of the context
+    min_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    ignore_eos: bool
+    stop_token_ids: tuple[int, ...]
+    stream: bool
+    include_usage: bool
+    max_tokens_param: str = "max_tokens"
+
+    @property
+    def prompt_param(self) -> str:
+        return "messages" if self.chat else "prompt"
+
+    def sampling(self, max_tokens: int) -> SamplingParams:
+        try:
+            return SamplingParams(max_tokens=max_tokens, min_tokens=self.min_tokens,
+                                  temperature=self.temperature, top_p=self.top_p, seed=self.seed,
+                                  ignore_eos=self.ignore_eos, stop_token_ids=self.stop_token_ids)
+        except ConfigError as exc:
+            raise bad(exc.field, exc.problem) from exc
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"body: malformed JSON ({exc})", "body") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "body: expected a JSON object", "body")
+    return body
+
+
+def parse_completion(body: dict[str, Any]) -> GenerationRequest:
+    return _parse_common(body, chat=False, prompt=_completion_prompt(body))
+
+
+def parse_chat(body: dict[str, Any]) -> GenerationRequest:
+    req = _parse_common(body, chat=True, prompt=render_chat(body.get("messages")))
+    mct = _opt_int(body, "max_completion_tokens")
+    if mct is not None:
+        _check_positive("max_completion_tokens", mct)
+        req.max_tokens, req.max_tokens_param = mct, "max_completion_tokens"
+    return req
+
+
+def render_chat(messages: Any) -> str:
+    """The documented template; content may be a string or a list of text parts."""
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages", "must be a non-empty list of {role, content} objects")
+    parts = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise bad(f"messages[{i}].role", "each message needs a string role")
+        parts.append(f"<|{msg['role']}|>\n{_content_text(msg.get('content'), i)}\n")
+    parts.append("<|assistant|>\n")
+    return "".join(parts)
+
+
+def _content_text(content: Any, i: int) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad(f"messages[{i}].content", "only text parts ({type: text, text}) are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad(f"messages[{i}].content", "must be a string or a list of text parts")
+
+
+def _completion_prompt(body: dict[str, Any]) -> str | list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise bad("prompt", f"batched prompts are not supported (got {len(prompt)}); send one per request")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad("prompt", "must not be empty")
+        return prompt
+    if isinstance(prompt, list):
+        if not prompt:
+            raise bad("prompt", "must not be empty")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise bad("prompt", "a token-id prompt must be a list of integers")
+        return list(prompt)
+    raise bad("prompt", "must be a string, a list of token ids, or a one-element list of either")
+
+
+def _parse_common(body: dict[str, Any], *, chat: bool, prompt: str | list[int]) -> GenerationRequest:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("model", "must be a string")
+    _reject_unsupported(body)
+    max_tokens = _opt_int(body, "max_tokens")
+    if max_tokens is not None:
+        _check_positive("max_tokens", max_tokens)
+    elif not chat:
+        max_tokens = DEFAULT_COMPLETION_MAX_TOKENS
+    stream = _opt_bool(body, "stream", False)
+    return GenerationRequest(
+        chat=chat, model=model, prompt=prompt, max_tokens=max_tokens,
+        min_tokens=_opt_int(body, "min_tokens") or 0,
+        temperature=_opt_float(body, "temperature", 1.0), top_p=_opt_float(body, "top_p", 1.0),
+        seed=_opt_int(body, "seed"), ignore_eos=_opt_bool(body, "ignore_eos", False),
+        stop_token_ids=_token_ids(body, "stop_token_ids"), stream=stream,
+        include_usage=_include_usage(body, stream))
+
+
+def _reject_unsupported(body: dict[str, Any]) -> None:
+    n = _opt_int(body, "n")
+    if n is not None and n != 1:
+        raise bad("n", f"only n=1 is supported, got {n}")
+    best_of = _opt_int(body, "best_of")
+    if best_of is not None and best_of != 1:
+        raise bad("best_of", f"only best_of=1 is supported, got {best_of}")
+    if body.get("echo"):
+        raise bad("echo", "echo is not supported")
+    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
+        raise bad("logprobs", "logprobs are not supported")
+    if body.get("stop") not in (None, [], ""):
+        raise bad("stop", "stop strings are not supported; use stop_token_ids")
+
+
+def _include_usage(body: dict[str, Any], stream: bool) -> bool:
+    opts = body.get("stream_options")
+    if opts is None:
+        return False
+    if not isinstance(opts, dict):
+        raise bad("stream_options", "must be an object")
+    if not stream:
+        raise bad("stream_options", "only allowed when stream is true")
+    return _opt_bool(opts, "include_usage", False, prefix="stream_options.")
+
+
+def _check_positive(name: str, value: int) -> None:
+    if value <= 0:
+        raise bad(name, f"must be >= 1, got {value}")
+
+
+def _opt_int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad(name, f"must be an integer, got {json.dumps(value)}")
+    return value
+
+
+def _opt_float(body: dict[str, Any], name: str, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad(name, f"must be a number, got {json.dumps(value)}")
+    return float(value)
+
+
+def _opt_bool(body: dict[str, Any], name: str, default: bool, prefix: str = "") -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad(prefix + name, f"must be a boolean, got {json.dumps(value)}")
+    return value
+
+
+def _token_ids(body: dict[str, Any], name: str) -> tuple[int, ...]:
+    value = body.get(name)
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise bad(name, "must be a list of integers")
+    return tuple(value)

@@ -1,0 +1,70 @@
+"""OpenAI response and stream-chunk bodies for completions and chat completions.
+
+Choices carry a non-standard `token_ids` list (like vLLM's `return_token_ids`) so clients count
+tokens exactly even when byte-level text for a token is empty or held back mid-character.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass
+class ResponseBuilder:
+    """Builds the bodies of one response; `chat` picks the chat or the text-completion shape."""
+
+    request_id: str
+    model: str
+    chat: bool
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model,
+                "choices": choices}
+
+    def chunk(self, text: str, token_ids: list[int], finish_reason: str | None) -> dict[str, Any]:
+        if self.chat:
+            choice = {"index": 0, "delta": {"content": text}, "logprobs": None,
+                      "finish_reason": finish_reason, "token_ids": token_ids}
+            return self._envelope("chat.completion.chunk", [choice])
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
+                  "token_ids": token_ids}
+        return self._envelope("text_completion", [choice])
+
+    def role_chunk(self) -> dict[str, Any]:
+        """Chat streams open with the assistant role and no content, as OpenAI's do."""
+        choice = {"index": 0, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}
+        return self._envelope("chat.completion.chunk", [choice])
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
+        body["usage"] = usage(prompt_tokens, completion_tokens)
+        return body
+
+    def full(self, text: str, token_ids: list[int], finish_reason: str | None,
+             prompt_tokens: int) -> dict[str, Any]:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": finish_reason, "token_ids": token_ids}
+            body = self._envelope("chat.completion", [choice])
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
+                      "token_ids": token_ids}
+            body = self._envelope("text_completion", [choice])
+        body["usage"] = usage(prompt_tokens, len(token_ids))
+        return body

@@ -1,0 +1,202 @@
+"""Turn a load description (workload, streams or rate, injections, trace) into a LoadPlan."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from itlbench.errors import ConfigError
+from itlbench.workloads.arrivals import arrival_times
+from itlbench.workloads.catalog import WorkloadSpec, get_workload
+from itlbench.workloads.injection import Injection, injection_times, parse_injections
+from itlbench.workloads.plan import LoadPlan, RequestPlan
+from itlbench.workloads.prompts import PromptBuilder
+from itlbench.workloads.sources import Context, Ids, requests
+from itlbench.workloads.trace import TraceReplay, load_trace, replay
+
+DEFAULT_STREAMS = 32
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What to send. `streams` None means 32 closed-loop streams, or none when an open-loop
+    source (`rate`, or the trace workload) is given; both may be combined explicitly."""
+
+    workload: str = "chat"
+    streams: int | None = None
+    rate: float | None = None  # open-loop arrivals, requests/s
+    burstiness: float = 1.0  # gamma shape: 1 = Poisson, < 1 burstier
+    duration_s: float = 60.0
+    inject: str | Sequence[str] | None = None
+    inject_at_s: float | None = None  # time for specs without '@'; None = half the duration
+    inject_max_tokens: int = 16
+    seed: int = 0
+    max_model_len: int = 32768
+    output_tokens: int | None = None  # fixes max_tokens for workload requests
+    trace_path: str | None = None
+    trace_time_scale: float = 1.0
+    trace_offset: int = 0
+    trace_limit: int | None = None
+    token_ids: bool = True  # False: text prompts for servers that take no token ids
+    vocab_size: int = 32000
+    reserved_ids: tuple[int, ...] = ()
+
+
+def _check_numbers(spec: LoadSpec) -> None:
+    if spec.streams is not None and spec.streams < 0:
+        raise ConfigError("--streams", f"must be >= 0, got {spec.streams}",
+                          "e.g. --streams 32, or 0 with --rate")
+    if spec.rate is not None and not spec.rate > 0:
+        raise ConfigError("--rate", f"must be > 0 requests/s, got {spec.rate}", "e.g. --rate 4")
+    if not spec.burstiness > 0:
+        raise ConfigError("--burstiness", f"must be > 0, got {spec.burstiness}",
+                          "1 = Poisson, < 1 burstier, > 1 smoother")
+    if not spec.duration_s > 0:
+        raise ConfigError("--duration", f"must be > 0 s, got {spec.duration_s}", "e.g. --duration 60")
+    if spec.max_model_len < 2:
+        raise ConfigError("--max-model-len", f"must be >= 2, got {spec.max_model_len}",
+                          "the server's context length, e.g. 8192")
+    _check_output("--inject-max-tokens", spec.inject_max_tokens, spec.max_model_len)
+    if spec.output_tokens is not None:
+        _check_output("--output-tokens", spec.output_tokens, spec.max_model_len)
+
+
+def _check_output(flag: str, value: int, max_model_len: int) -> None:
+    if not 1 <= value < max_model_len:
+        raise ConfigError(flag, f"must be in [1, {max_model_len - 1}], got {value}",
+                          "leave room for the prompt within --max-model-len")
+
+
+def _check_sources(spec: LoadSpec, workload: WorkloadSpec) -> None:
+    if workload.from_trace and not spec.trace_path:
+        raise ConfigError("--trace", "workload 'trace' needs a CSV",
+                          "pass --trace path/to/AzureLLMInferenceTrace_conv.csv")
+    if spec.trace_path and not workload.from_trace:
+        raise ConfigError("--trace", f"a trace file only applies to --workload trace, not '{spec.workload}'",
+                          "add --workload trace or drop --trace")
+    if workload.from_trace and spec.rate is not None:
+        raise ConfigError("--rate", "a trace replays its own arrival times",
+                          "drop --rate; use --trace-time-scale to speed it up")
+
+
+def _check_injections(spec: LoadSpec, injections: list[Injection], default_at: float) -> None:
+    if not 0 <= default_at < spec.duration_s:
+        raise ConfigError("--inject-at", f"{default_at:g} s is outside the run (0-{spec.duration_s:g} s)",
+                          "use a time within --duration")
+    room = spec.max_model_len - spec.inject_max_tokens
+    for inj in injections:
+        if inj.tokens > room:
+            raise ConfigError("--inject", f"'{inj.spec}' needs {inj.tokens} + {spec.inject_max_tokens} "
+                              f"tokens but max_model_len is {spec.max_model_len}",
+                              f"inject at most {room} tokens or raise --max-model-len")
+        late = [t for t in inj.at_s if t >= spec.duration_s]
+        if late:
+            raise ConfigError("--inject", f"'{inj.spec}' is at {late[0]:g} s, after the run ends "
+                              f"({spec.duration_s:g} s)", "use an earlier time or a longer --duration")
+
+
+def _streams(spec: LoadSpec, workload: WorkloadSpec) -> int:
+    if spec.streams is not None:
+        return spec.streams
+    return 0 if spec.rate is not None or workload.from_trace else DEFAULT_STREAMS
+
+
+def _stream(ctx: Context, index: int) -> Iterator[RequestPlan]:
+    rng = np.random.default_rng([ctx.seed, 1, index])
+    return requests(ctx, rng, Ids(f"s{index:02d}-"), index)
+
+
+def _arrivals(ctx: Context, spec: LoadSpec) -> Iterator[RequestPlan]:
+    source = requests(ctx, np.random.default_rng([ctx.seed, 2]), Ids("o-"))
+    for t in arrival_times(spec.rate or 0.0, spec.duration_s, spec.burstiness, [ctx.seed, 4]):
+        yield replace(next(source), send_at_s=t, think_time_s=0.0)
+
+
+def _replayed(ctx: Context, rep: TraceReplay, duration_s: float) -> Iterator[RequestPlan]:
+    ids = Ids("t-")
+    for t, n, out in zip(rep.send_at_s, rep.prompt_tokens, rep.output_tokens, strict=True):
+        if t >= duration_s:
+            return
+        rid = ids.next()
+        prompt = ctx.builder.unique(rid, int(n))
+        yield RequestPlan(request_id=rid, workload="trace", cls="trace", prompt_tokens=prompt.tokens,
+                          max_tokens=int(out), prompt_token_ids=prompt.ids, prompt_text=prompt.text,
+                          send_at_s=float(t))
+
+
+def _injected(ctx: Context, schedule: list[tuple[float, int]], max_tokens: int) -> Iterator[RequestPlan]:
+    ids = Ids("inj-", width=3)
+    for t, tokens in schedule:
+        rid = ids.next()
+        prompt = ctx.builder.unique(rid, tokens)
+        yield RequestPlan(request_id=rid, workload="injected", cls="injected",
+                          prompt_tokens=prompt.tokens, max_tokens=max_tokens,
+                          prompt_token_ids=prompt.ids, prompt_text=prompt.text,
+                          injected=True, send_at_s=t)
+
+
+def _merge(feeds: list[Iterator[RequestPlan]]) -> Iterator[RequestPlan]:
+    return heapq.merge(*feeds, key=lambda plan: plan.send_at_s or 0.0)
+
+
+def build_load_plan(spec: LoadSpec, builder: PromptBuilder | None = None) -> LoadPlan:
+    """Validate `spec` and build its plan. Pass your own `builder` to keep a handle for
+    `calibrate` (text mode); by default one is made from the spec's prompt settings."""
+    workload = get_workload(spec.workload)
+    _check_numbers(spec)
+    _check_sources(spec, workload)
+    default_at = spec.duration_s / 2 if spec.inject_at_s is None else spec.inject_at_s
+    injections = parse_injections(spec.inject, default_at)
+    _check_injections(spec, injections, default_at)
+    builder = builder or PromptBuilder(token_ids=spec.token_ids, vocab_size=spec.vocab_size,
+                                       reserved_ids=spec.reserved_ids, seed=spec.seed)
+    rep = None
+    ctx = Context(workload, builder, spec.max_model_len, spec.seed, spec.output_tokens)
+    if workload.from_trace:
+        trace = load_trace(spec.trace_path or "", spec.trace_offset, spec.trace_limit)
+        rep = replay(trace, spec.max_model_len, spec.trace_time_scale, spec.output_tokens)
+        ctx.trace = trace
+    n_streams = _streams(spec, workload)
+    if n_streams == 0 and spec.rate is None and rep is None and not injections:
+        raise ConfigError("--streams", "nothing to send: no streams, no --rate, no --inject",
+                          "use --streams 32 or --rate 4")
+    schedule = injection_times(injections, spec.duration_s)
+    feeds = [_injected(ctx, schedule, spec.inject_max_tokens)]
+    if spec.rate is not None:
+        feeds.append(_arrivals(ctx, spec))
+    if rep is not None:
+        feeds.append(_replayed(ctx, rep, spec.duration_s))
+    return LoadPlan(streams=[_stream(ctx, i) for i in range(n_streams)], open_loop=_merge(feeds),
+                    description=_describe(spec, workload, n_streams, builder, schedule, rep))
+
+
+def _describe(spec: LoadSpec, workload: WorkloadSpec, n_streams: int, builder: PromptBuilder,
+              schedule: list[tuple[float, int]], rep: TraceReplay | None) -> dict[str, object]:
+    """The resolved parameters, for run.json."""
+    desc: dict[str, object] = {
+        "workload": asdict(workload),
+        "streams": n_streams,
+        "rate": spec.rate,
+        "burstiness": spec.burstiness,
+        "arrivals": "none" if spec.rate is None else ("poisson" if spec.burstiness == 1 else "gamma"),
+        "duration_s": spec.duration_s,
+        "seed": spec.seed,
+        "max_model_len": spec.max_model_len,
+        "output_tokens": spec.output_tokens,
+        "prompt_mode": "token_ids" if builder.token_ids else "text",
+        "inject": spec.inject if spec.inject is None or isinstance(spec.inject, str) else list(spec.inject),
+        "inject_max_tokens": spec.inject_max_tokens,
+        "injections": [[t, n] for t, n in schedule],
+    }
+    if rep is not None:
+        desc["trace"] = {
+            "path": spec.trace_path, "time_scale": spec.trace_time_scale,
+            "offset": spec.trace_offset, "limit": spec.trace_limit, "rows": len(rep.send_at_s),
+            "rows_in_run": int(np.sum(rep.send_at_s < spec.duration_s)),
+            "clipped_rows": rep.clipped_rows,
+            "span_s": float(rep.send_at_s[-1]) if len(rep.send_at_s) else 0.0,
+        }
+    return desc

@@ -1,0 +1,419 @@
+"""Analysis on a hand-built run: 3 steady chat streams pacing 20 ms, one 32k injected prefill that
+blocks the engine 1210→1700 ms, so every steady stream sees one 500 ms gap.
+
+Times below are milliseconds on the run clock (converted to ns). Percentiles are linear
+interpolation (numpy's default), as the analysis documents.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+
+from itlbench.analysis import RunWindow, parse_slo, summarize
+from itlbench.analysis.buckets import BUCKET_LABELS, bucket_for, bucket_of
+from itlbench.analysis.itl import bundling, gap_table, per_token, pooled, steady, tpot, tpot_table
+from itlbench.analysis.records import frame
+from itlbench.analysis.stalls import StallParams, analyze_stalls, find_stalls
+from itlbench.analysis.ttft import ttft_by_bucket, ttft_by_class, ttft_table
+from itlbench.analysis.window import select_window
+
+MS = 1_000_000
+WINDOW = RunWindow(run_start_ns=0, measure_start_ns=1000 * MS, end_ns=11_000 * MS)
+
+R0 = [1030 + 20 * k for k in range(10)] + [1710, 1730, 1750]
+R1 = [1040 + 20 * k for k in range(9)] + [1700, 1720]
+R2 = [1045 + 20 * k for k in range(9)] + [1705, 1725, 1745]
+INJ = [1700, 1720, 1740]
+WARM = [600, 610, 5000]  # warmup request with a huge gap: must not be analysed
+
+
+def _req(rid, sid, cls, prompt, sched, sent, chunks, stream=None, status="ok"):
+    return {
+        "request_id": rid,
+        "server_request_id": sid,
+        "workload": "chat",
+        "cls": cls,
+        "injected": cls == "injected",
+        "stream": stream,
+        "prompt_tokens": prompt,
+        "max_tokens": 64,
+        "scheduled_ns": sched * MS,
+        "sent_ns": sent * MS,
+        "first_token_ns": chunks[0] * MS if chunks else None,
+        "last_token_ns": chunks[-1] * MS if chunks else None,
+        "output_tokens": len(chunks),
+        "num_chunks": len(chunks),
+        "status": status,
+    }
+
+
+def _chunks(rid, times, tokens=None):
+    tokens = tokens or {}
+    return [
+        {"request_id": rid, "index": i, "t_ns": t * MS, "n_tokens": tokens.get(i, 1)}
+        for i, t in enumerate(times)
+    ]
+
+
+def _step(i, start, end, prefill=0, decode=0, ids=()):
+    return {
+        "step": i,
+        "phase": "x",
+        "prefill_tokens": prefill,
+        "decode_tokens": decode,
+        "start_ns": start * MS,
+        "end_ns": end * MS,
+        "prefill_request_ids": list(ids),
+    }
+
+
+@pytest.fixture
+def tables() -> dict[str, pl.DataFrame]:
+    requests = frame(
+        "requests",
+        [
+            _req("w0", "sw", "chat", 50, 500, 500, WARM),
+            _req("r0", "s0", "chat", 100, 1000, 1001, R0),
+            _req("r1", "s1", "chat", 400, 1010, 1012, R1),
+            _req("r2", "s2", "chat", 1000, 1020, 1020, R2, stream=0),
+            _req("inj", "sx", "injected", 32768, 1200, 1201, INJ),
+            _req("r3", None, "chat", 100, 1500, 1500, [], status="error"),
+        ],
+    )
+    chunks = frame(
+        "chunks",
+        _chunks("w0", WARM)
+        + _chunks("r0", R0)
+        + _chunks("r1", R1)
+        + _chunks("r2", R2, {1: 2})
+        + _chunks("inj", INJ),
+    )
+    steps = frame(
+        "steps",
+        [
+            _step(0, 1005, 1010, prefill=100, ids=["s0"]),
+            _step(1, 1020, 1030, prefill=400, ids=["s1"]),
+            _step(2, 1030, 1040, prefill=1000, ids=["s2"]),
+            _step(3, 1041, 1046, decode=3),
+            _step(4, 1210, 1700, prefill=32768, ids=["sx"]),
+            _step(5, 1700, 1705, decode=4),
+        ],
+    )
+    return {"requests": requests, "chunks": chunks, "steps": steps}
+
+
+def _gaps_s(*streams: list[int]) -> np.ndarray:
+    return np.concatenate([np.diff(np.array(s, dtype=np.int64) * MS) / 1e9 for s in streams])
+
+
+def _pct(values, q: float) -> float:
+    return float(np.percentile(values, q, method="linear"))
+
+
+# buckets ------------------------------------------------------------------------------------------
+
+
+def test_bucket_bounds():
+    cases = {
+        1: "le128",
+        128: "le128",
+        129: "le512",
+        512: "le512",
+        513: "le2k",
+        2048: "le2k",
+        2049: "le8k",
+        8192: "le8k",
+        8193: "le32k",
+        32768: "le32k",
+        32769: "gt32k",
+    }
+    df = pl.DataFrame({"n": list(cases)}).with_columns(b=bucket_of(pl.col("n")))
+    assert df["b"].to_list() == list(cases.values())
+    assert [bucket_for(n) for n in cases] == list(cases.values())
+    assert BUCKET_LABELS == ("le128", "le512", "le2k", "le8k", "le32k", "gt32k")
+    assert pl.DataFrame({"n": [None]}, schema={"n": pl.Int64}).select(bucket_of(pl.col("n"))).item() is None
+
+
+# window -------------------------------------------------------------------------------------------
+
+
+def test_window_drops_warmup(tables):
+    t = select_window(tables, WINDOW)
+    assert "w0" not in t["requests"]["request_id"].to_list()
+    assert "w0" not in t["chunks"]["request_id"].to_list()
+    assert t["steps"].height == 6
+    assert t["server_metrics"].height == 0 and t["client_samples"].height == 0
+
+
+# TTFT ---------------------------------------------------------------------------------------------
+
+
+def test_ttft_decomposition(tables):
+    t = select_window(tables, WINDOW)
+    rows = {r["request_id"]: r for r in ttft_table(t["requests"], t["steps"]).iter_rows(named=True)}
+    r0 = rows["r0"]
+    assert r0["bucket"] == "le128"
+    assert r0["ttft_s"] == pytest.approx(0.030)
+    assert r0["client_lag_s"] == pytest.approx(0.001)
+    assert r0["queue_s"] == pytest.approx(0.004)  # step 1005 − sent 1001
+    assert r0["prefill_s"] == pytest.approx(0.025)  # first token 1030 − step 1005
+    assert r0["server_s"] == pytest.approx(0.029)
+    inj = rows["inj"]
+    assert inj["bucket"] == "le32k"
+    assert inj["ttft_s"] == pytest.approx(0.5)
+    assert inj["queue_s"] == pytest.approx(0.009)
+    assert inj["prefill_s"] == pytest.approx(0.490)
+    assert rows["r3"]["ttft_s"] is None and rows["r3"]["queue_s"] is None
+
+
+def test_ttft_without_steps_has_no_queue_split(tables):
+    t = select_window(tables, WINDOW)
+    rows = ttft_table(t["requests"], t["steps"].clear())
+    r0 = rows.filter(pl.col("request_id") == "r0").row(0, named=True)
+    assert r0["ttft_s"] == pytest.approx(0.030)
+    assert r0["queue_s"] is None and r0["prefill_s"] is None
+    assert r0["server_s"] == pytest.approx(0.029)
+
+
+def test_ttft_percentiles_by_bucket_and_class(tables):
+    t = select_window(tables, WINDOW)
+    table = ttft_table(t["requests"], t["steps"])
+    by_bucket = ttft_by_bucket(table)
+    assert list(by_bucket) == list(BUCKET_LABELS)
+    assert by_bucket["le512"]["p50"] == pytest.approx(0.030) and by_bucket["le512"]["count"] == 1
+    assert by_bucket["gt32k"] == {
+        "p50": None,
+        "p90": None,
+        "p99": None,
+        "max": None,
+        "mean": None,
+        "count": 0,
+    }
+    by_class = ttft_by_class(table)
+    chat = [0.030, 0.030, 0.025]
+    assert by_class["chat"]["count"] == 3
+    assert by_class["chat"]["p50"] == pytest.approx(_pct(chat, 50))
+    assert by_class["chat"]["p90"] == pytest.approx(_pct(chat, 90))
+    assert by_class["chat"]["mean"] == pytest.approx(np.mean(chat))
+    assert by_class["injected"]["max"] == pytest.approx(0.5)
+
+
+# ITL ----------------------------------------------------------------------------------------------
+
+
+def test_pooled_itl_steady_and_all(tables):
+    t = select_window(tables, WINDOW)
+    gaps = gap_table(t["chunks"], t["requests"])
+    expected = _gaps_s(R0, R1, R2)
+    assert len(expected) == 33
+    got = pooled(steady(gaps))
+    assert got["count"] == 33
+    for key, q in [("p50", 50), ("p90", 90), ("p95", 95), ("p99", 99), ("p999", 99.9)]:
+        assert got[key] == pytest.approx(_pct(expected, q), rel=1e-12), key
+    assert got["max"] == pytest.approx(0.5)
+    assert got["mean"] == pytest.approx(expected.mean())
+    everything = np.concatenate([expected, _gaps_s(INJ)])
+    all_view = pooled(gaps)
+    assert all_view["count"] == 35
+    assert all_view["p99"] == pytest.approx(_pct(everything, 99))
+
+
+def test_per_token_splits_bundled_gap(tables):
+    t = select_window(tables, WINDOW)
+    gaps = steady(gap_table(t["chunks"], t["requests"]))
+    base = list(_gaps_s(R0, R1, R2))
+    base.remove(0.020)  # r2's second chunk carried 2 tokens: its 20 ms gap becomes 2 × 10 ms
+    expected = np.array(base + [0.010, 0.010])
+    got = per_token(gaps)
+    assert got["count"] == 34
+    assert got["p50"] == pytest.approx(_pct(expected, 50))
+    assert got["p99"] == pytest.approx(_pct(expected, 99))
+    assert got["mean"] == pytest.approx(expected.mean())
+
+
+def test_tpot_per_request(tables):
+    t = select_window(tables, WINDOW)
+    table = tpot_table(t["chunks"], t["requests"])
+    rows = dict(zip(table["request_id"], table["tpot_s"], strict=True))
+    assert rows["r0"] == pytest.approx((1750 - 1030) / 1000 / 12)
+    assert rows["r2"] == pytest.approx((1745 - 1045) / 1000 / 12)  # 12 chunks, 13 tokens
+    steady_tpot = [rows["r0"], rows["r1"], rows["r2"]]
+    got = tpot(table.filter(~pl.col("injected")))
+    assert got["count"] == 3
+    assert got["p50"] == pytest.approx(_pct(steady_tpot, 50))
+    assert got["mean"] == pytest.approx(np.mean(steady_tpot))
+
+
+def test_bundling_detection():
+    few = frame("chunks", _chunks("a", list(range(100)), {5: 2}))
+    b = bundling(few)
+    assert b["fraction"] == pytest.approx(0.01) and b["bundled_chunks"] == 1 and b["warning"] is None
+    many = frame("chunks", _chunks("a", list(range(10)), {i: 4 for i in range(5)}))
+    b = bundling(many)
+    assert b["fraction"] == pytest.approx(0.5)
+    assert b["tokens_per_chunk"] == pytest.approx(2.5)
+    assert "bundles" in b["warning"]
+
+
+# stalls -------------------------------------------------------------------------------------------
+
+
+def test_stalls_and_attribution(tables):
+    t = select_window(tables, WINDOW)
+    gaps = steady(gap_table(t["chunks"], t["requests"]))
+    report = analyze_stalls(gaps, t["steps"], t["requests"], StallParams(), WINDOW.measure_start_ns)
+    s = report.summary
+    assert s["count"] == 3
+    assert s["stalled_s"] == pytest.approx(1.5)
+    assert s["worst_s"] == pytest.approx(0.5)
+    assert s["victims"] == 3
+    assert s["events"] == 1
+    assert s["attribution_source"] == "engine_steps"
+    assert report.stalls["injected_request_ids"].to_list() == [["inj"]] * 3
+    r0 = report.stalls.filter(pl.col("request_id") == "r0").row(0, named=True)
+    assert r0["threshold_s"] == pytest.approx(0.1)  # 5 × 20 ms median
+    assert r0["prefill_s"] == pytest.approx(0.490)  # step 1210–1700 inside gap 1210–1710
+    assert r0["prefill_tokens"] == 32768
+    (event,) = s["attribution"]
+    assert event["victims"] == 3 and event["stalls"] == 3
+    assert event["start_s"] == pytest.approx(0.200) and event["span_s"] == pytest.approx(0.510)
+    assert event["injected_prefill"] is True
+    assert event["prefill_request_ids"] == ["inj"] and event["prefill_tokens"] == 32768
+
+
+def test_stall_floor_and_factor():
+    times = {"a": [0, 5, 10, 15, 55, 60], "b": [0, 100, 200, 300, 700, 800], "c": [1000, 1020, 1040, 1500]}
+    chunks = frame("chunks", [c for rid, ts in times.items() for c in _chunks(rid, ts)])
+    reqs = frame("requests", [{"request_id": r, "injected": False} for r in times])
+    gaps = gap_table(chunks, reqs)
+    stalls = find_stalls(gaps, StallParams(factor=4.0, floor_s=0.05))
+    # a: 40 ms ≥ 4×5 ms but below the 50 ms floor; b: 400 ms ≥ 4×100 ms; c: 460 ms ≥ 4×20 ms.
+    assert stalls["request_id"].to_list() == ["b", "c"]
+    report = analyze_stalls(gaps, frame("steps", []), reqs, StallParams(factor=4.0, floor_s=0.05))
+    assert report.summary["events"] == 2  # b's gap 300–700 ms and c's 1040–1500 ms do not overlap
+    assert report.summary["attribution_source"] == "unavailable"
+    assert report.summary["attribution"][0]["prefill_request_ids"] == []
+
+
+def test_events_merge_transitively():
+    times = {
+        "a": [0, 10, 20, 520, 530, 540],
+        "b": [0, 10, 400, 410, 420, 430],
+        "c": [0, 10, 510, 520, 1020, 1030, 1040],
+    }
+    chunks = frame("chunks", [c for rid, ts in times.items() for c in _chunks(rid, ts)])
+    reqs = frame("requests", [{"request_id": r, "injected": False} for r in times])
+    report = analyze_stalls(
+        gap_table(chunks, reqs), frame("steps", []), reqs, StallParams(factor=5, floor_s=0.05)
+    )
+    # a 20–520, b 10–400 and c 10–510 overlap; c's 520–1020 only touches a's end: a new event
+    assert report.summary["count"] == 4
+    assert report.events["stalls"].to_list() == [3, 1]
+    assert report.events["victims"].to_list() == [3, 1]
+
+
+# goodput / validity / summary -------------------------------------------------------------------
+
+
+def test_goodput_default_and_custom_slos(tables):
+    s = summarize(tables, WINDOW)
+    # steady streams' own ITL p99 ≈ 447 ms > 200 ms; only the injected request (gaps 20, 20) is good
+    assert s["goodput"]["good"] == 1 and s["goodput"]["total"] == 5
+    assert s["goodput"]["fraction"] == pytest.approx(0.2)
+    assert s["goodput"]["requests_per_s"] == pytest.approx(0.1)
+    s = summarize(tables, WINDOW, parse_slo("itl_max=600ms"))
+    assert s["goodput"]["good"] == 4  # the error request is never good
+    s = summarize(tables, WINDOW, parse_slo("itl_max=600ms,ttft:le128=20ms"))
+    assert s["goodput"]["good"] == 3  # r0 (le128, 30 ms) misses
+    s = summarize(tables, WINDOW, parse_slo("itl_max=600ms,injected/ttft:le32k=100ms"))
+    assert s["goodput"]["good"] == 3
+
+
+def test_validity_flags(tables):
+    s = summarize(tables, WINDOW)
+    assert s["valid"] is True and s["validity"]["reasons"] == []
+    lag = [0.001, 0.002, 0.001, 0.0]  # open-loop requests only (r2 is closed-loop)
+    assert s["validity"]["figures"]["send_lag_p99_s"] == pytest.approx(_pct(lag, 99))
+    late = tables["requests"].with_columns(
+        pl.when(pl.col("request_id") == "r1")
+        .then(pl.col("scheduled_ns") + 80 * MS)
+        .otherwise(pl.col("sent_ns"))
+        .alias("sent_ns")
+    )
+    samples = frame(
+        "client_samples",
+        [
+            {"t_ns": (1000 + 100 * i) * MS, "loop_lag_s": 0.001 if i else 0.5, "cpu_percent": 95.0}
+            for i in range(10)
+        ],
+    )
+    s = summarize({**tables, "requests": late, "client_samples": samples}, WINDOW)
+    assert s["valid"] is False
+    reasons = " | ".join(s["validity"]["reasons"])
+    assert "send lag" in reasons and "event-loop" in reasons and "CPU" in reasons
+    assert s["validity"]["figures"]["cpu_mean_percent"] == pytest.approx(95.0)
+
+
+def test_closed_loop_lag_does_not_invalidate(tables):
+    late = tables["requests"].with_columns(
+        pl.when(pl.col("request_id") == "r2")
+        .then(pl.col("scheduled_ns") + 900 * MS)
+        .otherwise(pl.col("sent_ns"))
+        .alias("sent_ns")
+    )
+    assert summarize({**tables, "requests": late}, WINDOW)["valid"] is True
+
+
+def test_summary_keys_and_json(tables):
+    s = summarize(tables, WINDOW)
+    json.dumps(s, allow_nan=False)
+    assert s["requests"] == {"total": 5, "ok": 4, "error": 1, "timeout": 0, "cancelled": 0, "injected": 1}
+    assert s["ttft_s"]["all"]["count"] == 4
+    assert s["ttft_s"]["le2k"]["p50"] == pytest.approx(0.025)
+    assert s["ttft_breakdown_s"]["le128"] == pytest.approx(
+        {"client_lag_p50": 0.001, "queue_p50": 0.004, "prefill_p50": 0.025, "server_p50": 0.029}
+    )
+    assert s["itl_s"]["count"] == 33 and s["itl_all_s"]["count"] == 35
+    assert s["itl_s"]["max"] == pytest.approx(0.5)
+    assert s["stalls"]["count"] == 3 and s["stalls"]["victims"] == 3
+    assert s["split"]["source"] == "engine_steps"
+    assert s["split"]["prefill_s"] == pytest.approx(0.005 + 0.010 + 0.010 + 0.490)
+    assert s["split"]["decode_s"] == pytest.approx(0.010)
+    out_tokens = len(R0) + len(R1) + len(R2) + 1 + len(INJ)
+    assert s["throughput"]["output_tokens_per_s"] == pytest.approx(out_tokens / 10)
+    assert s["throughput"]["requests_per_s"] == pytest.approx(0.4)
+    assert s["throughput"]["input_tokens_per_s"] == pytest.approx((100 + 400 + 1000 + 32768) / 10)
+    assert s["bundling"]["fraction"] == pytest.approx(1 / 39) and s["bundling"]["warning"] is None
+    for key in ("ttft", "itl", "stall", "split", "prompt_buckets", "goodput", "validity", "percentiles"):
+        assert s["definitions"][key]
+    assert set(s) >= {
+        "ttft_s",
+        "ttft_breakdown_s",
+        "itl_s",
+        "itl_per_token_s",
+        "tpot_s",
+        "stalls",
+        "split",
+        "throughput",
+        "goodput",
+        "requests",
+        "bundling",
+        "valid",
+        "validity",
+        "definitions",
+    }
+
+
+def test_empty_tables_do_not_crash():
+    s = summarize({}, WINDOW)
+    json.dumps(s, allow_nan=False)
+    assert s["itl_s"]["count"] == 0 and s["itl_s"]["p99"] is None
+    assert s["stalls"]["count"] == 0 and s["split"]["source"] == "unavailable"
+    assert s["goodput"]["fraction"] is None and s["valid"] is True
+    s = summarize({}, RunWindow(0, 5, 5))  # zero-length window
+    json.dumps(s, allow_nan=False)
+    assert s["throughput"]["requests_per_s"] is None and s["goodput"]["requests_per_s"] is None

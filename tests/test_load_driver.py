@@ -1,0 +1,140 @@
+"""The driver: closed and open loop, drain, stop, dead servers, client samples."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import polars as pl
+
+from itlbench.load.driver import drive
+from itlbench.load.paced_server import PacedConfig, serve_in_thread, spawn
+from itlbench.load.target import Target
+from itlbench.store import RunStore
+from itlbench.workloads.plan import LoadPlan, RequestPlan
+
+from .load_helpers import closed, run, table
+
+
+def test_closed_loop_streams_send_back_to_back(tmp_path):
+    with serve_in_thread(PacedConfig(tick_s=0.01)) as (_, url):
+        res = run(closed(2, 3), url, tmp_path, duration_s=1.0)
+    req = table(tmp_path, "requests").sort("sent_ns")
+    assert res.counts["ok"] == req.height >= 10 and set(req["stream"].to_list()) == {0, 1}
+    for _, g in req.group_by("stream"):
+        done, sched, sent = g["done_ns"].to_list(), g["scheduled_ns"].to_list(), g["sent_ns"].to_list()
+        waits = [(s - d) / 1e6 for d, s in zip(done[:-1], sched[1:], strict=True)]
+        assert max(waits) < 3.0  # the next request is due as soon as the previous one ended
+        assert max((b - a) / 1e6 for a, b in zip(sched, sent, strict=True)) < 5.0
+    assert req["sent_ns"].max() < res.end_ns
+
+
+def test_open_loop_follows_schedule_and_skips_plans_past_the_end(tmp_path):
+    times = [i * 0.1 for i in range(10)] + [1.2, 1.5]
+    feed = (RequestPlan(f"o{i}", "chat", "chat", 4, 3, prompt_token_ids=(1, 2, 3, 4), send_at_s=t)
+            for i, t in enumerate(times))
+    with serve_in_thread(PacedConfig(tick_s=0.01)) as (_, url):
+        res = run(LoadPlan(open_loop=feed), url, tmp_path, duration_s=1.0, warmup_s=0.2)
+    req = table(tmp_path, "requests").sort("scheduled_ns")
+    assert req.height == 10 and res.open_loop_truncated and res.counts["sent"] == 10
+    assert req["stream"].null_count() == 10
+    offsets = [(s - res.measure_start_ns) / 1e9 for s in req["scheduled_ns"].to_list()]
+    assert max(abs(o - t) for o, t in zip(offsets, times[:10], strict=True)) < 1e-6
+    lags_ms = ((req["sent_ns"] - req["scheduled_ns"]) / 1e6).to_list()
+    assert min(lags_ms) >= 0 and max(lags_ms) < 5.0
+    assert res.client.send_lag_max_s is not None and res.client.send_lag_max_s < 0.005
+
+
+def test_drain_timeout_cancels_and_records(tmp_path):
+    with serve_in_thread(PacedConfig(tick_s=0.01)) as (_, url):
+        t0 = time.perf_counter()
+        res = run(closed(3, 10_000), url, tmp_path, duration_s=0.4, drain_timeout_s=0.3)
+        assert time.perf_counter() - t0 < 2.0
+    req = table(tmp_path, "requests")
+    assert res.counts["cancelled"] == 3 and req["status"].to_list() == ["cancelled"] * 3
+    chunks = table(tmp_path, "chunks")
+    assert chunks.height == req["num_chunks"].sum() > 3 * 40
+
+
+def test_stop_event_ends_the_run_and_keeps_records(tmp_path):
+    async def main(url: str) -> tuple:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.3, stop.set)
+        store = RunStore(tmp_path)
+        res = await drive(closed(2, 10_000), Target(url, "paced"), store, duration_s=30, drain_timeout_s=30,
+                          stop_event=stop)
+        store.close()
+        return res
+
+    with serve_in_thread(PacedConfig(tick_s=0.01)) as (_, url):
+        res = asyncio.run(main(url))
+    assert res.stop_reason == "stop_event" and res.counts["cancelled"] == 2
+    assert (res.end_ns - res.run_start_ns) / 1e9 < 1.0
+    assert table(tmp_path, "requests")["status"].to_list() == ["cancelled"] * 2
+
+
+def test_cancelled_drive_still_flushes_records(tmp_path):
+    async def main(server, url: str) -> None:
+        store = RunStore(tmp_path)
+        task = asyncio.create_task(drive(closed(2, 10_000), Target(url, "paced"), store, duration_s=30))
+        for _ in range(500):  # until the server has sent 30 chunks (load-independent)
+            if sum(len(v) for v in server.log.values()) >= 30:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.05)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    with serve_in_thread(PacedConfig(tick_s=0.01)) as (server, url):
+        asyncio.run(main(server, url))
+    assert table(tmp_path, "requests")["status"].to_list() == ["cancelled"] * 2
+    assert table(tmp_path, "chunks").height > 20
+
+
+def test_server_killed_mid_run(tmp_path):
+    proc, url = spawn(PacedConfig(tick_s=0.01))
+    try:
+        async def main() -> tuple:
+            asyncio.get_running_loop().call_later(0.6, os.kill, proc.pid, signal.SIGKILL)
+            store = RunStore(tmp_path, flush_every_s=0.2)
+            res = await drive(closed(4, 10_000), Target(url, "paced"), store, duration_s=20,
+                              max_connection_errors=8)
+            store.close()
+            return res
+
+        t0 = time.perf_counter()
+        res = asyncio.run(main())
+        assert time.perf_counter() - t0 < 5.0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert res.aborted_reason and "connection errors" in res.aborted_reason
+    req = table(tmp_path, "requests")
+    assert req.height == res.counts["sent"] and set(req["status"].to_list()) == {"error"}
+    first = req.filter(pl.col("num_chunks") > 0)
+    assert first.height == 4  # the streams cut by the kill keep what they received
+    assert table(tmp_path, "chunks").height == first["num_chunks"].sum() >= 4 * 20
+
+
+def test_unreachable_server_aborts_cleanly(tmp_path):
+    res = run(closed(2, 5), "http://127.0.0.1:9/v1", tmp_path, duration_s=5, max_connection_errors=5)
+    assert res.stop_reason == "aborted" and res.counts["error"] >= 5
+    assert table(tmp_path, "requests")["http_status"].null_count() == res.counts["error"]
+
+
+def test_client_samples_and_progress(tmp_path):
+    snaps = []
+    with serve_in_thread(PacedConfig(tick_s=0.01)) as (_, url):
+        run(closed(2, 20), url, tmp_path, duration_s=0.8, warmup_s=0.2, sample_interval_s=0.1,
+            on_progress=snaps.append)
+    samples = table(tmp_path, "client_samples")
+    assert samples.height >= 6 and samples.columns == ["t_ns", "loop_lag_s", "cpu_percent", "in_flight"]
+    assert samples["in_flight"].max() == 2 and samples["loop_lag_s"].max() < 0.05
+    assert len(snaps) >= 6 and snaps[-1].measuring and not snaps[0].measuring
+    assert snaps[-1].itl_p50_ms is not None and 5 < snaps[-1].itl_p50_ms < 20
+    assert "ITL p50" in snaps[-1].line()

@@ -1,0 +1,61 @@
+"""Steps follower and metrics sampler against the paced peer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+
+from itlbench.load.metrics_sampler import MetricsSampler, metrics_url
+from itlbench.load.paced_server import PacedConfig, serve_in_thread
+from itlbench.load.steps_follower import StepsFollower
+from itlbench.store import RunStore
+
+from .load_helpers import table
+
+
+class Rows:
+    def __init__(self) -> None:
+        self.rows: dict[str, list[dict]] = {}
+
+    def add(self, table: str, row: dict) -> None:
+        self.rows.setdefault(table, []).append(row)
+
+
+def test_steps_follower_reads_ndjson_and_resumes_after_reconnect(tmp_path):
+    async def main(url: str) -> StepsFollower:
+        store = RunStore(tmp_path)
+        follower = StepsFollower(url, store, retry_s=0.05)
+        task = asyncio.create_task(follower.run())
+        await asyncio.sleep(0.6)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        store.close()
+        return follower
+
+    with serve_in_thread(PacedConfig(tick_s=0.01, steps_per_connection=7)) as (_, url):
+        follower = asyncio.run(main(url))
+    steps = table(tmp_path, "steps").sort("step")
+    assert follower.reconnects >= 2 and steps.height == follower.rows >= 20
+    assert steps["step"].to_list() == list(range(steps.height))  # no gap, no duplicate
+    assert set(steps["phase"].to_list()) <= {"idle", "decode"} and steps["end_ns"].min() > 0
+
+
+def test_metrics_sampler_keeps_engine_series_only():
+    async def main(url: str) -> tuple[MetricsSampler, Rows]:
+        rows = Rows()
+        sampler = MetricsSampler(url, rows, interval_s=0.1)
+        async with aiohttp.ClientSession() as session:
+            await sampler.scrape(session)
+        return sampler, rows
+
+    with serve_in_thread(PacedConfig()) as (_, url):
+        sampler, rows = asyncio.run(main(url))
+    names = {r["name"] for r in rows.rows["server_metrics"]}
+    assert sampler.prefix == "itlbench_" and "process_open_fds" not in names
+    assert {"itlbench_num_requests_running", "itlbench_time_to_first_token_seconds_bucket",
+            "itlbench_time_to_first_token_seconds_sum", "itlbench_time_to_first_token_seconds_count"} <= names
+    gauge = next(r for r in rows.rows["server_metrics"] if r["name"] == "itlbench_num_requests_running")
+    assert json.loads(gauge["labels"]) == {"model_name": "paced"} and gauge["value"] == 0.0
+    assert metrics_url("http://h:8000/v1/") == "http://h:8000/metrics"

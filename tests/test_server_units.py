@@ -1,0 +1,133 @@
+"""Pieces of the server in isolation: detokenizer, protocol parsing, engine driver lifecycle, entry point."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+from itlbench.bundled_server import free_port, server_args
+from itlbench.engine.async_engine import AsyncEngine, EngineDeadError
+from itlbench.engine.config import EngineConfig
+from itlbench.engine.engine import Engine
+from itlbench.engine.request import SamplingParams
+from itlbench.engine.tokenizer import ByteTokenizer
+from itlbench.server.detok import IncrementalDetokenizer
+from itlbench.server.protocol import ApiError, parse_chat, parse_completion, render_chat
+
+TINY = EngineConfig(model="tiny", device="cpu", chunk_budget=64, kv_blocks=128, max_model_len=512, seed=0)
+
+
+def test_detokenizer_never_splits_a_utf8_character():
+    tok = ByteTokenizer(512)
+    ids = tok.encode("héllo ✓ wörld")
+    detok = IncrementalDetokenizer(tok)
+    pieces = [detok.push([i]) for i in ids]
+    assert "".join(pieces) == "héllo ✓ wörld"
+    assert all("\ufffd" not in p for p in pieces)
+    assert pieces[ids.index(tok.encode("✓")[0])] == ""  # held back until the character completes
+
+
+def test_detokenizer_flushes_invalid_bytes_at_the_end():
+    tok = ByteTokenizer(512)
+    detok = IncrementalDetokenizer(tok)
+    assert detok.push(tok.encode("ok")) == "ok"
+    assert detok.push([3 + 0xE2]) == ""
+    assert detok.push([], final=True) == "\ufffd"
+
+
+def test_protocol_accepts_token_lists_and_chat_parts():
+    req = parse_completion({"prompt": [[1, 2, 3]], "max_tokens": 4, "stream": True,
+                            "stream_options": {"include_usage": True}})
+    assert req.prompt == [1, 2, 3] and req.include_usage and req.max_tokens == 4
+    chat = parse_chat({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                       "max_completion_tokens": 9, "max_tokens": 2})
+    assert chat.prompt == "<|user|>\nhi\n<|assistant|>\n" and chat.max_tokens == 9
+    assert render_chat([{"role": "system", "content": None}]) == "<|system|>\n\n<|assistant|>\n"
+    with pytest.raises(ApiError) as info:
+        parse_completion({"prompt": "x", "stop": ["\n"]})
+    assert info.value.param == "stop"
+
+
+def test_async_engine_streams_and_fails_in_flight_on_shutdown():
+    torch.set_num_threads(1)
+    engine = Engine(TINY)
+
+    async def scenario() -> None:
+        driver = AsyncEngine(engine)
+        driver.start()
+        outs = [o async for o in driver.generate([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))]
+        assert [len(o.new_token_ids) for o in outs] == [1, 1, 1, 1] and outs[-1].finished
+        stream = await driver.add([5, 6, 7], SamplingParams(max_tokens=400, ignore_eos=True))
+        await asyncio.to_thread(driver.shutdown)
+        with pytest.raises(EngineDeadError):
+            async for _ in stream:
+                pass
+        assert not driver.is_alive
+        with pytest.raises(EngineDeadError):
+            await driver.add([1, 2], SamplingParams(max_tokens=2))
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_async_engine_rejects_bad_input_with_the_engine_error():
+    engine = Engine(TINY)
+
+    async def scenario() -> None:
+        driver = AsyncEngine(engine)
+        driver.start()
+        try:
+            with pytest.raises(ValueError, match="max_tokens"):
+                await driver.add([5] * 500, SamplingParams(max_tokens=100))
+            outs = [o async for o in driver.generate("ok", SamplingParams(max_tokens=2, ignore_eos=True))]
+            assert outs[-1].finish_reason == "length"
+        finally:
+            await asyncio.to_thread(driver.shutdown)
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_module_entry_point_serves_with_bundled_flags(tmp_path):
+    port = free_port()
+    cmd = [sys.executable, "-m", "itlbench.server", *server_args(TINY), "--port", str(port)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            try:
+                if _get(f"http://127.0.0.1:{port}/health")[0] == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        status, body = _get(f"http://127.0.0.1:{port}/v1/engine")
+        assert status == 200 and json.loads(body)["engine"]["kv_blocks"] == 128
+        status, body = _get(f"http://127.0.0.1:{port}/nope")
+        assert status == 404 and "error" in json.loads(body)
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0
+    startup = out.decode()
+    for part in ("model=tiny", "device=cpu", "dtype=float32", "chunk_budget=64", "policy=budget",
+                 f"http://127.0.0.1:{port}/v1"):
+        assert part in startup
