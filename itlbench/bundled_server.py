@@ -7,7 +7,6 @@ the way a real deployment would be measured.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from itlbench.engine.config import EngineConfig
+from itlbench.engine.malloc_tuning import env_with_malloc_tunables
 from itlbench.errors import ItlbenchError
 
 
@@ -73,9 +73,7 @@ class BundledServer:
         self.port = self.port or free_port(self.host)
         cmd = [sys.executable, "-m", "itlbench.server", *server_args(self.engine),
                "--host", self.host, "--port", str(self.port)]
-        env = dict(os.environ)
-        env.setdefault("GLIBC_TUNABLES",
-                       "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184")
+        env = env_with_malloc_tunables()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child for its lifetime
         self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,

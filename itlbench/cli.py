@@ -105,6 +105,9 @@ def serve(
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Serve the bundled engine with an OpenAI-compatible API, /metrics and /v1/steps."""
+    from itlbench.engine.malloc_tuning import reexec_with_malloc_tunables
+
+    reexec_with_malloc_tunables()
     from itlbench.server import ServerConfig
     from itlbench.server import serve as serve_forever
 

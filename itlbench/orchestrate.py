@@ -166,7 +166,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         store.write_json("run.json", run_doc)
         on_status("running")
         result = asyncio.run(_drive_with_followers(cfg, plan, target, store, server, progress))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         run_doc["interrupted"] = True
     finally:
         store.close()

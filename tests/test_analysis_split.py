@@ -44,12 +44,12 @@ def test_pure_steps_count_whole_and_idle_is_ignored():
 
 
 def test_mixed_step_token_share_when_fit_impossible():
-    # one prefill and one decode pure step cannot determine a, b and c
-    out = split_from_steps(_steps([(100, 1000, 0), (20, 0, 10), (40, 300, 100)]))
+    # two steps cannot determine a, b and c
+    out = split_from_steps(_steps([(100, 1000, 0), (40, 300, 100)]))
     assert out["source"] == "engine_steps:token_share"
     assert out["cost_model"] is None
     assert out["prefill_s"] == pytest.approx(0.100 + 0.040 * 300 / 400)
-    assert out["decode_s"] == pytest.approx(0.020 + 0.040 * 100 / 400)
+    assert out["decode_s"] == pytest.approx(0.040 * 100 / 400)
 
 
 def test_mixed_step_cost_model():
@@ -57,12 +57,22 @@ def test_mixed_step_cost_model():
     pure = [(15, 100, 0), (55, 500, 0), (15, 0, 10), (25, 0, 20)]
     model = fit_cost_model(_steps(pure))
     assert (model.a, model.b, model.c) == pytest.approx((0.005, 1e-4, 1e-3), rel=1e-6)
-    # mixed step 200 prefill + 20 decode: b·P = c·D = 20 ms, so its 50 ms split 25 : 25
-    out = split_from_steps(_steps([*pure, (50, 200, 20)]))
+    # mixed step 200 prefill + 20 decode on the same model (5 + 20 + 20 ms): b·P = c·D = 20 ms,
+    # so its 45 ms split 22.5 : 22.5; being consistent, it leaves the fit unchanged
+    out = split_from_steps(_steps([*pure, (45, 200, 20)]))
     assert out["source"] == "engine_steps:cost_model"
-    assert out["prefill_s"] == pytest.approx(0.015 + 0.055 + 0.025)
-    assert out["decode_s"] == pytest.approx(0.015 + 0.025 + 0.025)
+    assert out["prefill_s"] == pytest.approx(0.015 + 0.055 + 0.0225)
+    assert out["decode_s"] == pytest.approx(0.015 + 0.025 + 0.0225)
     assert out["cost_model"]["c_s_per_decode_token"] == pytest.approx(1e-3, rel=1e-6)
+
+
+def test_cost_model_is_fitted_on_mixed_steps_too():
+    # a token-budget run has no pure prefill step; mixed steps still determine b
+    steps = [(15, 0, 10), (25, 0, 20), (5 + 10 + 10, 100, 10), (5 + 50 + 5, 500, 5)]
+    out = split_from_steps(_steps(steps))
+    assert out["source"] == "engine_steps:cost_model"
+    assert out["cost_model"]["b_s_per_prefill_token"] == pytest.approx(1e-4, rel=1e-6)
+    assert out["prefill_s"] == pytest.approx(0.025 * 10 / 20 + 0.060 * 50 / 55)
 
 
 def test_cost_model_coefficients_are_non_negative():

@@ -3,9 +3,11 @@
 From the engine step log (steps overlapping the window, whole durations): prefill-only and
 decode-only steps count whole, idle steps not at all, and a mixed step's duration is apportioned
 prefill : decode = b·P : c·D, where duration ≈ a + b·P + c·D (P, D = the step's prefill and decode
-tokens) is fitted by non-negative least squares on this run's own pure steps
-(source "engine_steps:cost_model"). When that fit is impossible (the pure steps do not determine
-a, b, c, or b = c = 0) mixed steps are split by token share P : D ("engine_steps:token_share").
+tokens) is fitted by non-negative least squares on all of this run's non-idle steps, pure and
+mixed alike (source "engine_steps:cost_model"): under a token-budget scheduler pure prefill steps
+are rare, and mixed steps pin down b and c as well. When that fit is impossible (the steps do not
+determine a, b, c, or b = c = 0) mixed steps are split by token share P : D
+("engine_steps:token_share").
 With no mixed step nothing is apportioned ("engine_steps").
 Without steps, an external engine's counters over the window (increase, resets handled):
   vLLM   vllm:request_prefill_time_seconds_sum / vllm:request_decode_time_seconds_sum
@@ -57,8 +59,8 @@ def _nnls_small(x: np.ndarray, y: np.ndarray) -> np.ndarray | None:
 
 
 def fit_cost_model(steps: pl.DataFrame) -> CostModel | None:
-    """Fit on prefill-only and decode-only steps; None when they cannot determine the model."""
-    pure = _with_duration(steps).filter((pl.col("prefill_tokens") > 0) ^ (pl.col("decode_tokens") > 0))
+    """Fit on every non-idle step; None when they cannot determine the model."""
+    pure = _with_duration(steps).filter((pl.col("prefill_tokens") > 0) | (pl.col("decode_tokens") > 0))
     if pure.height < 3:
         return None
     p = pure["prefill_tokens"].to_numpy().astype(float)

@@ -103,7 +103,7 @@ PRESETS: dict[str, ModelConfig] = {
     # narrow heads (4 x 32) keep the quadratic attention term of long prompts in check.
     "cpu-small": ModelConfig(
         name="cpu-small", vocab_size=8192, hidden_size=256, intermediate_size=768,
-        num_layers=6, num_heads=4, num_kv_heads=2, head_dim=32, max_position_embeddings=65_536,
+        num_layers=6, num_heads=4, num_kv_heads=1, head_dim=32, max_position_embeddings=65_536,
         rope_scaling=_LLAMA31_ROPE),
     "cpu-medium": ModelConfig(
         name="cpu-medium", vocab_size=8192, hidden_size=384, intermediate_size=1024,

@@ -2,11 +2,13 @@
 
 import sys
 
+from itlbench.engine.malloc_tuning import reexec_with_malloc_tunables
 from itlbench.errors import ItlbenchError
 from itlbench.server.main import parse_args, serve
 
 
 def main() -> None:
+    reexec_with_malloc_tunables()
     try:
         serve(parse_args())
     except ItlbenchError as exc:

@@ -47,7 +47,7 @@ def _entries() -> list[WorkloadSpec]:
         WorkloadSpec("chat", 500, 500, 0.6, "balanced chat turns"),
         WorkloadSpec(
             "rag", 8000, 400, 0.3, "shared document prefixes + unique questions",
-            shared_prefix=SharedPrefix(num_documents=32, prefix_tokens=7800),
+            shared_prefix=SharedPrefix(num_documents=8, prefix_tokens=7800),
         ),
         WorkloadSpec("summarization", 32000, 500, 0.25, "very long inputs"),
         WorkloadSpec("code", 2000, 50, 0.5, "completion: long context, short output"),

@@ -93,21 +93,39 @@ class SdpaBackend:
         for rows in meta.fresh:
             out[rows] = _sdpa(q[rows], k[rows], v[rows], causal=True)
         for e in meta.extend:
-            kk = k_cache[e.block_ids].flatten(0, 1)[: e.seq_len]
-            vv = v_cache[e.block_ids].flatten(0, 1)[: e.seq_len]
+            kk = _gather(k_cache, e.block_ids)[: e.seq_len]
+            vv = _gather(v_cache, e.block_ids)[: e.seq_len]
             out[e.rows] = _sdpa(q[e.rows], kk, vv, mask=e.mask)
         if meta.single is not None:
-            s = meta.single
-            qs = q if s.rows is None else q[s.rows]
-            kk = k_cache[s.block_tables].flatten(1, 2)[:, : s.max_len].transpose(1, 2)  # [B, KVH, S, D]
-            vv = v_cache[s.block_tables].flatten(1, 2)[:, : s.max_len].transpose(1, 2)
-            o = F.scaled_dot_product_attention(qs.unsqueeze(2), kk, vv, attn_mask=s.mask, enable_gqa=True)
-            o = o.squeeze(2)
-            if s.rows is None:
-                out.copy_(o)
-            else:
-                out[s.rows] = o
+            out = self._decode(q, k_cache, v_cache, meta.single, out)
         return out
+
+    @staticmethod
+    def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s: _Single,
+                out: torch.Tensor) -> torch.Tensor:
+        """All one-row chunks in one call. The query heads sharing a KV head ride in SDPA's query-length
+        axis ([B, KVH, G, D]), so grouped-query attention needs no key/value repeat."""
+        qs = q if s.rows is None else q[s.rows]
+        batch, heads, dim = qs.shape
+        kv_heads = k_cache.shape[2]
+        shape = (batch, s.block_tables.shape[1] * k_cache.shape[1], kv_heads, dim)
+        kk = _gather(k_cache, s.block_tables.flatten()).view(shape)[:, : s.max_len].transpose(1, 2)
+        vv = _gather(v_cache, s.block_tables.flatten()).view(shape)[:, : s.max_len].transpose(1, 2)
+        qg = qs.view(batch, kv_heads, heads // kv_heads, dim)
+        o = F.scaled_dot_product_attention(qg, kk, vv, attn_mask=s.mask).reshape(batch, heads, dim)
+        if s.rows is None:
+            return o
+        out[s.rows] = o
+        return out
+
+
+def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """Blocks `block_ids` of a [num_blocks, block_size, KVH, D] cache as [n * block_size, KVH, D].
+
+    `index_select` on a 2-D view copies whole blocks as rows: several times faster on CPU than
+    advanced indexing of the 4-D tensor."""
+    rows = torch.index_select(cache.view(cache.shape[0], -1), 0, block_ids)
+    return rows.view(-1, *cache.shape[2:])
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
