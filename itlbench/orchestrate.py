@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import json
 import platform
 import re
@@ -25,6 +26,7 @@ from itlbench.bundled_server import BundledServer
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.load.driver import DriveResult, ProgressSnapshot, drive
 from itlbench.load.metrics_sampler import sample_metrics
+from itlbench.load.multiproc import drive_workers
 from itlbench.load.sse_client import Target
 from itlbench.load.steps_follower import follow_steps
 from itlbench.run_config import RunConfig
@@ -96,7 +98,7 @@ def _load_spec(cfg: RunConfig, max_model_len: int, vocab_size: int | None) -> Lo
         token_ids=vocab_size is not None, vocab_size=vocab_size or 0)
 
 
-async def _drive_with_followers(cfg: RunConfig, plan: Any, target: Target, store: RunStore,
+async def _drive_with_followers(cfg: RunConfig, spec: LoadSpec, target: Target, store: RunStore,
                                 server: BundledServer | None, progress: ProgressFn | None) -> DriveResult:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -117,8 +119,13 @@ async def _drive_with_followers(cfg: RunConfig, plan: Any, target: Target, store
     else:
         follower = asyncio.create_task(sample_metrics(cfg.endpoint or "", store, api_key=cfg.api_key))
     try:
-        return await drive(plan, target, store, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s,
-                           drain_timeout_s=cfg.drain_timeout_s, on_progress=progress, stop_event=stop)
+        if cfg.workers > 1:  # each worker process rebuilds the same seeded plan and takes its share
+            return await drive_workers(functools.partial(build_load_plan, spec), target, store,
+                                       workers=cfg.workers, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s,
+                                       drain_timeout_s=cfg.drain_timeout_s, on_progress=progress)
+        return await drive(build_load_plan(spec), target, store, duration_s=cfg.duration_s,
+                           warmup_s=cfg.warmup_s, drain_timeout_s=cfg.drain_timeout_s, on_progress=progress,
+                           stop_event=stop)
     finally:
         await asyncio.sleep(0.3)  # let the last steps arrive
         follower.cancel()
@@ -161,11 +168,11 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
             max_len, vocab = int(probe.get("max_model_len") or 131_072), None
             run_doc["engine"] = {"external": True, **probe}
             run_doc["target"] = {"kind": "external", "base_url": cfg.endpoint}
-        plan = build_load_plan(_load_spec(cfg, max_len, vocab))
-        run_doc["plan"] = plan.description
+        spec = _load_spec(cfg, max_len, vocab)
+        run_doc["plan"] = build_load_plan(spec).description
         store.write_json("run.json", run_doc)
         on_status("running")
-        result = asyncio.run(_drive_with_followers(cfg, plan, target, store, server, progress))
+        result = asyncio.run(_drive_with_followers(cfg, spec, target, store, server, progress))
     except (KeyboardInterrupt, asyncio.CancelledError):
         run_doc["interrupted"] = True
     finally:

@@ -28,7 +28,7 @@ R0 = [1030 + 20 * k for k in range(10)] + [1710, 1730, 1750]
 R1 = [1040 + 20 * k for k in range(9)] + [1700, 1720]
 R2 = [1045 + 20 * k for k in range(9)] + [1705, 1725, 1745]
 INJ = [1700, 1720, 1740]
-WARM = [600, 610, 5000]  # warmup request with a huge gap: must not be analysed
+WARM = [600, 610, 990]  # warmup request whose gaps all end before measurement: must not be analysed
 
 
 def _req(rid, sid, cls, prompt, sched, sent, chunks, stream=None, status="ok"):
@@ -366,6 +366,17 @@ def test_closed_loop_lag_does_not_invalidate(tables):
         .alias("sent_ns")
     )
     assert summarize({**tables, "requests": late}, WINDOW)["valid"] is True
+
+
+def test_gaps_are_windowed_by_arrival_not_by_schedule(tables):
+    """A stream that began in warmup still contributes the gaps that end inside the window."""
+    long_warm = _chunks("w0", [600, 610, 990, 1010, 1030, 1530])
+    chunks = pl.concat([tables["chunks"].filter(pl.col("request_id") != "w0"), frame("chunks", long_warm)])
+    base = summarize(tables, WINDOW)
+    s = summarize({**tables, "chunks": chunks}, WINDOW)
+    assert s["itl_s"]["count"] == base["itl_s"]["count"] + 3  # 990→1010, 1010→1030, 1030→1530
+    assert s["itl_s"]["max"] == pytest.approx(0.5)
+    assert s["requests"]["total"] == base["requests"]["total"]  # still scheduled in warmup
 
 
 def test_summary_keys_and_json(tables):

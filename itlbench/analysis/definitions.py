@@ -39,8 +39,10 @@ DEFINITIONS: dict[str, str] = {
         "itself invalid when the client, not the server, was the bottleneck."
     ),
     "window": (
-        "Window: requests scheduled in [measure start, end) after warmup, their chunks, engine steps "
-        "overlapping the window; rates divide by the window's seconds."
+        "Window: TTFT, goodput and request counts cover requests scheduled in [measure start, end) "
+        "after warmup; ITL gaps, stalls and output-token throughput cover chunks that arrived in the "
+        "window, whichever request they belong to; engine steps overlapping the window; rates divide "
+        "by the window's seconds."
     ),
     "percentiles": f"Percentiles: {PERCENTILE_METHOD}.",
 }

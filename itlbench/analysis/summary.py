@@ -20,8 +20,10 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
   bundling.{fraction,chunks,bundled_chunks,tokens_per_chunk,warn_fraction,warning}
   valid, validity.{reasons,figures,thresholds}
   definitions.{ttft,itl,stall,split,prompt_buckets,goodput,validity,window,percentiles}
-Throughput: ok requests, all received output tokens (Σ n_tokens of window requests' chunks) and
-prompt tokens of ok requests, each divided by the window's seconds.
+  crosscheck.engine.{source,longest_step_s,worst_client_gap_s,worst_gap_over_longest_step,injected[]}
+  crosscheck.prompt_tokens.{checked,exact,max_abs_diff,reported_over_planned}
+Throughput: ok requests scheduled in the window, output tokens that arrived in the window (Σ n_tokens
+of every stream's chunks), prompt tokens of ok requests, each divided by the window's seconds.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import polars as pl
 
 from itlbench.analysis import itl, ttft
 from itlbench.analysis.buckets import prompt_tokens
+from itlbench.analysis.crosscheck import engine_check, prompt_token_check
 from itlbench.analysis.definitions import DEFINITIONS
 from itlbench.analysis.goodput import SloSet, goodput, judge, parse_slo
 from itlbench.analysis.rundir import load_tables
@@ -102,8 +105,10 @@ def summarize(
     t = select_window(tables, window)
     requests, chunks, steps = t["requests"], t["chunks"], t["steps"]
     ttft_rows = ttft.ttft_table(requests, steps)
-    gaps = itl.gap_table(chunks, requests)
-    stalls = analyze_stalls(itl.steady(gaps), steps, requests, stall_params, window.measure_start_ns)
+    all_requests = t["all_requests"]
+    gaps = itl.gap_table(t["all_chunks"], all_requests).filter(
+        (pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
+    stalls = analyze_stalls(itl.steady(gaps), steps, all_requests, stall_params, window.measure_start_ns)
     validity = check_validity(requests, t["client_samples"], thresholds)
     out: dict[str, object] = {
         "window": {
@@ -116,11 +121,14 @@ def summarize(
         **_itl_section(chunks, requests, gaps),
         "stalls": stalls.summary,
         "split": time_split(steps, t["server_metrics"], window),
-        "throughput": throughput(requests, chunks, window.seconds),
+        "throughput": throughput(requests, t["all_chunks"].filter(
+            (pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns)), window.seconds),
         "goodput": goodput(judge(ttft_rows, gaps, slos), window.seconds, slos),
         "requests": request_counts(requests),
         "valid": validity["valid"],
         "validity": {k: v for k, v in validity.items() if k != "valid"},
+        "crosscheck": {"engine": engine_check(requests, chunks, steps),
+                       "prompt_tokens": prompt_token_check(requests)},
         "definitions": dict(DEFINITIONS),
     }
     return json_safe(out)  # type: ignore[return-value]

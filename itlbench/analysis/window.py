@@ -30,8 +30,10 @@ def complete(tables: Mapping[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
 
 
 def select_window(tables: Mapping[str, pl.DataFrame], window: RunWindow) -> dict[str, pl.DataFrame]:
-    """Requests scheduled in [measure start, end), their chunks, steps overlapping the window,
-    client samples inside it; server metric samples are kept whole (counters need a baseline)."""
+    """Requests scheduled in [measure start, end) and their chunks (TTFT, TPOT, counts); every
+    request and chunk as `all_requests`/`all_chunks` (gaps are windowed by their arrival time, so a
+    long stream that began during warmup still counts its in-window gaps); steps overlapping the
+    window; client samples inside it; server metric samples whole (counters need a baseline)."""
     t = complete(tables)
     lo, hi = window.measure_start_ns, window.end_ns
     requests = t["requests"].filter((pl.col("scheduled_ns") >= lo) & (pl.col("scheduled_ns") < hi))
@@ -44,4 +46,6 @@ def select_window(tables: Mapping[str, pl.DataFrame], window: RunWindow) -> dict
         "steps": steps,
         "server_metrics": t["server_metrics"],
         "client_samples": samples,
+        "all_requests": t["requests"],
+        "all_chunks": t["chunks"],
     }
