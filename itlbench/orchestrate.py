@@ -13,21 +13,20 @@ import functools
 import json
 import platform
 import re
+import shutil
 import signal
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from itlbench import __version__
 from itlbench.analysis.summary import analyze_run
-from itlbench.bundled_server import BundledServer
+from itlbench.connect import Connection, connect
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.load.driver import DriveResult, ProgressSnapshot, drive
 from itlbench.load.metrics_sampler import sample_metrics
 from itlbench.load.multiproc import drive_workers
-from itlbench.load.sse_client import Target
 from itlbench.load.steps_follower import follow_steps
 from itlbench.run_config import RunConfig
 from itlbench.store import RunStore
@@ -52,26 +51,6 @@ def default_run_dir(cfg: RunConfig) -> Path:
     return cfg.reports_dir / "-".join(parts)
 
 
-def _probe_endpoint(cfg: RunConfig) -> dict[str, Any]:
-    """GET /v1/models on an external server: fail early, naming the flag, if it is unreachable."""
-    assert cfg.endpoint is not None
-    url = cfg.endpoint.rstrip("/") + "/models"
-    req = urllib.request.Request(url)
-    if cfg.api_key:
-        req.add_header("Authorization", f"Bearer {cfg.api_key}")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - user-given endpoint
-            models = json.loads(resp.read().decode())
-    except Exception as exc:  # noqa: BLE001 - any failure means the endpoint is unusable
-        raise ConfigError("--endpoint", f"GET {url} failed: {exc}",
-                          "check the URL ends in /v1 and the server is up") from None
-    ids = [m.get("id") for m in models.get("data", [])]
-    if ids and cfg.model not in ids:
-        raise ConfigError("--model", f"{cfg.model!r} is not served at {cfg.endpoint}", f"served: {', '.join(ids)}")
-    entry = next((m for m in models.get("data", []) if m.get("id") == cfg.model), {})
-    return {"models": ids, "max_model_len": entry.get("max_model_len")}
-
-
 def _hardware() -> dict[str, Any]:
     import os
 
@@ -90,16 +69,27 @@ def _hardware() -> dict[str, Any]:
     return info
 
 
-def _load_spec(cfg: RunConfig, max_model_len: int, vocab_size: int | None) -> LoadSpec:
+def _load_spec(cfg: RunConfig, conn: Connection) -> LoadSpec:
     return LoadSpec(
         workload=cfg.workload, streams=cfg.streams, rate=cfg.rate, burstiness=cfg.burstiness,
         duration_s=cfg.duration_s, inject=cfg.inject, inject_max_tokens=cfg.inject_max_tokens,
-        seed=cfg.seed, max_model_len=max_model_len, trace_path=cfg.trace, trace_time_scale=cfg.time_scale,
-        token_ids=vocab_size is not None, vocab_size=vocab_size or 0)
+        seed=cfg.seed, max_model_len=conn.max_model_len, trace_path=cfg.trace, trace_time_scale=cfg.time_scale,
+        token_ids=conn.vocab_size is not None, vocab_size=conn.vocab_size or 0,
+        tokens_per_word=conn.tokens_per_word)
 
 
-async def _drive_with_followers(cfg: RunConfig, spec: LoadSpec, target: Target, store: RunStore,
-                                server: BundledServer | None, progress: ProgressFn | None) -> DriveResult:
+def _observers(conn: Connection, store: RunStore, api_key: str | None) -> list[asyncio.Task[None]]:
+    """Server-side records next to the load: the step log of an itlbench engine, /metrics of others."""
+    tasks = []
+    if conn.steps_url:
+        tasks.append(asyncio.create_task(follow_steps(conn.steps_url, store)))
+    if conn.metrics_url:
+        tasks.append(asyncio.create_task(sample_metrics(conn.metrics_url, store, api_key=api_key)))
+    return tasks
+
+
+async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection, store: RunStore,
+                                progress: ProgressFn | None) -> DriveResult:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     interrupts = 0
@@ -114,10 +104,8 @@ async def _drive_with_followers(cfg: RunConfig, spec: LoadSpec, target: Target, 
 
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, on_sigint)
-    if server is not None:
-        follower = asyncio.create_task(follow_steps(server.base_url, store))
-    else:
-        follower = asyncio.create_task(sample_metrics(cfg.endpoint or "", store, api_key=cfg.api_key))
+    observers = _observers(conn, store, cfg.api_key)
+    target = conn.target
     try:
         if cfg.workers > 1:  # each worker process rebuilds the same seeded plan and takes its share
             return await drive_workers(functools.partial(build_load_plan, spec), target, store,
@@ -128,9 +116,10 @@ async def _drive_with_followers(cfg: RunConfig, spec: LoadSpec, target: Target, 
                            stop_event=stop)
     finally:
         await asyncio.sleep(0.3)  # let the last steps arrive
-        follower.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await follower
+        for task in observers:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
 
@@ -143,43 +132,31 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError("--out", f"{run_dir} already holds a run", "choose a new directory")
     store = RunStore(run_dir)
-    server: BundledServer | None = None
     run_doc: dict[str, Any] = {"itlbench_version": __version__, "created": dt.datetime.now(dt.UTC).isoformat(),
                                "config": _config_doc(cfg), "hardware": _hardware(),
                                "stall_factor": cfg.stall_factor, "stall_floor_s": cfg.stall_floor_s, "slo": cfg.slo}
     result: DriveResult | None = None
     started_ns = time.perf_counter_ns()
+    on_status(f"starting the bundled engine ({cfg.engine.model})" if cfg.endpoint is None
+              else f"probing {cfg.endpoint}")
     try:
-        if cfg.endpoint is None:
-            on_status(f"starting the bundled engine ({cfg.engine.model})")
-            server = BundledServer(cfg.engine, run_dir / "server.log").start()
-            info = server.engine_info
-            target = Target(base_url=server.base_url, model=str(info["served_model_name"]), api=cfg.api,
-                            accepts_token_ids=True, forced_lengths=True, timeout_s=cfg.request_timeout_s)
-            max_len, vocab = int(info["max_model_len"]), int(info["model"]["vocab_size"])  # type: ignore[index]
-            run_doc["engine"] = info
-            run_doc["target"] = {"kind": "bundled", "base_url": server.base_url,
-                                  "server_pid": server.process.pid if server.process else None}
-        else:
-            probe = _probe_endpoint(cfg)
-            target = Target(base_url=cfg.endpoint.rstrip("/"), model=cfg.model or "", api=cfg.api,
-                            api_key=cfg.api_key, accepts_token_ids=False, forced_lengths=True,
-                            timeout_s=cfg.request_timeout_s)
-            max_len, vocab = int(probe.get("max_model_len") or 131_072), None
-            run_doc["engine"] = {"external": True, **probe}
-            run_doc["target"] = {"kind": "external", "base_url": cfg.endpoint}
-        spec = _load_spec(cfg, max_len, vocab)
+        conn = connect(cfg, run_dir)
+    except ConfigError:
+        shutil.rmtree(run_dir, ignore_errors=True)  # nothing was measured: leave no half run behind
+        raise
+    try:
+        run_doc.update(conn.doc)
+        spec = _load_spec(cfg, conn)
         run_doc["plan"] = build_load_plan(spec).description
         store.write_json("run.json", run_doc)
         on_status("running")
-        result = asyncio.run(_drive_with_followers(cfg, spec, target, store, server, progress))
+        result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress))
     except (KeyboardInterrupt, asyncio.CancelledError):
         run_doc["interrupted"] = True
     finally:
         store.close()
-        if server is not None:
-            run_doc["server_exit_code"] = server.process.poll() if server.process else None
-            server.stop()
+        if conn.server is not None:
+            run_doc["server_exit_code"] = conn.close()
         run_doc.update(_window(result, started_ns, cfg))
         if result is not None and result.aborted_reason:
             run_doc["aborted_reason"] = result.aborted_reason

@@ -283,6 +283,28 @@ def test_stalls_and_attribution(tables):
     assert event["start_s"] == pytest.approx(0.200) and event["span_s"] == pytest.approx(0.510)
     assert event["injected_prefill"] is True
     assert event["prefill_request_ids"] == ["inj"] and event["prefill_tokens"] == 32768
+    assert event["cause"] == "prefill" and s["by_cause"]["prefill"]["count"] == 3
+
+
+def _cause_of_gap(steps: list[dict]) -> str:
+    """One stream pacing 10 ms with a 300 ms gap (100 → 400 ms), over the given steps."""
+    times = [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 400, 410, 420]
+    chunks = frame("chunks", _chunks("a", times))
+    reqs = frame("requests", [{"request_id": "a", "server_request_id": "sa", "injected": False}])
+    report = analyze_stalls(gap_table(chunks, reqs), frame("steps", steps), reqs, StallParams())
+    (event,) = report.summary["attribution"]
+    return event["cause"]
+
+
+def test_stall_cause_read_off_the_overlapping_steps():
+    decodes = [_step(i, 10 * i, 10 * i + 10, decode=1) for i in range(43)]
+    assert _cause_of_gap(decodes) == "outside_engine"  # the engine kept stepping every 10 ms
+    long_decode = [*decodes[:10], _step(10, 100, 390, decode=40), *decodes[39:]]
+    assert _cause_of_gap(long_decode) == "engine"
+    preempted = [{**d, "num_preemptions": 1} if d["step"] == 20 else d for d in decodes]
+    assert _cause_of_gap(preempted) == "preemption"
+    prefill = [*decodes[:10], _step(10, 100, 390, prefill=4000, ids=["other"]), *decodes[39:]]
+    assert _cause_of_gap(prefill) == "prefill"
 
 
 def test_stall_floor_and_factor():

@@ -89,6 +89,33 @@ def _request_map(requests: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _overlapping_any(intervals: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """Per interval: the longest engine step overlapping it and the preemptions in those steps."""
+    all_steps = steps.select("start_ns", "end_ns", pl.col("num_preemptions").fill_null(0))
+    return (
+        intervals.join_where(all_steps, pl.col("start_ns") < pl.col("hi_ns"), pl.col("end_ns") > pl.col("lo_ns"))
+        .group_by("id")
+        .agg(ns_to_s(pl.col("end_ns") - pl.col("start_ns")).max().alias("longest_step_s"),
+             pl.col("num_preemptions").sum().cast(pl.Int64).alias("preemptions"))
+    )
+
+
+def with_cause(frame: pl.DataFrame, worst: str, span: pl.Expr) -> pl.DataFrame:
+    """Why a stall (event) happened, read off the steps that overlapped it:
+    prefill — prefill steps fill at least half of it; preemption — a request was preempted in it;
+    engine — one step lasted at least half its worst gap; outside_engine — the engine kept stepping
+    in short steps, so the delay arose in the server's HTTP layer, the network or the client."""
+    longest = pl.col("longest_step_s")
+    return frame.with_columns(
+        pl.when(longest.is_null()).then(pl.lit(None, dtype=pl.Utf8))
+        .when(pl.col("prefill_s") >= 0.5 * span).then(pl.lit("prefill"))
+        .when(pl.col("preemptions").fill_null(0) > 0).then(pl.lit("preemption"))
+        .when(longest >= 0.5 * pl.col(worst)).then(pl.lit("engine"))
+        .otherwise(pl.lit("outside_engine"))
+        .alias("cause")
+    )
+
+
 def _overlapping_prefill(intervals: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     prefill = steps.filter(pl.col("prefill_tokens") > 0).select(
         "step", "start_ns", "end_ns", "prefill_tokens", "prefill_request_ids"
@@ -130,6 +157,7 @@ def attribute(intervals: pl.DataFrame, steps: pl.DataFrame, requests: pl.DataFra
         intervals.select("id")
         .join(totals, on="id", how="left")
         .join(ids, on="id", how="left")
+        .join(_overlapping_any(intervals.select("id", "lo_ns", "hi_ns"), steps), on="id", how="left")
         .with_columns(
             pl.col("prefill_steps").fill_null(0),
             pl.col("prefill_tokens").fill_null(0),
@@ -156,7 +184,9 @@ def analyze_stalls(
     stalls = _attach(
         stalls.with_columns(pl.col("stall").cast(pl.Int64)), "stall", "t_prev_ns", "t_ns", steps, requests
     )
-    events = _attach(events, "event", "start_ns", "end_ns", steps, requests)
+    stalls = with_cause(stalls, "gap_s", pl.col("gap_s"))
+    events = with_cause(_attach(events, "event", "start_ns", "end_ns", steps, requests), "worst_s",
+                        ns_to_s(pl.col("end_ns") - pl.col("start_ns")))
     return StallReport(stalls, events, stall_summary(stalls, events, steps, params, origin_ns))
 
 
@@ -176,6 +206,9 @@ def event_records(events: pl.DataFrame, limit: int, origin_ns: int) -> list[dict
         "injected_prefill",
         "prefill_request_ids",
         "injected_request_ids",
+        "longest_step_s",
+        "preemptions",
+        "cause",
     ).to_dicts()
     return json_safe(rows)  # type: ignore[return-value]
 
@@ -193,7 +226,16 @@ def stall_summary(
             "events": events.height,
             "events_with_injected_prefill": int(events["injected_prefill"].sum()) if events.height else 0,
             "attribution_source": "engine_steps" if steps.height else "unavailable",
+            "by_cause": _by_cause(stalls),
             "attribution": event_records(events, params.top_events, origin_ns),
             "params": {"factor": params.factor, "floor_s": params.floor_s},
         }
     )  # type: ignore[return-value]
+
+
+def _by_cause(stalls: pl.DataFrame) -> dict[str, dict[str, float | int]]:
+    """Stall count and stalled seconds per cause (empty without a step log)."""
+    if stalls.is_empty() or "cause" not in stalls.columns:
+        return {}
+    rows = stalls.drop_nulls("cause").group_by("cause").agg(pl.len().alias("count"), pl.col("gap_s").sum())
+    return {r["cause"]: {"count": int(r["count"]), "stalled_s": float(r["gap_s"])} for r in rows.to_dicts()}

@@ -10,9 +10,10 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
   itl_per_token_s.{same}                               per-token view, steady streams
   tpot_s.{p50,p90,p99,mean,count}                      per-request mean, steady streams
   stalls.{count,stalled_s,worst_s,victims,events,events_with_injected_prefill,attribution_source,params}
+  stalls.by_cause.<prefill|preemption|engine|outside_engine>.{count,stalled_s}
   stalls.attribution[]  top events: {event,start_s (from measure start),span_s,stalls,victims,worst_s,
                         prefill_steps,prefill_tokens,prefill_s,injected_prefill,prefill_request_ids,
-                        injected_request_ids}
+                        injected_request_ids,longest_step_s,preemptions,cause}
   split.{prefill_s,decode_s,prefill_frac,source}  (+ mixed_steps, cost_model | unattributed_s)
   throughput.{requests_per_s,output_tokens_per_s,input_tokens_per_s}
   goodput.{requests_per_s,fraction,good,total,slos}

@@ -3,6 +3,9 @@
   event-loop lag p99 (client_samples.loop_lag_s)                          > loop_lag_p99_s
   mean client CPU (client_samples.cpu_percent, 100 = one core)           > cpu_mean_percent
 A figure with no data is reported as null and cannot invalidate the run.
+The CPU bound sits well below a full core: benchmarks/client_fidelity.py measured a single-process
+client at 87 % of a core (1,000 streams, 43k chunks/s) with ITL errors of 80 ms at p99 while its
+sampled loop lag stayed at 3 ms, so a busy client distorts timestamps before its loop lag shows it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from itlbench.analysis.stats import json_safe, ns_to_s
 class ValidityThresholds:
     send_lag_p99_s: float = 0.010
     loop_lag_p99_s: float = 0.020
-    cpu_mean_percent: float = 90.0
+    cpu_mean_percent: float = 75.0
 
 
 def _p99(s: pl.Series) -> float | None:

@@ -91,6 +91,10 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
     console.print(f"[bold]Stalls[/]: {stalls.get('count', 0)} gaps, {_s(stalls.get('stalled_s'))} s stalled, "
                   f"worst {_s(stalls.get('worst_s'))} s, {stalls.get('victims', 0)} victim streams, "
                   f"{stalls.get('events', 0)} events")
+    causes = stalls.get("by_cause") or {}
+    if causes:
+        console.print("  by cause: " + ", ".join(f"{k} {v['count']} ({_s(v['stalled_s'])} s)"
+                                                   for k, v in sorted(causes.items())))
     for ev in (stalls.get("attribution") or [])[:3]:
         console.print(f"  • {_event_line(ev)}")
     frac = split.get("prefill_frac")
@@ -103,9 +107,14 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
     bundling = summary.get("bundling") or {}
     if bundling.get("warning"):
         console.print(f"[yellow]warning:[/] {bundling['warning']}")
+    check = (summary.get("crosscheck") or {}).get("engine") or {}
+    if check.get("longest_step_s") is not None:
+        console.print(f"[bold]Engine check[/] worst client gap {_s(check.get('worst_client_gap_s'))} s vs longest "
+                      f"engine step {_s(check.get('longest_step_s'))} s")
     if summary.get("valid") is False:
         reasons = (summary.get("validity") or {}).get("reasons") or []
-        console.print(f"[bold red]INVALID RUN[/]: the client may have been the bottleneck: {'; '.join(reasons)}")
+        console.print(f"[bold red]INVALID RUN[/]: the client may have been the bottleneck: {'; '.join(reasons)} "
+                      "(spread the load with --workers N, or run the client on another machine)")
 
 
 def _event_line(ev: dict[str, Any]) -> str:
@@ -113,9 +122,14 @@ def _event_line(ev: dict[str, Any]) -> str:
     others = [r for r in (ev.get("prefill_request_ids") or []) if r not in injected]
     who = ", ".join([f"{r} (injected)" for r in injected[:3]] + [str(r) for r in others[:3]]) or "no prefill step"
     more = len(injected) + len(others) - min(len(injected), 3) - min(len(others), 3)
-    return (f"worst {_s(ev.get('worst_s'))} s across {ev.get('victims', '?')} streams; overlapping prefill: "
-            f"{who}{f' +{more} more' if more > 0 else ''} ({ev.get('prefill_tokens', 0)} tokens, "
-            f"{_s(ev.get('prefill_s'))} s)")
+    cause = ev.get("cause") or "unknown (no engine step log)"
+    line = f"worst {_s(ev.get('worst_s'))} s across {ev.get('victims', '?')} streams, cause: {cause}"
+    if ev.get("prefill_steps"):
+        line += (f"; overlapping prefill: {who}{f' +{more} more' if more > 0 else ''} "
+                 f"({ev.get('prefill_tokens', 0)} tokens, {_s(ev.get('prefill_s'))} s)")
+    elif ev.get("longest_step_s") is not None:
+        line += f"; longest engine step {_ms(ev.get('longest_step_s'))} ms"
+    return line
 
 
 def print_catalog(console: Console, rows: list[dict[str, Any]]) -> None:

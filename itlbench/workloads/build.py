@@ -43,6 +43,7 @@ class LoadSpec:
     token_ids: bool = True  # False: text prompts for servers that take no token ids
     vocab_size: int = 32000
     reserved_ids: tuple[int, ...] = ()
+    tokens_per_word: float = 1.0  # text mode: the target tokenizer's measured tokens per word
 
 
 def _check_numbers(spec: LoadSpec) -> None:
@@ -152,7 +153,8 @@ def build_load_plan(spec: LoadSpec, builder: PromptBuilder | None = None) -> Loa
     injections = parse_injections(spec.inject, default_at)
     _check_injections(spec, injections, default_at)
     builder = builder or PromptBuilder(token_ids=spec.token_ids, vocab_size=spec.vocab_size,
-                                       reserved_ids=spec.reserved_ids, seed=spec.seed)
+                                       reserved_ids=spec.reserved_ids, seed=spec.seed,
+                                       tokens_per_word=spec.tokens_per_word)
     rep = None
     ctx = Context(workload, builder, spec.max_model_len, spec.seed, spec.output_tokens)
     if workload.from_trace:

@@ -71,10 +71,11 @@ class PromptBuilder:
     """Builds deterministic prompts: `unique` per request, `shared` per document key."""
 
     def __init__(self, *, token_ids: bool = True, vocab_size: int = 32000,
-                 reserved_ids: Iterable[int] = (), low: int = 10, seed: int = 0) -> None:
+                 reserved_ids: Iterable[int] = (), low: int = 10, seed: int = 0,
+                 tokens_per_word: float = 1.0) -> None:
         self.token_ids = token_ids
         self.seed = seed
-        self.tokens_per_word = 1.0
+        self.tokens_per_word = _clamp_tokens_per_word(tokens_per_word)
         self._allowed = _allowed_ids(vocab_size, reserved_ids, low) if token_ids else None
         self._shared: dict[tuple[str, int], Prompt] = {}
 
@@ -96,7 +97,7 @@ class PromptBuilder:
         its length converges on the request. Prompts already built keep their text."""
         if not ratio > 0:
             raise ValueError(f"calibration ratio must be > 0, got {ratio}")
-        self.tokens_per_word = min(4.0, max(0.25, self.tokens_per_word * ratio))
+        self.tokens_per_word = _clamp_tokens_per_word(self.tokens_per_word * ratio)
 
     def _make(self, namespace: str, key: str, n: int) -> Prompt:
         if n < 0:
@@ -108,6 +109,14 @@ class PromptBuilder:
         words = 0 if n == 0 else max(1, round(n / self.tokens_per_word))
         picks = rng.integers(0, len(WORDS), words)
         return Prompt(n, text="".join(WORDS[i] for i in picks))
+
+
+def _clamp_tokens_per_word(value: float) -> float:
+    """Common BPE tokenizers give ~1 token per listed word, a byte-level one ~5; beyond these bounds
+    the server's count is not a tokenizer property but a template or an error."""
+    if not value > 0:
+        raise ValueError(f"tokens per word must be > 0, got {value}")
+    return min(16.0, max(0.25, value))
 
 
 def _allowed_ids(vocab_size: int, reserved_ids: Iterable[int], low: int) -> np.ndarray:

@@ -4,7 +4,8 @@ Per step, `prepare` sorts chunks into three kinds so each layer does the least w
 - fresh: a multi-token chunk at position 0 attends only to itself: `is_causal=True`, no gather;
 - extend: a chunk after a cached prefix gathers its K/V from the block table, with a causal mask
   offset by the prefix;
-- single: every one-row chunk (decodes) goes into one padded SDPA call with a key-padding mask.
+- single: one-row chunks (decodes) go into padded SDPA calls with a key-padding mask, one per group
+  of similar context lengths so a long-context outlier does not inflate every row's padding.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class SdpaMetadata:
     slot_mapping: torch.Tensor
     fresh: list[slice]
     extend: list[_Extend]
-    single: _Single | None
+    single: list[_Single]  # decode rows, grouped by context length
 
 
 class SdpaBackend:
@@ -59,9 +60,8 @@ class SdpaBackend:
                 fresh.append(rows)
             else:
                 extend.append(self._extend(batch, int(i), rows))
-        single_idx = np.flatnonzero(qlens == 1)
-        single = self._single(batch, single_idx, qsl) if len(single_idx) else None
-        return SdpaMetadata(batch.slot_mapping, fresh, extend, single)
+        groups = _length_groups(np.flatnonzero(qlens == 1), batch.seq_lens_np)
+        return SdpaMetadata(batch.slot_mapping, fresh, extend, [self._single(batch, g, qsl) for g in groups])
 
     def _extend(self, batch: FlatBatch, i: int, rows: slice) -> _Extend:
         start, seq_len = int(batch.starts_np[i]), int(batch.seq_lens_np[i])
@@ -75,7 +75,7 @@ class SdpaBackend:
         max_len = int(seq_lens.max())
         nblocks = -(-max_len // batch.block_size)
         tables = torch.from_numpy(batch.block_tables_np[idx, :nblocks]).to(self.device)
-        only_singles = len(idx) == batch.num_reqs
+        only_singles = len(idx) == batch.num_reqs and bool(np.all(np.diff(idx) == 1))
         rows = None if only_singles else torch.from_numpy(qsl[idx]).to(self.device)
         mask = None
         if (seq_lens != max_len).any():
@@ -96,8 +96,8 @@ class SdpaBackend:
             kk = _gather(k_cache, e.block_ids)[: e.seq_len]
             vv = _gather(v_cache, e.block_ids)[: e.seq_len]
             out[e.rows] = _sdpa(q[e.rows], kk, vv, mask=e.mask)
-        if meta.single is not None:
-            out = self._decode(q, k_cache, v_cache, meta.single, out)
+        for group in meta.single:
+            out = self._decode(q, k_cache, v_cache, group, out)
         return out
 
     @staticmethod
@@ -117,6 +117,20 @@ class SdpaBackend:
             return o
         out[s.rows] = o
         return out
+
+
+def _length_groups(idx: np.ndarray, seq_lens: np.ndarray) -> list[np.ndarray]:
+    """Decode rows split so that no row is padded past twice its own context: one 32k-token request
+    decoding among 8k ones must not make every row of the batch read 32k keys."""
+    if not len(idx):
+        return []
+    order = idx[np.argsort(-seq_lens[idx], kind="stable")]
+    groups, start = [], 0
+    for i in range(1, len(order) + 1):
+        if i == len(order) or seq_lens[order[i]] * 2 < seq_lens[order[start]]:
+            groups.append(np.sort(order[start:i]))
+            start = i
+    return groups
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
