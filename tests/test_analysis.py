@@ -19,6 +19,7 @@ from itlbench.analysis.itl import bundling, gap_table, per_token, pooled, steady
 from itlbench.analysis.records import frame
 from itlbench.analysis.stalls import StallParams, analyze_stalls, find_stalls
 from itlbench.analysis.ttft import ttft_by_bucket, ttft_by_class, ttft_table
+from itlbench.analysis.validity import check_validity
 from itlbench.analysis.window import select_window
 
 MS = 1_000_000
@@ -305,6 +306,20 @@ def test_stall_cause_read_off_the_overlapping_steps():
     assert _cause_of_gap(preempted) == "preemption"
     prefill = [*decodes[:10], _step(10, 100, 390, prefill=4000, ids=["other"]), *decodes[39:]]
     assert _cause_of_gap(prefill) == "prefill"
+
+
+def test_client_pause_makes_a_stall_the_clients_and_flags_the_run():
+    decodes = [_step(i, 10 * i, 10 * i + 10, decode=1) for i in range(43)]
+    times = [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 400, 410, 420]
+    chunks = frame("chunks", _chunks("a", times))
+    reqs = frame("requests", [{"request_id": "a", "server_request_id": "sa", "injected": False}])
+    pauses = frame("client_pauses", [{"start_ns": 105 * MS, "end_ns": 395 * MS, "kind": "gc"}])
+    report = analyze_stalls(gap_table(chunks, reqs), frame("steps", decodes), reqs, StallParams(), 0, pauses)
+    (event,) = report.summary["attribution"]
+    assert event["cause"] == "client" and event["client_pause_s"] == pytest.approx(0.29)
+    assert report.summary["by_cause"] == {"client": {"count": 1, "stalled_s": pytest.approx(0.3)}}
+    v = check_validity(reqs, frame("client_samples", []), pauses=pauses)
+    assert v["valid"] is False and "paused 0.290 s" in v["reasons"][0]
 
 
 def test_stall_floor_and_factor():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -11,9 +12,11 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from rich.console import Console
 
 from itlbench.engine.config import EngineConfig
 from itlbench.orchestrate import run_load_test
+from itlbench.report.terminal import LiveProgress
 from itlbench.run_config import RunConfig
 
 pytestmark = pytest.mark.e2e
@@ -25,12 +28,19 @@ def _run(tmp: Path, name: str, budget: int | None, **kw: object) -> tuple[Path, 
     engine = EngineConfig(model="cpu-small", chunk_budget=budget, max_num_seqs=16, kv_memory_gib=0.5)
     cfg = RunConfig(workload="chat-short", streams=4, inject="6k@2s", duration_s=7.0, warmup_s=1.0,
                     drain_timeout_s=60.0, seed=1, out=tmp / name, engine=engine, live=False, **kw)
-    return run_load_test(cfg)
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    with LiveProgress(console, total_s=cfg.warmup_s + cfg.duration_s) as live:  # the CLI's live display
+        out = run_load_test(cfg, progress=live.update, on_status=live.status)
+    assert "ITL p50" in console.file.getvalue()
+    return out
 
 
 def _assert_complete(run_dir: Path) -> None:
     for table in TABLE_DIRS:
         assert list((run_dir / table).glob("*.parquet")), f"{table} has no parquet parts"
+    samples = pl.read_parquet(run_dir / "client_samples/*.parquet")
+    assert samples.height >= 10, "the client samples its own lag and CPU every 0.5 s for the whole run"
+    assert len(list((run_dir / "chunks").glob("*.parquet"))) >= 2, "chunks are flushed while the run goes"
     run = json.loads((run_dir / "run.json").read_text())
     assert run["end_ns"] > run["measure_start_ns"] >= run["run_start_ns"]
     summary = json.loads((run_dir / "summary.json").read_text())

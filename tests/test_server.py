@@ -12,22 +12,11 @@ import urllib.request
 import aiohttp
 import openai
 import pytest
-import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from itlbench.engine.config import EngineConfig
 from itlbench.engine.engine import Engine
 from itlbench.engine.request import SamplingParams
-from itlbench.server import BackgroundServer, ServerConfig
-
-ENGINE = EngineConfig(model="tiny", device="cpu", chunk_budget=64, kv_blocks=256, max_model_len=1024, seed=0)
-
-
-@pytest.fixture(scope="module")
-def server():
-    torch.set_num_threads(1)
-    with BackgroundServer(ServerConfig(engine=ENGINE, port=0)) as srv:
-        yield srv
+from tests.server_fixtures import TINY_ENGINE as ENGINE
 
 
 @pytest.fixture(scope="module")

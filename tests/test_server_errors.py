@@ -8,19 +8,9 @@ import urllib.request
 
 import openai
 import pytest
-import torch
 
-from itlbench.engine.config import EngineConfig
 from itlbench.server import BackgroundServer, ServerConfig
-
-ENGINE = EngineConfig(model="tiny", device="cpu", chunk_budget=64, kv_blocks=256, max_model_len=1024, seed=0)
-
-
-@pytest.fixture(scope="module")
-def server():
-    torch.set_num_threads(1)
-    with BackgroundServer(ServerConfig(engine=ENGINE, port=0)) as srv:
-        yield srv
+from tests.server_fixtures import TINY_ENGINE as ENGINE
 
 
 def post(url: str, body: object, headers: dict[str, str] | None = None) -> tuple[int, dict]:

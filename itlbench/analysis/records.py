@@ -79,12 +79,21 @@ CLIENT_SAMPLE_SCHEMA: dict[str, pl.DataType] = {
     "in_flight": pl.Int64(),            # requests open at the sample time
 }
 
+# Intervals in which the client could not have read the network on time: its event loop woke late
+# (kind "loop") or Python's garbage collector ran (kind "gc"). Chunks read right after one carry its delay.
+CLIENT_PAUSE_SCHEMA: dict[str, pl.DataType] = {
+    "start_ns": pl.Int64(),
+    "end_ns": pl.Int64(),
+    "kind": pl.Utf8(),                  # loop | gc
+}
+
 TABLES: dict[str, dict[str, pl.DataType]] = {
     "requests": REQUEST_SCHEMA,
     "chunks": CHUNK_SCHEMA,
     "steps": STEP_SCHEMA,
     "server_metrics": SERVER_METRIC_SCHEMA,
     "client_samples": CLIENT_SAMPLE_SCHEMA,
+    "client_pauses": CLIENT_PAUSE_SCHEMA,
 }
 
 

@@ -101,14 +101,17 @@ def _overlapping_any(intervals: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFra
 
 
 def with_cause(frame: pl.DataFrame, worst: str, span: pl.Expr) -> pl.DataFrame:
-    """Why a stall (event) happened, read off the steps that overlapped it:
-    prefill — prefill steps fill at least half of it; preemption — a request was preempted in it;
+    """Why a stall (event) happened, read off the steps and client pauses that overlapped it:
+    prefill — prefill steps fill at least half of it; client — the client itself could not read for
+    at least half its worst gap (a garbage collection, a blocked event loop: a measurement artifact,
+    not the server's); preemption — a request was preempted in it;
     engine — one step lasted at least half its worst gap; outside_engine — the engine kept stepping
     in short steps, so the delay arose in the server's HTTP layer, the network or the client."""
     longest = pl.col("longest_step_s")
     return frame.with_columns(
-        pl.when(longest.is_null()).then(pl.lit(None, dtype=pl.Utf8))
-        .when(pl.col("prefill_s") >= 0.5 * span).then(pl.lit("prefill"))
+        pl.when(pl.col("prefill_s").fill_null(0.0) >= 0.5 * span).then(pl.lit("prefill"))
+        .when(pl.col("client_pause_s").fill_null(0.0) >= 0.5 * pl.col(worst)).then(pl.lit("client"))
+        .when(longest.is_null()).then(pl.lit(None, dtype=pl.Utf8))
         .when(pl.col("preemptions").fill_null(0) > 0).then(pl.lit("preemption"))
         .when(longest >= 0.5 * pl.col(worst)).then(pl.lit("engine"))
         .otherwise(pl.lit("outside_engine"))
@@ -177,17 +180,35 @@ def _attach(
 
 
 def analyze_stalls(
-    gaps: pl.DataFrame, steps: pl.DataFrame, requests: pl.DataFrame, params: StallParams, origin_ns: int = 0
+    gaps: pl.DataFrame, steps: pl.DataFrame, requests: pl.DataFrame, params: StallParams, origin_ns: int = 0,
+    pauses: pl.DataFrame | None = None,
 ) -> StallReport:
-    """Stalls and events with attribution, plus the summary dict (times in events relative to origin_ns)."""
+    """Stalls and events with attribution, plus the summary dict (times in events relative to origin_ns).
+    `pauses` (client_pauses rows) lets a gap the client itself caused be told apart."""
+    pauses = pauses if pauses is not None else pl.DataFrame(schema={"start_ns": pl.Int64, "end_ns": pl.Int64})
     stalls, events = cluster_events(find_stalls(gaps, params).with_row_index("stall"))
     stalls = _attach(
         stalls.with_columns(pl.col("stall").cast(pl.Int64)), "stall", "t_prev_ns", "t_ns", steps, requests
     )
-    stalls = with_cause(stalls, "gap_s", pl.col("gap_s"))
-    events = with_cause(_attach(events, "event", "start_ns", "end_ns", steps, requests), "worst_s",
-                        ns_to_s(pl.col("end_ns") - pl.col("start_ns")))
+    stalls = with_cause(_with_client_pause(stalls, "t_prev_ns", "t_ns", pauses), "gap_s", pl.col("gap_s"))
+    events = _with_client_pause(_attach(events, "event", "start_ns", "end_ns", steps, requests),
+                                "start_ns", "end_ns", pauses)
+    events = with_cause(events, "worst_s", ns_to_s(pl.col("end_ns") - pl.col("start_ns")))
     return StallReport(stalls, events, stall_summary(stalls, events, steps, params, origin_ns))
+
+
+def _with_client_pause(frame: pl.DataFrame, lo: str, hi: str, pauses: pl.DataFrame) -> pl.DataFrame:
+    """client_pause_s: how much of each interval the client spent unable to read (gc, blocked loop)."""
+    keyed = frame.with_row_index("_row").select("_row", pl.col(lo).alias("lo_ns"), pl.col(hi).alias("hi_ns"))
+    overlap = (
+        keyed.join_where(pauses.select("start_ns", "end_ns"), pl.col("start_ns") < pl.col("hi_ns"),
+                         pl.col("end_ns") > pl.col("lo_ns"))
+        .group_by("_row")
+        .agg(ns_to_s(pl.min_horizontal("end_ns", "hi_ns") - pl.max_horizontal("start_ns", "lo_ns"))
+             .sum().alias("client_pause_s"))
+    )
+    return (frame.with_row_index("_row").join(overlap, on="_row", how="left")
+            .with_columns(pl.col("client_pause_s").fill_null(0.0)).drop("_row"))
 
 
 def event_records(events: pl.DataFrame, limit: int, origin_ns: int) -> list[dict[str, object]]:
@@ -208,6 +229,7 @@ def event_records(events: pl.DataFrame, limit: int, origin_ns: int) -> list[dict
         "injected_request_ids",
         "longest_step_s",
         "preemptions",
+        "client_pause_s",
         "cause",
     ).to_dicts()
     return json_safe(rows)  # type: ignore[return-value]
@@ -234,7 +256,7 @@ def stall_summary(
 
 
 def _by_cause(stalls: pl.DataFrame) -> dict[str, dict[str, float | int]]:
-    """Stall count and stalled seconds per cause (empty without a step log)."""
+    """Stall count and stalled seconds per cause (causes other than client need the step log)."""
     if stalls.is_empty() or "cause" not in stalls.columns:
         return {}
     rows = stalls.drop_nulls("cause").group_by("cause").agg(pl.len().alias("count"), pl.col("gap_s").sum())

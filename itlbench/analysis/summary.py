@@ -10,16 +10,16 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
   itl_per_token_s.{same}                               per-token view, steady streams
   tpot_s.{p50,p90,p99,mean,count}                      per-request mean, steady streams
   stalls.{count,stalled_s,worst_s,victims,events,events_with_injected_prefill,attribution_source,params}
-  stalls.by_cause.<prefill|preemption|engine|outside_engine>.{count,stalled_s}
+  stalls.by_cause.<prefill|client|preemption|engine|outside_engine>.{count,stalled_s}
   stalls.attribution[]  top events: {event,start_s (from measure start),span_s,stalls,victims,worst_s,
                         prefill_steps,prefill_tokens,prefill_s,injected_prefill,prefill_request_ids,
-                        injected_request_ids,longest_step_s,preemptions,cause}
+                        injected_request_ids,longest_step_s,preemptions,client_pause_s,cause}
   split.{prefill_s,decode_s,prefill_frac,source}  (+ mixed_steps, cost_model | unattributed_s)
   throughput.{requests_per_s,output_tokens_per_s,input_tokens_per_s}
   goodput.{requests_per_s,fraction,good,total,slos}
   requests.{total,ok,error,timeout,cancelled,injected}
   bundling.{fraction,chunks,bundled_chunks,tokens_per_chunk,warn_fraction,warning}
-  valid, validity.{reasons,figures,thresholds}
+  valid, validity.{reasons,figures,thresholds}  (figures include client pause count/max/total)
   definitions.{ttft,itl,stall,split,prompt_buckets,goodput,validity,window,percentiles}
   crosscheck.engine.{source,longest_step_s,worst_client_gap_s,worst_gap_over_longest_step,injected[]}
   crosscheck.prompt_tokens.{checked,exact,max_abs_diff,reported_over_planned}
@@ -109,8 +109,9 @@ def summarize(
     all_requests = t["all_requests"]
     gaps = itl.gap_table(t["all_chunks"], all_requests).filter(
         (pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
-    stalls = analyze_stalls(itl.steady(gaps), steps, all_requests, stall_params, window.measure_start_ns)
-    validity = check_validity(requests, t["client_samples"], thresholds)
+    stalls = analyze_stalls(itl.steady(gaps), steps, all_requests, stall_params, window.measure_start_ns,
+                            t["client_pauses"])
+    validity = check_validity(requests, t["client_samples"], thresholds, t["client_pauses"])
     out: dict[str, object] = {
         "window": {
             "run_start_ns": window.run_start_ns,

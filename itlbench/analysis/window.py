@@ -40,12 +40,14 @@ def select_window(tables: Mapping[str, pl.DataFrame], window: RunWindow) -> dict
     chunks = t["chunks"].join(requests.select("request_id"), on="request_id", how="semi")
     steps = t["steps"].filter((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi))
     samples = t["client_samples"].filter((pl.col("t_ns") >= lo) & (pl.col("t_ns") < hi))
+    pauses = t["client_pauses"].filter((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi))
     return {
         "requests": requests,
         "chunks": chunks,
         "steps": steps,
         "server_metrics": t["server_metrics"],
         "client_samples": samples,
+        "client_pauses": pauses,
         "all_requests": t["requests"],
         "all_chunks": t["chunks"],
     }

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 from itlbench.errors import ConfigError
-from itlbench.load.client_monitor import ClientMonitor, ClientStats
+from itlbench.load.client_monitor import ClientMonitor, ClientStats, PauseWatchdog, frozen_heap
 from itlbench.load.progress import ProgressSnapshot, ms_percentile
 from itlbench.load.sink import RowSink
 from itlbench.load.sse_client import Outcome, StreamClient
@@ -28,6 +29,8 @@ from itlbench.workloads.plan import LoadPlan, RequestPlan
 
 _now = time.perf_counter_ns
 STATUSES = ("ok", "error", "timeout", "cancelled")
+
+log = logging.getLogger(__name__)
 
 
 def install_uvloop() -> bool:
@@ -163,7 +166,11 @@ async def _sample(run: _Run, monitor: ClientMonitor, sink: RowSink, run_start_ns
         t, lag, cpu = await monitor.tick()
         sink.add("client_samples", {"t_ns": t, "loop_lag_s": lag, "cpu_percent": cpu, "in_flight": run.in_flight})
         if on_progress is not None:
-            on_progress(run.snapshot((t - run_start_ns) / 1e9, t >= measure_start_ns, cpu, lag))
+            try:
+                on_progress(run.snapshot((t - run_start_ns) / 1e9, t >= measure_start_ns, cpu, lag))
+            except Exception:  # a broken display must never stop the sampling and flushing of records
+                log.exception("progress callback failed; live progress disabled")
+                on_progress = None
         await sink.pump()
 
 
@@ -232,6 +239,17 @@ async def drive(plan: LoadPlan, target: Target, store: RunStore, *, duration_s: 
     client = StreamClient(target, sink, limit=0 if feed is not None else max(1, len(streams)))
     run = _Run(client, max_connection_errors)
     monitor = ClientMonitor(sample_interval_s)
+    with frozen_heap():
+        return await _drive(run, client, sink, monitor, streams, feed, duration_s=duration_s, warmup_s=warmup_s,
+                            drain_timeout_s=drain_timeout_s, on_progress=on_progress, stop_event=stop_event,
+                            start_at_ns=start_at_ns, handle_sigint=handle_sigint, stream_ids=stream_ids)
+
+
+async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: ClientMonitor,
+                 streams: list[Iterator[RequestPlan]], feed: Iterator[RequestPlan] | None, *, duration_s: float,
+                 warmup_s: float, drain_timeout_s: float, on_progress: Callable[[ProgressSnapshot], None] | None,
+                 stop_event: asyncio.Event | None, start_at_ns: int | None, handle_sigint: bool,
+                 stream_ids: Sequence[int] | None) -> DriveResult:
     async with client:
         if start_at_ns is not None:
             await asyncio.sleep(max(0.0, (start_at_ns - _now()) / 1e9))
@@ -242,7 +260,9 @@ async def drive(plan: LoadPlan, target: Target, store: RunStore, *, duration_s: 
         workers = {asyncio.create_task(_closed_stream(run, k, it, end)) for k, it in zip(ids, streams, strict=True)}
         if feed is not None:
             workers.add(asyncio.create_task(_open_loop(run, feed, measure_start, end)))
-        helpers = [asyncio.create_task(_sample(run, monitor, sink, run_start, measure_start, on_progress))]
+        watchdog = PauseWatchdog(lambda row: sink.add("client_pauses", row))
+        helpers = [asyncio.create_task(_sample(run, monitor, sink, run_start, measure_start, on_progress)),
+                   asyncio.create_task(watchdog.run())]
         if stop_event is not None:
             helpers.append(asyncio.create_task(_watch(stop_event, run)))
         restore = _install_sigint(run) if handle_sigint and stop_event is None else (lambda: None)

@@ -10,11 +10,17 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from itlbench.load.progress import ProgressSnapshot
+
 BUCKET_ORDER = ("le128", "le512", "le2k", "le8k", "le32k", "gt32k")
 
 
 def _ms(v: Any) -> str:
     return "—" if v is None else f"{float(v) * 1e3:,.1f}"
+
+
+def _num(v: Any) -> str:
+    return "—" if v is None else f"{float(v):,.1f}"
 
 
 def _s(v: Any) -> str:
@@ -48,16 +54,17 @@ class LiveProgress:
         else:
             self.console.print(f"[dim]{text}[/]")
 
-    def update(self, snap: Any) -> None:
+    def update(self, snap: ProgressSnapshot) -> None:
         now = time.monotonic()
-        if now - self._last < 0.25:
+        if not self.enabled or now - self._last < 0.25:
             return
         self._last = now
-        line = (f"sent {snap.sent} done {snap.done} in-flight {snap.in_flight} │ "
-                f"ITL p50 {_ms(snap.itl_p50_s)} p99 {_ms(snap.itl_p99_s)} ms │ TTFT p50 {_ms(snap.ttft_p50_s)} ms")
-        if self.enabled:
-            self._progress.update(self._task, completed=min(snap.elapsed_s, self.total_s), line=line,
-                                  description="draining" if snap.elapsed_s > self.total_s else "running")
+        stage = "draining" if snap.elapsed_s > self.total_s else ("measuring" if snap.measuring else "warmup")
+        line = (f"sent {snap.sent} done {snap.done} in-flight {snap.in_flight} err {snap.errors} │ "
+                f"ITL p50 {_num(snap.itl_p50_ms)} p99 {_num(snap.itl_p99_ms)} ms │ "
+                f"TTFT p50 {_num(snap.ttft_p50_ms)} ms │ client CPU {snap.cpu_percent:.0f}%")
+        self._progress.update(self._task, completed=min(snap.elapsed_s, self.total_s), line=line,
+                              description=stage)
 
 
 def _stat_row(d: dict[str, Any], keys: tuple[str, ...], fmt: Any = _ms) -> list[str]:
