@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from itlbench.engine.config import CPU_DEFAULT_PRESET, EngineConfig, parse_chunk_budget
-from itlbench.errors import ItlbenchError
+from itlbench.errors import ConfigError, ItlbenchError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure what long prompts do to streaming LLM latency: TTFT by prompt bucket, "
@@ -22,8 +22,16 @@ ChunkBudget = Annotated[str, typer.Option("--chunk-budget", help="Tokens per eng
 Policy = Annotated[str, typer.Option("--policy", help="budget (vLLM V1 token budget) or prefill-first (SGLang).")]
 
 
+# EngineConfig speaks in field names; users typed flags.
+_FLAGS = {"chunk_budget": "--chunk-budget", "policy": "--policy", "mixed": "--mixed", "max_num_seqs": "--max-num-seqs",
+          "kv_blocks": "--kv-blocks", "model": "--model", "device": "--device", "max_model_len": "--max-model-len",
+          "block_size": "--block-size", "dtype": "--dtype"}
+
+
 def _fail(exc: Exception) -> None:
-    console.print(f"[bold red]error:[/] {exc}")
+    if isinstance(exc, ConfigError) and exc.field in _FLAGS:
+        exc = ConfigError(_FLAGS[exc.field], exc.problem, exc.fix)
+    console.print(f"[bold red]error:[/] {exc}", highlight=False)
     raise typer.Exit(2)
 
 
@@ -54,6 +62,7 @@ def run(
     max_num_seqs: Annotated[int, typer.Option(help="Bundled engine: cap on running sequences.")] = 64,
     kv_blocks: Annotated[int | None, typer.Option(help="Bundled engine: KV blocks (default: sized from memory).")] = None,
     device: Annotated[str, typer.Option(help="Bundled engine: auto, cpu or cuda.")] = "auto",
+    max_model_len: Annotated[int | None, typer.Option(help="Bundled engine: context limit (default: the model's).")] = None,
     slo: Annotated[str | None, typer.Option(help="SLOs, e.g. 'ttft:le2k=2s,itl_p99=150ms'.")] = None,
     stall_factor: Annotated[float, typer.Option(help="A stall is a gap ≥ factor × the stream's median gap…")] = 5.0,
     stall_floor: Annotated[float, typer.Option(help="…and ≥ this many seconds.")] = 0.05,
@@ -71,7 +80,7 @@ def run(
 
     try:
         engine = _engine_config(None if endpoint else model, chunk_budget, policy, mixed, max_num_seqs,
-                                kv_blocks, device, seed)
+                                kv_blocks, device, seed, max_model_len)
         cfg = RunConfig(workload=workload, inject=inject, inject_max_tokens=inject_max_tokens, streams=streams,
                         rate=rate, burstiness=burstiness, duration_s=duration, warmup_s=warmup, seed=seed,
                         endpoint=endpoint, model=model, api_key=api_key, api=api, engine=engine, slo=slo,

@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from itlbench import __version__
+from itlbench.analysis.goodput import parse_slo
 from itlbench.analysis.summary import analyze_run
 from itlbench.connect import Connection, connect
+from itlbench.engine.config import load_model_config
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.load.driver import DriveResult, ProgressSnapshot, drive
 from itlbench.load.metrics_sampler import sample_metrics
@@ -31,6 +33,8 @@ from itlbench.load.steps_follower import follow_steps
 from itlbench.run_config import RunConfig
 from itlbench.store import RunStore
 from itlbench.workloads.build import LoadSpec, build_load_plan
+from itlbench.workloads.catalog import get_workload
+from itlbench.workloads.injection import parse_injections
 
 ProgressFn = Callable[[ProgressSnapshot], None]
 
@@ -128,6 +132,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
                   on_status: Callable[[str], None] = lambda s: None) -> tuple[Path, dict[str, Any]]:
     """Run one load test; returns (run directory, summary). Records are always flushed."""
     cfg.validate()
+    _preflight(cfg)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError("--out", f"{run_dir} already holds a run", "choose a new directory")
@@ -141,8 +146,8 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
               else f"probing {cfg.endpoint}")
     try:
         conn = connect(cfg, run_dir)
-    except ConfigError:
-        shutil.rmtree(run_dir, ignore_errors=True)  # nothing was measured: leave no half run behind
+    except ItlbenchError:
+        shutil.rmtree(run_dir, ignore_errors=True)  # nothing was measured (the error carries the log tail)
         raise
     try:
         run_doc.update(conn.doc)
@@ -164,6 +169,24 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
     summary = analyze_run(run_dir)
     store.write_json("summary.json", summary)
     return run_dir, summary
+
+
+def _preflight(cfg: RunConfig) -> None:
+    """Reject bad workload, injection and SLO flags before any server starts or directory appears."""
+    parse_slo(cfg.slo)
+    if cfg.endpoint is not None:
+        get_workload(cfg.workload)
+        parse_injections(cfg.inject, cfg.duration_s / 2)
+        return
+    model = load_model_config(cfg.engine.model)
+    if cfg.engine.max_model_len and cfg.engine.max_model_len > model.max_position_embeddings:
+        raise ConfigError("--max-model-len", f"{cfg.engine.max_model_len} exceeds {model.name}'s "
+                          f"max_position_embeddings={model.max_position_embeddings}",
+                          f"use at most {model.max_position_embeddings}")
+    max_len = cfg.engine.max_model_len or model.max_position_embeddings
+    conn = Connection(target=None, max_model_len=max_len, vocab_size=model.vocab_size,  # type: ignore[arg-type]
+                      steps_url=None, metrics_url=None)
+    build_load_plan(_load_spec(cfg, conn))
 
 
 def _window(result: DriveResult | None, started_ns: int, cfg: RunConfig) -> dict[str, int]:

@@ -86,6 +86,7 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
         if b and b.get("count"):
             ttft.add_row(name, str(b.get("count")), *_stat_row(b, ("p50", "p90", "p99", "max"), _s))
     console.print(ttft)
+    _print_injected(console, summary)
     itl = summary.get("itl_s", {})
     itl_t = Table(title="Inter-token latency, pooled per gap, steady streams (ms)")
     for col in ("gaps", "p50", "p90", "p95", "p99", "p99.9", "max"):
@@ -122,6 +123,19 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
         reasons = (summary.get("validity") or {}).get("reasons") or []
         console.print(f"[bold red]INVALID RUN[/]: the client may have been the bottleneck: {'; '.join(reasons)} "
                       "(spread the load with --workers N, or run the client on another machine)")
+
+
+def _print_injected(console: Console, summary: dict[str, Any]) -> None:
+    """Each injected prompt's TTFT beside the engine's own prefill span for it, when it has one."""
+    by_class = (summary.get("ttft_by_class_s") or {}).get("injected") or {}
+    checks = ((summary.get("crosscheck") or {}).get("engine") or {}).get("injected") or []
+    for c in checks:
+        console.print(f"[bold]Injected[/] {c['request_id']} ({c['prompt_tokens']:,} tokens): TTFT "
+                      f"{_s(c['client_ttft_s'])} s; engine prefill {_s(c['engine_prefill_span_s'])} s over "
+                      f"{c['prefill_steps']} steps")
+    if not checks and by_class.get("count"):
+        console.print(f"[bold]Injected[/] {by_class['count']} prompts: TTFT p50 {_s(by_class.get('p50'))} s, "
+                      f"max {_s(by_class.get('max'))} s")
 
 
 def _event_line(ev: dict[str, Any]) -> str:
