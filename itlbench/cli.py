@@ -153,7 +153,8 @@ def workloads(as_json: Annotated[bool, typer.Option("--json", help="Print JSON."
     from itlbench.report.terminal import print_catalog
     from itlbench.workloads import catalog_table
 
-    rows = catalog_table()
+    keys = ("name", "mean_in", "mean_out", "in_out", "notes")
+    rows = [dict(zip(keys, row, strict=True)) for row in catalog_table()]
     if as_json:
         json.dump(rows, sys.stdout, indent=2)
         print()

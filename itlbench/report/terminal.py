@@ -154,12 +154,12 @@ def _event_line(ev: dict[str, Any]) -> str:
 
 
 def print_catalog(console: Console, rows: list[dict[str, Any]]) -> None:
-    table = Table(title="Workloads")
+    table = Table(title="Workloads (prompt:output tokens, lognormal around the means)")
     if not rows:
         console.print("(empty catalog)")
         return
     for col in rows[0]:
-        table.add_column(str(col))
+        table.add_column(col.replace("_", " "), justify="right" if col.startswith("mean") else "left")
     for row in rows:
         table.add_row(*[str(v) for v in row.values()])
     console.print(table)

@@ -1,0 +1,83 @@
+"""The command line as a user meets it: listings, clear errors with exit code 2, analyze."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from itlbench.analysis.records import frame
+from itlbench.cli import app
+from itlbench.store import RunStore
+
+runner = CliRunner()
+MS = 1_000_000
+
+
+def _flat(text: str) -> str:
+    """Rich wraps long lines to the terminal; compare words, not line breaks."""
+    return " ".join(text.split())
+
+
+def test_workloads_lists_the_catalog_as_table_and_json():
+    table = runner.invoke(app, ["workloads"], terminal_width=160)
+    assert table.exit_code == 0, table.output
+    for name in ("chat-short", "chat", "rag", "summarization", "code", "agent", "trace"):
+        assert name in table.output
+    listing = runner.invoke(app, ["workloads", "--json"])
+    rows = json.loads(listing.stdout)
+    assert {r["name"]: r["in_out"] for r in rows}["rag"] == "8000:400"
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["--inject", "32q"], "--inject"),
+    (["--workload", "nope"], "--workload"),
+    (["--chunk-budget", "0"], "--chunk-budget"),
+    (["--chunk-budget", "lots"], "--chunk-budget"),
+    (["--policy", "fifo"], "--policy"),
+    (["--mixed"], "--mixed"),
+    (["--model", "no-such-preset"], "--model"),
+    (["--inject", "100k"], "--inject"),
+    (["--max-model-len", "100000"], "--max-model-len"),
+    (["--slo", "ttft:le9k=1s"], "--slo"),
+    (["--duration", "0"], "--duration"),
+    (["--endpoint", "not-a-url", "--model", "m"], "--endpoint"),
+    (["--endpoint", "http://127.0.0.1:8000/v1"], "--model"),
+    (["--workload", "trace"], "--trace"),
+])
+def test_bad_run_flags_exit_2_naming_the_flag_and_leave_nothing(tmp_path, args, flag):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--out", str(out), *args], terminal_width=200)
+    assert result.exit_code == 2, result.output
+    assert f"error: {flag}" in _flat(result.output)
+    assert "Traceback" not in result.output
+    assert not out.exists(), "a rejected run must not leave a directory behind"
+
+
+def test_analyze_recomputes_summary_from_records(tmp_path: Path):
+    store = RunStore(tmp_path)
+    chunks = [{"request_id": "a", "index": i, "t_ns": (1000 + 20 * i) * MS, "n_tokens": 1} for i in range(11)]
+    store.add_many("chunks", chunks)
+    store.add("requests", {"request_id": "a", "server_request_id": "x", "cls": "chat", "injected": False,
+                           "prompt_tokens": 100, "scheduled_ns": 990 * MS, "sent_ns": 990 * MS,
+                           "first_token_ns": 1000 * MS, "status": "ok"})
+    store.close()
+    store.write_json("run.json", {"run_start_ns": 0, "measure_start_ns": 500 * MS, "end_ns": 2000 * MS})
+    result = runner.invoke(app, ["analyze", str(tmp_path)], terminal_width=160)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["itl_s"]["count"] == 10 and summary["itl_s"]["p50"] == pytest.approx(0.020)
+    assert summary["ttft_s"]["le128"]["p50"] == pytest.approx(0.010)
+    assert result.stdout.strip().splitlines()[-1] == str(tmp_path)
+
+
+def test_analyze_rejects_a_directory_without_run_json(tmp_path):
+    result = runner.invoke(app, ["analyze", str(tmp_path)], terminal_width=400)
+    assert result.exit_code == 2 and "has no run.json" in _flat(result.output)
+
+
+def test_frame_keeps_the_schema_for_partial_rows():
+    df = frame("requests", [{"request_id": "a"}])
+    assert df["status"].to_list() == [None] and df.schema["scheduled_ns"].is_integer()
