@@ -318,8 +318,11 @@ def test_client_pause_makes_a_stall_the_clients_and_flags_the_run():
     (event,) = report.summary["attribution"]
     assert event["cause"] == "client" and event["client_pause_s"] == pytest.approx(0.29)
     assert report.summary["by_cause"] == {"client": {"count": 1, "stalled_s": pytest.approx(0.3)}}
-    v = check_validity(reqs, frame("client_samples", []), pauses=pauses)
+    v = check_validity(reqs, frame("client_samples", []), pauses=pauses, client_stalls=1)
     assert v["valid"] is False and "paused 0.290 s" in v["reasons"][0]
+    assert "1 stall gaps are the client's own pauses" in v["reasons"][1]
+    short = frame("client_pauses", [{"start_ns": 105 * MS, "end_ns": 150 * MS, "kind": "loop"}])
+    assert check_validity(reqs, frame("client_samples", []), pauses=short)["valid"] is True
 
 
 def test_stall_floor_and_factor():

@@ -409,3 +409,18 @@ def test_abort_waiting_request() -> None:
     assert sched.abort("b") is b and not sched.waiting
     run_to_completion(sched)
     assert a.num_output_tokens == 3 and b.status is RequestStatus.FINISHED_ABORTED
+
+
+def test_unchunked_steps_take_whole_prompts_up_to_the_cap():
+    """Budget none never splits a prompt; further prompts join a step only within the cap."""
+    sched = make_scheduler(budget=None, kv_blocks=8192)
+    for i in range(4):
+        sched.add(make_request(f"r{i}", 8000, seed=i + 1))
+    sched.add(make_request("big", 32_768, seed=9))
+    firsts = []
+    while sched.waiting:
+        out, _ = step(sched)
+        firsts.append([(c.request.request_id, c.num_new_tokens) for c in out.chunks if not c.is_decode])
+    assert firsts[0] == [("r0", 8000), ("r1", 8000)]  # 16000 <= 16384; a third would exceed it
+    assert firsts[1] == [("r2", 8000), ("r3", 8000)]
+    assert firsts[2] == [("big", 32_768)]  # a prompt longer than the cap still goes whole, alone

@@ -111,7 +111,8 @@ def summarize(
         (pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
     stalls = analyze_stalls(itl.steady(gaps), steps, all_requests, stall_params, window.measure_start_ns,
                             t["client_pauses"])
-    validity = check_validity(requests, t["client_samples"], thresholds, t["client_pauses"])
+    client_stalls = int((stalls.summary.get("by_cause") or {}).get("client", {}).get("count", 0))  # type: ignore[union-attr]
+    validity = check_validity(requests, t["client_samples"], thresholds, t["client_pauses"], client_stalls)
     out: dict[str, object] = {
         "window": {
             "run_start_ns": window.run_start_ns,

@@ -3,6 +3,7 @@
   event-loop lag p99 (client_samples.loop_lag_s)                          > loop_lag_p99_s
   mean client CPU (client_samples.cpu_percent, 100 = one core)           > cpu_mean_percent
   longest client pause (client_pauses: garbage collection, blocked loop)  > client_pause_max_s
+  any stall whose cause is the client's own pause (stalls.by_cause.client)
 A figure with no data is reported as null and cannot invalidate the run.
 The CPU bound sits well below a full core: benchmarks/client_fidelity.py measured a single-process
 client at 87 % of a core (1,000 streams, 43k chunks/s) with ITL errors of 80 ms at p99 while its
@@ -23,7 +24,7 @@ class ValidityThresholds:
     send_lag_p99_s: float = 0.010
     loop_lag_p99_s: float = 0.020
     cpu_mean_percent: float = 75.0
-    client_pause_max_s: float = 0.050
+    client_pause_max_s: float = 0.250
 
 
 def _p99(s: pl.Series) -> float | None:
@@ -93,10 +94,13 @@ def _reasons(f: dict[str, float | int | None], th: ValidityThresholds) -> list[s
 
 def check_validity(
     requests: pl.DataFrame, samples: pl.DataFrame, thresholds: ValidityThresholds | None = None,
-    pauses: pl.DataFrame | None = None,
+    pauses: pl.DataFrame | None = None, client_stalls: int = 0,
 ) -> dict[str, object]:
     """{valid, reasons, figures, thresholds}."""
     th = thresholds or ValidityThresholds()
-    f = {**figures(requests, samples), **pause_figures(pauses)}
+    f = {**figures(requests, samples), **pause_figures(pauses), "client_caused_stalls": client_stalls}
     reasons = _reasons(f, th)
+    if client_stalls:
+        reasons.append(f"{client_stalls} stall gaps are the client's own pauses (stalls.by_cause.client): "
+                       "the ITL tail overstates the server's")
     return {"valid": not reasons, "reasons": reasons, "figures": f, "thresholds": asdict(th)}

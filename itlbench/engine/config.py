@@ -177,6 +177,7 @@ class EngineConfig:
 
     model: str = CPU_DEFAULT_PRESET
     chunk_budget: int | None = 2048  # tokens per step; None = unchunked prefill
+    unchunked_prefill_cap: int = 16_384  # unchunked: more whole prompts join a step only up to this
     policy: Policy = "budget"
     mixed: bool = False  # prefill-first only: decodes ride in prefill steps
     max_num_seqs: int = 64
@@ -202,7 +203,7 @@ class EngineConfig:
         if self.mixed and self.policy != "prefill-first":
             raise ConfigError("mixed", "only applies to --policy prefill-first",
                               "the budget policy always mixes decodes into prefill steps")
-        for name in ("max_num_seqs", "block_size"):
+        for name in ("max_num_seqs", "block_size", "unchunked_prefill_cap"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
         if self.kv_blocks is not None and self.kv_blocks <= 0:

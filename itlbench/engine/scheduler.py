@@ -182,6 +182,8 @@ class Scheduler:
         hits = self.block_manager.match_prefix(req.token_slice(0, req.num_tokens), req.num_tokens - 1)
         num_cached = len(hits) * self.block_manager.block_size
         num_new = min(req.num_tokens - num_cached, step.budget_left)
+        if self._over_unchunked_cap(step, num_new):
+            return False
         if not self.block_manager.allocate(req, num_cached + num_new, hits):
             return False
         self.waiting.popleft()
@@ -191,6 +193,15 @@ class Scheduler:
         self.running.append(req)
         step.add(req, num_new)
         return True
+
+    def _over_unchunked_cap(self, step: _Step, num_new: int) -> bool:
+        """Unchunked prompts are never split, but one step takes more of them only while its prefill
+        stays within `unchunked_prefill_cap` (the first prompt always goes, whatever its length), as
+        SGLang's max_prefill_tokens bounds a step with chunking off."""
+        if self.config.chunk_budget is not None:
+            return False
+        prefill = step.output.num_prefill_tokens
+        return prefill > 0 and prefill + num_new > self.config.unchunked_prefill_cap
 
     # ----------------------------------------------------------------- applying results
 
