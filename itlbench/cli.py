@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from itlbench.engine.config import CPU_DEFAULT_PRESET, EngineConfig, parse_chunk_budget
+from itlbench.engine.config import EngineConfig, default_preset, parse_chunk_budget
 from itlbench.errors import ConfigError, ItlbenchError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -37,7 +37,7 @@ def _fail(exc: Exception) -> None:
 
 def _engine_config(model: str | None, chunk_budget: str, policy: str, mixed: bool, max_num_seqs: int,
                    kv_blocks: int | None, device: str, seed: int, max_model_len: int | None = None) -> EngineConfig:
-    return EngineConfig(model=model or CPU_DEFAULT_PRESET, chunk_budget=parse_chunk_budget(chunk_budget),
+    return EngineConfig(model=model or default_preset(device), chunk_budget=parse_chunk_budget(chunk_budget),
                         policy=policy, mixed=mixed, max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
                         device=device, seed=seed, max_model_len=max_model_len)  # type: ignore[arg-type]
 
@@ -53,7 +53,8 @@ def run(
     warmup: Annotated[float, typer.Option(help="Seconds of load before measurement starts.")] = 5.0,
     seed: Annotated[int, typer.Option(help="Seed for lengths, arrivals, prompts and the engine.")] = 0,
     endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (…/v1); default: start the bundled engine.")] = None,
-    model: Annotated[str | None, typer.Option(help="Served model name (with --endpoint) or bundled preset / HF dir.")] = None,
+    model: Annotated[str | None, typer.Option(help="Served model name (with --endpoint), or the bundled engine's preset / "
+                                              "HF dir [default: llama-3.2-1b on CUDA, cpu-small on CPU].")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY", help="Bearer key for --endpoint.")] = None,
     api: Annotated[str, typer.Option(help="completions or chat.")] = "completions",
     chunk_budget: ChunkBudget = "2048",
@@ -100,7 +101,8 @@ def run(
 
 @app.command()
 def serve(
-    model: Annotated[str, typer.Option(help="Preset (cpu-small, llama-3.1-8b, …) or local HF directory.")] = CPU_DEFAULT_PRESET,
+    model: Annotated[str | None, typer.Option(help="Preset (cpu-small, llama-3.1-8b, …) or local HF directory "
+                                              "[default: llama-3.2-1b on CUDA, cpu-small on CPU].")] = None,
     chunk_budget: ChunkBudget = "2048",
     policy: Policy = "budget",
     mixed: Annotated[bool, typer.Option(help="prefill-first only: decodes ride in prefill steps.")] = False,

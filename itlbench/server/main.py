@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from itlbench.engine.async_engine import AsyncEngine
-from itlbench.engine.config import CPU_DEFAULT_PRESET, POLICIES, EngineConfig, parse_chunk_budget
+from itlbench.engine.config import POLICIES, EngineConfig, default_preset, parse_chunk_budget
 from itlbench.server.app import ServerState, build_app
 from itlbench.server.metrics import ServerMetrics
 
@@ -161,7 +161,8 @@ class BackgroundServer:
 def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
     """Flags mirror `itlbench serve` and `bundled_server.server_args`."""
     p = argparse.ArgumentParser(prog="python -m itlbench.server", description=__doc__)
-    p.add_argument("--model", default=CPU_DEFAULT_PRESET, help="preset name or local Hugging Face directory")
+    p.add_argument("--model", default=None, help="preset name or local Hugging Face directory "
+                   "(default: llama-3.2-1b on CUDA, cpu-small on CPU)")
     p.add_argument("--chunk-budget", default="2048", help="tokens per step, e.g. 2048, 8k, or none")
     p.add_argument("--policy", default="budget", choices=POLICIES)
     p.add_argument("--mixed", action="store_true", help="prefill-first only: decodes ride in prefill steps")
@@ -183,7 +184,7 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
     a = p.parse_args(argv)
     engine = EngineConfig(
-        model=a.model, chunk_budget=parse_chunk_budget(a.chunk_budget), policy=a.policy, mixed=a.mixed,
+        model=a.model or default_preset(a.device), chunk_budget=parse_chunk_budget(a.chunk_budget), policy=a.policy, mixed=a.mixed,
         max_num_seqs=a.max_num_seqs, block_size=a.block_size, kv_blocks=a.kv_blocks,
         kv_memory_gib=a.kv_memory_gib, max_model_len=a.max_model_len,
         enable_prefix_caching=not a.no_prefix_caching, device=a.device, dtype=a.dtype, seed=a.seed)
