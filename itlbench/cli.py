@@ -50,7 +50,9 @@ def run(
     rate: Annotated[float | None, typer.Option(help="Open-loop arrivals per second (instead of or besides streams).")] = None,
     burstiness: Annotated[float, typer.Option(help="Gamma shape for --rate arrivals; 1 = Poisson.")] = 1.0,
     duration: Annotated[float, typer.Option(help="Measured seconds (after warmup).")] = 60.0,
-    warmup: Annotated[float, typer.Option(help="Seconds of load before measurement starts.")] = 5.0,
+    warmup: Annotated[float, typer.Option(help="Seconds of load at least before measurement starts.")] = 5.0,
+    adaptive_warmup: Annotated[bool, typer.Option(help="Also warm up until every stream has received a token.")] = True,
+    ramp: Annotated[float, typer.Option(help="Spread the streams' first sends over this many seconds.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed for lengths, arrivals, prompts and the engine.")] = 0,
     endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (…/v1); default: start the bundled engine.")] = None,
     model: Annotated[str | None, typer.Option(help="Served model name (with --endpoint), or the bundled engine's preset / "
@@ -84,13 +86,14 @@ def run(
                                 kv_blocks, device, seed, max_model_len)
         cfg = RunConfig(workload=workload, inject=inject, inject_max_tokens=inject_max_tokens, streams=streams,
                         rate=rate, burstiness=burstiness, duration_s=duration, warmup_s=warmup, seed=seed,
+                        adaptive_warmup=adaptive_warmup, ramp_s=ramp,
                         endpoint=endpoint, model=model, api_key=api_key, api=api, engine=engine, slo=slo,
                         stall_factor=stall_factor, stall_floor_s=stall_floor, trace=trace, time_scale=time_scale,
                         drain_timeout_s=drain_timeout, out=out, workers=workers, live=live)
         cfg.validate()
         from itlbench.orchestrate import run_load_test
 
-        with LiveProgress(console, total_s=warmup + duration, enabled=live) as progress:
+        with LiveProgress(console, total_s=duration, enabled=live) as progress:
             run_dir, summary = run_load_test(cfg, progress=progress.update, on_status=progress.status)
     except ItlbenchError as exc:
         _fail(exc)

@@ -26,7 +26,7 @@ from itlbench.analysis.summary import analyze_run
 from itlbench.connect import Connection, connect
 from itlbench.engine.config import load_model_config
 from itlbench.errors import ConfigError, ItlbenchError
-from itlbench.load.driver import DriveResult, ProgressSnapshot, drive
+from itlbench.load.driver import DriveResult, ProgressSnapshot, Warmup, drive
 from itlbench.load.metrics_sampler import sample_metrics
 from itlbench.load.multiproc import drive_workers
 from itlbench.load.steps_follower import follow_steps
@@ -115,9 +115,9 @@ async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection
             return await drive_workers(functools.partial(build_load_plan, spec), target, store,
                                        workers=cfg.workers, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s,
                                        drain_timeout_s=cfg.drain_timeout_s, on_progress=progress)
-        return await drive(build_load_plan(spec), target, store, duration_s=cfg.duration_s,
-                           warmup_s=cfg.warmup_s, drain_timeout_s=cfg.drain_timeout_s, on_progress=progress,
-                           stop_event=stop)
+        warmup = Warmup(min_s=cfg.warmup_s, adaptive=cfg.adaptive_warmup, max_s=cfg.max_warmup_s, ramp_s=cfg.ramp_s)
+        return await drive(build_load_plan(spec), target, store, duration_s=cfg.duration_s, warmup=warmup,
+                           drain_timeout_s=cfg.drain_timeout_s, on_progress=progress, stop_event=stop)
     finally:
         await asyncio.sleep(0.3)  # let the last steps arrive
         for task in observers:

@@ -18,7 +18,10 @@ class RunConfig:
     rate: float | None = None
     burstiness: float = 1.0
     duration_s: float = 60.0
-    warmup_s: float = 5.0
+    warmup_s: float = 5.0  # at least this long
+    adaptive_warmup: bool = True  # ...and until every closed-loop stream has received a token
+    max_warmup_s: float = 300.0
+    ramp_s: float = 0.0  # spread the streams' first sends over this many seconds
     drain_timeout_s: float = 120.0
     request_timeout_s: float = 600.0
     seed: int = 0
@@ -42,6 +45,8 @@ class RunConfig:
             raise ConfigError("--duration", f"must be > 0 seconds, got {self.duration_s}")
         if self.warmup_s < 0:
             raise ConfigError("--warmup", f"must be >= 0 seconds, got {self.warmup_s}")
+        if self.ramp_s < 0:
+            raise ConfigError("--ramp", f"must be >= 0 seconds, got {self.ramp_s}")
         if self.streams is not None and self.streams < 0:
             raise ConfigError("--streams", f"must be >= 0, got {self.streams}")
         if self.streams == 0 and self.rate is None and not self.inject and self.workload != "trace":

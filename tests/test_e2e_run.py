@@ -29,7 +29,7 @@ def _run(tmp: Path, name: str, budget: int | None, **kw: object) -> tuple[Path, 
     cfg = RunConfig(workload="chat-short", streams=4, inject="6k@2s", duration_s=7.0, warmup_s=1.0,
                     drain_timeout_s=60.0, seed=1, out=tmp / name, engine=engine, live=False, **kw)
     console = Console(file=io.StringIO(), force_terminal=True, width=120)
-    with LiveProgress(console, total_s=cfg.warmup_s + cfg.duration_s) as live:  # the CLI's live display
+    with LiveProgress(console, total_s=cfg.duration_s) as live:  # the CLI's live display
         out = run_load_test(cfg, progress=live.update, on_status=live.status)
     assert "ITL p50" in console.file.getvalue()
     return out

@@ -9,7 +9,7 @@ import time
 
 import polars as pl
 
-from itlbench.load.driver import drive
+from itlbench.load.driver import Warmup, drive
 from itlbench.load.paced_server import PacedConfig, serve_in_thread, spawn
 from itlbench.load.target import Target
 from itlbench.store import RunStore
@@ -138,3 +138,18 @@ def test_client_samples_and_progress(tmp_path):
     assert len(snaps) >= 6 and snaps[-1].measuring and not snaps[0].measuring
     assert snaps[-1].itl_p50_ms is not None and 5 < snaps[-1].itl_p50_ms < 20
     assert "ITL p50" in snaps[-1].line()
+
+
+def test_adaptive_warmup_waits_for_every_stream_and_ramp_spreads_first_sends(tmp_path):
+    """Measurement opens only once all streams stream (the first tokens take 0.6 s here); the
+    ramp spreads the four streams' first sends over 0.3 s; a fixed warmup does neither."""
+    warm = Warmup(min_s=0.1, adaptive=True, ramp_s=0.3)
+    with serve_in_thread(PacedConfig(tick_s=0.01, first_delay_s=0.6)) as (_, url):
+        res = run(closed(4, 20), url, tmp_path / "adaptive", duration_s=0.8, warmup=warm)
+        fixed = run(closed(4, 20), url, tmp_path / "fixed", duration_s=0.8, warmup_s=0.1)
+    assert 0.6 <= (res.measure_start_ns - res.run_start_ns) / 1e9 < 1.5
+    assert abs((fixed.measure_start_ns - fixed.run_start_ns) / 1e9 - 0.1) < 0.02
+    firsts = (table(tmp_path / "adaptive", "requests").group_by("stream").agg(pl.col("sent_ns").min())
+              .sort("stream")["sent_ns"].to_list())
+    spacing = [(b - a) / 1e9 for a, b in zip(firsts, firsts[1:], strict=False)]
+    assert all(0.05 < s < 0.15 for s in spacing), spacing

@@ -1,8 +1,10 @@
 """The load driver: closed-loop streams and an open-loop schedule against one target.
 
-Timeline: `run_start` → warmup (`warmup_s`) → `measure_start` → `duration_s` → end of sends →
-drain (`drain_timeout_s`) → remaining requests cancelled (recorded "cancelled").
-Closed-loop streams start sending at `run_start`, so the warmup fills the server. Open-loop
+Timeline: `run_start` → warmup (see `Warmup`: fixed seconds, or adaptive: until every stream has
+received a token) → `measure_start` → `duration_s` → end of sends → drain (`drain_timeout_s`) →
+remaining requests cancelled (recorded "cancelled").
+Closed-loop streams start sending at `run_start` (or spread over `ramp_s`), so the warmup fills the
+server. Open-loop
 `send_at_s` counts from `measure_start` (after the warmup); a plan due at or after the end of the
 measurement window is not sent, and the feed (time-ordered) is not read further.
 Every request row carries `scheduled_ns` and `sent_ns`, so client send lag is part of the record.
@@ -14,9 +16,11 @@ import asyncio
 import itertools
 import logging
 import signal
+import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from itlbench.errors import ConfigError
 from itlbench.load.client_monitor import ClientMonitor, ClientStats, PauseWatchdog, frozen_heap
@@ -41,6 +45,18 @@ def install_uvloop() -> bool:
         return False
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     return True
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """When measurement starts. Fixed: `min_s` after the start. Adaptive: also not before every
+    closed-loop stream has received a token, and at most `max_s`. `ramp_s` spreads the closed-loop
+    streams' first sends evenly over that many seconds instead of starting them all at once."""
+
+    min_s: float = 0.0
+    adaptive: bool = False
+    max_s: float = 300.0
+    ramp_s: float = 0.0
 
 
 @dataclass
@@ -76,6 +92,16 @@ class _Run:
         self.send_lags: list[int] = []
         self.requests: set[asyncio.Task[Outcome]] = set()
         self.open_loop_truncated = False
+        # The measurement window: known once warmup ends (end_ns is open until then).
+        self.measure_start_ns: int | None = None
+        self.end_ns = sys.maxsize
+        self.measuring = asyncio.Event()
+        self.duration_s = 0.0
+
+    def start_measuring(self, at_ns: int, duration_s: float) -> None:
+        self.measure_start_ns = at_ns
+        self.end_ns = at_ns + int(duration_s * 1e9)
+        self.measuring.set()
 
     def stop(self, reason: str) -> None:
         """Stop sending now; in-flight requests are cancelled without a drain."""
@@ -127,15 +153,15 @@ class _Run:
             ttft_p50_ms=ms_percentile(self.client.recent_ttft_ns, 50), cpu_percent=cpu, loop_lag_ms=lag_s * 1e3)
 
 
-async def _closed_stream(run: _Run, k: int, plans: Iterator[RequestPlan], end_ns: int) -> None:
+async def _closed_stream(run: _Run, k: int, plans: Iterator[RequestPlan], first_at_ns: int) -> None:
     """Send each plan as soon as the previous one ended (plus its think time), until the end."""
-    ready_ns = _now()
+    ready_ns = first_at_ns
     while not run.closed.is_set():
         plan = next(plans, None)
         if plan is None:
             return
-        due = ready_ns + int(plan.think_time_s * 1e9)
-        if due >= end_ns:
+        due = max(ready_ns + int(plan.think_time_s * 1e9), first_at_ns)
+        if due >= run.end_ns:
             return
         await run.pause((due - _now()) / 1e9)
         if run.closed.is_set():
@@ -144,11 +170,14 @@ async def _closed_stream(run: _Run, k: int, plans: Iterator[RequestPlan], end_ns
         ready_ns = _now()
 
 
-async def _open_loop(run: _Run, feed: Iterator[RequestPlan], measure_start_ns: int, end_ns: int) -> None:
-    """Send each plan at its time without waiting for earlier ones."""
+async def _open_loop(run: _Run, feed: Iterator[RequestPlan]) -> None:
+    """Send each plan at its time (counted from the start of measurement) without waiting for earlier ones."""
+    await _first(run.measuring.wait(), run.closed.wait())
+    if run.measure_start_ns is None or run.closed.is_set():
+        return
     for plan in feed:
-        due = measure_start_ns + int((plan.send_at_s or 0.0) * 1e9)
-        if due >= end_ns:
+        due = run.measure_start_ns + int((plan.send_at_s or 0.0) * 1e9)
+        if due >= run.end_ns:
             run.open_loop_truncated = True
             return
         await run.pause((due - _now()) / 1e9)
@@ -159,7 +188,7 @@ async def _open_loop(run: _Run, feed: Iterator[RequestPlan], measure_start_ns: i
         task.add_done_callback(run.requests.discard)
 
 
-async def _sample(run: _Run, monitor: ClientMonitor, sink: RowSink, run_start_ns: int, measure_start_ns: int,
+async def _sample(run: _Run, monitor: ClientMonitor, sink: RowSink, run_start_ns: int,
                   on_progress: Callable[[ProgressSnapshot], None] | None) -> None:
     """Every interval: a client_samples row, a progress snapshot, and a hand-off of rows to the store."""
     while True:
@@ -167,11 +196,34 @@ async def _sample(run: _Run, monitor: ClientMonitor, sink: RowSink, run_start_ns
         sink.add("client_samples", {"t_ns": t, "loop_lag_s": lag, "cpu_percent": cpu, "in_flight": run.in_flight})
         if on_progress is not None:
             try:
-                on_progress(run.snapshot((t - run_start_ns) / 1e9, t >= measure_start_ns, cpu, lag))
+                on_progress(run.snapshot((t - run_start_ns) / 1e9, run.measuring.is_set(), cpu, lag))
             except Exception:  # a broken display must never stop the sampling and flushing of records
                 log.exception("progress callback failed; live progress disabled")
                 on_progress = None
         await sink.pump()
+
+
+async def _first(*aws: Coroutine[Any, Any, Any]) -> None:
+    """Wait until the first of several awaitables completes; cancel the rest."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _warm_up(run: _Run, run_start_ns: int, warmup: Warmup, streams: int) -> None:
+    """End the warmup: after `min_s`, and (adaptive) once every closed-loop stream has received a
+    token, so the measurement does not open on the thundering-herd prefill of the first requests;
+    never later than `max_s`."""
+    min_end = run_start_ns + int(warmup.min_s * 1e9)
+    max_end = run_start_ns + int(max(warmup.max_s, warmup.min_s) * 1e9)
+    await run.pause((min_end - _now()) / 1e9)
+    if warmup.adaptive and streams:
+        while not run.closed.is_set() and _now() < max_end and len(run.client.streams_with_tokens) < streams:
+            await run.pause(0.02)
+    run.start_measuring(min_end if not warmup.adaptive else max(min_end, _now()), run.duration_s)
 
 
 async def _watch(event: asyncio.Event, run: _Run) -> None:
@@ -224,7 +276,8 @@ async def drive(plan: LoadPlan, target: Target, store: RunStore, *, duration_s: 
                 drain_timeout_s: float = 30.0, on_progress: Callable[[ProgressSnapshot], None] | None = None,
                 stop_event: asyncio.Event | None = None, start_at_ns: int | None = None,
                 max_connection_errors: int = 50, sample_interval_s: float = 0.5,
-                handle_sigint: bool = True, stream_ids: Sequence[int] | None = None) -> DriveResult:
+                handle_sigint: bool = True, stream_ids: Sequence[int] | None = None,
+                warmup: Warmup | None = None) -> DriveResult:
     """Run `plan` against `target`, writing requests, chunks and client samples into `store`.
 
     Returns after the drain; a cancelled drive cancels its requests, flushes every record, re-raises.
@@ -232,7 +285,7 @@ async def drive(plan: LoadPlan, target: Target, store: RunStore, *, duration_s: 
     `start_at_ns` (perf_counter_ns) lets several worker processes start on one instant, and
     `stream_ids` gives their streams run-wide indices (default 0..n-1; a plan's own `stream` wins).
     """
-    _check(duration_s, warmup_s, drain_timeout_s, max_connection_errors)
+    _check(duration_s, warmup.min_s if warmup else warmup_s, drain_timeout_s, max_connection_errors)
     streams = [iter(s) for s in plan.streams]
     feed = _split_feed(iter(plan.open_loop))
     sink = RowSink(store)
@@ -240,36 +293,39 @@ async def drive(plan: LoadPlan, target: Target, store: RunStore, *, duration_s: 
     run = _Run(client, max_connection_errors)
     monitor = ClientMonitor(sample_interval_s)
     with frozen_heap():
-        return await _drive(run, client, sink, monitor, streams, feed, duration_s=duration_s, warmup_s=warmup_s,
+        return await _drive(run, client, sink, monitor, streams, feed, duration_s=duration_s,
+                            warmup=warmup or Warmup(min_s=warmup_s),
                             drain_timeout_s=drain_timeout_s, on_progress=on_progress, stop_event=stop_event,
                             start_at_ns=start_at_ns, handle_sigint=handle_sigint, stream_ids=stream_ids)
 
 
 async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: ClientMonitor,
                  streams: list[Iterator[RequestPlan]], feed: Iterator[RequestPlan] | None, *, duration_s: float,
-                 warmup_s: float, drain_timeout_s: float, on_progress: Callable[[ProgressSnapshot], None] | None,
+                 warmup: Warmup, drain_timeout_s: float, on_progress: Callable[[ProgressSnapshot], None] | None,
                  stop_event: asyncio.Event | None, start_at_ns: int | None, handle_sigint: bool,
                  stream_ids: Sequence[int] | None) -> DriveResult:
     async with client:
         if start_at_ns is not None:
             await asyncio.sleep(max(0.0, (start_at_ns - _now()) / 1e9))
         run_start = _now()
-        measure_start = run_start + int(warmup_s * 1e9)
-        end = measure_start + int(duration_s * 1e9)
+        run.duration_s = duration_s
         ids = list(stream_ids) if stream_ids is not None else list(range(len(streams)))
-        workers = {asyncio.create_task(_closed_stream(run, k, it, end)) for k, it in zip(ids, streams, strict=True)}
+        ramp_ns = int(warmup.ramp_s * 1e9)
+        workers = {asyncio.create_task(_closed_stream(run, k, it, run_start + ramp_ns * i // max(1, len(streams))))
+                   for i, (k, it) in enumerate(zip(ids, streams, strict=True))}
         if feed is not None:
-            workers.add(asyncio.create_task(_open_loop(run, feed, measure_start, end)))
+            workers.add(asyncio.create_task(_open_loop(run, feed)))
         watchdog = PauseWatchdog(lambda row: sink.add("client_pauses", row))
-        helpers = [asyncio.create_task(_sample(run, monitor, sink, run_start, measure_start, on_progress)),
+        helpers = [asyncio.create_task(_sample(run, monitor, sink, run_start, on_progress)),
                    asyncio.create_task(watchdog.run())]
         if stop_event is not None:
             helpers.append(asyncio.create_task(_watch(stop_event, run)))
         restore = _install_sigint(run) if handle_sigint and stop_event is None else (lambda: None)
-        send_end = end
+        send_end = sys.maxsize
         try:
-            await run.pause((end - _now()) / 1e9)
-            send_end = min(_now(), end)
+            await _warm_up(run, run_start, warmup, len(streams))
+            await run.pause((run.end_ns - _now()) / 1e9)
+            send_end = min(_now(), run.end_ns)
             run.closed.set()
             await _finish(workers | set(run.requests), 0.0 if run.stop_reason else drain_timeout_s)
         except asyncio.CancelledError:
@@ -285,5 +341,7 @@ async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: Client
     stats = monitor.stats(run.send_lags)
     stats.dropped_rows = dict(sink.dropped)
     reason = run.stop_reason or ("aborted" if run.aborted_reason else "completed")
+    measure_start = run.measure_start_ns if run.measure_start_ns is not None else run_start
+    send_end = min(send_end, _now())
     return DriveResult(run_start, measure_start, send_end, _now(), dict(run.counts), reason,
                        run.aborted_reason, run.open_loop_truncated, stats)

@@ -101,6 +101,7 @@ class StreamClient:
         self.limit = limit
         self.recent_itl_ns: deque[int] = deque(maxlen=recent)
         self.recent_ttft_ns: deque[int] = deque(maxlen=max(64, recent // 16))
+        self.streams_with_tokens: set[int] = set()  # closed-loop streams that have received a token
         self._session: aiohttp.ClientSession | None = None
         self._headers = target.headers()
 
@@ -211,6 +212,8 @@ class StreamClient:
                 self.recent_itl_ns.append(t - times[-1])
             else:
                 self.recent_ttft_ns.append(t - ex.scheduled_ns)
+                if ex.stream is not None:
+                    self.streams_with_tokens.add(ex.stream)
             times.append(t)
             ex.counts.append(n)
             ex.tokens += n

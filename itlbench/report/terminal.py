@@ -28,7 +28,7 @@ def _s(v: Any) -> str:
 
 
 class LiveProgress:
-    """Progress bar over the planned run time plus a one-line live view of ITL and TTFT."""
+    """Progress bar over the measured seconds (after warmup) plus a one-line live view of ITL and TTFT."""
 
     def __init__(self, console: Console, total_s: float, enabled: bool = True) -> None:
         self.enabled = enabled and console.is_terminal
@@ -38,6 +38,7 @@ class LiveProgress:
                                   TextColumn("{task.fields[line]}"), console=console, transient=False)
         self._task = self._progress.add_task("starting", total=total_s, line="")
         self._last = 0.0
+        self._measure_from: float | None = None  # elapsed seconds when measurement began
 
     def __enter__(self) -> LiveProgress:
         if self.enabled:
@@ -59,12 +60,14 @@ class LiveProgress:
         if not self.enabled or now - self._last < 0.25:
             return
         self._last = now
-        stage = "draining" if snap.elapsed_s > self.total_s else ("measuring" if snap.measuring else "warmup")
+        if snap.measuring and self._measure_from is None:
+            self._measure_from = snap.elapsed_s
+        measured = 0.0 if self._measure_from is None else snap.elapsed_s - self._measure_from
+        stage = "warmup" if not snap.measuring else ("draining" if measured > self.total_s else "measuring")
         line = (f"sent {snap.sent} done {snap.done} in-flight {snap.in_flight} err {snap.errors} │ "
                 f"ITL p50 {_num(snap.itl_p50_ms)} p99 {_num(snap.itl_p99_ms)} ms │ "
                 f"TTFT p50 {_num(snap.ttft_p50_ms)} ms │ client CPU {snap.cpu_percent:.0f}%")
-        self._progress.update(self._task, completed=min(snap.elapsed_s, self.total_s), line=line,
-                              description=stage)
+        self._progress.update(self._task, completed=min(measured, self.total_s), line=line, description=stage)
 
 
 def _stat_row(d: dict[str, Any], keys: tuple[str, ...], fmt: Any = _ms) -> list[str]:
