@@ -59,6 +59,8 @@ def run(
                                               "HF dir [default: llama-3.2-1b on CUDA, cpu-small on CPU].")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY", help="Bearer key for --endpoint.")] = None,
     api: Annotated[str, typer.Option(help="completions or chat.")] = "completions",
+    forced_lengths: Annotated[bool, typer.Option(help="Send ignore_eos and min_tokens (vLLM, SGLang, itlbench accept "
+                                                      "them) so every request generates exactly its max_tokens.")] = True,
     chunk_budget: ChunkBudget = "2048",
     policy: Policy = "budget",
     mixed: Annotated[bool, typer.Option(help="prefill-first only: decodes ride in prefill steps.")] = False,
@@ -88,6 +90,7 @@ def run(
                         rate=rate, burstiness=burstiness, duration_s=duration, warmup_s=warmup, seed=seed,
                         adaptive_warmup=adaptive_warmup, ramp_s=ramp,
                         endpoint=endpoint, model=model, api_key=api_key, api=api, engine=engine, slo=slo,
+                        forced_lengths=forced_lengths,
                         stall_factor=stall_factor, stall_floor_s=stall_floor, trace=trace, time_scale=time_scale,
                         drain_timeout_s=drain_timeout, out=out, workers=workers, live=live)
         cfg.validate()

@@ -68,7 +68,8 @@ def _external(cfg: RunConfig) -> Connection:
     engine = _get_json(f"{base}/engine", cfg.api_key)  # only itlbench servers answer this
     same_clock = engine is not None and _is_loopback(base)
     target = Target(base_url=base, model=cfg.model or "", api=cfg.api, api_key=cfg.api_key,
-                    accepts_token_ids=same_clock, forced_lengths=True, timeout_s=cfg.request_timeout_s)
+                    accepts_token_ids=same_clock, forced_lengths=cfg.forced_lengths,
+                    timeout_s=cfg.request_timeout_s)
     max_len = int((engine or {}).get("max_model_len") or models.get("max_model_len") or DEFAULT_EXTERNAL_CONTEXT)
     doc: dict[str, Any] = {"engine": {"external": True, **models, **({"itlbench": engine} if engine else {})},
                            "target": {"kind": "external", "base_url": base}}

@@ -31,6 +31,7 @@ class RunConfig:
     model: str | None = None
     api_key: str | None = None
     api: str = "completions"  # completions | chat
+    forced_lengths: bool = True  # send ignore_eos + min_tokens so output lengths are exact
     engine: EngineConfig = field(default_factory=EngineConfig)
     slo: str | None = None
     stall_factor: float = 5.0
