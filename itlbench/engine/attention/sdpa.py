@@ -119,15 +119,19 @@ class SdpaBackend:
         return out
 
 
+PAD_LIMIT = 1.25  # a decode row is padded to at most this times its own context
+
+
 def _length_groups(idx: np.ndarray, seq_lens: np.ndarray) -> list[np.ndarray]:
-    """Decode rows split so that no row is padded past twice its own context: one 32k-token request
-    decoding among 8k ones must not make every row of the batch read 32k keys."""
+    """Decode rows split so that no row is padded past PAD_LIMIT times its own context: decode reads
+    every padded key, so one 32k-token request among 8k ones must not make every row read 32k keys,
+    and 6k contexts beside 14k ones should not read 14k each."""
     if not len(idx):
         return []
     order = idx[np.argsort(-seq_lens[idx], kind="stable")]
     groups, start = [], 0
     for i in range(1, len(order) + 1):
-        if i == len(order) or seq_lens[order[i]] * 2 < seq_lens[order[start]]:
+        if i == len(order) or seq_lens[order[i]] * PAD_LIMIT < seq_lens[order[start]]:
             groups.append(np.sort(order[start:i]))
             start = i
     return groups
