@@ -7,6 +7,7 @@ the way a real deployment would be measured.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -74,6 +75,7 @@ class BundledServer:
         cmd = [sys.executable, "-m", "itlbench.server", *server_args(self.engine),
                "--host", self.host, "--port", str(self.port)]
         env = env_with_malloc_tunables()
+        env["ITLBENCH_PARENT_PID"] = str(os.getpid())  # the server exits when this process dies
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child for its lifetime
         self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,

@@ -108,6 +108,7 @@ async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection
 
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, on_sigint)
+        loop.add_signal_handler(signal.SIGTERM, on_sigint)  # a terminated run still writes its records
     observers = _observers(conn, store, cfg.api_key)
     target = conn.target
     try:
@@ -126,6 +127,7 @@ async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection
                 await task
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
+            loop.remove_signal_handler(signal.SIGTERM)
 
 
 def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
