@@ -13,13 +13,13 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from itlbench.engine.config import EngineConfig
 from itlbench.engine.malloc_tuning import env_with_malloc_tunables
 from itlbench.errors import ItlbenchError
+from itlbench.http_json import request_json
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -43,11 +43,6 @@ def server_args(cfg: EngineConfig) -> list[str]:
     if not cfg.enable_prefix_caching:
         args.append("--no-prefix-caching")
     return args
-
-
-def _get_json(url: str, timeout: float = 2.0) -> dict[str, object]:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback only
-        return json.loads(resp.read().decode())
 
 
 @dataclass
@@ -82,7 +77,7 @@ class BundledServer:
                                         start_new_session=True)
         log.close()
         self._wait_healthy()
-        self.engine_info = _get_json(f"{self.base_url}/engine")
+        self.engine_info = request_json(f"{self.base_url}/engine", timeout=2.0)
         return self
 
     def _wait_healthy(self) -> None:
@@ -92,7 +87,7 @@ class BundledServer:
                 raise ItlbenchError(f"the bundled engine server exited with code {self.process.returncode}; "
                                     f"its log:\n{self.tail_log()}")
             try:
-                _get_json(f"{self.root_url}/health", timeout=1.0)
+                request_json(f"{self.root_url}/health", timeout=1.0)
                 return
             except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError, OSError):
                 time.sleep(0.2)

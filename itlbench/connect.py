@@ -11,13 +11,13 @@ import ipaddress
 import json
 import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from itlbench.bundled_server import BundledServer
 from itlbench.errors import ConfigError
+from itlbench.http_json import request_json
 from itlbench.load.target import Target
 from itlbench.run_config import RunConfig
 from itlbench.workloads.prompts import PromptBuilder
@@ -121,19 +121,9 @@ def _is_loopback(url: str) -> bool:
         return False
 
 
-def _request(url: str, api_key: str | None, body: dict[str, Any] | None = None) -> urllib.request.Request:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method="GET" if body is None else "POST")
-    req.add_header("Content-Type", "application/json")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
-    return req
-
-
 def _get_json(url: str, api_key: str | None, raise_errors: bool = False) -> dict[str, Any] | None:
     try:
-        with urllib.request.urlopen(_request(url, api_key), timeout=10) as resp:  # noqa: S310 - user's endpoint
-            return json.loads(resp.read().decode())
+        return request_json(url, api_key=api_key)
     except (urllib.error.URLError, OSError, json.JSONDecodeError, ValueError):
         if raise_errors:
             raise
@@ -142,7 +132,6 @@ def _get_json(url: str, api_key: str | None, raise_errors: bool = False) -> dict
 
 def _post_json(url: str, body: dict[str, Any], api_key: str | None) -> dict[str, Any] | None:
     try:
-        with urllib.request.urlopen(_request(url, api_key, body), timeout=120) as resp:  # noqa: S310
-            return json.loads(resp.read().decode())
+        return request_json(url, body, api_key, timeout=120)
     except (urllib.error.URLError, OSError, json.JSONDecodeError, ValueError):
         return None
