@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import functools
+import importlib.metadata
 import json
 import platform
 import re
@@ -71,6 +72,20 @@ def _hardware() -> dict[str, Any]:
     except ImportError:
         info["torch"] = None
     return info
+
+
+VERSIONED = ("itlbench", "torch", "aiohttp", "polars", "pyarrow", "numpy", "prometheus-client", "uvloop")
+
+
+def _versions() -> dict[str, str | None]:
+    """Installed versions of what shapes a measurement (client stack and analysis)."""
+    out: dict[str, str | None] = {}
+    for name in VERSIONED:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 def _load_spec(cfg: RunConfig, conn: Connection) -> LoadSpec:
@@ -140,7 +155,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         raise ConfigError("--out", f"{run_dir} already holds a run", "choose a new directory")
     store = RunStore(run_dir)
     run_doc: dict[str, Any] = {"itlbench_version": __version__, "created": dt.datetime.now(dt.UTC).isoformat(),
-                               "config": _config_doc(cfg), "hardware": _hardware(),
+                               "config": _config_doc(cfg), "hardware": _hardware(), "versions": _versions(),
                                "stall_factor": cfg.stall_factor, "stall_floor_s": cfg.stall_floor_s, "slo": cfg.slo}
     result: DriveResult | None = None
     started_ns = time.perf_counter_ns()
