@@ -46,7 +46,7 @@ def _assert_complete(run_dir: Path) -> None:
     run = json.loads((run_dir / "run.json").read_text())
     assert run["end_ns"] > run["measure_start_ns"] >= run["run_start_ns"]
     assert run["versions"]["torch"] and run["hardware"]["cpu_count"] >= 1
-    assert run["engine"]["engine"]["model"] == "cpu-small" and run["plan"]["workload"] == "chat-short"
+    assert run["engine"]["engine"]["model"] == "cpu-small" and run["plan"]["workload"]["name"] == "chat-short"
     summary = json.loads((run_dir / "summary.json").read_text())
     for key in ("ttft_s", "itl_s", "stalls", "split", "throughput", "goodput", "valid"):
         assert key in summary
