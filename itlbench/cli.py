@@ -46,7 +46,7 @@ def _engine_config(model: str | None, chunk_budget: str, policy: str, mixed: boo
 def run(
     workload: Annotated[str, typer.Option(help="chat-short, chat, rag, summarization, code, agent or trace.")] = "chat",
     inject: Annotated[str | None, typer.Option(help="Long prompts to inject: 32k, 32k@20s, 2x16k@10s,40s, 32k/30s.")] = None,
-    streams: Annotated[int | None, typer.Option(help="Closed-loop steady streams [default: 32; 0 with --rate or trace].")] = None,
+    streams: Annotated[int | None, typer.Option(help="Closed-loop steady streams (default 32; 0 with --rate or trace).")] = None,
     rate: Annotated[float | None, typer.Option(help="Open-loop arrivals per second (instead of or besides streams).")] = None,
     burstiness: Annotated[float, typer.Option(help="Gamma shape for --rate arrivals; 1 = Poisson.")] = 1.0,
     duration: Annotated[float, typer.Option(help="Measured seconds (after warmup).")] = 60.0,
@@ -56,7 +56,7 @@ def run(
     seed: Annotated[int, typer.Option(help="Seed for lengths, arrivals, prompts and the engine.")] = 0,
     endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (…/v1); default: start the bundled engine.")] = None,
     model: Annotated[str | None, typer.Option(help="Served model name (with --endpoint), or the bundled engine's preset / "
-                                              "HF dir [default: llama-3.2-1b on CUDA, cpu-small on CPU].")] = None,
+                                              "HF dir (default: llama-3.2-1b on CUDA, cpu-small on CPU).")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY", help="Bearer key for --endpoint.")] = None,
     api: Annotated[str, typer.Option(help="completions or chat.")] = "completions",
     forced_lengths: Annotated[bool, typer.Option(help="Send ignore_eos and min_tokens (vLLM, SGLang, itlbench accept "
@@ -108,7 +108,7 @@ def run(
 @app.command()
 def serve(
     model: Annotated[str | None, typer.Option(help="Preset (cpu-small, llama-3.1-8b, …) or local HF directory "
-                                              "[default: llama-3.2-1b on CUDA, cpu-small on CPU].")] = None,
+                                              "(default: llama-3.2-1b on CUDA, cpu-small on CPU).")] = None,
     chunk_budget: ChunkBudget = "2048",
     policy: Policy = "budget",
     mixed: Annotated[bool, typer.Option(help="prefill-first only: decodes ride in prefill steps.")] = False,
