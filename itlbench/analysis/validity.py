@@ -6,8 +6,9 @@
   any stall whose cause is the client's own pause (stalls.by_cause.client)
 A figure with no data is reported as null and cannot invalidate the run.
 The CPU bound sits well below a full core: benchmarks/client_fidelity.py measured a single-process
-client at 87 % of a core (1,000 streams, 43k chunks/s) with ITL errors of 80 ms at p99 while its
-sampled loop lag stayed at 3 ms, so a busy client distorts timestamps before its loop lag shows it.
+client at 72 % of a core (1,000 streams, 45k chunks/s) with ITL errors of 28 ms at p99 while its
+sampled loop lag stayed under 5 ms (at 100 streams: 9 %, 2.5 ms), so a busy client distorts
+timestamps before its loop lag shows it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from itlbench.analysis.stats import json_safe, ns_to_s
 class ValidityThresholds:
     send_lag_p99_s: float = 0.010
     loop_lag_p99_s: float = 0.020
-    cpu_mean_percent: float = 75.0
+    cpu_mean_percent: float = 50.0
     client_pause_max_s: float = 0.250
 
 
