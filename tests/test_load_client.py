@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import polars as pl
 import pytest
 
 from itlbench.load.paced_server import PacedConfig, serve_in_thread
-from itlbench.load.sse_client import build_body
+from itlbench.load.sse_client import CHUNK_ROWS_PER_HANDOFF, StreamClient, build_body
 from itlbench.load.target import Target
 from itlbench.workloads.plan import LoadPlan, RequestPlan
 
@@ -83,3 +86,29 @@ def test_body_uses_ids_only_where_accepted():
     assert text["prompt"] == "x y z" and "ignore_eos" not in text
     chat = build_body(p, Target("http://h/v1", "m", api="chat"))
     assert chat["messages"] == [{"role": "user", "content": "x y z"}] and "prompt" not in chat
+
+
+def test_long_stream_hands_chunks_over_while_it_runs():
+    """A long request's chunk rows reach the sink in batches before it ends, indices continuous."""
+    rows: list[dict] = []
+
+    class Sink:
+        def add(self, table: str, row: dict) -> None:
+            if table == "chunks":
+                rows.append(row)
+
+    async def main(url: str) -> int:
+        plan = RequestPlan("long", "chat", "chat", 4, 5000, prompt_token_ids=(1, 2, 3, 4))
+        async with StreamClient(Target(url, "paced"), Sink()) as client:
+            task = asyncio.create_task(client.run(plan, time.perf_counter_ns()))
+            while len(rows) < CHUNK_ROWS_PER_HANDOFF and not task.done():
+                await asyncio.sleep(0.01)
+            in_flight = not task.done()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return in_flight
+
+    with serve_in_thread(PacedConfig(tick_s=0.002)) as (_, url):
+        assert asyncio.run(main(url)), "rows arrived only after the request ended"
+    assert [r["index"] for r in rows] == list(range(len(rows)))  # the cancelled tail follows the batch
+    assert len(rows) >= CHUNK_ROWS_PER_HANDOFF

@@ -50,6 +50,12 @@ class _Exchange:
     error: str | None = None
     saw_done: bool = False
     connection_error: bool = False
+    chunks_written: int = 0  # chunk rows already handed to the sink (long streams write as they go)
+
+
+# A stream hands its chunk rows over every this many chunks, so a long request's chunks reach disk
+# while it still runs instead of all at its end.
+CHUNK_ROWS_PER_HANDOFF = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +223,8 @@ class StreamClient:
             times.append(t)
             ex.counts.append(n)
             ex.tokens += n
+            if len(times) - ex.chunks_written >= CHUNK_ROWS_PER_HANDOFF:
+                self._write_chunks(ex)
         fr = c.get("finish_reason")
         if fr:
             ex.finish_reason = fr
@@ -235,8 +243,14 @@ class StreamClient:
             "num_chunks": len(ex.times), "status": ex.status, "http_status": ex.http_status,
             "error": ex.error, "finish_reason": ex.finish_reason,
         })
-        for i, (t, n) in enumerate(zip(ex.times, ex.counts, strict=True)):
-            self.sink.add("chunks", {"request_id": rid, "index": i, "t_ns": t, "n_tokens": n})
+        self._write_chunks(ex)
+
+    def _write_chunks(self, ex: _Exchange) -> None:
+        """Hand over the chunk rows not yet written (index continues across hand-offs)."""
+        rid, start = ex.plan.request_id, ex.chunks_written
+        for i in range(start, len(ex.times)):
+            self.sink.add("chunks", {"request_id": rid, "index": i, "t_ns": ex.times[i], "n_tokens": ex.counts[i]})
+        ex.chunks_written = len(ex.times)
 
 
 def _data_of(event: bytes) -> bytes | None:
