@@ -4,9 +4,9 @@
 
 Decode is memory-bound, so each decode step is compared with its floor: the bytes it must read
 (weights, plus every sequence's K/V cache) divided by the memory bandwidth measured in the same run.
-Decode runs at short (512) and long (8k, RAG-like) contexts: at long contexts the K/V reads dominate. Set
-GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184
-before starting Python for steadier prefill numbers.
+The script re-executes itself with the serving process's malloc settings (see
+itlbench/engine/malloc_tuning.py) so its figures match what `itlbench serve` runs with.
+Decode runs at short (512) and long (8k, RAG-like) contexts: at long contexts the K/V reads dominate.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 
 from itlbench.engine.config import EngineConfig
 from itlbench.engine.engine import Engine
+from itlbench.engine.malloc_tuning import reexec_with_malloc_tunables
 from itlbench.engine.request import SamplingParams
 
 PREFILL_LENS = (512, 2048, 4096, 8192, 16384)
@@ -74,6 +75,7 @@ def bench_decode(engine: Engine, batch: int, context: int, steps: int, rng: np.r
 
 
 def main() -> None:
+    reexec_with_malloc_tunables()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="cpu-small")
     ap.add_argument("--long", action="store_true", help="also prefill 32k tokens")
