@@ -6,11 +6,12 @@ Torch-free on purpose: the scheduler, block manager and CLI read these without i
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Literal
 
 from itlbench.errors import ConfigError
+from itlbench.units import parse_tokens
 
 Policy = Literal["budget", "prefill-first"]
 POLICIES: tuple[str, ...] = ("budget", "prefill-first")
@@ -201,7 +202,6 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
     seed: int = 0
-    extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -235,25 +235,31 @@ class EngineConfig:
     def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    def to_json(self) -> str:
+        """The whole configuration, so a child process runs exactly the engine the parent records."""
+        return json.dumps(self.as_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> EngineConfig:
+        """Inverse of `to_json`; unknown keys are an error (a silently dropped setting is a lost one)."""
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError("--engine-config", f"not valid JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError("--engine-config", "must be a JSON object of EngineConfig fields")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError("--engine-config", f"unknown field(s) {', '.join(unknown)}",
+                              f"known: {', '.join(sorted(known))}")
+        return cls(**raw)
+
 
 def parse_chunk_budget(text: str | int | None) -> int | None:
-    """`2048`, `2k`, `none`/`off`/`0`-less spellings of unchunked; errors name the flag."""
+    """`2048`, `2k` (= 2048: k is 1024 tokens everywhere), or `none`/`off`/`unchunked` for unchunked."""
     if text is None:
         return None
-    if isinstance(text, int):
-        value = text
-    else:
-        t = text.strip().lower()
-        if t in ("none", "off", "unchunked", "inf"):
-            return None
-        mult = 1
-        if t.endswith("k"):
-            mult, t = 1024, t[:-1]
-        try:
-            value = int(float(t) * mult)
-        except ValueError:
-            raise ConfigError("--chunk-budget", f"cannot read {text!r}",
-                              "give a token count such as 2048 or 8k, or none") from None
-    if value <= 0:
-        raise ConfigError("--chunk-budget", f"must be > 0, got {value}", "use none for unchunked prefill")
-    return value
+    if isinstance(text, str) and text.strip().lower() in ("none", "off", "unchunked", "inf"):
+        return None
+    return parse_tokens(text, "--chunk-budget", "give a token count such as 2048 or 8k (k = 1024), or none")
