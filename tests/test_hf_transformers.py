@@ -2,10 +2,10 @@
 
 transformers builds small random Llamas (GQA ratios 1 and 4, tied and untied embeddings, llama3,
 linear and no RoPE scaling, head_dim given and derived) and saves each in its current layout
-(`rope_parameters`) and in the older one (top-level `rope_theta` + `rope_scaling`). The bundled
-engine, loaded from each directory, must produce transformers' greedy tokens (`generate`) and its
-last-prompt-position logits within LOGIT_ATOL, unchunked and at a small chunk budget, for prompts
-that run past the scaling's original context.
+(`rope_parameters`) and in the older one (top-level `rope_theta` + `rope_scaling`, derivable keys
+such as head_dim left out). The bundled engine, loaded from each directory, must produce
+transformers' greedy tokens (`generate`) and its last-prompt-position logits within LOGIT_ATOL,
+unchunked and at a small chunk budget, for prompts that run past the scaling's original context.
 """
 
 from __future__ import annotations
@@ -70,9 +70,13 @@ LAYOUTS = ("rope_parameters", "rope_scaling")
 
 
 def to_older_layout(raw: dict[str, Any]) -> dict[str, Any]:
-    """transformers 4's spelling of the same model: top-level rope_theta, rope_scaling (or null);
-    linear scaling spelled with the oldest key, `type`."""
+    """Older files' spelling of the same model: top-level rope_theta, rope_scaling (or null), linear
+    scaling under the oldest key `type`, and head_dim / num_key_value_heads left out where derived."""
     out = dict(raw)
+    if out["head_dim"] == out["hidden_size"] // out["num_attention_heads"]:
+        del out["head_dim"]
+    if out["num_key_value_heads"] == out["num_attention_heads"]:
+        del out["num_key_value_heads"]
     rope = dict(out.pop("rope_parameters"))
     out["rope_theta"] = rope.pop("rope_theta")
     if rope["rope_type"] == "linear":
@@ -165,6 +169,8 @@ def test_both_layouts_read_the_same(model_dirs: dict[tuple[str, str], Path]) -> 
         assert new.path != old.path
         assert _shape_of(new) == _shape_of(old)
         assert new.head_dim == (s.head_dim or s.hidden // s.heads)
+        old_raw = json.loads((model_dirs[s.name, "rope_scaling"] / "config.json").read_text())
+        assert ("head_dim" in old_raw) == (s.head_dim is not None)
         assert (new.num_heads, new.num_kv_heads, new.tie_word_embeddings) == (s.heads, s.kv_heads, s.tied)
         assert new.rope_theta == s.rope["rope_theta"] and new.rms_norm_eps == 1e-6
         kind = s.rope["rope_type"]

@@ -33,7 +33,7 @@ def bundled_tokens(model_dir: Path, prompts: list[list[int]], max_tokens: int, b
     from itlbench.server import BackgroundServer, ServerConfig
 
     engine = EngineConfig(model=str(model_dir), device="cpu", chunk_budget=budget, max_model_len=max_model_len)
-    with BackgroundServer(ServerConfig(engine=engine, port=0)) as srv:
+    with BackgroundServer(ServerConfig(engine=engine, port=0, served_model_name=model_dir.name)) as srv:
         return [greedy(srv.base_url, model_dir.name, p, max_tokens) for p in prompts]
 
 
