@@ -78,7 +78,7 @@ def to_older_layout(raw: dict[str, Any]) -> dict[str, Any]:
     if out["num_key_value_heads"] == out["num_attention_heads"]:
         del out["num_key_value_heads"]
     rope = dict(out.pop("rope_parameters"))
-    out["rope_theta"] = rope.pop("rope_theta")
+    out["rope_theta"] = rope.pop("rope_theta")  # the only θ left in the file
     if rope["rope_type"] == "linear":
         rope["type"] = rope.pop("rope_type")
     out["rope_scaling"] = None if rope.get("rope_type") == "default" else rope
@@ -100,7 +100,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str]
         new = root / s.name / "rope_parameters"
         LlamaForCausalLM(config).save_pretrained(new)
         raw = json.loads((new / "config.json").read_text())
-        assert "rope_parameters" in raw and "rope_theta" not in raw and "rope_scaling" not in raw
+        assert "rope_theta" in raw["rope_parameters"] and "rope_scaling" not in raw  # the current layout
         old = root / s.name / "rope_scaling"
         shutil.copytree(new, old)
         (old / "config.json").write_text(json.dumps(to_older_layout(raw)))
