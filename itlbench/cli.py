@@ -231,6 +231,27 @@ def workloads(as_json: Annotated[bool, typer.Option("--json", help="Print JSON."
     print_catalog(Console(), rows)
 
 
+@app.command("export-model")
+def export_model_command(
+    preset: Annotated[str, typer.Argument(metavar="PRESET", help="A preset: cpu-small, cpu-medium, tiny, llama-3.2-1b, ...")],
+    out: Annotated[Path, typer.Argument(metavar="DIR", help="Directory to write (new or empty).")],
+    seed: Annotated[int, typer.Option(help="Seed of the dummy weights (the bundled engine's --seed).")] = 0,
+    force: Annotated[bool, typer.Option(help="Write into a non-empty directory, replacing its files.")] = False,
+) -> None:
+    """Write a preset as a Hugging Face model directory (config.json, safetensors, tokenizer.json) that
+    the bundled engine, transformers and vLLM all load, so the same model runs in each."""
+    from itlbench.export_model import export_model
+
+    try:
+        done = export_model(preset, out, seed=seed, force=force)
+    except ItlbenchError as exc:
+        _fail(exc)
+        return
+    console.print(f"{preset}: {done.model.num_params / 1e6:.1f} M parameters, "
+                  f"{done.weight_bytes / 2**20:.0f} MiB of float32 weights (seed {seed})", highlight=False)
+    print(done.path)
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

@@ -17,14 +17,27 @@ Policy = Literal["budget", "prefill-first"]
 POLICIES: tuple[str, ...] = ("budget", "prefill-first")
 
 
+ROPE_SCALINGS: tuple[str, ...] = ("llama3", "linear")
+
+
 @dataclass(frozen=True)
 class RopeScaling:
-    """Llama-3.1 frequency scaling ("llama3" rope type) that stretches 8k training to 128k."""
+    """RoPE frequency scaling. "llama3" (Llama-3.1's, stretching 8k training to 128k) divides low
+    frequencies by `factor` and blends the middle band; "linear" divides every frequency by `factor`
+    and uses no other field."""
 
     factor: float = 8.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    rope_type: str = "llama3"
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ROPE_SCALINGS:
+            raise ConfigError("model.rope_scaling.rope_type", f"unknown {self.rope_type!r}",
+                              f"use one of {', '.join(ROPE_SCALINGS)}")
+        if self.factor <= 0:
+            raise ConfigError("model.rope_scaling.factor", f"must be > 0, got {self.factor}")
 
 
 @dataclass(frozen=True)
@@ -144,44 +157,10 @@ def load_model_config(spec: str) -> ModelConfig:
 
 
 def model_config_from_hf_dir(path: Path) -> ModelConfig:
-    """Read a Llama-family `config.json` (the keys transformers writes)."""
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise ConfigError("model", f"{path} has no config.json",
-                          "point --model at a Hugging Face model directory or use a preset")
-    try:
-        raw = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError("model", f"{cfg_file} is not valid JSON: {exc}") from exc
-    missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                           "num_attention_heads") if k not in raw]
-    if missing:
-        raise ConfigError("model", f"{cfg_file} lacks {', '.join(missing)}",
-                          "a Llama-architecture config.json is required")
-    rope = raw.get("rope_scaling") or None
-    scaling = None
-    if rope and rope.get("rope_type", rope.get("type")) == "llama3":
-        scaling = RopeScaling(
-            factor=float(rope.get("factor", 8.0)),
-            low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
-            high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
-            original_max_position_embeddings=int(rope.get("original_max_position_embeddings", 8192)))
-    eos = raw.get("eos_token_id", 2)
-    if isinstance(eos, list):
-        eos = eos[0]
-    heads = int(raw["num_attention_heads"])
-    return ModelConfig(
-        name=raw.get("_name_or_path") or path.name,
-        vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
-        intermediate_size=int(raw["intermediate_size"]), num_layers=int(raw["num_hidden_layers"]),
-        num_heads=heads, num_kv_heads=int(raw.get("num_key_value_heads", heads)),
-        head_dim=int(raw.get("head_dim") or 0),
-        max_position_embeddings=int(raw.get("max_position_embeddings", 8192)),
-        rope_theta=float(raw.get("rope_theta", 10_000.0)), rope_scaling=scaling,
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        bos_token_id=int(raw.get("bos_token_id", 1) or 1), eos_token_id=int(eos),
-        path=str(path))
+    """Read a Llama `config.json` in either layout transformers writes (see `hf_config`)."""
+    from itlbench.engine.hf_config import read_hf_config
+
+    return read_hf_config(path)
 
 
 @dataclass
