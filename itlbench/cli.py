@@ -13,6 +13,7 @@ from rich.console import Console
 
 from itlbench.engine.config import EngineConfig, default_preset, parse_chunk_budget
 from itlbench.errors import ConfigError, ItlbenchError
+from itlbench.units import parse_duration_s
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure what long prompts do to streaming LLM latency: TTFT by prompt bucket, "
@@ -76,6 +77,15 @@ def run(
     api: Annotated[str, typer.Option(help="completions or chat.")] = "completions",
     forced_lengths: Annotated[bool, typer.Option(help="Send ignore_eos and min_tokens (vLLM, SGLang, itlbench accept "
                                                       "them) so every request generates exactly its max_tokens.")] = True,
+    prompt_format: Annotated[str, typer.Option(help="With --endpoint: ids (token-id prompts, exact lengths), text "
+                                               "(calibrated words), or auto (ids when one probe request is "
+                                               "accepted).")] = "auto",
+    reuse_prompts: Annotated[bool, typer.Option(help="Send the same prompt text as earlier runs with this seed "
+                                                "(default: a per-run salt keeps a server's prefix cache cold; "
+                                                "lengths and times stay seeded).")] = False,
+    scrape_interval: Annotated[str, typer.Option(help="With --endpoint: also read /metrics every S during the run "
+                                                 "(default 0: only just before and just after the measured "
+                                                 "window).")] = "0",
     chunk_budget: ChunkBudget = "2048",
     policy: Policy = "budget",
     mixed: Mixed = False,
@@ -111,7 +121,8 @@ def run(
                         rate=rate, burstiness=burstiness, duration_s=duration, warmup_s=warmup, seed=seed,
                         adaptive_warmup=adaptive_warmup, ramp_s=ramp,
                         endpoint=endpoint, model=model, api_key=api_key, api=api, engine=engine, slo=slo,
-                        forced_lengths=forced_lengths,
+                        forced_lengths=forced_lengths, prompt_format=prompt_format, reuse_prompts=reuse_prompts,
+                        scrape_interval_s=parse_duration_s(scrape_interval, "--scrape-interval"),
                         stall_factor=stall_factor, stall_floor_s=stall_floor, trace=trace, time_scale=time_scale,
                         drain_timeout_s=drain_timeout, out=out, workers=workers, live=live)
         cfg.validate()

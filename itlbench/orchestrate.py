@@ -14,6 +14,7 @@ import importlib.metadata
 import json
 import platform
 import re
+import secrets
 import shutil
 import signal
 import time
@@ -28,7 +29,7 @@ from itlbench.connect import Connection, connect
 from itlbench.engine.config import load_model_config
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.load.driver import DriveResult, ProgressSnapshot, Warmup, drive
-from itlbench.load.metrics_sampler import sample_metrics
+from itlbench.load.metrics_sampler import MetricsSampler
 from itlbench.load.multiproc import drive_workers
 from itlbench.load.steps_follower import follow_steps
 from itlbench.run_config import RunConfig
@@ -89,26 +90,48 @@ def _versions() -> dict[str, str | None]:
 
 
 def _load_spec(cfg: RunConfig, conn: Connection) -> LoadSpec:
+    """The run's load. Unless `--reuse-prompts`, a fresh salt makes every prompt new to the server."""
     return LoadSpec(
         workload=cfg.workload, streams=cfg.streams, rate=cfg.rate, burstiness=cfg.burstiness,
         duration_s=cfg.duration_s, inject=cfg.inject, inject_max_tokens=cfg.inject_max_tokens,
         seed=cfg.seed, max_model_len=conn.max_model_len, trace_path=cfg.trace, trace_time_scale=cfg.time_scale,
         token_ids=conn.vocab_size is not None, vocab_size=conn.vocab_size or 0,
-        tokens_per_word=conn.tokens_per_word)
+        tokens_per_word=conn.tokens_per_word, prompt_salt=None if cfg.reuse_prompts else secrets.token_hex(4))
 
 
-def _observers(conn: Connection, store: RunStore, api_key: str | None) -> list[asyncio.Task[None]]:
-    """Server-side records next to the load: the step log of an itlbench engine, /metrics of others."""
+def _observers(conn: Connection, store: RunStore, sampler: MetricsSampler | None) -> list[asyncio.Task[None]]:
+    """Server-side records next to the load: the step log of an itlbench engine; periodic /metrics
+    scrapes of others only when asked (`--scrape-interval`)."""
     tasks = []
     if conn.steps_url:
         tasks.append(asyncio.create_task(follow_steps(conn.steps_url, store)))
-    if conn.metrics_url:
-        tasks.append(asyncio.create_task(sample_metrics(conn.metrics_url, store, api_key=api_key)))
+    if sampler is not None and sampler.interval_s > 0:
+        tasks.append(asyncio.create_task(sampler.run_periodic()))
     return tasks
 
 
 async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection, store: RunStore,
-                                progress: ProgressFn | None) -> DriveResult:
+                                progress: ProgressFn | None, notes: dict[str, Any] | None = None) -> DriveResult:
+    """Drive the load; an external engine's /metrics is read just before the window opens and as
+    soon as sending stops (and every `--scrape-interval` when given). `notes` gets the scrape counts."""
+    sampler = (MetricsSampler(conn.metrics_url, store, api_key=cfg.api_key, interval_s=cfg.scrape_interval_s)
+               if conn.metrics_url else None)
+    async with contextlib.AsyncExitStack() as stack:
+        if sampler is not None:
+            await stack.enter_async_context(sampler)
+        try:
+            return await _drive_observed(cfg, spec, conn, store, progress, sampler)
+        finally:
+            if sampler is not None:
+                sampler.finish()
+                if notes is not None:
+                    notes["metrics"] = {"url": sampler.url, "interval_s": sampler.interval_s,
+                                        "scrapes": sampler.scrapes, "failures": sampler.failures,
+                                        "engine_prefix": sampler.prefix}
+
+
+async def _drive_observed(cfg: RunConfig, spec: LoadSpec, conn: Connection, store: RunStore,
+                          progress: ProgressFn | None, sampler: MetricsSampler | None) -> DriveResult:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     interrupts = 0
@@ -124,16 +147,24 @@ async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, on_sigint)
         loop.add_signal_handler(signal.SIGTERM, on_sigint)  # a terminated run still writes its records
-    observers = _observers(conn, store, cfg.api_key)
+    observers = _observers(conn, store, sampler)
     target = conn.target
+    baseline = None if sampler is None else functools.partial(sampler.scrape, "baseline")
+    final = None if sampler is None else functools.partial(sampler.scrape, "final")
     try:
         if cfg.workers > 1:  # each worker process rebuilds the same seeded plan and takes its share
-            return await drive_workers(functools.partial(build_load_plan, spec), target, store,
-                                       workers=cfg.workers, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s,
-                                       drain_timeout_s=cfg.drain_timeout_s, on_progress=progress)
+            if baseline is not None:  # the workers' window is not known here: bracket the whole run
+                await baseline()
+            result = await drive_workers(functools.partial(build_load_plan, spec), target, store,
+                                         workers=cfg.workers, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s,
+                                         drain_timeout_s=cfg.drain_timeout_s, on_progress=progress)
+            if final is not None:
+                await final()
+            return result
         warmup = Warmup(min_s=cfg.warmup_s, adaptive=cfg.adaptive_warmup, max_s=cfg.max_warmup_s, ramp_s=cfg.ramp_s)
         return await drive(build_load_plan(spec), target, store, duration_s=cfg.duration_s, warmup=warmup,
-                           drain_timeout_s=cfg.drain_timeout_s, on_progress=progress, stop_event=stop)
+                           drain_timeout_s=cfg.drain_timeout_s, on_progress=progress, stop_event=stop,
+                           before_measure=baseline, after_measure=final)
     finally:
         await asyncio.sleep(0.3)  # let the last steps arrive
         for task in observers:
@@ -172,7 +203,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         run_doc["plan"] = build_load_plan(spec).description
         store.write_json("run.json", run_doc)
         on_status("running")
-        result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress))
+        result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress, run_doc))
     except (KeyboardInterrupt, asyncio.CancelledError):
         run_doc["interrupted"] = True
     finally:

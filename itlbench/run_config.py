@@ -8,6 +8,8 @@ from pathlib import Path
 from itlbench.engine.config import EngineConfig
 from itlbench.errors import ConfigError
 
+PROMPT_FORMATS = ("auto", "ids", "text")
+
 
 @dataclass
 class RunConfig:
@@ -32,6 +34,9 @@ class RunConfig:
     api_key: str | None = None
     api: str = "completions"  # completions | chat
     forced_lengths: bool = True  # send ignore_eos + min_tokens so output lengths are exact
+    scrape_interval_s: float = 0.0  # external /metrics: 0 = only at the window's start and end
+    reuse_prompts: bool = False  # False: a per-run salt makes every prompt new to a prefix cache
+    prompt_format: str = "auto"  # auto | ids | text (external endpoints; the bundled engine takes ids)
     engine: EngineConfig = field(default_factory=EngineConfig)
     slo: str | None = None
     stall_factor: float = 5.0
@@ -64,8 +69,23 @@ class RunConfig:
             if not self.model:
                 raise ConfigError("--model", "is required with --endpoint",
                                   "give the served model name, as listed by GET /v1/models")
+        if self.endpoint is None and self.prompt_format == "text":
+            raise ConfigError("--prompt-format", "the bundled engine is always sent token-id prompts",
+                              "drop --prompt-format text, or measure a server given with --endpoint")
+        if self.endpoint is None and self.scrape_interval_s > 0:
+            raise ConfigError("--scrape-interval", "only an --endpoint's /metrics is scraped",
+                              "drop it: the bundled engine's step log is read instead")
         if self.api not in ("completions", "chat"):
             raise ConfigError("--api", f"unknown API {self.api!r}", "use completions or chat")
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise ConfigError("--prompt-format", f"unknown format {self.prompt_format!r}",
+                              "use auto (token ids where the server takes them), ids or text")
+        if self.prompt_format == "ids" and self.api == "chat":
+            raise ConfigError("--prompt-format", "token-id prompts need the completions API",
+                              "drop --api chat, or use --prompt-format text")
+        if self.scrape_interval_s < 0:
+            raise ConfigError("--scrape-interval", f"must be >= 0 seconds, got {self.scrape_interval_s}",
+                              "0 reads /metrics only at the window's start and end; e.g. 5s adds periodic scrapes")
         if self.workers < 1:
             raise ConfigError("--workers", f"must be >= 1, got {self.workers}")
         if self.stall_factor <= 1:

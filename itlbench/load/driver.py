@@ -18,7 +18,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -213,17 +213,25 @@ async def _first(*aws: Coroutine[Any, Any, Any]) -> None:
             t.cancel()
 
 
-async def _warm_up(run: _Run, run_start_ns: int, warmup: Warmup, streams: int) -> None:
+Hook = Callable[[], Awaitable[object]]
+
+
+async def _warm_up(run: _Run, run_start_ns: int, warmup: Warmup, streams: int,
+                   before_measure: Hook | None = None) -> None:
     """End the warmup: after `min_s`, and (adaptive) once every closed-loop stream has received a
     token, so the measurement does not open on the thundering-herd prefill of the first requests;
-    never later than `max_s`."""
+    never later than `max_s`. `before_measure` (a baseline /metrics scrape) runs to its end
+    before the window opens, so it never overlaps the measurement."""
     min_end = run_start_ns + int(warmup.min_s * 1e9)
     max_end = run_start_ns + int(max(warmup.max_s, warmup.min_s) * 1e9)
     await run.pause((min_end - _now()) / 1e9)
     if warmup.adaptive and streams:
         while not run.closed.is_set() and _now() < max_end and len(run.client.streams_with_tokens) < streams:
             await run.pause(0.02)
-    run.start_measuring(min_end if not warmup.adaptive else max(min_end, _now()), run.duration_s)
+    if before_measure is not None and not run.closed.is_set():
+        await before_measure()
+    late = warmup.adaptive or before_measure is not None
+    run.start_measuring(max(min_end, _now()) if late else min_end, run.duration_s)
 
 
 async def _watch(event: asyncio.Event, run: _Run) -> None:
@@ -277,13 +285,16 @@ async def drive(plan: LoadPlan, target: Target, store: RunStore, *, duration_s: 
                 stop_event: asyncio.Event | None = None, start_at_ns: int | None = None,
                 max_connection_errors: int = 50, sample_interval_s: float = 0.5,
                 handle_sigint: bool = True, stream_ids: Sequence[int] | None = None,
-                warmup: Warmup | None = None) -> DriveResult:
+                warmup: Warmup | None = None, before_measure: Hook | None = None,
+                after_measure: Hook | None = None) -> DriveResult:
     """Run `plan` against `target`, writing requests, chunks and client samples into `store`.
 
     Returns after the drain; a cancelled drive cancels its requests, flushes every record, re-raises.
     Ctrl-C stops the run cleanly unless the caller passes `stop_event` (then it owns the signal).
     `start_at_ns` (perf_counter_ns) lets several worker processes start on one instant, and
     `stream_ids` gives their streams run-wide indices (default 0..n-1; a plan's own `stream` wins).
+    `before_measure` is awaited when the warmup is over and the window opens after it returns;
+    `after_measure` starts when sending stops and runs beside the drain (both: /metrics scrapes).
     """
     _check(duration_s, warmup.min_s if warmup else warmup_s, drain_timeout_s, max_connection_errors)
     streams = [iter(s) for s in plan.streams]
@@ -296,14 +307,16 @@ async def drive(plan: LoadPlan, target: Target, store: RunStore, *, duration_s: 
         return await _drive(run, client, sink, monitor, streams, feed, duration_s=duration_s,
                             warmup=warmup or Warmup(min_s=warmup_s),
                             drain_timeout_s=drain_timeout_s, on_progress=on_progress, stop_event=stop_event,
-                            start_at_ns=start_at_ns, handle_sigint=handle_sigint, stream_ids=stream_ids)
+                            start_at_ns=start_at_ns, handle_sigint=handle_sigint, stream_ids=stream_ids,
+                            before_measure=before_measure, after_measure=after_measure)
 
 
 async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: ClientMonitor,
                  streams: list[Iterator[RequestPlan]], feed: Iterator[RequestPlan] | None, *, duration_s: float,
                  warmup: Warmup, drain_timeout_s: float, on_progress: Callable[[ProgressSnapshot], None] | None,
                  stop_event: asyncio.Event | None, start_at_ns: int | None, handle_sigint: bool,
-                 stream_ids: Sequence[int] | None) -> DriveResult:
+                 stream_ids: Sequence[int] | None, before_measure: Hook | None = None,
+                 after_measure: Hook | None = None) -> DriveResult:
     async with client:
         if start_at_ns is not None:
             await asyncio.sleep(max(0.0, (start_at_ns - _now()) / 1e9))
@@ -322,21 +335,25 @@ async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: Client
             helpers.append(asyncio.create_task(_watch(stop_event, run)))
         restore = _install_sigint(run) if handle_sigint and stop_event is None else (lambda: None)
         send_end = sys.maxsize
+        closing: list[asyncio.Task[object]] = []  # after_measure, running beside the drain
         try:
-            await _warm_up(run, run_start, warmup, len(streams))
+            await _warm_up(run, run_start, warmup, len(streams), before_measure)
             await run.pause((run.end_ns - _now()) / 1e9)
             send_end = min(_now(), run.end_ns)
             run.closed.set()
+            if after_measure is not None:
+                closing.append(asyncio.ensure_future(after_measure()))
             await _finish(workers | set(run.requests), 0.0 if run.stop_reason else drain_timeout_s)
+            await asyncio.gather(*closing, return_exceptions=True)
         except asyncio.CancelledError:
             run.stop("cancelled")
             await _finish(workers | set(run.requests), 0.0)
             raise
         finally:
             restore()
-            for h in helpers:
+            for h in (*helpers, *closing):
                 h.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            await asyncio.gather(*helpers, *closing, return_exceptions=True)
             await sink.aclose()
     stats = monitor.stats(run.send_lags)
     stats.dropped_rows = dict(sink.dropped)

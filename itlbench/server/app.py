@@ -181,9 +181,10 @@ async def _stream(request: web.Request, stream: RequestStream, out: ResponseBuil
     if req.chat:
         await resp.write(sse(out.role_chunk()))
     detok = IncrementalDetokenizer(_state(request).engine.engine.tokenizer)
-    generated = 0
+    generated, cached = 0, None
     try:
         async for o in stream:
+            cached = o.num_cached_tokens
             if not o.new_token_ids and not o.finished:
                 continue
             generated += len(o.new_token_ids)
@@ -193,7 +194,7 @@ async def _stream(request: web.Request, stream: RequestStream, out: ResponseBuil
         await resp.write(sse(ApiError(500, str(exc), None, "internal_server_error", "engine_error").body()))
     else:
         if req.include_usage:
-            await resp.write(sse(out.usage_chunk(num_prompt, generated)))
+            await resp.write(sse(out.usage_chunk(num_prompt, generated, cached)))
     await resp.write(SSE_DONE)
     await resp.write_eof()
     return resp
@@ -203,13 +204,15 @@ async def _collect(stream: RequestStream, out: ResponseBuilder, num_prompt: int,
                    tokenizer: Any) -> web.Response:
     ids: list[int] = []
     reason: str | None = None
+    cached = None
     try:
         async for o in stream:
+            cached = o.num_cached_tokens
             ids.extend(o.new_token_ids)
             reason = o.finish_reason if o.finished else None
     except EngineDeadError as exc:
         raise ApiError(500, str(exc), None, "internal_server_error", "engine_error") from exc
-    return web.json_response(out.full(tokenizer.decode(ids), ids, reason, num_prompt))
+    return web.json_response(out.full(tokenizer.decode(ids), ids, reason, num_prompt, cached))
 
 
 # ---- introspection ------------------------------------------------------------------------
