@@ -89,6 +89,7 @@ class _Run:
         self.counts = dict.fromkeys(("sent", *STATUSES), 0)
         self.in_flight = 0
         self.connection_errors_in_row = 0
+        self.failures_in_row = 0
         self.send_lags: list[int] = []
         self.requests: set[asyncio.Task[Outcome]] = set()
         self.open_loop_truncated = False
@@ -135,13 +136,20 @@ class _Run:
         return out
 
     def _track_connection(self, out: Outcome) -> None:
-        if not out.connection_error:
-            self.connection_errors_in_row = 0
+        """Abort after `max_connection_errors` connection errors in a row (server unreachable), or as
+        many failed requests of any kind in a row (a server answering every request wrongly)."""
+        self.failures_in_row = 0 if out.status == "ok" else self.failures_in_row + 1
+        self.connection_errors_in_row = self.connection_errors_in_row + 1 if out.connection_error else 0
+        if self.aborted_reason is not None:
             return
-        self.connection_errors_in_row += 1
-        if self.connection_errors_in_row >= self.max_connection_errors and self.aborted_reason is None:
+        if self.connection_errors_in_row >= self.max_connection_errors:
             self.aborted_reason = f"{self.connection_errors_in_row} connection errors in a row: server unreachable"
-            self.closed.set()
+        elif self.failures_in_row >= self.max_connection_errors:
+            self.aborted_reason = (f"{self.failures_in_row} requests in a row failed, the last with "
+                                   f"{out.error_kind or out.status}: see requests.error")
+        else:
+            return
+        self.closed.set()
 
     def snapshot(self, elapsed_s: float, measuring: bool, cpu: float, lag_s: float) -> ProgressSnapshot:
         c = self.counts
