@@ -60,11 +60,15 @@ class FlashMetadata:
 
 
 def _store_fn(device: torch.device):  # noqa: ANN202 - returns one of two store functions
+    from itlbench.engine.attention import triton_backend
+
+    if not triton_backend.available(device)[0]:
+        return _index_store
     try:
         from itlbench.engine.attention import triton_kernels
 
         return triton_kernels.store_kv
-    except Exception:  # noqa: BLE001 - no Triton: plain indexed copies
+    except Exception:  # noqa: BLE001 - a broken Triton install: plain indexed copies
         return _index_store
 
 
