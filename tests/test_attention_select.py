@@ -17,9 +17,9 @@ from itlbench.engine.attention import (
     select_backend,
     triton_backend,
 )
+from itlbench.engine.attention.cases import make_case, run_backend
 from itlbench.engine.config import EngineConfig
 from itlbench.errors import ConfigError
-from tests.attention_cases import make_case, run_backend
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")  # a device object only: nothing here runs on it

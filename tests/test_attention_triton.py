@@ -16,9 +16,9 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton", reason="triton is in the test extra; installed by .ci/run")
 
+from itlbench.engine.attention.cases import make_case, run_backend  # noqa: E402
 from itlbench.engine.attention.sdpa import SdpaBackend  # noqa: E402
 from itlbench.engine.attention.triton_backend import TritonBackend  # noqa: E402
-from tests.attention_cases import make_case, run_backend  # noqa: E402
 
 torch.set_num_threads(1)
 CPU = torch.device("cpu")
@@ -57,6 +57,21 @@ def test_long_context_spans_many_key_tiles() -> None:
     ref, _, _ = run_backend(SdpaBackend(CPU), case)
     out, _, _ = run_backend(TritonBackend(CPU), case)
     torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=0)
+
+
+@pytest.mark.parametrize("splits", [2, 3, 16])
+def test_split_keys_decode_matches_sdpa(splits: int) -> None:
+    """Flash-decoding: each context split over programs, partial results combined; more splits than
+    key tiles leaves some empty."""
+    from itlbench.engine.attention.triton_kernels import decode_splits, paged_attention
+
+    case = make_case([150, 3, 64, 0, 200], [1] * 5, heads=8, kv_heads=2, head_dim=32, block_size=16, seed=11)
+    ref, k_cache, v_cache = run_backend(SdpaBackend(CPU), case)
+    b = case.batch
+    out = paged_attention(case.q, k_cache, v_cache, b.block_tables, b.query_start_loc, b.seq_lens, 1,
+                          num_splits=splits)
+    torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=0)
+    assert decode_splits(1, 8, 132) == 16 and decode_splits(32, 8, 132) == 2 and decode_splits(64, 8, 132) == 1
 
 
 def test_store_writes_its_slots_only_and_skips_negative() -> None:

@@ -10,10 +10,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from itlbench.engine.attention.cases import make_case  # noqa: E402
 from itlbench.engine.batch import flatten  # noqa: E402
 from itlbench.engine.cuda_graph import DecodeGraphs, bucket_for, graph_buckets, is_uniform_decode  # noqa: E402
 from itlbench.engine.request import SamplingParams  # noqa: E402
-from tests.attention_cases import make_case  # noqa: E402
 from tests.test_model_correctness import TINY, make_engine, prompts  # noqa: E402
 
 torch.set_num_threads(1)

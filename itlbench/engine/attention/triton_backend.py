@@ -47,6 +47,10 @@ class TritonBackend:
 
         self.device = device
         self.kernels = triton_kernels
+        # decode steps split each context over programs to fill the GPU (flash-decoding); the CPU
+        # interpreter acts as a 4-SM device so that tests of small batches cover the split path
+        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count \
+            if device.type == "cuda" else 4
 
     def prepare(self, batch: FlatBatch) -> TritonMetadata:
         return TritonMetadata(batch.slot_mapping, batch.query_start_loc, batch.seq_lens, batch.block_tables,
@@ -60,5 +64,8 @@ class TritonBackend:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, meta: TritonMetadata) -> torch.Tensor:
         self.kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        splits = 1
+        if meta.max_query_len == 1:
+            splits = self.kernels.decode_splits(meta.seq_lens.shape[0], k_cache.shape[2], self.num_sms)
         return self.kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
-                                            meta.seq_lens, meta.max_query_len)
+                                            meta.seq_lens, meta.max_query_len, num_splits=splits)

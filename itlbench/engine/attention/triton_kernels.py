@@ -62,13 +62,16 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 @triton.jit
 def _paged_attention_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, query_start_ptr, seq_lens_ptr,
+        part_out_ptr, part_lse_ptr,
         stride_qn, stride_qh, stride_on, stride_oh, stride_slot, stride_bt,
-        sm_scale_log2,
+        stride_ps, stride_pn, stride_ls, stride_ln,
+        sm_scale_log2, num_splits,
         G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
+        BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
     seq = tl.program_id(0)
     tile = tl.program_id(1)
-    kv_head = tl.program_id(2)
+    kv_head = tl.program_id(2) // num_splits
+    split = tl.program_id(2) % num_splits
 
     q_start = tl.load(query_start_ptr + seq)
     q_len = tl.load(query_start_ptr + seq + 1) - q_start
@@ -95,8 +98,13 @@ def _paged_attention_kernel(
         # keys past the tile's last query position are masked for every row: stop before them
         last_q = tl.minimum(q_len, (tile + 1) * BLOCK_Q)
         kv_end = ctx_start + last_q
+        kv_start = 0
+        if SPLIT:  # this program takes one BLOCK_N-aligned share of the keys
+            share = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
+            kv_start = split * share
+            kv_end = tl.minimum(kv_end, kv_start + share)
         bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-        for start in range(0, kv_end, BLOCK_N):
+        for start in range(kv_start, kv_end, BLOCK_N):
             keys = start + tl.arange(0, BLOCK_N)
             key_ok = keys < kv_end
             block = tl.load(bt_row + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
@@ -116,10 +124,36 @@ def _paged_attention_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
 
-        l_i = tl.where(l_i > 0, l_i, 1.0)
-        out = acc / l_i[:, None]
-        tl.store(out_ptr + q_rows[:, None] * stride_on + head[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        if SPLIT:  # fp32 partial output and its log2-sum-exp; an empty share has lse = -inf
+            lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
+            tl.store(part_out_ptr + split * stride_ps + q_rows[:, None] * stride_pn + head[:, None] * HEAD_DIM
+                     + d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
+            tl.store(part_lse_ptr + split * stride_ls + q_rows * stride_ln + head, lse, mask=row_ok)
+        else:
+            tl.store(out_ptr + q_rows[:, None] * stride_on + head[:, None] * stride_oh + d[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _combine_splits_kernel(part_out_ptr, part_lse_ptr, out_ptr, num_splits,
+                           stride_ps, stride_pn, stride_ls, stride_ln, stride_on, stride_oh,
+                           HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    """Row `n`, head `h`: the splits' partial outputs weighted by their share of the softmax mass."""
+    n = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    sp = tl.arange(0, SPLITS_PAD)
+    sp_ok = sp < num_splits
+    lse = tl.load(part_lse_ptr + sp * stride_ls + n * stride_ln + h, mask=sp_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.where(sp_ok & (lse > float("-inf")), tl.exp2(lse - m), 0.0)
+    d = tl.arange(0, D_PAD)
+    d_ok = d < HEAD_DIM
+    parts = tl.load(part_out_ptr + sp[:, None] * stride_ps + n * stride_pn + h * HEAD_DIM + d[None, :],
+                    mask=sp_ok[:, None] & d_ok[None, :], other=0.0)
+    total = tl.sum(w, 0)
+    out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + n * stride_on + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
 def tile_sizes(num_heads: int, num_kv_heads: int, max_query_len: int) -> tuple[int, int, int]:
@@ -131,13 +165,24 @@ def tile_sizes(num_heads: int, num_kv_heads: int, max_query_len: int) -> tuple[i
     return g_pad, block_q, 64
 
 
+MAX_SPLITS = 16
+
+
+def decode_splits(num_reqs: int, num_kv_heads: int, num_sms: int) -> int:
+    """Key-range splits for a decode step (flash-decoding): enough programs for two per SM when the
+    batch alone gives too few; depends on the batch shape only, so a CUDA graph can fix it."""
+    return max(1, min(MAX_SPLITS, -(-2 * num_sms // max(1, num_reqs * num_kv_heads))))
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                     max_query_len: int, out: torch.Tensor | None = None,
-                    sm_scale: float | None = None) -> torch.Tensor:
+                    sm_scale: float | None = None, num_splits: int = 1) -> torch.Tensor:
     """q [N, H, D] (rows strided, last dim contiguous); caches [blocks, block_size, KVH, D];
     block_tables [R, max_blocks] int32; query_start_loc [R + 1] int32; seq_lens [R] int32 (context
-    after this step). `max_query_len` only sizes the grid: a CUDA graph captures it fixed."""
+    after this step). `max_query_len` and `num_splits` only shape the launch (a CUDA graph fixes
+    them); with `num_splits > 1` each (request, KV head) splits its keys over that many programs
+    and a second kernel combines them."""
     n, heads, dim = q.shape
     num_blocks, block_size, kv_heads, _ = k_cache.shape
     if q.stride(2) != 1 or not k_cache.is_contiguous() or not v_cache.is_contiguous():
@@ -148,12 +193,26 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if n == 0 or num_reqs == 0:
         return out
     g_pad, block_q, block_n = tile_sizes(heads, kv_heads, max_query_len)
+    d_pad = max(16, triton.next_power_of_2(dim))
     scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(dim)) * math.log2(math.e)
-    grid = (num_reqs, triton.cdiv(max_query_len, block_q), kv_heads)
+    split = num_splits > 1
+    if split:
+        part_out = torch.empty((num_splits, n, heads, dim), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((num_splits, n, heads), dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = out  # unused
+    grid = (num_reqs, triton.cdiv(max_query_len, block_q), kv_heads * num_splits)
     _paged_attention_kernel[grid](
-        q, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens,
+        q, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens, part_out, part_lse,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), kv_heads * dim, block_tables.stride(0),
-        scale,
-        G=heads // kv_heads, G_PAD=g_pad, HEAD_DIM=dim, D_PAD=max(16, triton.next_power_of_2(dim)),
-        BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=block_n)
+        part_out.stride(0) if split else 0, part_out.stride(1) if split else 0,
+        part_lse.stride(0) if split else 0, part_lse.stride(1) if split else 0,
+        scale, num_splits,
+        G=heads // kv_heads, G_PAD=g_pad, HEAD_DIM=dim, D_PAD=d_pad,
+        BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=block_n, SPLIT=split)
+    if split:
+        _combine_splits_kernel[(n, heads)](
+            part_out, part_lse, out, num_splits, part_out.stride(0), part_out.stride(1), part_lse.stride(0),
+            part_lse.stride(1), out.stride(0), out.stride(1),
+            HEAD_DIM=dim, D_PAD=d_pad, SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)))
     return out

@@ -1,4 +1,5 @@
-"""Paged-attention test cases shared by the backend tests: a step of chunks over a shuffled cache."""
+"""Synthetic paged-attention steps (a batch of chunks over a shuffled cache) for the backend tests and
+`benchmarks/gpu_check.py`: every backend gets the same inputs, SDPA is the reference."""
 
 from __future__ import annotations
 
@@ -19,9 +20,29 @@ class Case:
     k_cache: torch.Tensor  # [blocks, block_size, KVH, D], earlier context already written
     v_cache: torch.Tensor
 
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Case:
+        """The same step on another device and/or in another float type (indices keep theirs)."""
+        b = self.batch
+
+        def idx(x: torch.Tensor) -> torch.Tensor:
+            return x.to(device)
+
+        def val(x: torch.Tensor) -> torch.Tensor:
+            return x.to(device, dtype or x.dtype)
+
+        fused = torch.cat([self.q, self.k, self.v], 1).to(device, dtype or self.q.dtype)
+        h, kvh = self.q.shape[1], self.k.shape[1]
+        batch = FlatBatch(idx(b.input_ids), idx(b.positions), idx(b.slot_mapping), idx(b.query_start_loc),
+                          idx(b.seq_lens), idx(b.block_tables), idx(b.logits_indices), b.request_ids,
+                          b.sample_requests, b.query_lens_np, b.starts_np, b.seq_lens_np, b.block_tables_np,
+                          b.block_size)
+        return Case(batch, fused[:, :h], fused[:, h:h + kvh], fused[:, h + kvh:], val(self.k_cache),
+                    val(self.v_cache))
+
 
 def make_case(starts: list[int], q_lens: list[int], heads: int, kv_heads: int, head_dim: int, block_size: int,
-              dtype: torch.dtype = torch.float32, seed: int = 0, spare_blocks: int = 3) -> Case:
+              dtype: torch.dtype = torch.float32, seed: int = 0, spare_blocks: int = 3,
+              device: torch.device | str = "cpu") -> Case:
     """Request i has `starts[i]` cached tokens and `q_lens[i]` new ones this step. Blocks are
     assigned in a shuffled order so that a kernel reading the wrong block cannot pass."""
     gen = torch.Generator().manual_seed(seed)
@@ -53,8 +74,9 @@ def make_case(starts: list[int], q_lens: list[int], heads: int, kv_heads: int, h
         logits_indices=torch.from_numpy(qsl[1:] - 1), request_ids=tuple(f"r{i}" for i in range(len(starts))),
         sample_requests=(), query_lens_np=lens_np, starts_np=starts_np, seq_lens_np=seq_lens,
         block_tables_np=tables, block_size=block_size)
-    return Case(batch, fused[:, :heads], fused[:, heads:heads + kv_heads], fused[:, heads + kv_heads:],
+    case = Case(batch, fused[:, :heads], fused[:, heads:heads + kv_heads], fused[:, heads + kv_heads:],
                 k_cache, v_cache)
+    return case if torch.device(device).type == "cpu" else case.to(device)
 
 
 def run_backend(backend: object, case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
