@@ -211,7 +211,7 @@ def section_kernels(s: Setup) -> dict:
                 stored = torch.equal(k_cache.float(), ref_k.to(s.dtype).float())
                 meta = backend.prepare(case.batch)
                 kc, vc = case.k_cache.clone(), case.v_cache.clone()
-                secs = _time(lambda b=backend, m=meta, kc=kc, vc=vc: b.forward(case.q, case.k, case.v, kc, vc, m),
+                secs = _time(lambda b=backend, m=meta, c=case, kc=kc, vc=vc: b.forward(c.q, c.k, c.v, kc, vc, m),
                              s.device, 2 if s.dry_run else 20)
                 good = err <= tol and stored
                 row[name] = {"max_abs_err": err, "kv_stored_exactly": stored, "ok": good, "us": secs * 1e6}
