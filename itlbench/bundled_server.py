@@ -33,7 +33,13 @@ def server_args(cfg: EngineConfig) -> list[str]:
     args = ["--model", cfg.model,
             "--chunk-budget", "none" if cfg.chunk_budget is None else str(cfg.chunk_budget),
             "--policy", cfg.policy, "--max-num-seqs", str(cfg.max_num_seqs),
-            "--device", cfg.device, "--dtype", cfg.dtype, "--seed", str(cfg.seed)]
+            "--device", cfg.device, "--dtype", cfg.dtype, "--seed", str(cfg.seed),
+            "--block-size", str(cfg.block_size), "--attention", cfg.attention,
+            "--gpu-memory-fraction", str(cfg.gpu_memory_fraction)]
+    if cfg.kv_memory_gib is not None:
+        args += ["--kv-memory-gib", str(cfg.kv_memory_gib)]
+    if not cfg.cuda_graphs:
+        args.append("--no-cuda-graphs")
     if cfg.mixed:
         args.append("--mixed")
     if cfg.kv_blocks is not None:

@@ -20,12 +20,16 @@ console = Console(stderr=True)
 
 ChunkBudget = Annotated[str, typer.Option("--chunk-budget", help="Tokens per engine step, or 'none' (unchunked prefill).")]
 Policy = Annotated[str, typer.Option("--policy", help="budget (vLLM V1 token budget) or prefill-first (SGLang).")]
+Attention = Annotated[str, typer.Option("--attention", help="Bundled engine attention: auto (flash, triton, then sdpa, "
+                                        "whichever runs here), sdpa, flash or triton.")]
+CudaGraphs = Annotated[bool, typer.Option("--cuda-graphs/--no-cuda-graphs",
+                                          help="Bundled engine on CUDA: replay graphs for decode-only steps.")]
 
 
 # EngineConfig speaks in field names; users typed flags.
 _FLAGS = {"chunk_budget": "--chunk-budget", "policy": "--policy", "mixed": "--mixed", "max_num_seqs": "--max-num-seqs",
           "kv_blocks": "--kv-blocks", "model": "--model", "device": "--device", "max_model_len": "--max-model-len",
-          "block_size": "--block-size", "dtype": "--dtype"}
+          "block_size": "--block-size", "dtype": "--dtype", "attention": "--attention"}
 
 
 def _fail(exc: Exception) -> None:
@@ -36,10 +40,12 @@ def _fail(exc: Exception) -> None:
 
 
 def _engine_config(model: str | None, chunk_budget: str, policy: str, mixed: bool, max_num_seqs: int,
-                   kv_blocks: int | None, device: str, seed: int, max_model_len: int | None = None) -> EngineConfig:
+                   kv_blocks: int | None, device: str, seed: int, max_model_len: int | None = None,
+                   attention: str = "auto", cuda_graphs: bool = True) -> EngineConfig:
     return EngineConfig(model=model or default_preset(device), chunk_budget=parse_chunk_budget(chunk_budget),
                         policy=policy, mixed=mixed, max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
-                        device=device, seed=seed, max_model_len=max_model_len)  # type: ignore[arg-type]
+                        device=device, seed=seed, max_model_len=max_model_len, attention=attention,
+                        cuda_graphs=cuda_graphs)  # type: ignore[arg-type]
 
 
 @app.command()
@@ -68,6 +74,8 @@ def run(
     kv_blocks: Annotated[int | None, typer.Option(help="Bundled engine: KV blocks (default: sized from memory).")] = None,
     device: Annotated[str, typer.Option(help="Bundled engine: auto, cpu or cuda.")] = "auto",
     max_model_len: Annotated[int | None, typer.Option(help="Bundled engine: context limit (default: the model's).")] = None,
+    attention: Attention = "auto",
+    cuda_graphs: CudaGraphs = True,
     slo: Annotated[str | None, typer.Option(help="SLOs, e.g. 'ttft:le2k=2s,itl_p99=150ms'.")] = None,
     stall_factor: Annotated[float, typer.Option(help="A stall is a gap ≥ factor × the stream's median gap…")] = 5.0,
     stall_floor: Annotated[float, typer.Option(help="…and ≥ this many seconds.")] = 0.05,
@@ -85,7 +93,7 @@ def run(
 
     try:
         engine = _engine_config(None if endpoint else model, chunk_budget, policy, mixed, max_num_seqs,
-                                kv_blocks, device, seed, max_model_len)
+                                kv_blocks, device, seed, max_model_len, attention, cuda_graphs)
         cfg = RunConfig(workload=workload, inject=inject, inject_max_tokens=inject_max_tokens, streams=streams,
                         rate=rate, burstiness=burstiness, duration_s=duration, warmup_s=warmup, seed=seed,
                         adaptive_warmup=adaptive_warmup, ramp_s=ramp,
@@ -120,6 +128,8 @@ def serve(
     api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY")] = None,
     device: Annotated[str, typer.Option()] = "auto",
     seed: Annotated[int, typer.Option()] = 0,
+    attention: Attention = "auto",
+    cuda_graphs: CudaGraphs = True,
 ) -> None:
     """Serve the bundled engine with an OpenAI-compatible API, /metrics and /v1/steps."""
     from itlbench.engine.malloc_tuning import reexec_with_malloc_tunables
@@ -130,7 +140,7 @@ def serve(
 
     try:
         engine = _engine_config(model, chunk_budget, policy, mixed, max_num_seqs, kv_blocks, device, seed,
-                                max_model_len)
+                                max_model_len, attention, cuda_graphs)
         serve_forever(ServerConfig(engine=engine, host=host, port=port, api_key=api_key))
     except ItlbenchError as exc:
         _fail(exc)

@@ -154,3 +154,25 @@ def test_flash_backend_matches_sdpa(fake_flash: None, starts: list[int], q_lens:
     out, k_cache, v_cache = run_backend(flash.FlashBackend(CPU), case)
     assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=0)
+
+
+# ----------------------------------------------------------------- the flag as a user meets it
+
+
+@pytest.mark.parametrize("args", [["run", "--attention", "flash", "--duration", "1", "--no-live"],
+                                  ["serve", "--attention", "flash", "--port", "0"],
+                                  ["run", "--attention", "nope", "--duration", "1", "--no-live"]])
+def test_cli_rejects_an_attention_backend_that_cannot_run(args: list[str], tmp_path: object,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from itlbench.cli import app
+
+    monkeypatch.setattr(flash, "HAS_FLASH_ATTN", False)
+    monkeypatch.setenv("GLIBC_TUNABLES", "")  # `serve` would otherwise re-execute this process
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert text.startswith("error: --attention:") and "Traceback" not in text
+    assert not any(tmp_path.iterdir())  # no run directory

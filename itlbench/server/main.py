@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from itlbench.engine.async_engine import AsyncEngine
-from itlbench.engine.config import POLICIES, EngineConfig, default_preset, parse_chunk_budget
+from itlbench.engine.config import (
+    ATTENTION_BACKENDS,
+    POLICIES,
+    EngineConfig,
+    default_preset,
+    parse_chunk_budget,
+)
 from itlbench.server.app import ServerState, build_app
 from itlbench.server.metrics import ServerMetrics
 
@@ -169,7 +175,12 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-blocks", type=int, default=None)
-    p.add_argument("--kv-memory-gib", type=float, default=4.0)
+    p.add_argument("--kv-memory-gib", type=float, default=None,
+                   help="KV pool size (default: 4 GiB on CPU; on CUDA a share of free device memory)")
+    p.add_argument("--gpu-memory-fraction", type=float, default=0.9,
+                   help="CUDA: share of free memory after the weights that KV and activations may use")
+    p.add_argument("--attention", default="auto", choices=ATTENTION_BACKENDS)
+    p.add_argument("--no-cuda-graphs", action="store_true", help="CUDA: run decode steps eagerly")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--device", default="auto")
@@ -187,7 +198,8 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
         model=a.model or default_preset(a.device), chunk_budget=parse_chunk_budget(a.chunk_budget), policy=a.policy, mixed=a.mixed,
         max_num_seqs=a.max_num_seqs, block_size=a.block_size, kv_blocks=a.kv_blocks,
         kv_memory_gib=a.kv_memory_gib, max_model_len=a.max_model_len,
-        enable_prefix_caching=not a.no_prefix_caching, device=a.device, dtype=a.dtype, seed=a.seed)
+        enable_prefix_caching=not a.no_prefix_caching, device=a.device, dtype=a.dtype, seed=a.seed,
+        gpu_memory_fraction=a.gpu_memory_fraction, attention=a.attention, cuda_graphs=not a.no_cuda_graphs)
     return ServerConfig(engine=engine, host=a.host, port=a.port, api_key=a.api_key,
                         served_model_name=a.served_model_name, max_waiting=a.max_waiting,
                         access_log=a.access_log)

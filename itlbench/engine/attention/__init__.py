@@ -24,7 +24,7 @@ import torch
 from itlbench.engine.attention import flash, triton_backend
 from itlbench.engine.attention.sdpa import SdpaBackend
 from itlbench.engine.batch import FlatBatch
-from itlbench.engine.config import ATTENTION_BACKENDS
+from itlbench.engine.config import ATTENTION_BACKENDS, EngineConfig
 from itlbench.errors import ConfigError
 
 log = logging.getLogger("itlbench.engine")
@@ -101,6 +101,15 @@ def choose(requested: str, device: torch.device | str, block_size: int = DEFAULT
                            f"triton skipped: {triton_why})")
 
 
+def preflight(config: EngineConfig) -> AttentionChoice:
+    """The choice an engine with this config would make here, or the ConfigError it would raise:
+    lets `itlbench run` reject `--attention flash` before it starts a server."""
+    from itlbench.engine.runner import resolve_device, resolve_dtype
+
+    device = resolve_device(config.device)
+    return choose(config.attention, device, config.block_size, resolve_dtype(config.dtype, device))
+
+
 def make_backend(name: str, device: torch.device | str) -> AttentionBackend:
     device = torch.device(device)
     if name == "flash":
@@ -121,4 +130,4 @@ def select_backend(device: torch.device | str, requested: str = "auto", block_si
 
 
 __all__ = ["AttentionBackend", "AttentionChoice", "BACKENDS", "DEFAULT_BLOCK_SIZE", "FLASH_BLOCK_SIZE",
-           "SdpaBackend", "choose", "make_backend", "select_backend"]
+           "SdpaBackend", "choose", "make_backend", "preflight", "select_backend"]
