@@ -129,3 +129,30 @@ def test_kv_pool_sized_from_free_device_memory() -> None:
     assert num_kv_blocks(cfg.with_(kv_blocks=10), model, 131_072, 2, 16, free) == 10
     # no device memory figure (CPU): 4 GiB
     assert num_kv_blocks(cfg, model, 8192, 2, 16) == 4 * GIB // block_bytes
+
+
+def test_nvtx_step_ranges_name_the_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every step is an NVTX range `step/<phase>` with a mark carrying its token counts (recorded
+    here by a stand-in for torch.cuda.nvtx, which needs CUDA)."""
+    from itlbench.engine import instrument
+
+    events: list[tuple[str, str]] = []
+    nv = instrument._Nvtx()
+    nv._push = lambda name: events.append(("push", name))
+    nv._pop = lambda: events.append(("pop", ""))
+    nv._mark = lambda note: events.append(("mark", note))
+    monkeypatch.setattr(instrument, "_nvtx", nv)
+    engine = make_engine(TINY, chunk_budget=8)
+    greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    engine.add_request(prompts(TINY, (12,))[0], greedy)
+    engine.step()  # 8 of 12 prompt tokens
+    engine.add_request(prompts(TINY, (5,), seed=2)[0], greedy)
+    while engine.has_unfinished():
+        engine.step()
+    pushes = [name for kind, name in events if kind == "push"]
+    records = engine.step_log.since(0)
+    assert pushes == [f"step/{r.phase}" for r in records]
+    assert {"step/prefill", "step/mixed", "step/decode"} <= set(pushes)
+    marks = [note for kind, note in events if kind == "mark"]
+    assert marks == [f"step/{r.phase} prefill={r.prefill_tokens} decode={r.decode_tokens}" for r in records]
+    assert sum(kind == "pop" for kind, _ in events) == len(records)
