@@ -36,9 +36,11 @@ def test_triton_greedy_matches_reference(cfg: object, budget: int | None) -> Non
 
 
 def test_flash_greedy_matches_reference(fake_flash: None) -> None:  # noqa: F811 - fixture
-    engine = make_engine(TINY, chunk_budget=7, attention="flash", kv_blocks=12)
-    # the default block size became flash-attn's 256, and the engine says so in its config
+    engine = make_engine(TINY, chunk_budget=7, attention="flash", kv_blocks=190)
+    # the default block size became flash-attn's 256, and the engine says so in its config;
+    # --kv-blocks keeps its token capacity (190 blocks of 16 tokens: 12 of 256)
     assert engine.config.attention == "flash" and engine.config.block_size == FLASH_BLOCK_SIZE
+    assert engine.runner.num_blocks == engine.block_manager.num_blocks == 12
     ps = prompts(TINY, LENS)
     for p, out in zip(ps, run_staggered(engine, ps), strict=True):
         assert out == expected(TINY, tuple(p)), f"prompt length {len(p)}"

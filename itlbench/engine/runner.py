@@ -122,7 +122,11 @@ class ModelRunner:
         self.backend = make_backend(choice.backend, self.device)
         dtype_bytes = torch.finfo(self.dtype).bits // 8
         free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
-        self.num_blocks = num_kv_blocks(config, model_config, max_model_len, dtype_bytes, self.block_size, free)
+        sizing = config
+        if config.kv_blocks is not None and self.block_size != config.block_size:
+            # flash resized the blocks: keep the token capacity that --kv-blocks asked for
+            sizing = config.with_(kv_blocks=-(-config.kv_blocks * config.block_size // self.block_size))
+        self.num_blocks = num_kv_blocks(sizing, model_config, max_model_len, dtype_bytes, self.block_size, free)
         # one block past the manager's range: where padded CUDA graph rows write
         self.scratch_block = self.num_blocks
         shape = (self.num_blocks + 1, self.block_size, model_config.num_kv_heads, model_config.head_dim)
