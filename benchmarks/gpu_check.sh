@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA engine's check on one GPU (H100/H200; about 5 minutes, at most 7.5): kernel correctness vs
+# The CUDA engine's check on one GPU (H100/H200; about 5 minutes, at most 7.6): kernel correctness vs
 # SDPA, Llama-3.1-8B decode steps vs the HBM floor, prefill MFU at 2k and 32k, and the seeds'
 # scenario (32 streams, one 32k injection, unchunked vs budget 2048). Prints each section and writes
 # every figure to $OUT_DIR/gpu_check.json.
@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DRY_RUN=""
 if [[ "${1:-}" == "--dry-run" ]]; then DRY_RUN="--dry-run"; fi
-PYTHON="${PYTHON:-python3}"
+PYTHON="${PYTHON:-$(command -v python3 || command -v python || echo python3)}"
 OUT_DIR="${OUT_DIR:-reports/gpu-check-$(date +%Y%m%d-%H%M%S)}"
 SECTIONS="${SECTIONS:-env kernels decode prefill scenario}"
 mkdir -p "$OUT_DIR"
@@ -26,8 +26,8 @@ export PYTHONUNBUFFERED=1
 if [[ -n "$DRY_RUN" ]]; then export TRITON_INTERPRET=1; fi
 start=$(date +%s)
 
-# seconds each section may take on the GPU box: 7.5 minutes if every one ran to its limit
-declare -A LIMIT=([env]=30 [kernels]=60 [decode]=130 [prefill]=60 [scenario]=170)
+# seconds each section may take on the GPU box: 7.6 minutes if every one ran to its limit
+declare -A LIMIT=([env]=30 [kernels]=75 [decode]=120 [prefill]=60 [scenario]=170)
 if [[ -n "$DRY_RUN" ]]; then LIMIT=([env]=60 [kernels]=300 [decode]=300 [prefill]=300 [scenario]=300); fi
 
 echo "== packages"
@@ -50,6 +50,16 @@ for mod in triton flash_attn nvtx; do
     echo "$mod: not installed (its backend is skipped; GPU_CHECK_INSTALL=1 tries pip)"
   fi
 done
+# env, kernels, decode and prefill need torch and numpy only; the scenario drives `itlbench run`
+if ! "$PYTHON" -c "import aiohttp, polars, pyarrow, typer, rich, psutil" >/dev/null 2>&1; then
+  if [[ "${GPU_CHECK_INSTALL:-0}" == "1" && -z "$DRY_RUN" ]]; then
+    echo "itlbench's dependencies missing: pip install -e . (at most 180 s)"
+    timeout 180 "$PYTHON" -m pip install -e . >"$OUT_DIR/pip-itlbench.log" 2>&1 \
+      && echo "  installed" || echo "  not installed (see $OUT_DIR/pip-itlbench.log)"
+  else
+    echo "itlbench's dependencies are missing (pip install -e .): the scenario section will fail"
+  fi
+fi
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.max.sm \
   --format=csv,noheader || echo "nvidia-smi: not found"
 
