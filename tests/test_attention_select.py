@@ -4,6 +4,7 @@ flash-attn stand-in written from flash-attn's documented semantics (flash-attn n
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -176,3 +177,37 @@ def test_cli_rejects_an_attention_backend_that_cannot_run(args: list[str], tmp_p
     text = " ".join(result.output.split())
     assert text.startswith("error: --attention:") and "Traceback" not in text
     assert not any(tmp_path.iterdir())  # no run directory
+
+
+def test_cpu_install_needs_neither_triton_nor_flash_attn() -> None:
+    """With triton and flash_attn unimportable, the engine still builds and runs on CPU, and naming
+    either backend is a clear error."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+sys.modules["triton"] = None
+sys.modules["flash_attn"] = None
+from itlbench.engine.attention import choose
+from itlbench.engine.config import EngineConfig
+from itlbench.engine.engine import Engine
+from itlbench.engine.request import SamplingParams
+from itlbench.errors import ConfigError
+engine = Engine(EngineConfig(model="tiny", kv_blocks=64, max_model_len=256))
+out = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))
+assert len(out[0]) == 3 and engine.config.attention == "sdpa"
+for name in ("triton", "flash"):
+    try:
+        choose(name, "cpu")
+    except ConfigError as exc:
+        print(exc.field, exc.problem)
+"""
+    root = Path(__file__).resolve().parents[1]
+    env = {"PYTHONPATH": str(root), "TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines == ["attention triton is unavailable: triton is not installed (pip install -e '.[cuda]')",
+                     "attention flash is unavailable: flash_attn is not installed (pip install flash-attn on a "
+                     "CUDA machine)"]

@@ -17,7 +17,11 @@ from itlbench.engine.batch import FlatBatch
 
 def available(device: torch.device) -> tuple[bool, str]:
     """Whether the Triton backend can run on `device`, and why not."""
-    if importlib.util.find_spec("triton") is None:
+    try:
+        installed = importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # a broken or blocked install counts as missing
+        installed = False
+    if not installed:
         return False, "triton is not installed (pip install -e '.[cuda]')"
     if device.type == "cuda":
         return True, ""
