@@ -38,7 +38,8 @@ class Engine:
         self.tokenizer = load_tokenizer(self.model_config)
         self.runner = ModelRunner(config, self.model_config, self.max_model_len, attention_backend)
         # the backend and block size that actually run (auto resolved; flash may need larger blocks)
-        self.config = config = config.with_(attention=self.runner.attention, block_size=self.runner.block_size)
+        self.config = config = config.with_(attention=getattr(self.runner, "attention", config.attention),
+                                            block_size=getattr(self.runner, "block_size", config.block_size))
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
         self.sampler = Sampler(config.seed)
@@ -157,7 +158,7 @@ class Engine:
             num_waiting=self.num_waiting, num_preemptions=len(output.preempted),
             kv_usage=self.block_manager.usage, token_budget=output.token_budget, start_ns=start_ns,
             end_ns=end_ns, prefill_request_ids=prefill_ids, num_finished=num_finished, wall_start_ns=wall_ns,
-            cuda_graph=self.runner.last_cuda_graph))
+            cuda_graph=getattr(self.runner, "last_cuda_graph", False)))
         self._step += 1
 
     # ----------------------------------------------------------------- convenience
