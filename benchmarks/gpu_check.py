@@ -376,12 +376,33 @@ def section_scenario(s: Setup, out_dir: Path) -> dict:
             print(row["error"])
         else:
             row.update(scenario_figures(json.loads(summary_path.read_text())))
+            row.update(served_engine(run_dir))
             print(f"budget {budget:>5}: ITL p50 {_ms(row['itl_p50_s'])}, p99 {_ms(row['itl_p99_s'])}, worst gap "
                   f"{_ms(row['itl_max_s'])}; stall worst {_ms(row['stall_worst_s'])} over {row['stall_gaps']} gaps; "
                   f"injected TTFT {_ms(row['injected_ttft_s'])}; {row['output_tokens_per_s'] or 0:.0f} tok/s; "
-                  f"valid {row['valid']} ({wall:.0f} s)")
+                  f"valid {row['valid']} ({wall:.0f} s); attention {row.get('attention')}, blocks of "
+                  f"{row.get('block_size')}, CUDA graphs on {row.get('decode_steps_with_graph', 0):.0%} of decode steps")
         rows.append(row)
     return {"rows": rows}
+
+
+def served_engine(run_dir: Path) -> dict:
+    """What the server ran (from run.json and the step log): backend, block size, graph use."""
+    out: dict = {}
+    try:
+        engine = json.loads((run_dir / "run.json").read_text())["engine"]["engine"]
+        out.update(attention=engine.get("attention"), block_size=engine.get("block_size"))
+        import polars as pl
+
+        steps = pl.read_parquet(run_dir / "steps" / "*.parquet")
+        decode = steps.filter(pl.col("phase") == "decode")
+        if decode.height and "cuda_graph" in decode.columns:
+            out["decode_steps_with_graph"] = float(decode["cuda_graph"].mean())
+        longest = steps.sort("start_ns").with_columns(((pl.col("end_ns") - pl.col("start_ns")) / 1e9).alias("s"))
+        out["longest_step"] = longest.sort("s").tail(1).select("phase", "prefill_tokens", "decode_tokens", "s").to_dicts()
+    except Exception as exc:  # noqa: BLE001 - the figures above stand without these
+        out["served_engine_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    return out
 
 
 def _ms(x: float | None) -> str:
