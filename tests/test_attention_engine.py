@@ -24,7 +24,6 @@ LENS = (1, 15, 16, 17, 40)  # partial, exactly full and multi-block prompts
 @pytest.mark.parametrize("cfg", [TINY, TIED], ids=["tiny-gqa2", "tied-gqa4"])
 @pytest.mark.parametrize("budget", [None, 7])
 def test_triton_greedy_matches_reference(cfg: object, budget: int | None) -> None:
-    pytest.importorskip("triton")
     engine = make_engine(cfg, chunk_budget=budget, attention="triton", max_num_seqs=8)
     assert engine.config.attention == "triton" and engine.runner.backend.name == "triton"
     ps = prompts(cfg, LENS)

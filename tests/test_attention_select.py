@@ -64,7 +64,6 @@ def test_named_backend_that_cannot_run_is_a_config_error(no_interpreter: None,
 
 
 def test_triton_on_cpu_only_under_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert choose("triton", CPU).backend == "triton"
     assert choose("auto", CPU).backend == "sdpa"  # auto never takes the interpreter

@@ -69,7 +69,6 @@ def test_padding_rows_point_at_the_scratch_block_only() -> None:
 
 
 def test_fixed_buffer_decode_matches_eager_and_writes_no_real_block() -> None:
-    pytest.importorskip("triton")
     engine = make_engine(TINY, attention="triton", max_num_seqs=8, kv_blocks=64)
     runner = engine.runner
     assert runner.graphs is None and runner.scratch_block == runner.num_blocks == 64
