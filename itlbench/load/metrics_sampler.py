@@ -68,6 +68,7 @@ class _Body:
     reason: str
     http_status: int
     text: str
+    row: dict[str, object]  # its `scrapes` row, completed with the series count when parsed
 
 
 class MetricsSampler:
@@ -87,6 +88,7 @@ class MetricsSampler:
         self.scrapes = 0
         self.failures = 0
         self._bodies: list[_Body] = []
+        self._rows: list[dict[str, object]] = []  # `scrapes` rows, written by finish()
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -117,7 +119,7 @@ class MetricsSampler:
             if resp.status != 200:
                 row["error"] = f"HTTP {resp.status}: {raw[:200].decode(errors='replace').strip()}"
             else:
-                self._bodies.append(_Body(start, end, reason, resp.status, raw.decode(errors="replace")))
+                self._bodies.append(_Body(start, end, reason, resp.status, raw.decode(errors="replace"), row))
                 row["status"] = "ok"
         except asyncio.CancelledError:
             row["error"] = "cancelled"
@@ -130,7 +132,7 @@ class MetricsSampler:
                 self.scrapes += 1
             else:
                 self.failures += 1
-            self.writer.add("scrapes", row)
+            self._rows.append(row)
         return row["status"] == "ok"
 
     async def run_periodic(self) -> None:
@@ -143,19 +145,26 @@ class MetricsSampler:
             await asyncio.sleep(max(0.0, self.interval_s - (time.perf_counter() - started)))
 
     def finish(self) -> int:
-        """Parse every body read so far into `server_metrics` rows (after the load); returns the row
-        count. A body that is not a Prometheus exposition is counted as a failure, not raised."""
+        """Parse every body read so far into `server_metrics` rows and write the `scrapes` rows (after
+        the load); returns the sample count. A body that is not a Prometheus exposition is counted as
+        a failed scrape, not raised."""
         bodies, self._bodies = self._bodies, []
         n = 0
         for body in bodies:
             try:
                 rows, seen = parse_samples(body.text, body.start_ns)
-            except (ValueError, IndexError, TypeError):
+            except (ValueError, IndexError, TypeError) as exc:
                 self.failures += 1
+                self.scrapes -= 1
+                body.row.update(status="error", error=f"not a Prometheus exposition: {type(exc).__name__}: {exc}")
                 continue
             self.prefixes |= seen
+            body.row["series"] = len(rows)
             for row in rows:
                 self.writer.add("server_metrics", row)
             n += len(rows)
+        rows_out, self._rows = self._rows, []
+        for row in rows_out:
+            self.writer.add("scrapes", row)
         return n
 
