@@ -127,7 +127,8 @@ def test_metrics_are_read_just_outside_the_window_by_default(tmp_path: Path) -> 
     assert summary["split"]["counters_read"]["start_offset_s"] <= 0 <= summary["split"]["counters_read"]["end_offset_s"]
     assert doc["metrics"]["scrapes"] == 2
     assert periodic["scrapes"]["by_reason"]["periodic"] >= 3 and periodic["scrapes"]["in_window"] >= 2
-    assert read_table(periodic_dir, "server_metrics")["t_ns"].n_unique() == periodic["scrapes"]["count"]
+    ok = read_table(periodic_dir, "scrapes").filter(pl.col("status") == "ok")  # the last may be cut at the end
+    assert read_table(periodic_dir, "server_metrics")["t_ns"].n_unique() == ok.height >= 5
 
 
 def test_a_gap_under_a_scrape_gets_the_scrape_cause() -> None:
