@@ -156,3 +156,24 @@ def test_nothing_of_telemetry_is_imported_when_it_is_off() -> None:
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_cli_rejects_bad_telemetry_flags_with_exit_code_2() -> None:
+    from typer.testing import CliRunner
+
+    from itlbench.cli import app
+
+    runner = CliRunner()
+    r = runner.invoke(app, ["run", "--metrics-port", "nine", "--duration", "1"])
+    assert r.exit_code == 2 and "--metrics-port" in r.output
+    r = runner.invoke(app, ["serve", "--otlp-endpoint", "collector:4318"])
+    assert r.exit_code == 2 and "--otlp-endpoint" in r.output
+
+
+def test_missing_sdk_names_the_extra() -> None:
+    code = ("import sys; sys.modules['opentelemetry.exporter.otlp.proto.http'] = None\n"
+            "from itlbench.errors import ConfigError\nfrom itlbench.run_config import RunConfig\n"
+            "try:\n    RunConfig(otlp_endpoint='http://127.0.0.1:4318').validate()\n"
+            "except ConfigError as e:\n    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "--otlp-endpoint" in r.stdout and "itlbench[otel]" in r.stdout, r.stdout + r.stderr
