@@ -121,7 +121,7 @@ def _builtin_annotation() -> dict[str, Any]:
 
 def _annotation(name: str, expr: str, color: str, title: str, text: str) -> dict[str, Any]:
     return {"name": name, "datasource": DS, "enable": True, "hide": False, "iconColor": color, "expr": expr,
-            "step": "1s", "titleFormat": title, "textFormat": text, "tagKeys": "", "useValueForTime": False,
+            "step": "5s", "titleFormat": title, "textFormat": text, "tagKeys": "", "useValueForTime": False,
             "target": {"refId": "Anno", "expr": expr, "legendFormat": title, "range": True}}
 
 
