@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 
 from itlbench.analysis.stalls import StallParams, analyze_stalls
+from itlbench.analysis.starvation import pause_breakdown
 from itlbench.errors import ConfigError
 from itlbench.load.client_monitor import PauseWatchdog
 from itlbench.load.sse_client import StreamClient
@@ -223,6 +224,23 @@ class _Rows:
 
 
 # ---- where a paused loop's time went ------------------------------------------------------------------
+
+def test_pauses_spent_waiting_for_a_cpu_are_named_starvation() -> None:
+    starved = frame("client_pauses", [
+        {"start_ns": 0, "end_ns": 2000 * MS, "kind": "loop", "cpu_s": 0.01, "runq_s": 1.97},
+        {"start_ns": 3000 * MS, "end_ns": 3100 * MS, "kind": "loop", "cpu_s": 0.0, "runq_s": 0.1},
+        {"start_ns": 4000 * MS, "end_ns": 4020 * MS, "kind": "gc"}])
+    out = pause_breakdown(starved)
+    assert out["count"] == 3 and out["wall_s"] == pytest.approx(2.12) and out["runq_s"] == pytest.approx(2.07)
+    assert out["starved_fraction"] == pytest.approx(2.07 / 2.1) and "without a CPU" in out["line"]
+    busy = frame("client_pauses", [{"start_ns": 0, "end_ns": 2000 * MS, "kind": "loop", "cpu_s": 1.9,
+                                    "runq_s": 0.05}])
+    assert pause_breakdown(busy)["line"] is None  # the client's own work: not starvation
+    brief = frame("client_pauses", [{"start_ns": 0, "end_ns": 20 * MS, "kind": "loop", "cpu_s": 0.0,
+                                     "runq_s": 0.02}])
+    assert pause_breakdown(brief)["line"] is None  # too short to make a stall
+
+
 
 def test_loop_pauses_say_whether_the_loop_worked_or_slept() -> None:
     rows: list[dict[str, object]] = []

@@ -14,7 +14,10 @@ and draws the pauses of one run of each client on one time axis with the scrapes
     python -m benchmarks.peers.scrape_effect /work/peers/models/cpu-small --old-tree /tmp/old \\
         --out /work/peers/runs/scrape-effect --figure reports/vllm-cpu/scrape-effect.png
 
-Take it under the bench lock (`flock /work/wt/bench.lock ...`); it says how busy the box was.
+`--client-nice -10` runs each client in a scheduler autogroup of its own with ten times the CPU weight
+(root only): the pauses are then the ones the client or the scrapes cause, not the ones it suffers
+waiting for a CPU. Take it under the bench lock (`flock /work/wt/bench.lock ...`); it says how busy
+the box was.
 """
 
 from __future__ import annotations
@@ -44,14 +47,23 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def run_once(variant: str, tree: Path, base_url: str, model: str, out: Path) -> dict[str, object]:
+def with_cpu_weight(cmd: list[str], nice: int | None) -> list[str]:
+    """Run `cmd` in a session (hence a Linux scheduler autogroup) of its own at autogroup nice `nice`:
+    its CPU weight against other sessions' processes, vLLM's included (needs root for nice < 0)."""
+    if nice is None:
+        return cmd
+    return ["setsid", "sh", "-c", f'echo {nice} > /proc/$$/autogroup && exec "$@"', "sh", *cmd]
+
+
+def run_once(variant: str, tree: Path, base_url: str, model: str, out: Path,
+             nice: int | None = None) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    cmd = [sys.executable, "-m", "itlbench.cli", "run", "--endpoint", base_url, "--model", model, *LOAD,
-           *VARIANTS[variant], "--out", str(out), "--no-live"]
+    cmd = with_cpu_weight([sys.executable, "-m", "itlbench.cli", "run", "--endpoint", base_url, "--model", model,
+                           *LOAD, *VARIANTS[variant], "--out", str(out), "--no-live"], nice)
     before = loadavg()
     proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
     return {"variant": variant, "dir": str(out), "rc": proc.returncode, "loadavg_before": before,
-            "loadavg_after": loadavg(), "command": " ".join(cmd[1:]), "stderr_tail": proc.stderr[-2000:]}
+            "loadavg_after": loadavg(), "command": " ".join(cmd), "stderr_tail": proc.stderr[-2000:]}
 
 
 def scrape_starts(run_dir: Path) -> pl.DataFrame:
@@ -126,6 +138,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--chunk-budget", type=int, default=2048)
     ap.add_argument("--figure", type=Path)
+    ap.add_argument("--client-nice", type=int, help="autogroup nice of each client run (e.g. -10; root only)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cfg = VllmConfig(model_dir=args.model_dir, chunk_budget=args.chunk_budget, max_num_seqs=64,
@@ -136,7 +149,7 @@ def main() -> None:
         for i in range(args.repeats):
             for variant in VARIANTS:
                 tree = args.old_tree if variant == "before" else REPO
-                rec = run_once(variant, tree, srv.base_url, srv.model, args.out / f"{variant}-{i}")
+                rec = run_once(variant, tree, srv.base_url, srv.model, args.out / f"{variant}-{i}", args.client_nice)
                 if rec["rc"] == 0:
                     rec.update(pause_stats(Path(rec["dir"])))
                 records.append(rec)

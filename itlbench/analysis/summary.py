@@ -24,6 +24,7 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
   failures.{count,total,by_kind.<kind>.{count,example},line}  failed requests by requests.error_kind
   cache.{requests_reporting,prompt_tokens,cached_tokens,cached_fraction,injected[],server,warnings}
   scrapes.{count,failed,by_reason,in_window,longest_s,total_s}  /metrics reads of an external engine
+  client_pauses.{count,wall_s,measured_wall_s,cpu_s,runq_s,starved_fraction,line}  the client's loop pauses
   bundling.{fraction,chunks,bundled_chunks,tokens_per_chunk,warn_fraction,warning}
   valid, validity.{reasons,affected,standing,figures,thresholds}  (each client delay judged against the
                     figure it distorts; `affected` names keys, `standing` the headline figures that hold)
@@ -54,6 +55,7 @@ from itlbench.analysis.goodput import SloSet, goodput, judge, parse_slo
 from itlbench.analysis.scrapes import scrape_summary
 from itlbench.analysis.split import time_split
 from itlbench.analysis.stalls import StallParams, analyze_stalls
+from itlbench.analysis.starvation import pause_breakdown
 from itlbench.analysis.stats import json_safe
 from itlbench.analysis.validity import ValidityThresholds, check_validity
 from itlbench.analysis.window import RunWindow, select_window
@@ -145,6 +147,7 @@ def summarize(
         "failures": failure_summary(requests),
         "cache": cache_summary(requests, t["server_metrics"], window),
         "scrapes": scrape_summary(t["scrapes"], window),
+        "client_pauses": pause_breakdown(t["client_pauses"]),
         "valid": validity["valid"],
         "validity": {k: v for k, v in validity.items() if k != "valid"},
         "crosscheck": {"engine": engine_check(requests, chunks, steps),

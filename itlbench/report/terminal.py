@@ -193,6 +193,9 @@ def _print_observer(console: Console, summary: dict[str, Any]) -> None:
         console.print("[bold]Prefix cache[/] " + "; ".join(parts))
     for warning in cache.get("warnings") or []:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    starved = (summary.get("client_pauses") or {}).get("line")
+    if starved:
+        console.print(f"[yellow]warning:[/] {starved}", highlight=False)
     scrapes = summary.get("scrapes") or {}
     if scrapes.get("count"):
         reasons = ", ".join(f"{k} {v}" for k, v in (scrapes.get("by_reason") or {}).items())
