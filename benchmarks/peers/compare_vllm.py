@@ -12,7 +12,10 @@ repeats against one long-lived vLLM server measure prefill, not its prefix cache
         --report reports/vllm-cpu/README.md
     python -m benchmarks.peers.compare_vllm --render /work/peers/runs/compare --report ...  # table only
 
-Take it under the bench lock (`flock /work/wt/bench.lock ...`); each row records the load average.
+`--client-nice -10` gives each client (not the engines: vLLM and the bundled server run in sessions of
+their own) ten times the CPU weight, so that the client's loop is not starved of a CPU by the engine
+it measures (see benchmarks/peers/scrape_effect.py). Take it under the bench lock
+(`flock /work/wt/bench.lock ...`); each row records the load average.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.peers.scrape_effect import with_cpu_weight  # noqa: E402
 from benchmarks.peers.vllm_server import VllmConfig, VllmServer  # noqa: E402
 from itlbench.rundir.reader import read_summary  # noqa: E402
 
@@ -40,20 +44,22 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def _itlbench(args: list[str], out: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "itlbench.cli", "run", *args, *LOAD, "--out", str(out), "--no-live"]
+def _itlbench(args: list[str], out: Path, env: dict[str, str] | None = None, nice: int | None = None) -> dict[str, Any]:
+    cmd = with_cpu_weight([sys.executable, "-m", "itlbench.cli", "run", *args, *LOAD, "--out", str(out),
+                           "--no-live"], nice)
     before = loadavg()
     proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True,
                           check=False)
     rec = {"dir": str(out), "rc": proc.returncode, "loadavg_before": before, "loadavg_after": loadavg(),
-           "command": ("OMP_NUM_THREADS=1 " if env else "") + "itlbench " + " ".join(cmd[3:])}
+           "client_nice": nice,
+           "command": ("OMP_NUM_THREADS=1 " if env else "") + "itlbench " + " ".join(cmd[cmd.index("run"):])}
     if proc.returncode:
         rec["stderr_tail"] = proc.stderr[-2000:]
     (out.parent / f"{out.name}.meta.json").write_text(json.dumps(rec, indent=1))
     return rec
 
 
-def measure(model_dir: Path, out: Path, budgets: list[str], repeats: int) -> None:
+def measure(model_dir: Path, out: Path, budgets: list[str], repeats: int, nice: int | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for budget in budgets:
         size = None if budget == "none" else int(budget)
@@ -62,11 +68,13 @@ def measure(model_dir: Path, out: Path, budgets: list[str], repeats: int) -> Non
         with VllmServer(cfg) as srv:
             print(f"vLLM b{budget} up in {srv.startup_s:.0f} s; load {loadavg()}", flush=True)
             for i in range(repeats):
-                rec = _itlbench(["--endpoint", srv.base_url, "--model", srv.model], out / f"vllm-b{budget}-{i}")
+                rec = _itlbench(["--endpoint", srv.base_url, "--model", srv.model], out / f"vllm-b{budget}-{i}",
+                                nice=nice)
                 print(json.dumps(rec), flush=True)
         for i in range(repeats):
             rec = _itlbench(["--model", str(model_dir), "--chunk-budget", budget, "--max-num-seqs",
-                             str(MAX_NUM_SEQS)], out / f"bundled-b{budget}-{i}", env={"OMP_NUM_THREADS": "1"})
+                             str(MAX_NUM_SEQS)], out / f"bundled-b{budget}-{i}", env={"OMP_NUM_THREADS": "1"},
+                            nice=nice)
             print(json.dumps(rec), flush=True)
 
 
@@ -129,11 +137,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--render", type=Path, help="only print the table of the runs in this directory")
     ap.add_argument("--keep", type=Path, help="copy every run's run.json and summary.json here")
+    ap.add_argument("--client-nice", type=int, help="autogroup nice of each client (e.g. -10; root only); "
+                    "both engines run in sessions of their own at the default weight")
     args = ap.parse_args()
     if args.render is None:
         if args.model_dir is None or args.out is None:
             ap.error("give MODEL_DIR and --out (or --render DIR)")
-        measure(args.model_dir, args.out, args.budgets.split(","), args.repeats)
+        measure(args.model_dir, args.out, args.budgets.split(","), args.repeats, args.client_nice)
     print(render(args.render or args.out))
     if args.keep:
         keep_summaries(args.render or args.out, args.keep)

@@ -105,41 +105,62 @@ def pause_stats(run_dir: Path) -> dict[str, object]:
     }
 
 
-def figure(runs: dict[str, Path], path: Path) -> None:
+LABELS = {"before": "before: /metrics every 5 s, parsed as read", "edges": "now, default: reads at the window's edges",
+          "periodic": "now, --scrape-interval 5s (parsed after the load)"}
+
+
+def figure(columns: dict[str, Path], path: Path, run: int = 0) -> None:
+    """One column per experiment directory (e.g. default CPU weight, prioritized client), one row per
+    client variant: the loop pauses of run `run` over time, scrape starts in red."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2.2 * len(runs)), sharex=True, sharey=True)
-    for ax, (label, run_dir) in zip(axes, runs.items(), strict=True):
-        doc = read_run_doc(run_dir)
-        t0 = doc["measure_start_ns"]
-        pauses = read_table(run_dir, "client_pauses")
-        for s in scrape_starts(run_dir)["start_ns"].to_list():
-            ax.axvline((s - t0) / 1e9, color="tab:red", lw=1.0, alpha=0.7)
-        x = ((pauses["start_ns"] - t0) / 1e9).to_list()
-        y = ((pauses["end_ns"] - pauses["start_ns"]) / 1e9).to_list()
-        ax.vlines(x, 0, y, color="tab:blue", lw=1.5)
-        ax.axvspan(0, (doc["end_ns"] - t0) / 1e9, color="0.9", zorder=-1)
-        ax.set_ylabel("pause (s)")
-        ax.set_title(label, fontsize=9, loc="left")
-    axes[-1].set_xlabel("seconds from the start of the measured window (grey); red: a /metrics scrape began")
+    fig, axes = plt.subplots(len(VARIANTS), len(columns), figsize=(6.5 * len(columns), 2.1 * len(VARIANTS)),
+                             sharex=True, sharey=True, squeeze=False)
+    for col, (title, out) in enumerate(columns.items()):
+        for row, variant in enumerate(VARIANTS):
+            ax, run_dir = axes[row][col], out / f"{variant}-{run}"
+            doc = read_run_doc(run_dir)
+            t0 = doc["measure_start_ns"]
+            ax.axvspan(0, (doc["end_ns"] - t0) / 1e9, color="0.92", zorder=-1)
+            for s in scrape_starts(run_dir)["start_ns"].to_list():
+                ax.axvline((s - t0) / 1e9, color="tab:red", lw=1.0, alpha=0.7)
+            pauses = read_table(run_dir, "client_pauses")
+            ax.vlines(((pauses["start_ns"] - t0) / 1e9).to_list(), 0,
+                      ((pauses["end_ns"] - pauses["start_ns"]) / 1e9).to_list(), color="tab:blue", lw=1.5)
+            stats = pause_stats(run_dir)
+            ax.set_title(f"{title}\n{LABELS[variant]}: paused {stats['pause_s']:.2f} s in the window, "
+                         f"longest {stats['pause_max_s'] or 0:.2f} s", fontsize=8, loc="left")
+            if col == 0:
+                ax.set_ylabel("loop pause (s)")
+    for ax in axes[-1]:
+        ax.set_xlabel("s from the window's start (grey: measured); red: a scrape began")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model_dir", type=Path)
-    ap.add_argument("--old-tree", type=Path, required=True, help="itlbench source tree from before the fix")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("model_dir", type=Path, nargs="?")
+    ap.add_argument("--old-tree", type=Path, help="itlbench source tree from before the fix")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--draw", nargs="+", metavar="TITLE=DIR",
+                    help="only draw --figure from finished experiments, one column each")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--chunk-budget", type=int, default=2048)
     ap.add_argument("--figure", type=Path)
     ap.add_argument("--client-nice", type=int, help="autogroup nice of each client run (e.g. -10; root only)")
     args = ap.parse_args()
+    if args.draw:
+        if not args.figure:
+            ap.error("--draw needs --figure")
+        figure({t: Path(d) for t, d in (x.split("=", 1) for x in args.draw)}, args.figure)
+        return
+    if args.model_dir is None or args.old_tree is None or args.out is None:
+        ap.error("give MODEL_DIR, --old-tree and --out (or --draw)")
     args.out.mkdir(parents=True, exist_ok=True)
     cfg = VllmConfig(model_dir=args.model_dir, chunk_budget=args.chunk_budget, max_num_seqs=64,
                      log_path=args.out / "vllm.log")
@@ -156,8 +177,8 @@ def main() -> None:
                 print(json.dumps({k: v for k, v in rec.items() if k not in ("stderr_tail", "command")}), flush=True)
     (args.out / "results.json").write_text(json.dumps(records, indent=1))
     if args.figure:
-        figure({f"{v}: {' '.join(VARIANTS[v]) or ('5 s scrapes parsed as they come' if v == 'before' else 'edges only')}":
-                args.out / f"{v}-0" for v in VARIANTS}, args.figure)
+        figure({"client at " + ("the default CPU weight" if args.client_nice is None
+                                else f"autogroup nice {args.client_nice}"): args.out}, args.figure)
 
 
 if __name__ == "__main__":
