@@ -151,6 +151,10 @@ def test_a_gap_under_a_scrape_gets_the_scrape_cause() -> None:
     assert causes[2:] == [None, None]  # no step log, no scrape, no pause: unknown
     assert report.summary["by_cause"]["scrape"]["count"] == 2 and report.summary["overlapping_scrape"] == 2
     assert {e["cause"] for e in report.summary["attribution"]} == {"scrape", None}
+    # a client starved of CPU under the same scrape: its stall is the client's, not the scrape's
+    starved = pauses.with_columns(pl.lit(0.0).alias("cpu_s"), pl.lit(0.37).alias("runq_s"))
+    report = analyze_stalls(gaps, frame("steps", []), frame("requests", []), StallParams(), 0, starved, scrapes)
+    assert report.stalls.sort("t_prev_ns")["cause"].to_list()[:2] == ["client", "client"]
 
 
 # ---- servers that answer wrongly -------------------------------------------------------------------

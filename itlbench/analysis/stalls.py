@@ -11,7 +11,8 @@ tokens (whole steps), prefill_s (Σ of the parts of those steps inside the inter
 requests they prefilled (server ids mapped back to client request ids; injected ones listed).
 Needs the engine step log; without it attribution is empty and the source is "unavailable".
 Two causes need no step log: `client` (the client's own pauses) and `scrape` (a /metrics scrape of an
-external engine was under way for at least half the gap: the observer, not the engine).
+external engine was under way for at least half the gap, and the client was not starved of CPU for
+half of it: the observer, not the engine).
 """
 
 from __future__ import annotations
@@ -105,8 +106,10 @@ def _overlapping_any(intervals: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFra
 def with_cause(frame: pl.DataFrame, worst: str, span: pl.Expr) -> pl.DataFrame:
     """Why a stall (event) happened, read off the steps, scrapes and client pauses that overlapped it:
     prefill — prefill steps fill at least half of it; scrape — a /metrics scrape of the engine covered
-    at least half its worst gap (the client paused or the server answered the scrape: the observer's
-    doing, so neither the client's nor the engine's); client — the client itself could not read for
+    at least half its worst gap and the client was not waiting for a CPU for half of it (the client
+    worked on the scrape or the server answered it: the observer's doing, neither the client's nor the
+    engine's; a client starved of CPU stretches a scrape, and that stays `client`, see
+    analysis/starvation.py); client — the client itself could not read for
     at least half its worst gap (a garbage collection, a blocked event loop: a measurement artifact,
     not the server's); preemption — a request was preempted in it;
     engine — one step lasted at least half its worst gap; outside_engine — the engine kept stepping
@@ -114,7 +117,8 @@ def with_cause(frame: pl.DataFrame, worst: str, span: pl.Expr) -> pl.DataFrame:
     longest = pl.col("longest_step_s")
     return frame.with_columns(
         pl.when(pl.col("prefill_s").fill_null(0.0) >= 0.5 * span).then(pl.lit("prefill"))
-        .when(_or_zero(frame, "scrape_s") >= 0.5 * pl.col(worst)).then(pl.lit("scrape"))
+        .when((_or_zero(frame, "scrape_s") >= 0.5 * pl.col(worst))
+              & (_or_zero(frame, "client_starved_s") < 0.5 * pl.col(worst))).then(pl.lit("scrape"))
         .when(pl.col("client_pause_s").fill_null(0.0) >= 0.5 * pl.col(worst)).then(pl.lit("client"))
         .when(longest.is_null()).then(pl.lit(None, dtype=pl.Utf8))
         .when(pl.col("preemptions").fill_null(0) > 0).then(pl.lit("preemption"))
@@ -204,14 +208,25 @@ def analyze_stalls(
     stalls = _attach(
         stalls.with_columns(pl.col("stall").cast(pl.Int64)), "stall", "t_prev_ns", "t_ns", steps, requests
     )
+    starved = _starved(pauses)
     stalls = _with_overlap(_with_overlap(stalls, "t_prev_ns", "t_ns", pauses, "client_pause_s"),
                            "t_prev_ns", "t_ns", scrapes, "scrape_s")
+    stalls = _with_overlap(stalls, "t_prev_ns", "t_ns", starved, "client_starved_s")
     stalls = with_cause(stalls, "gap_s", pl.col("gap_s"))
     events = _attach(events, "event", "start_ns", "end_ns", steps, requests)
     events = _with_overlap(_with_overlap(events, "start_ns", "end_ns", pauses, "client_pause_s"),
                            "start_ns", "end_ns", scrapes, "scrape_s")
+    events = _with_overlap(events, "start_ns", "end_ns", starved, "client_starved_s")
     events = with_cause(events, "worst_s", ns_to_s(pl.col("end_ns") - pl.col("start_ns")))
     return StallReport(stalls, events, stall_summary(stalls, events, steps, params, origin_ns))
+
+
+def _starved(pauses: pl.DataFrame) -> pl.DataFrame:
+    """The client pauses spent mostly waiting for a CPU (run-queue time ≥ half the pause)."""
+    if "runq_s" not in pauses.columns:
+        return pl.DataFrame(schema=_NO_INTERVALS)
+    return pauses.filter(pl.col("runq_s").fill_null(0.0) >= 0.5 * (pl.col("end_ns") - pl.col("start_ns")) / 1e9
+                         ).select("start_ns", "end_ns")
 
 
 def _with_overlap(frame: pl.DataFrame, lo: str, hi: str, intervals: pl.DataFrame, name: str) -> pl.DataFrame:
