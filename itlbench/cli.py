@@ -102,6 +102,7 @@ def run(
         _fail(exc)
         return
     print_summary(console, summary, run_dir)
+    _write_report(run_dir)
     print(run_dir)
 
 
@@ -152,6 +153,7 @@ def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory writte
         return
     RunStore(run_dir).write_json("summary.json", summary)
     print_summary(console, summary, run_dir)
+    _write_report(run_dir)
     print(run_dir)
 
 
@@ -168,6 +170,138 @@ def workloads(as_json: Annotated[bool, typer.Option("--json", help="Print JSON."
         print()
         return
     print_catalog(Console(), rows)
+
+
+def _write_report(run_dir: Path) -> None:
+    from itlbench.report.run_report import write_run_report_safely
+
+    html, problem = write_run_report_safely(run_dir)
+    if html is not None:
+        console.print(f"[bold]Report[/] {html}", highlight=False)
+    else:
+        console.print(f"[yellow]warning:[/] no report written ({problem}); the records and summary.json are "
+                      f"complete: retry with `itlbench report {run_dir}`", highlight=False)
+
+
+@app.command()
+def report(run_dir: Annotated[Path, typer.Argument(help="A run directory written by `itlbench run`.")],
+           out: Annotated[Path | None, typer.Option(help="Write the report here (default: RUN_DIR).")] = None) -> None:
+    """Write report.html (self-contained) and report.md with figures/ for one run."""
+    from itlbench.report.run_report import write_run_report
+
+    if not (run_dir / "run.json").is_file():
+        _fail(ConfigError("RUN_DIR", f"{run_dir} has no run.json", "pass a directory written by `itlbench run`"))
+    try:
+        written = write_run_report(run_dir, out)
+    except ItlbenchError as exc:
+        _fail(exc)
+        return
+    console.print(f"[bold]Report[/] {written.html}  (markdown: {written.markdown})", highlight=False)
+    print(written.html)
+
+
+@app.command()
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Finished run directories (budgets, policies, engines).")],
+    out: Annotated[Path | None, typer.Option(help="Report directory (default reports/<time>-compare).")] = None,
+    slo: Annotated[str | None, typer.Option(help="SLOs to judge the runs by, e.g. 'ttft:le2k=2s,itl_p99=150ms'.")] = None,
+    force: Annotated[bool, typer.Option(help="Compare runs whose workload, seed or injection differ.")] = False,
+) -> None:
+    """Compare finished runs: one row each, overlaid figures and a verdict per SLO."""
+    import datetime as dt
+
+    from itlbench.report.compare import print_comparison, write_compare_report
+
+    for d in run_dirs:
+        if not (d / "run.json").is_file():
+            _fail(ConfigError("DIR", f"{d} has no run.json", "pass directories written by `itlbench run`"))
+    target = out or Path("reports") / (dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S") + "-compare")
+    try:
+        written, rows, verdict = write_compare_report(run_dirs, target, slo, force)
+    except ItlbenchError as exc:
+        _fail(exc)
+        return
+    print_comparison(console, rows, verdict, written.html)
+    print(written.html)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sweep(
+    ctx: typer.Context,
+    chunk_budget: Annotated[str, typer.Option("--chunk-budget", help="Budgets to run, comma-separated; 'none' = "
+                                              "unchunked.")] = "256,512,2048,8192,none",
+    policy: Annotated[str, typer.Option("--policy", help="budget, prefill-first, or both comma-separated.")] = "budget",
+    out: Annotated[Path | None, typer.Option(help="Sweep directory (default reports/<time>-sweep-…).")] = None,
+    slo: Annotated[str | None, typer.Option(help="SLOs for each run and the verdict.")] = None,
+) -> None:
+    """Run the same seeded workload once per chunk budget (any `itlbench run` option after these), then compare.
+
+    Example: itlbench sweep --chunk-budget 512,2048,none --workload rag --inject 32k --duration 30
+    """
+    from itlbench.report.compare import print_comparison, write_compare_report
+    from itlbench.report.sweep import SweepAborted, default_sweep_dir, parse_settings, run_sweep
+
+    run_args = list(ctx.args) + (["--slo", slo] if slo else [])
+    command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+
+    def invoke_run(args: list[str]) -> int:
+        try:
+            code = command.main(args=args, prog_name="itlbench run", standalone_mode=False)
+        except SystemExit as exc:  # click may exit on --help or usage errors
+            code = exc.code if isinstance(exc.code, int) else 2
+        except Exception as exc:  # noqa: BLE001 - click usage errors name the bad option
+            console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            code = 2
+        return int(code or 0)
+
+    try:
+        settings = parse_settings(chunk_budget, policy)
+        target = out or default_sweep_dir(run_args)
+        done = run_sweep(settings, run_args, target, invoke_run, on_status=lambda s: console.print(f"[dim]{s}[/]"))
+        if not done:
+            _fail(ItlbenchError("sweep: no run finished; nothing to compare"))
+            return
+        written, rows, verdict = write_compare_report(done, target, slo, title="Chunk-budget sweep")
+    except SweepAborted as exc:
+        raise typer.Exit(exc.code) from None
+    except ItlbenchError as exc:
+        _fail(exc)
+        return
+    print_comparison(console, rows, verdict, written.html)
+    print(target)
+
+
+@app.command()
+def phases(
+    endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (…/v1); default: the bundled engine.")] = None,
+    model: Annotated[str | None, typer.Option(help="Served model (with --endpoint) or bundled preset / HF dir.")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY", help="Bearer key for --endpoint.")] = None,
+    lengths: Annotated[str | None, typer.Option(help="Prompt lengths, e.g. '1,16,128,512,2k,8k' (default: ×4 "
+                                                "steps from 1 up to the context).")] = None,
+    max_prompt: Annotated[str | None, typer.Option(help="Longest prompt to try (default: the context).")] = None,
+    concurrency: Annotated[int, typer.Option(help="Decode batch to measure besides batch 1.")] = 32,
+    output_tokens: Annotated[int, typer.Option(help="Tokens generated per request (decode is timed over these).")] = 32,
+    repeats: Annotated[int, typer.Option(help="Requests per prompt length (the median is reported).")] = 3,
+    chunk_budget: ChunkBudget = "none",
+    device: Annotated[str, typer.Option(help="Bundled engine: auto, cpu or cuda.")] = "auto",
+    out: Annotated[Path | None, typer.Option(help="Output directory (default reports/<time>-phases).")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Prefill and decode measured apart (the seeds' exercise A): time and tokens/s per prompt length."""
+    from itlbench.report.phases import PhasesConfig, run_phases
+
+    try:
+        cfg = PhasesConfig(endpoint=endpoint, model=model, api_key=api_key, lengths=lengths, max_prompt=max_prompt,
+                           concurrency=concurrency, output_tokens=output_tokens, repeats=repeats,
+                           engine=None if endpoint else _engine_config(model, chunk_budget, "budget", False, 64,
+                                                                       None, device, seed),
+                           out=out, seed=seed)
+        written = run_phases(cfg, on_status=lambda s: console.print(f"[dim]{s}[/]"))
+    except ItlbenchError as exc:
+        _fail(exc)
+        return
+    console.print(f"[bold]Report[/] {written.html}", highlight=False)
+    print(written.html.parent)
 
 
 def main() -> None:  # pragma: no cover - console entry

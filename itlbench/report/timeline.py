@@ -1,0 +1,235 @@
+"""The stall picture: every stream's tokens over time, where they froze, and why.
+
+One row per steady stream (closed-loop streams keep their index; open-loop requests are packed
+into lanes so rows stay few). A row is drawn in the streaming colour while its gaps are ordinary and
+in its cause's colour across each stalled gap, so a prefill that freezes every stream shows as one
+vertical band. The injected prompts' prefill spans (from the engine's step log; from the client's
+send → first token when there is none) are shaded behind, and the lower panel gives every gap's size.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import polars as pl
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from itlbench.report.data import RunData
+from itlbench.report.style import (
+    CAUSE_COLORS,
+    CAUSE_NAMES,
+    INJECTED_SPAN,
+    MUTED,
+    STREAMING,
+    WAITING,
+    fmt_s,
+    fmt_tokens,
+    new_figure,
+    tidy,
+)
+
+
+@dataclass(frozen=True)
+class InjectedSpan:
+    """One injected prompt's prefill, seconds from measure start."""
+
+    request_id: str
+    start_s: float
+    end_s: float
+    prompt_tokens: int | None
+    steps: int  # engine steps that prefilled it; 0 = client view only
+    ttft_s: float | None
+
+    @property
+    def label(self) -> str:
+        size = f"{fmt_tokens(self.prompt_tokens)} tokens" if self.prompt_tokens else "?"
+        how = f"prefilled in {self.steps} step{'s' if self.steps != 1 else ''}" if self.steps \
+            else "waiting for its first token (client view)"
+        return f"{self.request_id} ({size}) {how}"
+
+
+def injected_spans(data: RunData) -> list[InjectedSpan]:
+    """Each injected request's prefill: its engine steps' span, else send → first token."""
+    req = data.tables["requests"].filter(pl.col("injected").fill_null(False))
+    if req.is_empty():
+        return []
+    steps = data.steps.select("start_ns", "end_ns", pl.col("prefill_request_ids").alias("sid")).explode("sid")
+    out = []
+    for r in req.sort("scheduled_ns").iter_rows(named=True):
+        mine = steps.filter(pl.col("sid") == r["server_request_id"]) if r["server_request_id"] else steps.clear()
+        if mine.height:
+            lo, hi, n = int(mine["start_ns"].min()), int(mine["end_ns"].max()), mine.height  # type: ignore[arg-type]
+        elif r["sent_ns"] is not None and (r["first_token_ns"] or r["done_ns"]):
+            lo, hi, n = int(r["sent_ns"]), int(r["first_token_ns"] or r["done_ns"]), 0
+        else:
+            continue
+        ttft = (r["first_token_ns"] - r["scheduled_ns"]) / 1e9 if r["first_token_ns"] and r["scheduled_ns"] else None
+        out.append(InjectedSpan(r["request_id"], (lo - data.t0_ns) / 1e9, (hi - data.t0_ns) / 1e9,
+                                r["prompt_tokens"], n, ttft))
+    return [s for s in out if s.end_s > 0 and s.start_s < data.window.seconds]
+
+
+def lanes(requests: pl.DataFrame) -> tuple[dict[str, int], int, int]:
+    """request_id → row. Steady closed-loop streams keep their index; open-loop requests are
+    packed greedily by their [sent, done] span; injected requests get their own rows on top.
+    Returns (mapping, number of steady rows, total rows)."""
+    mapping: dict[str, int] = {}
+    closed = requests.filter(pl.col("stream").is_not_null() & ~pl.col("injected").fill_null(False))
+    streams = sorted(closed["stream"].unique().to_list())
+    index = {s: i for i, s in enumerate(streams)}
+    for rid, stream in closed.select("request_id", "stream").iter_rows():
+        mapping[rid] = index[stream]
+    n = len(streams)
+    free_at: list[int] = []
+    open_ = requests.filter(pl.col("stream").is_null() & ~pl.col("injected").fill_null(False))
+    spans = open_.select("request_id", pl.coalesce("sent_ns", "scheduled_ns").alias("lo"),
+                         pl.coalesce("done_ns", "last_token_ns", "sent_ns").alias("hi")).sort("lo")
+    for rid, lo, hi in spans.iter_rows():
+        lane = next((i for i, t in enumerate(free_at) if lo is not None and t <= lo), None)
+        if lane is None:
+            free_at.append(0)
+            lane = len(free_at) - 1
+        free_at[lane] = hi or lo or 0
+        mapping[rid] = n + lane
+    steady_rows = n + len(free_at)
+    injected = requests.filter(pl.col("injected").fill_null(False)).sort("scheduled_ns")
+    for i, rid in enumerate(injected["request_id"].to_list()):
+        mapping[rid] = steady_rows + i
+    return mapping, steady_rows, steady_rows + injected.height
+
+
+def _segments(data: RunData) -> pl.DataFrame:
+    """Per request: merged runs of ordinary gaps (cause 'streaming') and each stalled gap on its own, so
+    the tokens that arrive between stalls stay visible as thin white lines."""
+    stalls = data.stalls.select("request_id", "t_ns", pl.col("cause").fill_null("unknown"))
+    g = (data.gaps.join(stalls, on=["request_id", "t_ns"], how="left")
+         .with_columns(pl.col("cause").fill_null("streaming"))
+         .sort("request_id", "t_ns")
+         .with_columns(((pl.col("cause") != pl.col("cause").shift(1).over("request_id"))
+                        | (pl.col("cause") != "streaming"))
+                       .fill_null(True).cum_sum().over("request_id").alias("run")))
+    return (g.group_by("request_id", "run", "cause")
+            .agg(pl.col("t_prev_ns").min().alias("lo_ns"), pl.col("t_ns").max().alias("hi_ns")))
+
+
+def draw_rows(ax: Axes, data: RunData, spans: list[InjectedSpan], compact: bool = False) -> None:
+    """The per-stream rows: streaming colour while tokens flow, the cause's colour across stalls."""
+    mapping, steady_rows, total = lanes(data.tables["requests"])
+    segs = _segments(data)
+    bars: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
+    t0 = data.t0_ns
+    for rid, _run, cause, lo, hi in segs.iter_rows():
+        row = mapping.get(rid)
+        if row is None:
+            continue
+        bars[(row, cause)].append(((lo - t0) / 1e9, max((hi - lo) / 1e9, 1e-4)))
+    for span in spans:
+        ax.axvspan(span.start_s, span.end_s, color=INJECTED_SPAN, alpha=0.18, linewidth=0, zorder=0)
+    waiting = data.tables["requests"].filter(pl.col("injected").fill_null(False))
+    for rid, sent, first in waiting.select("request_id", "sent_ns", pl.coalesce("first_token_ns", "done_ns")).iter_rows():
+        if rid in mapping and sent is not None and first is not None:
+            ax.broken_barh([((sent - t0) / 1e9, (first - sent) / 1e9)], (mapping[rid] - 0.35, 0.7),
+                           facecolor="none", edgecolor=INJECTED_SPAN, hatch="///", linewidth=0.8)
+    steady = data.tables["requests"].filter(~pl.col("injected").fill_null(False))
+    waits: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for rid, sent, first in steady.select("request_id", "sent_ns", "first_token_ns").drop_nulls().iter_rows():
+        if rid in mapping and first > t0:
+            waits[mapping[rid]].append(((sent - t0) / 1e9, (first - sent) / 1e9))
+    for row, xs in waits.items():
+        ax.broken_barh(xs, (row - 0.12, 0.24), facecolors=WAITING, linewidth=0)
+    for (row, cause), xs in bars.items():
+        if cause == "streaming":
+            ax.broken_barh(xs, (row - 0.4, 0.8), facecolors=STREAMING, linewidth=0)
+        else:
+            ax.broken_barh(xs, (row - 0.4, 0.8), facecolors=CAUSE_COLORS.get(None if cause == "unknown" else cause),
+                           edgecolors="white", linewidth=0.4)
+    ax.set_xlim(0, data.window.seconds)
+    ax.set_ylim(total - 0.5, -0.5)
+    if total > steady_rows:
+        ax.axhline(steady_rows - 0.5, color=MUTED, linewidth=0.6)
+    ticks = list(range(0, steady_rows, max(1, steady_rows // 8)))
+    labels = [str(t) for t in ticks]
+    ticks += list(range(steady_rows, total))
+    labels += ["injected"] * (total - steady_rows)
+    ax.set_yticks(ticks, labels, fontsize=7 if compact else 8)
+    ax.set_ylabel("stream")
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def span_verdicts(data: RunData, spans: list[InjectedSpan]) -> list[str]:
+    """What the stalls overlapping each injected span did, in words."""
+    out = []
+    st = data.stalls
+    streams = max(1, lanes(data.tables["requests"])[1])
+    for span in spans:
+        lo, hi = data.t0_ns + int(span.start_s * 1e9), data.t0_ns + int(span.end_s * 1e9)
+        hit = st.filter((pl.col("t_prev_ns") < hi) & (pl.col("t_ns") > lo))
+        if hit.is_empty():
+            out.append(f"{span.request_id}: no stream stalled during its prefill")
+            continue
+        victims = hit["request_id"].n_unique()
+        share = "every stream" if victims >= streams else f"{victims} of {streams} streams"
+        out.append(f"{span.request_id}: {share} froze, worst gap {fmt_s(hit['gap_s'].max())}")  # type: ignore[arg-type]
+    return out
+
+
+def stall_picture(data: RunData) -> Figure:
+    """Rows of streams over time with stalls coloured by cause, and every gap's size below."""
+    spans = injected_spans(data)
+    _, steady_rows, total = lanes(data.tables["requests"])
+    rows_h = min(5.5, max(1.6, 0.14 * total + 0.6))
+    fig = new_figure(rows_h + 2.9)
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[rows_h, 2.3])
+    draw_rows(top, data, spans)
+    verdicts = span_verdicts(data, spans)
+    for span, verdict in zip(spans, verdicts, strict=True):
+        top.annotate(verdict, xy=(span.start_s, -0.5), xytext=(0, 4), textcoords="offset points",
+                     fontsize=9, fontweight="bold", color="#7a3a00", annotation_clip=False, va="bottom")
+    if data.stalls.is_empty():
+        top.set_title("No stalls: every gap stayed under its stall threshold", fontsize=11, loc="left")
+    else:
+        worst = data.stalls["gap_s"].max()
+        top.set_title(f"Where streams froze: {data.stalls.height:,} stalled gaps in "
+                      f"{data.stalls['request_id'].n_unique()} requests, worst {fmt_s(worst)}",  # type: ignore[arg-type]
+                      fontsize=11, loc="left", pad=18 if spans else 6)
+    _gap_panel(bottom, data, spans)
+    handles = [Patch(color=STREAMING, label="tokens arriving"),
+               Patch(color=WAITING, label="request sent, waiting for its first token")]
+    causes = data.stalls["cause"].unique().to_list() if data.stalls.height else []
+    handles += [Patch(color=CAUSE_COLORS.get(c), label=f"stalled: {CAUSE_NAMES.get(c, c)}") for c in causes]
+    if spans:
+        src = "engine steps" if any(s.steps for s in spans) else "client send → first token"
+        handles.append(Patch(color=INJECTED_SPAN, alpha=0.35, label=f"injected prompt's prefill ({src})"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(4, len(handles)), fontsize=8, frameon=False)
+    return fig
+
+
+def _gap_panel(ax: Axes, data: RunData, spans: list[InjectedSpan]) -> None:
+    """Every steady gap's size at its arrival; stalls in their cause's colour."""
+    t0 = data.t0_ns
+    steady = data.gaps.filter(~pl.col("injected"))
+    for span in spans:
+        ax.axvspan(span.start_s, span.end_s, color=INJECTED_SPAN, alpha=0.18, linewidth=0, zorder=0)
+    ax.scatter(((steady["t_ns"] - t0) / 1e9).to_numpy(), steady["gap_s"].to_numpy(), s=2, color=MUTED,
+               alpha=0.5, linewidths=0, rasterized=True)
+    for cause in data.stalls["cause"].unique().to_list() if data.stalls.height else []:
+        part = data.stalls.filter(pl.col("cause") == cause) if cause is not None \
+            else data.stalls.filter(pl.col("cause").is_null())
+        color = CAUSE_COLORS.get(cause)
+        ax.hlines(part["gap_s"].to_numpy(), ((part["t_prev_ns"] - t0) / 1e9).to_numpy(),
+                  ((part["t_ns"] - t0) / 1e9).to_numpy(), colors=color, linewidth=1.2, zorder=3)
+        ax.scatter(((part["t_ns"] - t0) / 1e9).to_numpy(), part["gap_s"].to_numpy(), s=9,
+                   color=color, linewidths=0, zorder=3)
+    if steady.height:
+        med = float(steady["gap_s"].median())  # type: ignore[arg-type]
+        ax.axhline(med, color="#555555", linestyle=":", linewidth=0.8)
+        ax.text(0.002, med, f" median gap {fmt_s(med)}", transform=ax.get_yaxis_transform(), fontsize=7,
+                va="bottom", color="#555555")
+        ax.set_yscale("log")
+    ax.set_ylabel("gap before each token (s)")
+    ax.set_xlabel("seconds since measurement start")
+    tidy(ax)
