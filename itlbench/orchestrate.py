@@ -180,6 +180,8 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         if conn.server is not None:
             run_doc["server_exit_code"] = conn.close()
         run_doc.update(_window(result, started_ns, cfg))
+        if result is not None:
+            run_doc["stop_reason"] = result.stop_reason
         if result is not None and result.aborted_reason:
             run_doc["aborted_reason"] = result.aborted_reason
         store.write_json("run.json", run_doc)

@@ -169,7 +169,7 @@ def ttft_figure(data: RunData) -> FigureSpec:
     caption = ("Left: every request's TTFT by prompt bucket (dots; injected prompts in orange), median as a "
                "bar; right: where the median TTFT went (client lag, server queue, prefill).")
     spec = FigureSpec("ttft", "Time to first token by prompt length", caption)
-    t = data.ttft.filter(pl.col("ttft_s").is_not_null())
+    t = data.ttft.filter(pl.col("ttft_s") > 0)
     present = [b for b in BUCKET_LABELS if t.filter(pl.col("bucket") == b).height]
     if not present:
         spec.note = "No request in the measured window received a first token."

@@ -143,7 +143,18 @@ def _samples(rows: _Rows, first: int, keys: list[str]) -> dict[str, dict[str, An
 
 
 def _mean_gap(times: list[int]) -> float | None:
-    return (times[-1] - times[0]) / 1e9 / (len(times) - 1) if len(times) >= 2 else None
+    """Client view of one decode step; None when the tokens arrived together (nothing to time)."""
+    gap = (times[-1] - times[0]) / 1e9 / (len(times) - 1) if len(times) >= 2 else 0.0
+    return gap if gap > 0 else None
+
+
+def _engine_decode_s(steps: list[dict[str, Any]], lo: int | None, hi: int | None) -> float | None:
+    """Median decode-only step while one request was generating (phases sends one at a time)."""
+    if lo is None or hi is None:
+        return None
+    mine = [(s["end_ns"] - s["start_ns"]) / 1e9 for s in steps
+            if s.get("prefill_tokens") == 0 and (s.get("decode_tokens") or 0) > 0 and lo <= s["end_ns"] <= hi]
+    return statistics.median(mine) if mine else None
 
 
 def _engine_prefill_s(steps: list[dict[str, Any]], server_id: str | None) -> float | None:
@@ -188,8 +199,9 @@ async def _measure(cfg: PhasesConfig, target: Any, builder: PromptBuilder, lengt
     steps = rows.tables["steps"]
     for key, r in by_key.items():
         if key.startswith("p") and r["first_token_ns"] is not None:
+            gap = _engine_decode_s(steps, r["first_token_ns"], r["last_token_ns"]) if steps else _mean_gap(r["times"])
             samples.append(Sample(r["prompt_tokens"], (r["first_token_ns"] - r["sent_ns"]) / 1e9,
-                                  _mean_gap(r["times"]), _engine_prefill_s(steps, r["server_request_id"])))
+                                  gap, _engine_prefill_s(steps, r["server_request_id"])))
     return samples, [_decode_row(d, by_key, steps) for d in decode], rows
 
 
@@ -217,13 +229,18 @@ def _decode_row(d: dict[str, Any], by_key: dict[str, dict[str, Any]], steps: lis
             gaps += [(b - a) / 1e9 for a, b in zip(t, t[1:], strict=False) if a >= lo and b <= hi]
         if not gaps:
             gaps = [g for t in times for g in ((b - a) / 1e9 for a, b in zip(t, t[1:], strict=False))]
-    engine = [(s["end_ns"] - s["start_ns"]) / 1e9 for s in steps
-              if s.get("prefill_tokens") == 0 and s.get("decode_tokens") == batch
-              and d["from_ns"] <= s["start_ns"] <= d["to_ns"]]
+    pure = [s for s in steps if s.get("prefill_tokens") == 0 and (s.get("decode_tokens") or 0) > 0
+            and d["from_ns"] <= s["start_ns"] <= d["to_ns"]]
+    full = max((s["decode_tokens"] for s in pure), default=0)  # requests that arrived late may never all decode together
+    engine = [(s["end_ns"] - s["start_ns"]) / 1e9 for s in pure if s["decode_tokens"] == full]
+    if engine:
+        batch = full
+    gaps = [g for g in gaps if g > 0]  # tokens read together carry no timing
     client = statistics.median(gaps) if gaps else None
     eng = statistics.median(engine) if engine else None
     step = eng if eng is not None else client
-    return {"batch": batch, "client_gap_s": client, "engine_step_s": eng, "engine_steps": len(engine),
+    return {"batch": d["batch"], "batch_measured": batch, "client_gap_s": client, "engine_step_s": eng,
+            "engine_steps": len(engine),
             "tokens_per_s_per_stream": 1 / step if step else None,
             "tokens_per_s_total": batch / step if step else None}
 
@@ -317,8 +334,8 @@ def phases_document(result: PhasesResult, cfg: PhasesConfig) -> Document:
                     fmt_s(r["engine_prefill_s"]), f"{r['prefill_tokens_per_s']:,.0f}" if r["prefill_tokens_per_s"] else "—",
                     fmt_s(r["decode_step_s"]), f"{r['decode_tokens_per_s']:,.0f}" if r["decode_tokens_per_s"] else "—"]
                    for r in result.rows], "Prefill per prompt length (medians)")
-    decode = Table(["batch", "client gap", "engine decode step", "tok/s per stream", "tok/s total"],
-                   [[str(d["batch"]), fmt_s(d["client_gap_s"]), fmt_s(d["engine_step_s"]),
+    decode = Table(["batch (measured)", "client gap", "engine decode step", "tok/s per stream", "tok/s total"],
+                   [[f"{d['batch']} ({d['batch_measured']})", fmt_s(d["client_gap_s"]), fmt_s(d["engine_step_s"]),
                      f"{d['tokens_per_s_per_stream']:,.0f}" if d["tokens_per_s_per_stream"] else "—",
                      f"{d['tokens_per_s_total']:,.0f}" if d["tokens_per_s_total"] else "—"] for d in result.decode],
                    f"Decode ({DECODE_PROMPT}-token prompts, {cfg.output_tokens} output tokens each)")

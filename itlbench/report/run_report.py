@@ -19,7 +19,7 @@ from itlbench.report.document import Callout, Document, Section, Table, Written,
 from itlbench.report.figures import run_figures
 from itlbench.report.reproduce import reproduce_command
 from itlbench.report.style import fmt_s, fmt_tokens
-from itlbench.report.timeline import injected_spans, lanes
+from itlbench.report.timeline import injected_spans, layout
 
 DEFINITION_NAMES = {"ttft": "TTFT", "itl": "ITL", "stall": "Stall", "split": "Prefill:decode split",
                     "prompt_buckets": "Prompt buckets", "goodput": "Goodput", "validity": "Validity",
@@ -51,7 +51,7 @@ def headline(data: RunData) -> str:
         span = spans[0]
         lo, hi = data.t0_ns + int(span.start_s * 1e9), data.t0_ns + int(span.end_s * 1e9)
         hit = data.stalls.filter((pl.col("t_prev_ns") < hi) & (pl.col("t_ns") > lo))
-        streams = max(1, lanes(data.tables["requests"])[1])
+        streams = max(1, layout(data)[1])
         how = (f"in {span.steps} engine step{'s' if span.steps != 1 else ''} over {fmt_s(span.end_s - span.start_s)}"
                if span.steps else f"over {fmt_s(span.end_s - span.start_s)} (client view)")
         size = f"{fmt_tokens(span.prompt_tokens)} tokens" if span.prompt_tokens else "injected"

@@ -10,6 +10,7 @@ send → first token when there is none) are shaded behind, and the lower panel 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import polars as pl
@@ -72,7 +73,7 @@ def injected_spans(data: RunData) -> list[InjectedSpan]:
     return [s for s in out if s.end_s > 0 and s.start_s < data.window.seconds]
 
 
-def lanes(requests: pl.DataFrame) -> tuple[dict[str, int], int, int]:
+def lanes(requests: pl.DataFrame, extra_ids: Iterable[str] = ()) -> tuple[dict[str, int], int, int]:
     """request_id → row. Steady closed-loop streams keep their index; open-loop requests are
     packed greedily by their [sent, done] span; injected requests get their own rows on top.
     Returns (mapping, number of steady rows, total rows)."""
@@ -95,10 +96,18 @@ def lanes(requests: pl.DataFrame) -> tuple[dict[str, int], int, int]:
         free_at[lane] = hi or lo or 0
         mapping[rid] = n + lane
     steady_rows = n + len(free_at)
+    for rid in sorted(set(extra_ids) - set(mapping) - set(requests["request_id"].to_list())):
+        mapping[rid] = steady_rows  # chunks whose request row was never written (a killed run)
+        steady_rows += 1
     injected = requests.filter(pl.col("injected").fill_null(False)).sort("scheduled_ns")
     for i, rid in enumerate(injected["request_id"].to_list()):
         mapping[rid] = steady_rows + i
     return mapping, steady_rows, steady_rows + injected.height
+
+
+def layout(data: RunData) -> tuple[dict[str, int], int, int]:
+    """lanes() of a run, including streams whose request rows a killed run never wrote."""
+    return lanes(data.tables["requests"], data.gaps.filter(~pl.col("injected"))["request_id"].unique().to_list())
 
 
 def _segments(data: RunData) -> pl.DataFrame:
@@ -117,7 +126,7 @@ def _segments(data: RunData) -> pl.DataFrame:
 
 def draw_rows(ax: Axes, data: RunData, spans: list[InjectedSpan], compact: bool = False) -> None:
     """The per-stream rows: streaming colour while tokens flow, the cause's colour across stalls."""
-    mapping, steady_rows, total = lanes(data.tables["requests"])
+    mapping, steady_rows, total = layout(data)
     segs = _segments(data)
     bars: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
     t0 = data.t0_ns
@@ -164,7 +173,7 @@ def span_verdicts(data: RunData, spans: list[InjectedSpan]) -> list[str]:
     """What the stalls overlapping each injected span did, in words."""
     out = []
     st = data.stalls
-    streams = max(1, lanes(data.tables["requests"])[1])
+    streams = max(1, layout(data)[1])
     for span in spans:
         lo, hi = data.t0_ns + int(span.start_s * 1e9), data.t0_ns + int(span.end_s * 1e9)
         hit = st.filter((pl.col("t_prev_ns") < hi) & (pl.col("t_ns") > lo))
@@ -180,7 +189,7 @@ def span_verdicts(data: RunData, spans: list[InjectedSpan]) -> list[str]:
 def stall_picture(data: RunData) -> Figure:
     """Rows of streams over time with stalls coloured by cause, and every gap's size below."""
     spans = injected_spans(data)
-    _, steady_rows, total = lanes(data.tables["requests"])
+    _, steady_rows, total = layout(data)
     rows_h = min(5.5, max(1.6, 0.14 * total + 0.6))
     fig = new_figure(rows_h + 2.9)
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[rows_h, 2.3])
