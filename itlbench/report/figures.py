@@ -45,10 +45,12 @@ class FigureSpec:
     note: str | None = None
 
 
-def _steps_s(data: RunData) -> pl.DataFrame:
-    """Steps in the window with seconds since measure start and durations."""
+def _steps_s(data: RunData, whole_run: bool = False) -> pl.DataFrame:
+    """Steps in the window (or all of them) with seconds since measure start and durations."""
     t0 = data.t0_ns
-    return (data.steps.filter((pl.col("end_ns") > t0) & (pl.col("start_ns") < data.window.end_ns))
+    steps = data.steps if whole_run else data.steps.filter((pl.col("end_ns") > t0) &
+                                                           (pl.col("start_ns") < data.window.end_ns))
+    return (steps
             .with_columns(((pl.col("start_ns") - t0) / 1e9).alias("t_s"),
                           ((pl.col("end_ns") - pl.col("start_ns")) / 1e9).alias("dur_s"),
                           pl.col("prefill_tokens").fill_null(0), pl.col("decode_tokens").fill_null(0))
@@ -60,7 +62,7 @@ def _zoom(data: RunData, spans: list[InjectedSpan]) -> tuple[float, float, str]:
     if spans:
         s = spans[0]
         pad = max(1.0, 0.15 * (s.end_s - s.start_s))
-        lo, hi = max(0.0, s.start_s - pad), min(data.window.seconds, s.end_s + pad)
+        lo, hi = max(0.0, s.start_s - pad), s.end_s + pad  # the whole prefill, even past the window
         more = f" (first of {len(spans)} injected prompts)" if len(spans) > 1 else ""
         return lo, hi, f"around {s.request_id}'s prefill{more}"
     return 0.0, data.window.seconds, "the whole measured window"
@@ -71,10 +73,10 @@ def engine_steps_figure(data: RunData) -> FigureSpec:
                "red on blue a mixed step, blue a decode step; the token budget is dashed and the black line "
                "is each step's duration.")
     spec = FigureSpec("engine_steps", "The engine's steps", caption)
-    steps = _steps_s(data)
+    steps = _steps_s(data, whole_run=True)
     if steps.is_empty():
         return _engine_metrics(data, spec)
-    spans = injected_spans(data)
+    spans = injected_spans(data, whole_run=True)
     lo, hi, where = _zoom(data, spans)
     s = steps.filter((pl.col("t_s") + pl.col("dur_s") > lo) & (pl.col("t_s") < hi))
     fig = new_figure(4.6)
@@ -82,7 +84,12 @@ def engine_steps_figure(data: RunData) -> FigureSpec:
     x, w = s["t_s"].to_numpy(), s["dur_s"].to_numpy()
     p, d = s["prefill_tokens"].to_numpy(), s["decode_tokens"].to_numpy()
     ax.bar(x, d, width=w, align="edge", color=DECODE, linewidth=0, label="decode tokens")
-    ax.bar(x, p, width=w, bottom=d, align="edge", color=PREFILL, linewidth=0, label="prefill tokens")
+    ax.bar(x, p, width=w, bottom=d, align="edge", color=PREFILL, edgecolor="white",
+           linewidth=np.where(p > 0, 0.5, 0.0), label="prefill tokens")
+    if hi > data.window.seconds:
+        ax.axvline(data.window.seconds, color="#555555", linestyle=":", linewidth=1)
+        ax.text(data.window.seconds, 0.5, " end of the measured window", rotation=90, fontsize=8,
+                transform=ax.get_xaxis_transform(), va="center")
     budgets = s["token_budget"].drop_nulls()
     if budgets.len():
         b = int(budgets.max())  # type: ignore[arg-type]
@@ -262,7 +269,7 @@ def itl_figure(data: RunData) -> FigureSpec:
     if len(positive):
         ax.set_xlim(left=max(float(positive[0]), float(np.quantile(positive, 0.01)) / 3))
     ax.set_yscale("logit")
-    lo_q, hi_q = min(0.5 / len(x), 0.01), 1 - min(0.5 / len(x), 0.001)
+    lo_q, hi_q = max(0.5 / len(x), 0.005), 1 - min(0.5 / len(x), 0.001)
     ax.set_ylim(lo_q, hi_q)
     ticks = [q for q in (0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999) if lo_q <= q <= hi_q]
     ax.set_yticks(ticks, [f"{q * 100:g} %" for q in ticks])

@@ -33,8 +33,11 @@ def reproduce_command(doc: dict[str, Any]) -> str:
     if not cfg:
         return ""
     args = ["itlbench", "run"]
+    plan = doc.get("plan") or {}
     for key, flag in VALUE_FLAGS:
         value = cfg.get(key)
+        if key == "streams" and value is None and cfg.get("rate") is None:
+            value = plan.get("streams")  # the default the run resolved
         if value is None or (key in SKIP_DEFAULT and value == SKIP_DEFAULT[key]):
             continue
         args += [flag, _fmt(value)]

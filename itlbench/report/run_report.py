@@ -7,6 +7,7 @@ it takes to reproduce the run and what every figure means.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -209,17 +210,51 @@ def reproduce_section(data: RunData) -> Section:
     return sec
 
 
+def chunk_story(data: RunData) -> list[str]:
+    """What the steps that prefilled the first injected prompt say, in words."""
+    spans = injected_spans(data, whole_run=True)
+    if not spans or not spans[0].steps:
+        return []
+    sid = data.tables["requests"].filter(pl.col("request_id") == spans[0].request_id)["server_request_id"][0]
+    mine = (data.steps.filter(pl.col("prefill_request_ids").list.contains(sid))
+            .with_columns(((pl.col("end_ns") - pl.col("start_ns")) / 1e9).alias("dur_s")).sort("start_ns"))
+    rid = spans[0].request_id
+    if mine.height == 1:
+        return [f"One engine step prefilled all of {rid} in {fmt_s(mine['dur_s'][0])}: no decode could run until it "
+                "ended, so every stream waited that long for its next token."]
+    first, longest = float(mine["dur_s"][0]), float(mine["dur_s"].max())  # type: ignore[arg-type]
+    text = (f"{mine.height} steps prefilled {rid}, each a chunk of at most the token budget; every stream got one "
+            f"token per step, so its gaps are as long as the steps. The first chunk took {fmt_s(first)}, the "
+            f"longest {fmt_s(longest)}")
+    if longest > 1.5 * first:
+        text += (f" ({longest / first:.1f}× the first): a chunk late in the prompt attends to everything "
+                 "prefilled before it, so chunks get dearer as the prefix grows.")
+    else:
+        text += "."
+    return [text]
+
+
+def sweep_command(doc: dict[str, Any]) -> str:
+    """The run's own command as a sweep over chunk budgets."""
+    cmd = reproduce_command(doc).replace("itlbench run", "itlbench sweep", 1)
+    cmd = re.sub(r" --chunk-budget \S+", "", cmd)
+    return cmd.replace("itlbench sweep", "itlbench sweep --chunk-budget 512,2048,8192,none", 1)
+
+
 def build_document(data: RunData) -> Document:
     figs = {f.key: f for f in run_figures(data)}
     story = Section("What the streams saw", figures=[figs["stalls"]])
     if (t := events_table(data)) is not None:
         story.tables.append(t)
-    why = Section("Why: the engine's steps", figures=[figs["engine_steps"]])
+    why = Section("Why: the engine's steps", paragraphs=chunk_story(data), figures=[figs["engine_steps"]])
     check = ((data.summary.get("crosscheck") or {}).get("engine") or {}).get("injected") or []
     for c in check:
         why.paragraphs.append(f"{c['request_id']} ({fmt_tokens(c.get('prompt_tokens'))} tokens): client TTFT "
                               f"{fmt_s(c.get('client_ttft_s'))}, engine prefill span {fmt_s(c.get('engine_prefill_span_s'))} "
                               f"over {c.get('prefill_steps')} steps.")
+    if data.engine_config and not data.engine.external and injected_spans(data):
+        why.paragraphs.append("To weigh this stall against the long prompt's TTFT and the throughput, run the same "
+                              "workload at several budgets: " + sweep_command(data.doc))
     sections = [
         Section("The run in numbers", tables=[totals_table(data)]),
         story, why,

@@ -18,6 +18,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from itlbench.analysis import itl
 from itlbench.report.data import RunData
 from itlbench.report.style import (
     CAUSE_COLORS,
@@ -52,8 +53,9 @@ class InjectedSpan:
         return f"{self.request_id} ({size}) {how}"
 
 
-def injected_spans(data: RunData) -> list[InjectedSpan]:
-    """Each injected request's prefill: its engine steps' span, else send → first token."""
+def injected_spans(data: RunData, whole_run: bool = False) -> list[InjectedSpan]:
+    """Each injected request's prefill: its engine steps' span, else send → first token (those
+    overlapping the measured window, or every one with `whole_run`)."""
     req = data.tables["requests"].filter(pl.col("injected").fill_null(False))
     if req.is_empty():
         return []
@@ -70,7 +72,7 @@ def injected_spans(data: RunData) -> list[InjectedSpan]:
         ttft = (r["first_token_ns"] - r["scheduled_ns"]) / 1e9 if r["first_token_ns"] and r["scheduled_ns"] else None
         out.append(InjectedSpan(r["request_id"], (lo - data.t0_ns) / 1e9, (hi - data.t0_ns) / 1e9,
                                 r["prompt_tokens"], n, ttft))
-    return [s for s in out if s.end_s > 0 and s.start_s < data.window.seconds]
+    return out if whole_run else [s for s in out if s.end_s > 0 and s.start_s < data.window.seconds]
 
 
 def lanes(requests: pl.DataFrame, extra_ids: Iterable[str] = ()) -> tuple[dict[str, int], int, int]:
@@ -155,6 +157,11 @@ def draw_rows(ax: Axes, data: RunData, spans: list[InjectedSpan], compact: bool 
         else:
             ax.broken_barh(xs, (row - 0.4, 0.8), facecolors=CAUSE_COLORS.get(None if cause == "unknown" else cause),
                            edgecolors="white", linewidth=0.4)
+    for rid, lo, prefill in open_stalls(data, spans):
+        if rid in mapping:
+            ax.broken_barh([((lo - t0) / 1e9, data.window.seconds - (lo - t0) / 1e9)], (mapping[rid] - 0.4, 0.8),
+                           facecolors="none", edgecolors=CAUSE_COLORS["prefill" if prefill else None],
+                           hatch="xxx", linewidth=0.5)
     ax.set_xlim(0, data.window.seconds)
     ax.set_ylim(total - 0.5, -0.5)
     if total > steady_rows:
@@ -167,6 +174,28 @@ def draw_rows(ax: Axes, data: RunData, spans: list[InjectedSpan], compact: bool 
     ax.set_ylabel("stream")
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
+
+
+def open_stalls(data: RunData, spans: list[InjectedSpan]) -> list[tuple[str, int, bool]]:
+    """Steady gaps still open when the window closed and already past their stall threshold:
+    (request_id, start ns, overlaps an injected prefill). The analysis counts a gap when it ends,
+    so these are drawn (hatched) but not counted."""
+    t = data.tables
+    end = data.window.end_ns
+    gaps = itl.gap_table(t["chunks"], t["requests"]).filter(
+        ~pl.col("injected") & (pl.col("t_prev_ns") < end) & (pl.col("t_ns") >= end))
+    if gaps.is_empty():
+        return []
+    medians = data.gaps.group_by("request_id").agg(pl.col("gap_s").median().alias("median_s"))
+    floor = float(data.doc.get("stall_floor_s") or 0.05)
+    factor = float(data.doc.get("stall_factor") or 5.0)
+    out = []
+    for rid, lo, med in gaps.join(medians, on="request_id", how="left").select(
+            "request_id", "t_prev_ns", "median_s").iter_rows():
+        if (end - lo) / 1e9 >= max(factor * (med or 0.0), floor):
+            at = (lo - data.t0_ns) / 1e9
+            out.append((rid, lo, any(s.start_s <= data.window.seconds and s.end_s >= at for s in spans)))
+    return out
 
 
 def span_verdicts(data: RunData, spans: list[InjectedSpan]) -> list[str]:
@@ -210,6 +239,9 @@ def stall_picture(data: RunData) -> Figure:
                Patch(color=WAITING, label="request sent, waiting for its first token")]
     causes = data.stalls["cause"].unique().to_list() if data.stalls.height else []
     handles += [Patch(color=CAUSE_COLORS.get(c), label=f"stalled: {CAUSE_NAMES.get(c, c)}") for c in causes]
+    if open_stalls(data, spans):
+        handles.append(Patch(facecolor="white", edgecolor=CAUSE_COLORS["prefill"], hatch="xxx",
+                             label="still stalled when the window closed"))
     if spans:
         src = "engine steps" if any(s.steps for s in spans) else "client send → first token"
         handles.append(Patch(color=INJECTED_SPAN, alpha=0.35, label=f"injected prompt's prefill ({src})"))
