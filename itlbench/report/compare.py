@@ -346,13 +346,13 @@ def build_compare_document(runs: list[RunData], slos: SloSet, title: str = "Comp
     what = f"{base.get('workload')}, seed {base.get('seed')}" + (f", inject {base['inject']}" if base.get("inject")
                                                                   else "")
     sections = [
-        Section("Verdict", paragraphs=lines),
-        Section("The runs", tables=[comparison_table(rows)]),
-        Section("Where the streams froze", figures=[timelines_figure(runs, labels), gaps_figure(runs, labels)]),
-        Section("Inter-token latency", figures=[cdf_figure(runs, labels), tradeoff_figure(rows)]),
-        Section("Runs compared", tables=[Table(["setting", "directory", "command"],
-                                               [[r.label, str(r.run.run_dir), reproduce_command(r.run.doc)]
-                                                for r in rows], align_right_from=9)]),
+        Section("Verdict").add(*lines),
+        Section("The runs").add(comparison_table(rows)),
+        Section("Where the streams froze").add(timelines_figure(runs, labels), gaps_figure(runs, labels)),
+        Section("Inter-token latency").add(cdf_figure(runs, labels), tradeoff_figure(rows)),
+        Section("Runs compared").add(Table(["setting", "directory", "command"],
+                                           [[r.label, str(r.run.run_dir), reproduce_command(r.run.doc)]
+                                            for r in rows], align_right_from=9)),
     ]
     return Document(f"{title}: {what}", f"{len(runs)} runs · {runs[0].engine.name} · "
                     f"written {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}", callouts, sections)

@@ -30,14 +30,29 @@ class Callout:
     text: str
 
 
+@dataclass(frozen=True)
+class Code:
+    text: str
+
+
+@dataclass(frozen=True)
+class Definitions:
+    items: list[tuple[str, str]]
+
+
+Block = str | Table | FigureSpec | Code | Definitions  # a str is a paragraph
+
+
 @dataclass
 class Section:
+    """A titled run of blocks, rendered in the order given."""
+
     title: str
-    paragraphs: list[str] = field(default_factory=list)
-    tables: list[Table] = field(default_factory=list)
-    figures: list[FigureSpec] = field(default_factory=list)
-    code: list[str] = field(default_factory=list)
-    definitions: list[tuple[str, str]] = field(default_factory=list)
+    blocks: list[Block] = field(default_factory=list)
+
+    def add(self, *blocks: Block) -> Section:
+        self.blocks.extend(blocks)
+        return self
 
 
 @dataclass
@@ -116,8 +131,8 @@ def write_document(doc: Document, out_dir: Path, stem: str = "report") -> Writte
     pngs: dict[str, bytes] = {}
     paths = []
     for section in doc.sections:
-        for spec in section.figures:
-            if spec.figure is not None:
+        for spec in section.blocks:
+            if isinstance(spec, FigureSpec) and spec.figure is not None:
                 path = fig_dir / f"{spec.key}.png"
                 pngs[spec.key] = save_png(spec.figure, path)
                 paths.append(path)
@@ -128,6 +143,36 @@ def write_document(doc: Document, out_dir: Path, stem: str = "report") -> Writte
     return Written(html_path, md_path, paths)
 
 
+def _html_block(b: Block, pngs: dict[str, bytes]) -> str:
+    if isinstance(b, str):
+        return f"<p>{_esc(b)}</p>"
+    if isinstance(b, Table):
+        return _html_table(b)
+    if isinstance(b, Code):
+        return f"<pre>{_esc(b.text)}</pre>"
+    if isinstance(b, Definitions):
+        return "<dl>" + "".join(f"<dt>{_esc(k)}</dt><dd>{_esc(v)}</dd>" for k, v in b.items) + "</dl>"
+    if b.key in pngs:
+        data = base64.b64encode(pngs[b.key]).decode()
+        return (f'<figure id="fig-{b.key}"><img alt="{_esc(b.title)}" src="data:image/png;base64,{data}">'
+                f"<figcaption><b>{_esc(b.title)}.</b> {_esc(b.caption)}</figcaption></figure>")
+    return f'<p class="note"><b>{_esc(b.title)}:</b> {_esc(b.note or "not available for this run")}</p>'
+
+
+def _md_block(b: Block, figures: set[str]) -> str:
+    if isinstance(b, str):
+        return b
+    if isinstance(b, Table):
+        return _md_table(b)
+    if isinstance(b, Code):
+        return f"```\n{b.text}\n```"
+    if isinstance(b, Definitions):
+        return "\n".join(f"- **{k}**: {v}" for k, v in b.items)
+    if b.key in figures:
+        return f"![{b.title}](figures/{b.key}.png)\n\n**{b.title}.** {b.caption}"
+    return f"*{b.title}: {b.note or 'not available for this run'}*"
+
+
 def _render_html(doc: Document, pngs: dict[str, bytes]) -> str:
     parts = ['<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -136,20 +181,7 @@ def _render_html(doc: Document, pngs: dict[str, bytes]) -> str:
     parts += [f'<div class="callout {c.level}">{_esc(c.text)}</div>' for c in doc.callouts]
     for s in doc.sections:
         parts.append(f"<h2>{_esc(s.title)}</h2>")
-        parts += [f"<p>{_esc(p)}</p>" for p in s.paragraphs]
-        for spec in s.figures:
-            if spec.key in pngs:
-                data = base64.b64encode(pngs[spec.key]).decode()
-                parts.append(f'<figure id="fig-{spec.key}"><img alt="{_esc(spec.title)}" '
-                             f'src="data:image/png;base64,{data}"><figcaption><b>{_esc(spec.title)}.</b> '
-                             f"{_esc(spec.caption)}</figcaption></figure>")
-            elif spec.note:
-                parts.append(f'<p class="note"><b>{_esc(spec.title)}:</b> {_esc(spec.note)}</p>')
-        parts += [_html_table(t) for t in s.tables]
-        parts += [f"<pre>{_esc(c)}</pre>" for c in s.code]
-        if s.definitions:
-            parts.append("<dl>" + "".join(f"<dt>{_esc(k)}</dt><dd>{_esc(v)}</dd>" for k, v in s.definitions)
-                         + "</dl>")
+        parts += [_html_block(b, pngs) for b in s.blocks]
     parts.append("</body></html>\n")
     return "\n".join(parts)
 
@@ -160,19 +192,6 @@ def _render_md(doc: Document, figures: set[str]) -> str:
     lines += [f"> {marks.get(c.level, '')} {c.text}\n" for c in doc.callouts]
     for s in doc.sections:
         lines += [f"## {s.title}", ""]
-        for p in s.paragraphs:
-            lines += [p, ""]
-        for spec in s.figures:
-            if spec.key in figures:
-                lines += [f"![{spec.title}](figures/{spec.key}.png)", "", f"**{spec.title}.** {spec.caption}", ""]
-            elif spec.note:
-                lines += [f"*{spec.title}: {spec.note}*", ""]
-        for t in s.tables:
-            lines += [_md_table(t), ""]
-        for c in s.code:
-            lines += ["```", c, "```", ""]
-        for k, v in s.definitions:
-            lines += [f"- **{k}**: {v}"]
-        if s.definitions:
-            lines.append("")
+        for b in s.blocks:
+            lines += [_md_block(b, figures), ""]
     return "\n".join(lines).rstrip() + "\n"

@@ -354,10 +354,10 @@ def phases_document(result: PhasesResult, cfg: PhasesConfig) -> Document:
     callouts = [Callout("info", " ".join(lines) or "Too few lengths to read a trend.")]
     notes = [f"Engine: {result.engine}; times from {result.source}. Prompt context: {result.context:,} tokens. "
              "Client TTFT includes HTTP; the engine's prefill is the sum of the steps that prefilled the prompt."]
-    sections = [Section("Prefill", paragraphs=notes, figures=[phases_figure(result)], tables=[table]),
-                Section("Decode", tables=[decode],
-                        paragraphs=["A decode step serves every running stream one token: batch 1 is one user's "
-                                    "ceiling; the batched step shows what sharing the weights buys in total."])]
+    sections = [Section("Prefill").add(*notes, phases_figure(result), table),
+                Section("Decode").add("A decode step serves every running stream one token: batch 1 is one user's "
+                                      "ceiling; the batched step shows what sharing the weights buys in total.",
+                                      decode)]
     return Document("Prefill vs decode, measured apart", f"{result.engine} · "
                     f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}", callouts, sections)
 

@@ -16,7 +16,16 @@ import polars as pl
 from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.analysis.definitions import DEFINITIONS
 from itlbench.report.data import RunData, load_run
-from itlbench.report.document import Callout, Document, Section, Table, Written, write_document
+from itlbench.report.document import (
+    Callout,
+    Code,
+    Definitions,
+    Document,
+    Section,
+    Table,
+    Written,
+    write_document,
+)
 from itlbench.report.figures import run_figures
 from itlbench.report.reproduce import reproduce_command
 from itlbench.report.style import fmt_s, fmt_tokens
@@ -190,23 +199,18 @@ def reproduce_section(data: RunData) -> Section:
     sec = Section("Reproduce this run")
     cmd = reproduce_command(doc)
     if cmd:
-        sec.paragraphs.append("The command line that reproduces it (every setting written out):")
-        sec.code.append(cmd)
+        sec.add("The command line that reproduces it (every setting written out):", Code(cmd))
     if doc.get("argv"):
-        sec.paragraphs.append("It was started as:")
-        sec.code.append(" ".join(str(a) for a in doc["argv"]))
-    sec.tables.append(_kv_table("Settings (run.json config)", data.config,
-                                skip=("out", "reports_dir", "live", "engine")))
+        sec.add("It was started as:", Code(" ".join(str(a) for a in doc["argv"])))
+    sec.add(f"Engine: {data.engine.name} (identified by {data.engine.detected_from}); server-side figures from "
+            f"{data.engine.source}. Run created {doc.get('created', '?')}, itlbench {doc.get('itlbench_version', '?')}.")
+    sec.add(_kv_table("Settings (run.json config)", data.config, skip=("out", "reports_dir", "live", "engine")))
     if data.engine_config:
-        sec.tables.append(_kv_table("Engine (scheduler and model)", data.engine_config, skip=("extra",)))
+        sec.add(_kv_table("Engine (scheduler and model)", data.engine_config, skip=("extra",)))
     model = ((doc.get("engine") or {}).get("model")) or {}
     if isinstance(model, dict) and model:
-        sec.tables.append(_kv_table("Model", model, skip=("rope_scaling",)))
-    sec.tables.append(_kv_table("Versions", doc.get("versions") or {}))
-    sec.tables.append(_kv_table("Hardware", doc.get("hardware") or {}))
-    sec.paragraphs.append(f"Engine: {data.engine.name} (identified by {data.engine.detected_from}); "
-                          f"server-side figures from {data.engine.source}. Run created {doc.get('created', '?')}, "
-                          f"itlbench {doc.get('itlbench_version', '?')}.")
+        sec.add(_kv_table("Model", model, skip=("rope_scaling",)))
+    sec.add(_kv_table("Versions", doc.get("versions") or {}), _kv_table("Hardware", doc.get("hardware") or {}))
     return sec
 
 
@@ -243,27 +247,27 @@ def sweep_command(doc: dict[str, Any]) -> str:
 
 def build_document(data: RunData) -> Document:
     figs = {f.key: f for f in run_figures(data)}
-    story = Section("What the streams saw", figures=[figs["stalls"]])
+    story = Section("What the streams saw").add(figs["stalls"])
     if (t := events_table(data)) is not None:
-        story.tables.append(t)
-    why = Section("Why: the engine's steps", paragraphs=chunk_story(data), figures=[figs["engine_steps"]])
+        story.add(t)
+    why = Section("Why: the engine's steps").add(*chunk_story(data), figs["engine_steps"])
     check = ((data.summary.get("crosscheck") or {}).get("engine") or {}).get("injected") or []
     for c in check:
-        why.paragraphs.append(f"{c['request_id']} ({fmt_tokens(c.get('prompt_tokens'))} tokens): client TTFT "
-                              f"{fmt_s(c.get('client_ttft_s'))}, engine prefill span {fmt_s(c.get('engine_prefill_span_s'))} "
-                              f"over {c.get('prefill_steps')} steps.")
+        why.add(f"{c['request_id']} ({fmt_tokens(c.get('prompt_tokens'))} tokens): client TTFT "
+                f"{fmt_s(c.get('client_ttft_s'))}, engine prefill span {fmt_s(c.get('engine_prefill_span_s'))} "
+                f"over {c.get('prefill_steps')} steps.")
     if data.engine_config and not data.engine.external and injected_spans(data):
-        why.paragraphs.append("To weigh this stall against the long prompt's TTFT and the throughput, run the same "
-                              "workload at several budgets: " + sweep_command(data.doc))
+        why.add("To weigh this stall against the long prompt's TTFT and the throughput, run the same workload at "
+                "several budgets:", Code(sweep_command(data.doc)))
     sections = [
-        Section("The run in numbers", tables=[totals_table(data)]),
+        Section("The run in numbers").add(totals_table(data)),
         story, why,
-        Section("Time to first token", figures=[figs["ttft"]], tables=[ttft_table(data)]),
-        Section("Inter-token latency", figures=[figs["itl_cdf"]], tables=[itl_table(data)]),
-        Section("Throughput, split and goodput", figures=[figs["throughput"], figs["split"], figs["goodput"]]),
+        Section("Time to first token").add(figs["ttft"], ttft_table(data)),
+        Section("Inter-token latency").add(figs["itl_cdf"], itl_table(data)),
+        Section("Throughput, split and goodput").add(figs["throughput"], figs["split"], figs["goodput"]),
         reproduce_section(data),
-        Section("Definitions", definitions=[(DEFINITION_NAMES.get(k, k), first_sentence(v))
-                                             for k, v in DEFINITIONS.items()]),
+        Section("Definitions").add(Definitions([(DEFINITION_NAMES.get(k, k), first_sentence(v))
+                                                for k, v in DEFINITIONS.items()])),
     ]
     subtitle = (f"{data.name} · {data.engine.name} · measured {data.window.seconds:.1f} s · "
                 f"{_hardware_line(data.doc)}")
