@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -217,7 +218,9 @@ def compare(
             _fail(ConfigError("DIR", f"{d} has no run.json", "pass directories written by `itlbench run`"))
     target = out or Path("reports") / (dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S") + "-compare")
     try:
-        written, rows, verdict = write_compare_report(run_dirs, target, slo, force)
+        command = shlex.join(["itlbench", "compare", *map(str, run_dirs), *(["--slo", slo] if slo else []),
+                              *(["--force"] if force else [])])
+        written, rows, verdict = write_compare_report(run_dirs, target, slo, force, command=command)
     except ItlbenchError as exc:
         _fail(exc)
         return
@@ -261,7 +264,9 @@ def sweep(
         if not done:
             _fail(ItlbenchError("sweep: no run finished; nothing to compare"))
             return
-        written, rows, verdict = write_compare_report(done, target, slo, title="Chunk-budget sweep")
+        command = shlex.join(["itlbench", "sweep", "--chunk-budget", chunk_budget, "--policy", policy,
+                              *ctx.args, *(["--slo", slo] if slo else []), "--out", str(target)])
+        written, rows, verdict = write_compare_report(done, target, slo, title="Chunk-budget sweep", command=command)
     except SweepAborted as exc:
         raise typer.Exit(exc.code) from None
     except ItlbenchError as exc:

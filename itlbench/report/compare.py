@@ -333,7 +333,8 @@ def tradeoff_figure(rows: list[Row]) -> FigureSpec:
     return spec
 
 
-def build_compare_document(runs: list[RunData], slos: SloSet, title: str = "Comparison") -> Document:
+def build_compare_document(runs: list[RunData], slos: SloSet, title: str = "Comparison",
+                           command: str = "") -> Document:
     rows = make_rows(runs)
     labels = [r.label for r in rows]
     lines = verdict(rows, slos)
@@ -355,14 +356,14 @@ def build_compare_document(runs: list[RunData], slos: SloSet, title: str = "Comp
                                             for r in rows], align_right_from=9)),
     ]
     return Document(f"{title}: {what}", f"{len(runs)} runs · {runs[0].engine.name} · "
-                    f"written {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}", callouts, sections)
+                    f"written {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}", callouts, sections, command)
 
 
 def write_compare_report(dirs: list[Path], out_dir: Path, slo: str | None = None, force: bool = False,
-                         title: str = "Comparison") -> tuple[Written, list[Row], list[str]]:
+                         title: str = "Comparison", command: str = "") -> tuple[Written, list[Row], list[str]]:
     runs = load_runs(dirs, force)
     slos = parse_slo(slo)
-    doc = build_compare_document(runs, slos, title)
+    doc = build_compare_document(runs, slos, title, command)
     rows = make_rows(runs)
     written = write_document(doc, out_dir)
     lines = verdict(rows, slos)

@@ -61,6 +61,7 @@ class Document:
     subtitle: str
     callouts: list[Callout]
     sections: list[Section]
+    command: str = ""  # shown under the title: how to reproduce what the document shows
 
 
 @dataclass
@@ -85,6 +86,7 @@ th,td{border-bottom:1px solid #e3e3e3;padding:4px 10px;text-align:left;vertical-
 th{background:#f6f6f6}td.n{text-align:right;font-variant-numeric:tabular-nums}
 caption{caption-side:top;text-align:left;color:#555;padding-bottom:4px}
 pre{background:#f6f6f6;padding:10px;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
+pre.command{font-size:0.85em;margin:4px 0 10px 0;padding:6px 10px}
 dt{font-weight:bold;margin-top:6px}dd{margin-left:18px}
 """
 
@@ -178,6 +180,8 @@ def _render_html(doc: Document, pngs: dict[str, bytes]) -> str:
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
              f"<title>{_esc(doc.title)}</title><style>{CSS}</style></head><body>",
              f"<h1>{_esc(doc.title)}</h1><p class=\"subtitle\">{_esc(doc.subtitle)}</p>"]
+    if doc.command:
+        parts.append(f'<pre class="command">{_esc(doc.command)}</pre>')
     parts += [f'<div class="callout {c.level}">{_esc(c.text)}</div>' for c in doc.callouts]
     for s in doc.sections:
         parts.append(f"<h2>{_esc(s.title)}</h2>")
@@ -189,6 +193,8 @@ def _render_html(doc: Document, pngs: dict[str, bytes]) -> str:
 def _render_md(doc: Document, figures: set[str]) -> str:
     marks = {"ok": "✅", "warn": "⚠️", "bad": "⛔", "info": "ℹ️"}
     lines = [f"# {doc.title}", "", f"*{doc.subtitle}*", ""]
+    if doc.command:
+        lines += ["```", doc.command, "```", ""]
     lines += [f"> {marks.get(c.level, '')} {c.text}\n" for c in doc.callouts]
     for s in doc.sections:
         lines += [f"## {s.title}", ""]

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import shlex
 import statistics
 import time
 from collections import defaultdict
@@ -359,7 +360,21 @@ def phases_document(result: PhasesResult, cfg: PhasesConfig) -> Document:
                                       "ceiling; the batched step shows what sharing the weights buys in total.",
                                       decode)]
     return Document("Prefill vs decode, measured apart", f"{result.engine} · "
-                    f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}", callouts, sections)
+                    f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}", callouts, sections,
+                    phases_command(cfg, result.lengths))
+
+
+def phases_command(cfg: PhasesConfig, lengths: list[int]) -> str:
+    args = ["itlbench", "phases"]
+    if cfg.endpoint:
+        args += ["--endpoint", cfg.endpoint, "--model", str(cfg.model)]
+    elif cfg.engine is not None:
+        budget = cfg.engine.chunk_budget
+        args += ["--model", cfg.engine.model, "--chunk-budget", "none" if budget is None else str(budget),
+                 "--device", cfg.engine.device]
+    args += ["--lengths", ",".join(fmt_tokens(n) for n in lengths), "--concurrency", str(cfg.concurrency),
+             "--output-tokens", str(cfg.output_tokens), "--repeats", str(cfg.repeats), "--seed", str(cfg.seed)]
+    return shlex.join(args)
 
 
 def _out_dir(cfg: PhasesConfig) -> Path:

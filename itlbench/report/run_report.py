@@ -271,7 +271,7 @@ def build_document(data: RunData) -> Document:
     ]
     subtitle = (f"{data.name} · {data.engine.name} · measured {data.window.seconds:.1f} s · "
                 f"{_hardware_line(data.doc)}")
-    return Document(title_of(data), subtitle, callouts(data), sections)
+    return Document(title_of(data), subtitle, callouts(data), sections, reproduce_command(data.doc))
 
 
 def _hardware_line(doc: dict[str, Any]) -> str:
