@@ -316,7 +316,7 @@ def phases_figure(result: PhasesResult) -> FigureSpec:
                           label=f"decode tokens/s at batch {d['batch']}")
     if result.saturation_tokens:
         right.axvline(result.saturation_tokens, color="#555555", linestyle=":", linewidth=0.8)
-        right.text(result.saturation_tokens, 0.03, f" saturates at {fmt_tokens(result.saturation_tokens)}",
+        right.text(result.saturation_tokens, 0.55, f" saturates at {fmt_tokens(result.saturation_tokens)}",
                    transform=right.get_xaxis_transform(), fontsize=8)
     right.set_xscale("log")
     right.set_yscale("log")
