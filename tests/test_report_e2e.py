@@ -124,3 +124,20 @@ def test_phases_rejects_bad_options(tmp_path: Path) -> None:
         result = runner.invoke(app, ["phases", "--out", str(tmp_path / "p"), *args], terminal_width=300)
         assert result.exit_code == 2, result.output
         assert f"error: {flag}" in _flat(result.output)
+
+
+def test_a_run_against_an_external_endpoint_is_labelled_with_its_engine(tmp_path: Path, server) -> None:  # noqa: ANN001
+    """An itlbench server reached with --endpoint is an external engine: the report names it and says its
+    figures come from its step log; `compare` labels the row the same way."""
+    out = tmp_path / "ext"
+    result = runner.invoke(app, ["run", "--endpoint", server.base_url, "--model", "tiny", "--workload", "chat-short",
+                                 "--streams", "2", "--duration", "2", "--warmup", "0.5", "--no-live", "--out", str(out)],
+                           terminal_width=200)
+    assert result.exit_code == 0, result.output
+    html = _flat((out / "report.html").read_text())
+    assert "External engine: itlbench server (tiny) (identified by GET /v1/engine)" in html
+    assert "engine step log (itlbench server on the same host)" in html
+    compared = runner.invoke(app, ["compare", str(out), "--out", str(tmp_path / "cmp")], terminal_width=200)
+    assert compared.exit_code == 0, compared.output
+    row = json.loads((tmp_path / "cmp/compare.json").read_text())["rows"][0]
+    assert row["engine"] == "itlbench server (tiny)" and row["setting"].startswith("itlbench server (tiny): budget")
