@@ -120,7 +120,9 @@ def _md_table(t: Table) -> str:
     if t.caption:
         lines += [f"*{t.caption}*", ""]
     lines.append("| " + " | ".join(cell(h) for h in t.headers) + " |")
-    lines.append("|" + "|".join("---:" if i >= t.align_right_from else "---" for i in range(len(t.headers))) + "|")
+    numeric = [i >= t.align_right_from and all(is_number(r[i]) for r in t.rows if i < len(r))
+               for i in range(len(t.headers))]
+    lines.append("|" + "|".join("---:" if n else "---" for n in numeric) + "|")
     lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in t.rows]
     return "\n".join(lines)
 
