@@ -198,20 +198,33 @@ def open_stalls(data: RunData, spans: list[InjectedSpan]) -> list[tuple[str, int
     return out
 
 
-def span_verdicts(data: RunData, spans: list[InjectedSpan]) -> list[str]:
-    """What the stalls overlapping each injected span did, in words."""
+def span_groups(spans: list[InjectedSpan], min_gap_s: float) -> list[list[InjectedSpan]]:
+    """Injected spans that overlap (or nearly: closer than min_gap_s) share one annotation."""
+    groups: list[list[InjectedSpan]] = []
+    for span in sorted(spans, key=lambda s: s.start_s):
+        if groups and span.start_s < max(s.end_s for s in groups[-1]) + min_gap_s:
+            groups[-1].append(span)
+        else:
+            groups.append([span])
+    return groups
+
+
+def span_verdicts(data: RunData, groups: list[list[InjectedSpan]]) -> list[str]:
+    """What the stalls overlapping each group of injected spans did, in words."""
     out = []
     st = data.stalls
     streams = max(1, layout(data)[1])
-    for span in spans:
-        lo, hi = data.t0_ns + int(span.start_s * 1e9), data.t0_ns + int(span.end_s * 1e9)
+    for group in groups:
+        lo = data.t0_ns + int(min(s.start_s for s in group) * 1e9)
+        hi = data.t0_ns + int(max(s.end_s for s in group) * 1e9)
+        name = group[0].request_id + (f" +{len(group) - 1}" if len(group) > 1 else "")
         hit = st.filter((pl.col("t_prev_ns") < hi) & (pl.col("t_ns") > lo))
         if hit.is_empty():
-            out.append(f"{span.request_id}: no stream stalled during its prefill")
+            out.append(f"{name}: no stream stalled during its prefill")
             continue
         victims = hit["request_id"].n_unique()
         share = "every stream" if victims >= streams else f"{victims} of {streams} streams"
-        out.append(f"{span.request_id}: {share} froze, worst gap {fmt_s(hit['gap_s'].max())}")  # type: ignore[arg-type]
+        out.append(f"{name}: {share} froze, worst gap {fmt_s(hit['gap_s'].max())}")  # type: ignore[arg-type]
     return out
 
 
@@ -223,9 +236,9 @@ def stall_picture(data: RunData) -> Figure:
     fig = new_figure(rows_h + 2.9)
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[rows_h, 2.3])
     draw_rows(top, data, spans)
-    verdicts = span_verdicts(data, spans)
-    for span, verdict in zip(spans, verdicts, strict=True):
-        top.annotate(verdict, xy=(span.start_s, -0.5), xytext=(0, 4), textcoords="offset points",
+    groups = span_groups(spans, 0.25 * data.window.seconds)
+    for group, verdict in zip(groups, span_verdicts(data, groups), strict=True):
+        top.annotate(verdict, xy=(max(0.0, group[0].start_s), -0.5), xytext=(0, 4), textcoords="offset points",
                      fontsize=9, fontweight="bold", color="#7a3a00", annotation_clip=False, va="bottom")
     if data.stalls.is_empty():
         top.set_title("No stalls: every gap stayed under its stall threshold", fontsize=11, loc="left")
