@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from itlbench.store import RunStore
+from itlbench.rundir.store import RunStore
 
 S = 1_000_000_000
 MS = 1_000_000

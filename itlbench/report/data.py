@@ -17,12 +17,12 @@ import polars as pl
 
 from itlbench.analysis import itl, ttft
 from itlbench.analysis.goodput import judge, parse_slo
-from itlbench.analysis.rundir import load_tables
 from itlbench.analysis.stalls import StallParams, analyze_stalls
 from itlbench.analysis.summary import summarize
 from itlbench.analysis.window import RunWindow, select_window
 from itlbench.errors import ConfigError
 from itlbench.report.engines import EngineLabel, detect_engine
+from itlbench.rundir.reader import load_tables
 
 CUT_SHORT_FRACTION = 0.95  # a measured window shorter than this share of --duration was cut short
 

@@ -37,25 +37,13 @@ from itlbench.load.steps_follower import StepsFollower
 from itlbench.report.document import Callout, Document, Section, Table, Written, write_document
 from itlbench.report.figures import FigureSpec
 from itlbench.report.style import DECODE, PREFILL, fmt_s, fmt_tokens, new_figure, tidy
+from itlbench.units import parse_tokens
 from itlbench.workloads.plan import RequestPlan
 from itlbench.workloads.prompts import PromptBuilder
 
 SATURATION_SHARE = 0.9  # throughput within 10 % of its best: saturated
 LINEAR_SLACK = 1.25  # per-token cost 25 % above its best: no longer linear
 DECODE_PROMPT = 128  # prompt length of the batched decode requests
-
-
-def parse_tokens(text: str, flag: str) -> int:
-    """'2048', '2k' (k = 1024), '1.5k' → tokens."""
-    t = text.strip().lower()
-    mult = 1024 if t.endswith("k") else 1
-    try:
-        value = int(float(t[:-1] if mult > 1 else t) * mult)
-    except ValueError:
-        raise ConfigError(flag, f"{text!r} is not a token count", "e.g. 512, 2k or 1.5k (k = 1024)") from None
-    if value < 1:
-        raise ConfigError(flag, f"{text!r} must be at least 1 token")
-    return value
 
 
 @dataclass

@@ -12,6 +12,8 @@ from pathlib import Path
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from itlbench.units import format_tokens
+
 STREAMING = "#4c78a8"        # tokens arriving at their usual pace
 PREFILL = "#e45756"          # prefill tokens, and stalls caused by prefill
 DECODE = "#4c78a8"           # decode tokens
@@ -73,10 +75,5 @@ def fmt_s(value: float | None) -> str:
 
 
 def fmt_tokens(n: int | float | None) -> str:
-    """32k when a multiple of 1024 (k = 1024 tokens everywhere), else grouped digits."""
-    if n is None:
-        return "—"
-    n = int(n)
-    if n >= 1024 and n % 1024 == 0:
-        return f"{n // 1024}k"
-    return f"{n:,}"
+    """32k when a multiple of 1024 (k = 1024 tokens everywhere), else grouped digits; — when unknown."""
+    return "—" if n is None else format_tokens(int(n))
