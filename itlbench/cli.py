@@ -359,8 +359,8 @@ def phases(
     try:
         cfg = PhasesConfig(endpoint=endpoint, model=model, api_key=api_key, lengths=lengths, max_prompt=max_prompt,
                            concurrency=concurrency, output_tokens=output_tokens, repeats=repeats,
-                           engine=None if endpoint else _engine_config(model, chunk_budget, "budget", False, 64,
-                                                                       None, device, seed),
+                           engine=None if endpoint else _engine_config(model=model, chunk_budget=chunk_budget,
+                                                                       device=device, seed=seed),
                            out=out, seed=seed)
         written = run_phases(cfg, on_status=lambda s: console.print(f"[dim]{s}[/]"))
     except ItlbenchError as exc:
