@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from itlbench.cli import app
+from itlbench.server import BackgroundServer
 
 pytestmark = pytest.mark.e2e
 runner = CliRunner()
@@ -126,7 +127,8 @@ def test_phases_rejects_bad_options(tmp_path: Path) -> None:
         assert f"error: {flag}" in _flat(result.output)
 
 
-def test_a_run_against_an_external_endpoint_is_labelled_with_its_engine(tmp_path: Path, server) -> None:  # noqa: ANN001
+def test_a_run_against_an_external_endpoint_is_labelled_with_its_engine(tmp_path: Path,
+                                                                        server: BackgroundServer) -> None:
     """An itlbench server reached with --endpoint is an external engine: the report names it and says its
     figures come from its step log; `compare` labels the row the same way."""
     out = tmp_path / "ext"

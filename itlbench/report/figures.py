@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -119,7 +120,7 @@ def engine_steps_figure(data: RunData) -> FigureSpec:
     return spec
 
 
-def _annotate_chunks(ax, data: RunData, s: pl.DataFrame, spans: list[InjectedSpan]) -> None:  # noqa: ANN001
+def _annotate_chunks(ax: Axes, data: RunData, s: pl.DataFrame, spans: list[InjectedSpan]) -> None:
     """Label the first and the longest step that prefilled the first injected prompt."""
     if not spans or not spans[0].steps:
         return
@@ -204,7 +205,7 @@ def ttft_figure(data: RunData) -> FigureSpec:
     return spec
 
 
-def _ttft_parts(ax, t: pl.DataFrame, present: list[str], has_steps: bool) -> None:  # noqa: ANN001
+def _ttft_parts(ax: Axes, t: pl.DataFrame, present: list[str], has_steps: bool) -> None:
     parts = (("client_lag_s", "client lag", MUTED), ("queue_s", "server queue", "#f2a900"),
              ("prefill_s", "prefill", PREFILL)) if has_steps else \
         (("client_lag_s", "client lag", MUTED), ("server_s", "server (queue + prefill; no step log)", PREFILL))
