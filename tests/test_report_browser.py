@@ -34,3 +34,15 @@ def test_report_opens_in_headless_chromium_and_shows_the_stall(tmp_path: Path) -
     assert len(np.unique(shot.reshape(-1, 3), axis=0)) > 200, "screenshot has almost no colours"
     red = (np.abs(shot - _rgb(PREFILL)).sum(axis=2) < 30).sum()
     assert red > 2_000, "the stall picture's prefill-red band is not on screen"
+
+
+def test_comparison_report_opens_in_headless_chromium(tmp_path: Path) -> None:
+    from itlbench.report.compare import write_compare_report
+
+    runs = [build_run(tmp_path / "long"), build_run(tmp_path / "short", stall_scale=0.1)]
+    written, _, _ = write_compare_report(runs, tmp_path / "cmp", "itl_max=500ms")
+    page = open_page(written.html)
+    assert page.errors == [] and page.requests == [], (page.errors, page.requests)
+    assert len(page.images) == 4 and all(ok and w > 500 for ok, w in page.images), page.images
+    shot = np.asarray(Image.open(io.BytesIO(page.screenshot)).convert("RGB")).astype(int)
+    assert (shot.sum(axis=2) < 740).mean() > 0.05
