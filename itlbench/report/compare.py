@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.analysis.goodput import SloSet, parse_slo
 from itlbench.errors import ConfigError
 from itlbench.report.data import RunData, load_run
-from itlbench.report.document import Callout, Document, Section, Table, Written, write_document
+from itlbench.report.document import Callout, Document, Links, Section, Table, Written, write_document
 from itlbench.report.figures import FigureSpec
 from itlbench.report.reproduce import reproduce_command
 from itlbench.report.style import RUN_COLORS, fmt_s, new_figure, tidy
@@ -333,8 +334,14 @@ def tradeoff_figure(rows: list[Row]) -> FigureSpec:
     return spec
 
 
+def run_links(rows: list[Row], out_dir: Path) -> Links:
+    """Each run's own report, relative to the comparison's directory."""
+    return Links([(f"{r.label}: its own report",
+                   os.path.relpath((r.run.run_dir / "report").resolve(), out_dir.resolve())) for r in rows])
+
+
 def build_compare_document(runs: list[RunData], slos: SloSet, title: str = "Comparison",
-                           command: str = "") -> Document:
+                           command: str = "", out_dir: Path | None = None) -> Document:
     rows = make_rows(runs)
     labels = [r.label for r in rows]
     lines = verdict(rows, slos)
@@ -355,6 +362,8 @@ def build_compare_document(runs: list[RunData], slos: SloSet, title: str = "Comp
                                            [[r.label, str(r.run.run_dir), reproduce_command(r.run.doc)]
                                             for r in rows], align_right_from=9)),
     ]
+    if out_dir is not None:
+        sections[-1].add(run_links(rows, out_dir))
     return Document(f"{title}: {what}", f"{len(runs)} runs · {runs[0].engine.name} · "
                     f"written {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}", callouts, sections, command)
 
@@ -363,7 +372,7 @@ def write_compare_report(dirs: list[Path], out_dir: Path, slo: str | None = None
                          title: str = "Comparison", command: str = "") -> tuple[Written, list[Row], list[str]]:
     runs = load_runs(dirs, force)
     slos = parse_slo(slo)
-    doc = build_compare_document(runs, slos, title, command)
+    doc = build_compare_document(runs, slos, title, command, out_dir)
     rows = make_rows(runs)
     written = write_document(doc, out_dir)
     lines = verdict(rows, slos)

@@ -36,11 +36,19 @@ class Code:
 
 
 @dataclass(frozen=True)
+class Links:
+    """(text, relative path without extension) links to other reports: `.html` is appended in the
+    HTML rendering and `.md` in the Markdown one, so each links to its own kind."""
+
+    items: list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
 class Definitions:
     items: list[tuple[str, str]]
 
 
-Block = str | Table | FigureSpec | Code | Definitions  # a str is a paragraph
+Block = str | Table | FigureSpec | Code | Definitions | Links  # a str is a paragraph
 
 
 @dataclass
@@ -156,6 +164,8 @@ def _html_block(b: Block, pngs: dict[str, bytes]) -> str:
         return f"<pre>{_esc(b.text)}</pre>"
     if isinstance(b, Definitions):
         return "<dl>" + "".join(f"<dt>{_esc(k)}</dt><dd>{_esc(v)}</dd>" for k, v in b.items) + "</dl>"
+    if isinstance(b, Links):
+        return "<ul>" + "".join(f'<li><a href="{_esc(h)}.html">{_esc(t)}</a></li>' for t, h in b.items) + "</ul>"
     if b.key in pngs:
         data = base64.b64encode(pngs[b.key]).decode()
         return (f'<figure id="fig-{b.key}"><img alt="{_esc(b.title)}" src="data:image/png;base64,{data}">'
@@ -172,6 +182,8 @@ def _md_block(b: Block, figures: set[str]) -> str:
         return f"```\n{b.text}\n```"
     if isinstance(b, Definitions):
         return "\n".join(f"- **{k}**: {v}" for k, v in b.items)
+    if isinstance(b, Links):
+        return "\n".join(f"- [{t}]({h}.md)" for t, h in b.items)
     if b.key in figures:
         return f"![{b.title}](figures/{b.key}.png)\n\n**{b.title}.** {b.caption}"
     return f"*{b.title}: {b.note or 'not available for this run'}*"
