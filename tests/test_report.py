@@ -15,6 +15,7 @@ from itlbench.report.compare import differing_settings, load_runs, make_rows, ve
 from itlbench.report.data import load_run
 from itlbench.report.run_report import write_run_report
 from itlbench.report.timeline import _segments, injected_spans
+from itlbench.units import parse_duration_s
 from tests.report_runs import PAUSE, build_run
 
 runner = CliRunner()
@@ -120,7 +121,8 @@ def test_reproduce_command_parses_back_to_the_run_settings(tmp_path: Path) -> No
     params = command.make_context("run", args).params
     cfg = data.config
     assert params["workload"] == cfg["workload"] and params["inject"] == cfg["inject"]
-    assert params["streams"] == cfg["streams"] and params["duration"] == cfg["duration_s"]
+    assert params["streams"] == cfg["streams"]
+    assert parse_duration_s(params["duration"], "--duration") == cfg["duration_s"]
     assert params["seed"] == cfg["seed"] and params["chunk_budget"] == "2048" and params["model"] == "cpu-small"
 
 

@@ -98,8 +98,10 @@ def callouts(data: RunData) -> list[Callout]:
     s = data.summary
     validity = s.get("validity") or {}
     if s.get("valid") is False:
+        standing = validity.get("standing") or []
         out.append(Callout("bad", "INVALID run: the client may have been the bottleneck: "
-                           + "; ".join(validity.get("reasons") or []) + "."))
+                           + "; ".join(validity.get("reasons") or []) + "."
+                           + (f" Figures that still stand: {', '.join(standing)}." if standing else "")))
     else:
         f = validity.get("figures") or {}
         out.append(Callout("ok", "Valid run: the client kept up (send lag p99 "
@@ -214,6 +216,18 @@ def reproduce_section(data: RunData) -> Section:
     return sec
 
 
+def goodput_misses(data: RunData) -> list[Table]:
+    """Every SLO that requests missed, by how many and by how much (goodput explains itself)."""
+    misses = (data.summary.get("goodput") or {}).get("misses") or []
+    if not misses:
+        return []
+    rows = [[str(m.get("slo")), str(m.get("cls") or "—"), str(m.get("bucket") or "—"), fmt_s(m.get("target_s")),
+             f"{m.get('missed')} of {m.get('of')}", fmt_s(m.get("median_s")), fmt_s(m.get("worst_s"))]
+            for m in misses]
+    return [Table(["SLO", "class", "bucket", "target", "missed", "median of the misses", "worst"], rows,
+                  "Why requests missed their SLOs", align_right_from=3)]
+
+
 def chunk_story(data: RunData) -> list[str]:
     """What the steps that prefilled the first injected prompt say, in words."""
     spans = injected_spans(data, whole_run=True)
@@ -264,7 +278,8 @@ def build_document(data: RunData) -> Document:
         story, why,
         Section("Time to first token").add(figs["ttft"], ttft_table(data)),
         Section("Inter-token latency").add(figs["itl_cdf"], itl_table(data)),
-        Section("Throughput, split and goodput").add(figs["throughput"], figs["split"], figs["goodput"]),
+        Section("Throughput, split and goodput").add(figs["throughput"], figs["split"], figs["goodput"],
+                                                     *goodput_misses(data)),
         reproduce_section(data),
         Section("Definitions").add(Definitions([(DEFINITION_NAMES.get(k, k), first_sentence(v))
                                                 for k, v in DEFINITIONS.items()])),
