@@ -224,7 +224,7 @@ def _union_zoom(runs: list[RunData]) -> tuple[float, float] | None:
         return None
     lo, hi = min(s.start_s for s in spans), max(s.end_s for s in spans)
     pad = max(1.0, 0.1 * (hi - lo))
-    return max(0.0, lo - pad), hi + pad
+    return max(0.0, lo - pad), min(hi + pad, max(r.window.seconds for r in runs))
 
 
 def timelines_figure(runs: list[RunData], labels: list[str]) -> FigureSpec:
