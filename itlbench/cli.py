@@ -95,7 +95,14 @@ def run(
     time_scale: Annotated[float, typer.Option(help="Trace replay speed-up (2 = twice as fast).")] = 1.0,
     drain_timeout: Annotated[float, typer.Option(help="Seconds to let in-flight requests finish after the end.")] = 120.0,
     out: Annotated[Path | None, typer.Option(help="Run directory (default reports/<time>-<workload>-…).")] = None,
-    workers: Annotated[int, typer.Option(help="Client processes for very high stream counts.")] = 1,
+    workers: Annotated[int, typer.Option(help="Client processes for very high stream counts (with --driver locust: "
+                                               "Locust workers).")] = 1,
+    driver: Annotated[str, typer.Option(help="aiohttp (one event loop per process) or locust (Locust master and "
+                                             "workers; pip install -e \".[locust]\").")] = "aiohttp",
+    master_bind: Annotated[str | None, typer.Option(help="--driver locust: the master listens on HOST:PORT for "
+                                                         "--workers workers started by hand on other machines.")] = None,
+    locust_ui: Annotated[bool, typer.Option(help="--driver locust: serve Locust's web UI.")] = False,
+    locust_ui_port: Annotated[int, typer.Option(help="Port of Locust's web UI (on 127.0.0.1).")] = 8089,
     live: Annotated[bool, typer.Option(help="Show the live progress line.")] = True,
 ) -> None:
     """Drive a workload (and injected long prompts) against the bundled engine or --endpoint."""
@@ -113,7 +120,8 @@ def run(
                         endpoint=endpoint, model=model, api_key=api_key, api=api, engine=engine, slo=slo,
                         forced_lengths=forced_lengths,
                         stall_factor=stall_factor, stall_floor_s=stall_floor, trace=trace, time_scale=time_scale,
-                        drain_timeout_s=drain_timeout, out=out, workers=workers, live=live)
+                        drain_timeout_s=drain_timeout, out=out, workers=workers, live=live, driver=driver,
+                        master_bind=master_bind, locust_ui=locust_ui, locust_ui_port=locust_ui_port)
         cfg.validate()
         from itlbench.orchestrate import run_load_test
 
@@ -195,6 +203,25 @@ def _refuse_engine_flags(ctx: typer.Context) -> None:
     if given:
         raise ConfigError("--engine-config", f"given together with {', '.join(_flag_of(n) for n in given)}",
                           "put every engine setting in the JSON, or drop --engine-config")
+
+
+@app.command("locust-worker")
+def locust_worker(master: Annotated[str, typer.Option(help="HOST:PORT of the master (`itlbench run --driver locust "
+                                                            "--master-bind ...` prints it).")]) -> None:
+    """A Locust worker for `itlbench run --driver locust` on another machine; runs until the master ends."""
+    import os
+
+    from itlbench.load.locust_job import parse_host_port
+    from itlbench.load.locust_run import require_locust
+
+    try:
+        parse_host_port(master, "--master")
+        require_locust()
+    except ItlbenchError as exc:
+        _fail(exc)
+        return
+    # a fresh interpreter: locust must monkey-patch the process before anything else is imported
+    os.execv(sys.executable, [sys.executable, "-m", "itlbench.load.locust_worker", "--master", master])
 
 
 @app.command()

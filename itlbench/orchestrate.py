@@ -108,7 +108,8 @@ def _observers(conn: Connection, store: RunStore, api_key: str | None) -> list[a
 
 
 async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection, store: RunStore,
-                                progress: ProgressFn | None) -> DriveResult:
+                                progress: ProgressFn | None, on_status: Callable[[str], None] = lambda s: None,
+                                driver_doc: dict[str, Any] | None = None) -> DriveResult:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     interrupts = 0
@@ -127,6 +128,11 @@ async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection
     observers = _observers(conn, store, cfg.api_key)
     target = conn.target
     try:
+        if cfg.driver == "locust":  # master and workers in their own processes (never import locust here)
+            from itlbench.load.locust_run import drive_locust, job_for_run
+
+            return await drive_locust(job_for_run(cfg, spec, target, store.path), store, on_progress=progress,
+                                      on_status=on_status, stop_event=stop, driver_doc=driver_doc)
         if cfg.workers > 1:  # each worker process rebuilds the same seeded plan and takes its share
             return await drive_workers(functools.partial(build_load_plan, spec), target, store,
                                        workers=cfg.workers, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s,
@@ -158,6 +164,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
                                "config": _config_doc(cfg), "hardware": _hardware(), "versions": _versions(),
                                "stall_factor": cfg.stall_factor, "stall_floor_s": cfg.stall_floor_s, "slo": cfg.slo}
     result: DriveResult | None = None
+    run_doc["driver"] = driver_doc = {"name": cfg.driver, "workers": cfg.workers}
     started_ns = time.perf_counter_ns()
     on_status(f"starting the bundled engine ({cfg.engine.model})" if cfg.endpoint is None
               else f"probing {cfg.endpoint}")
@@ -172,7 +179,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         run_doc["plan"] = build_load_plan(spec).description
         store.write_json("run.json", run_doc)
         on_status("running")
-        result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress))
+        result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress, on_status, driver_doc))
     except (KeyboardInterrupt, asyncio.CancelledError):
         run_doc["interrupted"] = True
     finally:

@@ -40,6 +40,10 @@ class RunConfig:
     time_scale: float = 1.0
     workers: int = 1
     live: bool = True
+    driver: str = "aiohttp"  # aiohttp | locust
+    master_bind: str | None = None  # locust: the master listens here for workers started by hand
+    locust_ui: bool = False  # locust: serve Locust's web UI
+    locust_ui_port: int = 8089
 
     def validate(self) -> None:
         if self.duration_s <= 0:
@@ -74,3 +78,21 @@ class RunConfig:
             raise ConfigError("--stall-floor", f"must be >= 0 seconds, got {self.stall_floor_s}")
         if self.time_scale <= 0:
             raise ConfigError("--time-scale", f"must be > 0, got {self.time_scale}")
+        self._validate_driver()
+
+    def _validate_driver(self) -> None:
+        if self.driver not in ("aiohttp", "locust"):
+            raise ConfigError("--driver", f"unknown driver {self.driver!r}", "use aiohttp or locust")
+        if self.driver != "locust":
+            for flag, given in (("--master-bind", self.master_bind is not None), ("--locust-ui", self.locust_ui)):
+                if given:
+                    raise ConfigError(flag, "only applies to --driver locust", "add --driver locust or drop it")
+            return
+        from itlbench.load.locust_job import parse_host_port
+        from itlbench.load.locust_run import require_locust
+
+        if self.master_bind is not None:
+            parse_host_port(self.master_bind, "--master-bind")
+        if not 0 <= self.locust_ui_port < 65536:
+            raise ConfigError("--locust-ui-port", f"{self.locust_ui_port} is not a port", "e.g. 8089, or 0 for a free one")
+        require_locust()
