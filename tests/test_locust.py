@@ -72,6 +72,11 @@ async def _wait_for(cond: Callable[[], bool], timeout_s: float = 120.0) -> None:
         await asyncio.sleep(0.05)
 
 
+def _ui_stats(ui: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(ui + "/stats/requests", timeout=10) as r:
+        return json.loads(r.read())["stats"]
+
+
 def _worker_pids() -> list[int]:
     return [p.pid for p in psutil.Process().children(recursive=True)
             if any("itlbench.load.locust_worker" in a for a in p.cmdline())]
@@ -211,7 +216,7 @@ def test_a_killed_worker_keeps_its_records_and_is_named(tmp_path: Path):
         psutil.Process(pid).send_signal(signal.SIGKILL)
 
     try:
-        res, doc = _locust(url, tmp_path, streams=4, tokens=20, duration_s=9.0, drain_timeout_s=5.0,
+        res, doc = _locust(url, tmp_path, streams=4, tokens=20, duration_s=7.0, drain_timeout_s=5.0,
                            warmup=Warmup(adaptive=True), during=kill_one)
     finally:
         proc.kill()
@@ -232,7 +237,7 @@ def test_a_killed_worker_keeps_its_records_and_is_named(tmp_path: Path):
 
 @pytest.mark.e2e
 def test_printed_worker_command_joins_a_bound_master_and_an_interrupt_keeps_every_record(tmp_path: Path):
-    proc, url = spawn(PacedConfig(tick_s=0.02))
+    proc, url = spawn(PacedConfig(tick_s=0.01))
     statuses: list[str] = []
     started: list[subprocess.Popen[bytes]] = []
 
@@ -243,11 +248,14 @@ def test_printed_worker_command_joins_a_bound_master_and_an_interrupt_keeps_ever
         started.append(subprocess.Popen([sys.executable, "-m", "itlbench.cli", *command[1:]],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         await _wait_for(lambda: bool(list((tmp_path / "workers" / "0" / "chunks").glob("*.parquet"))))
+        ui = next(s for s in statuses if s.startswith("Locust web UI: ")).split()[-1]
+        await _wait_for(lambda: "TTFT" in {e["method"] for e in _ui_stats(ui)})  # Locust's own view, live
         stop.set()  # what Ctrl-C does in `itlbench run`
 
     try:
-        res, doc = _locust(url, tmp_path, streams=3, tokens=500, duration_s=60.0, workers=1,
-                           master_bind="127.0.0.1:0", on_status=statuses.append, during=start_worker_then_stop)
+        res, doc = _locust(url, tmp_path, streams=3, tokens=3000, duration_s=60.0, workers=1,
+                           master_bind="127.0.0.1:0", on_status=statuses.append, during=start_worker_then_stop,
+                           locust_ui=True, locust_ui_port=0)
         started[0].wait(30)
     finally:
         proc.kill()

@@ -64,6 +64,7 @@ from itlbench.rundir.store import RunStore
 
 _now = time.perf_counter_ns
 log = logging.getLogger("itlbench.locust.master")
+SILENT_S = 3.0  # with Locust's missed heartbeats, this long without any message means a dead worker
 START_LEAD_S = 0.3  # the start instant is announced this far ahead, so every worker has it in time
 
 
@@ -85,11 +86,13 @@ class WorkerInfo:
     died_reason: str | None = None
     rows: dict[str, int] = field(default_factory=dict)
     result: dict[str, Any] | None = None
+    last_seen: float = field(default_factory=time.monotonic)  # any message from it (rows come every 0.2 s)
+    revived: bool = False  # declared dead, then reported done after all (a starved, not a dead, worker)
 
     def doc(self) -> dict[str, Any]:
         return {"k": self.k, "client_id": self.client_id, "host": self.host, "pid": self.pid,
                 "clock_offset_ns": self.offset_ns, "state": self.state, "died_ns": self.died_ns,
-                "died_reason": self.died_reason, "rows": self.rows}
+                "died_reason": self.died_reason, "rows": self.rows, "revived": self.revived}
 
 
 class Master:
@@ -124,7 +127,10 @@ class Master:
 
     # --- messages -------------------------------------------------------------------------------
     def _info(self, msg: Any) -> WorkerInfo | None:
-        return self.workers.get(msg.node_id)
+        w = self.workers.get(msg.node_id)
+        if w is not None:
+            w.last_seen = time.monotonic()
+        return w
 
     def _on_ready(self, msg: Any, **kw: Any) -> None:
         w = self._info(msg)
@@ -161,6 +167,7 @@ class Master:
     def _on_done(self, msg: Any, **kw: Any) -> None:
         w = self._info(msg)
         if w is not None:
+            w.revived = w.state == "died"
             w.result, w.state = msg.data["result"], "done"
             if w.result.get("aborted_reason"):
                 self.request_stop("aborted")
@@ -205,12 +212,16 @@ class Master:
             gevent.sleep(0.02)
 
     def check_workers(self) -> None:
-        """A worker that stopped sending heartbeats (or quit) before reporting done has died."""
+        """A worker that quit, or that Locust marks missing (no heartbeat for 3 s) and that has sent
+        nothing for `SILENT_S`, before reporting done, has died. (A worker starved of CPU may miss
+        heartbeats while still shipping rows: it is not dead. Before the start, building the plan may
+        block a worker's heartbeats for a while: then only a worker that quit counts as dead.)"""
         for w in self.workers.values():
             if w.state in ("done", "died"):
                 continue
             node = self.runner.clients.get(w.client_id)
-            if node is None or node.state == STATE_MISSING:
+            silent = time.monotonic() - w.last_seen > SILENT_S
+            if node is None or (self.gate is not None and node.state == STATE_MISSING and silent):
                 w.state, w.died_ns = "died", _now()
                 w.died_reason = "quit before finishing" if node is None else "stopped sending heartbeats"
                 emit("worker_died", k=w.k, host=w.host, pid=w.pid, reason=w.died_reason)
@@ -288,6 +299,17 @@ class Master:
             log.exception("stopping Locust")
 
 
+def start_web_ui(env: Environment, port: int) -> str:
+    """Locust's web UI on loopback (port 0: a free one); returns its URL once it listens."""
+    ui = env.create_web_ui("127.0.0.1", port)
+    deadline = time.monotonic() + 10
+    while ui.server is None or not ui.server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Locust's web UI did not start on port {port}")
+        gevent.sleep(0.02)
+    return f"http://127.0.0.1:{ui.server.server_port}"
+
+
 def _cpu_s() -> float:
     t = psutil.Process().cpu_times()
     return t.user + t.system
@@ -322,11 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(sig, master.request_stop, "interrupted")
     emit("listening", port=master.port)
-    if job.locust_ui:
-        ui = env.create_web_ui("127.0.0.1", job.locust_ui_port)
-        emit("status", text=f"Locust web UI: http://127.0.0.1:{ui.server.server_port}")
     code = 0
     try:
+        if job.locust_ui:
+            emit("status", text=f"Locust web UI: {start_web_ui(env, job.locust_ui_port)}")
         emit("status", text=f"waiting for {job.workers} Locust worker(s) on port {master.port}")
         master.wait_for_workers()
         master.assign()
@@ -336,9 +357,9 @@ def main(argv: list[str] | None = None) -> int:
         master.start_users(streams)
         master.go()
         master.supervise()
-    except RuntimeError as exc:
-        log.error("%s", exc)
-        emit("error", text=str(exc))
+    except Exception as exc:  # noqa: BLE001 - reported to the launcher; the records are kept
+        log.exception("the run failed")
+        emit("error", text=f"{type(exc).__name__}: {exc}" if not isinstance(exc, RuntimeError) else str(exc))
         code = 1
     finally:
         master.close()
