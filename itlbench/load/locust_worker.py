@@ -269,9 +269,7 @@ class WorkerRun:
     # --- the worker's own greenlets -----------------------------------------------------------
     def open_loop(self) -> None:
         """Send each plan at its time (counted from the start of measurement) without waiting for earlier ones."""
-        while not (self.measuring.is_set() or self.closed.is_set()):
-            self.wake.wait()
-            self.wake.clear()
+        gevent.wait([self.measuring, self.closed], count=1)
         if self.measure_start_ns is None or self.closed.is_set():
             return
         for plan in self.feed:
@@ -337,9 +335,10 @@ class WorkerRun:
         deadline = time.monotonic() + timeout_s
         while self.active and time.monotonic() < deadline:
             gevent.joinall(list(self.active), timeout=min(0.5, max(0.0, deadline - time.monotonic())), count=1)
-        for g in list(self.active):
+        left = self.active | set(self.requests)  # in flight, or spawned and not yet sending
+        for g in left:
             g.kill(block=False)
-        gevent.joinall(list(self.active), timeout=10)
+        gevent.joinall(list(left), timeout=10)
 
     def result(self, send_end: int) -> dict[str, Any]:
         stats = self.monitor.stats(self.send_lags)
