@@ -13,6 +13,7 @@ from rich.console import Console
 
 from itlbench.engine.config import EngineConfig, default_preset, parse_chunk_budget
 from itlbench.errors import ConfigError, ItlbenchError
+from itlbench.units import parse_duration_s
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure what long prompts do to streaming LLM latency: TTFT by prompt bucket, "
@@ -64,10 +65,10 @@ def run(
     streams: Annotated[int | None, typer.Option(help="Closed-loop steady streams (default 32; 0 with --rate or trace).")] = None,
     rate: Annotated[float | None, typer.Option(help="Open-loop arrivals per second (instead of or besides streams).")] = None,
     burstiness: Annotated[float, typer.Option(help="Gamma shape for --rate arrivals; 1 = Poisson.")] = 1.0,
-    duration: Annotated[float, typer.Option(help="Measured seconds (after warmup).")] = 60.0,
-    warmup: Annotated[float, typer.Option(help="Seconds of load at least before measurement starts.")] = 5.0,
+    duration: Annotated[str, typer.Option(help="Measured time after warmup: 60, 60s, 2m.")] = "60s",
+    warmup: Annotated[str, typer.Option(help="Load at least this long before measurement starts.")] = "5s",
     adaptive_warmup: Annotated[bool, typer.Option(help="Also warm up until every stream has received a token.")] = True,
-    ramp: Annotated[float, typer.Option(help="Spread the streams' first sends over this many seconds.")] = 0.0,
+    ramp: Annotated[str, typer.Option(help="Spread the streams' first sends over this long.")] = "0s",
     seed: Seed = 0,
     endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (…/v1); default: start the bundled engine.")] = None,
     model: Annotated[str | None, typer.Option(help="Served model name (with --endpoint), or the bundled engine's preset / "
@@ -89,16 +90,16 @@ def run(
     dtype: Dtype = "auto",
     slo: Annotated[str | None, typer.Option(help="SLOs, e.g. 'ttft:le2k=2s,itl_p99=150ms'.")] = None,
     stall_factor: Annotated[float, typer.Option(help="A stall is a gap ≥ factor × the stream's median gap…")] = 5.0,
-    stall_floor: Annotated[float, typer.Option(help="…and ≥ this many seconds.")] = 0.05,
+    stall_floor: Annotated[str, typer.Option(help="…and at least this long.")] = "50ms",
     inject_max_tokens: Annotated[int, typer.Option(help="Output tokens of each injected request.")] = 16,
     trace: Annotated[Path | None, typer.Option(help="Azure-format CSV for --workload trace.")] = None,
     time_scale: Annotated[float, typer.Option(help="Trace replay speed-up (2 = twice as fast).")] = 1.0,
-    drain_timeout: Annotated[float, typer.Option(help="Seconds to let in-flight requests finish after the end.")] = 120.0,
+    drain_timeout: Annotated[str, typer.Option(help="How long in-flight requests may finish after the end.")] = "120s",
     out: Annotated[Path | None, typer.Option(help="Run directory (default reports/<time>-<workload>-…).")] = None,
     workers: Annotated[int, typer.Option(help="Client processes for very high stream counts (with --driver locust: "
                                                "Locust workers).")] = 1,
     driver: Annotated[str, typer.Option(help="aiohttp (one event loop per process) or locust (Locust master and "
-                                             "workers; pip install -e \".[locust]\").")] = "aiohttp",
+                                             "workers; needs the locust extra).")] = "aiohttp",
     master_bind: Annotated[str | None, typer.Option(help="--driver locust: the master listens on HOST:PORT for "
                                                          "--workers workers started by hand on other machines.")] = None,
     locust_ui: Annotated[bool, typer.Option(help="--driver locust: serve Locust's web UI.")] = False,
@@ -115,17 +116,20 @@ def run(
                                 kv_memory_gib=kv_memory_gib, max_model_len=max_model_len,
                                 enable_prefix_caching=prefix_caching, device=device, dtype=dtype, seed=seed)
         cfg = RunConfig(workload=workload, inject=inject, inject_max_tokens=inject_max_tokens, streams=streams,
-                        rate=rate, burstiness=burstiness, duration_s=duration, warmup_s=warmup, seed=seed,
-                        adaptive_warmup=adaptive_warmup, ramp_s=ramp,
+                        rate=rate, burstiness=burstiness, duration_s=parse_duration_s(duration, "--duration"),
+                        warmup_s=parse_duration_s(warmup, "--warmup"), seed=seed,
+                        adaptive_warmup=adaptive_warmup, ramp_s=parse_duration_s(ramp, "--ramp"),
                         endpoint=endpoint, model=model, api_key=api_key, api=api, engine=engine, slo=slo,
                         forced_lengths=forced_lengths,
-                        stall_factor=stall_factor, stall_floor_s=stall_floor, trace=trace, time_scale=time_scale,
-                        drain_timeout_s=drain_timeout, out=out, workers=workers, live=live, driver=driver,
-                        master_bind=master_bind, locust_ui=locust_ui, locust_ui_port=locust_ui_port)
+                        stall_factor=stall_factor, stall_floor_s=parse_duration_s(stall_floor, "--stall-floor"),
+                        trace=trace, time_scale=time_scale,
+                        drain_timeout_s=parse_duration_s(drain_timeout, "--drain-timeout"), out=out,
+                        workers=workers, live=live, driver=driver, master_bind=master_bind, locust_ui=locust_ui,
+                        locust_ui_port=locust_ui_port)
         cfg.validate()
         from itlbench.orchestrate import run_load_test
 
-        with LiveProgress(console, total_s=duration, enabled=live) as progress:
+        with LiveProgress(console, total_s=cfg.duration_s, enabled=live) as progress:
             run_dir, summary = run_load_test(cfg, progress=progress.update, on_status=progress.status)
     except ItlbenchError as exc:
         _fail(exc)
