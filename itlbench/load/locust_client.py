@@ -6,8 +6,8 @@ the underlying response (a private attribute, hence geventhttpclient is pinned).
 `iter_content`/`iter_lines` would not do: they block until 1,024 bytes arrive, which bunches chunks
 and delays first tokens. A line already buffered by an earlier read keeps that read's timestamp, so
 every SSE event is stamped with `perf_counter_ns` when the network read that completed it returned,
-as in the aiohttp client. Event splitting, token counting and the request and chunk rows are
-StreamClient's own (inherited), so both drivers count tokens identically.
+as in the aiohttp client. Event splitting (`SseEvents`), token counting and the request and chunk rows
+are StreamClient's own, so both drivers parse and count tokens identically.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from geventhttpclient.response import HTTPConnectionClosed
 from geventhttpclient.useragent import ConnectionError as GhcConnectionError
 
 from itlbench.load.sink import RowWriter
-from itlbench.load.sse_client import Outcome, StreamClient, _Exchange, build_body
+from itlbench.load.sse_client import Outcome, SseEvents, StreamClient, _Exchange, build_body
 from itlbench.load.target import Target
 
 _now = time.perf_counter_ns
@@ -104,8 +104,8 @@ class GeventStreamClient(StreamClient):
             ex.error = "stream ended before [DONE]"
 
     def _read_lines(self, raw: Any, ex: _Exchange) -> None:
-        """Split SSE events by blank lines; stamp each with the read that completed it."""
-        lines: list[bytes] = []
+        """Feed the body line by line to the SSE parser; stamp each event with the read that completed it."""
+        events = SseEvents()
         readline = raw.readline
         t = _now()
         while True:
@@ -115,15 +115,9 @@ class GeventStreamClient(StreamClient):
             else:
                 line = readline(b"\n")
             if not line:
-                if lines:
-                    self._on_event(b"\n".join(lines), t, ex)
                 return
-            line = line.rstrip(b"\r\n")
-            if line:
-                lines.append(line)
-            elif lines:
-                self._on_event(b"\n".join(lines) if len(lines) > 1 else lines[0], t, ex)
-                lines = []
+            for payload in events.feed(line):
+                self._on_event(payload, t, ex)
 
 
 def _discard(raw: Any) -> None:

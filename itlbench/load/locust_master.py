@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     bind = parse_host_port(job.master_bind, "--master-bind") if job.master_bind else ("127.0.0.1", 0)
     from itlbench.load.locust_user import ItlbenchUser
 
-    env = Environment(user_classes=[ItlbenchUser], events=events, host=job.build_target().root)
+    env = Environment(user_classes=[ItlbenchUser], events=events, host=job.build_target().base_url)
     master = Master(env, job, bind)
     for sig in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(sig, master.request_stop, "interrupted")

@@ -138,7 +138,7 @@ class WorkerRun:
         self.warmup = job.build_warmup()
         self.sink = RowBatcher(offset_ns)
         self.client = GeventStreamClient(self.target, self.sink, self._first_token)
-        self.open_session = FastHttpSession(self.target.root, env.events.request, None, concurrency=100_000,
+        self.open_session = FastHttpSession(self.target.base_url, env.events.request, None, concurrency=100_000,
                                             network_timeout=self.target.timeout_s or 1e9, connection_timeout=30.0,
                                             max_retries=0)
         self.monitor = GeventMonitor(job.sample_interval_s)
@@ -401,7 +401,7 @@ class Worker:
         offset = self.clock_offset(d["master_host"], d.get("master_boot"), d["k"])
         from itlbench.load.locust_user import ItlbenchUser
 
-        ItlbenchUser.host = job.build_target().root
+        ItlbenchUser.host = job.build_target().base_url
         ItlbenchUser.network_timeout = job.build_target().timeout_s or 1e9
         self.run = WorkerRun(self.env, d["k"], d["n"], job, offset)
         ItlbenchUser.worker_run = self.run
