@@ -30,7 +30,13 @@ Mixed = Annotated[bool, typer.Option(help="prefill-first only: decodes ride in p
 MaxNumSeqs = Annotated[int, typer.Option(help="Cap on running sequences.")]
 BlockSize = Annotated[int, typer.Option(help="Tokens per KV-cache block.")]
 KvBlocks = Annotated[int | None, typer.Option(help="KV-cache blocks (default: sized from --kv-memory-gib).")]
-KvMemoryGib = Annotated[float, typer.Option(help="KV-cache memory when --kv-blocks is not given.")]
+KvMemoryGib = Annotated[float | None, typer.Option(help="KV-cache memory when --kv-blocks is not given (default: "
+                                                   "4 GiB on CPU; on CUDA --gpu-memory-fraction of free memory).")]
+GpuMemoryFraction = Annotated[float, typer.Option(help="CUDA: share of free memory after the weights for KV and "
+                                                  "activations, when neither --kv-blocks nor --kv-memory-gib is given.")]
+Attention = Annotated[str, typer.Option(help="Attention kernels: auto (flash, triton, then sdpa, whichever runs "
+                                        "here), sdpa, flash or triton.")]
+CudaGraphs = Annotated[bool, typer.Option(help="CUDA: replay captured graphs for decode-only steps.")]
 MaxModelLen = Annotated[int | None, typer.Option(help="Context limit (default: the model's).")]
 PrefixCaching = Annotated[bool, typer.Option(help="Reuse KV blocks of identical prompt prefixes.")]
 Device = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
@@ -83,11 +89,14 @@ def run(
     max_num_seqs: MaxNumSeqs = 64,
     block_size: BlockSize = 16,
     kv_blocks: KvBlocks = None,
-    kv_memory_gib: KvMemoryGib = 4.0,
+    kv_memory_gib: KvMemoryGib = None,
+    gpu_memory_fraction: GpuMemoryFraction = 0.9,
     max_model_len: MaxModelLen = None,
     prefix_caching: PrefixCaching = True,
     device: Device = "auto",
     dtype: Dtype = "auto",
+    attention: Attention = "auto",
+    cuda_graphs: CudaGraphs = True,
     slo: Annotated[str | None, typer.Option(help="SLOs, e.g. 'ttft:le2k=2s,itl_p99=150ms'.")] = None,
     stall_factor: Annotated[float, typer.Option(help="A stall is a gap ≥ factor × the stream's median gap…")] = 5.0,
     stall_floor: Annotated[str, typer.Option(help="…and at least this long.")] = "50ms",
@@ -113,7 +122,8 @@ def run(
     try:
         engine = _engine_config(model=None if endpoint else model, chunk_budget=chunk_budget, policy=policy,
                                 mixed=mixed, max_num_seqs=max_num_seqs, block_size=block_size, kv_blocks=kv_blocks,
-                                kv_memory_gib=kv_memory_gib, max_model_len=max_model_len,
+                                kv_memory_gib=kv_memory_gib, gpu_memory_fraction=gpu_memory_fraction,
+                                attention=attention, cuda_graphs=cuda_graphs, max_model_len=max_model_len,
                                 enable_prefix_caching=prefix_caching, device=device, dtype=dtype, seed=seed)
         cfg = RunConfig(workload=workload, inject=inject, inject_max_tokens=inject_max_tokens, streams=streams,
                         rate=rate, burstiness=burstiness, duration_s=parse_duration_s(duration, "--duration"),
@@ -148,11 +158,14 @@ def serve(
     max_num_seqs: MaxNumSeqs = 64,
     block_size: BlockSize = 16,
     kv_blocks: KvBlocks = None,
-    kv_memory_gib: KvMemoryGib = 4.0,
+    kv_memory_gib: KvMemoryGib = None,
+    gpu_memory_fraction: GpuMemoryFraction = 0.9,
     max_model_len: MaxModelLen = None,
     prefix_caching: PrefixCaching = True,
     device: Device = "auto",
     dtype: Dtype = "auto",
+    attention: Attention = "auto",
+    cuda_graphs: CudaGraphs = True,
     seed: Seed = 0,
     engine_config: Annotated[str | None, typer.Option(
         help="The whole engine configuration as JSON (what `itlbench run` hands its server); "
@@ -173,7 +186,8 @@ def serve(
         else:
             engine = _engine_config(model=model, chunk_budget=chunk_budget, policy=policy, mixed=mixed,
                                     max_num_seqs=max_num_seqs, block_size=block_size, kv_blocks=kv_blocks,
-                                    kv_memory_gib=kv_memory_gib, max_model_len=max_model_len,
+                                    kv_memory_gib=kv_memory_gib, gpu_memory_fraction=gpu_memory_fraction,
+                                    attention=attention, cuda_graphs=cuda_graphs, max_model_len=max_model_len,
                                     enable_prefix_caching=prefix_caching, device=device, dtype=dtype, seed=seed)
         if max_body_mib <= 0:
             raise ConfigError("--max-body-mib", f"must be > 0, got {max_body_mib}")

@@ -233,6 +233,9 @@ def _preflight(cfg: RunConfig) -> None:
                           f"max_position_embeddings={model.max_position_embeddings}",
                           f"use at most {model.max_position_embeddings}")
     max_len = cfg.engine.max_model_len or model.max_position_embeddings
+    from itlbench.engine.attention import preflight as attention_preflight
+
+    attention_preflight(cfg.engine)  # e.g. --attention flash where flash-attn is missing
     conn = Connection(target=None, max_model_len=max_len, vocab_size=model.vocab_size,  # type: ignore[arg-type]
                       steps_url=None, metrics_url=None)
     build_load_plan(_load_spec(cfg, conn))

@@ -10,8 +10,6 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from itlbench.engine.attention import SdpaBackend, select_backend
-from itlbench.engine.attention import flash as flash_backend
 from itlbench.engine.batch import flatten
 from itlbench.engine.config import PRESETS, EngineConfig, ModelConfig
 from itlbench.engine.engine import Engine
@@ -236,15 +234,6 @@ def test_kv_block_sizing() -> None:
     mid = cfg.with_(kv_memory_gib=100 * block_bytes / 2**30)
     assert num_kv_blocks(mid, TINY, 1024, 4) == 100
     assert num_kv_blocks(cfg.with_(kv_blocks=7), TINY, 1024, 4) == 7
-
-
-def test_backend_selection_on_cpu() -> None:
-    assert isinstance(select_backend("cpu"), SdpaBackend)
-    ok, why = flash_backend.available(torch.device("cpu"), 16)
-    assert not ok and why
-    with pytest.raises(ConfigError) as info:
-        select_backend("cpu", "flash")
-    assert info.value.field == "attention_backend"
 
 
 # ----------------------------------------------------------------- tokenizers and checkpoints
