@@ -27,11 +27,12 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import gevent
 import psutil
 from locust import events
+from locust.dispatch import UsersDispatcher
 from locust.env import Environment
 from locust.runners import STATE_MISSING
 
@@ -192,6 +193,10 @@ class Master:
     def assign(self) -> None:
         """Give the first `workers` connected workers their index and the job."""
         ids = sorted(self.runner.clients.ready, key=lambda c: self.runner.get_worker_index(c.id))
+        AssignedWorkersDispatcher.assigned = {node.id for node in ids[: self.job.workers]}
+        for node in ids[self.job.workers:]:  # more workers than asked for: send the extra ones home
+            log.warning("worker %s is not needed (--workers %d); asking it to quit", node.id, self.job.workers)
+            self.runner.send_message("quit", client_id=node.id)
         payload = self.job.to_json()
         for k, node in enumerate(ids[: self.job.workers]):
             w = WorkerInfo(k, node.id)
@@ -299,6 +304,20 @@ class Master:
             log.exception("stopping Locust")
 
 
+class AssignedWorkersDispatcher(UsersDispatcher):
+    """Locust's dispatcher, kept to the workers that hold a share of the run. A worker that joins
+    later gets no users: Locust would otherwise rebalance, stopping users (streams) mid-request."""
+
+    assigned: ClassVar[set[str]] = set()
+
+    def __init__(self, worker_nodes: list[Any], user_classes: list[Any]) -> None:
+        super().__init__([w for w in worker_nodes if w.id in self.assigned], user_classes)
+
+    def add_worker(self, worker_node: Any) -> None:
+        if worker_node.id in self.assigned:
+            super().add_worker(worker_node)
+
+
 def start_web_ui(env: Environment, port: int) -> str:
     """Locust's web UI on loopback (port 0: a free one); returns its URL once it listens."""
     ui = env.create_web_ui("127.0.0.1", port)
@@ -339,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     bind = parse_host_port(job.master_bind, "--master-bind") if job.master_bind else ("127.0.0.1", 0)
     from itlbench.load.locust_user import ItlbenchUser
 
-    env = Environment(user_classes=[ItlbenchUser], events=events, host=job.build_target().base_url)
+    env = Environment(user_classes=[ItlbenchUser], events=events, host=job.build_target().base_url,
+                      dispatcher_class=AssignedWorkersDispatcher)
     master = Master(env, job, bind)
     for sig in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(sig, master.request_stop, "interrupted")
