@@ -1,13 +1,13 @@
 """The streaming client inside a Locust worker: StreamClient's parsing and records over gevent.
 
 Only the transport differs from `sse_client.StreamClient`: requests go through Locust's
-`FastHttpSession` (geventhttpclient), and the body is read line by line with `readline(b"\\n")` on
-the underlying response (a private attribute, hence geventhttpclient is pinned). Locust's own
-`iter_content`/`iter_lines` would not do: they block until 1,024 bytes arrive, which bunches chunks
-and delays first tokens. A line already buffered by an earlier read keeps that read's timestamp, so
-every SSE event is stamped with `perf_counter_ns` when the network read that completed it returned,
-as in the aiohttp client. Event splitting (`SseEvents`), token counting and the request and chunk rows
-are StreamClient's own, so both drivers parse and count tokens identically.
+`FastHttpSession` (geventhttpclient), and the body is read with `readline(b"\\n")` on the underlying
+response (private attributes: geventhttpclient is pinned). Locust's own `iter_content`/`iter_lines`
+would not do: they block until 1,024 bytes arrive, which bunches chunks and delays first tokens.
+`readline` returns once a network read completes a line; whatever else that read brought is taken
+from the response's buffer too, and all of it is stamped with that read's `perf_counter_ns`, as the
+aiohttp client stamps a `readany`. Event splitting (`SseEvents`), token counting and the request and
+chunk rows are StreamClient's own, so both drivers parse and count tokens identically.
 """
 
 from __future__ import annotations
@@ -104,19 +104,23 @@ class GeventStreamClient(StreamClient):
             ex.error = "stream ended before [DONE]"
 
     def _read_lines(self, raw: Any, ex: _Exchange) -> None:
-        """Feed the body line by line to the SSE parser; stamp each event with the read that completed it."""
+        """Wait for the next line, take with it everything that read brought, and stamp it all with
+        the time the read returned (the aiohttp client's `readany` semantics), then parse."""
         events = SseEvents()
         readline = raw.readline
         t = _now()
         while True:
-            if raw._body_buffer.find(b"\n") < 0:  # the next line needs a network read
-                line = readline(b"\n")
+            fresh = raw._body_buffer.find(b"\n") < 0  # the next line needs a network read
+            data = readline(b"\n")
+            if fresh:
                 t = _now()
-            else:
-                line = readline(b"\n")
-            if not line:
+            if not data:
                 return
-            for payload in events.feed(line):
+            rest = raw._body_buffer
+            if rest:
+                data += rest
+                del rest[:]
+            for payload in events.feed(data):
                 self._on_event(payload, t, ex)
 
 
