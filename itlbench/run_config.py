@@ -45,6 +45,8 @@ class RunConfig:
     master_bind: str | None = None  # locust: the master listens here for workers started by hand
     locust_ui: bool = False  # locust: serve Locust's web UI
     locust_ui_port: int = 8089
+    metrics_port: str | None = None  # serve itlbench_client_* for Prometheus: "9464" or "HOST:9464"
+    otlp_endpoint: str | None = None  # OTLP/HTTP base URL for spans and GenAI metrics (client and bundled server)
 
     def validate(self) -> None:
         check_load_shape(self.streams, self.rate, self.burstiness, self.duration_s)
@@ -72,6 +74,10 @@ class RunConfig:
             raise ConfigError("--stall-floor", f"must be >= 0 seconds, got {self.stall_floor_s}")
         if self.time_scale <= 0:
             raise ConfigError("--time-scale", f"must be > 0, got {self.time_scale}")
+        if self.metrics_port is not None or self.otlp_endpoint is not None:
+            from itlbench.telemetry.options import check_run_options
+
+            check_run_options(self.metrics_port, self.otlp_endpoint, self.workers)
         self._validate_driver()
 
     def _validate_driver(self) -> None:
@@ -82,6 +88,10 @@ class RunConfig:
                 if given:
                     raise ConfigError(flag, "only applies to --driver locust", "add --driver locust or drop it")
             return
+        for flag, given in (("--metrics-port", self.metrics_port), ("--otlp-endpoint", self.otlp_endpoint)):
+            if given is not None:
+                raise ConfigError(flag, "live telemetry is not available with --driver locust yet",
+                                  "use Locust's web UI (--locust-ui), or drop --driver locust")
         from itlbench.load.locust_job import parse_host_port
         from itlbench.load.locust_run import require_locust
 

@@ -317,3 +317,23 @@ def test_checkpoint_errors(tmp_path: Path) -> None:
     save_file(bad, str(tmp_path / "model.safetensors"))
     with pytest.raises(ConfigError, match="shape"):
         Engine(EngineConfig(model=str(tmp_path), kv_blocks=64))
+
+
+def test_every_listed_eos_id_ends_generation(tmp_path) -> None:
+    """Instruct models list several EOS ids in config.json; each one stops a request that heeds EOS."""
+    import json
+    from dataclasses import replace
+
+    from itlbench.engine.config import model_config_from_hf_dir
+    from itlbench.engine.hf_config import hf_config_dict
+
+    listed = replace(TINY, extra_eos_token_ids=tuple(i for i in range(TINY.vocab_size) if i != 2))
+    (tmp_path / "config.json").write_text(json.dumps(hf_config_dict(listed)))
+    loaded = model_config_from_hf_dir(tmp_path)
+    assert loaded.eos_token_ids == set(range(TINY.vocab_size))  # every id ends a turn
+    engine = Engine(EngineConfig(model="tiny", kv_blocks=64, seed=0), replace(loaded, path=None))  # dummy weights
+    heeds = engine.add_request(tokens(9), SamplingParams(max_tokens=10, temperature=0))
+    ignores = engine.add_request(tokens(9), SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
+    run(engine)
+    assert heeds.finish_reason == "stop" and heeds.num_output_tokens == 1
+    assert ignores.finish_reason == "length" and ignores.num_output_tokens == 10

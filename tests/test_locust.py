@@ -107,6 +107,7 @@ def test_cli_process_never_imports_locust():
     (["--master-bind", "0.0.0.0:5557"], "--master-bind"),
     (["--driver", "locust", "--master-bind", "5557"], "--master-bind"),
     (["--driver", "gatling"], "--driver"),
+    (["--driver", "locust", "--metrics-port", "0"], "--metrics-port"),
 ])
 def test_driver_flags_fail_clearly(args: list[str], flag: str):
     res = CliRunner().invoke(app, ["run", *args])

@@ -60,6 +60,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     bos_token_id: int = 1
     eos_token_id: int = 2
+    extra_eos_token_ids: tuple[int, ...] = ()  # instruct models end turns on more than one id
     path: str | None = None  # local Hugging Face directory the shapes came from, if any
 
     def __post_init__(self) -> None:
@@ -77,6 +78,11 @@ class ModelConfig:
         embed = self.vocab_size * d
         head = 0 if self.tie_word_embeddings else self.vocab_size * d
         return self.num_layers * per_layer + embed + head + d
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Every id that ends generation (unless a request ignores EOS)."""
+        return frozenset((self.eos_token_id, *self.extra_eos_token_ids))
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """K and V for one token across all layers: 2 · L · h_kv · d_h · b."""

@@ -44,6 +44,7 @@ class Engine:
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
         self.sampler = Sampler(config.seed)
         self.step_log = StepLog()
+        self._eos = self.model_config.eos_token_ids
         self.device = str(self.runner.device)
         self.dtype = str(self.runner.dtype).removeprefix("torch.")
         self._requests: dict[str, Request] = {}
@@ -110,7 +111,7 @@ class Engine:
         start_ns, wall_ns = time.perf_counter_ns(), time.time_ns()
         output = self.scheduler.schedule()
         if output.is_empty:
-            finished = self.scheduler.commit(output, {}, self.model_config.eos_token_id)
+            finished = self.scheduler.commit(output, {}, self._eos)
             return self._outputs(output, {}, finished, time.perf_counter_ns())
         for c in output.chunks:
             if c.request.first_scheduled_ns is None:
@@ -120,7 +121,7 @@ class Engine:
                                      step_tokens_note(output.num_prefill_tokens, output.num_decode_tokens))
         tokens = self.sampler(logits, batch.sample_requests) if batch.sample_requests else []
         sampled = {r.request_id: t for r, t in zip(batch.sample_requests, tokens, strict=True)}
-        finished = self.scheduler.commit(output, sampled, self.model_config.eos_token_id)
+        finished = self.scheduler.commit(output, sampled, self._eos)
         end_ns = time.perf_counter_ns()
         outputs = self._outputs(output, sampled, finished, end_ns)
         self._record(output, len(finished), start_ns, end_ns, wall_ns)
