@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 from itlbench.analysis.summary import analyze_run
 from itlbench.cli import app
 from itlbench.engine.config import EngineConfig
+from itlbench.errors import ItlbenchError
 from itlbench.load.driver import DriveResult, Warmup, drive
 from itlbench.load.locust_job import LocustJob, WarmupGate
 from itlbench.load.locust_run import drive_locust
@@ -273,3 +274,11 @@ def test_printed_worker_command_joins_a_bound_master_and_an_interrupt_keeps_ever
     assert cancelled.height == 3, "each stream's request in flight at the stop is recorded as cancelled"
     assert (cancelled["output_tokens"] > 0).all() and chunks.height == req["num_chunks"].sum()
     assert res.finished_ns - res.end_ns < 10 * 10**9
+
+
+def test_a_worker_that_cannot_build_the_plan_fails_the_run_with_its_reason(tmp_path: Path):
+    job = LocustJob.for_plan(Target("http://127.0.0.1:9/v1", "none"), tmp_path, duration_s=1.0,
+                             factory="itlbench.testing.plans:no_such_plan", workers=1)
+    with pytest.raises(ItlbenchError, match="worker 0 on .*AttributeError.*no_such_plan"):
+        asyncio.run(drive_locust(job, RunStore(tmp_path)))
+

@@ -35,6 +35,7 @@ MSG_PING = "itlbench_ping"  # {k, t0}
 MSG_FIRST_TOKEN = "itlbench_first_token"  # {k, stream, t_ns}
 MSG_ROWS = "itlbench_rows"  # {k, tables: {table: {column: [values]}}, progress?}
 MSG_DONE = "itlbench_done"  # {k, result}
+MSG_FAILED = "itlbench_failed"  # {k, error}: the worker could not take its share (e.g. no trace file there)
 
 API_KEY_ENV = "ITLBENCH_LOCUST_API_KEY"  # how the launcher hands the master a bearer key (kept off disk)
 RESULT_FILE = "locust_result.json"  # what the master leaves in the run directory

@@ -42,6 +42,7 @@ from itlbench.load.locust_job import (
     API_KEY_ENV,
     MSG_CLAIM,
     MSG_DONE,
+    MSG_FAILED,
     MSG_FIRST_TOKEN,
     MSG_GO,
     MSG_GRANT,
@@ -112,6 +113,7 @@ class Master:
         self.stop_sent = False
         self.progress: dict[int, ProgressSnapshot] = {}
         self._we_stop_locust = False
+        self.failure: str | None = None  # a worker could not take its share
         self.cpu_at_go = _cpu_s()  # the master's CPU is counted from the start of the load
         r = self.runner
         r.register_message(MSG_READY, self._on_ready)
@@ -120,6 +122,7 @@ class Master:
         r.register_message(MSG_FIRST_TOKEN, self._on_first_token)
         r.register_message(MSG_ROWS, self._on_rows)
         r.register_message(MSG_DONE, self._on_done)
+        r.register_message(MSG_FAILED, self._on_failed)
         env.events.test_stopping.add_listener(self._on_locust_stopping)
 
     @property
@@ -173,6 +176,10 @@ class Master:
             if w.result.get("aborted_reason"):
                 self.request_stop("aborted")
 
+    def _on_failed(self, msg: Any, **kw: Any) -> None:
+        self.failure = f"worker {msg.data['k']} on {msg.node_id.rpartition('_')[0]}: {msg.data['error']}"
+        self.request_stop("aborted")
+
     def _on_locust_stopping(self, **kw: Any) -> None:
         if not self._we_stop_locust:  # the web UI's stop button
             self.request_stop("interrupted")
@@ -210,6 +217,8 @@ class Master:
         deadline = time.monotonic() + timeout_s
         while not done():
             self.check_workers()
+            if self.failure:
+                raise RuntimeError(self.failure)
             if self.stop_reason == "interrupted":
                 raise RuntimeError(f"interrupted while {what}")
             if time.monotonic() > deadline:

@@ -48,6 +48,7 @@ from itlbench.load.locust_client import GeventStreamClient
 from itlbench.load.locust_job import (
     MSG_CLAIM,
     MSG_DONE,
+    MSG_FAILED,
     MSG_FIRST_TOKEN,
     MSG_GO,
     MSG_GRANT,
@@ -398,7 +399,13 @@ class Worker:
         return best[1]
 
     def _on_job(self, msg: Any, **kw: Any) -> None:
-        d = msg.data
+        try:
+            self._take_job(msg.data)
+        except Exception as exc:  # noqa: BLE001 - the master stops the run and says why
+            log.exception("cannot take the job")
+            self.runner.send_message(MSG_FAILED, {"k": msg.data["k"], "error": f"{type(exc).__name__}: {exc}"})
+
+    def _take_job(self, d: dict[str, Any]) -> None:
         job = LocustJob.from_json(d["job"])
         offset = self.clock_offset(d["master_host"], d.get("master_boot"), d["k"])
         from itlbench.load.locust_user import ItlbenchUser
