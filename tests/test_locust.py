@@ -121,7 +121,9 @@ def test_two_workers_on_the_bundled_engine_write_the_same_run_directory(tmp_path
     cfg = RunConfig(workload="chat-short", streams=4, inject="2x200@0.5s,1.5s", inject_max_tokens=8, duration_s=3.0,
                     warmup_s=0.5, drain_timeout_s=60.0, seed=3, out=tmp_path / "run", engine=engine, live=False,
                     driver="locust", workers=2)
-    run_dir, summary = run_load_test(cfg)
+    snaps: list[Any] = []
+    run_dir, summary = run_load_test(cfg, progress=snaps.append)
+    assert any(s.measuring and s.sent for s in snaps), "the master forwards the workers' live progress"
     req, chunks = read_table(run_dir, "requests"), read_table(run_dir, "chunks")
     assert req.height and (req["status"] == "ok").all(), req.filter(pl.col("status") != "ok")
     assert req["request_id"].n_unique() == req.height
