@@ -108,7 +108,14 @@ def run(
     time_scale: Annotated[float, typer.Option(help="Trace replay speed-up (2 = twice as fast).")] = 1.0,
     drain_timeout: Annotated[str, typer.Option(help="How long in-flight requests may finish after the end.")] = "120s",
     out: Annotated[Path | None, typer.Option(help="Run directory (default reports/<time>-<workload>-…).")] = None,
-    workers: Annotated[int, typer.Option(help="Client processes for very high stream counts.")] = 1,
+    workers: Annotated[int, typer.Option(help="Client processes for very high stream counts (with --driver locust: "
+                                               "Locust workers).")] = 1,
+    driver: Annotated[str, typer.Option(help="aiohttp (one event loop per process) or locust (Locust master and "
+                                             "workers; needs the locust extra).")] = "aiohttp",
+    master_bind: Annotated[str | None, typer.Option(help="--driver locust: the master listens on HOST:PORT for "
+                                                         "--workers workers started by hand on other machines.")] = None,
+    locust_ui: Annotated[bool, typer.Option(help="--driver locust: serve Locust's web UI.")] = False,
+    locust_ui_port: Annotated[int, typer.Option(help="Port of Locust's web UI (on 127.0.0.1).")] = 8089,
     live: Annotated[bool, typer.Option(help="Show the live progress line.")] = True,
     metrics_port: Annotated[str | None, typer.Option(help="Serve live itlbench_client_* metrics for Prometheus on "
                                                           "this port (PORT or HOST:PORT; loopback by default).")] = None,
@@ -133,7 +140,8 @@ def run(
                         stall_factor=stall_factor, stall_floor_s=parse_duration_s(stall_floor, "--stall-floor"),
                         trace=trace, time_scale=time_scale,
                         drain_timeout_s=parse_duration_s(drain_timeout, "--drain-timeout"), out=out,
-                        workers=workers, live=live, metrics_port=metrics_port, otlp_endpoint=otlp_endpoint)
+                        workers=workers, live=live, metrics_port=metrics_port, otlp_endpoint=otlp_endpoint,
+                        driver=driver, master_bind=master_bind, locust_ui=locust_ui, locust_ui_port=locust_ui_port)
         cfg.validate()
         from itlbench.orchestrate import run_load_test
 
@@ -226,6 +234,25 @@ def _refuse_engine_flags(ctx: typer.Context) -> None:
     if given:
         raise ConfigError("--engine-config", f"given together with {', '.join(_flag_of(n) for n in given)}",
                           "put every engine setting in the JSON, or drop --engine-config")
+
+
+@app.command("locust-worker")
+def locust_worker(master: Annotated[str, typer.Option(help="HOST:PORT of the master (`itlbench run --driver locust "
+                                                            "--master-bind ...` prints it).")]) -> None:
+    """A Locust worker for `itlbench run --driver locust` on another machine; runs until the master ends."""
+    import os
+
+    from itlbench.load.locust_job import parse_host_port
+    from itlbench.load.locust_run import require_locust
+
+    try:
+        parse_host_port(master, "--master")
+        require_locust()
+    except ItlbenchError as exc:
+        _fail(exc)
+        return
+    # a fresh interpreter: locust must monkey-patch the process before anything else is imported
+    os.execv(sys.executable, [sys.executable, "-m", "itlbench.load.locust_worker", "--master", master])
 
 
 @app.command()

@@ -142,7 +142,9 @@ async def _until_caught_up(follower: StepsFollower, engine_url: str, api_key: st
 
 
 async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection, store: RunStore,
-                                progress: ProgressFn | None, telemetry: LiveTelemetry | None = None) -> DriveResult:
+                                progress: ProgressFn | None, telemetry: LiveTelemetry | None = None,
+                                on_status: Callable[[str], None] = lambda s: None,
+                                driver_doc: dict[str, Any] | None = None) -> DriveResult:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     interrupts = 0
@@ -162,6 +164,11 @@ async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection
     target = conn.target
     warmup = Warmup(min_s=cfg.warmup_s, adaptive=cfg.adaptive_warmup, max_s=cfg.max_warmup_s, ramp_s=cfg.ramp_s)
     try:
+        if cfg.driver == "locust":  # master and workers in their own processes (never import locust here)
+            from itlbench.load.locust_run import drive_locust, job_for_run
+
+            return await drive_locust(job_for_run(cfg, spec, target, store.path), store, on_progress=progress,
+                                      on_status=on_status, stop_event=stop, driver_doc=driver_doc)
         if cfg.workers > 1:  # each worker process rebuilds the same seeded plan and takes its share
             return await drive_workers(functools.partial(build_load_plan, spec), target, store,
                                        workers=cfg.workers, duration_s=cfg.duration_s, warmup=warmup,
@@ -190,6 +197,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
                                "config": _config_doc(cfg), "hardware": _hardware(), "versions": _versions(),
                                "stall_factor": cfg.stall_factor, "stall_floor_s": cfg.stall_floor_s, "slo": cfg.slo}
     result: DriveResult | None = None
+    run_doc["driver"] = driver_doc = {"name": cfg.driver, "workers": cfg.workers}
     started_ns = time.perf_counter_ns()
     on_status(f"starting the bundled engine ({cfg.engine.model})" if cfg.endpoint is None
               else f"probing {cfg.endpoint}")
@@ -206,7 +214,8 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         run_doc["plan"] = build_load_plan(spec).description
         store.write_json("run.json", run_doc)
         on_status("running")
-        result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress, telemetry))
+        result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress, telemetry, on_status,
+                                                   driver_doc))
     except (KeyboardInterrupt, asyncio.CancelledError):
         run_doc["interrupted"] = True
     finally:
