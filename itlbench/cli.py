@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -168,6 +169,62 @@ def workloads(as_json: Annotated[bool, typer.Option("--json", help="Print JSON."
         print()
         return
     print_catalog(Console(), rows)
+
+
+def _token_list(text: str, flag: str) -> list[int]:
+    from itlbench.engine.config import parse_chunk_budget
+
+    try:
+        values = [parse_chunk_budget(part) for part in text.split(",") if part.strip()]
+    except ConfigError as exc:
+        raise ConfigError(flag, exc.problem, "give token counts such as 2048,32k") from None
+    if not values or any(v is None for v in values):
+        raise ConfigError(flag, f"cannot read {text!r}", "give token counts such as 2048,32k")
+    return [int(v) for v in values if v is not None]
+
+
+@app.command()
+def roofline(
+    model: Annotated[str, typer.Option(help="Preset, local HF directory or config.json of a Llama-like model.")] = "llama-3-8b",
+    gpu: Annotated[str, typer.Option(help="h100, h200, a100, l40s, rtx4090, cpu (measured now) or a profile JSON.")] = "h100",
+    compare: Annotated[str, typer.Option(help="GPUs for the side-by-side table, comma-separated, or 'none'.")] = "h100,h200,a100,l40s,rtx4090",
+    prompt: Annotated[str, typer.Option(help="Prefill lengths to tabulate (k = 1024 tokens).")] = "2k,32k",
+    batch: Annotated[str, typer.Option(help="Decode batch sizes to tabulate.")] = "1,32",
+    context: Annotated[str, typer.Option(help="Cached context of each decoding sequence.")] = "2k",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON (SI units).")] = False,
+) -> None:
+    """Roofline tables: GEMM and step intensity, prefill vs decode cost, ITL floor, crossover, GPUs side by side."""
+    from itlbench.engine.config import load_model_config
+    from itlbench.engine.roofline import load_hardware
+    from itlbench.report.roofline import print_roofline, roofline_doc
+
+    try:
+        model_cfg = load_model_config(model)
+        hw = load_hardware(gpu)
+        others = [] if compare.strip().lower() == "none" else [load_hardware(g) for g in compare.split(",") if g.strip()]
+        ctx = _token_list(context, "--context")
+        if len(ctx) != 1:
+            raise ConfigError("--context", f"takes one length, got {context!r}", "e.g. --context 2k")
+        doc = roofline_doc(model_cfg, hw, others, _token_list(prompt, "--prompt"), _token_list(batch, "--batch"), ctx[0])
+    except ItlbenchError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        json.dump(_finite(doc), sys.stdout, indent=2)
+        print()
+        return
+    print_roofline(Console(), doc)
+
+
+def _finite(value: object) -> object:
+    """JSON has no infinity: a ridge never reached becomes null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def main() -> None:  # pragma: no cover - console entry

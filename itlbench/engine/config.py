@@ -132,19 +132,21 @@ def default_preset(device: str = "auto") -> str:
 
 
 def load_model_config(spec: str) -> ModelConfig:
-    """A preset name, or a local Hugging Face directory holding `config.json`."""
+    """A preset name, a local Hugging Face directory holding `config.json`, or such a JSON file."""
     if spec in PRESETS:
         return PRESETS[spec]
     path = Path(spec).expanduser()
     if path.is_dir():
         return model_config_from_hf_dir(path)
+    if path.is_file() and path.suffix == ".json":
+        return model_config_from_hf_dir(path.parent, path.name)
     raise ConfigError("model", f"unknown preset or directory {spec!r}",
                       f"use one of {', '.join(PRESETS)} or a local Hugging Face model directory")
 
 
-def model_config_from_hf_dir(path: Path) -> ModelConfig:
+def model_config_from_hf_dir(path: Path, filename: str = "config.json") -> ModelConfig:
     """Read a Llama-family `config.json` (the keys transformers writes)."""
-    cfg_file = path / "config.json"
+    cfg_file = path / filename
     if not cfg_file.is_file():
         raise ConfigError("model", f"{path} has no config.json",
                           "point --model at a Hugging Face model directory or use a preset")
