@@ -14,6 +14,8 @@ from itlbench.errors import ConfigError
 
 Policy = Literal["budget", "prefill-first"]
 POLICIES: tuple[str, ...] = ("budget", "prefill-first")
+Runner = Literal["torch", "sim"]
+RUNNERS: tuple[str, ...] = ("torch", "sim")
 
 
 @dataclass(frozen=True)
@@ -203,6 +205,10 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
     seed: int = 0
+    # runner "sim": the same scheduler on a virtual clock driven by the roofline cost model (engine/sim.py)
+    runner: Runner = "torch"
+    gpu: str | None = None  # sim: a GPU preset or hardware profile JSON (default h100)
+    sim_time_scale: float = 1.0  # sim: speed-up of wall time over simulated time (2 = twice as fast)
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -230,6 +236,16 @@ class EngineConfig:
             raise ConfigError("device", f"unknown device {self.device!r}", "use auto, cpu or cuda")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError("dtype", f"unknown dtype {self.dtype!r}", "use auto, float32, bfloat16 or float16")
+        self._validate_sim()
+
+    def _validate_sim(self) -> None:
+        if self.runner not in RUNNERS:
+            raise ConfigError("runner", f"unknown engine {self.runner!r}", f"use one of {', '.join(RUNNERS)}")
+        if self.runner != "sim" and self.gpu is not None:
+            raise ConfigError("gpu", "only applies to the simulated engine", "add --engine sim")
+        if not self.sim_time_scale > 0:
+            raise ConfigError("sim_time_scale", f"must be > 0, got {self.sim_time_scale}",
+                              "e.g. 4 runs the simulation four times faster than the simulated GPU")
 
     def with_(self, **changes: object) -> EngineConfig:
         return replace(self, **changes)
