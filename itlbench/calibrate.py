@@ -76,10 +76,15 @@ def _model_from_dict(d: dict[str, Any]) -> ModelConfig:
     return ModelConfig(**d, rope_scaling=RopeScaling(**rope) if rope else None)
 
 
+def _read_steps(run_dir: Path) -> pl.DataFrame:
+    """The steps table's part files as written (every StepRecord field the engine recorded)."""
+    parts = sorted((run_dir / "steps").glob("*.parquet"))
+    frames = [f for f in (pl.read_parquet(p) for p in parts) if f.height]
+    return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
+
+
 def read_run_steps(run_dir: str | Path) -> RunSteps:
     """A bundled-engine run's non-empty steps, its model and the dtype it ran in."""
-    from itlbench.analysis.rundir import read_table
-
     run_dir = Path(run_dir)
     doc = _run_doc(run_dir)
     engine_cfg = (doc.get("config") or {}).get("engine") or {}
@@ -92,7 +97,7 @@ def read_run_steps(run_dir: str | Path) -> RunSteps:
         raise ConfigError("RUN_DIR", f"{run_dir} is a simulated run", "calibrate from runs of the real engine")
     model = _model_from_dict(info["model"]) if isinstance(info.get("model"), dict) else load_model_config(model_name)
     dtype = str(info.get("dtype") or "float32")
-    steps = read_table(run_dir, "steps")
+    steps = _read_steps(run_dir)
     missing = [c for c in SHAPE_COLUMNS if c not in steps.columns]
     if missing or steps.height == 0:
         raise ConfigError("RUN_DIR", f"{run_dir}'s step log " + ("is empty" if not missing else

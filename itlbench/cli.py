@@ -171,6 +171,39 @@ def workloads(as_json: Annotated[bool, typer.Option("--json", help="Print JSON."
     print_catalog(Console(), rows)
 
 
+@app.command()
+def calibrate(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories of the bundled (real) engine.")],
+    out: Annotated[Path, typer.Option(help="Where to write the hardware profile (JSON, for --gpu).")] = Path("calibrated.json"),
+    name: Annotated[str, typer.Option(help="Profile name shown in reports.")] = "calibrated",
+    base: Annotated[str | None, typer.Option(help="Roofs the efficiencies are relative to: cpu (measured now), "
+                                             "h100, … (default: cpu for CPU runs, else h100).")] = None,
+    holdout: Annotated[float, typer.Option(help="Share of steps held out to report prediction error.")] = 0.25,
+    seed: Annotated[int, typer.Option(help="Seed of the held-out split.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the profile and errors as JSON.")] = False,
+) -> None:
+    """Fit the simulator's efficiencies and per-step overhead to real step logs; save a --gpu profile."""
+    from itlbench.calibrate import calibrate as fit
+    from itlbench.engine.roofline import load_hardware
+
+    try:
+        if not 0 < holdout < 1:
+            raise ConfigError("--holdout", f"must be between 0 and 1, got {holdout}")
+        result = fit(run_dirs, base=load_hardware(base) if base else None, holdout=holdout, seed=seed, name=name)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        result.profile.save(out)
+    except ItlbenchError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        json.dump(_finite(result.to_dict() | {"profile_path": str(out)}), sys.stdout, indent=2)
+        print()
+        return
+    from itlbench.report.roofline import print_calibration
+
+    print_calibration(Console(), result, out)
+
+
 def _token_list(text: str, flag: str) -> list[int]:
     from itlbench.engine.config import parse_chunk_budget
 

@@ -152,3 +152,17 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
                   "—" if ratio is None else f"{ratio:,.0f}×",
                   "does not fit" if g["kv_capacity_tokens"] <= 0 else f"{g['kv_capacity_tokens']:,}")
     console.print(t)
+
+
+def print_calibration(console: Console, result: Any, path: Any) -> None:
+    hw = result.profile
+    console.print(f"[bold]{hw.name}[/]: GEMM {hw.gemm_eff:.1%} of {_si(hw.peak_flops, 'FLOP/s')}, attention "
+                  f"{hw.attn_eff:.1%}, bandwidth {hw.mem_eff:.1%} of {_si(hw.mem_bw, 'B/s')}, "
+                  f"{hw.step_overhead_s * 1e3:.2f} ms per step (fit on {result.fit_steps} steps)", highlight=False)
+    t = Table(title="Prediction error on held-out steps")
+    for col in ("phase", "steps", "median step", "MAPE"):
+        t.add_column(col, justify="left" if col == "phase" else "right")
+    for phase, e in result.errors.items():
+        t.add_row(phase, f"{e['steps']:,}", _time(e["median_s"]), f"{e['mape']:.1%}")
+    console.print(t)
+    console.print(f"profile written to {path}: use it with --engine sim --gpu {path}", highlight=False)
