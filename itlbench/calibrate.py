@@ -4,7 +4,8 @@ Each step of a run's `steps` table carries what its cost depends on (rows, rows 
 context, causal pairs; see engine/roofline.py). The cost model turns those into GEMM FLOPs, attention
 FLOPs and bytes; the fit finds the efficiencies and the overhead that make
 
-    t = max(GEMM / (peak × e_gemm) + attention / (peak × e_attn), bytes / (bandwidth × e_mem)) + overhead
+    t = max(GEMM / (peak × e_gemm) + attention / (peak × e_attn), bytes / (bandwidth × e_mem))
+        + step overhead + sequence overhead × sequences in the step
 
 match the measured durations, minimising the mean absolute percentage error (Nelder–Mead in log
 space from a least-squares start). Only the products peak × e matter for prediction; the base
@@ -38,6 +39,7 @@ class StepData:
     gemm_flops: np.ndarray
     attn_flops: np.ndarray
     bytes: np.ndarray
+    sequences: np.ndarray
     seconds: np.ndarray
     phase: np.ndarray
 
@@ -45,13 +47,13 @@ class StepData:
         return len(self.seconds)
 
     def subset(self, mask: np.ndarray) -> StepData:
-        return StepData(self.gemm_flops[mask], self.attn_flops[mask], self.bytes[mask], self.seconds[mask],
-                        self.phase[mask])
+        return StepData(self.gemm_flops[mask], self.attn_flops[mask], self.bytes[mask], self.sequences[mask],
+                        self.seconds[mask], self.phase[mask])
 
     @classmethod
     def concat(cls, parts: Sequence[StepData]) -> StepData:
         return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in
-                     ("gemm_flops", "attn_flops", "bytes", "seconds", "phase")))
+                     ("gemm_flops", "attn_flops", "bytes", "sequences", "seconds", "phase")))
 
 
 @dataclass
@@ -115,6 +117,7 @@ def step_data(run: RunSteps) -> StepData:
     return StepData(
         gemm_flops=np.array([c.gemm_flops for c in costs]), attn_flops=np.array([c.attn_flops for c in costs]),
         bytes=np.array([c.bytes for c in costs]),
+        sequences=(s["num_prefill_reqs"] + s["num_decode_reqs"]).to_numpy().astype(float),
         seconds=((s["end_ns"] - s["start_ns"]).to_numpy() / 1e9).astype(float), phase=s["phase"].to_numpy())
 
 
@@ -122,9 +125,9 @@ def step_data(run: RunSteps) -> StepData:
 
 
 def predict(params: np.ndarray, d: StepData) -> np.ndarray:
-    """params = seconds per GEMM FLOP, per attention FLOP, per byte, and per step."""
-    x_g, x_a, x_m, c = params
-    return np.maximum(d.gemm_flops * x_g + d.attn_flops * x_a, d.bytes * x_m) + c
+    """params = seconds per GEMM FLOP, per attention FLOP, per byte, per step and per sequence."""
+    x_g, x_a, x_m, c, c_seq = params
+    return np.maximum(d.gemm_flops * x_g + d.attn_flops * x_a, d.bytes * x_m) + c + c_seq * d.sequences
 
 
 def mape(pred: np.ndarray, actual: np.ndarray) -> float:
@@ -163,19 +166,20 @@ def _nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, step: float =
 
 
 def _least_squares_start(d: StepData) -> np.ndarray:
-    """Relative least squares of t ≈ c + x_g·G + x_a·A + x_m·B (the sum bounds the max), made positive."""
-    cols = np.column_stack([d.gemm_flops, d.attn_flops, d.bytes, np.ones(len(d))])
+    """Relative least squares of t ≈ x_g·G + x_a·A + x_m·B + c + c_seq·S (the sum bounds the max), made
+    positive."""
+    cols = np.column_stack([d.gemm_flops, d.attn_flops, d.bytes, np.ones(len(d)), d.sequences])
     scale = cols.max(axis=0)
     scale[scale == 0] = 1.0
     w = 1.0 / d.seconds
     sol, *_ = np.linalg.lstsq(cols / scale * w[:, None], d.seconds * w, rcond=None)
     sol = sol / scale
-    floor = np.array([1e-18, 1e-18, 1e-15, 1e-6])
+    floor = np.array([1e-18, 1e-18, 1e-15, 1e-6, 1e-7])
     return np.maximum(sol, floor)
 
 
 def fit_params(d: StepData) -> np.ndarray:
-    """Seconds per GEMM FLOP, attention FLOP, byte, and per step, minimising MAPE on `d`."""
+    """Seconds per GEMM FLOP, attention FLOP, byte, step and sequence, minimising MAPE on `d`."""
     if len(d) < 8:
         raise ItlbenchError(f"only {len(d)} steps to fit; record a longer run")
     best: np.ndarray | None = None
@@ -185,7 +189,8 @@ def fit_params(d: StepData) -> np.ndarray:
         t = float(np.median(d.seconds))
         g, a, b = (max(float(np.median(v[v > 0])) if (v > 0).any() else 1.0, 1e-30)
                    for v in (d.gemm_flops, d.attn_flops, d.bytes))
-        starts.append(np.log([t * (1 - p) / g, t * (1 - p) / a, t * (1 - p) / b, t * p]))
+        seqs = max(float(np.median(d.sequences)), 1.0)
+        starts.append(np.log([t * (1 - p) / g, t * (1 - p) / a, t * (1 - p) / b, t * p / 2, t * p / 2 / seqs]))
     for x0 in starts:
         x = _nelder_mead(lambda th: mape(predict(np.exp(th), d), d.seconds), x0)
         x = _nelder_mead(lambda th: mape(predict(np.exp(th), d), d.seconds), x, step=0.1)
@@ -197,15 +202,15 @@ def fit_params(d: StepData) -> np.ndarray:
 
 
 def profile_from_params(params: np.ndarray, base: Hardware, name: str, source: str) -> Hardware:
-    x_g, x_a, x_m, c = (float(v) for v in params)
+    x_g, x_a, x_m, c, c_seq = (float(v) for v in params)
     return base.with_(name=name, label=f"{base.label}, calibrated", gemm_eff=1.0 / (x_g * base.peak_flops),
                       attn_eff=1.0 / (x_a * base.peak_flops), mem_eff=1.0 / (x_m * base.mem_bw),
-                      step_overhead_s=c, counting="executed", source=source)
+                      step_overhead_s=c, seq_overhead_s=c_seq, counting="executed", source=source)
 
 
 def params_of(hw: Hardware) -> np.ndarray:
     return np.array([1.0 / (hw.peak_flops * hw.gemm_eff), 1.0 / (hw.peak_flops * hw.attn_eff),
-                     1.0 / (hw.mem_bw * hw.mem_eff), hw.step_overhead_s])
+                     1.0 / (hw.mem_bw * hw.mem_eff), hw.step_overhead_s, hw.seq_overhead_s])
 
 
 # ---------------------------------------------------------------------------------------- runs

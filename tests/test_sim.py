@@ -80,7 +80,8 @@ def test_step_records_carry_the_cost_models_durations() -> None:
     for prev, rec in zip(recs, recs[1:], strict=False):
         assert rec.start_ns == prev.end_ns  # back to back: the virtual clock only moves by steps
     for rec in recs:
-        shape = StepShape(rec.scheduled_tokens, rec.num_sampled, rec.context_tokens, rec.attention_pairs)
+        shape = StepShape(rec.scheduled_tokens, rec.num_sampled, rec.context_tokens, rec.attention_pairs,
+                          rec.num_prefill_reqs + rec.num_decode_reqs)
         assert rec.duration_s == pytest.approx(cm.step_seconds(shape, GPUS["h100"]), abs=1e-9)
     decode = [r for r in recs if r.phase == "decode" and r.num_decode_reqs == 8]
     assert decode and all(0.004 < r.duration_s < 0.01 for r in decode)  # ~ weights / (0.8 × 3.35 TB/s)

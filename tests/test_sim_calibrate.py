@@ -20,7 +20,7 @@ from itlbench.engine.roofline import CostModel, Hardware, StepShape, load_hardwa
 from itlbench.engine.sim import offline_engine, run_offline
 
 KNOWN = Hardware("known", "a made-up CPU", 100e9, 10e9, 8e9, dtype="float32", gemm_eff=0.55, attn_eff=0.2,
-                 mem_eff=0.7, step_overhead_s=0.004, counting="executed")
+                 mem_eff=0.7, step_overhead_s=0.004, seq_overhead_s=0.0002, counting="executed")
 
 
 def sim_steps(budget: int | None, seed: int) -> list:
@@ -36,12 +36,14 @@ def sim_steps(budget: int | None, seed: int) -> list:
 
 def as_data(records: list, hw: Hardware, noise: float, seed: int) -> StepData:
     cm = CostModel.for_hardware(PRESETS["cpu-small"], hw)
-    shapes = [StepShape(r.scheduled_tokens, r.num_sampled, r.context_tokens, r.attention_pairs) for r in records]
+    shapes = [StepShape(r.scheduled_tokens, r.num_sampled, r.context_tokens, r.attention_pairs,
+                        r.num_prefill_reqs + r.num_decode_reqs) for r in records]
     costs = [cm.cost(s) for s in shapes]
     true = np.array([cm.step_seconds(s, hw) for s in shapes])
     rng = np.random.default_rng(seed)
     return StepData(np.array([c.gemm_flops for c in costs]), np.array([c.attn_flops for c in costs]),
-                    np.array([c.bytes for c in costs]), true * rng.lognormal(0, noise, len(true)),
+                    np.array([c.bytes for c in costs]), np.array([float(s.sequences) for s in shapes]),
+                    true * rng.lognormal(0, noise, len(true)),
                     np.array([r.phase for r in records]))
 
 

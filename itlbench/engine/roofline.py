@@ -11,7 +11,8 @@ query-key pairs attended. Every cost term is linear in them:
   written (activations are ignored, as in the seeds' whole-model arithmetic).
 
 Step time = max(compute / (peak × efficiency), bytes / (bandwidth × efficiency)) + a fixed
-per-step overhead, with separate efficiencies for GEMMs and attention.
+per-step overhead (plus one per scheduled sequence), with separate efficiencies for GEMMs and
+attention.
 
 Two counting conventions: "textbook" is the seeds' (2P per row with P including both embedding
 tables, the LM head applied to every row); "executed" is what the bundled engine runs (embedding
@@ -59,6 +60,7 @@ class Hardware:
     attn_eff: float = 0.40
     mem_eff: float = 0.80
     step_overhead_s: float = 0.0
+    seq_overhead_s: float = 0.0  # per sequence (chunk) in the step: per-request launches, gathers, sampling
     counting: Counting = "textbook"
     source: str = ""
 
@@ -67,8 +69,9 @@ class Hardware:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ConfigError(f"gpu.{name}", f"must be a positive number, got {value!r}")
-        if self.step_overhead_s < 0:
-            raise ConfigError("gpu.step_overhead_s", f"must be >= 0, got {self.step_overhead_s}")
+        for name in ("step_overhead_s", "seq_overhead_s"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"gpu.{name}", f"must be >= 0, got {getattr(self, name)}")
         if self.dtype not in DTYPE_BYTES:
             raise ConfigError("gpu.dtype", f"unknown dtype {self.dtype!r}", f"use one of {', '.join(DTYPE_BYTES)}")
         if self.counting not in COUNTINGS:
@@ -221,17 +224,19 @@ class StepShape:
     sampled: int  # rows that go through the LM head
     context_tokens: int  # cached tokens whose K/V the rows read (Σ prefix)
     attention_pairs: int  # causal query-key pairs (Σ n·p + n(n+1)/2)
+    sequences: int = 0  # chunks (one per scheduled request)
 
     @classmethod
     def of(cls, chunks: Iterable[tuple[int, int, bool]]) -> StepShape:
         """From (new tokens, prefix tokens, samples) per chunk."""
-        tokens = sampled = context = pairs = 0
+        tokens = sampled = context = pairs = sequences = 0
         for n, p, samples in chunks:
             tokens += n
             sampled += bool(samples)
             context += p
             pairs += n * p + n * (n + 1) // 2
-        return cls(tokens, sampled, context, pairs)
+            sequences += 1
+        return cls(tokens, sampled, context, pairs, sequences)
 
     @classmethod
     def prefill(cls, prompt: int, prefix: int = 0) -> StepShape:
@@ -244,7 +249,8 @@ class StepShape:
 
     def __add__(self, other: StepShape) -> StepShape:
         return StepShape(self.tokens + other.tokens, self.sampled + other.sampled,
-                         self.context_tokens + other.context_tokens, self.attention_pairs + other.attention_pairs)
+                         self.context_tokens + other.context_tokens, self.attention_pairs + other.attention_pairs,
+                         self.sequences + other.sequences)
 
 
 @dataclass(frozen=True)
@@ -360,7 +366,7 @@ class CostModel:
             return StepTime(0.0, 0.0, 0.0)
         compute = c.gemm_flops / (hw.peak_flops * hw.gemm_eff) + c.attn_flops / (hw.peak_flops * hw.attn_eff)
         memory = c.bytes / (hw.mem_bw * hw.mem_eff)
-        return StepTime(compute, memory, hw.step_overhead_s)
+        return StepTime(compute, memory, hw.step_overhead_s + hw.seq_overhead_s * shape.sequences)
 
     def step_seconds(self, shape: StepShape, hw: Hardware) -> float:
         return self.time(shape, hw).total_s
