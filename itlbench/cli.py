@@ -21,12 +21,29 @@ console = Console(stderr=True)
 
 ChunkBudget = Annotated[str, typer.Option("--chunk-budget", help="Tokens per engine step, or 'none' (unchunked prefill).")]
 Policy = Annotated[str, typer.Option("--policy", help="budget (vLLM V1 token budget) or prefill-first (SGLang).")]
+EngineKind = Annotated[str, typer.Option("--engine", help="Bundled engine: torch (runs the model) or sim (same scheduler, "
+                                         "roofline cost model on a virtual clock, no weights).")]
+Gpu = Annotated[str | None, typer.Option(help="--engine sim: h100, h200, a100, l40s, rtx4090, cpu or a profile from "
+                                         "`itlbench calibrate` (default h100).")]
+SimTimeScale = Annotated[float, typer.Option(help="--engine sim: run this many times faster than the simulated GPU "
+                                             "(every measured time shrinks by the same factor).")]
+Disaggregate = Annotated[bool, typer.Option(help="--engine sim: prefill and decode on separate GPUs, K/V sent over a link.")]
+PrefillGpu = Annotated[str | None, typer.Option(help="--disaggregate: the prefill pool's GPU (default: --gpu).")]
+KvLinkGbps = Annotated[float, typer.Option(help="--disaggregate: prefill → decode link in Gb/s.")]
+
+
+def _sim_fields(engine: str, gpu: str | None, sim_time_scale: float, disaggregate: bool, prefill_gpu: str | None,
+                kv_link_gbps: float) -> dict[str, object]:
+    return {"runner": engine, "gpu": gpu, "sim_time_scale": sim_time_scale, "sim_disaggregate": disaggregate,
+            "sim_prefill_gpu": prefill_gpu, "sim_kv_link_gbps": kv_link_gbps}
 
 
 # EngineConfig speaks in field names; users typed flags.
 _FLAGS = {"chunk_budget": "--chunk-budget", "policy": "--policy", "mixed": "--mixed", "max_num_seqs": "--max-num-seqs",
           "kv_blocks": "--kv-blocks", "model": "--model", "device": "--device", "max_model_len": "--max-model-len",
-          "block_size": "--block-size", "dtype": "--dtype"}
+          "block_size": "--block-size", "dtype": "--dtype", "runner": "--engine", "gpu": "--gpu",
+          "sim_time_scale": "--sim-time-scale", "sim_disaggregate": "--disaggregate",
+          "sim_prefill_gpu": "--prefill-gpu", "sim_kv_link_gbps": "--kv-link-gbps"}
 
 
 def _fail(exc: Exception) -> None:
@@ -37,10 +54,11 @@ def _fail(exc: Exception) -> None:
 
 
 def _engine_config(model: str | None, chunk_budget: str, policy: str, mixed: bool, max_num_seqs: int,
-                   kv_blocks: int | None, device: str, seed: int, max_model_len: int | None = None) -> EngineConfig:
+                   kv_blocks: int | None, device: str, seed: int, max_model_len: int | None = None,
+                   sim: dict[str, object] | None = None) -> EngineConfig:
     return EngineConfig(model=model or default_preset(device), chunk_budget=parse_chunk_budget(chunk_budget),
                         policy=policy, mixed=mixed, max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
-                        device=device, seed=seed, max_model_len=max_model_len)  # type: ignore[arg-type]
+                        device=device, seed=seed, max_model_len=max_model_len, **(sim or {}))  # type: ignore[arg-type]
 
 
 @app.command()
@@ -69,6 +87,12 @@ def run(
     kv_blocks: Annotated[int | None, typer.Option(help="Bundled engine: KV blocks (default: sized from memory).")] = None,
     device: Annotated[str, typer.Option(help="Bundled engine: auto, cpu or cuda.")] = "auto",
     max_model_len: Annotated[int | None, typer.Option(help="Bundled engine: context limit (default: the model's).")] = None,
+    engine_kind: EngineKind = "torch",
+    gpu: Gpu = None,
+    sim_time_scale: SimTimeScale = 1.0,
+    disaggregate: Disaggregate = False,
+    prefill_gpu: PrefillGpu = None,
+    kv_link_gbps: KvLinkGbps = 400.0,
     slo: Annotated[str | None, typer.Option(help="SLOs, e.g. 'ttft:le2k=2s,itl_p99=150ms'.")] = None,
     stall_factor: Annotated[float, typer.Option(help="A stall is a gap ≥ factor × the stream's median gap…")] = 5.0,
     stall_floor: Annotated[float, typer.Option(help="…and ≥ this many seconds.")] = 0.05,
@@ -85,8 +109,9 @@ def run(
     from itlbench.run_config import RunConfig
 
     try:
+        sim = _sim_fields(engine_kind, gpu, sim_time_scale, disaggregate, prefill_gpu, kv_link_gbps)
         engine = _engine_config(None if endpoint else model, chunk_budget, policy, mixed, max_num_seqs,
-                                kv_blocks, device, seed, max_model_len)
+                                kv_blocks, device, seed, max_model_len, sim)
         cfg = RunConfig(workload=workload, inject=inject, inject_max_tokens=inject_max_tokens, streams=streams,
                         rate=rate, burstiness=burstiness, duration_s=duration, warmup_s=warmup, seed=seed,
                         adaptive_warmup=adaptive_warmup, ramp_s=ramp,
@@ -103,6 +128,9 @@ def run(
         _fail(exc)
         return
     print_summary(console, summary, run_dir)
+    if engine.runner == "sim" and engine.sim_time_scale != 1:
+        console.print(f"[yellow]simulated at {engine.sim_time_scale:g}× speed: every time above is 1/"
+                      f"{engine.sim_time_scale:g} of the simulated GPU's[/]", highlight=False)
     print(run_dir)
 
 
@@ -121,6 +149,12 @@ def serve(
     api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY")] = None,
     device: Annotated[str, typer.Option()] = "auto",
     seed: Annotated[int, typer.Option()] = 0,
+    engine_kind: EngineKind = "torch",
+    gpu: Gpu = None,
+    sim_time_scale: SimTimeScale = 1.0,
+    disaggregate: Disaggregate = False,
+    prefill_gpu: PrefillGpu = None,
+    kv_link_gbps: KvLinkGbps = 400.0,
 ) -> None:
     """Serve the bundled engine with an OpenAI-compatible API, /metrics and /v1/steps."""
     from itlbench.engine.malloc_tuning import reexec_with_malloc_tunables
@@ -130,8 +164,9 @@ def serve(
     from itlbench.server import serve as serve_forever
 
     try:
+        sim = _sim_fields(engine_kind, gpu, sim_time_scale, disaggregate, prefill_gpu, kv_link_gbps)
         engine = _engine_config(model, chunk_budget, policy, mixed, max_num_seqs, kv_blocks, device, seed,
-                                max_model_len)
+                                max_model_len, sim)
         serve_forever(ServerConfig(engine=engine, host=host, port=port, api_key=api_key))
     except ItlbenchError as exc:
         _fail(exc)

@@ -209,6 +209,9 @@ class EngineConfig:
     runner: Runner = "torch"
     gpu: str | None = None  # sim: a GPU preset or hardware profile JSON (default h100)
     sim_time_scale: float = 1.0  # sim: speed-up of wall time over simulated time (2 = twice as fast)
+    sim_disaggregate: bool = False  # sim: prefill and decode on separate pools, K/V sent over a link
+    sim_prefill_gpu: str | None = None  # sim, disaggregated: the prefill pool's GPU (default: gpu)
+    sim_kv_link_gbps: float = 400.0  # sim, disaggregated: prefill → decode link, gigabits per second
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -246,6 +249,12 @@ class EngineConfig:
         if not self.sim_time_scale > 0:
             raise ConfigError("sim_time_scale", f"must be > 0, got {self.sim_time_scale}",
                               "e.g. 4 runs the simulation four times faster than the simulated GPU")
+        if self.sim_disaggregate and self.runner != "sim":
+            raise ConfigError("sim_disaggregate", "only applies to the simulated engine", "add --engine sim")
+        if self.sim_prefill_gpu is not None and not self.sim_disaggregate:
+            raise ConfigError("sim_prefill_gpu", "only applies to disaggregated pools", "add --disaggregate")
+        if not self.sim_kv_link_gbps > 0:
+            raise ConfigError("sim_kv_link_gbps", f"must be > 0, got {self.sim_kv_link_gbps}")
 
     def with_(self, **changes: object) -> EngineConfig:
         return replace(self, **changes)

@@ -215,3 +215,14 @@ class Engine:
             self.step()
         return [list(r.output_token_ids) for r in reqs]
 
+
+
+def create_engine(config: EngineConfig, model_config: ModelConfig | None = None) -> Any:
+    """The engine a config asks for: `Engine` (torch or simulated runner), or simulated prefill and
+    decode pools (`DisaggEngine`, same surface) when `sim_disaggregate` is set."""
+    if config.runner == "sim" and config.sim_disaggregate:
+        from itlbench.engine.disagg import DisaggEngine, KvLink
+
+        return DisaggEngine(config, model_config, link=KvLink(config.sim_kv_link_gbps * 1e9 / 8),
+                            prefill_gpu=config.sim_prefill_gpu)
+    return Engine(config, model_config)
