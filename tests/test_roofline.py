@@ -183,3 +183,29 @@ def test_roofline_command_errors_name_the_flag() -> None:
                        (["--context", "1k,2k"], "--context"), (["--model", "nope"], "--model")):
         result = runner.invoke(app, ["roofline", *args])
         assert result.exit_code == 2 and flag in result.output, (args, result.output)
+
+
+def test_a_mixed_step_splits_into_its_prefill_and_decode_parts() -> None:
+    """The record of a real mixed step splits into shapes that add back up; the chunk dominates."""
+    import torch
+
+    from itlbench.engine.config import EngineConfig
+    from itlbench.engine.engine import Engine
+    from itlbench.engine.request import SamplingParams
+
+    torch.set_num_threads(1)
+    engine = Engine(EngineConfig(model="tiny", kv_blocks=128, max_model_len=2048, chunk_budget=256))
+    sp = SamplingParams(max_tokens=6, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(list(range(3 + i, 43 + i)), sp)
+    engine.step()
+    engine.add_request([400 + (7 * i) % 100 for i in range(1000)], sp)
+    engine.step()
+    rec = engine.step_log.since(engine.step_log.last_step)[0]
+    assert rec.phase == "mixed" and rec.decode_tokens == 3 and rec.decode_context_tokens == 3 * 40
+    prefill, decode = StepShape.split(rec.to_dict())
+    assert prefill + decode == StepShape(rec.scheduled_tokens, rec.num_sampled, rec.context_tokens,
+                                         rec.attention_pairs, rec.num_prefill_reqs + rec.num_decode_reqs)
+    assert decode == StepShape.decode(3, 40) and prefill == StepShape.of([(253, 0, False)])
+    share = CostModel(LLAMA3_8B, 2).prefill_share(StepShape.prefill(2016), StepShape.decode(32, 2048), H100)
+    assert 0.85 < share < 1.0

@@ -201,7 +201,7 @@ class Engine:
             kv_usage=self.block_manager.usage, token_budget=output.token_budget, start_ns=start_ns,
             end_ns=end_ns, prefill_request_ids=prefill_ids, num_finished=num_finished, wall_start_ns=wall_ns,
             num_sampled=num_sampled, context_tokens=sum(c.start for c in output.chunks),
-            attention_pairs=pairs))
+            attention_pairs=pairs, decode_context_tokens=sum(c.start for c in output.chunks if c.is_decode)))
         self._step += 1
 
     # ----------------------------------------------------------------- convenience

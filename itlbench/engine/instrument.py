@@ -48,6 +48,7 @@ class StepRecord:
     num_sampled: int = 0  # rows that went through the LM head (yield a token)
     context_tokens: int = 0  # cached tokens the rows attended to (Σ each chunk's prefix)
     attention_pairs: int = 0  # causal query-key pairs (Σ n·p + n(n+1)/2 for n rows after p cached)
+    decode_context_tokens: int = 0  # the decode rows' share of context_tokens (splits a mixed step's cost)
 
     @property
     def duration_s(self) -> float:

@@ -26,10 +26,10 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from itlbench.engine.config import ModelConfig
 from itlbench.errors import ConfigError
@@ -247,6 +247,19 @@ class StepShape:
         """`batch` sequences each generating one token after `context` cached tokens."""
         return cls.of([(1, context, True)] * batch)
 
+    @classmethod
+    def split(cls, step: Mapping[str, Any]) -> tuple[StepShape, StepShape]:
+        """(prefill part, decode part) of a step record (a StepRecord's dict or a steps-table row):
+        each decode row is one sampled token after its context, the prefill part is the rest."""
+        d_rows, d_ctx = int(step["decode_tokens"]), int(step.get("decode_context_tokens") or 0)
+        decode = cls(d_rows, d_rows, d_ctx, d_ctx + d_rows, d_rows)
+        total = cls(int(step["prefill_tokens"]) + d_rows, int(step.get("num_sampled") or 0),
+                    int(step.get("context_tokens") or 0), int(step.get("attention_pairs") or 0),
+                    int(step["num_prefill_reqs"]) + int(step["num_decode_reqs"]))
+        prefill = cls(total.tokens - d_rows, max(0, total.sampled - d_rows), total.context_tokens - d_ctx,
+                      max(0, total.attention_pairs - decode.attention_pairs), total.sequences - d_rows)
+        return prefill, decode
+
     def __add__(self, other: StepShape) -> StepShape:
         return StepShape(self.tokens + other.tokens, self.sampled + other.sampled,
                          self.context_tokens + other.context_tokens, self.attention_pairs + other.attention_pairs,
@@ -370,6 +383,13 @@ class CostModel:
 
     def step_seconds(self, shape: StepShape, hw: Hardware) -> float:
         return self.time(shape, hw).total_s
+
+    def prefill_share(self, prefill: StepShape, decode: StepShape, hw: Hardware) -> float:
+        """The prefill part's share of a mixed step's time: each part's roofline time alone (overheads
+        aside), so a 2,000-row chunk beside 32 decode rows takes most of the step, as its FLOPs do."""
+        t_p = self.time(prefill, hw.with_(step_overhead_s=0.0)).total_s
+        t_d = self.time(decode, hw.with_(step_overhead_s=0.0)).total_s
+        return t_p / (t_p + t_d) if t_p + t_d > 0 else 0.0
 
     def crossover_tokens(self, ridge: float) -> float:
         """Prompt length at which a whole-prompt prefill's intensity reaches `ridge`: below it the
