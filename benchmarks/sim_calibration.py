@@ -37,9 +37,9 @@ def record(name: str, model: str, duration: float, out: Path) -> Path:
 
 def show(title: str, errors: dict[str, dict[str, float]]) -> None:
     print(f"\n{title}")
-    print(f"  {'phase':<8} {'steps':>6} {'median step':>12} {'MAPE':>7}")
+    print(f"  {'phase':<8} {'steps':>6} {'median step':>12} {'MAPE':>7} {'median APE':>11}")
     for phase, e in errors.items():
-        print(f"  {phase:<8} {e['steps']:>6} {e['median_s'] * 1e3:>9.1f} ms {e['mape']:>7.1%}")
+        print(f"  {phase:<8} {e['steps']:>6} {e['median_s'] * 1e3:>9.1f} ms {e['mape']:>7.1%} {e['median_ape']:>11.1%}")
 
 
 def main() -> None:

@@ -231,7 +231,8 @@ def phase_errors(pred: np.ndarray, d: StepData) -> dict[str, dict[str, float]]:
     for phase in (*PHASES, "all"):
         mask = np.ones(len(d), bool) if phase == "all" else d.phase == phase
         if mask.any():
-            out[phase] = {"mape": mape(pred[mask], d.seconds[mask]), "steps": int(mask.sum()),
+            ape = np.abs(pred[mask] / d.seconds[mask] - 1.0)
+            out[phase] = {"mape": float(ape.mean()), "median_ape": float(np.median(ape)), "steps": int(mask.sum()),
                           "median_s": float(np.median(d.seconds[mask]))}
     return out
 

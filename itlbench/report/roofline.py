@@ -160,9 +160,9 @@ def print_calibration(console: Console, result: Any, path: Any) -> None:
                   f"{hw.attn_eff:.1%}, bandwidth {hw.mem_eff:.1%} of {_si(hw.mem_bw, 'B/s')}, "
                   f"{hw.step_overhead_s * 1e3:.2f} ms per step (fit on {result.fit_steps} steps)", highlight=False)
     t = Table(title="Prediction error on held-out steps")
-    for col in ("phase", "steps", "median step", "MAPE"):
+    for col in ("phase", "steps", "median step", "MAPE", "median APE"):
         t.add_column(col, justify="left" if col == "phase" else "right")
     for phase, e in result.errors.items():
-        t.add_row(phase, f"{e['steps']:,}", _time(e["median_s"]), f"{e['mape']:.1%}")
+        t.add_row(phase, f"{e['steps']:,}", _time(e["median_s"]), f"{e['mape']:.1%}", f"{e['median_ape']:.1%}")
     console.print(t)
     console.print(f"profile written to {path}: use it with --engine sim --gpu {path}", highlight=False)
