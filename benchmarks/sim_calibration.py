@@ -7,8 +7,10 @@ Records two real runs of the bundled engine on this machine, different in worklo
 model on A (`itlbench calibrate`) and prints the mean absolute percentage error of its step-duration
 predictions on every step of B, by phase; then the same the other way round. For scale it also
 prints the error of the uncalibrated model (this CPU's measured roofs at 100 % efficiency, no
-overhead). Served runs share the machine with their client, so figures vary between runs on a busy
-box: compare the rows of one run, not runs.
+overhead) and a noise floor: the error of predicting each step by the median of the same-shape
+steps of its own run, which no model of step shapes can beat. Served runs share the machine with
+their client (and, on a shared box, with everything else), so figures vary between runs: compare
+the rows of one run, not runs.
 """
 
 from __future__ import annotations
@@ -26,13 +28,29 @@ RUNS = {
 }
 
 
-def record(name: str, model: str, duration: float, out: Path) -> Path:
+def record(name: str, model: str, duration: float, out: Path, threads: int) -> Path:
     run_dir = out / name
     cmd = [sys.executable, "-m", "itlbench.cli", "run", *RUNS[name], "--model", model, "--device", "cpu",
            "--duration", str(duration), "--warmup", "3", "--seed", "1", "--no-live", "--out", str(run_dir)]
     print(f"recording {name}: {' '.join(RUNS[name])}", flush=True)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
+    env = os.environ | {"OMP_NUM_THREADS": str(threads)}  # the engine server inherits it
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
     return run_dir
+
+
+def noise_floor(run_dir: Path) -> tuple[float, float, int]:
+    """MAPE and median APE of predicting each step by the median of its own run's steps of the same
+    shape (phase, requests, prefill tokens to 64, context to 1,000): what no model of shapes can beat."""
+    import polars as pl
+
+    from itlbench.calibrate import read_run_steps
+
+    s = read_run_steps(run_dir).steps.with_columns(t=pl.col("end_ns") - pl.col("start_ns"))
+    key = [pl.col("phase"), pl.col("num_decode_reqs"), pl.col("num_prefill_reqs"), pl.col("prefill_tokens") // 64,
+           pl.col("context_tokens") // 1000]
+    s = s.with_columns(med=pl.col("t").median().over(key), n=pl.len().over(key)).filter(pl.col("n") >= 5)
+    ape = (s["t"] / s["med"] - 1).abs()
+    return float(ape.mean()), float(ape.median()), s.height
 
 
 def show(title: str, errors: dict[str, dict[str, float]]) -> None:
@@ -48,6 +66,8 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=30.0, help="measured seconds of each run")
     ap.add_argument("--keep", type=Path, default=None, help="keep the run directories here")
     ap.add_argument("--reuse", action="store_true", help="reuse runs already in --keep")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of the engine (1: steadier steps when the server shares 2 cores)")
     args = ap.parse_args()
 
     from itlbench.calibrate import calibrate, evaluate
@@ -58,7 +78,7 @@ def main() -> None:
     for name in RUNS:
         existing = out / name
         runs[name] = existing if args.reuse and (existing / "run.json").is_file() else \
-            record(name, args.model, args.duration, out)
+            record(name, args.model, args.duration, out, args.threads)
     roofs = measure_cpu()
     print(f"this CPU, measured: {roofs.peak_flops / 1e9:.0f} GFLOP/s fp32 matmul, {roofs.mem_bw / 1e9:.1f} GB/s read")
     for fit_on, predict_on in (("A", "B"), ("B", "A")):
@@ -69,6 +89,10 @@ def main() -> None:
         show(f"held-out steps of {fit_on}", cal.errors)
         show(f"every step of {predict_on} (other workload, other chunk budget)", evaluate(p, [runs[predict_on]]))
     show("uncalibrated (measured roofs, 100 % efficiency, no overhead) on B", evaluate(roofs, [runs["B"]]))
+    print("\nnoise floor (each step predicted by the median of same-shape steps of its own run):")
+    for name, run in runs.items():
+        m, md, n = noise_floor(run)
+        print(f"  {name}: MAPE {m:.1%}, median APE {md:.1%} over {n} steps")
     print(f"\nrun directories: {out}")
 
 
