@@ -15,7 +15,6 @@ fit and held-out sets so the reported error is a prediction, not a fit residual.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ import polars as pl
 from itlbench.engine.config import ModelConfig, RopeScaling, load_model_config
 from itlbench.engine.roofline import DTYPE_BYTES, CostModel, Hardware, StepShape
 from itlbench.errors import ConfigError, ItlbenchError
+from itlbench.rundir.reader import read_run_doc, read_table
 
 PHASES = ("prefill", "decode", "mixed")
 SHAPE_COLUMNS = ("num_sampled", "context_tokens", "attention_pairs")
@@ -66,23 +66,15 @@ class RunSteps:
 
 
 def _run_doc(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "run.json"
-    if not path.is_file():
+    if not (run_dir / "run.json").is_file():
         raise ConfigError("RUN_DIR", f"{run_dir} has no run.json", "give run directories written by `itlbench run`")
-    return json.loads(path.read_text())
+    return read_run_doc(run_dir)
 
 
 def _model_from_dict(d: dict[str, Any]) -> ModelConfig:
     d = dict(d)
     rope = d.pop("rope_scaling", None)
     return ModelConfig(**d, rope_scaling=RopeScaling(**rope) if rope else None)
-
-
-def _read_steps(run_dir: Path) -> pl.DataFrame:
-    """The steps table's part files as written (every StepRecord field the engine recorded)."""
-    parts = sorted((run_dir / "steps").glob("*.parquet"))
-    frames = [f for f in (pl.read_parquet(p) for p in parts) if f.height]
-    return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
 
 
 def read_run_steps(run_dir: str | Path) -> RunSteps:
@@ -99,12 +91,12 @@ def read_run_steps(run_dir: str | Path) -> RunSteps:
         raise ConfigError("RUN_DIR", f"{run_dir} is a simulated run", "calibrate from runs of the real engine")
     model = _model_from_dict(info["model"]) if isinstance(info.get("model"), dict) else load_model_config(model_name)
     dtype = str(info.get("dtype") or "float32")
-    steps = _read_steps(run_dir)
-    missing = [c for c in SHAPE_COLUMNS if c not in steps.columns]
-    if missing or steps.height == 0:
-        raise ConfigError("RUN_DIR", f"{run_dir}'s step log " + ("is empty" if not missing else
-                          f"lacks {', '.join(missing)}"), "record a new run with this version of itlbench")
-    steps = steps.filter(pl.col("prefill_tokens") + pl.col("decode_tokens") > 0)
+    steps = read_table(run_dir, "steps").filter(pl.col("prefill_tokens") + pl.col("decode_tokens") > 0)
+    if steps.height == 0:
+        raise ConfigError("RUN_DIR", f"{run_dir} has no engine steps", "record a run of the bundled engine")
+    if steps["attention_pairs"].null_count() == steps.height:
+        raise ConfigError("RUN_DIR", f"{run_dir}'s step log lacks the step shapes (attention_pairs, ...)",
+                          "record a new run with this version of itlbench")
     return RunSteps(run_dir, model, dtype, str(info.get("device", engine_cfg.get("device", "?"))), steps)
 
 
