@@ -67,3 +67,28 @@ def test_served_sim_stalls_decoders_for_an_unchunked_prefill(sim_server: Backgro
                       big["attention_pairs"], big["num_prefill_reqs"] + big["num_decode_reqs"])
     assert (big["end_ns"] - big["start_ns"]) / 1e9 == pytest.approx(cm.step_seconds(shape, GPUS["h100"]) / SCALE,
                                                                     abs=1e-6)
+
+
+def test_served_disaggregated_pools_keep_decoders_streaming() -> None:
+    """The same load against prefill and decode on separate simulated GPUs: no stall, all tokens arrive."""
+    cfg = SIM.with_(sim_disaggregate=True, sim_prefill_gpu="h200")
+    with BackgroundServer(ServerConfig(engine=cfg, port=0)) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0)
+        info = json.loads(urllib.request.urlopen(f"{srv.base_url}/engine", timeout=5).read())
+        assert info["device"] == "sim:h200->h100"
+        gaps: list[list[float]] = [[] for _ in range(4)]
+        threads = [threading.Thread(target=stream_gaps, args=(client, list(range(3 + i, 3 + i + 500)), 300, gaps[i]))
+                   for i in range(4)]
+        for t in threads:
+            t.start()
+        while not all(gaps):
+            time.sleep(0.01)
+        long = client.completions.create(model="llama-3.1-8b", prompt=list(range(10, 10 + 16384)), max_tokens=3,
+                                         extra_body={"ignore_eos": True})
+        for t in threads:
+            t.join()
+    assert long.usage.completion_tokens == 3 and long.usage.prompt_tokens == 16384
+    assert [len(g) for g in gaps] == [299] * 4
+    h200 = CostModel.for_hardware(PRESETS["llama-3.1-8b"], GPUS["h200"])
+    prefill = h200.step_seconds(StepShape.prefill(16384), GPUS["h200"]) / SCALE
+    assert max(max(g) for g in gaps) < prefill / 2  # decode steps never waited for the prefill

@@ -85,7 +85,6 @@ class DisaggEngine:
         self.max_model_len = self.decode.max_model_len
         self.tokenizer = self.decode.tokenizer
         self.block_manager = self.decode.block_manager
-        self.scheduler = self.decode.scheduler
         self.device = f"sim:{self.prefill.runner.hardware.name}->{self.decode.runner.hardware.name}"
         self.dtype = self.decode.dtype
         self.step_log = StepLog()
