@@ -71,6 +71,13 @@ def _engine_config(*, model: str | None, chunk_budget: str, device: str, **flags
                         device=device, **flags)  # type: ignore[arg-type]
 
 
+def _check_sim(engine: EngineConfig) -> None:
+    if engine.runner == "sim":
+        from itlbench.engine.sim import check_sim_config
+
+        check_sim_config(engine)
+
+
 @app.command()
 def run(
     workload: Annotated[str, typer.Option(help="chat-short, chat, rag, summarization, code, agent or trace.")] = "chat",
@@ -130,6 +137,7 @@ def run(
                                 runner=runner, gpu=gpu, sim_time_scale=sim_time_scale,
                                 sim_disaggregate=sim_disaggregate, sim_prefill_gpu=sim_prefill_gpu,
                                 sim_kv_link_gbps=sim_kv_link_gbps)
+        _check_sim(engine)
         cfg = RunConfig(workload=workload, inject=inject, inject_max_tokens=inject_max_tokens, streams=streams,
                         rate=rate, burstiness=burstiness, duration_s=duration, warmup_s=warmup, seed=seed,
                         adaptive_warmup=adaptive_warmup, ramp_s=ramp,
@@ -198,6 +206,7 @@ def serve(
                                     runner=runner, gpu=gpu, sim_time_scale=sim_time_scale,
                                     sim_disaggregate=sim_disaggregate, sim_prefill_gpu=sim_prefill_gpu,
                                     sim_kv_link_gbps=sim_kv_link_gbps)
+        _check_sim(engine)
         if max_body_mib <= 0:
             raise ConfigError("--max-body-mib", f"must be > 0, got {max_body_mib}")
     except ItlbenchError as exc:

@@ -158,3 +158,26 @@ def test_paced_sim_engine_streams_in_simulated_time() -> None:
     prefill = cm.step_seconds(StepShape.prefill(8192), GPUS["h100"])
     assert recs[0].duration_s == pytest.approx(prefill / 10.0, abs=1e-9)
     assert time.perf_counter_ns() - t0 >= sum(r.end_ns - r.start_ns for r in recs)
+
+
+def test_sim_flags_are_checked_before_anything_starts(tmp_path) -> None:  # noqa: ANN001
+    from typer.testing import CliRunner
+
+    from itlbench.cli import app
+
+    cases = [
+        (["run", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "rtx4090"], "--max-model-len", "42262"),
+        (["run", "--engine", "sim", "--gpu", "h100", "--dtype", "float32"], "--dtype", "bfloat16"),
+        (["run", "--gpu", "h100"], "--gpu", "--engine sim"),
+        (["run", "--engine", "sim", "--gpu", "tpu-v9"], "--gpu", "unknown GPU"),
+        (["run", "--engine", "gpu"], "--engine", "torch, sim"),
+        (["run", "--engine", "sim", "--sim-time-scale", "0"], "--sim-time-scale", "> 0"),
+        (["run", "--engine", "sim", "--prefill-gpu", "a100"], "--prefill-gpu", "--disaggregate"),
+        (["serve", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "rtx4090"], "--max-model-len", "42262"),
+    ]
+    runner = CliRunner()
+    for args, flag, text in cases:
+        result = runner.invoke(app, [*args, "--out", str(tmp_path / "never")] if args[0] == "run" else args)
+        assert result.exit_code == 2, (args, result.output)
+        assert flag in result.output and text in result.output.replace("\n", " "), (args, result.output)
+    assert not (tmp_path / "never").exists()

@@ -20,7 +20,7 @@ import random
 import time
 from collections.abc import Iterable, Sequence
 
-from itlbench.engine.config import EngineConfig, ModelConfig
+from itlbench.engine.config import EngineConfig, ModelConfig, load_model_config
 from itlbench.engine.request import SamplingParams
 from itlbench.engine.roofline import CostModel, Hardware, StepShape, StepTime, load_hardware
 from itlbench.engine.scheduler_output import ScheduledChunk, SchedulerOutput
@@ -99,12 +99,34 @@ def sim_kv_blocks(config: EngineConfig, cost: CostModel, hw: Hardware, max_model
     return min(tokens // config.block_size, config.max_num_seqs * per_request)
 
 
+def _check_dtype(config: EngineConfig, hw: Hardware) -> None:
+    if config.dtype not in ("auto", hw.dtype):
+        raise ConfigError("dtype", f"the simulated {hw.label} runs {hw.dtype}, not {config.dtype}",
+                          "leave --dtype auto, or calibrate a profile in that dtype")
+
+
+def check_sim_config(config: EngineConfig) -> None:
+    """Refuse, before any server starts, what a simulated engine would refuse at start-up."""
+    model = load_model_config(config.model)
+    max_len = config.max_model_len or model.max_position_embeddings
+    gpus = [config.gpu or DEFAULT_GPU]
+    if config.sim_disaggregate and config.sim_prefill_gpu:
+        gpus.append(config.sim_prefill_gpu)
+    for gpu in gpus:
+        if gpu.strip().lower() == "cpu":
+            continue  # measured at start-up; its memory is the machine's
+        hw = load_hardware(gpu)
+        _check_dtype(config, hw)
+        sim_kv_blocks(config, CostModel.for_hardware(model, hw), hw, max_len)
+
+
 class SimRunner:
     """Stands where `ModelRunner` stands; `run` replaces flatten → execute → sample."""
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, max_model_len: int,
                  hardware: Hardware | None = None, clock: PacedClock | VirtualClock | None = None) -> None:
         self.hardware = hardware or load_hardware(config.gpu or DEFAULT_GPU)
+        _check_dtype(config, self.hardware)
         self.cost_model = CostModel.for_hardware(model_config, self.hardware)
         self.num_blocks = sim_kv_blocks(config, self.cost_model, self.hardware, max_model_len)
         self.clock = clock or PacedClock(config.sim_time_scale)
