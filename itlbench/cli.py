@@ -14,6 +14,7 @@ from rich.console import Console
 
 from itlbench.engine.config import EngineConfig, default_preset, parse_chunk_budget
 from itlbench.errors import ConfigError, ItlbenchError
+from itlbench.units import parse_duration_s
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure what long prompts do to streaming LLM latency: TTFT by prompt bucket, "
@@ -85,10 +86,10 @@ def run(
     streams: Annotated[int | None, typer.Option(help="Closed-loop steady streams (default 32; 0 with --rate or trace).")] = None,
     rate: Annotated[float | None, typer.Option(help="Open-loop arrivals per second (instead of or besides streams).")] = None,
     burstiness: Annotated[float, typer.Option(help="Gamma shape for --rate arrivals; 1 = Poisson.")] = 1.0,
-    duration: Annotated[float, typer.Option(help="Measured seconds (after warmup).")] = 60.0,
-    warmup: Annotated[float, typer.Option(help="Seconds of load at least before measurement starts.")] = 5.0,
+    duration: Annotated[str, typer.Option(help="Measured time after warmup: 60, 60s, 2m.")] = "60s",
+    warmup: Annotated[str, typer.Option(help="Load at least this long before measurement starts.")] = "5s",
     adaptive_warmup: Annotated[bool, typer.Option(help="Also warm up until every stream has received a token.")] = True,
-    ramp: Annotated[float, typer.Option(help="Spread the streams' first sends over this many seconds.")] = 0.0,
+    ramp: Annotated[str, typer.Option(help="Spread the streams' first sends over this long.")] = "0s",
     seed: Seed = 0,
     endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (…/v1); default: start the bundled engine.")] = None,
     model: Annotated[str | None, typer.Option(help="Served model name (with --endpoint), or the bundled engine's preset / "
@@ -116,11 +117,11 @@ def run(
     sim_kv_link_gbps: KvLinkGbps = 400.0,
     slo: Annotated[str | None, typer.Option(help="SLOs, e.g. 'ttft:le2k=2s,itl_p99=150ms'.")] = None,
     stall_factor: Annotated[float, typer.Option(help="A stall is a gap ≥ factor × the stream's median gap…")] = 5.0,
-    stall_floor: Annotated[float, typer.Option(help="…and ≥ this many seconds.")] = 0.05,
+    stall_floor: Annotated[str, typer.Option(help="…and at least this long.")] = "50ms",
     inject_max_tokens: Annotated[int, typer.Option(help="Output tokens of each injected request.")] = 16,
     trace: Annotated[Path | None, typer.Option(help="Azure-format CSV for --workload trace.")] = None,
     time_scale: Annotated[float, typer.Option(help="Trace replay speed-up (2 = twice as fast).")] = 1.0,
-    drain_timeout: Annotated[float, typer.Option(help="Seconds to let in-flight requests finish after the end.")] = 120.0,
+    drain_timeout: Annotated[str, typer.Option(help="How long in-flight requests may finish after the end.")] = "120s",
     out: Annotated[Path | None, typer.Option(help="Run directory (default reports/<time>-<workload>-…).")] = None,
     workers: Annotated[int, typer.Option(help="Client processes for very high stream counts.")] = 1,
     live: Annotated[bool, typer.Option(help="Show the live progress line.")] = True,
@@ -139,16 +140,19 @@ def run(
                                 sim_kv_link_gbps=sim_kv_link_gbps)
         _check_sim(engine)
         cfg = RunConfig(workload=workload, inject=inject, inject_max_tokens=inject_max_tokens, streams=streams,
-                        rate=rate, burstiness=burstiness, duration_s=duration, warmup_s=warmup, seed=seed,
-                        adaptive_warmup=adaptive_warmup, ramp_s=ramp,
+                        rate=rate, burstiness=burstiness, duration_s=parse_duration_s(duration, "--duration"),
+                        warmup_s=parse_duration_s(warmup, "--warmup"), seed=seed,
+                        adaptive_warmup=adaptive_warmup, ramp_s=parse_duration_s(ramp, "--ramp"),
                         endpoint=endpoint, model=model, api_key=api_key, api=api, engine=engine, slo=slo,
                         forced_lengths=forced_lengths,
-                        stall_factor=stall_factor, stall_floor_s=stall_floor, trace=trace, time_scale=time_scale,
-                        drain_timeout_s=drain_timeout, out=out, workers=workers, live=live)
+                        stall_factor=stall_factor, stall_floor_s=parse_duration_s(stall_floor, "--stall-floor"),
+                        trace=trace, time_scale=time_scale,
+                        drain_timeout_s=parse_duration_s(drain_timeout, "--drain-timeout"), out=out,
+                        workers=workers, live=live)
         cfg.validate()
         from itlbench.orchestrate import run_load_test
 
-        with LiveProgress(console, total_s=duration, enabled=live) as progress:
+        with LiveProgress(console, total_s=cfg.duration_s, enabled=live) as progress:
             run_dir, summary = run_load_test(cfg, progress=progress.update, on_status=progress.status)
     except ItlbenchError as exc:
         _fail(exc)

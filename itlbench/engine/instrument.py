@@ -63,13 +63,6 @@ class StepRecord:
         d["prefill_request_ids"] = list(self.prefill_request_ids)
         return d
 
-    @classmethod
-    def from_dict(cls, d: dict[str, object]) -> StepRecord:
-        d = dict(d)
-        d["prefill_request_ids"] = tuple(d.get("prefill_request_ids") or ())  # type: ignore[arg-type]
-        known = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in d.items() if k in known})  # type: ignore[arg-type]
-
 
 class StepLog:
     """Bounded in-memory step history that readers poll by step index (thread-safe)."""
@@ -100,11 +93,6 @@ class StepLog:
                 out.append(record)
             out.reverse()
             return out
-
-    def wait_for(self, step: int, timeout: float) -> bool:
-        """Block until a record with index >= step exists or timeout elapses."""
-        with self._cond:
-            return self._cond.wait_for(lambda: bool(self._records) and self._records[-1].step >= step, timeout)
 
 
 class _Nvtx:
