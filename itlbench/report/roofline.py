@@ -138,6 +138,8 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
                   f"(GEMM {hw['gemm_eff']:.0%}, attention {hw['attn_eff']:.0%}, bandwidth {hw['mem_eff']:.0%}) "
                   f"+ {hw['step_overhead_s'] * 1e3:g} ms per step[/]", highlight=False)
 
+    if not doc["gpus"]:
+        return
     case = doc["gpu_table_case"]
     t = Table(title=f"GPUs side by side (estimated prefill of {case['prefill_tokens']:,} tokens; decode batch "
                     f"{case['decode_batch']} at {case['decode_context']:,} context)")
@@ -165,4 +167,8 @@ def print_calibration(console: Console, result: Any, path: Any) -> None:
     for phase, e in result.errors.items():
         t.add_row(phase, f"{e['steps']:,}", _time(e["median_s"]), f"{e['mape']:.1%}", f"{e['median_ape']:.1%}")
     console.print(t)
+    if max(hw.gemm_eff, hw.attn_eff, hw.mem_eff) > 1:
+        console.print("[yellow]an efficiency above 100 % means the roofs it is relative to (measured now, or "
+                      "--base) are below what the run reached: a busier machine now, or the wrong --base[/]",
+                      highlight=False)
     console.print(f"profile written to {path}: use it with --engine sim --gpu {path}", highlight=False)
