@@ -156,7 +156,7 @@ def test_roofline_command_json_and_tables(tmp_path: Path) -> None:
     doc = json.loads(result.stdout)
     assert doc["kv_bytes_per_token"] == 131_072 and sig3(doc["hardware"]["ridge_flop_per_byte"]) == 295
     prefill = {p["case"]: p for p in doc["phases"]}
-    assert sig3(prefill["prefill 32768"]["flops"] / 1e12) == 808
+    assert sig3(prefill["prefill 32k"]["flops"] / 1e12) == 808
     assert [g["gpu"] for g in doc["gpus"]] == ["h100", "h200", "a100", "l40s", "rtx4090"]
     ridges = {g["gpu"]: g["crossover_prompt_tokens"] for g in doc["gpus"]}
     assert min(ridges, key=ridges.get) == "a100"  # lowest ridge: short prompts already compute-bound

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from itlbench.engine.config import ModelConfig
 from itlbench.engine.roofline import CostModel, Gemm, Hardware, StepShape
+from itlbench.units import format_tokens
 
 
 def _phase_row(cm: CostModel, hw: Hardware, label: str, kind: str, shape: StepShape) -> dict[str, Any]:
@@ -52,9 +53,9 @@ def roofline_doc(model: ModelConfig, hw: Hardware, compare: Sequence[Hardware], 
     gemms = [{"name": g.name, "d_in": g.d_in, "d_out": g.d_out,
               "intensity_flop_per_byte": {str(t): g.intensity(t, cm.b) for t in (1, *batches, *prompts)},
               "ridge_tokens": g.ridge_tokens(hw.ridge, cm.b)} for g in cm.gemms()]
-    phases = [_phase_row(cm, hw, f"prefill {p}", "prefill", StepShape.prefill(p)) for p in prompts]
-    phases += [_phase_row(cm, hw, f"decode batch {b} @ {context}", "decode", StepShape.decode(b, context))
-               for b in batches]
+    phases = [_phase_row(cm, hw, f"prefill {format_tokens(p)}", "prefill", StepShape.prefill(p)) for p in prompts]
+    phases += [_phase_row(cm, hw, f"decode batch {b} @ {format_tokens(context)}", "decode",
+                          StepShape.decode(b, context)) for b in batches]
     worst_prompt, big_batch = max(prompts), max(batches)
     return {
         "model": {"name": model.name, "params": cm.params, "layers": model.num_layers, "hidden": model.hidden_size,
@@ -141,8 +142,8 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
     if not doc["gpus"]:
         return
     case = doc["gpu_table_case"]
-    t = Table(title=f"GPUs side by side (estimated prefill of {case['prefill_tokens']:,} tokens; decode batch "
-                    f"{case['decode_batch']} at {case['decode_context']:,} context)")
+    t = Table(title=f"GPUs side by side (estimated prefill of {format_tokens(case['prefill_tokens'])} tokens; "
+                    f"decode batch {case['decode_batch']} at {format_tokens(case['decode_context'])} context)")
     for col in ("GPU", "peak", "bandwidth", "ridge", "GEMM ridge T", "crossover", "ITL floor", "decode step",
                 "prefill", "stall ÷ step", "KV room"):
         t.add_column(col, justify="left" if col == "GPU" else "right")
