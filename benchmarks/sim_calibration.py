@@ -5,7 +5,8 @@
 Records two real runs of the bundled engine on this machine, different in workload and chunk budget
 (A: chat, budget 512, a 4k injection; B: code, budget 2048, an 8k injection), calibrates the roofline
 model on A (`itlbench calibrate`) and prints the mean absolute percentage error of its step-duration
-predictions on every step of B, by phase; then the same the other way round. For scale it also
+predictions on every step of B's measured window (warm-up and drain excluded, as calibrate does), by
+phase; then the same the other way round. For scale it also
 prints the error of the uncalibrated model (this CPU's measured roofs at 100 % efficiency, no
 overhead) and a noise floor: the error of predicting each step by the median of the same-shape
 steps of its own run, which no model of step shapes can beat. Served runs share the machine with

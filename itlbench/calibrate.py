@@ -78,7 +78,7 @@ def _model_from_dict(d: dict[str, Any]) -> ModelConfig:
 
 
 def read_run_steps(run_dir: str | Path) -> RunSteps:
-    """A bundled-engine run's non-empty steps, its model and the dtype it ran in."""
+    """A bundled-engine run's non-empty steps in its measured window, its model and its dtype."""
     run_dir = Path(run_dir)
     doc = _run_doc(run_dir)
     engine_cfg = (doc.get("config") or {}).get("engine") or {}
@@ -92,6 +92,12 @@ def read_run_steps(run_dir: str | Path) -> RunSteps:
     model = _model_from_dict(info["model"]) if isinstance(info.get("model"), dict) else load_model_config(model_name)
     dtype = str(info.get("dtype") or "float32")
     steps = read_table(run_dir, "steps").filter(pl.col("prefill_tokens") + pl.col("decode_tokens") > 0)
+    # The measured window only: warm-up steps run cold (first allocations, page faults) and drain steps
+    # share the machine with the client's end-of-run work; neither is the engine's steady cost.
+    if doc.get("measure_start_ns"):
+        steps = steps.filter(pl.col("start_ns") >= int(doc["measure_start_ns"]))
+    if doc.get("end_ns"):
+        steps = steps.filter(pl.col("end_ns") <= int(doc["end_ns"]))
     if steps.height == 0:
         raise ConfigError("RUN_DIR", f"{run_dir} has no engine steps", "record a run of the bundled engine")
     if steps["attention_pairs"].null_count() == steps.height:

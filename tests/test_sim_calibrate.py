@@ -56,13 +56,16 @@ def test_fit_recovers_a_known_profile_and_predicts_another_workload() -> None:
     assert mape(predict(params, test), test.seconds) < 0.03
 
 
-def write_run_dir(path: Path, engine: Engine) -> Path:
+def write_run_dir(path: Path, engine: Engine, window: tuple[int, int] | None = None) -> Path:
     """A run directory as `itlbench run` writes it: run.json and the steps table's parquet parts."""
     (path / "steps").mkdir(parents=True)
     rows = [r.to_dict() for r in engine.step_log.since(0)]
     pl.DataFrame(rows).write_parquet(path / "steps" / "part-00000.parquet")
-    doc = {"config": {"engine": engine.config.as_dict()},
-           "engine": {"model": dataclasses.asdict(engine.model_config), "device": engine.device, "dtype": engine.dtype}}
+    doc: dict = {"config": {"engine": engine.config.as_dict()},
+                 "engine": {"model": dataclasses.asdict(engine.model_config), "device": engine.device,
+                            "dtype": engine.dtype}}
+    if window:
+        doc["measure_start_ns"], doc["end_ns"] = window
     (path / "run.json").write_text(json.dumps(doc, default=str))
     return path
 
@@ -120,3 +123,14 @@ def test_calibrate_rejects_what_it_cannot_use(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "simulated run" in result.output
     result = runner.invoke(app, ["calibrate", str(run), "--holdout", "1.5"])
     assert result.exit_code == 2 and "--holdout" in result.output
+
+
+def test_calibration_uses_the_measured_window_only(tmp_path: Path) -> None:
+    """Warm-up and drain steps (outside run.json's window) are neither fitted nor scored."""
+    engine = real_cpu_engine(256, 1)
+    recs = engine.step_log.since(0)
+    lo, hi = recs[len(recs) // 4], recs[3 * len(recs) // 4]
+    run = write_run_dir(tmp_path / "run", engine, (lo.start_ns, hi.end_ns))
+    cal = calibrate([run], base=load_hardware("h100"))
+    inside = sum(1 for r in recs if r.scheduled_tokens and r.start_ns >= lo.start_ns and r.end_ns <= hi.end_ns)
+    assert cal.fit_steps + cal.errors["all"]["steps"] == inside < len(recs)
