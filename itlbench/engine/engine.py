@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from itlbench.engine.block_manager import BlockManager
 from itlbench.engine.config import EngineConfig, ModelConfig, load_model_config
-from itlbench.engine.instrument import StepLog, StepRecord
+from itlbench.engine.instrument import StepLog, StepRecord, step_tokens_note
 from itlbench.engine.request import Request, RequestOutput, SamplingParams
 from itlbench.engine.scheduler import Scheduler
 from itlbench.engine.scheduler_output import SchedulerOutput
@@ -55,7 +55,7 @@ def _max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:
 
 class Engine:
     def __init__(self, config: EngineConfig, model_config: ModelConfig | None = None,
-                 attention_backend: str = "auto") -> None:
+                 attention_backend: str | None = None) -> None:
         self.config = config
         self.model_config = model_config or load_model_config(config.model)
         self.max_model_len = _max_model_len(config, self.model_config)
@@ -74,12 +74,16 @@ class Engine:
             from itlbench.engine.sampler import Sampler
 
             self.runner = ModelRunner(config, self.model_config, self.max_model_len, attention_backend)
+            # the backend and block size that actually run (auto resolved; flash may need larger blocks)
+            self.config = config = config.with_(attention=getattr(self.runner, "attention", config.attention),
+                                                block_size=getattr(self.runner, "block_size", config.block_size))
             self.sampler = Sampler(config.seed)
             self.clock = WallClock()
             self._execute = self._execute_torch
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
         self.step_log = StepLog()
+        self._eos = self.model_config.eos_token_ids
         self.device = str(self.runner.device)
         self.dtype = str(self.runner.dtype).removeprefix("torch.")
         self._requests: dict[str, Request] = {}
@@ -146,13 +150,13 @@ class Engine:
         start_ns, wall_ns = self.clock.now_ns(), time.time_ns()
         output = self.scheduler.schedule()
         if output.is_empty:
-            finished = self.scheduler.commit(output, {}, self.model_config.eos_token_id)
+            finished = self.scheduler.commit(output, {}, self._eos)
             return self._outputs(output, {}, finished, self.clock.now_ns())
         for c in output.chunks:
             if c.request.first_scheduled_ns is None:
                 c.request.first_scheduled_ns = start_ns
-        sampled = self._execute(output, f"step {self._step} {output.phase}")
-        finished = self.scheduler.commit(output, sampled, self.model_config.eos_token_id)
+        sampled = self._execute(output, f"step/{output.phase}")
+        finished = self.scheduler.commit(output, sampled, self._eos)
         end_ns = self.clock.end_step(start_ns)
         outputs = self._outputs(output, sampled, finished, end_ns)
         self._record(output, len(finished), len(sampled), start_ns, end_ns, wall_ns)
@@ -163,7 +167,8 @@ class Engine:
         from itlbench.engine.batch import flatten
 
         batch = flatten(output, self.config.block_size, self.runner.device)
-        logits = self.runner.execute(batch, label)
+        logits = self.runner.execute(batch, label,
+                                     step_tokens_note(output.num_prefill_tokens, output.num_decode_tokens))
         tokens = self.sampler(logits, batch.sample_requests) if batch.sample_requests else []
         return {r.request_id: t for r, t in zip(batch.sample_requests, tokens, strict=True)}
 
@@ -201,7 +206,8 @@ class Engine:
             kv_usage=self.block_manager.usage, token_budget=output.token_budget, start_ns=start_ns,
             end_ns=end_ns, prefill_request_ids=prefill_ids, num_finished=num_finished, wall_start_ns=wall_ns,
             num_sampled=num_sampled, context_tokens=sum(c.start for c in output.chunks),
-            attention_pairs=pairs, decode_context_tokens=sum(c.start for c in output.chunks if c.is_decode)))
+            attention_pairs=pairs, decode_context_tokens=sum(c.start for c in output.chunks if c.is_decode),
+            cuda_graph=getattr(self.runner, "last_cuda_graph", False)))
         self._step += 1
 
     # ----------------------------------------------------------------- convenience

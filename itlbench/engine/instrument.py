@@ -49,6 +49,7 @@ class StepRecord:
     context_tokens: int = 0  # cached tokens the rows attended to (Σ each chunk's prefix)
     attention_pairs: int = 0  # causal query-key pairs (Σ n·p + n(n+1)/2 for n rows after p cached)
     decode_context_tokens: int = 0  # the decode rows' share of context_tokens (splits a mixed step's cost)
+    cuda_graph: bool = False  # the forward replayed a captured CUDA graph (decode-only steps on CUDA)
 
     @property
     def duration_s(self) -> float:
@@ -95,29 +96,38 @@ class StepLog:
             return out
 
 
+def step_tokens_note(prefill_tokens: int, decode_tokens: int) -> str:
+    """The NVTX mark inside a step's `step/<phase>` range: the range name stays fixed so Nsight
+    Systems sums time per phase, and the mark carries the step's token counts."""
+    return f"prefill={prefill_tokens} decode={decode_tokens}"
+
+
 class _Nvtx:
     """NVTX ranges when CUDA is present; a no-op context otherwise (guarded: CPU torch raises)."""
 
     def __init__(self) -> None:
-        self._push = self._pop = None
+        self._push = self._pop = self._mark = None
         try:
             import torch
 
             if torch.cuda.is_available():
-                self._push, self._pop = torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
+                nvtx = torch.cuda.nvtx
+                self._push, self._pop, self._mark = nvtx.range_push, nvtx.range_pop, nvtx.mark
         except Exception:  # noqa: BLE001 - any import/runtime problem means "no NVTX"
-            self._push = self._pop = None
+            self._push = self._pop = self._mark = None
 
     @property
     def enabled(self) -> bool:
         return self._push is not None
 
     @contextlib.contextmanager
-    def range(self, name: str) -> Iterator[None]:
+    def range(self, name: str, note: str | None = None) -> Iterator[None]:
         if self._push is None:
             yield
             return
         self._push(name)
+        if note:
+            self._mark(f"{name} {note}")
         try:
             yield
         finally:
@@ -127,9 +137,10 @@ class _Nvtx:
 _nvtx: _Nvtx | None = None
 
 
-def nvtx_range(name: str) -> contextlib.AbstractContextManager[None]:
-    """`with nvtx_range("step 12 mixed"):` costs a dictionary lookup on CPU-only machines."""
+def nvtx_range(name: str, note: str | None = None) -> contextlib.AbstractContextManager[None]:
+    """`with nvtx_range("step/mixed", "prefill=2048 decode=31"):` a range, and the note as a mark at
+    its start; costs a dictionary lookup on CPU-only machines."""
     global _nvtx
     if _nvtx is None:
         _nvtx = _Nvtx()
-    return _nvtx.range(name)
+    return _nvtx.range(name, note)

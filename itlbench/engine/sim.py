@@ -134,7 +134,7 @@ class SimRunner:
         self.dtype = self.hardware.dtype
         self.last: StepTime | None = None
         self._vocab = model_config.vocab_size
-        self._eos = model_config.eos_token_id
+        self._stop_ids = model_config.eos_token_ids
         self._rng = random.Random(config.seed)
 
     def step_time(self, output: SchedulerOutput) -> StepTime:
@@ -148,7 +148,9 @@ class SimRunner:
 
     def _token(self) -> int:
         token = self._rng.randrange(self._vocab)
-        return (token + 1) % self._vocab if token == self._eos else token
+        while token in self._stop_ids:  # never end a stream early: lengths are the requested ones
+            token = (token + 1) % self._vocab
+        return token
 
 
 def offline_engine(config: EngineConfig, model_config: ModelConfig | None = None, start_ns: int = 0):  # noqa: ANN201
