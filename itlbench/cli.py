@@ -1,8 +1,9 @@
-"""`itlbench` command line: run, serve, analyze, workloads."""
+"""`itlbench` command line: run, serve, analyze, workloads, roofline, calibrate."""
 
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import sys
 from dataclasses import fields
@@ -43,10 +44,23 @@ PrefixCaching = Annotated[bool, typer.Option(help="Reuse KV blocks of identical 
 Device = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
 Dtype = Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16 or float16.")]
 Seed = Annotated[int, typer.Option(help="Seed for lengths, arrivals, prompts and the engine.")]
+Runner = Annotated[str, typer.Option("--engine", help="torch (runs the model) or sim (the same scheduler on a "
+                                     "virtual clock driven by the roofline cost model; no weights, no torch).")]
+Gpu = Annotated[str | None, typer.Option(help="--engine sim: h100, h200, a100, l40s, rtx4090, cpu or a profile from "
+                                         "`itlbench calibrate` (default h100).")]
+SimTimeScale = Annotated[float, typer.Option(help="--engine sim: run this many times faster than the simulated GPU "
+                                             "(every measured time shrinks by the same factor).")]
+Disaggregate = Annotated[bool, typer.Option("--disaggregate", help="--engine sim: prefill and decode on separate "
+                                            "GPUs, K/V sent over a link.")]
+PrefillGpu = Annotated[str | None, typer.Option("--prefill-gpu", help="--disaggregate: the prefill pool's GPU "
+                                                "(default: --gpu).")]
+KvLinkGbps = Annotated[float, typer.Option("--kv-link-gbps", help="--disaggregate: prefill → decode link, Gb/s.")]
 OtlpEndpoint = Annotated[str | None, typer.Option(help="Export OpenTelemetry spans and GenAI metrics over OTLP/HTTP "
                                                   "to this base URL (e.g. http://127.0.0.1:4318).")]
 
-_RENAMED_FLAGS = {"enable_prefix_caching": "--no-prefix-caching"}
+_RENAMED_FLAGS = {"enable_prefix_caching": "--no-prefix-caching", "runner": "--engine",
+                  "sim_disaggregate": "--disaggregate", "sim_prefill_gpu": "--prefill-gpu",
+                  "sim_kv_link_gbps": "--kv-link-gbps"}
 
 
 def _flag_of(field: str) -> str:
@@ -65,6 +79,13 @@ def _engine_config(*, model: str | None, chunk_budget: str, device: str, **flags
     """An EngineConfig from the engine flags (names match its fields)."""
     return EngineConfig(model=model or default_preset(device), chunk_budget=parse_chunk_budget(chunk_budget),
                         device=device, **flags)  # type: ignore[arg-type]
+
+
+def _check_sim(engine: EngineConfig) -> None:
+    if engine.runner == "sim":
+        from itlbench.engine.sim import check_sim_config
+
+        check_sim_config(engine)
 
 
 @app.command()
@@ -98,6 +119,12 @@ def run(
     prefix_caching: PrefixCaching = True,
     device: Device = "auto",
     dtype: Dtype = "auto",
+    runner: Runner = "torch",
+    gpu: Gpu = None,
+    sim_time_scale: SimTimeScale = 1.0,
+    sim_disaggregate: Disaggregate = False,
+    sim_prefill_gpu: PrefillGpu = None,
+    sim_kv_link_gbps: KvLinkGbps = 400.0,
     attention: Attention = "auto",
     cuda_graphs: CudaGraphs = True,
     slo: Annotated[str | None, typer.Option(help="SLOs, e.g. 'ttft:le2k=2s,itl_p99=150ms'.")] = None,
@@ -130,7 +157,11 @@ def run(
                                 mixed=mixed, max_num_seqs=max_num_seqs, block_size=block_size, kv_blocks=kv_blocks,
                                 kv_memory_gib=kv_memory_gib, gpu_memory_fraction=gpu_memory_fraction,
                                 attention=attention, cuda_graphs=cuda_graphs, max_model_len=max_model_len,
-                                enable_prefix_caching=prefix_caching, device=device, dtype=dtype, seed=seed)
+                                enable_prefix_caching=prefix_caching, device=device, dtype=dtype, seed=seed,
+                                runner=runner, gpu=gpu, sim_time_scale=sim_time_scale,
+                                sim_disaggregate=sim_disaggregate, sim_prefill_gpu=sim_prefill_gpu,
+                                sim_kv_link_gbps=sim_kv_link_gbps)
+        _check_sim(engine)
         cfg = RunConfig(workload=workload, inject=inject, inject_max_tokens=inject_max_tokens, streams=streams,
                         rate=rate, burstiness=burstiness, duration_s=parse_duration_s(duration, "--duration"),
                         warmup_s=parse_duration_s(warmup, "--warmup"), seed=seed,
@@ -151,6 +182,9 @@ def run(
         _fail(exc)
         return
     print_summary(console, summary, run_dir)
+    if engine.runner == "sim" and engine.sim_time_scale != 1:
+        console.print(f"[yellow]simulated at {engine.sim_time_scale:g}× speed: every time above is 1/"
+                      f"{engine.sim_time_scale:g} of the simulated GPU's[/]", highlight=False)
     _write_report(run_dir)
     print(run_dir)
 
@@ -174,6 +208,12 @@ def serve(
     attention: Attention = "auto",
     cuda_graphs: CudaGraphs = True,
     seed: Seed = 0,
+    runner: Runner = "torch",
+    gpu: Gpu = None,
+    sim_time_scale: SimTimeScale = 1.0,
+    sim_disaggregate: Disaggregate = False,
+    sim_prefill_gpu: PrefillGpu = None,
+    sim_kv_link_gbps: KvLinkGbps = 400.0,
     engine_config: Annotated[str | None, typer.Option(
         help="The whole engine configuration as JSON (what `itlbench run` hands its server); "
              "replaces the engine flags above.")] = None,
@@ -196,7 +236,11 @@ def serve(
                                     max_num_seqs=max_num_seqs, block_size=block_size, kv_blocks=kv_blocks,
                                     kv_memory_gib=kv_memory_gib, gpu_memory_fraction=gpu_memory_fraction,
                                     attention=attention, cuda_graphs=cuda_graphs, max_model_len=max_model_len,
-                                    enable_prefix_caching=prefix_caching, device=device, dtype=dtype, seed=seed)
+                                    enable_prefix_caching=prefix_caching, device=device, dtype=dtype, seed=seed,
+                                    runner=runner, gpu=gpu, sim_time_scale=sim_time_scale,
+                                    sim_disaggregate=sim_disaggregate, sim_prefill_gpu=sim_prefill_gpu,
+                                    sim_kv_link_gbps=sim_kv_link_gbps)
+        _check_sim(engine)
         if max_body_mib <= 0:
             raise ConfigError("--max-body-mib", f"must be > 0, got {max_body_mib}")
         if otlp_endpoint is not None:
@@ -445,6 +489,93 @@ def export_model_command(
     console.print(f"{preset}: {done.model.num_params / 1e6:.1f} M parameters, "
                   f"{done.weight_bytes / 2**20:.0f} MiB of float32 weights (seed {seed})", highlight=False)
     print(done.path)
+
+
+@app.command()
+def calibrate(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories of the bundled (real) engine.")],
+    out: Annotated[Path, typer.Option(help="Where to write the hardware profile (JSON, for --gpu).")] = Path("calibrated.json"),
+    name: Annotated[str, typer.Option(help="Profile name shown in reports.")] = "calibrated",
+    base: Annotated[str | None, typer.Option(help="Roofs the efficiencies are relative to: cpu (measured now), "
+                                             "h100, … (default: cpu for CPU runs, else h100).")] = None,
+    holdout: Annotated[float, typer.Option(help="Share of steps held out to report prediction error.")] = 0.25,
+    seed: Annotated[int, typer.Option(help="Seed of the held-out split.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the profile and errors as JSON.")] = False,
+) -> None:
+    """Fit the simulator's efficiencies and per-step overhead to real step logs; save a --gpu profile."""
+    from itlbench.calibrate import calibrate as fit
+    from itlbench.engine.roofline import load_hardware
+
+    try:
+        if not 0 < holdout < 1:
+            raise ConfigError("--holdout", f"must be between 0 and 1, got {holdout}")
+        result = fit(run_dirs, base=load_hardware(base) if base else None, holdout=holdout, seed=seed, name=name)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        result.profile.save(out)
+    except ItlbenchError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        json.dump(_finite(result.to_dict() | {"profile_path": str(out)}), sys.stdout, indent=2)
+        print()
+        return
+    from itlbench.report.roofline import print_calibration
+
+    print_calibration(Console(), result, out)
+
+
+def _token_list(text: str, flag: str) -> list[int]:
+    from itlbench.units import parse_tokens
+
+    fix = "give token counts such as 2048,32k (k = 1024)"
+    values = [parse_tokens(part, flag, fix) for part in text.split(",") if part.strip()]
+    if not values:
+        raise ConfigError(flag, f"cannot read {text!r}", fix)
+    return values
+
+
+@app.command()
+def roofline(
+    model: Annotated[str, typer.Option(help="Preset, local HF directory or config.json of a Llama-like model.")] = "llama-3-8b",
+    gpu: Annotated[str, typer.Option(help="h100, h200, a100, l40s, rtx4090, cpu (measured now) or a profile JSON.")] = "h100",
+    compare: Annotated[str, typer.Option(help="GPUs for the side-by-side table, comma-separated, or 'none'.")] = "h100,h200,a100,l40s,rtx4090",
+    prompt: Annotated[str, typer.Option(help="Prefill lengths to tabulate (k = 1024 tokens).")] = "2k,32k",
+    batch: Annotated[str, typer.Option(help="Decode batch sizes to tabulate.")] = "1,32",
+    context: Annotated[str, typer.Option(help="Cached context of each decoding sequence.")] = "2k",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON (SI units).")] = False,
+) -> None:
+    """Roofline tables: GEMM and step intensity, prefill vs decode cost, ITL floor, crossover, GPUs side by side."""
+    from itlbench.engine.config import load_model_config
+    from itlbench.engine.roofline import load_hardware
+    from itlbench.report.roofline import print_roofline, roofline_doc
+
+    try:
+        model_cfg = load_model_config(model)
+        hw = load_hardware(gpu)
+        others = [] if compare.strip().lower() == "none" else [load_hardware(g) for g in compare.split(",") if g.strip()]
+        ctx = _token_list(context, "--context")
+        if len(ctx) != 1:
+            raise ConfigError("--context", f"takes one length, got {context!r}", "e.g. --context 2k")
+        doc = roofline_doc(model_cfg, hw, others, _token_list(prompt, "--prompt"), _token_list(batch, "--batch"), ctx[0])
+    except ItlbenchError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        json.dump(_finite(doc), sys.stdout, indent=2)
+        print()
+        return
+    print_roofline(Console(), doc)
+
+
+def _finite(value: object) -> object:
+    """JSON has no infinity: a ridge never reached becomes null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def main() -> None:  # pragma: no cover - console entry
