@@ -7,6 +7,11 @@ ITL error = client gap − server gap (consecutive chunks of one stream), TTFT e
 token − server first send, plus the client's CPU and event-loop lag.
 
     python benchmarks/client_fidelity.py --concurrency 1,100,1000 --duration 6
+    python benchmarks/client_fidelity.py --driver locust --workers 2   # aiohttp and Locust, same streams
+
+With `--driver locust` every concurrency runs twice, through the aiohttp driver and through Locust
+(master + `--workers` worker processes), and both tables are printed, with the agreement of the two
+drivers' ITL and each one's client CPU per chunk (Locust: its workers plus its master).
 
 `--telemetry metrics|otel|both` runs the client with live telemetry on (Prometheus on a free loopback
 port; OTLP to a receiver in its own process), to compare the client's CPU per chunk with it off.
@@ -47,6 +52,23 @@ def _stream(k: int, tokens: int):
 
 def make_plan(streams: int, tokens: int) -> LoadPlan:
     return LoadPlan(streams=[_stream(k, tokens) for k in range(streams)])
+
+
+async def _run_locust(args: argparse.Namespace, c: int, url: str, run_dir: Path) -> tuple[DriveResult, dict]:
+    """The same streams through Locust: master and workers in their own processes."""
+    from itlbench.load.locust_job import LocustJob
+    from itlbench.load.locust_run import drive_locust
+
+    store = RunStore(run_dir)
+    job = LocustJob.for_plan(Target(url, "paced", timeout_s=None), run_dir, duration_s=args.duration,
+                             factory="itlbench.testing.plans:fixed_streams",
+                             plan_kwargs={"streams": c, "tokens": args.tokens}, workers=args.workers,
+                             drain_timeout_s=0.0)
+    doc: dict = {}
+    try:
+        return await drive_locust(job, store, driver_doc=doc), doc
+    finally:
+        store.close()
 
 
 def _server_log(base_url: str) -> dict:
@@ -112,6 +134,35 @@ def _errors(run_dir: Path, sends: dict[str, list[int]]) -> tuple[np.ndarray, np.
     return np.concatenate(itl) if itl else np.zeros(0), np.asarray(ttft), compared, mismatched
 
 
+def _client_gaps(run_dir: Path) -> np.ndarray:
+    """Every gap between consecutive chunks of one request as the client saw it (ns)."""
+    chunks = pl.read_parquet(run_dir / "chunks" / "*.parquet").sort("request_id", "index")
+    gaps = chunks.select(pl.col("t_ns").diff().over("request_id").alias("gap")).drop_nulls()
+    return gaps["gap"].to_numpy()
+
+
+def print_agreement(pairs: list[tuple[dict[str, object], dict[str, object]]]) -> None:
+    """aiohttp vs Locust on the same streams: ITL as measured, its error against the server, CPU per chunk."""
+    print("\naiohttp vs Locust, same paced streams (ms; CPU in microseconds per chunk, Locust = workers + master)")
+    head = (f"{'streams':>7} {'ITL p50 aio/loc':>16} {'ITL p99 aio/loc':>16} {'err p50 aio/loc':>16} "
+            f"{'err p99 aio/loc':>16} {'CPU/chunk aio':>13} {'CPU/chunk loc':>13}")
+    print(head)
+    print("-" * len(head))
+    for a, b in pairs:
+        def p(r: dict[str, object], key: str, q: float) -> float:
+            arr = r[key]
+            return float(np.percentile(arr, q)) / 1e6 if len(arr) else float("nan")  # type: ignore[arg-type]
+
+        def cpu(r: dict[str, object]) -> float:
+            chunks = max(1, int(r["chunks"]))  # type: ignore[call-overload]
+            return (float(r["cpu_s"]) + float(r["master_cpu_s"])) / chunks * 1e6  # type: ignore[arg-type]
+
+        print(f"{a['c']:>7} {p(a, 'client_itl', 50):7.3f}/{p(b, 'client_itl', 50):<8.3f} "
+              f"{p(a, 'client_itl', 99):7.3f}/{p(b, 'client_itl', 99):<8.3f} "
+              f"{p(a, 'itl', 50):7.3f}/{p(b, 'itl', 50):<8.3f} {p(a, 'itl', 99):7.3f}/{p(b, 'itl', 99):<8.3f} "
+              f"{cpu(a):>13.1f} {cpu(b):>13.1f}")
+
+
 def _pct(a: np.ndarray) -> str:
     if not a.size:
         return "      -/      -/      -"
@@ -119,16 +170,22 @@ def _pct(a: np.ndarray) -> str:
     return f"{np.percentile(ms, 50):7.3f}/{np.percentile(ms, 99):7.3f}/{ms.max():7.2f}"
 
 
-def measure(args: argparse.Namespace, c: int) -> dict[str, object]:
+def measure(args: argparse.Namespace, c: int, driver: str = "aiohttp") -> dict[str, object]:
     proc, url = spawn(PacedConfig(tick_s=args.tick_ms / 1e3, first_delay_s=args.first_delay_ms / 1e3))
     receiver, otlp = _spawn_receiver() if args.telemetry in ("otel", "both") else (None, None)
+    master_cpu_s = 0.0
     try:
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
-            res = asyncio.run(_run_client(args, c, url, Path(tmp), otlp))
+            if driver == "locust":
+                res, doc = asyncio.run(_run_locust(args, c, url, Path(tmp)))
+                master_cpu_s = float(doc.get("master_cpu_s") or 0.0)
+            else:
+                res = asyncio.run(_run_client(args, c, url, Path(tmp), otlp))
             wall = time.perf_counter() - t0
             log = _server_log(url)
             itl, ttft, compared, mismatched = _errors(Path(tmp), log["sends"])
+            client_itl = _client_gaps(Path(tmp))
     finally:
         for p in (proc, receiver):
             if p is not None:
@@ -137,7 +194,9 @@ def measure(args: argparse.Namespace, c: int) -> dict[str, object]:
     return {"c": c, "requests": res.counts["sent"], "chunks": compared, "mismatched": mismatched,
             "chunks_per_s": compared / args.duration, "itl": itl, "ttft": ttft,
             "cpu": res.client.cpu_percent_mean, "cpu_s": res.client.cpu_seconds,
-            "lag_p99_ms": res.client.loop_lag_p99_s * 1e3, "server_cpu_s": log["cpu_s"], "wall": wall}
+            "lag_p99_ms": res.client.loop_lag_p99_s * 1e3, "server_cpu_s": log["cpu_s"], "wall": wall,
+            "driver": driver, "master_cpu_s": master_cpu_s,
+            "client_itl": client_itl}
 
 
 def print_table(rows: list[dict[str, object]], args: argparse.Namespace) -> None:
@@ -165,15 +224,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokens", type=int, default=100)
     p.add_argument("--first-delay-ms", type=float, default=50.0)
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--driver", choices=("aiohttp", "locust"), default="aiohttp",
+                   help="locust: also run every concurrency through Locust (--workers worker processes) and compare")
     p.add_argument("--telemetry", choices=("off", "metrics", "otel", "both"), default="off",
                    help="live telemetry in the client (one worker only)")
     args = p.parse_args(argv)
     print(f"uvloop: {install_uvloop()}")
-    rows = []
+    rows, locust_rows = [], []
     for c in (int(x) for x in args.concurrency.split(",")):
         rows.append(measure(args, c))
         print(f"  {c} streams done in {rows[-1]['wall']:.1f} s", flush=True)
+        if args.driver == "locust":
+            locust_rows.append(measure(args, c, "locust"))
+            print(f"  {c} streams through Locust done in {locust_rows[-1]['wall']:.1f} s", flush=True)
     print_table(rows, args)
+    if locust_rows:
+        print("\nthrough Locust (the client CPU columns are its workers'):", end="")
+        print_table(locust_rows, args)
+        print_agreement(list(zip(rows, locust_rows, strict=True)))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from itlbench.load.driver import DriveResult, ProgressSnapshot, Warmup, drive
 from itlbench.load.metrics_sampler import MetricsSampler
 from itlbench.load.multiproc import drive_workers
 from itlbench.load.steps_follower import StepsFollower
+from itlbench.load.target import Target
 from itlbench.run_config import RunConfig
 from itlbench.rundir.store import RunStore
 from itlbench.workloads.build import LoadSpec, build_load_plan
@@ -146,6 +147,8 @@ async def _until_caught_up(follower: StepsFollower, engine_url: str, api_key: st
 
 async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection, store: RunStore,
                                 progress: ProgressFn | None, telemetry: LiveTelemetry | None = None,
+                                on_status: Callable[[str], None] = lambda s: None,
+                                driver_doc: dict[str, Any] | None = None,
                                 notes: dict[str, Any] | None = None) -> DriveResult:
     """Drive the load; an external engine's /metrics is read just before the window opens and as
     soon as sending stops (and every `--scrape-interval` when given). `notes` gets the scrape counts."""
@@ -155,7 +158,8 @@ async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection
         if sampler is not None:
             await stack.enter_async_context(sampler)
         try:
-            return await _drive_observed(cfg, spec, conn, store, progress, sampler, telemetry)
+            return await _drive_observed(cfg, spec, conn, store, progress, sampler, telemetry, on_status,
+                                         driver_doc)
         finally:
             if sampler is not None:
                 sampler.finish()
@@ -167,7 +171,8 @@ async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection
 
 async def _drive_observed(cfg: RunConfig, spec: LoadSpec, conn: Connection, store: RunStore,
                           progress: ProgressFn | None, sampler: MetricsSampler | None,
-                          telemetry: LiveTelemetry | None) -> DriveResult:
+                          telemetry: LiveTelemetry | None, on_status: Callable[[str], None],
+                          driver_doc: dict[str, Any] | None) -> DriveResult:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     interrupts = 0
@@ -189,12 +194,12 @@ async def _drive_observed(cfg: RunConfig, spec: LoadSpec, conn: Connection, stor
     baseline = None if sampler is None else functools.partial(sampler.scrape, "baseline")
     final = None if sampler is None else functools.partial(sampler.scrape, "final")
     try:
-        if cfg.workers > 1:  # each worker process rebuilds the same seeded plan and takes its share
-            if baseline is not None:  # the workers agree their window among themselves: bracket the run
+        if cfg.driver == "locust" or cfg.workers > 1:
+            # other processes agree the window among themselves: the reads bracket the whole run
+            if baseline is not None:
                 await baseline()
-            result = await drive_workers(functools.partial(build_load_plan, spec), target, store,
-                                         workers=cfg.workers, duration_s=cfg.duration_s, warmup=warmup,
-                                         drain_timeout_s=cfg.drain_timeout_s, on_progress=progress)
+            result = await _drive_elsewhere(cfg, spec, target, store, warmup, progress, on_status, stop,
+                                            driver_doc)
             if final is not None:
                 await final()
             return result
@@ -206,6 +211,21 @@ async def _drive_observed(cfg: RunConfig, spec: LoadSpec, conn: Connection, stor
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
             loop.remove_signal_handler(signal.SIGTERM)
+
+
+async def _drive_elsewhere(cfg: RunConfig, spec: LoadSpec, target: Target, store: RunStore, warmup: Warmup,
+                          progress: ProgressFn | None, on_status: Callable[[str], None], stop: asyncio.Event,
+                          driver_doc: dict[str, Any] | None) -> DriveResult:
+    """The load from other processes: Locust, or several itlbench workers."""
+    if cfg.driver == "locust":  # master and workers in their own processes (never import locust here)
+        from itlbench.load.locust_run import drive_locust, job_for_run
+
+        return await drive_locust(job_for_run(cfg, spec, target, store.path), store, on_progress=progress,
+                                  on_status=on_status, stop_event=stop, driver_doc=driver_doc)
+    # each worker process rebuilds the same seeded plan and takes its share
+    return await drive_workers(functools.partial(build_load_plan, spec), target, store, workers=cfg.workers,
+                               duration_s=cfg.duration_s, warmup=warmup, drain_timeout_s=cfg.drain_timeout_s,
+                               on_progress=progress)
 
 
 def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
@@ -222,6 +242,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
                                "config": _config_doc(cfg), "hardware": _hardware(), "versions": _versions(),
                                "stall_factor": cfg.stall_factor, "stall_floor_s": cfg.stall_floor_s, "slo": cfg.slo}
     result: DriveResult | None = None
+    run_doc["driver"] = driver_doc = {"name": cfg.driver, "workers": cfg.workers}
     started_ns = time.perf_counter_ns()
     on_status(f"starting the bundled engine ({cfg.engine.model})" if cfg.endpoint is None
               else f"probing {cfg.endpoint}")
@@ -238,7 +259,8 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         run_doc["plan"] = build_load_plan(spec).description
         store.write_json("run.json", run_doc)
         on_status("running")
-        result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress, telemetry, run_doc))
+        result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress, telemetry, on_status,
+                                                   driver_doc, run_doc))
     except (KeyboardInterrupt, asyncio.CancelledError):
         run_doc["interrupted"] = True
     finally:
@@ -247,6 +269,8 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
             run_doc["server_exit_code"] = conn.close()
         _close_telemetry(telemetry)
         run_doc.update(_window(result, started_ns, cfg))
+        if result is not None:
+            run_doc["stop_reason"] = result.stop_reason
         if result is not None and result.aborted_reason:
             run_doc["aborted_reason"] = result.aborted_reason
         store.write_json("run.json", run_doc)

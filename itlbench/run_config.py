@@ -46,6 +46,10 @@ class RunConfig:
     time_scale: float = 1.0
     workers: int = 1
     live: bool = True
+    driver: str = "aiohttp"  # aiohttp | locust
+    master_bind: str | None = None  # locust: the master listens here for workers started by hand
+    locust_ui: bool = False  # locust: serve Locust's web UI
+    locust_ui_port: int = 8089
     metrics_port: str | None = None  # serve itlbench_client_* for Prometheus: "9464" or "HOST:9464"
     otlp_endpoint: str | None = None  # OTLP/HTTP base URL for spans and GenAI metrics (client and bundled server)
 
@@ -94,3 +98,25 @@ class RunConfig:
             from itlbench.telemetry.options import check_run_options
 
             check_run_options(self.metrics_port, self.otlp_endpoint, self.workers)
+        self._validate_driver()
+
+    def _validate_driver(self) -> None:
+        if self.driver not in ("aiohttp", "locust"):
+            raise ConfigError("--driver", f"unknown driver {self.driver!r}", "use aiohttp or locust")
+        if self.driver != "locust":
+            for flag, given in (("--master-bind", self.master_bind is not None), ("--locust-ui", self.locust_ui)):
+                if given:
+                    raise ConfigError(flag, "only applies to --driver locust", "add --driver locust or drop it")
+            return
+        for flag, given in (("--metrics-port", self.metrics_port), ("--otlp-endpoint", self.otlp_endpoint)):
+            if given is not None:
+                raise ConfigError(flag, "live telemetry is not available with --driver locust yet",
+                                  "use Locust's web UI (--locust-ui), or drop --driver locust")
+        from itlbench.load.locust_job import parse_host_port
+        from itlbench.load.locust_run import require_locust
+
+        if self.master_bind is not None:
+            parse_host_port(self.master_bind, "--master-bind")
+        if not 0 <= self.locust_ui_port < 65536:
+            raise ConfigError("--locust-ui-port", f"{self.locust_ui_port} is not a port", "e.g. 8089, or 0 for a free one")
+        require_locust()

@@ -44,6 +44,11 @@ class StepRecord:
     prefill_request_ids: tuple[str, ...] = ()
     num_finished: int = 0
     wall_start_ns: int = 0  # time.time_ns() at start, for aligning with another host's clock
+    # what the step's cost depends on (engine/roofline.py StepShape), summed over its chunks
+    num_sampled: int = 0  # rows that went through the LM head (yield a token)
+    context_tokens: int = 0  # cached tokens the rows attended to (Σ each chunk's prefix)
+    attention_pairs: int = 0  # causal query-key pairs (Σ n·p + n(n+1)/2 for n rows after p cached)
+    decode_context_tokens: int = 0  # the decode rows' share of context_tokens (splits a mixed step's cost)
     cuda_graph: bool = False  # the forward replayed a captured CUDA graph (decode-only steps on CUDA)
 
     @property

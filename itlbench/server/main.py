@@ -73,9 +73,9 @@ class RunningServer:
 
 
 def build_engine(config: EngineConfig):  # noqa: ANN201 - Engine imports torch; keep the import lazy
-    from itlbench.engine.engine import Engine
+    from itlbench.engine.engine import create_engine
 
-    return Engine(config)
+    return create_engine(config)
 
 
 async def start_server(config: ServerConfig, engine: object | None = None) -> RunningServer:
