@@ -121,8 +121,8 @@ class MetricsSampler:
             else:
                 self._bodies.append(_Body(start, end, reason, resp.status, raw.decode(errors="replace"), row))
                 row["status"] = "ok"
-        except asyncio.CancelledError:
-            row["error"] = "cancelled"
+        except asyncio.CancelledError:  # the run ended while this periodic read was under way
+            row.update(status="cancelled", error="cancelled at the end of the run")
             raise
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             row["error"] = f"{type(exc).__name__}: {exc}"
@@ -130,7 +130,7 @@ class MetricsSampler:
             row.setdefault("end_ns", time.perf_counter_ns())
             if row["status"] == "ok":
                 self.scrapes += 1
-            else:
+            elif row["status"] == "error":
                 self.failures += 1
             self._rows.append(row)
         return row["status"] == "ok"
