@@ -92,7 +92,7 @@ SCRAPE_SCHEMA: dict[str, pl.DataType] = {
     "start_ns": pl.Int64(),             # request sent (the server_metrics rows of this scrape carry it as t_ns)
     "end_ns": pl.Int64(),               # body received (parsing happens after the load, off the measurement)
     "reason": pl.Utf8(),                # baseline | final | periodic
-    "status": pl.Utf8(),                # ok | error
+    "status": pl.Utf8(),                # ok | error | cancelled (cut by the end of the run)
     "http_status": pl.Int64(),
     "bytes": pl.Int64(),                # size of the exposition
     "series": pl.Int64(),               # engine samples kept (vllm:, sglang:, itlbench_)
