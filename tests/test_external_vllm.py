@@ -71,4 +71,6 @@ def test_two_seeded_runs_against_vllm_agree_with_scraping_on(tmp_path: Path) -> 
         assert s["failures"]["count"] == 0, s["failures"]
         # valid; or else invalid only because other processes held the CPUs (a busy box, not scraping)
         assert s["valid"] or _starved_share(run_dir) > 0.8, s["validity"]["reasons"]
-    assert max(ttfts) < 1.5 * min(ttfts), ttfts  # a cached second run measured 30x faster before salting
+    # unsalted, the second run's prompt came from vLLM's cache 6-11x faster; on a shared 2-core box the
+    # server's own time for the same prompt varied up to 1.45x between runs here (2x once, at budget 256)
+    assert max(ttfts) < 2.0 * min(ttfts), ttfts
