@@ -42,6 +42,10 @@ def server_args(cfg: EngineConfig) -> list[str]:
         args += ["--max-model-len", str(cfg.max_model_len)]
     if not cfg.enable_prefix_caching:
         args.append("--no-prefix-caching")
+    if cfg.engine_process is not None:
+        args.append("--engine-process" if cfg.engine_process else "--no-engine-process")
+    if cfg.torch_threads is not None:
+        args += ["--torch-threads", str(cfg.torch_threads)]
     return args
 
 

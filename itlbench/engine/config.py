@@ -201,6 +201,11 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
     seed: int = 0
+    # Serving layout. engine_process: the engine core in its own process, talking to the HTTP front
+    # end over a socket (None: yes when served from the command line, no when embedded in-process).
+    # torch_threads: torch's intra-op threads while serving (None: the available cores less one).
+    engine_process: bool | None = None
+    torch_threads: int | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -218,6 +223,9 @@ class EngineConfig:
         for name in ("max_num_seqs", "block_size", "unchunked_prefill_cap"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+        if self.torch_threads is not None and self.torch_threads <= 0:
+            raise ConfigError("torch_threads", f"must be > 0, got {self.torch_threads}",
+                              "e.g. --torch-threads 1, or leave it out to use the cores available less one")
         if self.kv_blocks is not None and self.kv_blocks <= 0:
             raise ConfigError("kv_blocks", f"must be > 0, got {self.kv_blocks}")
         if self.kv_memory_gib <= 0:

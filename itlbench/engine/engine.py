@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from itlbench.engine.batch import flatten
 from itlbench.engine.block_manager import BlockManager
 from itlbench.engine.config import EngineConfig, ModelConfig, load_model_config
-from itlbench.engine.instrument import StepLog, StepRecord
+from itlbench.engine.instrument import StepLog, StepRecord, nvtx_range
 from itlbench.engine.request import Request, RequestOutput, SamplingParams
 from itlbench.engine.runner import ModelRunner
 from itlbench.engine.sampler import Sampler
@@ -46,6 +46,7 @@ class Engine:
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self._step = 0
+        self._handoff_ns = 0
 
     # ----------------------------------------------------------------- requests
 
@@ -103,23 +104,41 @@ class Engine:
 
     # ----------------------------------------------------------------- stepping
 
+    def note_handoff(self, handoff_ns: int) -> None:
+        """What a serving driver spent since the previous step delivering its outputs and taking in
+        requests; recorded on the next step (StepRecord.handoff_ns)."""
+        self._handoff_ns = handoff_ns
+
     def step(self) -> list[RequestOutput]:
-        start_ns, wall_ns = time.perf_counter_ns(), time.time_ns()
-        output = self.scheduler.schedule()
+        clock = time.perf_counter_ns
+        start_ns, wall_ns = clock(), time.time_ns()
+        with nvtx_range("schedule"):
+            output = self.scheduler.schedule()
+        scheduled_ns = clock()
         if output.is_empty:
             finished = self.scheduler.commit(output, {}, self.model_config.eos_token_id)
-            return self._outputs(output, {}, finished, time.perf_counter_ns())
+            return self._outputs(output, {}, finished, clock())
         for c in output.chunks:
             if c.request.first_scheduled_ns is None:
                 c.request.first_scheduled_ns = start_ns
-        batch = flatten(output, self.config.block_size, self.runner.device)
-        logits = self.runner.execute(batch, f"step {self._step} {output.phase}")
-        tokens = self.sampler(logits, batch.sample_requests) if batch.sample_requests else []
-        sampled = {r.request_id: t for r, t in zip(batch.sample_requests, tokens, strict=True)}
-        finished = self.scheduler.commit(output, sampled, self.model_config.eos_token_id)
-        end_ns = time.perf_counter_ns()
+        with nvtx_range("prepare"):
+            batch = flatten(output, self.config.block_size, self.runner.device)
+        prepared_ns = clock()
+        with nvtx_range("forward"):
+            logits = self.runner.execute(batch, f"step {self._step} {output.phase}")
+        forward_ns = clock()
+        with nvtx_range("sample"):
+            tokens = self.sampler(logits, batch.sample_requests) if batch.sample_requests else []
+        sampled_ns = clock()
+        with nvtx_range("output"):
+            sampled = {r.request_id: t for r, t in zip(batch.sample_requests, tokens, strict=True)}
+            finished = self.scheduler.commit(output, sampled, self.model_config.eos_token_id)
+        end_ns = clock()
         outputs = self._outputs(output, sampled, finished, end_ns)
-        self._record(output, len(finished), start_ns, end_ns, wall_ns)
+        parts = (scheduled_ns - start_ns, prepared_ns - scheduled_ns, forward_ns - prepared_ns,
+                 sampled_ns - forward_ns, end_ns - sampled_ns)
+        self._record(output, len(finished), start_ns, end_ns, wall_ns, parts, self._handoff_ns)
+        self._handoff_ns = 0
         return outputs
 
     def _outputs(self, output: SchedulerOutput, sampled: dict[str, int], finished: list[Request],
@@ -145,7 +164,7 @@ class Engine:
                              req.num_output_tokens, req.num_cached_tokens, now_ns)
 
     def _record(self, output: SchedulerOutput, num_finished: int, start_ns: int, end_ns: int,
-                wall_ns: int) -> None:
+                wall_ns: int, parts: tuple[int, int, int, int, int], handoff_ns: int) -> None:
         prefill_ids = tuple(c.request.request_id for c in output.chunks if not c.is_decode)
         self.step_log.append(StepRecord(
             step=self._step, phase=output.phase, prefill_tokens=output.num_prefill_tokens,
@@ -153,7 +172,9 @@ class Engine:
             num_decode_reqs=len(output.chunks) - len(prefill_ids), num_running=self.num_running,
             num_waiting=self.num_waiting, num_preemptions=len(output.preempted),
             kv_usage=self.block_manager.usage, token_budget=output.token_budget, start_ns=start_ns,
-            end_ns=end_ns, prefill_request_ids=prefill_ids, num_finished=num_finished, wall_start_ns=wall_ns))
+            end_ns=end_ns, prefill_request_ids=prefill_ids, num_finished=num_finished, wall_start_ns=wall_ns,
+            schedule_ns=parts[0], prepare_ns=parts[1], forward_ns=parts[2], sample_ns=parts[3],
+            output_ns=parts[4], handoff_ns=handoff_ns))
         self._step += 1
 
     # ----------------------------------------------------------------- convenience

@@ -26,7 +26,16 @@ def phase_of(prefill_tokens: int, decode_tokens: int) -> str:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """What one engine step did and how long it took."""
+    """What one engine step did and how long it took.
+
+    `start_ns..end_ns` splits into schedule_ns (the scheduler's decision), prepare_ns (flattening the
+    chunks into the step's input tensors), forward_ns (the model, attention metadata included),
+    sample_ns (choosing the next tokens) and output_ns (committing them to their requests).
+    handoff_ns is the time from the previous step's end to this step's start that the serving driver
+    spent handing the previous step's outputs to the HTTP front end (output objects, metrics, the
+    pipe or the event loop) and taking in new requests; 0 after an idle wait, and 0 when a plain loop
+    calls `Engine.step` directly. Output time stamps are `end_ns`.
+    """
 
     step: int
     phase: str
@@ -44,6 +53,12 @@ class StepRecord:
     prefill_request_ids: tuple[str, ...] = ()
     num_finished: int = 0
     wall_start_ns: int = 0  # time.time_ns() at start, for aligning with another host's clock
+    schedule_ns: int = 0
+    prepare_ns: int = 0
+    forward_ns: int = 0
+    sample_ns: int = 0
+    output_ns: int = 0
+    handoff_ns: int = 0
 
     @property
     def duration_s(self) -> float:

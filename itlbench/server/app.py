@@ -45,6 +45,7 @@ class ServerState:
     metrics: ServerMetrics
     model_name: str
     api_key: str | None = None
+    layout: dict[str, object] | None = None  # engine process or thread, torch threads, decode kernel
 
 
 STATE: web.AppKey[ServerState] = web.AppKey("itlbench_state", ServerState)
@@ -244,4 +245,5 @@ async def _engine_info(request: web.Request) -> web.Response:
         "kv_blocks": bm.num_blocks, "kv_free_blocks": bm.num_free_blocks, "kv_usage": bm.usage,
         "num_running": engine.num_running, "num_waiting": engine.num_waiting,
         "last_step": engine.step_log.last_step,
+        "serving": state.layout or {},
     })

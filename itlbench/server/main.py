@@ -19,6 +19,8 @@ from aiohttp import web
 
 from itlbench.engine.async_engine import AsyncEngine
 from itlbench.engine.config import POLICIES, EngineConfig, default_preset, parse_chunk_budget
+from itlbench.engine.engine_process import EngineProcessClient
+from itlbench.engine.threads import apply_torch_threads, serving_threads
 from itlbench.server.app import ServerState, build_app
 from itlbench.server.metrics import ServerMetrics
 
@@ -50,7 +52,7 @@ class RunningServer:
 
     config: ServerConfig
     runner: web.AppRunner
-    engine: AsyncEngine
+    engine: AsyncEngine | EngineProcessClient
     port: int
 
     @property
@@ -72,14 +74,43 @@ def build_engine(config: EngineConfig):  # noqa: ANN201 - Engine imports torch; 
     return Engine(config)
 
 
-async def start_server(config: ServerConfig, engine: object | None = None) -> RunningServer:
-    """Build the engine (unless given), start its thread and listen; port 0 picks a free port."""
-    engine = engine if engine is not None else await asyncio.to_thread(build_engine, config.engine)
+async def start_server(config: ServerConfig, engine: object | None = None, *,
+                       standalone: bool = False) -> RunningServer:
+    """Build the engine (unless given), start its driver and listen; port 0 picks a free port.
+
+    `standalone`: this process exists to serve (`itlbench serve`, `python -m itlbench.server`). Then
+    the engine runs in its own process unless `engine_process=False`, and torch gets
+    `serving_threads` threads. Embedded (tests, notebooks), the engine stays in this process, reachable
+    as `server.engine.engine`, and torch's thread count is left alone unless `torch_threads` is set.
+    """
+    ecfg = config.engine
     metrics = ServerMetrics(config.model_name)
-    metrics.set_config(engine)
-    driver = AsyncEngine(engine, max_waiting=config.max_waiting, observer=metrics)
-    driver.start()
-    app = build_app(ServerState(driver, metrics, config.model_name, config.api_key))
+    in_process = engine is not None or not (ecfg.engine_process if ecfg.engine_process is not None else standalone)
+    threads = serving_threads(ecfg.torch_threads) if standalone or ecfg.torch_threads is not None else None
+    driver: AsyncEngine | EngineProcessClient
+    if in_process:
+        if engine is None:
+            if threads is not None:
+                apply_torch_threads(threads)
+            engine = await asyncio.to_thread(build_engine, ecfg)
+        view = engine
+        metrics.set_config(engine)
+        driver = AsyncEngine(engine, max_waiting=config.max_waiting, observer=metrics)
+        driver.start()
+        backend = getattr(getattr(engine, "runner", None), "backend", None)
+        layout = {"engine_process": False, "torch_threads": _torch_threads(),
+                  "decode_kernel": getattr(backend, "decode_kernel", getattr(backend, "name", None))}
+    else:
+        proc = EngineProcessClient(ecfg, threads or serving_threads(None), max_waiting=config.max_waiting,
+                                   observer=metrics)
+        await proc.start()
+        assert proc.engine is not None
+        view = proc.engine
+        metrics.set_config(view)
+        driver = proc
+        layout = {"engine_process": True, "torch_threads": view.torch_threads, "decode_kernel": view.decode_kernel,
+                  "engine_pid": view.pid}
+    app = build_app(ServerState(driver, metrics, config.model_name, config.api_key, layout))  # type: ignore[arg-type]
     runner = web.AppRunner(app, access_log=logging.getLogger("aiohttp.access") if config.access_log else None,
                            handler_cancellation=True)
     await runner.setup()
@@ -87,16 +118,26 @@ async def start_server(config: ServerConfig, engine: object | None = None) -> Ru
     await site.start()
     port = runner.addresses[0][1]
     server = RunningServer(config, runner, driver, port)
-    _log_startup(server, engine)
+    _log_startup(server, view, layout)
     return server
 
 
-def _log_startup(server: RunningServer, engine: object) -> None:
+def _torch_threads() -> int | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.get_num_threads()
+
+
+def _log_startup(server: RunningServer, engine: object, layout: dict[str, object]) -> None:
     cfg = server.config.engine
     budget = "none" if cfg.chunk_budget is None else cfg.chunk_budget
-    log.info("itlbench serving model=%s device=%s dtype=%s chunk_budget=%s policy=%s%s url=%s",
-             server.config.model_name, getattr(engine, "device", "?"), getattr(engine, "dtype", "?"),
-             budget, cfg.policy, " mixed" if cfg.mixed else "", server.base_url)
+    log.info("itlbench serving model=%s device=%s dtype=%s chunk_budget=%s policy=%s%s engine_process=%s "
+             "torch_threads=%s decode=%s url=%s", server.config.model_name, getattr(engine, "device", "?"),
+             getattr(engine, "dtype", "?"), budget, cfg.policy, " mixed" if cfg.mixed else "",
+             "yes" if layout["engine_process"] else "no", layout["torch_threads"], layout["decode_kernel"],
+             server.base_url)
 
 
 def serve(config: ServerConfig) -> None:
@@ -106,7 +147,7 @@ def serve(config: ServerConfig) -> None:
 
 
 async def _serve_forever(config: ServerConfig) -> None:
-    server = await start_server(config)
+    server = await start_server(config, standalone=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -175,6 +216,10 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the engine core in its own process (default: yes)")
+    p.add_argument("--torch-threads", type=int, default=None,
+                   help="torch intra-op threads (default: the cores available less one)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (loopback unless told otherwise)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("ITLBENCH_API_KEY"), help="default: $ITLBENCH_API_KEY")
@@ -187,7 +232,8 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
         model=a.model or default_preset(a.device), chunk_budget=parse_chunk_budget(a.chunk_budget), policy=a.policy, mixed=a.mixed,
         max_num_seqs=a.max_num_seqs, block_size=a.block_size, kv_blocks=a.kv_blocks,
         kv_memory_gib=a.kv_memory_gib, max_model_len=a.max_model_len,
-        enable_prefix_caching=not a.no_prefix_caching, device=a.device, dtype=a.dtype, seed=a.seed)
+        enable_prefix_caching=not a.no_prefix_caching, device=a.device, dtype=a.dtype, seed=a.seed,
+        engine_process=a.engine_process, torch_threads=a.torch_threads)
     return ServerConfig(engine=engine, host=a.host, port=a.port, api_key=a.api_key,
                         served_model_name=a.served_model_name, max_waiting=a.max_waiting,
                         access_log=a.access_log)
