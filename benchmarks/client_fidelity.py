@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from itlbench.load.driver import DriveResult, drive, install_uvloop  # noqa: E402
 from itlbench.load.multiproc import drive_workers  # noqa: E402
-from itlbench.load.paced_server import PacedConfig, spawn  # noqa: E402
 from itlbench.load.target import Target  # noqa: E402
-from itlbench.store import RunStore  # noqa: E402
+from itlbench.rundir.store import RunStore  # noqa: E402
+from itlbench.testing.paced_server import PacedConfig, spawn  # noqa: E402
 from itlbench.workloads.plan import LoadPlan, RequestPlan  # noqa: E402
 
 

@@ -28,25 +28,10 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def server_args(cfg: EngineConfig) -> list[str]:
-    """The `python -m itlbench.server` flags that reproduce an EngineConfig."""
-    args = ["--model", cfg.model,
-            "--chunk-budget", "none" if cfg.chunk_budget is None else str(cfg.chunk_budget),
-            "--policy", cfg.policy, "--max-num-seqs", str(cfg.max_num_seqs),
-            "--device", cfg.device, "--dtype", cfg.dtype, "--seed", str(cfg.seed)]
-    if cfg.mixed:
-        args.append("--mixed")
-    if cfg.kv_blocks is not None:
-        args += ["--kv-blocks", str(cfg.kv_blocks)]
-    if cfg.max_model_len is not None:
-        args += ["--max-model-len", str(cfg.max_model_len)]
-    if not cfg.enable_prefix_caching:
-        args.append("--no-prefix-caching")
-    if cfg.engine_process is not None:
-        args.append("--engine-process" if cfg.engine_process else "--no-engine-process")
-    if cfg.torch_threads is not None:
-        args += ["--torch-threads", str(cfg.torch_threads)]
-    return args
+def server_command(cfg: EngineConfig, host: str, port: int) -> list[str]:
+    """`itlbench serve` with the whole EngineConfig as JSON: the child runs exactly what run.json records."""
+    return [sys.executable, "-m", "itlbench.cli", "serve", "--engine-config", cfg.to_json(),
+            "--host", host, "--port", str(port)]
 
 
 @dataclass
@@ -71,8 +56,7 @@ class BundledServer:
 
     def start(self) -> BundledServer:
         self.port = self.port or free_port(self.host)
-        cmd = [sys.executable, "-m", "itlbench.server", *server_args(self.engine),
-               "--host", self.host, "--port", str(self.port)]
+        cmd = server_command(self.engine, self.host, self.port)
         env = env_with_malloc_tunables()
         env["ITLBENCH_PARENT_PID"] = str(os.getpid())  # the server exits when this process dies
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

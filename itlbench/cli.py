@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Annotated
 
@@ -18,28 +19,47 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                        "ITL tails, stalls and their cause, prefill:decode split.")
 console = Console(stderr=True)
 
-ChunkBudget = Annotated[str, typer.Option("--chunk-budget", help="Tokens per engine step, or 'none' (unchunked prefill).")]
+# Engine flags, declared once and shared by `run` (bundled engine) and `serve`.
+Model = Annotated[str | None, typer.Option(help="Preset (cpu-small, llama-3.1-8b, …) or local Hugging Face directory "
+                                           "(default: llama-3.2-1b on CUDA, cpu-small on CPU).")]
+ChunkBudget = Annotated[str, typer.Option("--chunk-budget", help="Tokens per engine step (2048, 8k; k = 1024), "
+                                          "or 'none' (unchunked prefill).")]
 Policy = Annotated[str, typer.Option("--policy", help="budget (vLLM V1 token budget) or prefill-first (SGLang).")]
+Mixed = Annotated[bool, typer.Option(help="prefill-first only: decodes ride in prefill steps.")]
+MaxNumSeqs = Annotated[int, typer.Option(help="Cap on running sequences.")]
+BlockSize = Annotated[int, typer.Option(help="Tokens per KV-cache block.")]
+KvBlocks = Annotated[int | None, typer.Option(help="KV-cache blocks (default: sized from --kv-memory-gib).")]
+KvMemoryGib = Annotated[float, typer.Option(help="KV-cache memory when --kv-blocks is not given.")]
+MaxModelLen = Annotated[int | None, typer.Option(help="Context limit (default: the model's).")]
+PrefixCaching = Annotated[bool, typer.Option(help="Reuse KV blocks of identical prompt prefixes.")]
+Device = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
+Dtype = Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16 or float16.")]
+Seed = Annotated[int, typer.Option(help="Seed for lengths, arrivals, prompts and the engine.")]
+EngineProcess = Annotated[bool | None, typer.Option(
+    "--engine-process/--no-engine-process",
+    help="Run the engine core in its own process, apart from the HTTP front end (default: yes).")]
+TorchThreads = Annotated[int | None, typer.Option(
+    help="Torch intra-op threads of the engine (default: the cores available to it, less one).")]
+
+_RENAMED_FLAGS = {"enable_prefix_caching": "--no-prefix-caching"}
 
 
-# EngineConfig speaks in field names; users typed flags.
-_FLAGS = {"chunk_budget": "--chunk-budget", "policy": "--policy", "mixed": "--mixed", "max_num_seqs": "--max-num-seqs",
-          "kv_blocks": "--kv-blocks", "model": "--model", "device": "--device", "max_model_len": "--max-model-len",
-          "block_size": "--block-size", "dtype": "--dtype"}
+def _flag_of(field: str) -> str:
+    """The flag a user typed for an EngineConfig field (errors name what the user can change)."""
+    return _RENAMED_FLAGS.get(field, "--" + field.replace("_", "-"))
 
 
 def _fail(exc: Exception) -> None:
-    if isinstance(exc, ConfigError) and exc.field in _FLAGS:
-        exc = ConfigError(_FLAGS[exc.field], exc.problem, exc.fix)
+    if isinstance(exc, ConfigError) and exc.field in {f.name for f in fields(EngineConfig)}:
+        exc = ConfigError(_flag_of(exc.field), exc.problem, exc.fix)
     console.print(f"[bold red]error:[/] {exc}", highlight=False)
     raise typer.Exit(2)
 
 
-def _engine_config(model: str | None, chunk_budget: str, policy: str, mixed: bool, max_num_seqs: int,
-                   kv_blocks: int | None, device: str, seed: int, max_model_len: int | None = None) -> EngineConfig:
+def _engine_config(*, model: str | None, chunk_budget: str, device: str, **flags: object) -> EngineConfig:
+    """An EngineConfig from the engine flags (names match its fields)."""
     return EngineConfig(model=model or default_preset(device), chunk_budget=parse_chunk_budget(chunk_budget),
-                        policy=policy, mixed=mixed, max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
-                        device=device, seed=seed, max_model_len=max_model_len)  # type: ignore[arg-type]
+                        device=device, **flags)  # type: ignore[arg-type]
 
 
 @app.command()
@@ -53,7 +73,7 @@ def run(
     warmup: Annotated[float, typer.Option(help="Seconds of load at least before measurement starts.")] = 5.0,
     adaptive_warmup: Annotated[bool, typer.Option(help="Also warm up until every stream has received a token.")] = True,
     ramp: Annotated[float, typer.Option(help="Spread the streams' first sends over this many seconds.")] = 0.0,
-    seed: Annotated[int, typer.Option(help="Seed for lengths, arrivals, prompts and the engine.")] = 0,
+    seed: Seed = 0,
     endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (…/v1); default: start the bundled engine.")] = None,
     model: Annotated[str | None, typer.Option(help="Served model name (with --endpoint), or the bundled engine's preset / "
                                               "HF dir (default: llama-3.2-1b on CUDA, cpu-small on CPU).")] = None,
@@ -63,11 +83,17 @@ def run(
                                                       "them) so every request generates exactly its max_tokens.")] = True,
     chunk_budget: ChunkBudget = "2048",
     policy: Policy = "budget",
-    mixed: Annotated[bool, typer.Option(help="prefill-first only: decodes ride in prefill steps.")] = False,
-    max_num_seqs: Annotated[int, typer.Option(help="Bundled engine: cap on running sequences.")] = 64,
-    kv_blocks: Annotated[int | None, typer.Option(help="Bundled engine: KV blocks (default: sized from memory).")] = None,
-    device: Annotated[str, typer.Option(help="Bundled engine: auto, cpu or cuda.")] = "auto",
-    max_model_len: Annotated[int | None, typer.Option(help="Bundled engine: context limit (default: the model's).")] = None,
+    mixed: Mixed = False,
+    max_num_seqs: MaxNumSeqs = 64,
+    block_size: BlockSize = 16,
+    kv_blocks: KvBlocks = None,
+    kv_memory_gib: KvMemoryGib = 4.0,
+    max_model_len: MaxModelLen = None,
+    prefix_caching: PrefixCaching = True,
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    engine_process: EngineProcess = None,
+    torch_threads: TorchThreads = None,
     slo: Annotated[str | None, typer.Option(help="SLOs, e.g. 'ttft:le2k=2s,itl_p99=150ms'.")] = None,
     stall_factor: Annotated[float, typer.Option(help="A stall is a gap ≥ factor × the stream's median gap…")] = 5.0,
     stall_floor: Annotated[float, typer.Option(help="…and ≥ this many seconds.")] = 0.05,
@@ -84,8 +110,11 @@ def run(
     from itlbench.run_config import RunConfig
 
     try:
-        engine = _engine_config(None if endpoint else model, chunk_budget, policy, mixed, max_num_seqs,
-                                kv_blocks, device, seed, max_model_len)
+        engine = _engine_config(model=None if endpoint else model, chunk_budget=chunk_budget, policy=policy,
+                                mixed=mixed, max_num_seqs=max_num_seqs, block_size=block_size, kv_blocks=kv_blocks,
+                                kv_memory_gib=kv_memory_gib, max_model_len=max_model_len,
+                                enable_prefix_caching=prefix_caching, device=device, dtype=dtype, seed=seed,
+                                engine_process=engine_process, torch_threads=torch_threads)
         cfg = RunConfig(workload=workload, inject=inject, inject_max_tokens=inject_max_tokens, streams=streams,
                         rate=rate, burstiness=burstiness, duration_s=duration, warmup_s=warmup, seed=seed,
                         adaptive_warmup=adaptive_warmup, ramp_s=ramp,
@@ -107,33 +136,76 @@ def run(
 
 @app.command()
 def serve(
-    model: Annotated[str | None, typer.Option(help="Preset (cpu-small, llama-3.1-8b, …) or local HF directory "
-                                              "(default: llama-3.2-1b on CUDA, cpu-small on CPU).")] = None,
+    ctx: typer.Context,
+    model: Model = None,
     chunk_budget: ChunkBudget = "2048",
     policy: Policy = "budget",
-    mixed: Annotated[bool, typer.Option(help="prefill-first only: decodes ride in prefill steps.")] = False,
-    max_num_seqs: Annotated[int, typer.Option()] = 64,
-    kv_blocks: Annotated[int | None, typer.Option()] = None,
-    max_model_len: Annotated[int | None, typer.Option()] = None,
+    mixed: Mixed = False,
+    max_num_seqs: MaxNumSeqs = 64,
+    block_size: BlockSize = 16,
+    kv_blocks: KvBlocks = None,
+    kv_memory_gib: KvMemoryGib = 4.0,
+    max_model_len: MaxModelLen = None,
+    prefix_caching: PrefixCaching = True,
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    seed: Seed = 0,
+    engine_process: EngineProcess = None,
+    torch_threads: TorchThreads = None,
+    engine_config: Annotated[str | None, typer.Option(
+        help="The whole engine configuration as JSON (what `itlbench run` hands its server); "
+             "replaces the engine flags above.")] = None,
     host: Annotated[str, typer.Option(help="Bind address (loopback unless told otherwise).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option()] = 8000,
-    api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY")] = None,
-    device: Annotated[str, typer.Option()] = "auto",
-    seed: Annotated[int, typer.Option()] = 0,
+    port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = 8000,
+    api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY", help="Require this bearer key.")] = None,
+    served_model_name: Annotated[str | None, typer.Option(help="Model name in the API (default: the model).")] = None,
+    max_waiting: Annotated[int, typer.Option(help="Waiting requests beyond which new ones get 429.")] = 1024,
+    max_body_mib: Annotated[float, typer.Option(help="Largest request body accepted (413 above).")] = 4.0,
+    access_log: Annotated[bool, typer.Option(help="Log every HTTP request.")] = False,
 ) -> None:
     """Serve the bundled engine with an OpenAI-compatible API, /metrics and /v1/steps."""
-    from itlbench.engine.malloc_tuning import reexec_with_malloc_tunables
-
-    reexec_with_malloc_tunables()
-    from itlbench.server import ServerConfig
-    from itlbench.server import serve as serve_forever
-
     try:
-        engine = _engine_config(model, chunk_budget, policy, mixed, max_num_seqs, kv_blocks, device, seed,
-                                max_model_len)
-        serve_forever(ServerConfig(engine=engine, host=host, port=port, api_key=api_key))
+        if engine_config is not None:
+            _refuse_engine_flags(ctx)
+            engine = EngineConfig.from_json(engine_config)
+        else:
+            engine = _engine_config(model=model, chunk_budget=chunk_budget, policy=policy, mixed=mixed,
+                                    max_num_seqs=max_num_seqs, block_size=block_size, kv_blocks=kv_blocks,
+                                    kv_memory_gib=kv_memory_gib, max_model_len=max_model_len,
+                                    enable_prefix_caching=prefix_caching, device=device, dtype=dtype, seed=seed,
+                                    engine_process=engine_process, torch_threads=torch_threads)
+        if max_body_mib <= 0:
+            raise ConfigError("--max-body-mib", f"must be > 0, got {max_body_mib}")
     except ItlbenchError as exc:
         _fail(exc)
+        return
+    from itlbench.engine.malloc_tuning import reexec_with_malloc_tunables
+
+    reexec_with_malloc_tunables()  # only after the flags are known good: it restarts the process
+    from itlbench.server import ServerConfig
+    from itlbench.server import serve as serve_forever
+    from itlbench.server.main import die_with_parent
+
+    die_with_parent()
+    try:
+        serve_forever(ServerConfig(engine=engine, host=host, port=port, api_key=api_key,
+                                   served_model_name=served_model_name, max_waiting=max_waiting,
+                                   access_log=access_log, max_body_mib=max_body_mib))
+    except ItlbenchError as exc:
+        _fail(exc)
+
+
+_SERVER_FLAGS = {"engine_config", "host", "port", "api_key", "served_model_name", "max_waiting", "max_body_mib",
+                 "access_log"}
+
+
+def _refuse_engine_flags(ctx: typer.Context) -> None:
+    """--engine-config is the whole engine; an engine flag beside it would be silently overridden."""
+    given = [name for name in ctx.params if name not in _SERVER_FLAGS
+             and getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"]
+    if given:
+        raise ConfigError("--engine-config", f"given together with {', '.join(_flag_of(n) for n in given)}",
+                          "put every engine setting in the JSON, or drop --engine-config")
 
 
 @app.command()
@@ -141,7 +213,7 @@ def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory writte
     """Recompute summary.json from a run directory's records (e.g. after an interrupted run)."""
     from itlbench.analysis.summary import analyze_run
     from itlbench.report.terminal import print_summary
-    from itlbench.store import RunStore
+    from itlbench.rundir.store import RunStore
 
     if not (run_dir / "run.json").is_file():
         _fail(ItlbenchError(f"{run_dir} has no run.json: not a run directory"))
@@ -168,6 +240,27 @@ def workloads(as_json: Annotated[bool, typer.Option("--json", help="Print JSON."
         print()
         return
     print_catalog(Console(), rows)
+
+
+@app.command("export-model")
+def export_model_command(
+    preset: Annotated[str, typer.Argument(metavar="PRESET", help="A preset: cpu-small, cpu-medium, tiny, llama-3.2-1b, ...")],
+    out: Annotated[Path, typer.Argument(metavar="DIR", help="Directory to write (new or empty).")],
+    seed: Annotated[int, typer.Option(help="Seed of the dummy weights (the bundled engine's --seed).")] = 0,
+    force: Annotated[bool, typer.Option(help="Write into a non-empty directory, replacing its files.")] = False,
+) -> None:
+    """Write a preset as a Hugging Face model directory (config.json, safetensors, tokenizer.json) that
+    the bundled engine, transformers and vLLM all load, so the same model runs in each."""
+    from itlbench.export_model import export_model
+
+    try:
+        done = export_model(preset, out, seed=seed, force=force)
+    except ItlbenchError as exc:
+        _fail(exc)
+        return
+    console.print(f"{preset}: {done.model.num_params / 1e6:.1f} M parameters, "
+                  f"{done.weight_bytes / 2**20:.0f} MiB of float32 weights (seed {seed})", highlight=False)
+    print(done.path)
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -32,7 +32,7 @@ from itlbench.load.metrics_sampler import sample_metrics
 from itlbench.load.multiproc import drive_workers
 from itlbench.load.steps_follower import follow_steps
 from itlbench.run_config import RunConfig
-from itlbench.store import RunStore
+from itlbench.rundir.store import RunStore
 from itlbench.workloads.build import LoadSpec, build_load_plan
 from itlbench.workloads.catalog import get_workload
 from itlbench.workloads.injection import parse_injections

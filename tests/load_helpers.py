@@ -11,7 +11,7 @@ import polars as pl
 
 from itlbench.load.driver import DriveResult, drive
 from itlbench.load.target import Target
-from itlbench.store import RunStore
+from itlbench.rundir.store import RunStore
 from itlbench.workloads.plan import LoadPlan, RequestPlan
 
 

@@ -16,11 +16,11 @@ import pytest
 from itlbench.analysis import RunWindow, parse_slo, summarize
 from itlbench.analysis.buckets import BUCKET_LABELS, bucket_for, bucket_of
 from itlbench.analysis.itl import bundling, gap_table, per_token, pooled, steady, tpot, tpot_table
-from itlbench.analysis.records import frame
 from itlbench.analysis.stalls import StallParams, analyze_stalls, find_stalls
 from itlbench.analysis.ttft import ttft_by_bucket, ttft_by_class, ttft_table
 from itlbench.analysis.validity import check_validity
 from itlbench.analysis.window import select_window
+from itlbench.rundir.schema import frame
 
 MS = 1_000_000
 WINDOW = RunWindow(run_start_ns=0, measure_start_ns=1000 * MS, end_ns=11_000 * MS)

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from itlbench.analysis import RunWindow, summarize
 from itlbench.analysis.itl import gap_table, per_token, pooled
-from itlbench.analysis.records import frame
 from itlbench.analysis.stalls import StallParams, find_stalls
+from itlbench.rundir.schema import frame
 
 streams = st.lists(
     st.lists(st.tuples(st.integers(1, 2_000_000_000), st.integers(1, 4)), min_size=1, max_size=30),

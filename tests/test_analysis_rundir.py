@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from itlbench.analysis import analyze_run, load_tables
-from itlbench.analysis.records import TABLES, frame
+from itlbench.analysis import analyze_run
 from itlbench.errors import ConfigError
+from itlbench.rundir import load_tables
+from itlbench.rundir.schema import TABLES, frame
 
 MS = 1_000_000
 

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from itlbench.analysis.records import frame
 from itlbench.analysis.split import fit_cost_model, split_from_metrics, split_from_steps, time_split
 from itlbench.analysis.window import RunWindow
+from itlbench.rundir.schema import frame
 
 MS = 1_000_000
 WINDOW = RunWindow(0, 1000 * MS, 2000 * MS)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from itlbench.analysis.records import frame
 from itlbench.cli import app
-from itlbench.store import RunStore
+from itlbench.rundir.schema import frame
+from itlbench.rundir.store import RunStore
 
 runner = CliRunner()
 MS = 1_000_000

@@ -8,9 +8,9 @@ import json
 import aiohttp
 
 from itlbench.load.metrics_sampler import MetricsSampler, metrics_url
-from itlbench.load.paced_server import PacedConfig, serve_in_thread
 from itlbench.load.steps_follower import StepsFollower
-from itlbench.store import RunStore
+from itlbench.rundir.store import RunStore
+from itlbench.testing.paced_server import PacedConfig, serve_in_thread
 
 from .load_helpers import table
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from itlbench.load.multiproc import drive_workers, split_plan
-from itlbench.load.paced_server import PacedConfig, serve_in_thread
 from itlbench.load.target import Target
-from itlbench.store import RunStore
+from itlbench.rundir.store import RunStore
+from itlbench.testing.paced_server import PacedConfig, serve_in_thread
 from itlbench.workloads.plan import LoadPlan
 
 from .load_helpers import closed, plans, table

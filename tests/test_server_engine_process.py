@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from itlbench.bundled_server import free_port, server_args
+from itlbench.bundled_server import free_port, server_command
 from itlbench.engine.async_engine import EngineDeadError
 from itlbench.engine.request import SamplingParams
 from itlbench.server import BackgroundServer, ServerConfig
@@ -86,7 +86,7 @@ def _maps(pid: int) -> str:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_command_line_server_front_end_without_torch_and_clean_exit():
     port = free_port()
-    cmd = [sys.executable, "-m", "itlbench.server", *server_args(TINY_ENGINE), "--port", str(port)]
+    cmd = server_command(TINY_ENGINE, "127.0.0.1", port)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120

@@ -13,13 +13,16 @@ import urllib.request
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
-from itlbench.bundled_server import free_port, server_args
+from itlbench.bundled_server import BundledServer, free_port
+from itlbench.cli import app
 from itlbench.engine.async_engine import AsyncEngine, EngineDeadError
 from itlbench.engine.config import EngineConfig
 from itlbench.engine.engine import Engine
 from itlbench.engine.request import SamplingParams
 from itlbench.engine.tokenizer import ByteTokenizer
+from itlbench.errors import ConfigError
 from itlbench.server.detok import IncrementalDetokenizer
 from itlbench.server.protocol import ApiError, parse_chat, parse_completion, render_chat
 
@@ -105,7 +108,8 @@ def _get(url: str) -> tuple[int, bytes]:
 
 def test_module_entry_point_serves_with_bundled_flags(tmp_path):
     port = free_port()
-    cmd = [sys.executable, "-m", "itlbench.server", *server_args(TINY), "--port", str(port)]
+    cmd = [sys.executable, "-m", "itlbench.server", "--model", "tiny", "--device", "cpu", "--chunk-budget", "64",
+           "--kv-blocks", "128", "--max-model-len", "512", "--port", str(port)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
@@ -131,3 +135,37 @@ def test_module_entry_point_serves_with_bundled_flags(tmp_path):
     for part in ("model=tiny", "device=cpu", "dtype=float32", "chunk_budget=64", "policy=budget",
                  f"http://127.0.0.1:{port}/v1"):
         assert part in startup
+
+
+def _every_field_changed() -> EngineConfig:
+    """An EngineConfig whose every field differs from its default, so a dropped one shows."""
+    cfg = EngineConfig(model="tiny", chunk_budget=96, unchunked_prefill_cap=4096, policy="prefill-first",
+                       mixed=True, max_num_seqs=7, block_size=32, kv_blocks=None, kv_memory_gib=0.0005,
+                       max_model_len=640, enable_prefix_caching=False, device="cpu", dtype="float32", seed=3,
+                       engine_process=True, torch_threads=1)
+    defaults = EngineConfig()
+    same = [f for f, v in cfg.as_dict().items() if v == defaults.as_dict()[f] and f != "kv_blocks"]
+    assert not same, f"give these fields non-default values too: {same}"
+    return cfg
+
+
+def test_engine_config_survives_the_process_boundary(tmp_path):
+    cfg = _every_field_changed()
+    assert EngineConfig.from_json(cfg.to_json()) == cfg
+    with BundledServer(cfg, tmp_path / "server.log") as srv:
+        info = srv.engine_info
+    assert info["engine"] == cfg.as_dict()
+    # tiny: K+V · 2 layers · 2 KV heads · dim 16 · fp32 = 512 bytes a token, 32 tokens a block
+    assert info["kv_blocks"] == int(0.0005 * 2**30) // (32 * 512) == 32  # kv_memory_gib and block_size arrived
+
+
+def test_engine_config_json_rejects_unknown_fields():
+    with pytest.raises(ConfigError, match="unknown field.*chunk_budgt"):
+        EngineConfig.from_json('{"chunk_budgt": 5}')
+
+
+def test_serve_refuses_engine_flags_beside_engine_config():
+    result = CliRunner().invoke(app, ["serve", "--engine-config", EngineConfig(model="tiny").to_json(),
+                                      "--chunk-budget", "64", "--port", "0"])
+    assert result.exit_code == 2
+    assert "--engine-config" in result.output and "--chunk-budget" in result.output

@@ -2,7 +2,6 @@
 prefill:decode split, goodput and run validity. `summarize` / `analyze_run` are the entry points."""
 
 from itlbench.analysis.goodput import ClassSlo, SloSet, parse_slo
-from itlbench.analysis.rundir import load_tables
 from itlbench.analysis.stalls import StallParams
 from itlbench.analysis.summary import analyze_run, summarize
 from itlbench.analysis.validity import ValidityThresholds
@@ -15,7 +14,6 @@ __all__ = [
     "StallParams",
     "ValidityThresholds",
     "analyze_run",
-    "load_tables",
     "parse_slo",
     "summarize",
 ]

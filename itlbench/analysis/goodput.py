@@ -14,13 +14,13 @@ CLASS/ set the default every class inherits; CLASS/ items override for that clas
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 
 import polars as pl
 
 from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.errors import ConfigError
+from itlbench.units import parse_duration_s
 
 DEFAULT_TTFT_S: dict[str, float | None] = {
     "le128": 0.5,
@@ -32,8 +32,6 @@ DEFAULT_TTFT_S: dict[str, float | None] = {
 }
 ITL_STATS = ("p99", "max")
 SLO_FIX = "e.g. 'ttft:le2k=2s,itl_p99=150ms,injected/ttft=off'; buckets: " + ", ".join(BUCKET_LABELS)
-_DURATION = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)(us|ms|s|m)?$")
-_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, None: 1.0}
 
 
 @dataclass(frozen=True)
@@ -70,10 +68,13 @@ class SloSet:
 def _duration(item: str, text: str) -> float | None:
     if text == "off":
         return None
-    m = _DURATION.match(text)
-    if not m or float(m.group(1)) <= 0:
+    try:
+        value = parse_duration_s(text, "--slo")
+    except ConfigError:
+        value = 0.0
+    if value <= 0:
         raise ConfigError("--slo", f"{item!r}: {text!r} is not a positive duration", SLO_FIX)
-    return float(m.group(1)) * _UNITS[m.group(2)]
+    return value
 
 
 def _apply(slo: ClassSlo, item: str, key: str, value: float | None) -> ClassSlo:

@@ -40,13 +40,13 @@ from itlbench.analysis.buckets import prompt_tokens
 from itlbench.analysis.crosscheck import engine_check, prompt_token_check
 from itlbench.analysis.definitions import DEFINITIONS
 from itlbench.analysis.goodput import SloSet, goodput, judge, parse_slo
-from itlbench.analysis.rundir import load_tables
 from itlbench.analysis.split import time_split
 from itlbench.analysis.stalls import StallParams, analyze_stalls
 from itlbench.analysis.stats import json_safe
 from itlbench.analysis.validity import ValidityThresholds, check_validity
 from itlbench.analysis.window import RunWindow, select_window
 from itlbench.errors import ConfigError
+from itlbench.rundir import load_tables
 
 STATUSES = ("ok", "error", "timeout", "cancelled")
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from itlbench.analysis.records import TABLES, empty
+from itlbench.rundir.schema import TABLES, empty
 
 
 @dataclass(frozen=True)

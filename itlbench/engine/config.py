@@ -6,24 +6,38 @@ Torch-free on purpose: the scheduler, block manager and CLI read these without i
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Literal
 
 from itlbench.errors import ConfigError
+from itlbench.units import parse_tokens
 
 Policy = Literal["budget", "prefill-first"]
 POLICIES: tuple[str, ...] = ("budget", "prefill-first")
 
 
+ROPE_SCALINGS: tuple[str, ...] = ("llama3", "linear")
+
+
 @dataclass(frozen=True)
 class RopeScaling:
-    """Llama-3.1 frequency scaling ("llama3" rope type) that stretches 8k training to 128k."""
+    """RoPE frequency scaling. "llama3" (Llama-3.1's, stretching 8k training to 128k) divides low
+    frequencies by `factor` and blends the middle band; "linear" divides every frequency by `factor`
+    and uses no other field."""
 
     factor: float = 8.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    rope_type: str = "llama3"
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ROPE_SCALINGS:
+            raise ConfigError("model.rope_scaling.rope_type", f"unknown {self.rope_type!r}",
+                              f"use one of {', '.join(ROPE_SCALINGS)}")
+        if self.factor <= 0:
+            raise ConfigError("model.rope_scaling.factor", f"must be > 0, got {self.factor}")
 
 
 @dataclass(frozen=True)
@@ -143,44 +157,10 @@ def load_model_config(spec: str) -> ModelConfig:
 
 
 def model_config_from_hf_dir(path: Path) -> ModelConfig:
-    """Read a Llama-family `config.json` (the keys transformers writes)."""
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise ConfigError("model", f"{path} has no config.json",
-                          "point --model at a Hugging Face model directory or use a preset")
-    try:
-        raw = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError("model", f"{cfg_file} is not valid JSON: {exc}") from exc
-    missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                           "num_attention_heads") if k not in raw]
-    if missing:
-        raise ConfigError("model", f"{cfg_file} lacks {', '.join(missing)}",
-                          "a Llama-architecture config.json is required")
-    rope = raw.get("rope_scaling") or None
-    scaling = None
-    if rope and rope.get("rope_type", rope.get("type")) == "llama3":
-        scaling = RopeScaling(
-            factor=float(rope.get("factor", 8.0)),
-            low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
-            high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
-            original_max_position_embeddings=int(rope.get("original_max_position_embeddings", 8192)))
-    eos = raw.get("eos_token_id", 2)
-    if isinstance(eos, list):
-        eos = eos[0]
-    heads = int(raw["num_attention_heads"])
-    return ModelConfig(
-        name=raw.get("_name_or_path") or path.name,
-        vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
-        intermediate_size=int(raw["intermediate_size"]), num_layers=int(raw["num_hidden_layers"]),
-        num_heads=heads, num_kv_heads=int(raw.get("num_key_value_heads", heads)),
-        head_dim=int(raw.get("head_dim") or 0),
-        max_position_embeddings=int(raw.get("max_position_embeddings", 8192)),
-        rope_theta=float(raw.get("rope_theta", 10_000.0)), rope_scaling=scaling,
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        bos_token_id=int(raw.get("bos_token_id", 1) or 1), eos_token_id=int(eos),
-        path=str(path))
+    """Read a Llama `config.json` in either layout transformers writes (see `hf_config`)."""
+    from itlbench.engine.hf_config import read_hf_config
+
+    return read_hf_config(path)
 
 
 @dataclass
@@ -206,7 +186,6 @@ class EngineConfig:
     # torch_threads: torch's intra-op threads while serving (None: the available cores less one).
     engine_process: bool | None = None
     torch_threads: int | None = None
-    extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -243,25 +222,31 @@ class EngineConfig:
     def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    def to_json(self) -> str:
+        """The whole configuration, so a child process runs exactly the engine the parent records."""
+        return json.dumps(self.as_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> EngineConfig:
+        """Inverse of `to_json`; unknown keys are an error (a silently dropped setting is a lost one)."""
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError("--engine-config", f"not valid JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError("--engine-config", "must be a JSON object of EngineConfig fields")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError("--engine-config", f"unknown field(s) {', '.join(unknown)}",
+                              f"known: {', '.join(sorted(known))}")
+        return cls(**raw)
+
 
 def parse_chunk_budget(text: str | int | None) -> int | None:
-    """`2048`, `2k`, `none`/`off`/`0`-less spellings of unchunked; errors name the flag."""
+    """`2048`, `2k` (= 2048: k is 1024 tokens everywhere), or `none`/`off`/`unchunked` for unchunked."""
     if text is None:
         return None
-    if isinstance(text, int):
-        value = text
-    else:
-        t = text.strip().lower()
-        if t in ("none", "off", "unchunked", "inf"):
-            return None
-        mult = 1
-        if t.endswith("k"):
-            mult, t = 1024, t[:-1]
-        try:
-            value = int(float(t) * mult)
-        except ValueError:
-            raise ConfigError("--chunk-budget", f"cannot read {text!r}",
-                              "give a token count such as 2048 or 8k, or none") from None
-    if value <= 0:
-        raise ConfigError("--chunk-budget", f"must be > 0, got {value}", "use none for unchunked prefill")
-    return value
+    if isinstance(text, str) and text.strip().lower() in ("none", "off", "unchunked", "inf"):
+        return None
+    return parse_tokens(text, "--chunk-budget", "give a token count such as 2048 or 8k (k = 1024), or none")

@@ -28,7 +28,7 @@ from itlbench.load.progress import ProgressSnapshot, ms_percentile
 from itlbench.load.sink import RowSink
 from itlbench.load.sse_client import Outcome, StreamClient
 from itlbench.load.target import Target
-from itlbench.store import RunStore
+from itlbench.rundir.store import RunStore
 from itlbench.workloads.plan import LoadPlan, RequestPlan
 
 _now = time.perf_counter_ns

@@ -24,13 +24,13 @@ from typing import Any
 
 import polars as pl
 
-from itlbench.analysis.records import TABLES
 from itlbench.errors import ConfigError
 from itlbench.load.client_monitor import ClientStats
 from itlbench.load.driver import DriveResult, drive, install_uvloop
 from itlbench.load.progress import ProgressSnapshot
 from itlbench.load.target import Target
-from itlbench.store import RunStore
+from itlbench.rundir.schema import TABLES
+from itlbench.rundir.store import RunStore
 from itlbench.workloads.plan import LoadPlan
 
 MERGED_PART_BASE = 90_000

@@ -10,8 +10,8 @@ import asyncio
 from collections import defaultdict
 from typing import Any, Protocol
 
-from itlbench.analysis.records import TABLES
-from itlbench.store import RunStore
+from itlbench.rundir.schema import TABLES
+from itlbench.rundir.store import RunStore
 
 
 class RowWriter(Protocol):

@@ -12,8 +12,8 @@ import json
 
 import aiohttp
 
-from itlbench.analysis.records import STEP_SCHEMA
 from itlbench.load.sink import RowWriter
+from itlbench.rundir.schema import STEP_SCHEMA
 
 
 def step_row(d: dict[str, object]) -> dict[str, object]:

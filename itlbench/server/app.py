@@ -8,6 +8,7 @@ are step times, which is what ITL analysis needs.
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import logging
 import time
 import uuid
@@ -35,6 +36,7 @@ from itlbench.server.steps import stream_steps
 log = logging.getLogger("itlbench.server")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+DEFAULT_MAX_BODY_MIB = 4  # a 128k-token prompt as JSON token ids is under 1 MiB
 
 
 @dataclass
@@ -45,6 +47,7 @@ class ServerState:
     metrics: ServerMetrics
     model_name: str
     api_key: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_MIB << 20
     layout: dict[str, object] | None = None  # engine process or thread, torch threads, decode kernel
 
 
@@ -52,7 +55,7 @@ STATE: web.AppKey[ServerState] = web.AppKey("itlbench_state", ServerState)
 
 
 def build_app(state: ServerState) -> web.Application:
-    app = web.Application(middlewares=[_errors, _auth], client_max_size=256 * 1024 * 1024)
+    app = web.Application(middlewares=[_errors, _auth], client_max_size=state.max_body_bytes)
     app[STATE] = state
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat)
@@ -78,6 +81,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except ApiError as err:
         return error_response(err)
+    except web.HTTPRequestEntityTooLarge:
+        limit = _state(request).max_body_bytes
+        return error_response(ApiError(413, f"body: larger than this server's limit of {limit / 2**20:g} MiB "
+                                            "(itlbench serve --max-body-mib raises it)", "body"))
     except web.HTTPException as exc:
         if exc.status >= 400:
             return error_response(ApiError(exc.status, exc.reason, None, "not_found_error"
@@ -94,7 +101,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     key = _state(request).api_key
     if key and request.path.startswith("/v1/"):
-        if request.headers.get("Authorization", "") != f"Bearer {key}":
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, f"Bearer {key}".encode()):  # constant time: no timing oracle
             raise ApiError(401, "Authorization: missing or invalid API key", "Authorization",
                            "authentication_error", "invalid_api_key")
     return await handler(request)

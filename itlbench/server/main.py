@@ -6,22 +6,22 @@ embedding and tests start byte-identical servers.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import ctypes
 import logging
 import os
 import signal
+import sys
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from itlbench.engine.async_engine import AsyncEngine
-from itlbench.engine.config import POLICIES, EngineConfig, default_preset, parse_chunk_budget
+from itlbench.engine.config import EngineConfig
 from itlbench.engine.engine_process import EngineProcessClient
 from itlbench.engine.threads import apply_torch_threads, serving_threads
-from itlbench.server.app import ServerState, build_app
+from itlbench.server.app import DEFAULT_MAX_BODY_MIB, ServerState, build_app
 from itlbench.server.metrics import ServerMetrics
 
 log = logging.getLogger("itlbench.server")
@@ -40,6 +40,7 @@ class ServerConfig:
     served_model_name: str | None = None
     max_waiting: int = DEFAULT_MAX_WAITING
     access_log: bool = False
+    max_body_mib: float = DEFAULT_MAX_BODY_MIB
 
     @property
     def model_name(self) -> str:
@@ -110,7 +111,8 @@ async def start_server(config: ServerConfig, engine: object | None = None, *,
         driver = proc
         layout = {"engine_process": True, "torch_threads": view.torch_threads, "decode_kernel": view.decode_kernel,
                   "engine_pid": view.pid}
-    app = build_app(ServerState(driver, metrics, config.model_name, config.api_key, layout))  # type: ignore[arg-type]
+    app = build_app(ServerState(driver, metrics, config.model_name, config.api_key,  # type: ignore[arg-type]
+                                int(config.max_body_mib * 2**20), layout))
     runner = web.AppRunner(app, access_log=logging.getLogger("aiohttp.access") if config.access_log else None,
                            handler_cancellation=True)
     await runner.setup()
@@ -199,41 +201,15 @@ class BackgroundServer:
         self.stop()
 
 
-def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
-    """Flags mirror `itlbench serve` and `bundled_server.server_args`."""
-    p = argparse.ArgumentParser(prog="python -m itlbench.server", description=__doc__)
-    p.add_argument("--model", default=None, help="preset name or local Hugging Face directory "
-                   "(default: llama-3.2-1b on CUDA, cpu-small on CPU)")
-    p.add_argument("--chunk-budget", default="2048", help="tokens per step, e.g. 2048, 8k, or none")
-    p.add_argument("--policy", default="budget", choices=POLICIES)
-    p.add_argument("--mixed", action="store_true", help="prefill-first only: decodes ride in prefill steps")
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--kv-blocks", type=int, default=None)
-    p.add_argument("--kv-memory-gib", type=float, default=4.0)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
-                   help="run the engine core in its own process (default: yes)")
-    p.add_argument("--torch-threads", type=int, default=None,
-                   help="torch intra-op threads (default: the cores available less one)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (loopback unless told otherwise)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=os.environ.get("ITLBENCH_API_KEY"), help="default: $ITLBENCH_API_KEY")
-    p.add_argument("--served-model-name", default=None)
-    p.add_argument("--max-waiting", type=int, default=DEFAULT_MAX_WAITING,
-                   help="waiting requests beyond which new ones get 429")
-    p.add_argument("--access-log", action="store_true", help="log every HTTP request")
-    a = p.parse_args(argv)
-    engine = EngineConfig(
-        model=a.model or default_preset(a.device), chunk_budget=parse_chunk_budget(a.chunk_budget), policy=a.policy, mixed=a.mixed,
-        max_num_seqs=a.max_num_seqs, block_size=a.block_size, kv_blocks=a.kv_blocks,
-        kv_memory_gib=a.kv_memory_gib, max_model_len=a.max_model_len,
-        enable_prefix_caching=not a.no_prefix_caching, device=a.device, dtype=a.dtype, seed=a.seed,
-        engine_process=a.engine_process, torch_threads=a.torch_threads)
-    return ServerConfig(engine=engine, host=a.host, port=a.port, api_key=a.api_key,
-                        served_model_name=a.served_model_name, max_waiting=a.max_waiting,
-                        access_log=a.access_log)
+def die_with_parent() -> None:
+    """When started by `itlbench run` (ITLBENCH_PARENT_PID), ask Linux to SIGTERM this server when
+    that process dies, so a killed run never leaves an engine server behind."""
+    parent = os.environ.get("ITLBENCH_PARENT_PID")
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() != int(parent):  # the parent died before the request took effect
+        sys.exit(0)

@@ -3,8 +3,8 @@
 One spec is ``[Nx]LENGTH[@T1,T2,...][/PERIOD]``; several are separated by ``;`` (or given as
 repeated flags).
 
-- LENGTH: prompt tokens, a plain integer (``5000``) or with ``k`` = 1000 (``32k``, ``1.5k``).
-  ``k`` is decimal so that ``32k`` plus a few output tokens fits a 32768 context.
+- LENGTH: prompt tokens, a plain integer (``5000``) or with ``k`` = 1024 (``32k`` = 32,768,
+  ``1.5k``), as everywhere in itlbench (`itlbench.units`).
 - ``@T1,T2``: send at each listed time (``20s``, ``20``, ``500ms``, ``2m``; bare = seconds).
   Without ``@`` the single send time is the default the caller gives.
 - ``Nx``: N copies sent together at *each* time: ``2x16k@10s,40s`` sends four prompts,
@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from itlbench.errors import ConfigError
+from itlbench.units import parse_duration_s, parse_tokens
 
 EXAMPLES = "examples: 32k, 32k@20s, 2x16k@10s,40s, 32k/30s"
 
@@ -29,8 +30,6 @@ _SPEC = re.compile(
     r"\s*(?:@(?P<at>[^/]+))?\s*(?:/(?P<every>.+))?$",
     re.IGNORECASE,
 )
-_TIME = re.compile(r"^(?P<num>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>ms|s|m)?$", re.IGNORECASE)
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0}
 
 
 @dataclass(frozen=True)
@@ -51,18 +50,17 @@ def _bad(piece: str, why: str = "") -> ConfigError:
 
 
 def _time(piece: str, text: str) -> float:
-    match = _TIME.match(text.strip())
-    if not match:
-        raise _bad(piece, f"'{text.strip()}' is not a time like 20s or 500ms")
-    unit = (match["unit"] or "s").lower()
-    return float(match["num"]) * _UNITS[unit]
+    try:
+        return parse_duration_s(text, "--inject")
+    except ConfigError:
+        raise _bad(piece, f"'{text.strip()}' is not a time like 20s or 500ms") from None
 
 
 def _tokens(piece: str, num: str, k: str | None) -> int:
-    value = float(num) * (1000 if k else 1)
-    if value < 1 or not math.isclose(value, round(value)):
-        raise _bad(piece, "the length must be a whole number of tokens >= 1")
-    return int(round(value))
+    try:
+        return parse_tokens(num + (k or ""), "--inject")
+    except ConfigError:
+        raise _bad(piece, "the length must be a whole number of tokens >= 1") from None
 
 
 def parse_one(piece: str, default_at_s: float) -> Injection:

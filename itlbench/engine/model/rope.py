@@ -1,4 +1,4 @@
-"""Rotary position embedding tables, with Llama-3.1's "llama3" frequency scaling."""
+"""Rotary position embedding tables, with Llama-3.1's "llama3" and plain "linear" frequency scaling."""
 
 from __future__ import annotations
 
@@ -12,12 +12,15 @@ from itlbench.engine.config import ModelConfig, RopeScaling
 def inv_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
     """Per-pair rotation frequencies [head_dim/2] (float64).
 
-    llama3 scaling divides low frequencies (wavelength above original_len / low_freq_factor) by
-    `factor`, keeps high ones, and blends linearly in between.
+    linear scaling divides every frequency by `factor` (positions interpolated). llama3 scaling
+    divides low frequencies (wavelength above original_len / low_freq_factor) by `factor`, keeps
+    high ones, and blends linearly in between.
     """
     inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     if scaling is None:
         return inv
+    if scaling.rope_type == "linear":
+        return inv / scaling.factor
     old = scaling.original_max_position_embeddings
     low_wavelen, high_wavelen = old / scaling.low_freq_factor, old / scaling.high_freq_factor
     wavelen = 2 * math.pi / inv

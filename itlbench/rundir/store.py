@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from itlbench.analysis.records import TABLES, frame
+from itlbench.rundir.schema import TABLES, frame
 
 
 class RunStore:
@@ -81,9 +81,6 @@ class RunStore:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str, allow_nan=False) + "\n")
         os.replace(tmp, target)
         return target
-
-    def read_json(self, name: str) -> Any:
-        return json.loads((self.path / name).read_text())
 
     def close(self) -> None:
         self.flush()

@@ -3,7 +3,7 @@
 All streams get their next chunk on one global tick (like a batched engine's decode step) and the
 server logs each content chunk's send time (`perf_counter_ns`, the client's clock on one host);
 `GET /_log` returns that truth. It also serves a fake `/v1/steps` NDJSON step log and `/metrics`.
-Run it in its own process (`python -m itlbench.load.paced_server --port 0`) when measuring
+Run it in its own process (`python -m itlbench.testing.paced_server --port 0`) when measuring
 fidelity, so it does not share the client's event loop.
 """
 
@@ -22,6 +22,8 @@ from dataclasses import dataclass, field, fields
 
 import psutil
 from aiohttp import web
+
+from itlbench.engine.instrument import StepRecord, phase_of
 
 _now = time.perf_counter_ns
 
@@ -178,12 +180,12 @@ class PacedServer:
         return decoded
 
     def _add_step(self, t0: int, decoded: int) -> None:
-        self.steps.append({
-            "step": len(self.steps), "phase": "decode" if decoded else "idle", "prefill_tokens": 0,
-            "decode_tokens": decoded, "num_prefill_reqs": 0, "num_decode_reqs": decoded,
-            "num_running": len(self.active), "num_waiting": 0, "num_preemptions": 0, "kv_usage": 0.0,
-            "token_budget": None, "start_ns": t0, "end_ns": _now(), "prefill_request_ids": [],
-            "num_finished": 0, "wall_start_ns": time.time_ns()})
+        record = StepRecord(
+            step=len(self.steps), phase=phase_of(0, decoded), prefill_tokens=0, decode_tokens=decoded,
+            num_prefill_reqs=0, num_decode_reqs=decoded, num_running=len(self.active), num_waiting=0,
+            num_preemptions=0, kv_usage=0.0, token_budget=None, start_ns=t0, end_ns=_now(),
+            wall_start_ns=time.time_ns())
+        self.steps.append(record.to_dict())
         self._step_added.set()
         self._step_added = asyncio.Event()
 
@@ -251,7 +253,7 @@ def serve_in_thread(cfg: PacedConfig | None = None) -> Iterator[tuple[PacedServe
 def spawn(cfg: PacedConfig | None = None) -> tuple[subprocess.Popen[str], str]:
     """Start a server in a separate process; returns (process, base_url ending in /v1)."""
     cfg = cfg or PacedConfig()
-    args = [sys.executable, "-m", "itlbench.load.paced_server", "--port", "0"]
+    args = [sys.executable, "-m", "itlbench.testing.paced_server", "--port", "0"]
     for f in fields(cfg):
         args += [f"--{f.name.replace('_', '-')}", str(getattr(cfg, f.name))]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)

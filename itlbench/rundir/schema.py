@@ -1,4 +1,5 @@
-"""Record schemas shared by the load driver (writer), the run store and the analysis (readers).
+"""Record schemas of a run directory: the one definition the writers (load driver, step follower,
+run store) and the readers (analysis, reports) share.
 
 All times are integer nanoseconds on the driver's `time.perf_counter_ns()` clock (CLOCK_MONOTONIC
 on Linux, the same clock the bundled engine stamps its steps with).
@@ -6,7 +7,34 @@ on Linux, the same clock the bundled engine stamps its steps with).
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
+
 import polars as pl
+
+from itlbench.engine.instrument import StepRecord
+
+_POLARS_OF: dict[object, pl.DataType] = {
+    int: pl.Int64(), float: pl.Float64(), str: pl.Utf8(), bool: pl.Boolean(),
+    tuple[str, ...]: pl.List(pl.Utf8()),
+}
+
+
+def _column_type(hint: object) -> pl.DataType:
+    """Polars type of a dataclass field hint; `X | None` is nullable X (every column is nullable)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
+        hint = args[0]
+    try:
+        return _POLARS_OF[hint]
+    except KeyError:
+        raise TypeError(f"StepRecord field type {hint!r} has no column type; extend _POLARS_OF") from None
+
+
+def step_schema() -> dict[str, pl.DataType]:
+    hints = typing.get_type_hints(StepRecord)
+    return {f.name: _column_type(hints[f.name]) for f in dataclasses.fields(StepRecord)}
 
 # One row per request the driver planned and sent (or tried to).
 REQUEST_SCHEMA: dict[str, pl.DataType] = {
@@ -43,25 +71,9 @@ CHUNK_SCHEMA: dict[str, pl.DataType] = {
     "n_tokens": pl.Int64(),             # tokens carried (token_ids length, else 1)
 }
 
-# One row per engine step (bundled engine's /v1/steps stream), see itlbench.engine.instrument.
-STEP_SCHEMA: dict[str, pl.DataType] = {
-    "step": pl.Int64(),
-    "phase": pl.Utf8(),                 # prefill | decode | mixed | idle
-    "prefill_tokens": pl.Int64(),
-    "decode_tokens": pl.Int64(),
-    "num_prefill_reqs": pl.Int64(),
-    "num_decode_reqs": pl.Int64(),
-    "num_running": pl.Int64(),
-    "num_waiting": pl.Int64(),
-    "num_preemptions": pl.Int64(),
-    "kv_usage": pl.Float64(),
-    "token_budget": pl.Int64(),         # null = unchunked
-    "start_ns": pl.Int64(),
-    "end_ns": pl.Int64(),
-    "prefill_request_ids": pl.List(pl.Utf8()),
-    "num_finished": pl.Int64(),
-    "wall_start_ns": pl.Int64(),
-}
+# One row per engine step (the bundled engine's /v1/steps stream): the columns are StepRecord's
+# fields, derived below, so the record and its table cannot drift apart.
+STEP_SCHEMA: dict[str, pl.DataType] = step_schema()
 
 # Samples of an external engine's /metrics (vllm:, sglang:, itlbench_), one row per series per scrape.
 SERVER_METRIC_SCHEMA: dict[str, pl.DataType] = {
