@@ -137,7 +137,7 @@ class Engine:
         outputs = self._outputs(output, sampled, finished, end_ns)
         parts = (scheduled_ns - start_ns, prepared_ns - scheduled_ns, forward_ns - prepared_ns,
                  sampled_ns - forward_ns, end_ns - sampled_ns)
-        self._record(output, len(finished), start_ns, end_ns, wall_ns, parts, self._handoff_ns)
+        self._record(output, len(finished), start_ns, end_ns, wall_ns, parts, int(batch.seq_lens_np.sum()))
         self._handoff_ns = 0
         return outputs
 
@@ -164,7 +164,7 @@ class Engine:
                              req.num_output_tokens, req.num_cached_tokens, now_ns)
 
     def _record(self, output: SchedulerOutput, num_finished: int, start_ns: int, end_ns: int,
-                wall_ns: int, parts: tuple[int, int, int, int, int], handoff_ns: int) -> None:
+                wall_ns: int, parts: tuple[int, int, int, int, int], context_tokens: int) -> None:
         prefill_ids = tuple(c.request.request_id for c in output.chunks if not c.is_decode)
         self.step_log.append(StepRecord(
             step=self._step, phase=output.phase, prefill_tokens=output.num_prefill_tokens,
@@ -174,7 +174,7 @@ class Engine:
             kv_usage=self.block_manager.usage, token_budget=output.token_budget, start_ns=start_ns,
             end_ns=end_ns, prefill_request_ids=prefill_ids, num_finished=num_finished, wall_start_ns=wall_ns,
             schedule_ns=parts[0], prepare_ns=parts[1], forward_ns=parts[2], sample_ns=parts[3],
-            output_ns=parts[4], handoff_ns=handoff_ns))
+            output_ns=parts[4], handoff_ns=self._handoff_ns, context_tokens=context_tokens))
         self._step += 1
 
     # ----------------------------------------------------------------- convenience

@@ -53,6 +53,7 @@ class StepRecord:
     prefill_request_ids: tuple[str, ...] = ()
     num_finished: int = 0
     wall_start_ns: int = 0  # time.time_ns() at start, for aligning with another host's clock
+    context_tokens: int = 0  # K/V positions the step's attention covers: sum of its requests' context lengths
     schedule_ns: int = 0
     prepare_ns: int = 0
     forward_ns: int = 0
