@@ -78,11 +78,35 @@ CASES = [
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("heads", "kv_heads", "dim", "block", "starts", "q_lens"), CASES)
 def test_native_decode_matches_gathered_sdpa(kernel, threads, heads, kv_heads, dim, block, starts, q_lens) -> None:
+    check_against_sdpa(kernel, threads, heads, kv_heads, dim, block, starts, q_lens)
+
+
+# Narrower vector widths than this machine's own: 8 lanes (AVX2) and 4 (SSE2, the x86-64 baseline).
+NARROWER = {"haswell": "avx2", "x86-64": "sse2"}
+
+
+@pytest.mark.parametrize("arch", list(NARROWER))
+def test_narrower_vector_builds_match_too(kernel, arch) -> None:
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86 targets")
+    flags = open("/proc/cpuinfo").read()
+    if NARROWER[arch] not in flags:
+        pytest.skip(f"this CPU cannot run {arch} code")
+    narrow, why = native.build(arch, [[f"-march={arch}", "-fopenmp"]])
+    assert narrow is not None, why
+    for case in CASES:
+        check_against_sdpa(narrow, 2, *case)
+
+
+def check_against_sdpa(kernel, threads, heads, kv_heads, dim, block, starts, q_lens) -> None:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         step = make_step(starts, q_lens, heads, kv_heads, dim, block)
         fast, reference = SdpaBackend(CPU), SdpaBackend(CPU, use_native=False)
+        fast.kernel = kernel
         assert fast.decode_kernel == "native" and reference.decode_kernel == "sdpa"
         meta = fast.prepare(step[0])
         assert meta.native is not None and not meta.single

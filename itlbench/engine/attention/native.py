@@ -9,6 +9,8 @@ plain C file needs no torch headers, so it builds in about a second. The library
 
 Without a compiler (or with `ITLBENCH_NATIVE=0`) `load()` returns None and says why in
 `unavailable_reason()`; attention then gathers and runs SDPA, which is correct, only slower.
+`ITLBENCH_NATIVE_ARCH=haswell` (any `-march` value) builds for another target than this CPU's own,
+for a cache directory shared by machines of different kinds.
 Built with OpenMP, the library shares torch's own `libgomp` (already loaded, same soname), so its
 threads are torch's intra-op threads and `torch.set_num_threads` governs both.
 """
@@ -34,8 +36,13 @@ log = logging.getLogger("itlbench.engine")
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
 _BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-std=gnu11"]
-# tried in order: the first that compiles and loads wins
-_VARIANTS = (["-march=native", "-fopenmp"], ["-march=native", "-fopenmp-simd"], ["-fopenmp-simd"], [])
+ARCH_ENV = "ITLBENCH_NATIVE_ARCH"  # -march value instead of "native" (e.g. haswell, x86-64)
+
+
+def _variants(arch: str) -> list[list[str]]:
+    """Flag sets tried in order: the first that compiles and loads wins."""
+    march = [f"-march={arch}"]
+    return [march + ["-fopenmp"], march + ["-fopenmp-simd"], ["-fopenmp-simd"], []]
 
 _lock = threading.Lock()
 _kernel: PagedDecodeKernel | None = None
@@ -123,9 +130,9 @@ def _build(cc: str, flags: list[str], key_extra: str) -> Path:
     return target
 
 
-def _load() -> tuple[PagedDecodeKernel | None, str | None]:
-    if os.environ.get("ITLBENCH_NATIVE", "1").lower() in ("0", "false", "no", "off"):
-        return None, "disabled by ITLBENCH_NATIVE=0"
+def build(arch: str = "native", variants: list[list[str]] | None = None) -> tuple[PagedDecodeKernel | None, str | None]:
+    """Compile (or find in the cache) and load the kernel for `-march=arch`: (kernel, None) or
+    (None, why not). Tests build other targets than this CPU's own with it (`haswell`: AVX2)."""
     if not sys.platform.startswith("linux"):
         return None, f"native kernels are built on Linux only, not {sys.platform}"
     cc = _compiler()
@@ -133,13 +140,19 @@ def _load() -> tuple[PagedDecodeKernel | None, str | None]:
         return None, "no C compiler found (set CC, or install gcc)"
     extra = "\n".join([_compiler_version(cc), _cpu_identity(), torch.__version__])
     errors = []
-    for flags in _VARIANTS:
+    for flags in variants if variants is not None else _variants(arch):
         try:
             path = _build(cc, flags, extra)
             return PagedDecodeKernel(ctypes.CDLL(str(path)), path, flags), None
         except (OSError, subprocess.SubprocessError) as exc:
             errors.append(f"{' '.join(flags) or 'plain'}: {exc}")
     return None, "the kernel did not build: " + "; ".join(errors)
+
+
+def _load() -> tuple[PagedDecodeKernel | None, str | None]:
+    if os.environ.get("ITLBENCH_NATIVE", "1").lower() in ("0", "false", "no", "off"):
+        return None, "disabled by ITLBENCH_NATIVE=0"
+    return build(os.environ.get(ARCH_ENV) or "native")
 
 
 def load() -> PagedDecodeKernel | None:

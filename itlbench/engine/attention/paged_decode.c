@@ -19,29 +19,50 @@
 #include <omp.h>
 #endif
 
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
-typedef int32_t v16i __attribute__((vector_size(64)));
+/* The widest float vector the target has: 16 lanes with AVX-512, 8 with AVX, else 4 (SSE, NEON). */
+#if defined(__AVX512F__)
+#define VW 16
+#elif defined(__AVX__)
+#define VW 8
+#else
+#define VW 4
+#endif
+typedef float vf __attribute__((vector_size(VW * 4)));
+typedef float vf_unaligned __attribute__((vector_size(VW * 4), aligned(4), may_alias));
+typedef int32_t vfi __attribute__((vector_size(VW * 4)));
 
-static inline v16 load16(const float *p) { v16 r; memcpy(&r, p, sizeof r); return r; }
+static inline vf loadv(const float *p) { return *(const vf_unaligned *)p; }
 
 #define PAIR(a, b, lo, hi) (__builtin_shuffle((a), (b), (lo)) + __builtin_shuffle((a), (b), (hi)))
 
-/* p[t] holds 16 partial products of token t; the result's lane t is their sum. */
-static inline v16 lane_sums(const v16 p[16])
+/* p[t] holds VW partial products of token t; the result's lane t is their sum. Each level pairs
+ * vectors and halves the partial sums per token: log2(VW) levels, VW - 1 pairings in all. */
+#define LEVEL(n, lo, hi)                                                                    \
+    do {                                                                                    \
+        const vfi l_ = lo, h_ = hi;                                                         \
+        for (int i = 0; i < (n) / 2; i++) p[i] = PAIR(p[2 * i], p[2 * i + 1], l_, h_);      \
+    } while (0)
+
+static inline vf lane_sums(vf p[VW])
 {
-    const v16i l1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-    const v16i h1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-    const v16i l2 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-    const v16i h2 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
-    const v16i l3 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
-    const v16i h3 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
-    const v16i l4 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-    const v16i h4 = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
-    v16 a[8], b[4], c[2];
-    for (int i = 0; i < 8; i++) a[i] = PAIR(p[2 * i], p[2 * i + 1], l1, h1);
-    for (int i = 0; i < 4; i++) b[i] = PAIR(a[2 * i], a[2 * i + 1], l2, h2);
-    for (int i = 0; i < 2; i++) c[i] = PAIR(b[2 * i], b[2 * i + 1], l3, h3);
-    return PAIR(c[0], c[1], l4, h4);
+#if VW == 16
+    LEVEL(16, ((vfi){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),
+          ((vfi){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}));
+    LEVEL(8, ((vfi){0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}),
+          ((vfi){4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}));
+    LEVEL(4, ((vfi){0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29}),
+          ((vfi){2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31}));
+    LEVEL(2, ((vfi){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}),
+          ((vfi){1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}));
+#elif VW == 8
+    LEVEL(8, ((vfi){0, 1, 2, 3, 8, 9, 10, 11}), ((vfi){4, 5, 6, 7, 12, 13, 14, 15}));
+    LEVEL(4, ((vfi){0, 1, 4, 5, 8, 9, 12, 13}), ((vfi){2, 3, 6, 7, 10, 11, 14, 15}));
+    LEVEL(2, ((vfi){0, 2, 4, 6, 8, 10, 12, 14}), ((vfi){1, 3, 5, 7, 9, 11, 13, 15}));
+#else
+    LEVEL(4, ((vfi){0, 1, 4, 5}), ((vfi){2, 3, 6, 7}));
+    LEVEL(2, ((vfi){0, 2, 4, 6}), ((vfi){1, 3, 5, 7}));
+#endif
+    return p[0];
 }
 
 /* exp(x) for x <= 0 (scores minus their max): 2^n * poly(r) with |r| <= ln2 / 2, ~1 ulp; written
@@ -68,27 +89,26 @@ static void scores_vec(const float *restrict qh, const float *restrict kc, const
                        int64_t len, int64_t G, int64_t D, int64_t BS, int64_t row, float scale,
                        float *restrict scores)
 {
-    const int64_t nv = D / 16;
+    const int64_t nv = D / VW;
     for (int64_t t0 = 0; t0 < len; t0 += BS) {
         const float *kb = kc + (int64_t)tab[t0 / BS] * BS * row;
         const int64_t n = len - t0 < BS ? len - t0 : BS;
-        for (int64_t s0 = 0; s0 < n; s0 += 16) {
-            const int64_t m = n - s0 < 16 ? n - s0 : 16;
+        for (int64_t s0 = 0; s0 < n; s0 += VW) {
+            const int64_t m = n - s0 < VW ? n - s0 : VW;
             for (int64_t g = 0; g < G; g++) {
                 const float *qg = qh + g * D;
-                v16 p[16];
-                for (int64_t t = 0; t < 16; t++) {
-                    v16 acc = {0};
+                vf p[VW];
+                for (int64_t t = 0; t < VW; t++) {
+                    vf acc = {0};
                     if (t < m) {
                         const float *kr = kb + (s0 + t) * row;
-                        for (int64_t j = 0; j < nv; j++) acc += load16(kr + 16 * j) * load16(qg + 16 * j);
+                        for (int64_t j = 0; j < nv; j++) acc += loadv(kr + VW * j) * loadv(qg + VW * j);
                     }
                     p[t] = acc;
                 }
-                const v16 s = lane_sums(p) * scale;
-                float tmp[16];
-                memcpy(tmp, &s, sizeof tmp);
-                memcpy(scores + g * len + t0 + s0, tmp, (size_t)m * sizeof(float));
+                const vf s = lane_sums(p) * scale;
+                if (m == VW) *(vf_unaligned *)(scores + g * len + t0 + s0) = s;
+                else for (int64_t t = 0; t < m; t++) scores[g * len + t0 + s0 + t] = s[t];
             }
         }
     }
@@ -130,8 +150,8 @@ static void softmax_rows(float *restrict scores, int64_t G, int64_t len)
 static void values_vec(const float *restrict probs, const float *restrict vc, const int32_t *restrict tab,
                        int64_t len, int64_t G, int64_t D, int64_t BS, int64_t row, float *restrict out)
 {
-    const int64_t nv = D / 16;
-    v16 acc[G * nv];
+    const int64_t nv = D / VW;
+    vf acc[G * nv];
     memset(acc, 0, sizeof acc);
     for (int64_t t0 = 0; t0 < len; t0 += BS) {
         const float *vb = vc + (int64_t)tab[t0 / BS] * BS * row;
@@ -140,11 +160,11 @@ static void values_vec(const float *restrict probs, const float *restrict vc, co
             const float *vr = vb + t * row;
             for (int64_t g = 0; g < G; g++) {
                 const float pg = probs[g * len + t0 + t];
-                for (int64_t j = 0; j < nv; j++) acc[g * nv + j] += pg * load16(vr + 16 * j);
+                for (int64_t j = 0; j < nv; j++) acc[g * nv + j] += pg * loadv(vr + VW * j);
             }
         }
     }
-    memcpy(out, acc, sizeof acc);
+    for (int64_t k = 0; k < G * nv; k++) *(vf_unaligned *)(out + VW * k) = acc[k];
 }
 
 static void values_scalar(const float *restrict probs, const float *restrict vc, const int32_t *restrict tab,
@@ -170,7 +190,7 @@ int itl_paged_decode_f32(const float *q, int64_t q_row_stride, const int64_t *ro
     const int64_t G = H / KVH, row = KVH * D;
     for (int64_t i = 0; i < n; i++)
         if (G * (int64_t)lens[i] > scratch_per_thread) return -1;
-    const int vec = D % 16 == 0;
+    const int vec = D % VW == 0;
     const int64_t items = n * KVH;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) if (num_threads > 1 && items > 1)
     for (int64_t it = 0; it < items; it++) {
