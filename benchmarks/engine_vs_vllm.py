@@ -10,8 +10,8 @@ same shape, weights and tokenizer) and are driven by `itlbench run` with
   step from the step log (the bundled engine only; vLLM does not publish steps), next to the
   engine-only step at the same batch and per-sequence context measured in this process afterwards;
   the TTFT of a 4096-token prompt (max_tokens 1, median of 3) on the idle server before the load;
-- at budgets 256 and 2048: the injection stall, the longest gap a decoding stream saw while the
-  injected prompt's prefill ran (the stall attribution of `itlbench analyze`).
+- at budgets 256 and 2048: the injection stall, the longest gap between two tokens of any other
+  stream while the injected prompt waited for its first token (client records, for both engines).
 
 Rows are printed as figures and as ratios to vLLM-CPU from the same run. vLLM comes from the peer
 venv (benchmarks/peers/README.md); without it the vLLM rows are skipped with the reason, and the
@@ -61,6 +61,7 @@ class Row:
     engine_only_step_ms: float | None = None
     prefill_4k_s: float | None = None
     stall_s: dict[int, float | None] = field(default_factory=dict)
+    client_valid: dict[int, bool] = field(default_factory=dict)  # the run's own validity verdict
     step_parts_ms: dict[str, float] = field(default_factory=dict)
     errors: int = 0
     run_dirs: list[str] = field(default_factory=list)
@@ -101,9 +102,26 @@ def prefill_probe(base_url: str, model: str, vocab: int, repeats: int = 3) -> fl
     return statistics.median(times)
 
 
-def injection_stall(summary: dict[str, Any]) -> float | None:
-    events = [a for a in summary["stalls"]["attribution"] if a.get("injected_prefill")]
-    return max((a["worst_s"] for a in events), default=None)
+def injection_stall(run_dir: Path) -> float | None:
+    """The longest gap any other stream saw between two of its tokens while an injected prompt waited
+    for its first token (sent → first token), from the client's own records, so it means the same
+    for an engine that publishes no step log."""
+    from itlbench.rundir.reader import read_table
+
+    reqs, chunks = read_table(run_dir, "requests"), read_table(run_dir, "chunks")
+    inj = reqs.filter(pl.col("injected") & pl.col("first_token_ns").is_not_null())
+    if inj.is_empty():
+        return None
+    others = set(reqs.filter(~pl.col("injected"))["request_id"].to_list())
+    gaps = (chunks.filter(pl.col("request_id").is_in(others)).sort("request_id", "t_ns")
+            .with_columns(prev=pl.col("t_ns").shift(1).over("request_id")).drop_nulls("prev"))
+    worst = None
+    for sent, first in inj.select("sent_ns", "first_token_ns").iter_rows():
+        hit = gaps.filter((pl.col("prev") < first) & (pl.col("t_ns") > sent))
+        if not hit.is_empty():
+            gap = float((hit["t_ns"] - hit["prev"]).max()) / 1e9
+            worst = gap if worst is None else max(worst, gap)
+    return worst
 
 
 def decode_steps(run_dir: Path) -> pl.DataFrame | None:
@@ -129,7 +147,8 @@ def workload(args: argparse.Namespace, base_url: str, model: str, out: Path) -> 
 
 def fill_from_run(row: Row, run_dir: Path, summary: dict[str, Any], budget: int) -> None:
     row.run_dirs.append(str(run_dir))
-    row.stall_s[budget] = injection_stall(summary)
+    row.stall_s[budget] = injection_stall(run_dir)
+    row.client_valid[budget] = bool(summary.get("valid"))
     row.errors += summary["requests"]["error"]
     if budget != 2048:
         return
@@ -228,8 +247,9 @@ def ratio(a: float | None, b: float | None) -> str:
 
 def print_table(rows: list[Row], vllm: Row, budgets: list[int]) -> None:
     print("\n| | ITL p50 ms | ITL p99 ms | output tok/s | decode step ms (median) | engine-only step ms | "
-          "served / engine-only | 4k prefill, idle s | " + " | ".join(f"stall @{b} s" for b in budgets) + " |")
-    print("|---|" + "---:|" * (7 + len(budgets)))
+          "served / engine-only | 4k prefill, idle s | " + " | ".join(f"stall @{b} s" for b in budgets)
+          + " | runs valid | errors |")
+    print("|---|" + "---:|" * (9 + len(budgets)))
     for r in [vllm, *rows]:
         if r.skipped:
             print(f"| {r.name} | skipped: {r.skipped} |")
@@ -240,7 +260,10 @@ def print_table(rows: list[Row], vllm: Row, budgets: list[int]) -> None:
             step += f" ({r.decode_batch:g} seqs, {fmt(r.decode_context, '.0f')} ctx)"
         print(f"| {r.name} | {fmt(r.itl_p50_ms, '.1f')} | {fmt(r.itl_p99_ms, '.1f')} | {fmt(r.output_tok_s, '.0f')} | "
               f"{step} | {fmt(r.engine_only_step_ms, '.1f')} | {ratio(r.decode_step_ms, r.engine_only_step_ms)} | "
-              f"{fmt(r.prefill_4k_s, '.2f')} | {stalls} |")
+              f"{fmt(r.prefill_4k_s, '.2f')} | {stalls} | "
+              f"{', '.join(f'@{b} ' + ('yes' if v else 'no') for b, v in r.client_valid.items())} | {r.errors} |")
+    print("\n(runs valid: the run's own verdict on the client, e.g. no client pauses over 0.25 s; a 'no' run's "
+          "ITL figures include the client's stalls: see its summary.json validity reasons)")
     if vllm.skipped:
         return
     print("\nRatios to vLLM-CPU, same run (ITL and step: lower is better; tokens/s: higher is better):\n")

@@ -140,3 +140,19 @@ def test_engine_greedy_same_with_and_without_the_kernel(kernel) -> None:
         assert engine.runner.backend.decode_kernel == ("native" if use_kernel else "sdpa")
         outs.append(engine.generate(prompts, sp))
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "prefix", "rows"), [(4, 1, 300, 37), (4, 2, 16, 16), (6, 2, 1, 50)])
+def test_extend_chunk_split_by_log_sum_exp_matches_masked_sdpa(heads, kv_heads, prefix, rows) -> None:
+    from itlbench.engine.attention import sdpa
+
+    if sdpa._FLASH_LSE is None:
+        pytest.skip("this torch has no CPU flash attention with log-sum-exp")
+    gen = torch.Generator().manual_seed(heads + prefix)
+    dim, total = 32, prefix + rows
+    q = torch.randn(rows, heads, dim, generator=gen)
+    k, v = torch.randn(total, kv_heads, dim, generator=gen), torch.randn(total, kv_heads, dim, generator=gen)
+    mask = torch.arange(total)[None, :] <= torch.arange(prefix, total)[:, None]
+    masked = sdpa._sdpa(q, k, v, mask=mask)
+    split = sdpa._extend_split(q, k[prefix:], v[prefix:], k[:prefix], v[:prefix])
+    torch.testing.assert_close(split, masked, atol=2e-5, rtol=1e-4)

@@ -135,6 +135,12 @@ class SdpaBackend:
         for rows in meta.fresh:
             out[rows] = _sdpa(q[rows], k[rows], v[rows], causal=True)
         for e in meta.extend:
+            prefix = e.seq_len - (e.rows.stop - e.rows.start)
+            if _FLASH_LSE is not None and q.device.type == "cpu":
+                kk = _gather(k_cache, e.block_ids)[:prefix]
+                vv = _gather(v_cache, e.block_ids)[:prefix]
+                out[e.rows] = _extend_split(q[e.rows], k[e.rows], v[e.rows], kk, vv)
+                continue
             kk = _gather(k_cache, e.block_ids)[: e.seq_len]
             vv = _gather(v_cache, e.block_ids)[: e.seq_len]
             out[e.rows] = _sdpa(q[e.rows], kk, vv, mask=e.mask)
@@ -198,6 +204,32 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     advanced indexing of the 4-D tensor."""
     rows = torch.index_select(cache.view(cache.shape[0], -1), 0, block_ids)
     return rows.view(-1, *cache.shape[2:])
+
+
+# CPU flash attention that also returns the log-sum-exp (private aten op; absent: the masked path)
+_FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _extend_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_k: torch.Tensor,
+                  prefix_v: torch.Tensor) -> torch.Tensor:
+    """A chunk after a cached prefix, without a [T, S] mask: every query attends to all of the
+    prefix (no mask; grouped heads ride in the query axis, so K/V are not repeated) and causally to
+    the chunk itself; the two partial softmaxes merge by their log-sum-exps. Masked SDPA over the
+    whole context costs ~2.7x this on CPU. q [T, H, D], k/v [T, KVH, D], prefix_k/v [P, KVH, D]."""
+    t, heads, dim = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    qh = q.transpose(0, 1).reshape(1, kv_heads, group * t, dim)  # head h = kv_head * group + g
+    pk, pv = prefix_k.transpose(0, 1).unsqueeze(0), prefix_v.transpose(0, 1).unsqueeze(0)
+    o1, l1 = _FLASH_LSE(qh, pk, pv, 0.0, False)
+    kk = k.transpose(0, 1).unsqueeze(1).expand(kv_heads, group, t, dim).reshape(1, heads, t, dim)
+    vv = v.transpose(0, 1).unsqueeze(1).expand(kv_heads, group, t, dim).reshape(1, heads, t, dim)
+    o2, l2 = _FLASH_LSE(q.transpose(0, 1).unsqueeze(0), kk, vv, 0.0, True)
+    o1, l1 = o1.reshape(1, heads, t, dim), l1.reshape(1, heads, t)
+    top = torch.maximum(l1, l2)
+    w1, w2 = torch.exp(l1 - top).unsqueeze(-1), torch.exp(l2 - top).unsqueeze(-1)
+    o = (o1 * w1 + o2 * w2) / (w1 + w2)
+    return o.squeeze(0).transpose(0, 1).to(q.dtype)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
