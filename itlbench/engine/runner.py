@@ -8,6 +8,7 @@ import torch
 from itlbench.engine.attention import select_backend
 from itlbench.engine.batch import FlatBatch
 from itlbench.engine.config import EngineConfig, ModelConfig
+from itlbench.engine.cpu_weights import column_major_projections
 from itlbench.engine.instrument import nvtx_range
 from itlbench.engine.model.llama import ForwardContext, LlamaForCausalLM
 from itlbench.engine.model.loader import load_weights
@@ -60,6 +61,8 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model = LlamaForCausalLM(model_config, self.dtype, self.device).eval()
         load_weights(self.model, model_config, config.seed)
+        if self.device.type == "cpu":
+            column_major_projections(self.model)
         self.cos, self.sin = rope_tables(model_config, max_model_len, self.dtype, self.device)
         self.backend = select_backend(self.device, attention_backend, config.block_size)
         dtype_bytes = torch.finfo(self.dtype).bits // 8
