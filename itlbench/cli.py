@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -13,6 +14,7 @@ from rich.console import Console
 
 from itlbench.engine.config import EngineConfig, default_preset, parse_chunk_budget
 from itlbench.errors import ConfigError, ItlbenchError
+from itlbench.units import parse_duration_s
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure what long prompts do to streaming LLM latency: TTFT by prompt bucket, "
@@ -29,7 +31,13 @@ Mixed = Annotated[bool, typer.Option(help="prefill-first only: decodes ride in p
 MaxNumSeqs = Annotated[int, typer.Option(help="Cap on running sequences.")]
 BlockSize = Annotated[int, typer.Option(help="Tokens per KV-cache block.")]
 KvBlocks = Annotated[int | None, typer.Option(help="KV-cache blocks (default: sized from --kv-memory-gib).")]
-KvMemoryGib = Annotated[float, typer.Option(help="KV-cache memory when --kv-blocks is not given.")]
+KvMemoryGib = Annotated[float | None, typer.Option(help="KV-cache memory when --kv-blocks is not given (default: "
+                                                   "4 GiB on CPU; on CUDA --gpu-memory-fraction of free memory).")]
+GpuMemoryFraction = Annotated[float, typer.Option(help="CUDA: share of free memory after the weights for KV and "
+                                                  "activations, when neither --kv-blocks nor --kv-memory-gib is given.")]
+Attention = Annotated[str, typer.Option(help="Attention kernels: auto (flash, triton, then sdpa, whichever runs "
+                                        "here), sdpa, flash or triton.")]
+CudaGraphs = Annotated[bool, typer.Option(help="CUDA: replay captured graphs for decode-only steps.")]
 MaxModelLen = Annotated[int | None, typer.Option(help="Context limit (default: the model's).")]
 PrefixCaching = Annotated[bool, typer.Option(help="Reuse KV blocks of identical prompt prefixes.")]
 Device = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
@@ -40,6 +48,8 @@ EngineProcess = Annotated[bool | None, typer.Option(
     help="Run the engine core in its own process, apart from the HTTP front end (default: yes).")]
 TorchThreads = Annotated[int | None, typer.Option(
     help="Torch intra-op threads of the engine (default: the cores available to it, less one).")]
+OtlpEndpoint = Annotated[str | None, typer.Option(help="Export OpenTelemetry spans and GenAI metrics over OTLP/HTTP "
+                                                  "to this base URL (e.g. http://127.0.0.1:4318).")]
 
 _RENAMED_FLAGS = {"enable_prefix_caching": "--no-prefix-caching"}
 
@@ -69,10 +79,10 @@ def run(
     streams: Annotated[int | None, typer.Option(help="Closed-loop steady streams (default 32; 0 with --rate or trace).")] = None,
     rate: Annotated[float | None, typer.Option(help="Open-loop arrivals per second (instead of or besides streams).")] = None,
     burstiness: Annotated[float, typer.Option(help="Gamma shape for --rate arrivals; 1 = Poisson.")] = 1.0,
-    duration: Annotated[float, typer.Option(help="Measured seconds (after warmup).")] = 60.0,
-    warmup: Annotated[float, typer.Option(help="Seconds of load at least before measurement starts.")] = 5.0,
+    duration: Annotated[str, typer.Option(help="Measured time after warmup: 60, 60s, 2m.")] = "60s",
+    warmup: Annotated[str, typer.Option(help="Load at least this long before measurement starts.")] = "5s",
     adaptive_warmup: Annotated[bool, typer.Option(help="Also warm up until every stream has received a token.")] = True,
-    ramp: Annotated[float, typer.Option(help="Spread the streams' first sends over this many seconds.")] = 0.0,
+    ramp: Annotated[str, typer.Option(help="Spread the streams' first sends over this long.")] = "0s",
     seed: Seed = 0,
     endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (…/v1); default: start the bundled engine.")] = None,
     model: Annotated[str | None, typer.Option(help="Served model name (with --endpoint), or the bundled engine's preset / "
@@ -87,23 +97,29 @@ def run(
     max_num_seqs: MaxNumSeqs = 64,
     block_size: BlockSize = 16,
     kv_blocks: KvBlocks = None,
-    kv_memory_gib: KvMemoryGib = 4.0,
+    kv_memory_gib: KvMemoryGib = None,
+    gpu_memory_fraction: GpuMemoryFraction = 0.9,
     max_model_len: MaxModelLen = None,
     prefix_caching: PrefixCaching = True,
     device: Device = "auto",
     dtype: Dtype = "auto",
     engine_process: EngineProcess = None,
     torch_threads: TorchThreads = None,
+    attention: Attention = "auto",
+    cuda_graphs: CudaGraphs = True,
     slo: Annotated[str | None, typer.Option(help="SLOs, e.g. 'ttft:le2k=2s,itl_p99=150ms'.")] = None,
     stall_factor: Annotated[float, typer.Option(help="A stall is a gap ≥ factor × the stream's median gap…")] = 5.0,
-    stall_floor: Annotated[float, typer.Option(help="…and ≥ this many seconds.")] = 0.05,
+    stall_floor: Annotated[str, typer.Option(help="…and at least this long.")] = "50ms",
     inject_max_tokens: Annotated[int, typer.Option(help="Output tokens of each injected request.")] = 16,
     trace: Annotated[Path | None, typer.Option(help="Azure-format CSV for --workload trace.")] = None,
     time_scale: Annotated[float, typer.Option(help="Trace replay speed-up (2 = twice as fast).")] = 1.0,
-    drain_timeout: Annotated[float, typer.Option(help="Seconds to let in-flight requests finish after the end.")] = 120.0,
+    drain_timeout: Annotated[str, typer.Option(help="How long in-flight requests may finish after the end.")] = "120s",
     out: Annotated[Path | None, typer.Option(help="Run directory (default reports/<time>-<workload>-…).")] = None,
     workers: Annotated[int, typer.Option(help="Client processes for very high stream counts.")] = 1,
     live: Annotated[bool, typer.Option(help="Show the live progress line.")] = True,
+    metrics_port: Annotated[str | None, typer.Option(help="Serve live itlbench_client_* metrics for Prometheus on "
+                                                          "this port (PORT or HOST:PORT; loopback by default).")] = None,
+    otlp_endpoint: OtlpEndpoint = None,
 ) -> None:
     """Drive a workload (and injected long prompts) against the bundled engine or --endpoint."""
     from itlbench.report.terminal import LiveProgress, print_summary
@@ -112,25 +128,30 @@ def run(
     try:
         engine = _engine_config(model=None if endpoint else model, chunk_budget=chunk_budget, policy=policy,
                                 mixed=mixed, max_num_seqs=max_num_seqs, block_size=block_size, kv_blocks=kv_blocks,
-                                kv_memory_gib=kv_memory_gib, max_model_len=max_model_len,
+                                kv_memory_gib=kv_memory_gib, gpu_memory_fraction=gpu_memory_fraction,
+                                attention=attention, cuda_graphs=cuda_graphs, max_model_len=max_model_len,
                                 enable_prefix_caching=prefix_caching, device=device, dtype=dtype, seed=seed,
                                 engine_process=engine_process, torch_threads=torch_threads)
         cfg = RunConfig(workload=workload, inject=inject, inject_max_tokens=inject_max_tokens, streams=streams,
-                        rate=rate, burstiness=burstiness, duration_s=duration, warmup_s=warmup, seed=seed,
-                        adaptive_warmup=adaptive_warmup, ramp_s=ramp,
+                        rate=rate, burstiness=burstiness, duration_s=parse_duration_s(duration, "--duration"),
+                        warmup_s=parse_duration_s(warmup, "--warmup"), seed=seed,
+                        adaptive_warmup=adaptive_warmup, ramp_s=parse_duration_s(ramp, "--ramp"),
                         endpoint=endpoint, model=model, api_key=api_key, api=api, engine=engine, slo=slo,
                         forced_lengths=forced_lengths,
-                        stall_factor=stall_factor, stall_floor_s=stall_floor, trace=trace, time_scale=time_scale,
-                        drain_timeout_s=drain_timeout, out=out, workers=workers, live=live)
+                        stall_factor=stall_factor, stall_floor_s=parse_duration_s(stall_floor, "--stall-floor"),
+                        trace=trace, time_scale=time_scale,
+                        drain_timeout_s=parse_duration_s(drain_timeout, "--drain-timeout"), out=out,
+                        workers=workers, live=live, metrics_port=metrics_port, otlp_endpoint=otlp_endpoint)
         cfg.validate()
         from itlbench.orchestrate import run_load_test
 
-        with LiveProgress(console, total_s=duration, enabled=live) as progress:
+        with LiveProgress(console, total_s=cfg.duration_s, enabled=live) as progress:
             run_dir, summary = run_load_test(cfg, progress=progress.update, on_status=progress.status)
     except ItlbenchError as exc:
         _fail(exc)
         return
     print_summary(console, summary, run_dir)
+    _write_report(run_dir)
     print(run_dir)
 
 
@@ -144,11 +165,14 @@ def serve(
     max_num_seqs: MaxNumSeqs = 64,
     block_size: BlockSize = 16,
     kv_blocks: KvBlocks = None,
-    kv_memory_gib: KvMemoryGib = 4.0,
+    kv_memory_gib: KvMemoryGib = None,
+    gpu_memory_fraction: GpuMemoryFraction = 0.9,
     max_model_len: MaxModelLen = None,
     prefix_caching: PrefixCaching = True,
     device: Device = "auto",
     dtype: Dtype = "auto",
+    attention: Attention = "auto",
+    cuda_graphs: CudaGraphs = True,
     seed: Seed = 0,
     engine_process: EngineProcess = None,
     torch_threads: TorchThreads = None,
@@ -162,6 +186,7 @@ def serve(
     max_waiting: Annotated[int, typer.Option(help="Waiting requests beyond which new ones get 429.")] = 1024,
     max_body_mib: Annotated[float, typer.Option(help="Largest request body accepted (413 above).")] = 4.0,
     access_log: Annotated[bool, typer.Option(help="Log every HTTP request.")] = False,
+    otlp_endpoint: OtlpEndpoint = None,
 ) -> None:
     """Serve the bundled engine with an OpenAI-compatible API, /metrics and /v1/steps."""
     try:
@@ -171,11 +196,16 @@ def serve(
         else:
             engine = _engine_config(model=model, chunk_budget=chunk_budget, policy=policy, mixed=mixed,
                                     max_num_seqs=max_num_seqs, block_size=block_size, kv_blocks=kv_blocks,
-                                    kv_memory_gib=kv_memory_gib, max_model_len=max_model_len,
+                                    kv_memory_gib=kv_memory_gib, gpu_memory_fraction=gpu_memory_fraction,
+                                    attention=attention, cuda_graphs=cuda_graphs, max_model_len=max_model_len,
                                     enable_prefix_caching=prefix_caching, device=device, dtype=dtype, seed=seed,
                                     engine_process=engine_process, torch_threads=torch_threads)
         if max_body_mib <= 0:
             raise ConfigError("--max-body-mib", f"must be > 0, got {max_body_mib}")
+        if otlp_endpoint is not None:
+            from itlbench.telemetry.otel import check_endpoint
+
+            otlp_endpoint = check_endpoint(otlp_endpoint)
     except ItlbenchError as exc:
         _fail(exc)
         return
@@ -190,13 +220,14 @@ def serve(
     try:
         serve_forever(ServerConfig(engine=engine, host=host, port=port, api_key=api_key,
                                    served_model_name=served_model_name, max_waiting=max_waiting,
-                                   access_log=access_log, max_body_mib=max_body_mib))
+                                   access_log=access_log, max_body_mib=max_body_mib,
+                                   otlp_endpoint=otlp_endpoint))
     except ItlbenchError as exc:
         _fail(exc)
 
 
 _SERVER_FLAGS = {"engine_config", "host", "port", "api_key", "served_model_name", "max_waiting", "max_body_mib",
-                 "access_log"}
+                 "access_log", "otlp_endpoint"}
 
 
 def _refuse_engine_flags(ctx: typer.Context) -> None:
@@ -224,6 +255,7 @@ def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory writte
         return
     RunStore(run_dir).write_json("summary.json", summary)
     print_summary(console, summary, run_dir)
+    _write_report(run_dir)
     print(run_dir)
 
 
@@ -240,6 +272,142 @@ def workloads(as_json: Annotated[bool, typer.Option("--json", help="Print JSON."
         print()
         return
     print_catalog(Console(), rows)
+
+
+def _write_report(run_dir: Path) -> None:
+    from itlbench.report.run_report import write_run_report_safely
+
+    html, problem = write_run_report_safely(run_dir)
+    if html is not None:
+        console.print(f"[bold]Report[/] {html}", highlight=False)
+    else:
+        console.print(f"[yellow]warning:[/] no report written ({problem}); the records and summary.json are "
+                      f"complete: retry with `itlbench report {run_dir}`", highlight=False)
+
+
+@app.command()
+def report(run_dir: Annotated[Path, typer.Argument(help="A run directory written by `itlbench run`.")],
+           out: Annotated[Path | None, typer.Option(help="Write the report here (default: RUN_DIR).")] = None) -> None:
+    """Write report.html (self-contained) and report.md with figures/ for one run."""
+    from itlbench.report.run_report import write_run_report
+
+    if not (run_dir / "run.json").is_file():
+        _fail(ConfigError("RUN_DIR", f"{run_dir} has no run.json", "pass a directory written by `itlbench run`"))
+    try:
+        written = write_run_report(run_dir, out)
+    except ItlbenchError as exc:
+        _fail(exc)
+        return
+    console.print(f"[bold]Report[/] {written.html}  (markdown: {written.markdown})", highlight=False)
+    print(written.html)
+
+
+@app.command()
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Finished run directories (budgets, policies, engines).")],
+    out: Annotated[Path | None, typer.Option(help="Report directory (default reports/<time>-compare).")] = None,
+    slo: Annotated[str | None, typer.Option(help="SLOs to judge the runs by, e.g. 'ttft:le2k=2s,itl_p99=150ms'.")] = None,
+    force: Annotated[bool, typer.Option(help="Compare runs whose workload, seed or injection differ.")] = False,
+) -> None:
+    """Compare finished runs: one row each, overlaid figures and a verdict per SLO."""
+    import datetime as dt
+
+    from itlbench.report.compare import print_comparison, write_compare_report
+
+    for d in run_dirs:
+        if not (d / "run.json").is_file():
+            _fail(ConfigError("DIR", f"{d} has no run.json", "pass directories written by `itlbench run`"))
+    target = out or Path("reports") / (dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S") + "-compare")
+    try:
+        command = shlex.join(["itlbench", "compare", *map(str, run_dirs), *(["--slo", slo] if slo else []),
+                              *(["--force"] if force else [])])
+        written, rows, verdict = write_compare_report(run_dirs, target, slo, force, command=command)
+    except ItlbenchError as exc:
+        _fail(exc)
+        return
+    print_comparison(console, rows, verdict, written.html)
+    print(written.html)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sweep(
+    ctx: typer.Context,
+    chunk_budget: Annotated[str, typer.Option("--chunk-budget", help="Budgets to run, comma-separated; 'none' = "
+                                              "unchunked.")] = "256,512,2048,8192,none",
+    policy: Annotated[str, typer.Option("--policy", help="budget, prefill-first, or both comma-separated.")] = "budget",
+    out: Annotated[Path | None, typer.Option(help="Sweep directory (default reports/<time>-sweep-…).")] = None,
+    slo: Annotated[str | None, typer.Option(help="SLOs for each run and the verdict.")] = None,
+) -> None:
+    """Run the same seeded workload once per chunk budget (any `itlbench run` option after these), then compare.
+
+    Example: itlbench sweep --chunk-budget 512,2048,none --workload rag --inject 32k --duration 30
+    """
+    from itlbench.report.compare import print_comparison, write_compare_report
+    from itlbench.report.sweep import SweepAborted, default_sweep_dir, parse_settings, run_sweep
+
+    run_args = list(ctx.args) + (["--slo", slo] if slo else [])
+    command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+
+    def invoke_run(args: list[str]) -> int:
+        try:
+            code = command.main(args=args, prog_name="itlbench run", standalone_mode=False)
+        except SystemExit as exc:  # click may exit on --help or usage errors
+            code = exc.code if isinstance(exc.code, int) else 2
+        except Exception as exc:  # noqa: BLE001 - click usage errors name the bad option
+            console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            code = 2
+        return int(code or 0)
+
+    try:
+        settings = parse_settings(chunk_budget, policy)
+        target = out or default_sweep_dir(run_args)
+        done = run_sweep(settings, run_args, target, invoke_run, on_status=lambda s: console.print(f"[dim]{s}[/]"))
+        if not done:
+            _fail(ItlbenchError("sweep: no run finished; nothing to compare"))
+            return
+        command = shlex.join(["itlbench", "sweep", "--chunk-budget", chunk_budget, "--policy", policy,
+                              *ctx.args, *(["--slo", slo] if slo else []), "--out", str(target)])
+        written, rows, verdict = write_compare_report(done, target, slo, title="Chunk-budget sweep", command=command)
+    except SweepAborted as exc:
+        raise typer.Exit(exc.code) from None
+    except ItlbenchError as exc:
+        _fail(exc)
+        return
+    print_comparison(console, rows, verdict, written.html)
+    print(target)
+
+
+@app.command()
+def phases(
+    endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (…/v1); default: the bundled engine.")] = None,
+    model: Annotated[str | None, typer.Option(help="Served model (with --endpoint) or bundled preset / HF dir.")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY", help="Bearer key for --endpoint.")] = None,
+    lengths: Annotated[str | None, typer.Option(help="Prompt lengths, e.g. '1,16,128,512,2k,8k' (default: ×4 "
+                                                "steps from 1 up to the context).")] = None,
+    max_prompt: Annotated[str | None, typer.Option(help="Longest prompt to try (default: the context).")] = None,
+    concurrency: Annotated[int, typer.Option(help="Decode batch to measure besides batch 1.")] = 32,
+    output_tokens: Annotated[int, typer.Option(help="Tokens generated per request (decode is timed over these).")] = 32,
+    repeats: Annotated[int, typer.Option(help="Requests per prompt length (the median is reported).")] = 3,
+    chunk_budget: ChunkBudget = "none",
+    device: Annotated[str, typer.Option(help="Bundled engine: auto, cpu or cuda.")] = "auto",
+    out: Annotated[Path | None, typer.Option(help="Output directory (default reports/<time>-phases).")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Prefill and decode measured apart (the seeds' exercise A): time and tokens/s per prompt length."""
+    from itlbench.report.phases import PhasesConfig, run_phases
+
+    try:
+        cfg = PhasesConfig(endpoint=endpoint, model=model, api_key=api_key, lengths=lengths, max_prompt=max_prompt,
+                           concurrency=concurrency, output_tokens=output_tokens, repeats=repeats,
+                           engine=None if endpoint else _engine_config(model=model, chunk_budget=chunk_budget,
+                                                                       device=device, seed=seed),
+                           out=out, seed=seed)
+        written = run_phases(cfg, on_status=lambda s: console.print(f"[dim]{s}[/]"))
+    except ItlbenchError as exc:
+        _fail(exc)
+        return
+    console.print(f"[bold]Report[/] {written.html}", highlight=False)
+    print(written.html.parent)
 
 
 @app.command("export-model")

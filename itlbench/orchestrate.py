@@ -18,8 +18,9 @@ import shutil
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from itlbench import __version__
 from itlbench.analysis.goodput import parse_slo
@@ -27,15 +28,19 @@ from itlbench.analysis.summary import analyze_run
 from itlbench.connect import Connection, connect
 from itlbench.engine.config import load_model_config
 from itlbench.errors import ConfigError, ItlbenchError
+from itlbench.http_json import request_json
 from itlbench.load.driver import DriveResult, ProgressSnapshot, Warmup, drive
 from itlbench.load.metrics_sampler import sample_metrics
 from itlbench.load.multiproc import drive_workers
-from itlbench.load.steps_follower import follow_steps
+from itlbench.load.steps_follower import StepsFollower
 from itlbench.run_config import RunConfig
 from itlbench.rundir.store import RunStore
 from itlbench.workloads.build import LoadSpec, build_load_plan
 from itlbench.workloads.catalog import get_workload
 from itlbench.workloads.injection import parse_injections
+
+if TYPE_CHECKING:
+    from itlbench.telemetry.observer import LiveTelemetry
 
 ProgressFn = Callable[[ProgressSnapshot], None]
 
@@ -97,18 +102,47 @@ def _load_spec(cfg: RunConfig, conn: Connection) -> LoadSpec:
         tokens_per_word=conn.tokens_per_word)
 
 
-def _observers(conn: Connection, store: RunStore, api_key: str | None) -> list[asyncio.Task[None]]:
+@dataclass
+class _Observers:
     """Server-side records next to the load: the step log of an itlbench engine, /metrics of others."""
-    tasks = []
-    if conn.steps_url:
-        tasks.append(asyncio.create_task(follow_steps(conn.steps_url, store)))
-    if conn.metrics_url:
-        tasks.append(asyncio.create_task(sample_metrics(conn.metrics_url, store, api_key=api_key)))
-    return tasks
+
+    steps: StepsFollower | None
+    tasks: list[asyncio.Task[None]]
+
+    @classmethod
+    def start(cls, conn: Connection, store: RunStore, api_key: str | None,
+              telemetry: LiveTelemetry | None = None) -> _Observers:
+        writer = telemetry.tee(store) if telemetry is not None else store  # live stall causes
+        steps = StepsFollower(conn.steps_url, writer) if conn.steps_url else None
+        tasks = [asyncio.create_task(steps.run())] if steps else []
+        if conn.metrics_url:
+            tasks.append(asyncio.create_task(sample_metrics(conn.metrics_url, store, api_key=api_key)))
+        return cls(steps, tasks)
+
+    async def stop(self, engine_url: str | None, api_key: str | None, timeout_s: float = 10.0) -> None:
+        """Cancel the observers once the step follower holds the engine's last step (or it is gone)."""
+        if self.steps is not None and engine_url is not None:
+            await _until_caught_up(self.steps, engine_url, api_key, timeout_s)
+        for task in self.tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+async def _until_caught_up(follower: StepsFollower, engine_url: str, api_key: str | None,
+                           timeout_s: float) -> None:
+    try:
+        info = await asyncio.to_thread(request_json, f"{engine_url}/engine", None, api_key, 2.0)
+    except (OSError, ValueError):
+        return  # the engine is gone: the follower already has all it will get
+    last = int(info.get("last_step", -1))
+    deadline = time.monotonic() + timeout_s
+    while follower.next_step <= last and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
 
 
 async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection, store: RunStore,
-                                progress: ProgressFn | None) -> DriveResult:
+                                progress: ProgressFn | None, telemetry: LiveTelemetry | None = None) -> DriveResult:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     interrupts = 0
@@ -124,22 +158,19 @@ async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, on_sigint)
         loop.add_signal_handler(signal.SIGTERM, on_sigint)  # a terminated run still writes its records
-    observers = _observers(conn, store, cfg.api_key)
+    observers = _Observers.start(conn, store, cfg.api_key, telemetry)
     target = conn.target
+    warmup = Warmup(min_s=cfg.warmup_s, adaptive=cfg.adaptive_warmup, max_s=cfg.max_warmup_s, ramp_s=cfg.ramp_s)
     try:
         if cfg.workers > 1:  # each worker process rebuilds the same seeded plan and takes its share
             return await drive_workers(functools.partial(build_load_plan, spec), target, store,
-                                       workers=cfg.workers, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s,
+                                       workers=cfg.workers, duration_s=cfg.duration_s, warmup=warmup,
                                        drain_timeout_s=cfg.drain_timeout_s, on_progress=progress)
-        warmup = Warmup(min_s=cfg.warmup_s, adaptive=cfg.adaptive_warmup, max_s=cfg.max_warmup_s, ramp_s=cfg.ramp_s)
         return await drive(build_load_plan(spec), target, store, duration_s=cfg.duration_s, warmup=warmup,
-                           drain_timeout_s=cfg.drain_timeout_s, on_progress=progress, stop_event=stop)
+                           drain_timeout_s=cfg.drain_timeout_s, on_progress=progress, stop_event=stop,
+                           observer=telemetry)
     finally:
-        await asyncio.sleep(0.3)  # let the last steps arrive
-        for task in observers:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await observers.stop(conn.steps_url, cfg.api_key)
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
             loop.remove_signal_handler(signal.SIGTERM)
@@ -153,6 +184,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError("--out", f"{run_dir} already holds a run", "choose a new directory")
+    telemetry = _start_telemetry(cfg)  # before the engine: a port in use fails first
     store = RunStore(run_dir)
     run_doc: dict[str, Any] = {"itlbench_version": __version__, "created": dt.datetime.now(dt.UTC).isoformat(),
                                "config": _config_doc(cfg), "hardware": _hardware(), "versions": _versions(),
@@ -165,27 +197,63 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         conn = connect(cfg, run_dir)
     except ItlbenchError:
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing was measured (the error carries the log tail)
+        _close_telemetry(telemetry)
         raise
     try:
         run_doc.update(conn.doc)
+        _connect_telemetry(telemetry, cfg, conn, run_dir, run_doc)
         spec = _load_spec(cfg, conn)
         run_doc["plan"] = build_load_plan(spec).description
         store.write_json("run.json", run_doc)
         on_status("running")
-        result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress))
+        result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress, telemetry))
     except (KeyboardInterrupt, asyncio.CancelledError):
         run_doc["interrupted"] = True
     finally:
         store.close()
         if conn.server is not None:
             run_doc["server_exit_code"] = conn.close()
+        _close_telemetry(telemetry)
         run_doc.update(_window(result, started_ns, cfg))
+        if result is not None:
+            run_doc["stop_reason"] = result.stop_reason
         if result is not None and result.aborted_reason:
             run_doc["aborted_reason"] = result.aborted_reason
         store.write_json("run.json", run_doc)
     summary = analyze_run(run_dir)
     store.write_json("summary.json", summary)
     return run_dir, summary
+
+
+def _start_telemetry(cfg: RunConfig) -> LiveTelemetry | None:
+    """Live Prometheus / OpenTelemetry export, only when asked for (nothing is imported otherwise)."""
+    if cfg.metrics_port is None and cfg.otlp_endpoint is None:
+        return None
+    from itlbench.telemetry.observer import LiveTelemetry
+
+    return LiveTelemetry.start(cfg.metrics_port, cfg.otlp_endpoint, stall_factor=cfg.stall_factor,
+                               stall_floor_s=cfg.stall_floor_s)
+
+
+def _connect_telemetry(telemetry: LiveTelemetry | None, cfg: RunConfig, conn: Connection, run_dir: Path,
+                       run_doc: dict[str, Any]) -> None:
+    if telemetry is None:
+        return
+    engine = conn.doc.get("engine") or {}
+    engine = engine.get("itlbench", engine)  # an external itlbench server nests its /v1/engine
+    ecfg = engine.get("engine") if isinstance(engine.get("engine"), dict) else None
+    budget = "unknown" if ecfg is None else str(ecfg.get("chunk_budget") if ecfg.get("chunk_budget") else "none")
+    info = {"run_id": run_dir.name, "workload": cfg.workload, "chunk_budget": budget,
+            "policy": str(ecfg.get("policy")) if ecfg else "unknown",
+            "engine": "itlbench" if ecfg else "external", "model": conn.target.model}
+    telemetry.connect(conn.target, has_steps=conn.steps_url is not None,
+                      provider_name="itlbench" if ecfg else "openai", run_info=info)
+    run_doc["telemetry"] = telemetry.doc()
+
+
+def _close_telemetry(telemetry: LiveTelemetry | None) -> None:
+    if telemetry is not None:
+        telemetry.close()
 
 
 def _preflight(cfg: RunConfig) -> None:
@@ -201,6 +269,9 @@ def _preflight(cfg: RunConfig) -> None:
                           f"max_position_embeddings={model.max_position_embeddings}",
                           f"use at most {model.max_position_embeddings}")
     max_len = cfg.engine.max_model_len or model.max_position_embeddings
+    from itlbench.engine.attention import preflight as attention_preflight
+
+    attention_preflight(cfg.engine)  # e.g. --attention flash where flash-attn is missing
     conn = Connection(target=None, max_model_len=max_len, vocab_size=model.vocab_size,  # type: ignore[arg-type]
                       steps_url=None, metrics_url=None)
     build_load_plan(_load_spec(cfg, conn))
@@ -219,10 +290,3 @@ def _config_doc(cfg: RunConfig) -> dict[str, Any]:
     doc["engine"] = cfg.engine.as_dict() if cfg.endpoint is None else None
     doc["api_key_set"] = bool(cfg.api_key)
     return json.loads(json.dumps(doc, default=str))
-
-
-def load_summary(run_dir: Path) -> dict[str, Any]:
-    path = Path(run_dir) / "summary.json"
-    if not path.is_file():
-        raise ItlbenchError(f"{run_dir} has no summary.json; run `itlbench analyze {run_dir}`")
-    return json.loads(path.read_text())

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from itlbench.engine.config import EngineConfig
 from itlbench.errors import ConfigError
+from itlbench.workloads.build import check_load_shape
 
 
 @dataclass
@@ -40,23 +41,18 @@ class RunConfig:
     time_scale: float = 1.0
     workers: int = 1
     live: bool = True
+    metrics_port: str | None = None  # serve itlbench_client_* for Prometheus: "9464" or "HOST:9464"
+    otlp_endpoint: str | None = None  # OTLP/HTTP base URL for spans and GenAI metrics (client and bundled server)
 
     def validate(self) -> None:
-        if self.duration_s <= 0:
-            raise ConfigError("--duration", f"must be > 0 seconds, got {self.duration_s}")
+        check_load_shape(self.streams, self.rate, self.burstiness, self.duration_s)
         if self.warmup_s < 0:
             raise ConfigError("--warmup", f"must be >= 0 seconds, got {self.warmup_s}")
         if self.ramp_s < 0:
             raise ConfigError("--ramp", f"must be >= 0 seconds, got {self.ramp_s}")
-        if self.streams is not None and self.streams < 0:
-            raise ConfigError("--streams", f"must be >= 0, got {self.streams}")
         if self.streams == 0 and self.rate is None and not self.inject and self.workload != "trace":
             raise ConfigError("--streams", "0 streams, no --rate and no --inject sends nothing",
                               "give --streams N, --rate R or --inject SPEC")
-        if self.rate is not None and self.rate <= 0:
-            raise ConfigError("--rate", f"must be > 0 requests/s, got {self.rate}")
-        if self.burstiness <= 0:
-            raise ConfigError("--burstiness", f"must be > 0, got {self.burstiness}", "1 = Poisson, < 1 burstier")
         if self.endpoint is not None:
             if not self.endpoint.startswith(("http://", "https://")):
                 raise ConfigError("--endpoint", f"{self.endpoint!r} is not an http(s) URL",
@@ -74,3 +70,7 @@ class RunConfig:
             raise ConfigError("--stall-floor", f"must be >= 0 seconds, got {self.stall_floor_s}")
         if self.time_scale <= 0:
             raise ConfigError("--time-scale", f"must be > 0, got {self.time_scale}")
+        if self.metrics_port is not None or self.otlp_endpoint is not None:
+            from itlbench.telemetry.options import check_run_options
+
+            check_run_options(self.metrics_port, self.otlp_endpoint, self.workers)

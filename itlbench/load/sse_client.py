@@ -13,7 +13,7 @@ import json
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -51,6 +51,21 @@ class _Exchange:
     saw_done: bool = False
     connection_error: bool = False
     chunks_written: int = 0  # chunk rows already handed to the sink (long streams write as they go)
+    watch: Any = None  # a StreamObserver's per-request state
+
+
+class StreamObserver(Protocol):
+    """Live telemetry of every request (itlbench.telemetry). The client holds None when telemetry is
+    off, so it then does no extra work per chunk; observers read the exchange, never change it."""
+
+    def on_start(self, ex: _Exchange) -> dict[str, str] | None:
+        """Just before the request is sent; returns extra HTTP headers (e.g. `traceparent`)."""
+
+    def on_chunk(self, ex: _Exchange, t_ns: int, n_tokens: int) -> None:
+        """A content chunk was stamped and appended to `ex.times`."""
+
+    def on_end(self, ex: _Exchange, done_ns: int) -> None:
+        """The request is over, whatever its status (its row has been written)."""
 
 
 # A stream hands its chunk rows over every this many chunks, so a long request's chunks reach disk
@@ -101,8 +116,10 @@ class StreamClient:
     `recent_itl_ns` / `recent_ttft_ns` keep the last gaps for a cheap live progress line.
     """
 
-    def __init__(self, target: Target, sink: RowWriter, *, limit: int = 0, recent: int = 4096) -> None:
+    def __init__(self, target: Target, sink: RowWriter, *, limit: int = 0, recent: int = 4096,
+                 observer: StreamObserver | None = None) -> None:
         self.target = target
+        self.observer = observer
         self.sink = sink
         self.limit = limit
         self.recent_itl_ns: deque[int] = deque(maxlen=recent)
@@ -148,8 +165,13 @@ class StreamClient:
     async def _exchange(self, ex: _Exchange) -> None:
         assert self._session is not None, "use StreamClient as an async context manager"
         data = json.dumps(build_body(ex.plan, self.target)).encode()
+        headers = self._headers
+        if self.observer is not None:
+            extra = self.observer.on_start(ex)
+            if extra:
+                headers = {**headers, **extra}
         ex.sent_ns = _now()
-        async with self._session.post(self.target.url, data=data, headers=self._headers) as resp:
+        async with self._session.post(self.target.url, data=data, headers=headers) as resp:
             ex.http_status = resp.status
             if resp.status != 200:
                 ex.error = await _error_message(resp)
@@ -161,30 +183,17 @@ class StreamClient:
             ex.error = "stream ended before [DONE]"
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, ex: _Exchange) -> None:
-        buf = b""
+        events = SseEvents()
         content = resp.content
         while True:
             data = await content.readany()
             t = _now()
             if not data:
                 return
-            buf += data
-            if b"\r" in buf:
-                buf = buf.replace(b"\r\n", b"\n")
-            start = 0
-            while (end := buf.find(b"\n\n", start)) >= 0:
-                self._on_event(buf[start:end], t, ex)
-                start = end + 2
-            if start:
-                buf = buf[start:]
+            for payload in events.feed(data):
+                self._on_event(payload, t, ex)
 
-    def _on_event(self, event: bytes, t: int, ex: _Exchange) -> None:
-        if event.startswith(b"data: ") and b"\n" not in event:
-            payload = event[6:]
-        else:
-            payload = _data_of(event)
-            if payload is None:
-                return
+    def _on_event(self, payload: bytes, t: int, ex: _Exchange) -> None:
         if payload == b"[DONE]":
             ex.saw_done = True
             return
@@ -225,6 +234,8 @@ class StreamClient:
             ex.tokens += n
             if len(times) - ex.chunks_written >= CHUNK_ROWS_PER_HANDOFF:
                 self._write_chunks(ex)
+            if self.observer is not None:
+                self.observer.on_chunk(ex, t, n)
         fr = c.get("finish_reason")
         if fr:
             ex.finish_reason = fr
@@ -244,6 +255,8 @@ class StreamClient:
             "error": ex.error, "finish_reason": ex.finish_reason,
         })
         self._write_chunks(ex)
+        if self.observer is not None:
+            self.observer.on_end(ex, done_ns)
 
     def _write_chunks(self, ex: _Exchange) -> None:
         """Hand over the chunk rows not yet written (index continues across hand-offs)."""
@@ -253,9 +266,41 @@ class StreamClient:
         ex.chunks_written = len(ex.times)
 
 
+class SseEvents:
+    """Splits a server-sent-event byte stream, fed in whatever pieces the network gives, into the
+    data payloads of its events (the WHATWG event-stream rules that OpenAI-style servers use):
+    events end at a blank line; CRLF, CR and LF all end lines; an event's `data:` lines are joined
+    with newlines (one optional space after the colon is dropped); comments (`:`) and other fields
+    are ignored; an event whose data is empty is not dispatched. The common one-line `data: {...}`
+    event takes the fast path."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._buf + data
+        if b"\r" in buf:
+            # a CR at the very end may be the first half of a CRLF: keep it for the next piece
+            keep = buf.endswith(b"\r")
+            buf = (buf[:-1] if keep else buf).replace(b"\r\n", b"\n").replace(b"\r", b"\n") + (b"\r" if keep else b"")
+        out: list[bytes] = []
+        start = 0
+        while (end := buf.find(b"\n\n", start)) >= 0:
+            event = buf[start:end]
+            start = end + 2
+            payload = event[6:] if event.startswith(b"data: ") and b"\n" not in event else _data_of(event)
+            if payload:  # an event without data (or with empty data) is not dispatched
+                out.append(payload)
+        self._buf = buf[start:]
+        return out
+
+
 def _data_of(event: bytes) -> bytes | None:
     """General SSE event: join its `data:` lines; comments and other fields are ignored."""
-    parts = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+    parts = [line[6:] if line.startswith(b"data: ") else line[5:]
+             for line in event.split(b"\n") if line.startswith(b"data:")]
     return b"\n".join(parts) if parts else None
 
 

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -41,6 +42,7 @@ class ServerConfig:
     max_waiting: int = DEFAULT_MAX_WAITING
     access_log: bool = False
     max_body_mib: float = DEFAULT_MAX_BODY_MIB
+    otlp_endpoint: str | None = None  # export SERVER spans and gen_ai.server.* metrics over OTLP/HTTP
 
     @property
     def model_name(self) -> str:
@@ -55,6 +57,7 @@ class RunningServer:
     runner: web.AppRunner
     engine: AsyncEngine | EngineProcessClient
     port: int
+    tracing: Any = None
 
     @property
     def url(self) -> str:
@@ -67,6 +70,8 @@ class RunningServer:
     async def stop(self) -> None:
         await self.runner.cleanup()
         await asyncio.to_thread(self.engine.shutdown)
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)  # export the last spans
 
 
 def build_engine(config: EngineConfig):  # noqa: ANN201 - Engine imports torch; keep the import lazy
@@ -86,6 +91,8 @@ async def start_server(config: ServerConfig, engine: object | None = None, *,
     """
     ecfg = config.engine
     metrics = ServerMetrics(config.model_name)
+    tracing = _tracing(config)
+    observer = metrics if tracing is None else tracing.observing(metrics)
     in_process = engine is not None or not (ecfg.engine_process if ecfg.engine_process is not None else standalone)
     threads = serving_threads(ecfg.torch_threads) if standalone or ecfg.torch_threads is not None else None
     driver: AsyncEngine | EngineProcessClient
@@ -96,14 +103,14 @@ async def start_server(config: ServerConfig, engine: object | None = None, *,
             engine = await asyncio.to_thread(build_engine, ecfg)
         view = engine
         metrics.set_config(engine)
-        driver = AsyncEngine(engine, max_waiting=config.max_waiting, observer=metrics)
+        driver = AsyncEngine(engine, max_waiting=config.max_waiting, observer=observer)
         driver.start()
         backend = getattr(getattr(engine, "runner", None), "backend", None)
         layout = {"engine_process": False, "torch_threads": _torch_threads(),
                   "decode_kernel": getattr(backend, "decode_kernel", getattr(backend, "name", None))}
     else:
         proc = EngineProcessClient(ecfg, threads or serving_threads(None), max_waiting=config.max_waiting,
-                                   observer=metrics)
+                                   observer=observer)
         await proc.start()
         assert proc.engine is not None
         view = proc.engine
@@ -112,16 +119,26 @@ async def start_server(config: ServerConfig, engine: object | None = None, *,
         layout = {"engine_process": True, "torch_threads": view.torch_threads, "decode_kernel": view.decode_kernel,
                   "engine_pid": view.pid}
     app = build_app(ServerState(driver, metrics, config.model_name, config.api_key,  # type: ignore[arg-type]
-                                int(config.max_body_mib * 2**20), layout))
+                                int(config.max_body_mib * 2**20), tracing=tracing, layout=layout))
     runner = web.AppRunner(app, access_log=logging.getLogger("aiohttp.access") if config.access_log else None,
                            handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()
     port = runner.addresses[0][1]
-    server = RunningServer(config, runner, driver, port)
+    server = RunningServer(config, runner, driver, port, tracing)
     _log_startup(server, view, layout)
     return server
+
+
+def _tracing(config: ServerConfig) -> Any:
+    """OpenTelemetry for this server, only when an endpoint is given (nothing is imported otherwise)."""
+    if not config.otlp_endpoint:
+        return None
+    from itlbench.telemetry.otel import check_endpoint
+    from itlbench.telemetry.server_tracing import ServerTracing
+
+    return ServerTracing(check_endpoint(config.otlp_endpoint) or "", config.model_name)
 
 
 def _torch_threads() -> int | None:
