@@ -44,6 +44,7 @@ log = logging.getLogger("itlbench.engine.process")
 
 _HEADER = struct.Struct("<Q")
 _EMPTY_STEP_PAUSE_S = 0.001
+_CORE_LOG_RECORDS = 4096  # records are sent every step; the engine process needs only the latest
 
 
 def _frame(message: object) -> bytes:
@@ -229,6 +230,7 @@ def core_main(fd: int) -> int:
         from itlbench.engine.engine import Engine
 
         engine = Engine(config)
+        engine.step_log = StepLog(capacity=_CORE_LOG_RECORDS)  # the front end keeps the served history
     except Exception as exc:  # noqa: BLE001 - reported to the front end, which raises it
         log.exception("engine failed to start")
         chan.send(("error", _error_tuple(exc)))
