@@ -55,6 +55,11 @@ Disaggregate = Annotated[bool, typer.Option("--disaggregate", help="--engine sim
 PrefillGpu = Annotated[str | None, typer.Option("--prefill-gpu", help="--disaggregate: the prefill pool's GPU "
                                                 "(default: --gpu).")]
 KvLinkGbps = Annotated[float, typer.Option("--kv-link-gbps", help="--disaggregate: prefill → decode link, Gb/s.")]
+EngineProcess = Annotated[bool | None, typer.Option(
+    "--engine-process/--no-engine-process",
+    help="Run the engine core in its own process, apart from the HTTP front end (default: yes).")]
+TorchThreads = Annotated[int | None, typer.Option(
+    help="Torch intra-op threads of the engine (default: the cores available to it, less one).")]
 OtlpEndpoint = Annotated[str | None, typer.Option(help="Export OpenTelemetry spans and GenAI metrics over OTLP/HTTP "
                                                   "to this base URL (e.g. http://127.0.0.1:4318).")]
 
@@ -134,6 +139,8 @@ def run(
     sim_disaggregate: Disaggregate = False,
     sim_prefill_gpu: PrefillGpu = None,
     sim_kv_link_gbps: KvLinkGbps = 400.0,
+    engine_process: EngineProcess = None,
+    torch_threads: TorchThreads = None,
     attention: Attention = "auto",
     cuda_graphs: CudaGraphs = True,
     slo: Annotated[str | None, typer.Option(help="SLOs, e.g. 'ttft:le2k=2s,itl_p99=150ms'.")] = None,
@@ -169,7 +176,8 @@ def run(
                                 enable_prefix_caching=prefix_caching, device=device, dtype=dtype, seed=seed,
                                 runner=runner, gpu=gpu, sim_time_scale=sim_time_scale,
                                 sim_disaggregate=sim_disaggregate, sim_prefill_gpu=sim_prefill_gpu,
-                                sim_kv_link_gbps=sim_kv_link_gbps)
+                                sim_kv_link_gbps=sim_kv_link_gbps,
+                                engine_process=engine_process, torch_threads=torch_threads)
         _check_sim(engine)
         cfg = RunConfig(workload=workload, inject=inject, inject_max_tokens=inject_max_tokens, streams=streams,
                         rate=rate, burstiness=burstiness, duration_s=parse_duration_s(duration, "--duration"),
@@ -224,6 +232,8 @@ def serve(
     sim_disaggregate: Disaggregate = False,
     sim_prefill_gpu: PrefillGpu = None,
     sim_kv_link_gbps: KvLinkGbps = 400.0,
+    engine_process: EngineProcess = None,
+    torch_threads: TorchThreads = None,
     engine_config: Annotated[str | None, typer.Option(
         help="The whole engine configuration as JSON (what `itlbench run` hands its server); "
              "replaces the engine flags above.")] = None,
@@ -249,7 +259,8 @@ def serve(
                                     enable_prefix_caching=prefix_caching, device=device, dtype=dtype, seed=seed,
                                     runner=runner, gpu=gpu, sim_time_scale=sim_time_scale,
                                     sim_disaggregate=sim_disaggregate, sim_prefill_gpu=sim_prefill_gpu,
-                                    sim_kv_link_gbps=sim_kv_link_gbps)
+                                    sim_kv_link_gbps=sim_kv_link_gbps,
+                                    engine_process=engine_process, torch_threads=torch_threads)
         _check_sim(engine)
         if max_body_mib <= 0:
             raise ConfigError("--max-body-mib", f"must be > 0, got {max_body_mib}")

@@ -215,6 +215,11 @@ class EngineConfig:
     sim_disaggregate: bool = False  # sim: prefill and decode on separate pools, K/V sent over a link
     sim_prefill_gpu: str | None = None  # sim, disaggregated: the prefill pool's GPU (default: gpu)
     sim_kv_link_gbps: float = 400.0  # sim, disaggregated: prefill → decode link, gigabits per second
+    # Serving layout. engine_process: the engine core in its own process, talking to the HTTP front
+    # end over a socket (None: yes when served from the command line, no when embedded in-process).
+    # torch_threads: torch's intra-op threads while serving (None: the available cores less one).
+    engine_process: bool | None = None
+    torch_threads: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -231,6 +236,9 @@ class EngineConfig:
         for name in ("max_num_seqs", "block_size", "unchunked_prefill_cap"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+        if self.torch_threads is not None and self.torch_threads <= 0:
+            raise ConfigError("torch_threads", f"must be > 0, got {self.torch_threads}",
+                              "e.g. --torch-threads 1, or leave it out to use the cores available less one")
         if self.kv_blocks is not None and self.kv_blocks <= 0:
             raise ConfigError("kv_blocks", f"must be > 0, got {self.kv_blocks}")
         if self.kv_memory_gib is not None and self.kv_memory_gib <= 0:

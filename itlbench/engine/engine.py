@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from itlbench.engine.block_manager import BlockManager
 from itlbench.engine.config import EngineConfig, ModelConfig, load_model_config
-from itlbench.engine.instrument import StepLog, StepRecord, step_tokens_note
+from itlbench.engine.instrument import StepLog, StepRecord, nvtx_range, step_tokens_note
 from itlbench.engine.request import Request, RequestOutput, SamplingParams
 from itlbench.engine.scheduler import Scheduler
 from itlbench.engine.scheduler_output import SchedulerOutput
@@ -89,6 +89,8 @@ class Engine:
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self._step = 0
+        self._handoff_ns = 0
+        self._split = (0, 0, 0)  # prepare, forward, sample of the step being run (torch runner)
 
     # ----------------------------------------------------------------- requests
 
@@ -146,30 +148,57 @@ class Engine:
 
     # ----------------------------------------------------------------- stepping
 
+    def note_handoff(self, handoff_ns: int) -> None:
+        """What a serving driver spent since the previous step delivering its outputs and taking in
+        requests; recorded on the next step (StepRecord.handoff_ns)."""
+        self._handoff_ns = handoff_ns
+
     def step(self) -> list[RequestOutput]:
-        start_ns, wall_ns = self.clock.now_ns(), time.time_ns()
-        output = self.scheduler.schedule()
+        """schedule → run → commit, each timed (StepRecord.schedule_ns … output_ns) and NVTX-ranged."""
+        clock = self.clock
+        start_ns, wall_ns = clock.now_ns(), time.time_ns()
+        with nvtx_range("schedule"):
+            output = self.scheduler.schedule()
+        scheduled_ns = clock.now_ns()
         if output.is_empty:
             finished = self.scheduler.commit(output, {}, self._eos)
-            return self._outputs(output, {}, finished, self.clock.now_ns())
+            return self._outputs(output, {}, finished, clock.now_ns())
         for c in output.chunks:
             if c.request.first_scheduled_ns is None:
                 c.request.first_scheduled_ns = start_ns
+        self._split = (0, 0, 0)
         sampled = self._execute(output, f"step/{output.phase}")
-        finished = self.scheduler.commit(output, sampled, self._eos)
-        end_ns = self.clock.end_step(start_ns)
+        run_ns = clock.now_ns()
+        with nvtx_range("output"):
+            finished = self.scheduler.commit(output, sampled, self._eos)
+        committed_ns = clock.now_ns()
+        end_ns = clock.end_step(start_ns)
         outputs = self._outputs(output, sampled, finished, end_ns)
-        self._record(output, len(finished), len(sampled), start_ns, end_ns, wall_ns)
+        prepare, forward, sample = self._split
+        if not forward:  # a runner that does not split its work (the simulator): all of it is forward
+            forward = run_ns - scheduled_ns - prepare - sample
+        parts = (scheduled_ns - start_ns, prepare, forward, sample, committed_ns - run_ns)
+        self._record(output, len(finished), len(sampled), start_ns, end_ns, wall_ns, parts)
+        self._handoff_ns = 0
         return outputs
 
     def _execute_torch(self, output: SchedulerOutput, label: str) -> dict[str, int]:
-        """Flatten the chunks into one row batch, run the model, sample the rows that yield a token."""
+        """Flatten the chunks into one row batch, run the model, sample the rows that yield a token;
+        the three parts' durations go to `self._split`."""
         from itlbench.engine.batch import flatten
 
-        batch = flatten(output, self.config.block_size, self.runner.device)
+        t0 = time.perf_counter_ns()
+        with nvtx_range("prepare"):
+            batch = flatten(output, self.config.block_size, self.runner.device)
+        t1 = time.perf_counter_ns()
+        # the forward's own NVTX range is the runner's `step/<phase>`
         logits = self.runner.execute(batch, label,
                                      step_tokens_note(output.num_prefill_tokens, output.num_decode_tokens))
-        tokens = self.sampler(logits, batch.sample_requests) if batch.sample_requests else []
+        t2 = time.perf_counter_ns()
+        with nvtx_range("sample"):
+            tokens = self.sampler(logits, batch.sample_requests) if batch.sample_requests else []
+        t3 = time.perf_counter_ns()
+        self._split = (t1 - t0, t2 - t1, t3 - t2)
         return {r.request_id: t for r, t in zip(batch.sample_requests, tokens, strict=True)}
 
     def _outputs(self, output: SchedulerOutput, sampled: dict[str, int], finished: list[Request],
@@ -195,7 +224,7 @@ class Engine:
                              req.num_output_tokens, req.num_cached_tokens, now_ns)
 
     def _record(self, output: SchedulerOutput, num_finished: int, num_sampled: int, start_ns: int, end_ns: int,
-                wall_ns: int) -> None:
+                wall_ns: int, parts: tuple[int, int, int, int, int]) -> None:
         prefill_ids = tuple(c.request.request_id for c in output.chunks if not c.is_decode)
         pairs = sum(c.num_new_tokens * c.start + c.num_new_tokens * (c.num_new_tokens + 1) // 2 for c in output.chunks)
         self.step_log.append(StepRecord(
@@ -207,6 +236,8 @@ class Engine:
             end_ns=end_ns, prefill_request_ids=prefill_ids, num_finished=num_finished, wall_start_ns=wall_ns,
             num_sampled=num_sampled, context_tokens=sum(c.start for c in output.chunks),
             attention_pairs=pairs, decode_context_tokens=sum(c.start for c in output.chunks if c.is_decode),
+            schedule_ns=parts[0], prepare_ns=parts[1], forward_ns=parts[2], sample_ns=parts[3],
+            output_ns=parts[4], handoff_ns=self._handoff_ns,
             cuda_graph=getattr(self.runner, "last_cuda_graph", False)))
         self._step += 1
 

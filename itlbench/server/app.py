@@ -51,6 +51,7 @@ class ServerState:
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_MIB << 20
     tracing: Any = None  # telemetry.server_tracing.ServerTracing when --otlp-endpoint is given
+    layout: dict[str, object] | None = None  # engine process or thread, torch threads, decode kernel
 
 
 STATE: web.AppKey[ServerState] = web.AppKey("itlbench_state", ServerState)
@@ -261,4 +262,5 @@ async def _engine_info(request: web.Request) -> web.Response:
         "kv_blocks": bm.num_blocks, "kv_free_blocks": bm.num_free_blocks, "kv_usage": bm.usage,
         "num_running": engine.num_running, "num_waiting": engine.num_waiting,
         "last_step": engine.step_log.last_step,
+        "serving": state.layout or {},
     })
