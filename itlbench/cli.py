@@ -97,6 +97,8 @@ def run(
     out: Annotated[Path | None, typer.Option(help="Run directory (default reports/<time>-<workload>-…).")] = None,
     workers: Annotated[int, typer.Option(help="Client processes for very high stream counts.")] = 1,
     live: Annotated[bool, typer.Option(help="Show the live progress line.")] = True,
+    stream_reader: Annotated[str, typer.Option(help="auto, kernel (kernel receive timestamps; plain http on Linux) "
+                                                    "or aiohttp (user-space timestamps).")] = "auto",
 ) -> None:
     """Drive a workload (and injected long prompts) against the bundled engine or --endpoint."""
     from itlbench.report.terminal import LiveProgress, print_summary
@@ -113,7 +115,8 @@ def run(
                         endpoint=endpoint, model=model, api_key=api_key, api=api, engine=engine, slo=slo,
                         forced_lengths=forced_lengths,
                         stall_factor=stall_factor, stall_floor_s=stall_floor, trace=trace, time_scale=time_scale,
-                        drain_timeout_s=drain_timeout, out=out, workers=workers, live=live)
+                        drain_timeout_s=drain_timeout, out=out, workers=workers, live=live,
+                        stream_reader=stream_reader)
         cfg.validate()
         from itlbench.orchestrate import run_load_test
 

@@ -54,7 +54,8 @@ def _bundled(cfg: RunConfig, run_dir: Path) -> Connection:
     server = BundledServer(cfg.engine, run_dir / "server.log").start()
     info = server.engine_info
     target = Target(base_url=server.base_url, model=str(info["served_model_name"]), api=cfg.api,
-                    accepts_token_ids=True, forced_lengths=True, timeout_s=cfg.request_timeout_s)
+                    accepts_token_ids=True, forced_lengths=True, timeout_s=cfg.request_timeout_s,
+                    stream_reader=cfg.stream_reader)
     doc = {"engine": info, "target": {"kind": "bundled", "base_url": server.base_url,
                                       "server_pid": server.process.pid if server.process else None}}
     return Connection(target, int(info["max_model_len"]), int(info["model"]["vocab_size"]),
@@ -69,7 +70,7 @@ def _external(cfg: RunConfig) -> Connection:
     same_clock = engine is not None and _is_loopback(base)
     target = Target(base_url=base, model=cfg.model or "", api=cfg.api, api_key=cfg.api_key,
                     accepts_token_ids=same_clock, forced_lengths=cfg.forced_lengths,
-                    timeout_s=cfg.request_timeout_s)
+                    timeout_s=cfg.request_timeout_s, stream_reader=cfg.stream_reader)
     max_len = int((engine or {}).get("max_model_len") or models.get("max_model_len") or DEFAULT_EXTERNAL_CONTEXT)
     doc: dict[str, Any] = {"engine": {"external": True, **models, **({"itlbench": engine} if engine else {})},
                            "target": {"kind": "external", "base_url": base}}

@@ -40,6 +40,7 @@ class RunConfig:
     time_scale: float = 1.0
     workers: int = 1
     live: bool = True
+    stream_reader: str = "auto"  # auto | kernel | aiohttp (load/kernel_client.select_reader)
 
     def validate(self) -> None:
         if self.duration_s <= 0:
@@ -68,6 +69,9 @@ class RunConfig:
             raise ConfigError("--api", f"unknown API {self.api!r}", "use completions or chat")
         if self.workers < 1:
             raise ConfigError("--workers", f"must be >= 1, got {self.workers}")
+        from itlbench.load.kernel_client import check_reader
+
+        check_reader(self.stream_reader, self.endpoint)
         if self.stall_factor <= 1:
             raise ConfigError("--stall-factor", f"must be > 1, got {self.stall_factor}")
         if self.stall_floor_s < 0:

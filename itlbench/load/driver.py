@@ -24,6 +24,8 @@ from typing import Any
 
 from itlbench.errors import ConfigError
 from itlbench.load.client_monitor import ClientMonitor, ClientStats, PauseWatchdog, frozen_heap
+from itlbench.load.kclock import measure_offset
+from itlbench.load.kernel_client import make_stream_client
 from itlbench.load.progress import ProgressSnapshot, ms_percentile
 from itlbench.load.sink import RowSink
 from itlbench.load.sse_client import Outcome, StreamClient
@@ -193,7 +195,8 @@ async def _sample(run: _Run, monitor: ClientMonitor, sink: RowSink, run_start_ns
     """Every interval: a client_samples row, a progress snapshot, and a hand-off of rows to the store."""
     while True:
         t, lag, cpu = await monitor.tick()
-        sink.add("client_samples", {"t_ns": t, "loop_lag_s": lag, "cpu_percent": cpu, "in_flight": run.in_flight})
+        sink.add("client_samples", {"t_ns": t, "loop_lag_s": lag, "cpu_percent": cpu, "in_flight": run.in_flight,
+                                    "clock_offset_ns": measure_offset(samples=8).offset_ns})
         if on_progress is not None:
             try:
                 on_progress(run.snapshot((t - run_start_ns) / 1e9, run.measuring.is_set(), cpu, lag))
@@ -289,7 +292,7 @@ async def drive(plan: LoadPlan, target: Target, store: RunStore, *, duration_s: 
     streams = [iter(s) for s in plan.streams]
     feed = _split_feed(iter(plan.open_loop))
     sink = RowSink(store)
-    client = StreamClient(target, sink, limit=0 if feed is not None else max(1, len(streams)))
+    client = make_stream_client(target, sink, limit=0 if feed is not None else max(1, len(streams)))
     run = _Run(client, max_connection_errors)
     monitor = ClientMonitor(sample_interval_s)
     with frozen_heap():
@@ -340,6 +343,8 @@ async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: Client
             await sink.aclose()
     stats = monitor.stats(run.send_lags)
     stats.dropped_rows = dict(sink.dropped)
+    stats.stream_reader = client.stamp_source_name()
+    stats.kernel_clock = client.clock_report()
     reason = run.stop_reason or ("aborted" if run.aborted_reason else "completed")
     measure_start = run.measure_start_ns if run.measure_start_ns is not None else run_start
     send_end = min(send_end, _now())
