@@ -13,6 +13,7 @@ from rich.console import Console
 
 from itlbench.engine.config import EngineConfig, default_preset, parse_chunk_budget
 from itlbench.errors import ConfigError, ItlbenchError
+from itlbench.units import parse_duration_s
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure what long prompts do to streaming LLM latency: TTFT by prompt bucket, "
@@ -29,7 +30,13 @@ Mixed = Annotated[bool, typer.Option(help="prefill-first only: decodes ride in p
 MaxNumSeqs = Annotated[int, typer.Option(help="Cap on running sequences.")]
 BlockSize = Annotated[int, typer.Option(help="Tokens per KV-cache block.")]
 KvBlocks = Annotated[int | None, typer.Option(help="KV-cache blocks (default: sized from --kv-memory-gib).")]
-KvMemoryGib = Annotated[float, typer.Option(help="KV-cache memory when --kv-blocks is not given.")]
+KvMemoryGib = Annotated[float | None, typer.Option(help="KV-cache memory when --kv-blocks is not given (default: "
+                                                   "4 GiB on CPU; on CUDA --gpu-memory-fraction of free memory).")]
+GpuMemoryFraction = Annotated[float, typer.Option(help="CUDA: share of free memory after the weights for KV and "
+                                                  "activations, when neither --kv-blocks nor --kv-memory-gib is given.")]
+Attention = Annotated[str, typer.Option(help="Attention kernels: auto (flash, triton, then sdpa, whichever runs "
+                                        "here), sdpa, flash or triton.")]
+CudaGraphs = Annotated[bool, typer.Option(help="CUDA: replay captured graphs for decode-only steps.")]
 MaxModelLen = Annotated[int | None, typer.Option(help="Context limit (default: the model's).")]
 PrefixCaching = Annotated[bool, typer.Option(help="Reuse KV blocks of identical prompt prefixes.")]
 Device = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
@@ -64,10 +71,10 @@ def run(
     streams: Annotated[int | None, typer.Option(help="Closed-loop steady streams (default 32; 0 with --rate or trace).")] = None,
     rate: Annotated[float | None, typer.Option(help="Open-loop arrivals per second (instead of or besides streams).")] = None,
     burstiness: Annotated[float, typer.Option(help="Gamma shape for --rate arrivals; 1 = Poisson.")] = 1.0,
-    duration: Annotated[float, typer.Option(help="Measured seconds (after warmup).")] = 60.0,
-    warmup: Annotated[float, typer.Option(help="Seconds of load at least before measurement starts.")] = 5.0,
+    duration: Annotated[str, typer.Option(help="Measured time after warmup: 60, 60s, 2m.")] = "60s",
+    warmup: Annotated[str, typer.Option(help="Load at least this long before measurement starts.")] = "5s",
     adaptive_warmup: Annotated[bool, typer.Option(help="Also warm up until every stream has received a token.")] = True,
-    ramp: Annotated[float, typer.Option(help="Spread the streams' first sends over this many seconds.")] = 0.0,
+    ramp: Annotated[str, typer.Option(help="Spread the streams' first sends over this long.")] = "0s",
     seed: Seed = 0,
     endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (…/v1); default: start the bundled engine.")] = None,
     model: Annotated[str | None, typer.Option(help="Served model name (with --endpoint), or the bundled engine's preset / "
@@ -82,18 +89,21 @@ def run(
     max_num_seqs: MaxNumSeqs = 64,
     block_size: BlockSize = 16,
     kv_blocks: KvBlocks = None,
-    kv_memory_gib: KvMemoryGib = 4.0,
+    kv_memory_gib: KvMemoryGib = None,
+    gpu_memory_fraction: GpuMemoryFraction = 0.9,
     max_model_len: MaxModelLen = None,
     prefix_caching: PrefixCaching = True,
     device: Device = "auto",
     dtype: Dtype = "auto",
+    attention: Attention = "auto",
+    cuda_graphs: CudaGraphs = True,
     slo: Annotated[str | None, typer.Option(help="SLOs, e.g. 'ttft:le2k=2s,itl_p99=150ms'.")] = None,
     stall_factor: Annotated[float, typer.Option(help="A stall is a gap ≥ factor × the stream's median gap…")] = 5.0,
-    stall_floor: Annotated[float, typer.Option(help="…and ≥ this many seconds.")] = 0.05,
+    stall_floor: Annotated[str, typer.Option(help="…and at least this long.")] = "50ms",
     inject_max_tokens: Annotated[int, typer.Option(help="Output tokens of each injected request.")] = 16,
     trace: Annotated[Path | None, typer.Option(help="Azure-format CSV for --workload trace.")] = None,
     time_scale: Annotated[float, typer.Option(help="Trace replay speed-up (2 = twice as fast).")] = 1.0,
-    drain_timeout: Annotated[float, typer.Option(help="Seconds to let in-flight requests finish after the end.")] = 120.0,
+    drain_timeout: Annotated[str, typer.Option(help="How long in-flight requests may finish after the end.")] = "120s",
     out: Annotated[Path | None, typer.Option(help="Run directory (default reports/<time>-<workload>-…).")] = None,
     workers: Annotated[int, typer.Option(help="Client processes for very high stream counts.")] = 1,
     live: Annotated[bool, typer.Option(help="Show the live progress line.")] = True,
@@ -107,20 +117,23 @@ def run(
     try:
         engine = _engine_config(model=None if endpoint else model, chunk_budget=chunk_budget, policy=policy,
                                 mixed=mixed, max_num_seqs=max_num_seqs, block_size=block_size, kv_blocks=kv_blocks,
-                                kv_memory_gib=kv_memory_gib, max_model_len=max_model_len,
+                                kv_memory_gib=kv_memory_gib, gpu_memory_fraction=gpu_memory_fraction,
+                                attention=attention, cuda_graphs=cuda_graphs, max_model_len=max_model_len,
                                 enable_prefix_caching=prefix_caching, device=device, dtype=dtype, seed=seed)
         cfg = RunConfig(workload=workload, inject=inject, inject_max_tokens=inject_max_tokens, streams=streams,
-                        rate=rate, burstiness=burstiness, duration_s=duration, warmup_s=warmup, seed=seed,
-                        adaptive_warmup=adaptive_warmup, ramp_s=ramp,
+                        rate=rate, burstiness=burstiness, duration_s=parse_duration_s(duration, "--duration"),
+                        warmup_s=parse_duration_s(warmup, "--warmup"), seed=seed,
+                        adaptive_warmup=adaptive_warmup, ramp_s=parse_duration_s(ramp, "--ramp"),
                         endpoint=endpoint, model=model, api_key=api_key, api=api, engine=engine, slo=slo,
                         forced_lengths=forced_lengths,
-                        stall_factor=stall_factor, stall_floor_s=stall_floor, trace=trace, time_scale=time_scale,
-                        drain_timeout_s=drain_timeout, out=out, workers=workers, live=live,
-                        stream_reader=stream_reader)
+                        stall_factor=stall_factor, stall_floor_s=parse_duration_s(stall_floor, "--stall-floor"),
+                        trace=trace, time_scale=time_scale,
+                        drain_timeout_s=parse_duration_s(drain_timeout, "--drain-timeout"), out=out,
+                        workers=workers, live=live, stream_reader=stream_reader)
         cfg.validate()
         from itlbench.orchestrate import run_load_test
 
-        with LiveProgress(console, total_s=duration, enabled=live) as progress:
+        with LiveProgress(console, total_s=cfg.duration_s, enabled=live) as progress:
             run_dir, summary = run_load_test(cfg, progress=progress.update, on_status=progress.status)
     except ItlbenchError as exc:
         _fail(exc)
@@ -139,11 +152,14 @@ def serve(
     max_num_seqs: MaxNumSeqs = 64,
     block_size: BlockSize = 16,
     kv_blocks: KvBlocks = None,
-    kv_memory_gib: KvMemoryGib = 4.0,
+    kv_memory_gib: KvMemoryGib = None,
+    gpu_memory_fraction: GpuMemoryFraction = 0.9,
     max_model_len: MaxModelLen = None,
     prefix_caching: PrefixCaching = True,
     device: Device = "auto",
     dtype: Dtype = "auto",
+    attention: Attention = "auto",
+    cuda_graphs: CudaGraphs = True,
     seed: Seed = 0,
     engine_config: Annotated[str | None, typer.Option(
         help="The whole engine configuration as JSON (what `itlbench run` hands its server); "
@@ -164,7 +180,8 @@ def serve(
         else:
             engine = _engine_config(model=model, chunk_budget=chunk_budget, policy=policy, mixed=mixed,
                                     max_num_seqs=max_num_seqs, block_size=block_size, kv_blocks=kv_blocks,
-                                    kv_memory_gib=kv_memory_gib, max_model_len=max_model_len,
+                                    kv_memory_gib=kv_memory_gib, gpu_memory_fraction=gpu_memory_fraction,
+                                    attention=attention, cuda_graphs=cuda_graphs, max_model_len=max_model_len,
                                     enable_prefix_caching=prefix_caching, device=device, dtype=dtype, seed=seed)
         if max_body_mib <= 0:
             raise ConfigError("--max-body-mib", f"must be > 0, got {max_body_mib}")

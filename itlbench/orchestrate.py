@@ -18,6 +18,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,11 @@ from itlbench.analysis.summary import analyze_run
 from itlbench.connect import Connection, connect
 from itlbench.engine.config import load_model_config
 from itlbench.errors import ConfigError, ItlbenchError
+from itlbench.http_json import request_json
 from itlbench.load.driver import DriveResult, ProgressSnapshot, Warmup, drive
 from itlbench.load.metrics_sampler import sample_metrics
 from itlbench.load.multiproc import drive_workers
-from itlbench.load.steps_follower import follow_steps
+from itlbench.load.steps_follower import StepsFollower
 from itlbench.run_config import RunConfig
 from itlbench.rundir.store import RunStore
 from itlbench.workloads.build import LoadSpec, build_load_plan
@@ -97,14 +99,41 @@ def _load_spec(cfg: RunConfig, conn: Connection) -> LoadSpec:
         tokens_per_word=conn.tokens_per_word)
 
 
-def _observers(conn: Connection, store: RunStore, api_key: str | None) -> list[asyncio.Task[None]]:
+@dataclass
+class _Observers:
     """Server-side records next to the load: the step log of an itlbench engine, /metrics of others."""
-    tasks = []
-    if conn.steps_url:
-        tasks.append(asyncio.create_task(follow_steps(conn.steps_url, store)))
-    if conn.metrics_url:
-        tasks.append(asyncio.create_task(sample_metrics(conn.metrics_url, store, api_key=api_key)))
-    return tasks
+
+    steps: StepsFollower | None
+    tasks: list[asyncio.Task[None]]
+
+    @classmethod
+    def start(cls, conn: Connection, store: RunStore, api_key: str | None) -> _Observers:
+        steps = StepsFollower(conn.steps_url, store) if conn.steps_url else None
+        tasks = [asyncio.create_task(steps.run())] if steps else []
+        if conn.metrics_url:
+            tasks.append(asyncio.create_task(sample_metrics(conn.metrics_url, store, api_key=api_key)))
+        return cls(steps, tasks)
+
+    async def stop(self, engine_url: str | None, api_key: str | None, timeout_s: float = 10.0) -> None:
+        """Cancel the observers once the step follower holds the engine's last step (or it is gone)."""
+        if self.steps is not None and engine_url is not None:
+            await _until_caught_up(self.steps, engine_url, api_key, timeout_s)
+        for task in self.tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+async def _until_caught_up(follower: StepsFollower, engine_url: str, api_key: str | None,
+                           timeout_s: float) -> None:
+    try:
+        info = await asyncio.to_thread(request_json, f"{engine_url}/engine", None, api_key, 2.0)
+    except (OSError, ValueError):
+        return  # the engine is gone: the follower already has all it will get
+    last = int(info.get("last_step", -1))
+    deadline = time.monotonic() + timeout_s
+    while follower.next_step <= last and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
 
 
 async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection, store: RunStore,
@@ -124,22 +153,18 @@ async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, on_sigint)
         loop.add_signal_handler(signal.SIGTERM, on_sigint)  # a terminated run still writes its records
-    observers = _observers(conn, store, cfg.api_key)
+    observers = _Observers.start(conn, store, cfg.api_key)
     target = conn.target
+    warmup = Warmup(min_s=cfg.warmup_s, adaptive=cfg.adaptive_warmup, max_s=cfg.max_warmup_s, ramp_s=cfg.ramp_s)
     try:
         if cfg.workers > 1:  # each worker process rebuilds the same seeded plan and takes its share
             return await drive_workers(functools.partial(build_load_plan, spec), target, store,
-                                       workers=cfg.workers, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s,
+                                       workers=cfg.workers, duration_s=cfg.duration_s, warmup=warmup,
                                        drain_timeout_s=cfg.drain_timeout_s, on_progress=progress)
-        warmup = Warmup(min_s=cfg.warmup_s, adaptive=cfg.adaptive_warmup, max_s=cfg.max_warmup_s, ramp_s=cfg.ramp_s)
         return await drive(build_load_plan(spec), target, store, duration_s=cfg.duration_s, warmup=warmup,
                            drain_timeout_s=cfg.drain_timeout_s, on_progress=progress, stop_event=stop)
     finally:
-        await asyncio.sleep(0.3)  # let the last steps arrive
-        for task in observers:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await observers.stop(conn.steps_url, cfg.api_key)
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
             loop.remove_signal_handler(signal.SIGTERM)
@@ -201,6 +226,9 @@ def _preflight(cfg: RunConfig) -> None:
                           f"max_position_embeddings={model.max_position_embeddings}",
                           f"use at most {model.max_position_embeddings}")
     max_len = cfg.engine.max_model_len or model.max_position_embeddings
+    from itlbench.engine.attention import preflight as attention_preflight
+
+    attention_preflight(cfg.engine)  # e.g. --attention flash where flash-attn is missing
     conn = Connection(target=None, max_model_len=max_len, vocab_size=model.vocab_size,  # type: ignore[arg-type]
                       steps_url=None, metrics_url=None)
     build_load_plan(_load_spec(cfg, conn))
@@ -219,10 +247,3 @@ def _config_doc(cfg: RunConfig) -> dict[str, Any]:
     doc["engine"] = cfg.engine.as_dict() if cfg.endpoint is None else None
     doc["api_key_set"] = bool(cfg.api_key)
     return json.loads(json.dumps(doc, default=str))
-
-
-def load_summary(run_dir: Path) -> dict[str, Any]:
-    path = Path(run_dir) / "summary.json"
-    if not path.is_file():
-        raise ItlbenchError(f"{run_dir} has no summary.json; run `itlbench analyze {run_dir}`")
-    return json.loads(path.read_text())

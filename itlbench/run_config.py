@@ -7,6 +7,7 @@ from pathlib import Path
 
 from itlbench.engine.config import EngineConfig
 from itlbench.errors import ConfigError
+from itlbench.workloads.build import check_load_shape
 
 
 @dataclass
@@ -43,21 +44,14 @@ class RunConfig:
     stream_reader: str = "auto"  # auto | kernel | aiohttp (load/kernel_client.select_reader)
 
     def validate(self) -> None:
-        if self.duration_s <= 0:
-            raise ConfigError("--duration", f"must be > 0 seconds, got {self.duration_s}")
+        check_load_shape(self.streams, self.rate, self.burstiness, self.duration_s)
         if self.warmup_s < 0:
             raise ConfigError("--warmup", f"must be >= 0 seconds, got {self.warmup_s}")
         if self.ramp_s < 0:
             raise ConfigError("--ramp", f"must be >= 0 seconds, got {self.ramp_s}")
-        if self.streams is not None and self.streams < 0:
-            raise ConfigError("--streams", f"must be >= 0, got {self.streams}")
         if self.streams == 0 and self.rate is None and not self.inject and self.workload != "trace":
             raise ConfigError("--streams", "0 streams, no --rate and no --inject sends nothing",
                               "give --streams N, --rate R or --inject SPEC")
-        if self.rate is not None and self.rate <= 0:
-            raise ConfigError("--rate", f"must be > 0 requests/s, got {self.rate}")
-        if self.burstiness <= 0:
-            raise ConfigError("--burstiness", f"must be > 0, got {self.burstiness}", "1 = Poisson, < 1 burstier")
         if self.endpoint is not None:
             if not self.endpoint.startswith(("http://", "https://")):
                 raise ConfigError("--endpoint", f"{self.endpoint!r} is not an http(s) URL",

@@ -11,6 +11,7 @@ import polars as pl
 
 from itlbench.load.driver import DriveResult, drive
 from itlbench.load.target import Target
+from itlbench.rundir.reader import read_table
 from itlbench.rundir.store import RunStore
 from itlbench.workloads.plan import LoadPlan, RequestPlan
 
@@ -38,4 +39,5 @@ def run(plan: LoadPlan, url: str, run_dir: Path, target_kw: dict[str, Any] | Non
 
 
 def table(run_dir: Path, name: str) -> pl.DataFrame:
-    return pl.read_parquet(run_dir / name / "*.parquet")
+    """One table through the run directory's own reader (an absent table is empty, with its schema)."""
+    return read_table(run_dir, name)

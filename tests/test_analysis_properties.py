@@ -4,6 +4,7 @@ per-token view has one sample per token after the first chunk, stalls obey their
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -44,6 +45,21 @@ def _tables(data):
     return frame("chunks", chunks), frame("requests", reqs)
 
 
+def _stalls_by_definition(data, factor: float, floor_s: float) -> tuple[set, set]:
+    """Every gap ≥ max(factor × its own stream's median gap, floor), computed independently; and the
+    gaps within rounding of their threshold, where float order may legitimately differ."""
+    out, borderline = set(), set()
+    for r, stream in enumerate(data):
+        times = np.cumsum([dt for dt, _ in stream])
+        own = np.diff(times) / 1e9
+        if not len(own):
+            continue
+        threshold = max(factor * float(np.median(own)), floor_s)
+        out |= {(f"r{r}", int(times[i + 1])) for i, gap in enumerate(own) if gap >= threshold}
+        borderline |= {(f"r{r}", int(times[i + 1])) for i, gap in enumerate(own) if math.isclose(gap, threshold)}
+    return out, borderline
+
+
 @settings(max_examples=40, deadline=None)
 @given(streams)
 def test_views_match_definitions(data):
@@ -52,12 +68,17 @@ def test_views_match_definitions(data):
     expected = np.array([dt / 1e9 for stream in data for dt, _ in stream[1:]])
     got = pooled(gaps)
     assert got["count"] == len(expected)
+    if len(expected) >= 2:
+        assert got["p50"] == pytest.approx(np.percentile(expected, 50), rel=1e-9)
+    if len(expected) >= 10:
+        assert got["p90"] == pytest.approx(np.percentile(expected, 90), rel=1e-9)
+    else:
+        assert got["p90"] is None  # too few gaps to support a p90
     if len(expected):
-        assert got["p99"] == pytest.approx(np.percentile(expected, 99), rel=1e-9)
         assert got["max"] == pytest.approx(expected.max())
     assert per_token(gaps)["count"] == sum(k for stream in data for _, k in stream[1:])
     params = StallParams(factor=3.0, floor_s=0.5)
-    for row in find_stalls(gaps, params).iter_rows(named=True):
-        own = [dt / 1e9 for dt, _ in data[int(row["request_id"][1:])][1:]]
-        assert row["gap_s"] >= max(3.0 * float(np.median(own)), 0.5)
+    reported = {(row["request_id"], row["t_ns"]) for row in find_stalls(gaps, params).iter_rows(named=True)}
+    expected, borderline = _stalls_by_definition(data, factor=3.0, floor_s=0.5)
+    assert reported - borderline == expected - borderline  # sound and complete
     json.dumps(summarize({"chunks": chunks, "requests": reqs}, RunWindow(0, 0, 10**11)), allow_nan=False)

@@ -69,7 +69,9 @@ def test_analyze_recomputes_summary_from_records(tmp_path: Path):
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["itl_s"]["count"] == 10 and summary["itl_s"]["p50"] == pytest.approx(0.020)
-    assert summary["ttft_s"]["le128"]["p50"] == pytest.approx(0.010)
+    assert summary["ttft_s"]["le128"]["max"] == pytest.approx(0.010)
+    assert summary["ttft_s"]["le128"]["p50"] is None  # one request: withheld, and the table says why
+    assert "too few requests" in _flat(result.output)
     assert result.stdout.strip().splitlines()[-1] == str(tmp_path)
 
 

@@ -10,8 +10,6 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from itlbench.engine.attention import SdpaBackend, select_backend
-from itlbench.engine.attention import flash as flash_backend
 from itlbench.engine.batch import flatten
 from itlbench.engine.config import PRESETS, EngineConfig, ModelConfig
 from itlbench.engine.engine import Engine
@@ -238,15 +236,6 @@ def test_kv_block_sizing() -> None:
     assert num_kv_blocks(cfg.with_(kv_blocks=7), TINY, 1024, 4) == 7
 
 
-def test_backend_selection_on_cpu() -> None:
-    assert isinstance(select_backend("cpu"), SdpaBackend)
-    ok, why = flash_backend.available(torch.device("cpu"), 16)
-    assert not ok and why
-    with pytest.raises(ConfigError) as info:
-        select_backend("cpu", "flash")
-    assert info.value.field == "attention_backend"
-
-
 # ----------------------------------------------------------------- tokenizers and checkpoints
 
 
@@ -328,3 +317,23 @@ def test_checkpoint_errors(tmp_path: Path) -> None:
     save_file(bad, str(tmp_path / "model.safetensors"))
     with pytest.raises(ConfigError, match="shape"):
         Engine(EngineConfig(model=str(tmp_path), kv_blocks=64))
+
+
+def test_every_listed_eos_id_ends_generation(tmp_path) -> None:
+    """Instruct models list several EOS ids in config.json; each one stops a request that heeds EOS."""
+    import json
+    from dataclasses import replace
+
+    from itlbench.engine.config import model_config_from_hf_dir
+    from itlbench.engine.hf_config import hf_config_dict
+
+    listed = replace(TINY, extra_eos_token_ids=tuple(i for i in range(TINY.vocab_size) if i != 2))
+    (tmp_path / "config.json").write_text(json.dumps(hf_config_dict(listed)))
+    loaded = model_config_from_hf_dir(tmp_path)
+    assert loaded.eos_token_ids == set(range(TINY.vocab_size))  # every id ends a turn
+    engine = Engine(EngineConfig(model="tiny", kv_blocks=64, seed=0), replace(loaded, path=None))  # dummy weights
+    heeds = engine.add_request(tokens(9), SamplingParams(max_tokens=10, temperature=0))
+    ignores = engine.add_request(tokens(9), SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
+    run(engine)
+    assert heeds.finish_reason == "stop" and heeds.num_output_tokens == 1
+    assert ignores.finish_reason == "length" and ignores.num_output_tokens == 10

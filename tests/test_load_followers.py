@@ -28,7 +28,9 @@ def test_steps_follower_reads_ndjson_and_resumes_after_reconnect(tmp_path):
         store = RunStore(tmp_path)
         follower = StepsFollower(url, store, retry_s=0.05)
         task = asyncio.create_task(follower.run())
-        await asyncio.sleep(0.6)
+        async with asyncio.timeout(60):  # until it has resumed twice and read 20 steps
+            while follower.reconnects < 2 or follower.rows < 20:
+                await asyncio.sleep(0.01)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         store.close()

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import polars as pl
+
+from itlbench.load.driver import Warmup
 from itlbench.load.multiproc import drive_workers, split_plan
 from itlbench.load.target import Target
 from itlbench.rundir.store import RunStore
@@ -36,3 +39,20 @@ def test_workers_merge_into_one_run(tmp_path):
     assert table(tmp_path, "client_samples").height >= 2
     assert not (tmp_path / "workers").exists()
     assert res.run_start_ns <= req["sent_ns"].min() and res.stop_reason == "completed"
+
+
+def test_workers_share_one_adaptive_warmup_and_the_ramp(tmp_path):
+    """Measurement opens only once every stream in every worker has its first token, and the ramp
+    spreads first sends by run-wide stream index, as in one process."""
+    with serve_in_thread(PacedConfig(tick_s=0.01, first_delay_s=0.4)) as (_, url):
+        store = RunStore(tmp_path)
+        warmup = Warmup(min_s=0.05, adaptive=True, ramp_s=0.6)
+        res = asyncio.run(drive_workers(four_streams, Target(url, "paced"), store, workers=2, duration_s=0.5,
+                                        warmup=warmup))
+        store.close()
+    req = table(tmp_path, "requests")
+    first = req.group_by("stream").agg(pl.col("sent_ns").min(), pl.col("first_token_ns").min()).sort("stream")
+    assert first["stream"].to_list() == [0, 1, 2, 3]
+    for k, sent in enumerate(first["sent_ns"].to_list()):
+        assert sent >= res.run_start_ns + int(0.6e9) * k // 4  # never before its ramp slot
+    assert res.measure_start_ns >= first["first_token_ns"].max()  # every stream warm, in both workers

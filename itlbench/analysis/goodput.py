@@ -165,13 +165,44 @@ def judge(ttft: pl.DataFrame, gaps: pl.DataFrame, slos: SloSet) -> pl.DataFrame:
     )
 
 
+def _ttft_misses(judged: pl.DataFrame) -> list[dict[str, object]]:
+    missed = judged.filter(~pl.col("ttft_ok"))
+    if missed.is_empty():
+        return []
+    totals = judged.group_by("cls", "bucket").agg(pl.len().alias("of"))
+    rows = (missed.group_by("cls", "bucket").agg(
+        pl.len().alias("missed"), pl.col("ttft_target_s").first().alias("target_s"),
+        pl.col("ttft_s").median().alias("median_s"), pl.col("ttft_s").max().alias("worst_s"))
+        .join(totals, on=["cls", "bucket"], nulls_equal=True).sort("missed", descending=True))
+    return [{"slo": "ttft", **row} for row in rows.iter_rows(named=True)]
+
+
+def _itl_misses(judged: pl.DataFrame) -> list[dict[str, object]]:
+    value = pl.when(pl.col("itl_stat") == "max").then(pl.col("itl_max_s")).otherwise(pl.col("itl_p99_s"))
+    missed = judged.filter(~pl.col("itl_ok")).with_columns(value.alias("itl_value_s"))
+    if missed.is_empty():
+        return []
+    totals = judged.group_by("cls").agg(pl.len().alias("of"))
+    rows = (missed.group_by("cls").agg(
+        pl.len().alias("missed"), pl.col("itl_stat").first().alias("stat"),
+        pl.col("itl_target_s").first().alias("target_s"),
+        pl.col("itl_value_s").median().alias("median_s"), pl.col("itl_value_s").max().alias("worst_s"))
+        .join(totals, on="cls", nulls_equal=True).sort("missed", descending=True))
+    return [{"slo": f"itl_{row.pop('stat')}", **row} for row in rows.iter_rows(named=True)]
+
+
 def goodput(judged: pl.DataFrame, window_s: float, slos: SloSet) -> dict[str, object]:
+    """Good requests per second, and every SLO that requests missed: by how many, and by how much
+    (median and worst value beside the target), so a goodput of zero explains itself."""
     total = judged.height
     good = int(judged["good"].sum()) if total else 0
+    failed = judged.filter(pl.col("status") != "ok").height if total else 0
     return {
         "requests_per_s": good / window_s if window_s > 0 else None,
         "fraction": good / total if total else None,
         "good": good,
         "total": total,
+        "not_ok": failed,
+        "misses": (_ttft_misses(judged) + _itl_misses(judged)) if total else [],
         "slos": slos.to_dict(),
     }

@@ -16,10 +16,15 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
                         injected_request_ids,longest_step_s,preemptions,client_pause_s,cause}
   split.{prefill_s,decode_s,prefill_frac,source}  (+ mixed_steps, cost_model | unattributed_s)
   throughput.{requests_per_s,output_tokens_per_s,input_tokens_per_s}
-  goodput.{requests_per_s,fraction,good,total,slos}
+  goodput.{requests_per_s,fraction,good,total,not_ok,slos}
+  goodput.misses[]  every SLO requests missed: {slo (ttft|itl_p99|itl_max),cls,bucket,target_s,missed,of,
+                    median_s,worst_s}
   requests.{total,ok,error,timeout,cancelled,injected}
   bundling.{fraction,chunks,bundled_chunks,tokens_per_chunk,warn_fraction,warning}
-  valid, validity.{reasons,figures,thresholds}  (figures include client pause count/max/total)
+  valid, validity.{reasons,affected,standing,figures,thresholds}  (each client delay judged against the
+                    figure it distorts; `affected` names keys, `standing` the headline figures that hold)
+Percentiles their samples cannot support (fewer than 1/(1−q): 2 for p50, 10 for p90, 100 for p99,
+1,000 for p99.9) are null beside their `count` (itlbench.analysis.stats).
   definitions.{ttft,itl,stall,split,prompt_buckets,goodput,validity,window,percentiles}
   crosscheck.engine.{source,longest_step_s,worst_client_gap_s,worst_gap_over_longest_step,injected[]}
   crosscheck.prompt_tokens.{checked,exact,max_abs_diff,reported_over_planned}
@@ -112,7 +117,9 @@ def summarize(
     stalls = analyze_stalls(itl.steady(gaps), steps, all_requests, stall_params, window.measure_start_ns,
                             t["client_pauses"])
     client_stalls = int((stalls.summary.get("by_cause") or {}).get("client", {}).get("count", 0))  # type: ignore[union-attr]
-    validity = check_validity(requests, t["client_samples"], thresholds, t["client_pauses"], client_stalls)
+    itl_section = _itl_section(chunks, requests, gaps)
+    validity = check_validity(ttft_rows, t["client_samples"], itl_section["itl_s"],  # type: ignore[arg-type]
+                              thresholds, t["client_pauses"], client_stalls)
     out: dict[str, object] = {
         "window": {
             "run_start_ns": window.run_start_ns,
@@ -121,7 +128,7 @@ def summarize(
             "seconds": window.seconds,
         },
         **_ttft_section(ttft_rows),
-        **_itl_section(chunks, requests, gaps),
+        **itl_section,
         "stalls": stalls.summary,
         "split": time_split(steps, t["server_metrics"], window),
         "throughput": throughput(requests, t["all_chunks"].filter(

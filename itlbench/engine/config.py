@@ -15,6 +15,7 @@ from itlbench.units import parse_tokens
 
 Policy = Literal["budget", "prefill-first"]
 POLICIES: tuple[str, ...] = ("budget", "prefill-first")
+ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "sdpa", "flash", "triton")  # itlbench.engine.attention
 
 
 ROPE_SCALINGS: tuple[str, ...] = ("llama3", "linear")
@@ -59,6 +60,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     bos_token_id: int = 1
     eos_token_id: int = 2
+    extra_eos_token_ids: tuple[int, ...] = ()  # instruct models end turns on more than one id
     path: str | None = None  # local Hugging Face directory the shapes came from, if any
 
     def __post_init__(self) -> None:
@@ -76,6 +78,11 @@ class ModelConfig:
         embed = self.vocab_size * d
         head = 0 if self.tie_word_embeddings else self.vocab_size * d
         return self.num_layers * per_layer + embed + head + d
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Every id that ends generation (unless a request ignores EOS)."""
+        return frozenset((self.eos_token_id, *self.extra_eos_token_ids))
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """K and V for one token across all layers: 2 · L · h_kv · d_h · b."""
@@ -175,11 +182,14 @@ class EngineConfig:
     max_num_seqs: int = 64
     block_size: int = 16
     kv_blocks: int | None = None  # None: sized from kv_memory_gib
-    kv_memory_gib: float = 4.0
+    kv_memory_gib: float | None = None  # None: 4 GiB on CPU; on CUDA gpu_memory_fraction of free memory
+    gpu_memory_fraction: float = 0.9  # CUDA, kv_memory_gib None: share of free memory after weights for KV
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enable_prefix_caching: bool = True
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
+    attention: str = "auto"  # auto | sdpa | flash | triton; the engine records the one it ran
+    cuda_graphs: bool = True  # CUDA: replay captured graphs for decode-only steps
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -199,8 +209,13 @@ class EngineConfig:
                 raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
         if self.kv_blocks is not None and self.kv_blocks <= 0:
             raise ConfigError("kv_blocks", f"must be > 0, got {self.kv_blocks}")
-        if self.kv_memory_gib <= 0:
+        if self.kv_memory_gib is not None and self.kv_memory_gib <= 0:
             raise ConfigError("kv_memory_gib", f"must be > 0, got {self.kv_memory_gib}")
+        if not 0 < self.gpu_memory_fraction <= 1:
+            raise ConfigError("gpu_memory_fraction", f"must be in (0, 1], got {self.gpu_memory_fraction}")
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ConfigError("attention", f"unknown backend {self.attention!r}",
+                              f"use one of {', '.join(ATTENTION_BACKENDS)}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ConfigError("max_model_len", f"must be > 0, got {self.max_model_len}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):

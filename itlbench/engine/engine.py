@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from itlbench.engine.batch import flatten
 from itlbench.engine.block_manager import BlockManager
 from itlbench.engine.config import EngineConfig, ModelConfig, load_model_config
-from itlbench.engine.instrument import StepLog, StepRecord
+from itlbench.engine.instrument import StepLog, StepRecord, step_tokens_note
 from itlbench.engine.request import Request, RequestOutput, SamplingParams
 from itlbench.engine.runner import ModelRunner
 from itlbench.engine.sampler import Sampler
@@ -31,16 +31,20 @@ def _max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:
 
 class Engine:
     def __init__(self, config: EngineConfig, model_config: ModelConfig | None = None,
-                 attention_backend: str = "auto") -> None:
+                 attention_backend: str | None = None) -> None:
         self.config = config
         self.model_config = model_config or load_model_config(config.model)
         self.max_model_len = _max_model_len(config, self.model_config)
         self.tokenizer = load_tokenizer(self.model_config)
         self.runner = ModelRunner(config, self.model_config, self.max_model_len, attention_backend)
+        # the backend and block size that actually run (auto resolved; flash may need larger blocks)
+        self.config = config = config.with_(attention=getattr(self.runner, "attention", config.attention),
+                                            block_size=getattr(self.runner, "block_size", config.block_size))
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
         self.sampler = Sampler(config.seed)
         self.step_log = StepLog()
+        self._eos = self.model_config.eos_token_ids
         self.device = str(self.runner.device)
         self.dtype = str(self.runner.dtype).removeprefix("torch.")
         self._requests: dict[str, Request] = {}
@@ -107,16 +111,17 @@ class Engine:
         start_ns, wall_ns = time.perf_counter_ns(), time.time_ns()
         output = self.scheduler.schedule()
         if output.is_empty:
-            finished = self.scheduler.commit(output, {}, self.model_config.eos_token_id)
+            finished = self.scheduler.commit(output, {}, self._eos)
             return self._outputs(output, {}, finished, time.perf_counter_ns())
         for c in output.chunks:
             if c.request.first_scheduled_ns is None:
                 c.request.first_scheduled_ns = start_ns
         batch = flatten(output, self.config.block_size, self.runner.device)
-        logits = self.runner.execute(batch, f"step {self._step} {output.phase}")
+        logits = self.runner.execute(batch, f"step/{output.phase}",
+                                     step_tokens_note(output.num_prefill_tokens, output.num_decode_tokens))
         tokens = self.sampler(logits, batch.sample_requests) if batch.sample_requests else []
         sampled = {r.request_id: t for r, t in zip(batch.sample_requests, tokens, strict=True)}
-        finished = self.scheduler.commit(output, sampled, self.model_config.eos_token_id)
+        finished = self.scheduler.commit(output, sampled, self._eos)
         end_ns = time.perf_counter_ns()
         outputs = self._outputs(output, sampled, finished, end_ns)
         self._record(output, len(finished), start_ns, end_ns, wall_ns)
@@ -153,7 +158,8 @@ class Engine:
             num_decode_reqs=len(output.chunks) - len(prefill_ids), num_running=self.num_running,
             num_waiting=self.num_waiting, num_preemptions=len(output.preempted),
             kv_usage=self.block_manager.usage, token_budget=output.token_budget, start_ns=start_ns,
-            end_ns=end_ns, prefill_request_ids=prefill_ids, num_finished=num_finished, wall_start_ns=wall_ns))
+            end_ns=end_ns, prefill_request_ids=prefill_ids, num_finished=num_finished, wall_start_ns=wall_ns,
+            cuda_graph=getattr(self.runner, "last_cuda_graph", False)))
         self._step += 1
 
     # ----------------------------------------------------------------- convenience

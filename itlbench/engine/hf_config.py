@@ -78,6 +78,7 @@ def model_config_from_hf(raw: dict[str, Any], path: Path) -> ModelConfig:
         rms_norm_eps=float(_or(raw.get("rms_norm_eps"), DEFAULT_RMS_NORM_EPS)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         bos_token_id=_token_id(raw, "bos_token_id", 1), eos_token_id=_token_id(raw, "eos_token_id", 2),
+        extra_eos_token_ids=_more_eos_ids(raw),
         path=str(path))
 
 
@@ -86,11 +87,17 @@ def _or(value: Any, default: Any) -> Any:
 
 
 def _token_id(raw: dict[str, Any], name: str, default: int) -> int:
-    """An id, the first of a list of ids (the engine stops on one EOS id), or the default when null."""
+    """An id, the first of a list of ids, or the default when null."""
     value = raw.get(name, default)
     if isinstance(value, list):
         value = value[0] if value else None
     return default if value is None else int(value)
+
+
+def _more_eos_ids(raw: dict[str, Any]) -> tuple[int, ...]:
+    """The EOS ids after the first when config.json lists several (instruct models end a turn on any)."""
+    value = raw.get("eos_token_id")
+    return tuple(int(v) for v in value[1:]) if isinstance(value, list) else ()
 
 
 def _check_architecture(raw: dict[str, Any]) -> None:
@@ -175,6 +182,8 @@ def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
         "max_position_embeddings": cfg.max_position_embeddings, "rope_parameters": rope,
         "rms_norm_eps": cfg.rms_norm_eps, "tie_word_embeddings": cfg.tie_word_embeddings,
         "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False,
-        "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": None,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": [cfg.eos_token_id, *cfg.extra_eos_token_ids] if cfg.extra_eos_token_ids else cfg.eos_token_id,
+        "pad_token_id": None,
         "initializer_range": 0.02, "use_cache": True, "dtype": "float32",
     }

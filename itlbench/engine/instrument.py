@@ -44,6 +44,7 @@ class StepRecord:
     prefill_request_ids: tuple[str, ...] = ()
     num_finished: int = 0
     wall_start_ns: int = 0  # time.time_ns() at start, for aligning with another host's clock
+    cuda_graph: bool = False  # the forward replayed a captured CUDA graph (decode-only steps on CUDA)
 
     @property
     def duration_s(self) -> float:
@@ -57,13 +58,6 @@ class StepRecord:
         d = asdict(self)
         d["prefill_request_ids"] = list(self.prefill_request_ids)
         return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, object]) -> StepRecord:
-        d = dict(d)
-        d["prefill_request_ids"] = tuple(d.get("prefill_request_ids") or ())  # type: ignore[arg-type]
-        known = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in d.items() if k in known})  # type: ignore[arg-type]
 
 
 class StepLog:
@@ -96,35 +90,39 @@ class StepLog:
             out.reverse()
             return out
 
-    def wait_for(self, step: int, timeout: float) -> bool:
-        """Block until a record with index >= step exists or timeout elapses."""
-        with self._cond:
-            return self._cond.wait_for(lambda: bool(self._records) and self._records[-1].step >= step, timeout)
+
+def step_tokens_note(prefill_tokens: int, decode_tokens: int) -> str:
+    """The NVTX mark inside a step's `step/<phase>` range: the range name stays fixed so Nsight
+    Systems sums time per phase, and the mark carries the step's token counts."""
+    return f"prefill={prefill_tokens} decode={decode_tokens}"
 
 
 class _Nvtx:
     """NVTX ranges when CUDA is present; a no-op context otherwise (guarded: CPU torch raises)."""
 
     def __init__(self) -> None:
-        self._push = self._pop = None
+        self._push = self._pop = self._mark = None
         try:
             import torch
 
             if torch.cuda.is_available():
-                self._push, self._pop = torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
+                nvtx = torch.cuda.nvtx
+                self._push, self._pop, self._mark = nvtx.range_push, nvtx.range_pop, nvtx.mark
         except Exception:  # noqa: BLE001 - any import/runtime problem means "no NVTX"
-            self._push = self._pop = None
+            self._push = self._pop = self._mark = None
 
     @property
     def enabled(self) -> bool:
         return self._push is not None
 
     @contextlib.contextmanager
-    def range(self, name: str) -> Iterator[None]:
+    def range(self, name: str, note: str | None = None) -> Iterator[None]:
         if self._push is None:
             yield
             return
         self._push(name)
+        if note:
+            self._mark(f"{name} {note}")
         try:
             yield
         finally:
@@ -134,9 +132,10 @@ class _Nvtx:
 _nvtx: _Nvtx | None = None
 
 
-def nvtx_range(name: str) -> contextlib.AbstractContextManager[None]:
-    """`with nvtx_range("step 12 mixed"):` costs a dictionary lookup on CPU-only machines."""
+def nvtx_range(name: str, note: str | None = None) -> contextlib.AbstractContextManager[None]:
+    """`with nvtx_range("step/mixed", "prefill=2048 decode=31"):` a range, and the note as a mark at
+    its start; costs a dictionary lookup on CPU-only machines."""
     global _nvtx
     if _nvtx is None:
         _nvtx = _Nvtx()
-    return _nvtx.range(name)
+    return _nvtx.range(name, note)

@@ -1,21 +1,33 @@
-"""`ModelRunner`: owns the model, the paged KV cache and the RoPE tables; runs one flat batch."""
+"""`ModelRunner`: owns the model, the paged KV cache and the RoPE tables; runs one flat batch.
+
+On CUDA it also owns the decode CUDA graphs (`cuda_graph.DecodeGraphs`): a step whose chunks are all
+one token long replays a captured graph, every other step runs eagerly; `last_cuda_graph` says
+which one the last `execute` took, for the step record.
+"""
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import torch
 
-from itlbench.engine.attention import select_backend
+from itlbench.engine.attention import choose, make_backend
 from itlbench.engine.batch import FlatBatch
 from itlbench.engine.config import EngineConfig, ModelConfig
+from itlbench.engine.cuda_graph import DecodeGraphs, graph_buckets
 from itlbench.engine.instrument import nvtx_range
 from itlbench.engine.model.llama import ForwardContext, LlamaForCausalLM
 from itlbench.engine.model.loader import load_weights
 from itlbench.engine.model.rope import rope_tables
 from itlbench.errors import ConfigError
 
+log = logging.getLogger("itlbench.engine")
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GIB = 1 << 30
+CPU_KV_GIB = 4.0  # KV pool on CPU when kv_memory_gib is not given
+CUDA_RESERVE_BYTES = 1 * GIB  # CUDA context growth, cuBLAS workspaces, graph pools: kept out of the KV pool
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -33,15 +45,55 @@ def resolve_dtype(requested: str, device: torch.device) -> torch.dtype:
     return _DTYPES[requested]
 
 
-def num_kv_blocks(config: EngineConfig, model: ModelConfig, max_model_len: int, dtype_bytes: int) -> int:
-    """Explicit kv_blocks, else what kv_memory_gib holds, capped at what max_num_seqs full-length
-    requests could use and never below one full-length request."""
+def max_step_tokens(config: EngineConfig, max_model_len: int) -> int:
+    """The most rows one step can carry: the budget, or unchunked a whole prompt of max_model_len."""
+    return config.chunk_budget if config.chunk_budget is not None else max(config.unchunked_prefill_cap,
+                                                                           max_model_len)
+
+
+def activation_bytes(model: ModelConfig, tokens: int, dtype_bytes: int) -> int:
+    """Peak activations of one step of `tokens` rows, generously: the MLP's gate/up output and
+    product, the QKV and attention output, and a few residual-width temporaries per row."""
+    per_row = 3 * model.intermediate_size + 2 * (model.num_heads + 2 * model.num_kv_heads) * model.head_dim \
+        + 6 * model.hidden_size
+    return tokens * per_row * dtype_bytes
+
+
+def num_kv_blocks(config: EngineConfig, model: ModelConfig, max_model_len: int, dtype_bytes: int,
+                  block_size: int | None = None, free_bytes: int | None = None) -> int:
+    """Blocks in the KV pool. Explicit kv_blocks wins; else kv_memory_gib; else, on CUDA
+    (`free_bytes` = free device memory after the weights), `gpu_memory_fraction` of it less one step's
+    activations and a fixed reserve; else 4 GiB. Capped at what max_num_seqs full-length requests
+    could use and never below one full-length request."""
     if config.kv_blocks is not None:
         return config.kv_blocks
-    per_request = -(-max_model_len // config.block_size)
-    block_bytes = model.kv_bytes_per_token(dtype_bytes) * config.block_size
-    fits = int(config.kv_memory_gib * GIB // block_bytes)
+    block_size = block_size or config.block_size
+    per_request = -(-max_model_len // block_size)
+    block_bytes = model.kv_bytes_per_token(dtype_bytes) * block_size
+    if config.kv_memory_gib is not None:
+        budget = config.kv_memory_gib * GIB
+    elif free_bytes is not None:
+        budget = free_bytes * config.gpu_memory_fraction - CUDA_RESERVE_BYTES \
+            - activation_bytes(model, max_step_tokens(config, max_model_len), dtype_bytes)
+    else:
+        budget = CPU_KV_GIB * GIB
+    fits = int(max(budget, 0) // block_bytes)
     return max(per_request, min(fits, config.max_num_seqs * per_request))
+
+
+@torch.no_grad()
+def init_dummy_weights_on_device(model: LlamaForCausalLM, seed: int) -> None:
+    """The loader's dummy scheme (uniform ±1/sqrt(fan_in), unit norms) drawn by the device's own
+    generator: an 8B model in well under a second instead of a minute of CPU sampling. Same seed,
+    same weights on the same kind of device (not bit-equal to the CPU draw)."""
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+            continue
+        bound = p.shape[1] ** -0.5
+        p.uniform_(-bound, bound, generator=gen)
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -54,28 +106,67 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, max_model_len: int,
-                 attention_backend: str = "auto") -> None:
+                 attention_backend: str | None = None) -> None:
         self.config, self.model_config, self.max_model_len = config, model_config, max_model_len
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        choice = choose(attention_backend or config.attention, self.device, config.block_size, self.dtype)
+        log.info(choice.note)
+        self.attention, self.block_size = choice.backend, choice.block_size
         self.model = LlamaForCausalLM(model_config, self.dtype, self.device).eval()
-        load_weights(self.model, model_config, config.seed)
+        if self.device.type == "cuda" and model_config.path is None:
+            init_dummy_weights_on_device(self.model, config.seed)
+        else:
+            load_weights(self.model, model_config, config.seed)
         self.cos, self.sin = rope_tables(model_config, max_model_len, self.dtype, self.device)
-        self.backend = select_backend(self.device, attention_backend, config.block_size)
+        self.backend = make_backend(choice.backend, self.device)
         dtype_bytes = torch.finfo(self.dtype).bits // 8
-        self.num_blocks = num_kv_blocks(config, model_config, max_model_len, dtype_bytes)
-        shape = (self.num_blocks, config.block_size, model_config.num_kv_heads, model_config.head_dim)
+        free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
+        sizing = config
+        if config.kv_blocks is not None and self.block_size != config.block_size:
+            # flash resized the blocks: keep the token capacity that --kv-blocks asked for
+            sizing = config.with_(kv_blocks=-(-config.kv_blocks * config.block_size // self.block_size))
+        self.num_blocks = num_kv_blocks(sizing, model_config, max_model_len, dtype_bytes, self.block_size, free)
+        # one block past the manager's range: where padded CUDA graph rows write
+        self.scratch_block = self.num_blocks
+        shape = (self.num_blocks + 1, self.block_size, model_config.num_kv_heads, model_config.head_dim)
         self.kv_caches = [(_zeros(shape, self.dtype, self.device), _zeros(shape, self.dtype, self.device))
                           for _ in range(model_config.num_layers)]
+        self.last_cuda_graph = False
+        self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and config.cuda_graphs and getattr(self.backend, "graph_capable", False):
+            self.graphs = self.build_decode_graphs(capture=True)
+            log.info("cuda graphs: decode buckets %s", ",".join(map(str, self.graphs.buckets)))
 
     @property
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+
+    def build_decode_graphs(self, capture: bool) -> DecodeGraphs:
+        """Fixed-buffer decode runner over this model; `capture=False` runs it eagerly (CPU tests)."""
+        with torch.inference_mode():
+            return DecodeGraphs(self._logits_all_rows, self.backend, graph_buckets(self.config.max_num_seqs),
+                                -(-self.max_model_len // self.block_size), self.scratch_block,
+                                self.block_size, self.device, capture=capture)
+
+    def _logits_all_rows(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: object) -> torch.Tensor:
+        ctx = ForwardContext(self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1), self.kv_caches,
+                             self.backend, meta)
+        return self.model.compute_logits(self.model(input_ids, ctx)).float()
+
     @torch.inference_mode()
-    def execute(self, batch: FlatBatch, label: str = "step") -> torch.Tensor:
-        """Run the batch; logits [len(logits_indices), vocab] for the rows that sample."""
-        with nvtx_range(label):
+    def execute(self, batch: FlatBatch, label: str = "step", note: str | None = None) -> torch.Tensor:
+        """Run the batch; logits [len(logits_indices), vocab] for the rows that sample. On CUDA the
+        step is an NVTX range `label` (e.g. `step/decode`) with `note` (token counts) as a mark."""
+        with nvtx_range(label, note):
+            if self.graphs is not None and self.graphs.supports(batch):
+                self.last_cuda_graph = True
+                return self.graphs.run(batch)[batch.logits_indices]
+            self.last_cuda_graph = False
             cos = self.cos[batch.positions].unsqueeze(1)
             sin = self.sin[batch.positions].unsqueeze(1)
             meta = self.backend.prepare(batch)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from itlbench.engine.block_manager import BlockManager
 from itlbench.engine.config import EngineConfig
@@ -205,7 +205,8 @@ class Scheduler:
 
     # ----------------------------------------------------------------- applying results
 
-    def commit(self, output: SchedulerOutput, sampled: Mapping[str, int], eos_token_id: int) -> list[Request]:
+    def commit(self, output: SchedulerOutput, sampled: Mapping[str, int],
+               eos_token_ids: Collection[int]) -> list[Request]:
         """Advance computed tokens, append sampled ones, and retire finished requests."""
         finished, self._dropped = self._dropped, []
         for chunk in output.chunks:
@@ -219,16 +220,16 @@ class Scheduler:
                 continue
             token = sampled[req.request_id]
             req.output_token_ids.append(token)
-            status = self._stop_status(req, token, eos_token_id)
+            status = self._stop_status(req, token, eos_token_ids)
             if status is not None:
                 self._finish(req, status)
                 finished.append(req)
         return finished
 
-    def _stop_status(self, req: Request, token: int, eos_token_id: int) -> RequestStatus | None:
+    def _stop_status(self, req: Request, token: int, eos_token_ids: Collection[int]) -> RequestStatus | None:
         sp = req.sampling
         if req.num_output_tokens >= sp.min_tokens:
-            if (token == eos_token_id and not sp.ignore_eos) or token in sp.stop_token_ids:
+            if (token in eos_token_ids and not sp.ignore_eos) or token in sp.stop_token_ids:
                 return RequestStatus.FINISHED_STOPPED
         if req.num_output_tokens >= sp.max_tokens or req.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH

@@ -13,9 +13,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import psutil
-
-from itlbench.load.progress import percentile
 
 
 @dataclass
@@ -69,11 +68,10 @@ class ClientMonitor:
         if self.cpus:
             s.cpu_percent_mean = sum(self.cpus) / len(self.cpus)
             s.cpu_percent_max = max(self.cpus)
-            s.loop_lag_p99_s = percentile(self.lags, 99) or 0.0
+            s.loop_lag_p99_s = float(np.percentile(self.lags, 99))
             s.loop_lag_max_s = max(self.lags)
         if send_lags_ns:
-            s.send_lag_p50_s = (percentile(send_lags_ns, 50) or 0) / 1e9
-            s.send_lag_p99_s = (percentile(send_lags_ns, 99) or 0) / 1e9
+            s.send_lag_p50_s, s.send_lag_p99_s = (float(v) / 1e9 for v in np.percentile(send_lags_ns, [50, 99]))
             s.send_lag_max_s = max(send_lags_ns) / 1e9
         return s
 

@@ -18,7 +18,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,6 +31,7 @@ from itlbench.load.sink import RowSink
 from itlbench.load.sse_client import Outcome, StreamClient
 from itlbench.load.target import Target
 from itlbench.rundir.store import RunStore
+from itlbench.workloads.build import check_load_shape
 from itlbench.workloads.plan import LoadPlan, RequestPlan
 
 _now = time.perf_counter_ns
@@ -59,6 +60,22 @@ class Warmup:
     adaptive: bool = False
     max_s: float = 300.0
     ramp_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's part of a load split over several client processes (see `load.multiproc`).
+
+    `stream_ids` are the run-wide indices of this shard's streams out of `total_streams`, so ramps
+    and stream numbers match a single-process run; all shards start on `start_at_ns` (CLOCK_MONOTONIC
+    is shared by the processes of a host); `agree_measure_start(local_ns)` reports when this shard is
+    warm and returns the run-wide measurement start (the latest shard's), so every process measures
+    one window."""
+
+    stream_ids: tuple[int, ...]
+    total_streams: int
+    start_at_ns: int
+    agree_measure_start: Callable[[int], Awaitable[int]] | None = None
 
 
 @dataclass
@@ -216,17 +233,20 @@ async def _first(*aws: Coroutine[Any, Any, Any]) -> None:
             t.cancel()
 
 
-async def _warm_up(run: _Run, run_start_ns: int, warmup: Warmup, streams: int) -> None:
+async def _warm_up(run: _Run, run_start_ns: int, warmup: Warmup, streams: int, shard: Shard | None) -> None:
     """End the warmup: after `min_s`, and (adaptive) once every closed-loop stream has received a
     token, so the measurement does not open on the thundering-herd prefill of the first requests;
-    never later than `max_s`."""
+    never later than `max_s`. A shard agrees the start with the other processes."""
     min_end = run_start_ns + int(warmup.min_s * 1e9)
     max_end = run_start_ns + int(max(warmup.max_s, warmup.min_s) * 1e9)
     await run.pause((min_end - _now()) / 1e9)
     if warmup.adaptive and streams:
         while not run.closed.is_set() and _now() < max_end and len(run.client.streams_with_tokens) < streams:
             await run.pause(0.02)
-    run.start_measuring(min_end if not warmup.adaptive else max(min_end, _now()), run.duration_s)
+    start = min_end if not warmup.adaptive else max(min_end, _now())
+    if shard is not None and shard.agree_measure_start is not None and not run.closed.is_set():
+        start = await shard.agree_measure_start(start)
+    run.start_measuring(start, run.duration_s)
 
 
 async def _watch(event: asyncio.Event, run: _Run) -> None:
@@ -267,8 +287,7 @@ def _split_feed(feed: Iterator[RequestPlan]) -> Iterator[RequestPlan] | None:
 
 
 def _check(duration_s: float, warmup_s: float, drain_timeout_s: float, max_connection_errors: int) -> None:
-    if duration_s <= 0:
-        raise ConfigError("duration_s", f"must be > 0, got {duration_s}")
+    check_load_shape(None, None, 1.0, duration_s)
     if warmup_s < 0 or drain_timeout_s < 0:
         raise ConfigError("warmup_s/drain_timeout_s", "must be >= 0")
     if max_connection_errors < 1:
@@ -277,16 +296,15 @@ def _check(duration_s: float, warmup_s: float, drain_timeout_s: float, max_conne
 
 async def drive(plan: LoadPlan, target: Target, store: RunStore, *, duration_s: float, warmup_s: float = 0.0,
                 drain_timeout_s: float = 30.0, on_progress: Callable[[ProgressSnapshot], None] | None = None,
-                stop_event: asyncio.Event | None = None, start_at_ns: int | None = None,
-                max_connection_errors: int = 50, sample_interval_s: float = 0.5,
-                handle_sigint: bool = True, stream_ids: Sequence[int] | None = None,
-                warmup: Warmup | None = None) -> DriveResult:
+                stop_event: asyncio.Event | None = None, max_connection_errors: int = 50,
+                sample_interval_s: float = 0.5, handle_sigint: bool = True, warmup: Warmup | None = None,
+                shard: Shard | None = None) -> DriveResult:
     """Run `plan` against `target`, writing requests, chunks and client samples into `store`.
 
     Returns after the drain; a cancelled drive cancels its requests, flushes every record, re-raises.
     Ctrl-C stops the run cleanly unless the caller passes `stop_event` (then it owns the signal).
-    `start_at_ns` (perf_counter_ns) lets several worker processes start on one instant, and
-    `stream_ids` gives their streams run-wide indices (default 0..n-1; a plan's own `stream` wins).
+    `shard` makes this one of several client processes (one start instant, one measurement window,
+    run-wide stream indices; a plan's own `stream` wins).
     """
     _check(duration_s, warmup.min_s if warmup else warmup_s, drain_timeout_s, max_connection_errors)
     streams = [iter(s) for s in plan.streams]
@@ -299,23 +317,23 @@ async def drive(plan: LoadPlan, target: Target, store: RunStore, *, duration_s: 
         return await _drive(run, client, sink, monitor, streams, feed, duration_s=duration_s,
                             warmup=warmup or Warmup(min_s=warmup_s),
                             drain_timeout_s=drain_timeout_s, on_progress=on_progress, stop_event=stop_event,
-                            start_at_ns=start_at_ns, handle_sigint=handle_sigint, stream_ids=stream_ids)
+                            handle_sigint=handle_sigint, shard=shard)
 
 
 async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: ClientMonitor,
                  streams: list[Iterator[RequestPlan]], feed: Iterator[RequestPlan] | None, *, duration_s: float,
                  warmup: Warmup, drain_timeout_s: float, on_progress: Callable[[ProgressSnapshot], None] | None,
-                 stop_event: asyncio.Event | None, start_at_ns: int | None, handle_sigint: bool,
-                 stream_ids: Sequence[int] | None) -> DriveResult:
+                 stop_event: asyncio.Event | None, handle_sigint: bool, shard: Shard | None) -> DriveResult:
     async with client:
-        if start_at_ns is not None:
-            await asyncio.sleep(max(0.0, (start_at_ns - _now()) / 1e9))
+        if shard is not None:
+            await asyncio.sleep(max(0.0, (shard.start_at_ns - _now()) / 1e9))
         run_start = _now()
         run.duration_s = duration_s
-        ids = list(stream_ids) if stream_ids is not None else list(range(len(streams)))
+        ids = list(shard.stream_ids) if shard is not None else list(range(len(streams)))
+        total = shard.total_streams if shard is not None else len(streams)
         ramp_ns = int(warmup.ramp_s * 1e9)
-        workers = {asyncio.create_task(_closed_stream(run, k, it, run_start + ramp_ns * i // max(1, len(streams))))
-                   for i, (k, it) in enumerate(zip(ids, streams, strict=True))}
+        workers = {asyncio.create_task(_closed_stream(run, k, it, run_start + ramp_ns * k // max(1, total)))
+                   for k, it in zip(ids, streams, strict=True)}
         if feed is not None:
             workers.add(asyncio.create_task(_open_loop(run, feed)))
         watchdog = PauseWatchdog(lambda row: sink.add("client_pauses", row))
@@ -326,7 +344,7 @@ async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: Client
         restore = _install_sigint(run) if handle_sigint and stop_event is None else (lambda: None)
         send_end = sys.maxsize
         try:
-            await _warm_up(run, run_start, warmup, len(streams))
+            await _warm_up(run, run_start, warmup, len(streams), shard)
             await run.pause((run.end_ns - _now()) / 1e9)
             send_end = min(_now(), run.end_ns)
             run.closed.set()

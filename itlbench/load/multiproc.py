@@ -11,6 +11,7 @@ line up. At the end each worker's parts are concatenated into the main run direc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import multiprocessing as mp
 import os
@@ -26,7 +27,7 @@ import polars as pl
 
 from itlbench.errors import ConfigError
 from itlbench.load.client_monitor import ClientStats
-from itlbench.load.driver import DriveResult, drive, install_uvloop
+from itlbench.load.driver import DriveResult, Shard, Warmup, drive, install_uvloop
 from itlbench.load.progress import ProgressSnapshot
 from itlbench.load.target import Target
 from itlbench.rundir.schema import TABLES
@@ -52,11 +53,19 @@ def _worker(k: int, n: int, plan_factory: Callable[[], LoadPlan], target: Target
     store = RunStore(worker_dir(run_dir, k))
     try:
         full = plan_factory()
-        ids = list(range(len(full.streams)))[k::n]
+        ids = tuple(range(len(full.streams)))[k::n]
         plan = split_plan(full, k, n)
         out_q.put(("ready", k, None))
         start_at = start_q.get()
-        res = asyncio.run(drive(plan, target, store, start_at_ns=start_at, stream_ids=ids,
+
+        async def agree_measure_start(local_ns: int) -> int:
+            out_q.put(("warm", k, local_ns))
+            while True:  # poll, so a stopped run's thread does not block interpreter exit
+                with contextlib.suppress(queue.Empty):
+                    return int(await asyncio.to_thread(start_q.get, True, 0.1))
+
+        shard = Shard(ids, len(full.streams), start_at, agree_measure_start)
+        res = asyncio.run(drive(plan, target, store, shard=shard,
                                 on_progress=lambda s: out_q.put(("progress", k, s)), **kwargs))
         out_q.put(("done", k, res))
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides
@@ -72,6 +81,9 @@ class _Collector:
         self.q, self.procs, self.on_progress = q, procs, on_progress
         self.results: dict[int, DriveResult] = {}
         self.ready: set[int] = set()
+        self.warm: dict[int, int] = {}  # worker -> when its streams were warm (perf_counter_ns)
+        self.start_q: Any = None
+        self.released = False
         self.progress: dict[int, ProgressSnapshot] = {}
 
     async def until(self, done: Callable[[], bool], timeout_s: float) -> None:
@@ -91,12 +103,24 @@ class _Collector:
             raise RuntimeError(f"load worker {k} failed: {payload}")
         if kind == "ready":
             self.ready.add(k)
+        elif kind == "warm":
+            self.warm[k] = payload
+            self._release_if_all_warm()
         elif kind == "done":
             self.results[k] = payload
+            self.warm.setdefault(k, payload.measure_start_ns)  # stopped before warming: never blocks the rest
+            self._release_if_all_warm()
         elif kind == "progress":
             self.progress[k] = payload
             if self.on_progress is not None:
                 self.on_progress(merge_progress(list(self.progress.values())))
+
+    def _release_if_all_warm(self) -> None:
+        """The last worker to warm up opens the one measurement window for all of them."""
+        if len(self.warm) == len(self.procs) and not self.released:
+            self.released = True
+            for _ in self.procs:
+                self.start_q.put(max(self.warm.values()))
 
     def _check_alive(self) -> None:
         for k, p in enumerate(self.procs):
@@ -105,26 +129,30 @@ class _Collector:
 
 
 async def drive_workers(plan_factory: Callable[[], LoadPlan], target: Target, store: RunStore, *, workers: int,
-                        duration_s: float, warmup_s: float = 0.0, drain_timeout_s: float = 30.0,
+                        duration_s: float, warmup: Warmup | None = None, drain_timeout_s: float = 30.0,
                         on_progress: Callable[[ProgressSnapshot], None] | None = None,
                         start_delay_s: float = 0.3, **drive_kwargs: Any) -> DriveResult:
-    """`drive` in `workers` processes; returns the combined result after merging their records."""
+    """`drive` in `workers` processes with one warmup and one measurement window; returns the combined
+    result after merging their records."""
     if workers < 1:
         raise ConfigError("workers", f"must be >= 1, got {workers}")
+    warmup = warmup or Warmup()
     ctx = mp.get_context("spawn")
     start_q, out_q = ctx.Queue(), ctx.Queue()
-    kwargs = dict(duration_s=duration_s, warmup_s=warmup_s, drain_timeout_s=drain_timeout_s, **drive_kwargs)
+    kwargs = dict(duration_s=duration_s, warmup=warmup, drain_timeout_s=drain_timeout_s, **drive_kwargs)
     procs = [ctx.Process(target=_worker, args=(k, workers, plan_factory, target, str(store.path), kwargs,
                                                start_q, out_q)) for k in range(workers)]
     for p in procs:
         p.start()
     collector = _Collector(out_q, procs, on_progress)
+    collector.start_q = start_q
     try:
         await collector.until(lambda: len(collector.ready) == workers, 120.0)
         start_at = time.perf_counter_ns() + int(start_delay_s * 1e9)
         for _ in procs:
             start_q.put(start_at)
-        budget = start_delay_s + warmup_s + duration_s + drain_timeout_s + 60.0
+        budget = start_delay_s + max(warmup.min_s, warmup.max_s if warmup.adaptive else 0.0) + duration_s \
+            + drain_timeout_s + 60.0
         await collector.until(lambda: len(collector.results) == workers, budget)
     finally:
         await asyncio.to_thread(_join, procs)

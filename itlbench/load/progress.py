@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection
 from dataclasses import dataclass
 
-
-def percentile(values: Iterable[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100) of a small sample; None when empty."""
-    s = sorted(values)
-    if not s:
-        return None
-    k = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
-    return s[k]
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -42,6 +35,8 @@ class ProgressSnapshot:
                 f"lag {self.loop_lag_ms:.1f} ms")
 
 
-def ms_percentile(values_ns: Iterable[int], q: float) -> float | None:
-    v = percentile(values_ns, q)
-    return None if v is None else v / 1e6
+def ms_percentile(values_ns: Collection[int], q: float) -> float | None:
+    """The q-th percentile (0..100) in ms, numpy's linear method as in the analysis; None when empty."""
+    if not values_ns:
+        return None
+    return float(np.percentile(np.fromiter(values_ns, np.int64, len(values_ns)), q)) / 1e6

@@ -169,30 +169,17 @@ class StreamClient:
             ex.error = "stream ended before [DONE]"
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, ex: _Exchange) -> None:
-        buf = b""
+        events = SseEvents()
         content = resp.content
         while True:
             data = await content.readany()
             t = _now()
             if not data:
                 return
-            buf += data
-            if b"\r" in buf:
-                buf = buf.replace(b"\r\n", b"\n")
-            start = 0
-            while (end := buf.find(b"\n\n", start)) >= 0:
-                self._on_event(buf[start:end], t, ex)
-                start = end + 2
-            if start:
-                buf = buf[start:]
+            for payload in events.feed(data):
+                self._on_event(payload, t, ex)
 
-    def _on_event(self, event: bytes, t: int, ex: _Exchange) -> None:
-        if event.startswith(b"data: ") and b"\n" not in event:
-            payload = event[6:]
-        else:
-            payload = _data_of(event)
-            if payload is None:
-                return
+    def _on_event(self, payload: bytes, t: int, ex: _Exchange) -> None:
         if payload == b"[DONE]":
             ex.saw_done = True
             return
@@ -266,9 +253,41 @@ class StreamClient:
             ex.chunks_written = end
 
 
+class SseEvents:
+    """Splits a server-sent-event byte stream, fed in whatever pieces the network gives, into the
+    data payloads of its events (the WHATWG event-stream rules that OpenAI-style servers use):
+    events end at a blank line; CRLF, CR and LF all end lines; an event's `data:` lines are joined
+    with newlines (one optional space after the colon is dropped); comments (`:`) and other fields
+    are ignored; an event whose data is empty is not dispatched. The common one-line `data: {...}`
+    event takes the fast path."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._buf + data
+        if b"\r" in buf:
+            # a CR at the very end may be the first half of a CRLF: keep it for the next piece
+            keep = buf.endswith(b"\r")
+            buf = (buf[:-1] if keep else buf).replace(b"\r\n", b"\n").replace(b"\r", b"\n") + (b"\r" if keep else b"")
+        out: list[bytes] = []
+        start = 0
+        while (end := buf.find(b"\n\n", start)) >= 0:
+            event = buf[start:end]
+            start = end + 2
+            payload = event[6:] if event.startswith(b"data: ") and b"\n" not in event else _data_of(event)
+            if payload:  # an event without data (or with empty data) is not dispatched
+                out.append(payload)
+        self._buf = buf[start:]
+        return out
+
+
 def _data_of(event: bytes) -> bytes | None:
     """General SSE event: join its `data:` lines; comments and other fields are ignored."""
-    parts = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+    parts = [line[6:] if line.startswith(b"data: ") else line[5:]
+             for line in event.split(b"\n") if line.startswith(b"data:")]
     return b"\n".join(parts) if parts else None
 
 

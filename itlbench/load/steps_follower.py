@@ -57,8 +57,3 @@ class StepsFollower:
         self.writer.add("steps", step_row(d))
         self.next_step = step + 1
         self.rows += 1
-
-
-async def follow_steps(base_url: str, writer: RowWriter, *, retry_s: float = 0.5) -> None:
-    """Run a follower until cancelled (start it as a task next to `drive`)."""
-    await StepsFollower(base_url, writer, retry_s=retry_s).run()

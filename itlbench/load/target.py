@@ -48,11 +48,6 @@ class Target:
     def url(self) -> str:
         return self.base_url + ENDPOINTS[self.api]
 
-    @property
-    def root(self) -> str:
-        """Server root (base_url without its trailing /v1), where /metrics lives."""
-        return self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
-
     def headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if self.api_key:

@@ -80,7 +80,8 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
     console.print(f"\n[bold]Run[/] {run_dir}  requests: {reqs.get('total', 0)} "
                   f"(ok {reqs.get('ok', 0)}, errors {reqs.get('error', 0)}, timeouts {reqs.get('timeout', 0)}, "
                   f"cancelled {reqs.get('cancelled', 0)}, injected {reqs.get('injected', 0)})")
-    ttft = Table(title="TTFT by prompt bucket (s)", show_lines=False)
+    ttft = Table(title="TTFT by prompt bucket (s)", show_lines=False,
+                 caption="— : too few requests for that percentile (p90 needs 10, p99 needs 100)")
     for col in ("bucket", "count", "p50", "p90", "p99", "max"):
         ttft.add_column(col, justify="right")
     buckets = summary.get("ttft_s", {})
@@ -91,7 +92,8 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
     console.print(ttft)
     _print_injected(console, summary)
     itl = summary.get("itl_s", {})
-    itl_t = Table(title="Inter-token latency, pooled per gap, steady streams (ms)")
+    itl_t = Table(title="Inter-token latency, pooled per gap, steady streams (ms)",
+                  caption=None if (itl.get("count") or 0) >= 1000 else "— : too few gaps for that percentile")
     for col in ("gaps", "p50", "p90", "p95", "p99", "p99.9", "max"):
         itl_t.add_column(col, justify="right")
     itl_t.add_row(str(itl.get("count", 0)), *_stat_row(itl, ("p50", "p90", "p95", "p99", "p999", "max")))
@@ -113,8 +115,8 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
                   + (f" ({frac * 100:.0f} % prefill)" if frac is not None else "")
                   + f"  [dim]source: {split.get('source', 'unavailable')}[/]")
     console.print(f"[bold]Throughput[/] {_s(thr.get('requests_per_s'))} req/s, "
-                  f"{_s(thr.get('output_tokens_per_s'))} output tok/s; "
-                  f"[bold]goodput[/] {_s((summary.get('goodput') or {}).get('requests_per_s'))} req/s")
+                  f"{_s(thr.get('output_tokens_per_s'))} output tok/s")
+    _print_goodput(console, summary.get("goodput") or {})
     bundling = summary.get("bundling") or {}
     if bundling.get("warning"):
         console.print(f"[yellow]warning:[/] {bundling['warning']}")
@@ -122,10 +124,29 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
     if check.get("longest_step_s") is not None:
         console.print(f"[bold]Engine check[/] worst client gap {_s(check.get('worst_client_gap_s'))} s vs longest "
                       f"engine step {_s(check.get('longest_step_s'))} s")
-    if summary.get("valid") is False:
-        reasons = (summary.get("validity") or {}).get("reasons") or []
-        console.print(f"[bold red]INVALID RUN[/]: the client may have been the bottleneck: {'; '.join(reasons)} "
-                      "(spread the load with --workers N, or run the client on another machine)")
+    _print_validity(console, summary)
+
+
+def _print_goodput(console: Console, good: dict[str, Any]) -> None:
+    """Goodput with the reason it is what it is: each SLO missed, by how many requests and how far."""
+    console.print(f"[bold]Goodput[/] {_s(good.get('requests_per_s'))} req/s ({good.get('good', 0)} of "
+                  f"{good.get('total', 0)} requests met every SLO)")
+    if good.get("not_ok"):
+        console.print(f"  {good['not_ok']} requests did not complete (error, timeout or cancelled)")
+    for miss in (good.get("misses") or [])[:5]:
+        what = f"TTFT {miss.get('bucket')}" if miss["slo"] == "ttft" else f"ITL {miss['slo'].removeprefix('itl_')}"
+        console.print(f"  missed {what} ≤ {_s(miss.get('target_s'))} s ({miss.get('cls')}): {miss.get('missed')} of "
+                      f"{miss.get('of')} requests, median {_s(miss.get('median_s'))} s, worst {_s(miss.get('worst_s'))} s")
+
+
+def _print_validity(console: Console, summary: dict[str, Any]) -> None:
+    if summary.get("valid") is not False:
+        return
+    v = summary.get("validity") or {}
+    console.print("[bold red]Client-distorted figures[/]: " + "; ".join(v.get("reasons") or []))
+    console.print(f"  affected: {', '.join(v.get('affected') or [])}; still standing: "
+                  f"{', '.join(v.get('standing') or []) or 'none'}"
+                  " (spread the load with --workers N, or run the client on another machine)")
 
 
 def _print_injected(console: Console, summary: dict[str, Any]) -> None:

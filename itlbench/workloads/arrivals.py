@@ -6,8 +6,6 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from itlbench.errors import ConfigError
-
 _CHUNK = 1024
 
 
@@ -21,12 +19,8 @@ def gamma_gaps(rng: np.random.Generator, rate: float, burstiness: float, size: i
 
 def arrival_times(rate: float, duration_s: float, burstiness: float = 1.0,
                   seed: int = 0) -> Iterator[float]:
-    """Seeded send times in [0, duration_s), lazily, for an open-loop feed."""
-    if rate <= 0:
-        raise ConfigError("--rate", f"must be > 0 requests/s, got {rate}", "e.g. --rate 4")
-    if burstiness <= 0:
-        raise ConfigError("--burstiness", f"must be > 0, got {burstiness}",
-                          "1 = Poisson, < 1 burstier, > 1 smoother")
+    """Seeded send times in [0, duration_s), lazily, for an open-loop feed (rate and burstiness as
+    checked by `workloads.build.check_load_shape`)."""
     return _times(np.random.default_rng(seed), rate, burstiness, duration_s)
 
 

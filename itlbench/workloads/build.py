@@ -46,17 +46,20 @@ class LoadSpec:
     tokens_per_word: float = 1.0  # text mode: the target tokenizer's measured tokens per word
 
 
+def check_load_shape(streams: int | None, rate: float | None, burstiness: float, duration_s: float) -> None:
+    """The one check of the numbers that shape a load (the run's flags and every LoadSpec)."""
+    if streams is not None and streams < 0:
+        raise ConfigError("--streams", f"must be >= 0, got {streams}", "e.g. --streams 32, or 0 with --rate")
+    if rate is not None and not rate > 0:
+        raise ConfigError("--rate", f"must be > 0 requests/s, got {rate}", "e.g. --rate 4")
+    if not burstiness > 0:
+        raise ConfigError("--burstiness", f"must be > 0, got {burstiness}", "1 = Poisson, < 1 burstier, > 1 smoother")
+    if not duration_s > 0:
+        raise ConfigError("--duration", f"must be > 0 s, got {duration_s}", "e.g. --duration 60")
+
+
 def _check_numbers(spec: LoadSpec) -> None:
-    if spec.streams is not None and spec.streams < 0:
-        raise ConfigError("--streams", f"must be >= 0, got {spec.streams}",
-                          "e.g. --streams 32, or 0 with --rate")
-    if spec.rate is not None and not spec.rate > 0:
-        raise ConfigError("--rate", f"must be > 0 requests/s, got {spec.rate}", "e.g. --rate 4")
-    if not spec.burstiness > 0:
-        raise ConfigError("--burstiness", f"must be > 0, got {spec.burstiness}",
-                          "1 = Poisson, < 1 burstier, > 1 smoother")
-    if not spec.duration_s > 0:
-        raise ConfigError("--duration", f"must be > 0 s, got {spec.duration_s}", "e.g. --duration 60")
+    check_load_shape(spec.streams, spec.rate, spec.burstiness, spec.duration_s)
     if spec.max_model_len < 2:
         raise ConfigError("--max-model-len", f"must be >= 2, got {spec.max_model_len}",
                           "the server's context length, e.g. 8192")
