@@ -30,7 +30,7 @@ def oracle(payload: bytes) -> tuple[list[int], bool]:
     """(token counts the JSON path appended, whether it changed anything else in the record)."""
     ex = _Exchange(RequestPlan("r", "w", "w", 1, 8), 0, None)
     ex.server_id = "known"
-    CLIENT._on_event(b"data: " + payload, 1, ex)
+    CLIENT._on_event(payload, 1, ex)
     other = (ex.finish_reason, ex.prompt_reported, ex.completion_reported, ex.error, ex.server_id)
     return ex.counts, other != (None, None, None, None, "known")
 

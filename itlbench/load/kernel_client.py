@@ -46,8 +46,8 @@ from itlbench.load.kclock import (
 from itlbench.load.sink import RowWriter
 from itlbench.load.sse_client import (
     CHUNK_ROWS_PER_HANDOFF,
+    SseEvents,
     StreamClient,
-    _data_of,
     _Exchange,
     build_body,
     error_text,
@@ -83,7 +83,7 @@ class _Conn:
         self.body = False
         self.decoder: ChunkedDecoder | None = None
         self.left = -1  # Content-Length bytes still due; -1: none (chunked or close-delimited)
-        self.sse = b""  # an incomplete SSE event carried to the next read
+        self.sse = SseEvents()  # the SSE splitter the aiohttp reader uses: the same events from the same bytes
         self.error_body: list[bytes] | None = None
         self.got_bytes = False
         self.shape: Shape | None = None  # the learnt content chunk of this response (sse_scan.Shape)
@@ -173,44 +173,31 @@ class _Conn:
             self._finish()
 
     def _events(self, piece: bytes, t: int, t_read: int) -> None:
-        """Split SSE events and count their tokens; each event completed here gets stamp `t`."""
-        buf = self.sse + piece if self.sse else piece
-        if b"\r" in buf:
-            buf = buf.replace(b"\r\n", b"\n")
-        end = buf.find(b"\n\n")
-        if end < 0:
-            self.sse = buf
+        """Count the tokens of the SSE events this piece completes; each gets stamp `t`."""
+        payloads = self.sse.feed(piece)
+        if not payloads:
             return
         ex = self.ex
         assert ex is not None
         client = self.client
         client._t_read = t_read
-        start = 0
-        while end >= 0:
-            event = buf[start:end]
-            if event.startswith(b"data: ") and b"\n" not in event:
-                payload: bytes | None = event[6:]
-            else:
-                payload = _data_of(event)
-            if payload is not None:
+        shape = self.shape
+        for payload in payloads:
+            n = shape.count(payload) if shape is not None else DECODE
+            if n < 0:
+                n = self._slow_count(payload, t, ex)
                 shape = self.shape
-                n = shape.count(payload) if shape is not None else DECODE
-                if n < 0:
-                    n = self._slow_count(payload, event, t, ex)
-                if n > 0:
-                    client._add_chunk(ex, t, n)
-            start = end + 2
-            end = buf.find(b"\n\n", start)
-        self.sse = buf[start:] if start < len(buf) else b""
+            if n > 0:
+                client._add_chunk(ex, t, n)
 
-    def _slow_count(self, payload: bytes, event: bytes, t: int, ex: _Exchange) -> int:
+    def _slow_count(self, payload: bytes, t: int, ex: _Exchange) -> int:
         """Tokens to add for an event the learnt shape does not match; 0 when the JSON path took it."""
         if payload == b"[DONE]":
             ex.saw_done = True
             return 0
         n = count_tokens(payload) if ex.server_id is not None else DECODE
         if n < 0:
-            self.client._on_event(event, t, ex)
+            self.client._on_event(payload, t, ex)
             return 0
         if n == 1 and self.shape is None and not self.unshaped:
             self.shape = Shape.learn(payload)
