@@ -210,6 +210,7 @@ def measure(args: argparse.Namespace, c: int, reader: str) -> Row:
             log = _server_log(url)
             req = read_table(tmp, "requests").select("request_id", "server_request_id")
             chunks = read_table(tmp, "chunks").sort("request_id", "index")
+            pauses = read_table(tmp, "client_pauses")
     finally:
         proc.kill()
         proc.wait()
@@ -227,7 +228,10 @@ def measure(args: argparse.Namespace, c: int, reader: str) -> Row:
     if n and args.workers == 1:
         row.cpu_us_per_chunk = cpu.between(lo, hi) / n * 1e6
         row.cpu_percent = cpu.between(lo, hi) / ((hi - lo) / 1e9) * 100
-    row.note = f"{res.counts['sent']} reqs, loop lag p99 {res.client.loop_lag_p99_s * 1e3:.1f} ms"
+    delay = (chunks["t_read_ns"] - chunks["t_ns"]) / 1e6
+    longest = (pauses["end_ns"] - pauses["start_ns"]).max() if pauses.height else 0
+    row.note = (f"{res.counts['sent']} reqs; read delay p99 {delay.quantile(0.99) or 0:.2f} ms; "
+                f"{pauses.height} client pauses, longest {(longest or 0) / 1e6:.0f} ms")
     return row
 
 
