@@ -16,6 +16,9 @@ started) from CPU samples of the client process every 20 ms, the same way for it
 and for `vllm bench serve` (run from the peer venv when present) on the same load.
 
     flock /work/wt/bench.lock python benchmarks/client_fidelity.py --concurrency 100,500 --duration 6
+
+`--telemetry metrics|otel|both` runs the client with live telemetry on (Prometheus on a free loopback
+port; OTLP to a receiver in its own process), to compare the client's CPU per chunk with it off.
 """
 
 from __future__ import annotations
@@ -183,17 +186,42 @@ def _load() -> str:
     return f"{one:.1f}/{five:.1f}"
 
 
-async def _run_client(args: argparse.Namespace, c: int, url: str, run_dir: Path, reader: str) -> DriveResult:
+def _telemetry(args: argparse.Namespace, target: Target, otlp: str | None):  # noqa: ANN202
+    """Live telemetry as `itlbench run --metrics-port/--otlp-endpoint` builds it, or None (off)."""
+    if args.telemetry == "off":
+        return None
+    from itlbench.telemetry.observer import LiveTelemetry
+
+    tel = LiveTelemetry.start("127.0.0.1:0" if args.telemetry in ("metrics", "both") else None,
+                              otlp if args.telemetry in ("otel", "both") else None)
+    tel.connect(target, has_steps=False, provider_name="openai",
+                run_info={"run_id": "fidelity", "workload": "fidelity", "engine": "external"})
+    return tel
+
+
+def _spawn_receiver() -> tuple[subprocess.Popen[str], str]:
+    """An OTLP/HTTP receiver in its own process, so its CPU is not the client's."""
+    proc = subprocess.Popen([sys.executable, "-m", "itlbench.testing.otlp_receiver", "--port", "0"],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
+async def _run_client(args: argparse.Namespace, c: int, url: str, run_dir: Path, reader: str,
+                      otlp: str | None = None) -> DriveResult:
     store = RunStore(run_dir)
     target = Target(url, "paced", timeout_s=None, stream_reader=reader)
     kw = dict(duration_s=args.duration, warmup_s=0.0, drain_timeout_s=0.0)
+    tel = _telemetry(args, target, otlp)
     try:
         if args.workers > 1:
             factory = functools.partial(make_plan, c, args.tokens)
             return await drive_workers(factory, target, store, workers=args.workers, **kw)
-        return await drive(make_plan(c, args.tokens), target, store, **kw)
+        return await drive(make_plan(c, args.tokens), target, store, observer=tel, **kw)
     finally:
         store.close()
+        if tel is not None:
+            tel.close()
 
 
 def _paced(args: argparse.Namespace) -> PacedConfig:
@@ -203,17 +231,20 @@ def _paced(args: argparse.Namespace) -> PacedConfig:
 
 def measure(args: argparse.Namespace, c: int, reader: str) -> Row:
     proc, url = spawn(_paced(args))
+    receiver, otlp = _spawn_receiver() if args.telemetry in ("otel", "both") else (None, None)
     row = Row(c, reader, load=_load())
     try:
         with tempfile.TemporaryDirectory() as tmp, CpuSampler(os.getpid()) as cpu:
-            res = asyncio.run(_run_client(args, c, url, Path(tmp), reader))
+            res = asyncio.run(_run_client(args, c, url, Path(tmp), reader, otlp))
             log = _server_log(url)
             req = read_table(tmp, "requests").select("request_id", "server_request_id")
             chunks = read_table(tmp, "chunks").sort("request_id", "index")
             pauses = read_table(tmp, "client_pauses")
     finally:
-        proc.kill()
-        proc.wait()
+        for p in (proc, receiver):
+            if p is not None:
+                p.kill()
+                p.wait()
     to_client = dict(zip(req["server_request_id"].to_list(), req["request_id"].to_list(), strict=True))
     server = {to_client[sid]: ts for sid, ts in log["sends"].items() if sid in to_client}
     by_req = chunks.group_by("request_id", maintain_order=True).agg("t_ns", "t_read_ns", "read_chunks")
@@ -289,6 +320,7 @@ def print_tables(rows: list[Row], args: argparse.Namespace) -> None:
     print(f"\npaced server: 1 chunk / {args.tick_ms:g} ms / stream, {args.tokens} tokens per request, first token "
           f"after {args.first_delay_ms:g} ms + next tick, all streams paused {args.pause_ms:g} ms at "
           f"{args.pause_at:g} s; {args.duration:g} s per run; client processes: {args.workers}; "
+          f"live telemetry: {args.telemetry}; "
           f"load = 1/5-min load average at the start of the run (2 CPUs)")
     print("errors in ms, p50/p99/max|err|; ITL err = client gap - server gap; TTFT err = client first - server first")
     print("stalls: server stall gaps / found by the client / false (client-only) / worst duration error ms")
@@ -332,6 +364,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--vllm", choices=("auto", "off"), default="auto",
                    help="also run `vllm bench serve` from the peer venv for its CPU per chunk")
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--telemetry", choices=("off", "metrics", "otel", "both"), default="off",
+                   help="live telemetry in the client (one worker only)")
     args = p.parse_args(argv)
     print(f"uvloop: {install_uvloop()}; CPUs: {os.cpu_count()}; load average at start: {_load()}")
     rows: list[Row] = []

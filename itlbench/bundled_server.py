@@ -28,10 +28,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def server_command(cfg: EngineConfig, host: str, port: int) -> list[str]:
+def server_command(cfg: EngineConfig, host: str, port: int, otlp_endpoint: str | None = None) -> list[str]:
     """`itlbench serve` with the whole EngineConfig as JSON: the child runs exactly what run.json records."""
-    return [sys.executable, "-m", "itlbench.cli", "serve", "--engine-config", cfg.to_json(),
-            "--host", host, "--port", str(port)]
+    cmd = [sys.executable, "-m", "itlbench.cli", "serve", "--engine-config", cfg.to_json(),
+           "--host", host, "--port", str(port)]
+    return cmd + ["--otlp-endpoint", otlp_endpoint] if otlp_endpoint else cmd
 
 
 @dataclass
@@ -45,6 +46,7 @@ class BundledServer:
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     engine_info: dict[str, object] = field(default_factory=dict)
+    otlp_endpoint: str | None = None  # the server exports its spans and GenAI metrics here
 
     @property
     def root_url(self) -> str:
@@ -56,7 +58,7 @@ class BundledServer:
 
     def start(self) -> BundledServer:
         self.port = self.port or free_port(self.host)
-        cmd = server_command(self.engine, self.host, self.port)
+        cmd = server_command(self.engine, self.host, self.port, self.otlp_endpoint)
         env = env_with_malloc_tunables()
         env["ITLBENCH_PARENT_PID"] = str(os.getpid())  # the server exits when this process dies
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

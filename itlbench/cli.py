@@ -42,6 +42,8 @@ PrefixCaching = Annotated[bool, typer.Option(help="Reuse KV blocks of identical 
 Device = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
 Dtype = Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16 or float16.")]
 Seed = Annotated[int, typer.Option(help="Seed for lengths, arrivals, prompts and the engine.")]
+OtlpEndpoint = Annotated[str | None, typer.Option(help="Export OpenTelemetry spans and GenAI metrics over OTLP/HTTP "
+                                                  "to this base URL (e.g. http://127.0.0.1:4318).")]
 
 _RENAMED_FLAGS = {"enable_prefix_caching": "--no-prefix-caching"}
 
@@ -109,6 +111,9 @@ def run(
     live: Annotated[bool, typer.Option(help="Show the live progress line.")] = True,
     stream_reader: Annotated[str, typer.Option(help="auto, kernel (kernel receive timestamps; plain http on Linux) "
                                                     "or aiohttp (user-space timestamps).")] = "auto",
+    metrics_port: Annotated[str | None, typer.Option(help="Serve live itlbench_client_* metrics for Prometheus on "
+                                                          "this port (PORT or HOST:PORT; loopback by default).")] = None,
+    otlp_endpoint: OtlpEndpoint = None,
 ) -> None:
     """Drive a workload (and injected long prompts) against the bundled engine or --endpoint."""
     from itlbench.report.terminal import LiveProgress, print_summary
@@ -129,7 +134,8 @@ def run(
                         stall_factor=stall_factor, stall_floor_s=parse_duration_s(stall_floor, "--stall-floor"),
                         trace=trace, time_scale=time_scale,
                         drain_timeout_s=parse_duration_s(drain_timeout, "--drain-timeout"), out=out,
-                        workers=workers, live=live, stream_reader=stream_reader)
+                        workers=workers, live=live, metrics_port=metrics_port, otlp_endpoint=otlp_endpoint,
+                        stream_reader=stream_reader)
         cfg.validate()
         from itlbench.orchestrate import run_load_test
 
@@ -171,6 +177,7 @@ def serve(
     max_waiting: Annotated[int, typer.Option(help="Waiting requests beyond which new ones get 429.")] = 1024,
     max_body_mib: Annotated[float, typer.Option(help="Largest request body accepted (413 above).")] = 4.0,
     access_log: Annotated[bool, typer.Option(help="Log every HTTP request.")] = False,
+    otlp_endpoint: OtlpEndpoint = None,
 ) -> None:
     """Serve the bundled engine with an OpenAI-compatible API, /metrics and /v1/steps."""
     try:
@@ -185,6 +192,10 @@ def serve(
                                     enable_prefix_caching=prefix_caching, device=device, dtype=dtype, seed=seed)
         if max_body_mib <= 0:
             raise ConfigError("--max-body-mib", f"must be > 0, got {max_body_mib}")
+        if otlp_endpoint is not None:
+            from itlbench.telemetry.otel import check_endpoint
+
+            otlp_endpoint = check_endpoint(otlp_endpoint)
     except ItlbenchError as exc:
         _fail(exc)
         return
@@ -199,13 +210,14 @@ def serve(
     try:
         serve_forever(ServerConfig(engine=engine, host=host, port=port, api_key=api_key,
                                    served_model_name=served_model_name, max_waiting=max_waiting,
-                                   access_log=access_log, max_body_mib=max_body_mib))
+                                   access_log=access_log, max_body_mib=max_body_mib,
+                                   otlp_endpoint=otlp_endpoint))
     except ItlbenchError as exc:
         _fail(exc)
 
 
 _SERVER_FLAGS = {"engine_config", "host", "port", "api_key", "served_model_name", "max_waiting", "max_body_mib",
-                 "access_log"}
+                 "access_log", "otlp_endpoint"}
 
 
 def _refuse_engine_flags(ctx: typer.Context) -> None:

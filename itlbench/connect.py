@@ -51,7 +51,7 @@ def connect(cfg: RunConfig, run_dir: Path) -> Connection:
 
 
 def _bundled(cfg: RunConfig, run_dir: Path) -> Connection:
-    server = BundledServer(cfg.engine, run_dir / "server.log").start()
+    server = BundledServer(cfg.engine, run_dir / "server.log", otlp_endpoint=cfg.otlp_endpoint).start()
     info = server.engine_info
     target = Target(base_url=server.base_url, model=str(info["served_model_name"]), api=cfg.api,
                     accepts_token_ids=True, forced_lengths=True, timeout_s=cfg.request_timeout_s,

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from itlbench import __version__
 from itlbench.analysis.goodput import parse_slo
@@ -38,6 +38,9 @@ from itlbench.rundir.store import RunStore
 from itlbench.workloads.build import LoadSpec, build_load_plan
 from itlbench.workloads.catalog import get_workload
 from itlbench.workloads.injection import parse_injections
+
+if TYPE_CHECKING:
+    from itlbench.telemetry.observer import LiveTelemetry
 
 ProgressFn = Callable[[ProgressSnapshot], None]
 
@@ -107,8 +110,10 @@ class _Observers:
     tasks: list[asyncio.Task[None]]
 
     @classmethod
-    def start(cls, conn: Connection, store: RunStore, api_key: str | None) -> _Observers:
-        steps = StepsFollower(conn.steps_url, store) if conn.steps_url else None
+    def start(cls, conn: Connection, store: RunStore, api_key: str | None,
+              telemetry: LiveTelemetry | None = None) -> _Observers:
+        writer = telemetry.tee(store) if telemetry is not None else store  # live stall causes
+        steps = StepsFollower(conn.steps_url, writer) if conn.steps_url else None
         tasks = [asyncio.create_task(steps.run())] if steps else []
         if conn.metrics_url:
             tasks.append(asyncio.create_task(sample_metrics(conn.metrics_url, store, api_key=api_key)))
@@ -137,7 +142,7 @@ async def _until_caught_up(follower: StepsFollower, engine_url: str, api_key: st
 
 
 async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection, store: RunStore,
-                                progress: ProgressFn | None) -> DriveResult:
+                                progress: ProgressFn | None, telemetry: LiveTelemetry | None = None) -> DriveResult:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     interrupts = 0
@@ -153,7 +158,7 @@ async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, on_sigint)
         loop.add_signal_handler(signal.SIGTERM, on_sigint)  # a terminated run still writes its records
-    observers = _Observers.start(conn, store, cfg.api_key)
+    observers = _Observers.start(conn, store, cfg.api_key, telemetry)
     target = conn.target
     warmup = Warmup(min_s=cfg.warmup_s, adaptive=cfg.adaptive_warmup, max_s=cfg.max_warmup_s, ramp_s=cfg.ramp_s)
     try:
@@ -162,7 +167,8 @@ async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection
                                        workers=cfg.workers, duration_s=cfg.duration_s, warmup=warmup,
                                        drain_timeout_s=cfg.drain_timeout_s, on_progress=progress)
         return await drive(build_load_plan(spec), target, store, duration_s=cfg.duration_s, warmup=warmup,
-                           drain_timeout_s=cfg.drain_timeout_s, on_progress=progress, stop_event=stop)
+                           drain_timeout_s=cfg.drain_timeout_s, on_progress=progress, stop_event=stop,
+                           observer=telemetry)
     finally:
         await observers.stop(conn.steps_url, cfg.api_key)
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -178,6 +184,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError("--out", f"{run_dir} already holds a run", "choose a new directory")
+    telemetry = _start_telemetry(cfg)  # before the engine: a port in use fails first
     store = RunStore(run_dir)
     run_doc: dict[str, Any] = {"itlbench_version": __version__, "created": dt.datetime.now(dt.UTC).isoformat(),
                                "config": _config_doc(cfg), "hardware": _hardware(), "versions": _versions(),
@@ -190,20 +197,23 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         conn = connect(cfg, run_dir)
     except ItlbenchError:
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing was measured (the error carries the log tail)
+        _close_telemetry(telemetry)
         raise
     try:
         run_doc.update(conn.doc)
+        _connect_telemetry(telemetry, cfg, conn, run_dir, run_doc)
         spec = _load_spec(cfg, conn)
         run_doc["plan"] = build_load_plan(spec).description
         store.write_json("run.json", run_doc)
         on_status("running")
-        result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress))
+        result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress, telemetry))
     except (KeyboardInterrupt, asyncio.CancelledError):
         run_doc["interrupted"] = True
     finally:
         store.close()
         if conn.server is not None:
             run_doc["server_exit_code"] = conn.close()
+        _close_telemetry(telemetry)
         run_doc.update(_window(result, started_ns, cfg))
         if result is not None and result.aborted_reason:
             run_doc["aborted_reason"] = result.aborted_reason
@@ -211,6 +221,37 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
     summary = analyze_run(run_dir)
     store.write_json("summary.json", summary)
     return run_dir, summary
+
+
+def _start_telemetry(cfg: RunConfig) -> LiveTelemetry | None:
+    """Live Prometheus / OpenTelemetry export, only when asked for (nothing is imported otherwise)."""
+    if cfg.metrics_port is None and cfg.otlp_endpoint is None:
+        return None
+    from itlbench.telemetry.observer import LiveTelemetry
+
+    return LiveTelemetry.start(cfg.metrics_port, cfg.otlp_endpoint, stall_factor=cfg.stall_factor,
+                               stall_floor_s=cfg.stall_floor_s)
+
+
+def _connect_telemetry(telemetry: LiveTelemetry | None, cfg: RunConfig, conn: Connection, run_dir: Path,
+                       run_doc: dict[str, Any]) -> None:
+    if telemetry is None:
+        return
+    engine = conn.doc.get("engine") or {}
+    engine = engine.get("itlbench", engine)  # an external itlbench server nests its /v1/engine
+    ecfg = engine.get("engine") if isinstance(engine.get("engine"), dict) else None
+    budget = "unknown" if ecfg is None else str(ecfg.get("chunk_budget") if ecfg.get("chunk_budget") else "none")
+    info = {"run_id": run_dir.name, "workload": cfg.workload, "chunk_budget": budget,
+            "policy": str(ecfg.get("policy")) if ecfg else "unknown",
+            "engine": "itlbench" if ecfg else "external", "model": conn.target.model}
+    telemetry.connect(conn.target, has_steps=conn.steps_url is not None,
+                      provider_name="itlbench" if ecfg else "openai", run_info=info)
+    run_doc["telemetry"] = telemetry.doc()
+
+
+def _close_telemetry(telemetry: LiveTelemetry | None) -> None:
+    if telemetry is not None:
+        telemetry.close()
 
 
 def _preflight(cfg: RunConfig) -> None:

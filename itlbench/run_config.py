@@ -42,6 +42,8 @@ class RunConfig:
     workers: int = 1
     live: bool = True
     stream_reader: str = "auto"  # auto | kernel | aiohttp (load/kernel_client.select_reader)
+    metrics_port: str | None = None  # serve itlbench_client_* for Prometheus: "9464" or "HOST:9464"
+    otlp_endpoint: str | None = None  # OTLP/HTTP base URL for spans and GenAI metrics (client and bundled server)
 
     def validate(self) -> None:
         check_load_shape(self.streams, self.rate, self.burstiness, self.duration_s)
@@ -72,3 +74,7 @@ class RunConfig:
             raise ConfigError("--stall-floor", f"must be >= 0 seconds, got {self.stall_floor_s}")
         if self.time_scale <= 0:
             raise ConfigError("--time-scale", f"must be > 0, got {self.time_scale}")
+        if self.metrics_port is not None or self.otlp_endpoint is not None:
+            from itlbench.telemetry.options import check_run_options
+
+            check_run_options(self.metrics_port, self.otlp_endpoint, self.workers)

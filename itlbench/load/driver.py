@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from itlbench.errors import ConfigError
 from itlbench.load.client_monitor import ClientMonitor, ClientStats, PauseWatchdog, frozen_heap
@@ -28,7 +28,7 @@ from itlbench.load.kclock import measure_offset
 from itlbench.load.kernel_client import make_stream_client
 from itlbench.load.progress import ProgressSnapshot, ms_percentile
 from itlbench.load.sink import RowSink
-from itlbench.load.sse_client import Outcome, StreamClient
+from itlbench.load.sse_client import Outcome, StreamClient, StreamObserver
 from itlbench.load.target import Target
 from itlbench.rundir.store import RunStore
 from itlbench.workloads.build import check_load_shape
@@ -38,6 +38,14 @@ _now = time.perf_counter_ns
 STATUSES = ("ok", "error", "timeout", "cancelled")
 
 log = logging.getLogger(__name__)
+
+
+class DriveObserver(StreamObserver, Protocol):
+    """A StreamObserver that also sees the client's own samples and pauses (their rows)."""
+
+    def on_sample(self, row: dict[str, Any]) -> None: ...
+
+    def on_pause(self, row: dict[str, Any]) -> None: ...
 
 
 def install_uvloop() -> bool:
@@ -208,12 +216,16 @@ async def _open_loop(run: _Run, feed: Iterator[RequestPlan]) -> None:
 
 
 async def _sample(run: _Run, monitor: ClientMonitor, sink: RowSink, run_start_ns: int,
-                  on_progress: Callable[[ProgressSnapshot], None] | None) -> None:
+                  on_progress: Callable[[ProgressSnapshot], None] | None,
+                  on_sample: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Every interval: a client_samples row, a progress snapshot, and a hand-off of rows to the store."""
     while True:
         t, lag, cpu = await monitor.tick()
-        sink.add("client_samples", {"t_ns": t, "loop_lag_s": lag, "cpu_percent": cpu, "in_flight": run.in_flight,
-                                    "clock_offset_ns": measure_offset(samples=8).offset_ns})
+        row = {"t_ns": t, "loop_lag_s": lag, "cpu_percent": cpu, "in_flight": run.in_flight,
+               "clock_offset_ns": measure_offset(samples=8).offset_ns}
+        sink.add("client_samples", row)
+        if on_sample is not None:
+            on_sample(row)
         if on_progress is not None:
             try:
                 on_progress(run.snapshot((t - run_start_ns) / 1e9, run.measuring.is_set(), cpu, lag))
@@ -281,6 +293,17 @@ async def _finish(tasks: set[asyncio.Task], timeout: float) -> None:
     await asyncio.gather(*pending, return_exceptions=True)
 
 
+def _pause_writer(sink: RowSink, observer: DriveObserver | None) -> Callable[[dict[str, object]], None]:
+    if observer is None:
+        return lambda row: sink.add("client_pauses", row)
+
+    def write(row: dict[str, object]) -> None:
+        sink.add("client_pauses", row)
+        observer.on_pause(row)
+
+    return write
+
+
 def _split_feed(feed: Iterator[RequestPlan]) -> Iterator[RequestPlan] | None:
     first = next(feed, None)
     return None if first is None else itertools.chain([first], feed)
@@ -298,32 +321,34 @@ async def drive(plan: LoadPlan, target: Target, store: RunStore, *, duration_s: 
                 drain_timeout_s: float = 30.0, on_progress: Callable[[ProgressSnapshot], None] | None = None,
                 stop_event: asyncio.Event | None = None, max_connection_errors: int = 50,
                 sample_interval_s: float = 0.5, handle_sigint: bool = True, warmup: Warmup | None = None,
-                shard: Shard | None = None) -> DriveResult:
+                shard: Shard | None = None, observer: DriveObserver | None = None) -> DriveResult:
     """Run `plan` against `target`, writing requests, chunks and client samples into `store`.
 
     Returns after the drain; a cancelled drive cancels its requests, flushes every record, re-raises.
     Ctrl-C stops the run cleanly unless the caller passes `stop_event` (then it owns the signal).
     `shard` makes this one of several client processes (one start instant, one measurement window,
     run-wide stream indices; a plan's own `stream` wins).
+    `observer` (live telemetry) sees every request, chunk, client sample and client pause.
     """
     _check(duration_s, warmup.min_s if warmup else warmup_s, drain_timeout_s, max_connection_errors)
     streams = [iter(s) for s in plan.streams]
     feed = _split_feed(iter(plan.open_loop))
     sink = RowSink(store)
-    client = make_stream_client(target, sink, limit=0 if feed is not None else max(1, len(streams)))
+    client = make_stream_client(target, sink, limit=0 if feed is not None else max(1, len(streams)), observer=observer)
     run = _Run(client, max_connection_errors)
     monitor = ClientMonitor(sample_interval_s)
     with frozen_heap():
         return await _drive(run, client, sink, monitor, streams, feed, duration_s=duration_s,
                             warmup=warmup or Warmup(min_s=warmup_s),
                             drain_timeout_s=drain_timeout_s, on_progress=on_progress, stop_event=stop_event,
-                            handle_sigint=handle_sigint, shard=shard)
+                            handle_sigint=handle_sigint, shard=shard, observer=observer)
 
 
 async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: ClientMonitor,
                  streams: list[Iterator[RequestPlan]], feed: Iterator[RequestPlan] | None, *, duration_s: float,
                  warmup: Warmup, drain_timeout_s: float, on_progress: Callable[[ProgressSnapshot], None] | None,
-                 stop_event: asyncio.Event | None, handle_sigint: bool, shard: Shard | None) -> DriveResult:
+                 stop_event: asyncio.Event | None, handle_sigint: bool, shard: Shard | None,
+                 observer: DriveObserver | None) -> DriveResult:
     async with client:
         if shard is not None:
             await asyncio.sleep(max(0.0, (shard.start_at_ns - _now()) / 1e9))
@@ -336,8 +361,9 @@ async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: Client
                    for k, it in zip(ids, streams, strict=True)}
         if feed is not None:
             workers.add(asyncio.create_task(_open_loop(run, feed)))
-        watchdog = PauseWatchdog(lambda row: sink.add("client_pauses", row))
-        helpers = [asyncio.create_task(_sample(run, monitor, sink, run_start, on_progress)),
+        watchdog = PauseWatchdog(_pause_writer(sink, observer))
+        helpers = [asyncio.create_task(_sample(run, monitor, sink, run_start, on_progress,
+                                               observer.on_sample if observer is not None else None)),
                    asyncio.create_task(watchdog.run())]
         if stop_event is not None:
             helpers.append(asyncio.create_task(_watch(stop_event, run)))

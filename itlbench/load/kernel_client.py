@@ -48,6 +48,7 @@ from itlbench.load.sse_client import (
     CHUNK_ROWS_PER_HANDOFF,
     SseEvents,
     StreamClient,
+    StreamObserver,
     _Exchange,
     build_body,
     error_text,
@@ -235,8 +236,9 @@ class _Conn:
 class KernelStreamClient(StreamClient):
     """`StreamClient` whose chunk stamps come from the kernel; plain HTTP/1.1 on Linux only."""
 
-    def __init__(self, target: Target, sink: RowWriter, *, limit: int = 0, recent: int = 4096) -> None:
-        super().__init__(target, sink, limit=limit, recent=recent)
+    def __init__(self, target: Target, sink: RowWriter, *, limit: int = 0, recent: int = 4096,
+                 observer: StreamObserver | None = None) -> None:
+        super().__init__(target, sink, limit=limit, recent=recent, observer=observer)
         self.endpoint: Endpoint = endpoint_of(target.url)
         self.clock = KernelClock()
         self._idle: list[_Conn] = []
@@ -308,6 +310,8 @@ class KernelStreamClient(StreamClient):
         ex.tokens += n
         if len(times) - ex.chunks_written >= CHUNK_ROWS_PER_HANDOFF:
             self._write_chunks(ex, final=False)
+        if self.observer is not None:
+            self.observer.on_chunk(ex, t, n)
 
     # --- connections -------------------------------------------------------------------------------
 
@@ -373,7 +377,12 @@ class KernelStreamClient(StreamClient):
     async def _exchange(self, ex: _Exchange) -> None:
         assert self._loop is not None, "use KernelStreamClient as an async context manager"
         body = json.dumps(build_body(ex.plan, self.target)).encode()
-        data = request_head(self.endpoint, self._headers, len(body)) + body
+        headers = self._headers
+        if self.observer is not None:
+            extra = self.observer.on_start(ex)
+            if extra:
+                headers = {**headers, **extra}
+        data = request_head(self.endpoint, headers, len(body)) + body
         ex.sent_ns = _now()
         head = await self._send_and_read(ex, data, retry=True)
         if head.status != 200:
@@ -429,8 +438,9 @@ def select_reader(target: Target) -> str:
     return target.stream_reader
 
 
-def make_stream_client(target: Target, sink: RowWriter, *, limit: int = 0) -> StreamClient:
+def make_stream_client(target: Target, sink: RowWriter, *, limit: int = 0,
+                       observer: StreamObserver | None = None) -> StreamClient:
     """The stream client the target's `stream_reader` selects."""
     if select_reader(target) == "kernel":
-        return KernelStreamClient(target, sink, limit=limit)
-    return StreamClient(target, sink, limit=limit)
+        return KernelStreamClient(target, sink, limit=limit, observer=observer)
+    return StreamClient(target, sink, limit=limit, observer=observer)

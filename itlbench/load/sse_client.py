@@ -13,7 +13,7 @@ import json
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -53,6 +53,21 @@ class _Exchange:
     connection_error: bool = False
     chunks_written: int = 0  # chunk rows already handed to the sink (long streams write as they go)
     read_times: list[int] | None = None  # user-space read time per chunk, where `times` holds kernel stamps
+    watch: Any = None  # a StreamObserver's per-request state
+
+
+class StreamObserver(Protocol):
+    """Live telemetry of every request (itlbench.telemetry). The client holds None when telemetry is
+    off, so it then does no extra work per chunk; observers read the exchange, never change it."""
+
+    def on_start(self, ex: _Exchange) -> dict[str, str] | None:
+        """Just before the request is sent; returns extra HTTP headers (e.g. `traceparent`)."""
+
+    def on_chunk(self, ex: _Exchange, t_ns: int, n_tokens: int) -> None:
+        """A content chunk was stamped and appended to `ex.times`."""
+
+    def on_end(self, ex: _Exchange, done_ns: int) -> None:
+        """The request is over, whatever its status (its row has been written)."""
 
 
 # A stream hands its chunk rows over every this many chunks, so a long request's chunks reach disk
@@ -103,8 +118,10 @@ class StreamClient:
     `recent_itl_ns` / `recent_ttft_ns` keep the last gaps for a cheap live progress line.
     """
 
-    def __init__(self, target: Target, sink: RowWriter, *, limit: int = 0, recent: int = 4096) -> None:
+    def __init__(self, target: Target, sink: RowWriter, *, limit: int = 0, recent: int = 4096,
+                 observer: StreamObserver | None = None) -> None:
         self.target = target
+        self.observer = observer
         self.sink = sink
         self.limit = limit
         self.recent_itl_ns: deque[int] = deque(maxlen=recent)
@@ -156,8 +173,13 @@ class StreamClient:
     async def _exchange(self, ex: _Exchange) -> None:
         assert self._session is not None, "use StreamClient as an async context manager"
         data = json.dumps(build_body(ex.plan, self.target)).encode()
+        headers = self._headers
+        if self.observer is not None:
+            extra = self.observer.on_start(ex)
+            if extra:
+                headers = {**headers, **extra}
         ex.sent_ns = _now()
-        async with self._session.post(self.target.url, data=data, headers=self._headers) as resp:
+        async with self._session.post(self.target.url, data=data, headers=headers) as resp:
             ex.http_status = resp.status
             if resp.status != 200:
                 ex.error = await _error_message(resp)
@@ -227,6 +249,8 @@ class StreamClient:
         ex.tokens += n
         if len(times) - ex.chunks_written >= CHUNK_ROWS_PER_HANDOFF:
             self._write_chunks(ex, final=False)
+        if self.observer is not None:
+            self.observer.on_chunk(ex, t, n)
 
     def _record(self, ex: _Exchange, done_ns: int) -> None:
         p = ex.plan
@@ -243,6 +267,8 @@ class StreamClient:
             "error": ex.error, "finish_reason": ex.finish_reason,
         })
         self._write_chunks(ex)
+        if self.observer is not None:
+            self.observer.on_end(ex, done_ns)
 
     def _write_chunks(self, ex: _Exchange, final: bool = True) -> None:
         """Hand over the chunk rows not yet written (index continues across hand-offs)."""

@@ -7,6 +7,7 @@ are step times, which is what ITL analysis needs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hmac
 import logging
@@ -36,6 +37,7 @@ from itlbench.server.steps import stream_steps
 log = logging.getLogger("itlbench.server")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_UNTRACED = contextlib.nullcontext()
 DEFAULT_MAX_BODY_MIB = 4  # a 128k-token prompt as JSON token ids is under 1 MiB
 
 
@@ -48,6 +50,7 @@ class ServerState:
     model_name: str
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_MIB << 20
+    tracing: Any = None  # telemetry.server_tracing.ServerTracing when --otlp-endpoint is given
 
 
 STATE: web.AppKey[ServerState] = web.AppKey("itlbench_state", ServerState)
@@ -126,14 +129,17 @@ async def _generate(request: web.Request, req: GenerationRequest) -> web.StreamR
     max_tokens = _max_tokens(state.engine.engine.max_model_len, req, len(prompt_ids))
     sampling = req.sampling(max_tokens)
     request_id = f"{'chatcmpl' if req.chat else 'cmpl'}-{uuid.uuid4().hex}"
-    stream = await _admit(state.engine, prompt_ids, sampling, request_id, arrival_ns)
-    out = ResponseBuilder(request_id, state.model_name, req.chat)
-    try:
-        if req.stream:
-            return await _stream(request, stream, out, req, len(prompt_ids))
-        return await _collect(stream, out, len(prompt_ids), state.engine.engine.tokenizer)
-    finally:
-        stream.abort()  # no-op when finished; frees KV blocks when the client went away
+    traced = (_UNTRACED if state.tracing is None
+              else state.tracing.begin(request, req, request_id, arrival_ns, len(prompt_ids), max_tokens))
+    with traced:
+        stream = await _admit(state.engine, prompt_ids, sampling, request_id, arrival_ns)
+        out = ResponseBuilder(request_id, state.model_name, req.chat)
+        try:
+            if req.stream:
+                return await _stream(request, stream, out, req, len(prompt_ids))
+            return await _collect(stream, out, len(prompt_ids), state.engine.engine.tokenizer)
+        finally:
+            stream.abort()  # no-op when finished; frees KV blocks when the client went away
 
 
 def _prompt_ids(engine: Any, req: GenerationRequest) -> list[int]:

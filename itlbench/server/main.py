@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -39,6 +40,7 @@ class ServerConfig:
     max_waiting: int = DEFAULT_MAX_WAITING
     access_log: bool = False
     max_body_mib: float = DEFAULT_MAX_BODY_MIB
+    otlp_endpoint: str | None = None  # export SERVER spans and gen_ai.server.* metrics over OTLP/HTTP
 
     @property
     def model_name(self) -> str:
@@ -53,6 +55,7 @@ class RunningServer:
     runner: web.AppRunner
     engine: AsyncEngine
     port: int
+    tracing: Any = None
 
     @property
     def url(self) -> str:
@@ -65,6 +68,8 @@ class RunningServer:
     async def stop(self) -> None:
         await self.runner.cleanup()
         await asyncio.to_thread(self.engine.shutdown)
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)  # export the last spans
 
 
 def build_engine(config: EngineConfig):  # noqa: ANN201 - Engine imports torch; keep the import lazy
@@ -78,19 +83,31 @@ async def start_server(config: ServerConfig, engine: object | None = None) -> Ru
     engine = engine if engine is not None else await asyncio.to_thread(build_engine, config.engine)
     metrics = ServerMetrics(config.model_name)
     metrics.set_config(engine)
-    driver = AsyncEngine(engine, max_waiting=config.max_waiting, observer=metrics)
+    tracing = _tracing(config)
+    driver = AsyncEngine(engine, max_waiting=config.max_waiting,
+                         observer=metrics if tracing is None else tracing.observing(metrics))
     driver.start()
     app = build_app(ServerState(driver, metrics, config.model_name, config.api_key,
-                                int(config.max_body_mib * 2**20)))
+                                int(config.max_body_mib * 2**20), tracing=tracing))
     runner = web.AppRunner(app, access_log=logging.getLogger("aiohttp.access") if config.access_log else None,
                            handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()
     port = runner.addresses[0][1]
-    server = RunningServer(config, runner, driver, port)
+    server = RunningServer(config, runner, driver, port, tracing)
     _log_startup(server, engine)
     return server
+
+
+def _tracing(config: ServerConfig) -> Any:
+    """OpenTelemetry for this server, only when an endpoint is given (nothing is imported otherwise)."""
+    if not config.otlp_endpoint:
+        return None
+    from itlbench.telemetry.otel import check_endpoint
+    from itlbench.telemetry.server_tracing import ServerTracing
+
+    return ServerTracing(check_endpoint(config.otlp_endpoint) or "", config.model_name)
 
 
 def _log_startup(server: RunningServer, engine: object) -> None:

@@ -1,0 +1,103 @@
+"""OpenTelemetry plumbing shared by the client and the server: the optional import, OTLP/HTTP
+providers, and the GenAI semantic conventions' recommended histogram boundaries.
+
+The SDK is an optional extra (`pip install 'itlbench[otel]'`); nothing imports it unless
+`--otlp-endpoint` is given. Providers are private (never the global ones), so a test process can
+hold a client and a server side at once. The conventions' metric helpers set no buckets, so every
+histogram passes the recommended boundaries as `explicit_bucket_boundaries_advisory`.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from itlbench import __version__
+from itlbench.errors import ConfigError
+
+# Recommended ExplicitBucketBoundaries of the GenAI metric conventions (semantic-conventions,
+# docs/gen-ai/gen-ai-metrics.md).
+DURATION_BUCKETS: tuple[float, ...] = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
+                                       20.48, 40.96, 81.92)
+TOKEN_USAGE_BUCKETS: tuple[float, ...] = tuple(float(4**i) for i in range(14))  # 1, 4, 16, ... 67108864
+TTFT_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                                   5.0, 7.5, 10.0)
+TPOT_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+
+PROVIDER = "itlbench"  # gen_ai.provider.name of the bundled server (a custom value, as the conventions allow)
+INSTALL_HINT = "pip install 'itlbench[otel]'"
+
+
+def check_endpoint(url: str | None, flag: str = "--otlp-endpoint") -> str | None:
+    """The OTLP/HTTP base URL (e.g. http://127.0.0.1:4318), or a ConfigError naming the flag."""
+    if url is None:
+        return None
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(flag, f"{url!r} is not an http(s) URL", "e.g. --otlp-endpoint http://127.0.0.1:4318")
+    require_sdk(flag)
+    base = url.rstrip("/")
+    for suffix in ("/v1/traces", "/v1/metrics"):
+        base = base.removesuffix(suffix)
+    return base
+
+
+def require_sdk(flag: str = "--otlp-endpoint") -> None:
+    try:
+        import opentelemetry.exporter.otlp.proto.http  # noqa: F401
+        import opentelemetry.sdk  # noqa: F401
+        import opentelemetry.semconv  # noqa: F401
+    except ImportError:
+        raise ConfigError(flag, "needs the OpenTelemetry SDK, OTLP/HTTP exporter and semantic conventions",
+                          INSTALL_HINT) from None
+
+
+@dataclass
+class OtelProviders:
+    """A tracer and a meter exporting over OTLP/HTTP to `endpoint`."""
+
+    endpoint: str
+    tracer_provider: Any
+    meter_provider: Any
+
+    def tracer(self, name: str) -> Any:
+        return self.tracer_provider.get_tracer(name, __version__)
+
+    def meter(self, name: str) -> Any:
+        return self.meter_provider.get_meter(name, __version__)
+
+    def shutdown(self) -> None:
+        """Export everything still buffered, then stop the exporter threads."""
+        self.tracer_provider.shutdown()
+        self.meter_provider.shutdown()
+
+
+def make_providers(endpoint: str, service_name: str, export_interval_s: float = 5.0) -> OtelProviders:
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    resource = Resource.create({"service.name": service_name, "service.version": __version__})
+    tracer_provider = TracerProvider(resource=resource)
+    tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces"),
+                                                          schedule_delay_millis=1000))
+    reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=f"{endpoint}/v1/metrics"),
+                                           export_interval_millis=export_interval_s * 1000)
+    meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+    return OtelProviders(endpoint, tracer_provider, meter_provider)
+
+
+class Clock:
+    """perf_counter_ns (the run's clock) to epoch nanoseconds (the clock spans carry)."""
+
+    def __init__(self) -> None:
+        self.offset_ns = time.time_ns() - time.perf_counter_ns()
+
+    def epoch(self, perf_ns: int) -> int:
+        return perf_ns + self.offset_ns

@@ -1,0 +1,179 @@
+"""Live telemetry pieces on their own: the running median and live stall rule against the analysis,
+cause attribution, the worst-gap window, flag checking, and that nothing loads when telemetry is off."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import subprocess
+import sys
+import urllib.request
+
+import polars as pl
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from itlbench.analysis.stalls import StallParams, find_stalls
+from itlbench.bundled_server import server_command
+from itlbench.engine.config import EngineConfig
+from itlbench.errors import ConfigError
+from itlbench.run_config import RunConfig
+from itlbench.telemetry.client_metrics import WindowMax
+from itlbench.telemetry.live_stalls import RunningMedian, StallDetector
+from itlbench.telemetry.options import parse_listen
+
+MS = 1_000_000
+
+
+@given(st.lists(st.integers(min_value=0, max_value=10**9), min_size=1, max_size=200))
+def test_running_median_is_the_median(values: list[int]) -> None:
+    m = RunningMedian()
+    for i, v in enumerate(values):
+        m.add(v)
+        assert m.median() == pytest.approx(statistics.median(values[: i + 1]))
+
+
+def test_live_rule_flags_what_the_analysis_flags_on_a_stream_seen_whole() -> None:
+    """The live rule uses the median so far; where the stall comes late in a stream (the usual case)
+    it flags exactly the gaps the post-run analysis flags with the whole stream's median."""
+    rng = random.Random(3)
+    gaps = [int(rng.uniform(8, 12) * MS) for _ in range(60)] + [400 * MS] + [int(rng.uniform(8, 12) * MS)
+                                                                              for _ in range(20)]
+    det = StallDetector(lambda c, s: None, factor=5.0, floor_s=0.05)
+    median, t, live = RunningMedian(), 0, []
+    for g in gaps:
+        median.add(g)
+        if det.is_stall(median, g):
+            live.append(t)
+        t += g
+    frame = pl.DataFrame({"request_id": ["r"] * len(gaps), "gap_s": [g / 1e9 for g in gaps],
+                          "t_prev_ns": [sum(gaps[:i]) for i in range(len(gaps))]})
+    flagged = find_stalls(frame, StallParams(factor=5.0, floor_s=0.05))["t_prev_ns"].to_list()
+    assert live == flagged == [sum(gaps[:60])]
+
+
+def _detector(has_steps: bool = True) -> tuple[StallDetector, list[tuple[str, float]]]:
+    seen: list[tuple[str, float]] = []
+    return StallDetector(lambda cause, gap: seen.append((cause, gap)), has_steps=has_steps, settle_s=2.0,
+                         pause_grace_s=0.05), seen
+
+
+def test_cause_follows_the_steps_that_overlapped_the_gap() -> None:
+    det, seen = _detector()
+    det.add_step(0, 10 * MS, 0)  # decode
+    det.flag(10 * MS, 310 * MS)  # a 300 ms gap, covered by a 280 ms prefill step
+    det.add_step(12 * MS, 292 * MS, 4096)
+    det.settle(400 * MS)
+    assert seen == [], "no step after the gap yet: its evidence may still be on the way"
+    det.add_step(300 * MS, 310 * MS, 0)
+    det.add_step(312 * MS, 322 * MS, 0)
+    det.settle(400 * MS)
+    assert seen == [("prefill", pytest.approx(0.3))]
+
+
+@pytest.mark.parametrize(("steps", "pauses", "cause"), [
+    ([(0, 300, 0, 0)], [], "engine"),  # one long non-prefill step
+    ([(0, 20, 0, 0), (250, 270, 0, 0)], [], "outside_engine"),  # the engine kept stepping in short steps
+    ([(0, 20, 0, 1), (30, 50, 0, 0)], [], "preemption"),
+    ([(0, 20, 0, 0)], [(20, 290)], "client"),  # the client's own loop was blocked
+    ([], [], "unknown"),
+])
+def test_causes(steps: list[tuple[int, int, int, int]], pauses: list[tuple[int, int]], cause: str) -> None:
+    det, seen = _detector()
+    det.flag(0, 300 * MS)
+    for a, b, prefill, pre in steps:
+        det.add_step(a * MS, b * MS, prefill, pre)
+    for a, b in pauses:
+        det.add_pause(a * MS, b * MS)
+    det.settle(10_000 * MS)  # past settle_s: decided with what arrived
+    assert [c for c, _ in seen] == [cause]
+
+
+def test_without_a_step_log_the_cause_is_unknown_or_client() -> None:
+    det, seen = _detector(has_steps=False)
+    det.flag(0, 300 * MS)
+    det.flag(400 * MS, 700 * MS)
+    det.add_pause(400 * MS, 690 * MS)
+    det.settle(800 * MS)
+    assert [c for c, _ in seen] == ["unknown", "client"]
+
+
+def test_window_max_keeps_the_worst_gap_for_the_window_only() -> None:
+    w = WindowMax(window_s=10)
+    s = 1_000_000_000
+    w.add(100 * s, 5 * MS)
+    w.add(100 * s + 1, 900 * MS)
+    w.add(103 * s, 7 * MS)
+    assert w.value_s(105 * s) == pytest.approx(0.9)
+    assert w.value_s(112 * s) == pytest.approx(0.007)
+    assert w.value_s(200 * s) == 0.0
+
+
+@pytest.mark.parametrize(("text", "expected"), [("9464", ("127.0.0.1", 9464)), ("0.0.0.0:9464", ("0.0.0.0", 9464)),
+                                                 ("[::1]:0", ("::1", 0))])
+def test_metrics_address(text: str, expected: tuple[str, int]) -> None:
+    assert parse_listen(text) == expected
+
+
+@pytest.mark.parametrize(("kw", "flag"), [
+    ({"metrics_port": "http"}, "--metrics-port"), ({"metrics_port": "70000"}, "--metrics-port"),
+    ({"otlp_endpoint": "collector:4318"}, "--otlp-endpoint"),
+    ({"metrics_port": "9464", "workers": 2}, "--metrics-port"),
+])
+def test_bad_telemetry_flags_name_the_flag(kw: dict, flag: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig(**kw).validate()
+    assert err.value.field == flag
+
+
+def test_a_port_in_use_fails_before_anything_starts(tmp_path) -> None:
+    from itlbench.telemetry.observer import LiveTelemetry
+
+    first = LiveTelemetry.start("127.0.0.1:0", None)
+    assert first is not None and first.metrics_url is not None
+    try:
+        port = first.metrics_url.rsplit(":", 1)[1].split("/")[0]
+        with urllib.request.urlopen(first.metrics_url, timeout=5) as r:
+            assert b"itlbench_client_stalls_total" in r.read()
+        with pytest.raises(ConfigError) as err:
+            LiveTelemetry.start(f"127.0.0.1:{port}", None)
+        assert err.value.field == "--metrics-port"
+    finally:
+        first.close()
+
+
+def test_the_bundled_server_gets_the_otlp_endpoint() -> None:
+    cmd = server_command(EngineConfig(model="tiny"), "127.0.0.1", 1234, "http://127.0.0.1:4318")
+    assert cmd[-2:] == ["--otlp-endpoint", "http://127.0.0.1:4318"]
+    assert "--otlp-endpoint" not in server_command(EngineConfig(model="tiny"), "127.0.0.1", 1234)
+
+
+def test_nothing_of_telemetry_is_imported_when_it_is_off() -> None:
+    """The run, driver, client and server modules load no OpenTelemetry and no telemetry module."""
+    code = ("import sys, itlbench.cli, itlbench.orchestrate, itlbench.load.driver, itlbench.server.main; "
+            "bad = sorted(m for m in sys.modules if m.startswith(('opentelemetry', 'itlbench.telemetry'))); "
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_cli_rejects_bad_telemetry_flags_with_exit_code_2() -> None:
+    from typer.testing import CliRunner
+
+    from itlbench.cli import app
+
+    runner = CliRunner()
+    r = runner.invoke(app, ["run", "--metrics-port", "nine", "--duration", "1"])
+    assert r.exit_code == 2 and "--metrics-port" in r.output
+    r = runner.invoke(app, ["serve", "--otlp-endpoint", "collector:4318"])
+    assert r.exit_code == 2 and "--otlp-endpoint" in r.output
+
+
+def test_missing_sdk_names_the_extra() -> None:
+    code = ("import sys; sys.modules['opentelemetry.exporter.otlp.proto.http'] = None\n"
+            "from itlbench.errors import ConfigError\nfrom itlbench.run_config import RunConfig\n"
+            "try:\n    RunConfig(otlp_endpoint='http://127.0.0.1:4318').validate()\n"
+            "except ConfigError as e:\n    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "--otlp-endpoint" in r.stdout and "itlbench[otel]" in r.stdout, r.stdout + r.stderr
