@@ -303,3 +303,18 @@ def test_reader_selection() -> None:
     with pytest.raises(ConfigError, match="--stream-reader"):
         Target("http://127.0.0.1:1/v1", "m", stream_reader="fast")
 
+
+
+@pytest.mark.parametrize("args", [["--stream-reader", "fast"],
+                                  ["--stream-reader", "kernel", "--endpoint", "https://api.example.com/v1",
+                                   "--model", "m"]])
+def test_bad_stream_reader_flag_exits_2_naming_it(tmp_path: Path, args: list[str]) -> None:
+    from typer.testing import CliRunner
+
+    from itlbench.cli import app
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", "--out", str(out), *args], terminal_width=200)
+    assert result.exit_code == 2, result.output
+    assert "--stream-reader" in " ".join(result.output.split()) and "Traceback" not in result.output
+    assert not out.exists()
