@@ -17,8 +17,8 @@ import pytest
 
 from itlbench.errors import ConfigError
 from itlbench.load.kclock import kernel_stamps_available
-from itlbench.load.kernel_client import KernelStreamClient, make_stream_client, select_reader
-from itlbench.load.sse_client import StreamClient
+from itlbench.load.kernel_client import KernelStreamClient, _Conn, make_stream_client, select_reader
+from itlbench.load.sse_client import StreamClient, _Exchange
 from itlbench.load.target import Target
 from itlbench.rundir.reader import read_table
 from itlbench.testing.paced_server import PacedConfig, serve_in_thread
@@ -318,3 +318,48 @@ def test_bad_stream_reader_flag_exits_2_naming_it(tmp_path: Path, args: list[str
     assert result.exit_code == 2, result.output
     assert "--stream-reader" in " ".join(result.output.split()) and "Traceback" not in result.output
     assert not out.exists()
+
+
+# --- the whole-read fast path: never a different record from the general path ------------------
+
+def _feed_all(reads: list[bytes], fast: bool) -> tuple[list[int], list[int], str | None, bool, str | None]:
+    """Feed reads (read k stamped k) to a connection's parser; (stamps, counts, finish, done, error)."""
+    client = KernelStreamClient(Target("http://127.0.0.1:9/v1", "m"), _Rows())
+    with socket.socket() as s:
+        c = _Conn(s, client, True)
+        ex = _Exchange(_plan(0), 0, None)
+        c.begin(ex, None)
+        for k, data in enumerate(reads, start=1):
+            if not fast:
+                c.fast = False
+            c.feed(data, 1000 * k, 1000 * k + 1)
+    return ex.times, ex.counts, ex.finish_reason, ex.saw_done, ex.error
+
+
+def _chunk(body: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(body), body)
+
+
+TRICKY = [" b", "", 'say \\"x\\"', "ends\\\\", " c", "two\\nlines", " d"]
+
+
+@pytest.mark.parametrize("extra", [
+    [],
+    [_chunk(_event(" e") + _event(" f"))],  # two events in one HTTP chunk
+    [_chunk(_event(" g"))[:20], _chunk(_event(" g"))[20:]],  # one chunk over two reads
+    [_chunk(_event(" h")) + _chunk(_event(" i"))],  # two chunks in one read
+    [_chunk(_event(" j").replace(b"\n\n", b"\r\n\r\n"))],  # CRLF line ends
+    [_chunk(b"data: " + _event(" k")[6:].replace(b'"text"', b'"text" '))],  # another shape
+])
+def test_fast_path_records_what_the_general_path_records(extra: list[bytes], monkeypatch: Any) -> None:
+    taken = []
+    fast_path = _Conn._fast
+    monkeypatch.setattr(_Conn, "_fast", lambda self, *a: taken.append(fast_path(self, *a)) or taken[-1])
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    reads = [head + _chunk(_event("")), _chunk(_event(" a"))]
+    reads += [_chunk(_event(t)) for t in TRICKY] + extra + [_chunk(_event(" z"))]
+    reads += [_chunk(_event("", "length")), _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"]
+    fast, slow = _feed_all(reads, True), _feed_all(reads, False)
+    assert fast == slow
+    assert fast[2] == "length" and fast[3] and fast[4] is None
+    assert taken.count(True) >= 3 and False in taken  # the fast path served some reads and refused others

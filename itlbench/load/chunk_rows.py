@@ -8,7 +8,8 @@ their gaps read 0 ms next to one long gap (what a busy client or a batching serv
 
 from __future__ import annotations
 
-from itertools import groupby
+from itertools import islice
+from operator import eq, ne
 from typing import Any, Protocol
 
 
@@ -28,14 +29,23 @@ def settled_end(times: list[int], start: int, final: bool) -> int:
 
 
 def read_counts(times: list[int]) -> list[int]:
-    """Per chunk: how many chunks of the slice share its stamp."""
-    if len(set(times)) == len(times):
-        return [1] * len(times)
-    out: list[int] = []
-    for _, group in groupby(times):
-        k = sum(1 for _ in group)
-        out += [k] * k
-    return out
+    """Per chunk: how many chunks of the slice share its stamp (stamps of one request only grow, so
+    chunks of one read are neighbours)."""
+    n = len(times)
+    same = list(map(eq, times, islice(times, 1, None)))  # same[i]: chunk i+1 shares chunk i's read
+    if True not in same:
+        return [1] * n
+    out = [1] * n
+    i = same.index(True)
+    while True:
+        j = i
+        while j < n - 1 and same[j]:
+            j += 1
+        out[i:j + 1] = [j + 1 - i] * (j + 1 - i)
+        try:
+            i = same.index(True, j)
+        except ValueError:
+            return out
 
 
 def chunk_columns(request_id: str, times: list[int], counts: list[int], read_times: list[int] | None,
@@ -49,7 +59,8 @@ def chunk_columns(request_id: str, times: list[int], counts: list[int], read_tim
         tr, stamp = t, ["user"] * n
     else:
         tr = read_times[start:end]
-        stamp = ["kernel" if a != b else "user" for a, b in zip(t, tr, strict=True)]
+        stamp = (["kernel"] * n if all(map(ne, t, tr)) else
+                 ["kernel" if a != b else "user" for a, b in zip(t, tr, strict=True)])
     return {"request_id": [request_id] * n, "index": list(range(start, end)), "t_ns": t,
             "n_tokens": counts[start:end], "stamp": stamp, "t_read_ns": tr, "read_chunks": read_counts(t)}
 

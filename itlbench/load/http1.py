@@ -78,13 +78,13 @@ class ChunkedDecoder:
     """Transfer-Encoding: chunked, fed as bytes arrive. `feed` returns the payload bytes it could
     decode (possibly empty); `done` turns True after the last chunk and its trailers."""
 
-    __slots__ = ("left", "raw", "done", "_trailers")
+    __slots__ = ("left", "raw", "done", "trailers")
 
     def __init__(self) -> None:
         self.left = 0  # >0: payload bytes still due in this chunk; -1: its CRLF is due; 0: a size line is due
         self.raw = b""  # an incomplete size line or CRLF carried to the next feed
         self.done = False
-        self._trailers = False
+        self.trailers = False
 
     def feed(self, data: bytes) -> bytes:
         if self.raw:
@@ -93,7 +93,7 @@ class ChunkedDecoder:
         left = self.left
         n = len(data)
         # the common cases: one whole chunk, or the rest of one, and nothing after it
-        if left == 0 and not self._trailers:
+        if left == 0 and not self.trailers:
             eol = data.find(b"\r\n")
             if 0 < eol < 9 and data.endswith(b"\r\n"):
                 try:
@@ -133,7 +133,7 @@ class ChunkedDecoder:
                     break
                 line = data[pos:eol]
                 pos = eol + 2
-                if self._trailers:  # trailer lines until the empty one
+                if self.trailers:  # trailer lines until the empty one
                     if not line:
                         self.done = True
                     continue
@@ -142,7 +142,7 @@ class ChunkedDecoder:
                 except ValueError:
                     raise ProtocolError(f"bad chunk size line {line[:40]!r}") from None
                 if size == 0:
-                    self._trailers = True
+                    self.trailers = True
                 else:
                     left = size
         self.left = left

@@ -292,6 +292,11 @@ class SseEvents:
     def __init__(self) -> None:
         self._buf = b""
 
+    @property
+    def pending(self) -> bool:
+        """Bytes of an unfinished event are waiting for the next piece."""
+        return bool(self._buf)
+
     def feed(self, data: bytes) -> list[bytes]:
         buf = self._buf + data
         if b"\r" in buf:
