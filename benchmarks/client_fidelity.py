@@ -342,18 +342,26 @@ def print_tables(rows: list[Row], args: argparse.Namespace) -> None:
             stalls = f"{f.stall_truth}/{f.stall_found}/{f.stall_false}/{err}"
             print(f"{r.streams:>7} {r.client:>8} {label:>12} {f.compared:>8} {_pct(f.itl):>22} "
                   f"{_pct(f.ttft):>24} {stalls:>14} {r.shared_reads:>7.2%} {r.load:>9}  {r.note}")
-    print("\nclient CPU per chunk in the steady window (20 ms samples of the client process)")
-    head = f"{'streams':>7} {'client':>18} {'chunks':>8} {'CPU %':>6} {'µs/chunk':>9} {'÷ vLLM':>7} {'load':>9}  note"
+    print("\nclient CPU per chunk in the steady window (20 ms samples of the client process); median of the "
+          "repeats, each repeat's figure after it")
+    head = f"{'streams':>7} {'client':>18} {'CPU %':>6} {'µs/chunk':>9} {'÷ vLLM':>7}  repeats (µs/chunk)   note"
     print(head)
     print("-" * len(head))
+    cpu = {}
     for r in rows:
-        peer = next((p for p in rows if p.streams == r.streams and p.client == "vllm bench serve"
-                     and p.cpu_us_per_chunk), None)
-        ratio = f"{r.cpu_us_per_chunk / peer.cpu_us_per_chunk:.2f}" if peer and r.cpu_us_per_chunk else "-"
-        us = f"{r.cpu_us_per_chunk:.1f}" if r.cpu_us_per_chunk else "-"
-        pc = f"{r.cpu_percent:.0f}" if r.cpu_percent else "-"
-        print(f"{r.streams:>7} {r.client:>18} {r.chunks:>8} {pc:>6} {us:>9} {ratio:>7} {r.load:>9}  "
-              f"{'' if r.client != 'vllm bench serve' else r.note}")
+        if r.cpu_us_per_chunk:
+            cpu.setdefault((r.streams, r.client), []).append(r)
+    for (streams, client), rs in cpu.items():
+        us = float(np.median([r.cpu_us_per_chunk for r in rs]))
+        pc = float(np.median([r.cpu_percent or 0 for r in rs]))
+        peer = cpu.get((streams, "vllm bench serve"))
+        ratio = f"{us / float(np.median([p.cpu_us_per_chunk for p in peer])):.2f}" if peer else "-"
+        each = " ".join(f"{r.cpu_us_per_chunk:.1f}" for r in rs)
+        skipped = next((r.note for r in rows if r.client == client and r.note.startswith("skipped")), "")
+        print(f"{streams:>7} {client:>18} {pc:>6.0f} {us:>9.1f} {ratio:>7}  {each:<20} {skipped}")
+    for r in rows:
+        if r.client == "vllm bench serve" and not r.cpu_us_per_chunk:
+            print(f"{r.streams:>7} {r.client:>18}  {r.note}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -369,18 +377,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--vllm", choices=("auto", "off"), default="auto",
                    help="also run `vllm bench serve` from the peer venv for its CPU per chunk")
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=1, help="runs of every client per concurrency, interleaved")
     p.add_argument("--telemetry", choices=("off", "metrics", "otel", "both"), default="off",
                    help="live telemetry in the client (one worker only)")
     args = p.parse_args(argv)
     print(f"uvloop: {install_uvloop()}; CPUs: {os.cpu_count()}; load average at start: {_load()}")
     rows: list[Row] = []
     for c in (int(x) for x in args.concurrency.split(",")):
-        for reader in args.readers.split(","):
-            rows.append(measure(args, c, reader))
-            print(f"  {c} streams, {reader}: done (load {_load()})", flush=True)
-        if args.vllm == "auto":
-            rows.append(measure_vllm(args, c))
-            print(f"  {c} streams, vllm bench serve: {rows[-1].note} (load {_load()})", flush=True)
+        for k in range(args.repeat):
+            for reader in args.readers.split(","):
+                rows.append(measure(args, c, reader))
+                print(f"  {c} streams, {reader}, repeat {k + 1}: done (load {_load()})", flush=True)
+            if args.vllm == "auto":
+                rows.append(measure_vllm(args, c))
+                print(f"  {c} streams, vllm bench serve, repeat {k + 1}: {rows[-1].note} (load {_load()})",
+                      flush=True)
     print_tables(rows, args)
     if shutil.which("uptime"):
         print("\n" + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())

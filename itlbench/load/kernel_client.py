@@ -57,6 +57,8 @@ from itlbench.load.sse_scan import DECODE, Shape, count_tokens
 from itlbench.load.target import STREAM_READERS, Target
 
 _now = time.perf_counter_ns
+_unpack_timespec = TIMESPEC.unpack_from
+SOL_SOCKET = socket.SOL_SOCKET
 READ_SIZE = 64 * 1024  # under glibc's mmap threshold: a larger buffer costs an mmap per read
 CONNECT_TIMEOUT_S = 30.0
 ERROR_BODY_BYTES = 4096
@@ -114,13 +116,12 @@ class _Conn:
         if not data:
             self._eof()
             return
-        self.got_bytes = True
         t = t_read
         if anc:
             level, kind, cdata = anc[0]
-            if kind == SCM_TIMESTAMPNS and level == socket.SOL_SOCKET:
-                sec, nsec = TIMESPEC.unpack_from(cdata)
-                t = sec * 1_000_000_000 + nsec - self.client.clock.offset_ns
+            if kind == SCM_TIMESTAMPNS and level == SOL_SOCKET:
+                sec, nsec = _unpack_timespec(cdata)
+                t = sec * 1_000_000_000 + nsec - self.client.offset_ns
         self.feed(data, t, t_read)
 
     def feed(self, data: bytes, t: int, t_read: int) -> None:
@@ -147,21 +148,20 @@ class _Conn:
             size = int(data[:eol], 16)
         except ValueError:
             return False
-        shape = self.shape
-        assert shape is not None
+        shape: Shape = self.shape  # type: ignore[assignment]  # `fast` implies a learnt shape
         start, end = eol + 8, n - 4  # the event's payload (after "data: ", before "\n\n")
         text, text_end = start + shape.lp, end - shape.ls
+        # the shape's own bytes hold no CR or LF (Shape.learn), so only the text is searched for them
         if (size != n - eol - 4 or text_end <= text or not data.startswith(shape.prefix, start)
                 or not data.endswith(shape.suffix, 0, end) or data.find(b'"', text, text_end) >= 0
-                or data[text_end - 1] == 92 or data.find(b"\n", start, end) >= 0
-                or data.find(b"\r", start, end) >= 0):
+                or data[text_end - 1] == 92 or data.find(b"\n", text, text_end) >= 0
+                or data.find(b"\r", text, text_end) >= 0):
             return False
-        ex = self.ex
-        assert ex is not None and ex.read_times is not None
+        ex: _Exchange = self.ex  # type: ignore[assignment]
         client = self.client
         times = ex.times
         client.recent_itl_ns.append(t - times[-1])
-        ex.read_times.append(t_read)
+        ex.read_times.append(t_read)  # type: ignore[union-attr]  # set with the first chunk
         times.append(t)
         ex.counts.append(1)
         ex.tokens += 1
@@ -172,6 +172,7 @@ class _Conn:
         return True
 
     def _head(self, data: bytes, t: int, t_read: int) -> None:
+        self.got_bytes = True  # (the body's reads need not say it again)
         raw = self.raw + data if self.raw else data
         end = raw.find(b"\r\n\r\n")
         if end < 0:
@@ -297,6 +298,7 @@ class KernelStreamClient(StreamClient):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._addr: tuple[int, Any] | None = None
         self._t_read = 0
+        self.offset_ns = 0  # CLOCK_REALTIME − perf_counter_ns, measured at start (kclock.KernelClock)
         self._last_wake = 0
         self._held: asyncio.TimerHandle | None = None
         self.connections_opened = 0
@@ -307,7 +309,7 @@ class KernelStreamClient(StreamClient):
         self._epoll = select.epoll()
         self._loop.add_reader(self._epoll.fileno(), self._on_ready)
         self._addr = await self._resolve()
-        self.clock.start()
+        self.offset_ns = self.clock.start().offset_ns
         return self
 
     async def _resolve(self) -> tuple[int, Any]:

@@ -177,6 +177,8 @@ class Shape:
         if end <= start:
             return None
         prefix, suffix = p[:start], p[end:]
+        if any(c in part for c in (b"\n", b"\r") for part in (prefix, suffix)):
+            return None  # a multi-line event: not the one-line shape a whole-read check assumes
         try:  # the slot must be exactly the value the JSON path counts, and all else plain
             probe = json.loads(prefix + b"a" + suffix)
             n, plain = json_count(probe)
