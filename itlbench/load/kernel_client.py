@@ -124,12 +124,15 @@ class _Conn:
             if kind == SCM_TIMESTAMPNS and level == SOL_SOCKET:
                 sec, nsec = _unpack_timespec(cdata)
                 t = sec * 1_000_000_000 + nsec - self.client.offset_ns
-        self.feed(data, t, t_read)
+        if not (self.fast and self._fast(data, t, t_read)):
+            self._general(data, t, t_read)
 
     def feed(self, data: bytes, t: int, t_read: int) -> None:
         """Bytes of one read, stamped `t` (kernel) and `t_read` (when the read returned)."""
-        if self.fast and self._fast(data, t, t_read):
-            return
+        if not (self.fast and self._fast(data, t, t_read)):
+            self._general(data, t, t_read)
+
+    def _general(self, data: bytes, t: int, t_read: int) -> None:
         try:
             if self.body:
                 self._body(data, t, t_read)

@@ -17,6 +17,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+try:
+    from orjson import loads as _loads
+except ImportError:  # optional speed-up
+    _loads = json.loads
+
 DECODE = -1  # the scan cannot tell: decode the JSON
 _WS = b" \t\r\n"
 
@@ -180,7 +185,7 @@ class Shape:
         if any(c in part for c in (b"\n", b"\r") for part in (prefix, suffix)):
             return None  # a multi-line event: not the one-line shape a whole-read check assumes
         try:  # the slot must be exactly the value the JSON path counts, and all else plain
-            probe = json.loads(prefix + b"a" + suffix)
+            probe = _loads(prefix + b"a" + suffix)
             n, plain = json_count(probe)
         except ValueError:
             return None
