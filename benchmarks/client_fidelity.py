@@ -16,6 +16,10 @@ started) from CPU samples of the client process every 20 ms, the same way for it
 and for `vllm bench serve` (run from the peer venv when present) on the same load.
 
     flock /work/wt/bench.lock python benchmarks/client_fidelity.py --concurrency 100,500 --duration 6
+    python benchmarks/client_fidelity.py --driver locust --workers 2   # Locust too, same streams
+
+With `--driver locust` every concurrency also runs through Locust (master + `--workers` worker
+processes) and its rows sit beside the readers' (its CPU per chunk: workers plus master, whole run).
 
 `--telemetry metrics|otel|both` runs the client with live telemetry on (Prometheus on a free loopback
 port; OTLP to a receiver in its own process), to compare the client's CPU per chunk with it off.
@@ -66,6 +70,23 @@ def _stream(k: int, tokens: int):
 
 def make_plan(streams: int, tokens: int) -> LoadPlan:
     return LoadPlan(streams=[_stream(k, tokens) for k in range(streams)])
+
+
+async def _run_locust(args: argparse.Namespace, c: int, url: str, run_dir: Path) -> tuple[DriveResult, dict]:
+    """The same streams through Locust: master and workers in their own processes."""
+    from itlbench.load.locust_job import LocustJob
+    from itlbench.load.locust_run import drive_locust
+
+    store = RunStore(run_dir)
+    job = LocustJob.for_plan(Target(url, "paced", timeout_s=None), run_dir, duration_s=args.duration,
+                             factory="itlbench.testing.plans:fixed_streams",
+                             plan_kwargs={"streams": c, "tokens": args.tokens}, workers=args.workers,
+                             drain_timeout_s=0.0)
+    doc: dict = {}
+    try:
+        return await drive_locust(job, store, driver_doc=doc), doc
+    finally:
+        store.close()
 
 
 def _server_log(base_url: str) -> dict:
@@ -240,7 +261,11 @@ def measure(args: argparse.Namespace, c: int, reader: str) -> Row:
     row = Row(c, reader, load=_load())
     try:
         with tempfile.TemporaryDirectory() as tmp, CpuSampler(None) as cpu:
-            res = asyncio.run(_run_client(args, c, url, Path(tmp), reader, otlp))
+            if reader == "locust":
+                res, doc = asyncio.run(_run_locust(args, c, url, Path(tmp)))
+                locust_cpu_s = res.client.cpu_seconds + float(doc.get("master_cpu_s") or 0.0)
+            else:
+                res = asyncio.run(_run_client(args, c, url, Path(tmp), reader, otlp))
             log = _server_log(url)
             req = read_table(tmp, "requests").select("request_id", "server_request_id")
             chunks = read_table(tmp, "chunks").sort("request_id", "index")
@@ -254,14 +279,16 @@ def measure(args: argparse.Namespace, c: int, reader: str) -> Row:
     server = {to_client[sid]: ts for sid, ts in log["sends"].items() if sid in to_client}
     by_req = chunks.group_by("request_id", maintain_order=True).agg("t_ns", "t_read_ns", "read_chunks")
     ids = by_req["request_id"].to_list()
-    row.stamps["kernel" if reader == "kernel" else "user"] = compare(
+    row.stamps[reader if reader in ("kernel", "locust") else "user"] = compare(
         dict(zip(ids, by_req["t_ns"].to_list(), strict=True)), server)
     if reader == "kernel":
         row.stamps["user"] = compare(dict(zip(ids, by_req["t_read_ns"].to_list(), strict=True)), server)
     row.chunks = chunks.height
-    row.shared_reads = float((chunks["read_chunks"] > 1).mean()) if chunks.height else 0.0
+    row.shared_reads = float((chunks["read_chunks"].fill_null(1) > 1).mean()) if chunks.height else 0.0
     lo, hi, n = steady_window(log["sends"], c)
-    if n and args.workers == 1:
+    if reader == "locust":  # other processes: their whole-run CPU
+        row.cpu_us_per_chunk = locust_cpu_s / max(1, chunks.height) * 1e6
+    elif n and args.workers == 1:
         row.cpu_us_per_chunk = cpu.between(lo, hi) / n * 1e6
         row.cpu_percent = cpu.between(lo, hi) / ((hi - lo) / 1e9) * 100
     delay = (chunks["t_read_ns"] - chunks["t_ns"]) / 1e6
@@ -335,7 +362,7 @@ def print_tables(rows: list[Row], args: argparse.Namespace) -> None:
     print("-" * len(head))
     for r in rows:
         for name, f in r.stamps.items():
-            label = {"kernel": "kernel", "user": "user space"}[name]
+            label = {"kernel": "kernel", "user": "user space", "locust": "locust"}[name]
             if r.client == "kernel" and name == "user":
                 label = "user (same)"
             err = "-" if f.stall_err_max_ms is None else f"{f.stall_err_max_ms:.1f}"
@@ -377,6 +404,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--vllm", choices=("auto", "off"), default="auto",
                    help="also run `vllm bench serve` from the peer venv for its CPU per chunk")
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--driver", choices=("aiohttp", "locust"), default="aiohttp",
+                   help="locust: also run every concurrency through Locust (--workers worker processes)")
     p.add_argument("--repeat", type=int, default=1, help="runs of every client per concurrency, interleaved")
     p.add_argument("--telemetry", choices=("off", "metrics", "otel", "both"), default="off",
                    help="live telemetry in the client (one worker only)")
@@ -385,7 +414,7 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[Row] = []
     for c in (int(x) for x in args.concurrency.split(",")):
         for k in range(args.repeat):
-            for reader in args.readers.split(","):
+            for reader in args.readers.split(",") + (["locust"] if args.driver == "locust" else []):
                 rows.append(measure(args, c, reader))
                 print(f"  {c} streams, {reader}, repeat {k + 1}: done (load {_load()})", flush=True)
             if args.vllm == "auto":

@@ -1,12 +1,19 @@
-"""Prefill throughput and decode step time of the bundled engine on this machine.
+"""Prefill throughput and decode step time of the bundled engine on this machine, against its floors.
 
-    python benchmarks/engine_cpu.py [--model cpu-small] [--long] [--threads N]
+    python benchmarks/engine_cpu.py [--model cpu-small] [--threads N] [--decode-only] [--long]
 
-Decode is memory-bound, so each decode step is compared with its floor: the bytes it must read
-(weights, plus every sequence's K/V cache) divided by the memory bandwidth measured in the same run.
-The script re-executes itself with the serving process's malloc settings (see
-itlbench/engine/malloc_tuning.py) so its figures match what `itlbench serve` runs with.
-Decode runs at short (512) and long (8k, RAG-like) contexts: at long contexts the K/V reads dominate.
+A decode step must read every weight it applies and every sequence's K/V cache once: its memory
+floor is those bytes over the read bandwidth measured in the same run. It must also do its
+arithmetic (2 FLOPs per weight per row, 4 per K/V element and query head): its compute floor is
+those FLOPs over the rate this machine's BLAS reaches on a large matrix product with the same
+threads. The roofline floor is the larger of the two; `x floor` is the step over the memory floor,
+`x roofline` over the roofline. At batch 32 and short contexts a CPU step is compute-bound (the
+memory floor is out of reach there by construction); at long contexts the K/V reads dominate.
+
+Each decode row also shows where the step's time goes (the StepRecord split: schedule, prepare,
+forward, sample, output). The script re-executes itself with the serving process's malloc settings
+(itlbench/engine/malloc_tuning.py) so its figures match what `itlbench serve` runs with. Timing on a
+shared machine: compare ratios from one run, and check `uptime` first.
 """
 
 from __future__ import annotations
@@ -14,18 +21,21 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from itlbench.engine.config import EngineConfig
 from itlbench.engine.engine import Engine
+from itlbench.engine.instrument import StepRecord
 from itlbench.engine.malloc_tuning import reexec_with_malloc_tunables
 from itlbench.engine.request import SamplingParams
 
 PREFILL_LENS = (512, 2048, 4096, 8192, 16384)
 DECODE_BATCHES = (1, 8, 32)
 DECODE_CONTEXTS = (512, 8192)
+PARTS = ("schedule_ns", "prepare_ns", "forward_ns", "sample_ns", "output_ns")
 
 
 def measure_bandwidth(mib: int = 1024, repeats: int = 5) -> float:
@@ -39,39 +49,89 @@ def measure_bandwidth(mib: int = 1024, repeats: int = 5) -> float:
     return x.nbytes / best
 
 
-def streamed_weight_bytes(engine: Engine) -> int:
-    """Bytes a decode step must read: every weight but the embedding rows it does not touch."""
+def measure_gemm_rate(n: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of a large fp32 matrix product with the current threads: the most a step's GEMMs get."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def streamed_weights(engine: Engine) -> int:
+    """Weight elements a decode step applies: every weight but the embedding rows it only indexes."""
     model = engine.runner.model
-    skipped = 0 if model.lm_head is None else model.embed_tokens.numel() * model.embed_tokens.element_size()
-    return engine.runner.weight_bytes - skipped
+    return sum(p.numel() for name, p in model.named_parameters() if name != "embed_tokens" or model.lm_head is None)
+
+
+@dataclass
+class Floors:
+    bandwidth: float  # bytes/s
+    gemm_rate: float  # FLOP/s
+    weight_elems: int
+    dtype_bytes: int
+    kv_bytes_per_token: int
+    attn_flops_per_token: int  # per context token of one sequence, all layers
+
+    @classmethod
+    def measure(cls, engine: Engine) -> Floors:
+        cfg = engine.model_config
+        dtype_bytes = torch.finfo(engine.runner.dtype).bits // 8
+        return cls(measure_bandwidth(), measure_gemm_rate(), streamed_weights(engine), dtype_bytes,
+                   cfg.kv_bytes_per_token(dtype_bytes), 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim)
+
+    def memory_s(self, batch: int, context: int) -> float:
+        return (self.weight_elems * self.dtype_bytes + batch * context * self.kv_bytes_per_token) / self.bandwidth
+
+    def compute_s(self, batch: int, context: int) -> float:
+        return (2 * batch * self.weight_elems + batch * context * self.attn_flops_per_token) / self.gemm_rate
+
+    def roofline_s(self, batch: int, context: int) -> float:
+        return max(self.memory_s(batch, context), self.compute_s(batch, context))
 
 
 def random_prompt(rng: np.random.Generator, n: int, vocab: int) -> list[int]:
     return rng.integers(3, vocab, n).tolist()
 
 
-def last_step_s(engine: Engine) -> float:
-    return engine.step_log.since(engine.step_log.last_step)[0].duration_s
+def last_record(engine: Engine) -> StepRecord:
+    return engine.step_log.since(engine.step_log.last_step)[0]
 
 
 def bench_prefill(engine: Engine, n: int, rng: np.random.Generator) -> float:
     engine.add_request(random_prompt(rng, n, engine.model_config.vocab_size), SamplingParams(max_tokens=1))
     engine.step()
     assert not engine.has_unfinished()
-    return last_step_s(engine)
+    return last_record(engine).duration_s
 
 
-def bench_decode(engine: Engine, batch: int, context: int, steps: int, rng: np.random.Generator) -> float:
+def bench_decode(engine: Engine, batch: int, context: int, steps: int,
+                 rng: np.random.Generator) -> tuple[float, dict[str, float]]:
+    """Median decode step (s) with `batch` sequences at about `context` tokens, and the median of each
+    part of the step (ms)."""
     sp = SamplingParams(max_tokens=steps + 3, temperature=0.0, ignore_eos=True)
     for _ in range(batch):
         engine.add_request(random_prompt(rng, context, engine.model_config.vocab_size), sp)
-    times = []
+    records: list[StepRecord] = []
     while engine.has_unfinished():
         engine.step()
-        rec = engine.step_log.since(engine.step_log.last_step)[0]
+        rec = last_record(engine)
         if rec.phase == "decode" and rec.num_decode_reqs == batch:
-            times.append(rec.duration_s)
-    return statistics.median(times[1:])
+            records.append(rec)
+    records = records[1:]  # the first decode step warms what prefill left cold
+    parts = {p.removesuffix("_ns"): statistics.median(getattr(r, p) for r in records) / 1e6 for p in PARTS}
+    return statistics.median(r.duration_s for r in records), parts
+
+
+def decode_engine(model: str, max_context: int, max_batch: int, steps: int) -> Engine:
+    """An engine sized for decode runs of up to `max_batch` sequences of `max_context` tokens."""
+    longest = max_context + steps + 8
+    blocks = -(-max_batch * longest // 16) + 64
+    return Engine(EngineConfig(model=model, chunk_budget=None, kv_blocks=blocks, max_model_len=longest + 8,
+                               enable_prefix_caching=False))
 
 
 def main() -> None:
@@ -79,40 +139,42 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="cpu-small")
     ap.add_argument("--long", action="store_true", help="also prefill 32k tokens")
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--decode-only", action="store_true", help="skip the prefill table")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, one per core)")
     ap.add_argument("--decode-steps", type=int, default=20)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    lens = PREFILL_LENS + ((32768,) if args.long else ())
-    longest_decode = max(DECODE_CONTEXTS) + args.decode_steps + 8
-    max_len = max(max(lens) + 8, longest_decode)
-    blocks = -(-max(max_len, max(DECODE_BATCHES) * longest_decode) // 16) + 64
-    engine = Engine(EngineConfig(model=args.model, chunk_budget=None, kv_blocks=blocks, max_model_len=max_len,
-                                 enable_prefix_caching=False))
+    lens = () if args.decode_only else PREFILL_LENS + ((32768,) if args.long else ())
+    max_len = max(max(lens, default=0) + 8, max(DECODE_CONTEXTS) + args.decode_steps + 16)
+    engine = decode_engine(args.model, max_len, max(DECODE_BATCHES), args.decode_steps)
     cfg, rng = engine.model_config, np.random.default_rng(0)
-    weight_bytes = streamed_weight_bytes(engine)
-    bw = measure_bandwidth()
+    floors = Floors.measure(engine)
+    kernel = getattr(engine.runner.backend, "decode_kernel", engine.runner.backend.name)
     print(f"model {cfg.name}: {cfg.num_params / 1e6:.1f}M params, {cfg.num_layers} layers, hidden "
           f"{cfg.hidden_size}, heads {cfg.num_heads}/{cfg.num_kv_heads}x{cfg.head_dim}, ffn "
           f"{cfg.intermediate_size}, vocab {cfg.vocab_size}; {engine.device} {engine.dtype}, "
-          f"{torch.get_num_threads()} threads")
-    print(f"read bandwidth {bw / 1e9:.1f} GB/s; weights read per decode step {weight_bytes / 2**20:.1f} MiB; "
-          f"decode floor {weight_bytes / bw * 1e3:.2f} ms/step\n")
-    bench_prefill(engine, 256, rng)  # warm-up
-    print("| prefill tokens | seconds | tokens/s |\n|---:|---:|---:|")
-    for n in lens:
-        s = min(bench_prefill(engine, n, rng) for _ in range(2 if n <= 8192 else 1))
-        print(f"| {n} | {s:.2f} | {n / s:,.0f} |", flush=True)
-    kv_token = cfg.kv_bytes_per_token(torch.finfo(engine.runner.dtype).bits // 8)
-    print("\n| decode batch | context | ms/step | tokens/s | floor ms (weights + K/V) | x floor |")
-    print("|---:|---:|---:|---:|---:|---:|")
+          f"{torch.get_num_threads()} threads, decode attention: {kernel}")
+    print(f"read bandwidth {floors.bandwidth / 1e9:.1f} GB/s; GEMM {floors.gemm_rate / 1e9:.0f} GFLOP/s; weights "
+          f"read per decode step {floors.weight_elems * floors.dtype_bytes / 2**20:.1f} MiB\n")
+    if lens:
+        bench_prefill(engine, 256, rng)  # warm-up
+        print("| prefill tokens | seconds | tokens/s |\n|---:|---:|---:|")
+        for n in lens:
+            s = min(bench_prefill(engine, n, rng) for _ in range(2 if n <= 8192 else 1))
+            print(f"| {n} | {s:.2f} | {n / s:,.0f} |", flush=True)
+        print()
+    print("| batch | context | ms/step | tokens/s | memory floor ms | x floor | compute floor ms | x roofline "
+          "| schedule | prepare | forward | sample | output |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for ctx in DECODE_CONTEXTS:
         for b in DECODE_BATCHES:
-            ms = bench_decode(engine, b, ctx, args.decode_steps, rng) * 1e3
-            floor_ms = (weight_bytes + b * ctx * kv_token) / bw * 1e3
-            print(f"| {b} | {ctx} | {ms:.1f} | {b / ms * 1e3:,.0f} | {floor_ms:.2f} | {ms / floor_ms:.1f} |",
-                  flush=True)
+            step_s, parts = bench_decode(engine, b, ctx, args.decode_steps, rng)
+            ms, mem, comp = step_s * 1e3, floors.memory_s(b, ctx) * 1e3, floors.compute_s(b, ctx) * 1e3
+            split = " | ".join(f"{parts[p.removesuffix('_ns')]:.2f}" for p in PARTS)
+            print(f"| {b} | {ctx} | {ms:.1f} | {b / ms * 1e3:,.0f} | {mem:.2f} | {ms / mem:.1f} | {comp:.2f} | "
+                  f"{ms / max(mem, comp):.1f} | {split} |", flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -1,8 +1,9 @@
 """Reach the server a run measures: start the bundled engine, or probe an external endpoint.
 
 An external itlbench server on this host is measured like the bundled one (token-id prompts and
-its step log; both share CLOCK_MONOTONIC). Any other server gets text prompts whose length is
-calibrated against its own `usage.prompt_tokens`, and its `/metrics` is sampled.
+its step log; both share CLOCK_MONOTONIC). Any other server gets token-id prompts when it takes them
+(`--prompt-format auto`: one probe request, see token_probe.py; `ids` insists), else text prompts
+whose length is calibrated against its own `usage.prompt_tokens`; its `/metrics` is read.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from itlbench.errors import ConfigError
 from itlbench.http_json import request_json
 from itlbench.load.target import Target
 from itlbench.run_config import RunConfig
+from itlbench.token_probe import PROBE_LOW, probe_token_ids
 from itlbench.workloads.prompts import PromptBuilder
 
 CALIBRATION_TOKENS = 512
@@ -68,18 +70,41 @@ def _external(cfg: RunConfig) -> Connection:
     models = _probe_models(cfg, base)
     engine = _get_json(f"{base}/engine", cfg.api_key)  # only itlbench servers answer this
     same_clock = engine is not None and _is_loopback(base)
-    target = Target(base_url=base, model=cfg.model or "", api=cfg.api, api_key=cfg.api_key,
-                    accepts_token_ids=same_clock, forced_lengths=cfg.forced_lengths,
-                    timeout_s=cfg.request_timeout_s, stream_reader=cfg.stream_reader)
     max_len = int((engine or {}).get("max_model_len") or models.get("max_model_len") or DEFAULT_EXTERNAL_CONTEXT)
     doc: dict[str, Any] = {"engine": {"external": True, **models, **({"itlbench": engine} if engine else {})},
                            "target": {"kind": "external", "base_url": base}}
-    if same_clock:
-        vocab = int(engine["model"]["vocab_size"])  # type: ignore[index]
-        return Connection(target, max_len, vocab, steps_url=base, metrics_url=base, doc=doc)
+    vocab = _token_id_vocab(cfg, base, engine if same_clock else None, doc)
+    target = Target(base_url=base, model=cfg.model or "", api=cfg.api, api_key=cfg.api_key,
+                    accepts_token_ids=vocab is not None, forced_lengths=cfg.forced_lengths,
+                    timeout_s=cfg.request_timeout_s, stream_reader=cfg.stream_reader)
+    steps_url = base if same_clock else None
+    if vocab is not None:
+        return Connection(target, max_len, vocab, steps_url=steps_url, metrics_url=base, doc=doc)
     tpw = calibrate_text(target)
     doc["engine"]["tokens_per_word"] = tpw
-    return Connection(target, max_len, None, steps_url=None, metrics_url=base, tokens_per_word=tpw, doc=doc)
+    return Connection(target, max_len, None, steps_url=steps_url, metrics_url=base, tokens_per_word=tpw, doc=doc)
+
+
+def _token_id_vocab(cfg: RunConfig, base: str, itlbench_engine: dict[str, Any] | None,
+                    doc: dict[str, Any]) -> int | None:
+    """The vocabulary size to draw prompt ids from, or None for text prompts (`--prompt-format`)."""
+    fmt = cfg.prompt_format
+    if fmt == "text" or cfg.api == "chat":  # chat messages are text
+        doc["prompt_format"] = {"requested": fmt, "used": "text"}
+        return None
+    if itlbench_engine is not None:  # an itlbench server on this host says its vocabulary itself
+        doc["prompt_format"] = {"requested": fmt, "used": "ids", "source": "GET /v1/engine"}
+        return int(itlbench_engine["model"]["vocab_size"])
+    support = probe_token_ids(f"{base}/completions", cfg.model or "", cfg.api_key)
+    doc["prompt_format"] = {"requested": fmt, "used": "ids" if support.accepted else "text",
+                            "vocab_size": support.vocab_size, "probe_requests": support.probes,
+                            "ids_from": PROBE_LOW, "reason": support.reason or None}
+    if support.accepted:
+        return support.vocab_size
+    if fmt == "ids":
+        raise ConfigError("--prompt-format", f"{base} does not take token-id prompts: {support.reason}",
+                          "use --prompt-format text (or auto, which falls back to text)")
+    return None
 
 
 def calibrate_text(target: Target) -> float:

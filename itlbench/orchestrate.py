@@ -14,6 +14,7 @@ import importlib.metadata
 import json
 import platform
 import re
+import secrets
 import shutil
 import signal
 import time
@@ -30,9 +31,10 @@ from itlbench.engine.config import load_model_config
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.http_json import request_json
 from itlbench.load.driver import DriveResult, ProgressSnapshot, Warmup, drive
-from itlbench.load.metrics_sampler import sample_metrics
+from itlbench.load.metrics_sampler import MetricsSampler
 from itlbench.load.multiproc import drive_workers
 from itlbench.load.steps_follower import StepsFollower
+from itlbench.load.target import Target
 from itlbench.run_config import RunConfig
 from itlbench.rundir.store import RunStore
 from itlbench.workloads.build import LoadSpec, build_load_plan
@@ -94,29 +96,31 @@ def _versions() -> dict[str, str | None]:
 
 
 def _load_spec(cfg: RunConfig, conn: Connection) -> LoadSpec:
+    """The run's load. Unless `--reuse-prompts`, a fresh salt makes every prompt new to the server."""
     return LoadSpec(
         workload=cfg.workload, streams=cfg.streams, rate=cfg.rate, burstiness=cfg.burstiness,
         duration_s=cfg.duration_s, inject=cfg.inject, inject_max_tokens=cfg.inject_max_tokens,
         seed=cfg.seed, max_model_len=conn.max_model_len, trace_path=cfg.trace, trace_time_scale=cfg.time_scale,
         token_ids=conn.vocab_size is not None, vocab_size=conn.vocab_size or 0,
-        tokens_per_word=conn.tokens_per_word)
+        tokens_per_word=conn.tokens_per_word, prompt_salt=None if cfg.reuse_prompts else secrets.token_hex(4))
 
 
 @dataclass
 class _Observers:
-    """Server-side records next to the load: the step log of an itlbench engine, /metrics of others."""
+    """Server-side records next to the load: the step log of an itlbench engine; periodic /metrics
+    scrapes of others only when asked (`--scrape-interval`)."""
 
     steps: StepsFollower | None
     tasks: list[asyncio.Task[None]]
 
     @classmethod
-    def start(cls, conn: Connection, store: RunStore, api_key: str | None,
+    def start(cls, conn: Connection, store: RunStore, sampler: MetricsSampler | None,
               telemetry: LiveTelemetry | None = None) -> _Observers:
         writer = telemetry.tee(store) if telemetry is not None else store  # live stall causes
         steps = StepsFollower(conn.steps_url, writer) if conn.steps_url else None
         tasks = [asyncio.create_task(steps.run())] if steps else []
-        if conn.metrics_url:
-            tasks.append(asyncio.create_task(sample_metrics(conn.metrics_url, store, api_key=api_key)))
+        if sampler is not None and sampler.interval_s > 0:
+            tasks.append(asyncio.create_task(sampler.run_periodic()))
         return cls(steps, tasks)
 
     async def stop(self, engine_url: str | None, api_key: str | None, timeout_s: float = 10.0) -> None:
@@ -142,7 +146,33 @@ async def _until_caught_up(follower: StepsFollower, engine_url: str, api_key: st
 
 
 async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection, store: RunStore,
-                                progress: ProgressFn | None, telemetry: LiveTelemetry | None = None) -> DriveResult:
+                                progress: ProgressFn | None, telemetry: LiveTelemetry | None = None,
+                                on_status: Callable[[str], None] = lambda s: None,
+                                driver_doc: dict[str, Any] | None = None,
+                                notes: dict[str, Any] | None = None) -> DriveResult:
+    """Drive the load; an external engine's /metrics is read just before the window opens and as
+    soon as sending stops (and every `--scrape-interval` when given). `notes` gets the scrape counts."""
+    sampler = (MetricsSampler(conn.metrics_url, store, api_key=cfg.api_key, interval_s=cfg.scrape_interval_s)
+               if conn.metrics_url else None)
+    async with contextlib.AsyncExitStack() as stack:
+        if sampler is not None:
+            await stack.enter_async_context(sampler)
+        try:
+            return await _drive_observed(cfg, spec, conn, store, progress, sampler, telemetry, on_status,
+                                         driver_doc)
+        finally:
+            if sampler is not None:
+                sampler.finish()
+                if notes is not None:
+                    notes["metrics"] = {"url": sampler.url, "interval_s": sampler.interval_s,
+                                        "scrapes": sampler.scrapes, "failures": sampler.failures,
+                                        "engine_prefix": sampler.prefix}
+
+
+async def _drive_observed(cfg: RunConfig, spec: LoadSpec, conn: Connection, store: RunStore,
+                          progress: ProgressFn | None, sampler: MetricsSampler | None,
+                          telemetry: LiveTelemetry | None, on_status: Callable[[str], None],
+                          driver_doc: dict[str, Any] | None) -> DriveResult:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     interrupts = 0
@@ -158,22 +188,44 @@ async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, on_sigint)
         loop.add_signal_handler(signal.SIGTERM, on_sigint)  # a terminated run still writes its records
-    observers = _Observers.start(conn, store, cfg.api_key, telemetry)
+    observers = _Observers.start(conn, store, sampler, telemetry)
     target = conn.target
     warmup = Warmup(min_s=cfg.warmup_s, adaptive=cfg.adaptive_warmup, max_s=cfg.max_warmup_s, ramp_s=cfg.ramp_s)
+    baseline = None if sampler is None else functools.partial(sampler.scrape, "baseline")
+    final = None if sampler is None else functools.partial(sampler.scrape, "final")
     try:
-        if cfg.workers > 1:  # each worker process rebuilds the same seeded plan and takes its share
-            return await drive_workers(functools.partial(build_load_plan, spec), target, store,
-                                       workers=cfg.workers, duration_s=cfg.duration_s, warmup=warmup,
-                                       drain_timeout_s=cfg.drain_timeout_s, on_progress=progress)
+        if cfg.driver == "locust" or cfg.workers > 1:
+            # other processes agree the window among themselves: the reads bracket the whole run
+            if baseline is not None:
+                await baseline()
+            result = await _drive_elsewhere(cfg, spec, target, store, warmup, progress, on_status, stop,
+                                            driver_doc)
+            if final is not None:
+                await final()
+            return result
         return await drive(build_load_plan(spec), target, store, duration_s=cfg.duration_s, warmup=warmup,
                            drain_timeout_s=cfg.drain_timeout_s, on_progress=progress, stop_event=stop,
-                           observer=telemetry)
+                           observer=telemetry, before_measure=baseline, after_measure=final)
     finally:
         await observers.stop(conn.steps_url, cfg.api_key)
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
             loop.remove_signal_handler(signal.SIGTERM)
+
+
+async def _drive_elsewhere(cfg: RunConfig, spec: LoadSpec, target: Target, store: RunStore, warmup: Warmup,
+                          progress: ProgressFn | None, on_status: Callable[[str], None], stop: asyncio.Event,
+                          driver_doc: dict[str, Any] | None) -> DriveResult:
+    """The load from other processes: Locust, or several itlbench workers."""
+    if cfg.driver == "locust":  # master and workers in their own processes (never import locust here)
+        from itlbench.load.locust_run import drive_locust, job_for_run
+
+        return await drive_locust(job_for_run(cfg, spec, target, store.path), store, on_progress=progress,
+                                  on_status=on_status, stop_event=stop, driver_doc=driver_doc)
+    # each worker process rebuilds the same seeded plan and takes its share
+    return await drive_workers(functools.partial(build_load_plan, spec), target, store, workers=cfg.workers,
+                               duration_s=cfg.duration_s, warmup=warmup, drain_timeout_s=cfg.drain_timeout_s,
+                               on_progress=progress)
 
 
 def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
@@ -190,6 +242,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
                                "config": _config_doc(cfg), "hardware": _hardware(), "versions": _versions(),
                                "stall_factor": cfg.stall_factor, "stall_floor_s": cfg.stall_floor_s, "slo": cfg.slo}
     result: DriveResult | None = None
+    run_doc["driver"] = driver_doc = {"name": cfg.driver, "workers": cfg.workers}
     started_ns = time.perf_counter_ns()
     on_status(f"starting the bundled engine ({cfg.engine.model})" if cfg.endpoint is None
               else f"probing {cfg.endpoint}")
@@ -206,7 +259,8 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         run_doc["plan"] = build_load_plan(spec).description
         store.write_json("run.json", run_doc)
         on_status("running")
-        result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress, telemetry))
+        result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress, telemetry, on_status,
+                                                   driver_doc, run_doc))
     except (KeyboardInterrupt, asyncio.CancelledError):
         run_doc["interrupted"] = True
     finally:
@@ -215,6 +269,8 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
             run_doc["server_exit_code"] = conn.close()
         _close_telemetry(telemetry)
         run_doc.update(_window(result, started_ns, cfg))
+        if result is not None:
+            run_doc["stop_reason"] = result.stop_reason
         if result is not None and result.aborted_reason:
             run_doc["aborted_reason"] = result.aborted_reason
         store.write_json("run.json", run_doc)

@@ -9,6 +9,8 @@ from itlbench.engine.config import EngineConfig
 from itlbench.errors import ConfigError
 from itlbench.workloads.build import check_load_shape
 
+PROMPT_FORMATS = ("auto", "ids", "text")
+
 
 @dataclass
 class RunConfig:
@@ -33,6 +35,9 @@ class RunConfig:
     api_key: str | None = None
     api: str = "completions"  # completions | chat
     forced_lengths: bool = True  # send ignore_eos + min_tokens so output lengths are exact
+    scrape_interval_s: float = 0.0  # external /metrics: 0 = only at the window's start and end
+    reuse_prompts: bool = False  # False: a per-run salt makes every prompt new to a prefix cache
+    prompt_format: str = "auto"  # auto | ids | text (external endpoints; the bundled engine takes ids)
     engine: EngineConfig = field(default_factory=EngineConfig)
     slo: str | None = None
     stall_factor: float = 5.0
@@ -42,6 +47,10 @@ class RunConfig:
     workers: int = 1
     live: bool = True
     stream_reader: str = "auto"  # auto | kernel | aiohttp (load/kernel_client.select_reader)
+    driver: str = "aiohttp"  # aiohttp | locust
+    master_bind: str | None = None  # locust: the master listens here for workers started by hand
+    locust_ui: bool = False  # locust: serve Locust's web UI
+    locust_ui_port: int = 8089
     metrics_port: str | None = None  # serve itlbench_client_* for Prometheus: "9464" or "HOST:9464"
     otlp_endpoint: str | None = None  # OTLP/HTTP base URL for spans and GenAI metrics (client and bundled server)
 
@@ -61,8 +70,23 @@ class RunConfig:
             if not self.model:
                 raise ConfigError("--model", "is required with --endpoint",
                                   "give the served model name, as listed by GET /v1/models")
+        if self.endpoint is None and self.prompt_format == "text":
+            raise ConfigError("--prompt-format", "the bundled engine is always sent token-id prompts",
+                              "drop --prompt-format text, or measure a server given with --endpoint")
+        if self.endpoint is None and self.scrape_interval_s > 0:
+            raise ConfigError("--scrape-interval", "only an --endpoint's /metrics is scraped",
+                              "drop it: the bundled engine's step log is read instead")
         if self.api not in ("completions", "chat"):
             raise ConfigError("--api", f"unknown API {self.api!r}", "use completions or chat")
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise ConfigError("--prompt-format", f"unknown format {self.prompt_format!r}",
+                              "use auto (token ids where the server takes them), ids or text")
+        if self.prompt_format == "ids" and self.api == "chat":
+            raise ConfigError("--prompt-format", "token-id prompts need the completions API",
+                              "drop --api chat, or use --prompt-format text")
+        if self.scrape_interval_s < 0:
+            raise ConfigError("--scrape-interval", f"must be >= 0 seconds, got {self.scrape_interval_s}",
+                              "0 reads /metrics only at the window's start and end; e.g. 5s adds periodic scrapes")
         if self.workers < 1:
             raise ConfigError("--workers", f"must be >= 1, got {self.workers}")
         from itlbench.load.kernel_client import check_reader
@@ -78,3 +102,25 @@ class RunConfig:
             from itlbench.telemetry.options import check_run_options
 
             check_run_options(self.metrics_port, self.otlp_endpoint, self.workers)
+        self._validate_driver()
+
+    def _validate_driver(self) -> None:
+        if self.driver not in ("aiohttp", "locust"):
+            raise ConfigError("--driver", f"unknown driver {self.driver!r}", "use aiohttp or locust")
+        if self.driver != "locust":
+            for flag, given in (("--master-bind", self.master_bind is not None), ("--locust-ui", self.locust_ui)):
+                if given:
+                    raise ConfigError(flag, "only applies to --driver locust", "add --driver locust or drop it")
+            return
+        for flag, given in (("--metrics-port", self.metrics_port), ("--otlp-endpoint", self.otlp_endpoint)):
+            if given is not None:
+                raise ConfigError(flag, "live telemetry is not available with --driver locust yet",
+                                  "use Locust's web UI (--locust-ui), or drop --driver locust")
+        from itlbench.load.locust_job import parse_host_port
+        from itlbench.load.locust_run import require_locust
+
+        if self.master_bind is not None:
+            parse_host_port(self.master_bind, "--master-bind")
+        if not 0 <= self.locust_ui_port < 65536:
+            raise ConfigError("--locust-ui-port", f"{self.locust_ui_port} is not a port", "e.g. 8089, or 0 for a free one")
+        require_locust()

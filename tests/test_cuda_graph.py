@@ -148,10 +148,13 @@ def test_nvtx_step_ranges_name_the_phase(monkeypatch: pytest.MonkeyPatch) -> Non
     engine.add_request(prompts(TINY, (5,), seed=2)[0], greedy)
     while engine.has_unfinished():
         engine.step()
-    pushes = [name for kind, name in events if kind == "push"]
+    pushes = [name for kind, name in events if kind == "push" and name.startswith("step/")]
     records = engine.step_log.since(0)
     assert pushes == [f"step/{r.phase}" for r in records]
+    # around the forward: the host-side parts of each step, in order
+    parts = [name for kind, name in events if kind == "push" and not name.startswith("step/")]
+    assert parts == ["schedule", "prepare", "sample", "output"] * len(records)
     assert {"step/prefill", "step/mixed", "step/decode"} <= set(pushes)
     marks = [note for kind, note in events if kind == "mark"]
     assert marks == [f"step/{r.phase} prefill={r.prefill_tokens} decode={r.decode_tokens}" for r in records]
-    assert sum(kind == "pop" for kind, _ in events) == len(records)
+    assert sum(kind == "pop" for kind, _ in events) == 5 * len(records)

@@ -363,3 +363,25 @@ def test_fast_path_records_what_the_general_path_records(extra: list[bytes], mon
     assert fast == slow
     assert fast[2] == "length" and fast[3] and fast[4] is None
     assert taken.count(True) >= 3 and False in taken  # the fast path served some reads and refused others
+
+
+def _plain(status: str, ctype: bytes, body: bytes) -> bytes:
+    return (b"HTTP/1.1 " + status.encode() + b"\r\nContent-Type: " + ctype + b"\r\nContent-Length: %d\r\n\r\n"
+            % len(body) + body)
+
+
+@pytest.mark.parametrize("response,kind", [
+    (_plain("200 OK", b"application/json", b'{"id":"x","choices":[{"text":"hello"}]}'), "not_sse"),
+    (chunked_response([_event(" a"), b"data: {not json\n\n"]), "bad_json"),
+    (chunked_response([_event(""), _event(" a"), b"data: {\"id\":\"cmpl-7\",\"choi"]), "truncated"),
+    (_plain("429 Too Many Requests", b"application/json", b'{"error":{"message":"slow down"}}'), "http_status"),
+    (chunked_response([_event(" a"), b'data: {"error":{"message":"engine died"}}\n\n']), "server_error"),
+])
+def test_broken_responses_recorded_alike_by_both_readers(response: bytes, kind: str) -> None:
+    out = {}
+    for cls in (KernelStreamClient, StreamClient):
+        with Scripted(lambda k: [response]) as srv:
+            sink, _ = drive(cls, srv.url)
+        out[cls] = {k: v for k, v in sink.rows["requests"][0].items() if k not in TIMES}
+    assert out[KernelStreamClient] == out[StreamClient]
+    assert out[KernelStreamClient]["error_kind"] == kind and out[KernelStreamClient]["status"] == "error"

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import aiohttp
-
 from itlbench.load.metrics_sampler import MetricsSampler, metrics_url
 from itlbench.load.steps_follower import StepsFollower
 from itlbench.rundir.store import RunStore
@@ -47,13 +45,18 @@ def test_steps_follower_reads_ndjson_and_resumes_after_reconnect(tmp_path):
 def test_metrics_sampler_keeps_engine_series_only():
     async def main(url: str) -> tuple[MetricsSampler, Rows]:
         rows = Rows()
-        sampler = MetricsSampler(url, rows, interval_s=0.1)
-        async with aiohttp.ClientSession() as session:
-            await sampler.scrape(session)
+        async with MetricsSampler(url, rows) as sampler:
+            assert await sampler.scrape("baseline")
+            assert not rows.rows  # nothing is parsed or written while the load may run
+            sampler.finish()
         return sampler, rows
 
     with serve_in_thread(PacedConfig()) as (_, url):
         sampler, rows = asyncio.run(main(url))
+    (scrape,) = rows.rows["scrapes"]
+    assert scrape["reason"] == "baseline" and scrape["status"] == "ok" and scrape["end_ns"] > scrape["start_ns"]
+    assert scrape["series"] == len(rows.rows["server_metrics"]) and scrape["bytes"] > 0
+    assert {r["t_ns"] for r in rows.rows["server_metrics"]} == {scrape["start_ns"]}
     names = {r["name"] for r in rows.rows["server_metrics"]}
     assert sampler.prefix == "itlbench_" and "process_open_fds" not in names
     assert {"itlbench_num_requests_running", "itlbench_time_to_first_token_seconds_bucket",

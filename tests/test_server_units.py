@@ -142,11 +142,27 @@ def _every_field_changed() -> EngineConfig:
     cfg = EngineConfig(model="tiny", chunk_budget=96, unchunked_prefill_cap=4096, policy="prefill-first",
                        mixed=True, max_num_seqs=7, block_size=32, kv_blocks=None, kv_memory_gib=0.0005,
                        max_model_len=640, enable_prefix_caching=False, device="cpu", dtype="float32", seed=3,
-                       gpu_memory_fraction=0.5, attention="sdpa", cuda_graphs=False)
+                       gpu_memory_fraction=0.5, attention="sdpa", cuda_graphs=False,
+                       engine_process=True, torch_threads=1)
     defaults = EngineConfig()
-    same = [f for f, v in cfg.as_dict().items() if v == defaults.as_dict()[f] and f != "kv_blocks"]
+    same = [f for f, v in cfg.as_dict().items()
+            if v == defaults.as_dict()[f] and f != "kv_blocks" and f not in SIM_FIELDS]
     assert not same, f"give these fields non-default values too: {same}"
     return cfg
+
+
+# The simulated engine's fields, changed in a test of their own (disaggregation needs prefix caching on).
+SIM_FIELDS = ("runner", "gpu", "sim_time_scale", "sim_disaggregate", "sim_prefill_gpu", "sim_kv_link_gbps")
+
+
+def test_sim_engine_config_survives_the_process_boundary(tmp_path):
+    cfg = EngineConfig(model="tiny", runner="sim", gpu="h200", sim_time_scale=3.0, sim_disaggregate=True,
+                       sim_prefill_gpu="a100", sim_kv_link_gbps=100.0, kv_blocks=64)
+    assert all(getattr(cfg, f) != getattr(EngineConfig(), f) for f in SIM_FIELDS)
+    with BundledServer(cfg, tmp_path / "server.log") as srv:
+        info = srv.engine_info
+    assert info["engine"] == cfg.as_dict()
+    assert info["device"] == "sim:a100->h200"
 
 
 def test_engine_config_survives_the_process_boundary(tmp_path):

@@ -61,6 +61,7 @@ class VllmConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     max_num_seqs: int | None = None  # default: vLLM's
     enable_prefix_caching: bool = True
+    prompt_tokens_details: bool = True  # usage.prompt_tokens_details.cached_tokens in every response
     load_format: str = "auto"  # "auto" loads the exported weights; "dummy" random ones
     kv_cache_gib: float = 2.0  # VLLM_CPU_KVCACHE_SPACE
     venv: Path | None = None  # default: default_venv()
@@ -113,6 +114,8 @@ def vllm_command(cfg: VllmConfig, exe: Path, port: int) -> list[str]:
     if cfg.max_num_seqs is not None:
         cmd += ["--max-num-seqs", str(cfg.max_num_seqs)]
     cmd += ["--enable-prefix-caching" if cfg.enable_prefix_caching else "--no-enable-prefix-caching"]
+    if cfg.prompt_tokens_details:
+        cmd += ["--enable-prompt-tokens-details"]
     return cmd + list(cfg.extra_args)
 
 
@@ -220,10 +223,17 @@ def main() -> None:  # pragma: no cover - manual use
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--max-model-len", type=int)
     ap.add_argument("--venv", type=Path)
+    ap.add_argument("--max-num-seqs", type=int)
     args = ap.parse_args()
     budget = None if args.chunk_budget.lower() == "none" else int(args.chunk_budget)
     cfg = VllmConfig(model_dir=args.model_dir, chunk_budget=budget, port=args.port,
-                     max_model_len=args.max_model_len, venv=args.venv)
+                     max_model_len=args.max_model_len, venv=args.venv, max_num_seqs=args.max_num_seqs)
+    def leave(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # SIGTERM (and SIGINT, which a shell ignores in background jobs) stop the server cleanly
+    signal.signal(signal.SIGTERM, leave)
+    signal.signal(signal.SIGINT, leave)
     with VllmServer(cfg) as srv:
         print(f"vLLM pid {srv.pid} serving {srv.model} at {srv.base_url} (started in {srv.startup_s:.1f} s; "
               f"log {srv.log_path})", flush=True)

@@ -9,7 +9,8 @@ are rare, and mixed steps pin down b and c as well. When that fit is impossible 
 determine a, b, c, or b = c = 0) mixed steps are split by token share P : D
 ("engine_steps:token_share").
 With no mixed step nothing is apportioned ("engine_steps").
-Without steps, an external engine's counters over the window (increase, resets handled):
+Without steps, an external engine's counters over the window (increase between the two reads nearest
+the window's edges, resets handled; `counters_read` gives how far those reads lie from the edges):
   vLLM   vllm:request_prefill_time_seconds_sum / vllm:request_decode_time_seconds_sum
          (per-request phase times summed over requests, so concurrent requests add up)
   SGLang sglang:gpu_execution_seconds_total{category}: categories naming extend/prefill vs decode
@@ -113,12 +114,26 @@ def split_from_steps(steps: pl.DataFrame) -> dict[str, object]:
     return out
 
 
+def counter_span(samples: pl.DataFrame, window: RunWindow) -> tuple[int, int] | None:
+    """The scrape times (t_ns) nearest the window's start and end: the two reads the counters'
+    increase is taken between. By default they are the baseline scrape, which ends just before the
+    window opens, and the final one, which starts as sending stops. None without two distinct reads."""
+    times = samples["t_ns"].unique().sort()
+    if times.len() < 2:
+        return None
+    t = times.to_numpy()
+    first = int(t[np.argmin(np.abs(t - window.measure_start_ns))])
+    last = int(t[np.argmin(np.abs(t - window.end_ns))])
+    return (first, last) if last > first else None
+
+
 def counter_increase(samples: pl.DataFrame, window: RunWindow) -> pl.DataFrame:
-    """Per series (name, labels): the counter's increase over the window. The baseline is the last
-    sample at or before the window start (else the first inside); a drop counts as a reset."""
-    s = samples.filter(pl.col("t_ns") <= window.end_ns).sort("t_ns")
-    base = pl.col("t_ns").filter(pl.col("t_ns") <= window.measure_start_ns).max().over("name", "labels")
-    s = s.filter(base.is_null() | (pl.col("t_ns") >= base))
+    """Per series (name, labels): the counter's increase between the reads `counter_span` picks
+    (two are enough); a drop between consecutive reads counts as a reset."""
+    span = counter_span(samples, window)
+    if span is None:
+        return pl.DataFrame(schema={"name": pl.Utf8, "labels": pl.Utf8, "increase": pl.Float64})
+    s = samples.filter(pl.col("t_ns").is_between(*span)).sort("t_ns")
     diff = pl.col("value").diff().over("name", "labels")
     return (
         s.with_columns(pl.when(diff < 0).then(pl.col("value")).otherwise(diff).alias("inc"))
@@ -138,6 +153,15 @@ def _result(prefill_s: float, decode_s: float, source: str) -> dict[str, object]
 
 
 def split_from_metrics(server_metrics: pl.DataFrame, window: RunWindow) -> dict[str, object] | None:
+    found = _split_from_counters(server_metrics, window)
+    span = counter_span(server_metrics, window)
+    if found is not None and span is not None:
+        found["counters_read"] = {"start_offset_s": (span[0] - window.measure_start_ns) / 1e9,
+                                  "end_offset_s": (span[1] - window.end_ns) / 1e9}
+    return found
+
+
+def _split_from_counters(server_metrics: pl.DataFrame, window: RunWindow) -> dict[str, object] | None:
     inc = counter_increase(server_metrics, window)
     if inc.filter(pl.col("name").is_in([VLLM_PREFILL, VLLM_DECODE])).height:
         p = inc.filter(pl.col("name") == VLLM_PREFILL)["increase"].sum()

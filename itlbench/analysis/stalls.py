@@ -10,6 +10,9 @@ gap, or an event's span): engine steps with prefill tokens > 0 overlapping it, t
 tokens (whole steps), prefill_s (Σ of the parts of those steps inside the interval), and the
 requests they prefilled (server ids mapped back to client request ids; injected ones listed).
 Needs the engine step log; without it attribution is empty and the source is "unavailable".
+Two causes need no step log: `client` (the client's own pauses) and `scrape` (a /metrics scrape of an
+external engine was under way for at least half the gap, and the client was not starved of CPU for
+half of it: the observer, not the engine).
 """
 
 from __future__ import annotations
@@ -121,8 +124,12 @@ def _overlapping_any(intervals: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFra
 
 
 def with_cause(frame: pl.DataFrame, worst: str, span: pl.Expr) -> pl.DataFrame:
-    """Why a stall (event) happened, read off the steps and client pauses that overlapped it:
-    prefill — prefill steps fill at least half of it; client — the client itself could not read for
+    """Why a stall (event) happened, read off the steps, scrapes and client pauses that overlapped it:
+    prefill — prefill steps fill at least half of it; scrape — a /metrics scrape of the engine covered
+    at least half its worst gap and the client was not waiting for a CPU for half of it (the client
+    worked on the scrape or the server answered it: the observer's doing, neither the client's nor the
+    engine's; a client starved of CPU stretches a scrape, and that stays `client`, see
+    analysis/starvation.py); client — the client itself could not read for
     at least half its worst gap (a garbage collection, a blocked event loop: a measurement artifact,
     not the server's; a kernel-stamped gap only as far as its stamps' late bound); preemption — a request was preempted in it;
     engine — one step lasted at least half its worst gap; outside_engine — the engine kept stepping
@@ -130,6 +137,8 @@ def with_cause(frame: pl.DataFrame, worst: str, span: pl.Expr) -> pl.DataFrame:
     longest = pl.col("longest_step_s")
     return frame.with_columns(
         pl.when(pl.col("prefill_s").fill_null(0.0) >= 0.5 * span).then(pl.lit("prefill"))
+        .when((_or_zero(frame, "scrape_s") >= 0.5 * pl.col(worst))
+              & (_or_zero(frame, "client_starved_s") < 0.5 * pl.col(worst))).then(pl.lit("scrape"))
         .when(pl.col("client_pause_s").fill_null(0.0) >= 0.5 * pl.col(worst)).then(pl.lit("client"))
         .when(longest.is_null()).then(pl.lit(None, dtype=pl.Utf8))
         .when(pl.col("preemptions").fill_null(0) > 0).then(pl.lit("preemption"))
@@ -137,6 +146,10 @@ def with_cause(frame: pl.DataFrame, worst: str, span: pl.Expr) -> pl.DataFrame:
         .otherwise(pl.lit("outside_engine"))
         .alias("cause")
     )
+
+
+def _or_zero(frame: pl.DataFrame, column: str) -> pl.Expr:
+    return pl.col(column).fill_null(0.0) if column in frame.columns else pl.lit(0.0)
 
 
 def _overlapping_prefill(intervals: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
@@ -199,37 +212,56 @@ def _attach(
     return frame.join(attribute(intervals, steps, requests).rename({"id": key}), on=key, how="left")
 
 
+_NO_INTERVALS = {"start_ns": pl.Int64, "end_ns": pl.Int64}
+
+
 def analyze_stalls(
     gaps: pl.DataFrame, steps: pl.DataFrame, requests: pl.DataFrame, params: StallParams, origin_ns: int = 0,
-    pauses: pl.DataFrame | None = None,
+    pauses: pl.DataFrame | None = None, scrapes: pl.DataFrame | None = None,
 ) -> StallReport:
     """Stalls and events with attribution, plus the summary dict (times in events relative to origin_ns).
-    `pauses` (client_pauses rows) lets a gap the client itself caused be told apart."""
-    pauses = pauses if pauses is not None else pl.DataFrame(schema={"start_ns": pl.Int64, "end_ns": pl.Int64})
+    `pauses` (client_pauses rows) lets a gap the client itself caused be told apart, `scrapes`
+    (scrapes rows) one that a /metrics scrape was under way for."""
+    pauses = pauses if pauses is not None else pl.DataFrame(schema=_NO_INTERVALS)
+    scrapes = scrapes if scrapes is not None else pl.DataFrame(schema=_NO_INTERVALS)
     stalls, events = cluster_events(find_stalls(gaps, params).with_row_index("stall"))
     stalls = _attach(
         stalls.with_columns(pl.col("stall").cast(pl.Int64)), "stall", "t_prev_ns", "t_ns", steps, requests
     )
-    stalls = with_cause(_clip_client_pause(_with_client_pause(stalls, "t_prev_ns", "t_ns", pauses)), "gap_s",
-                        pl.col("gap_s"))
-    events = _clip_client_pause(_with_client_pause(_attach(events, "event", "start_ns", "end_ns", steps, requests),
-                                                   "start_ns", "end_ns", pauses))
+    starved = _starved(pauses)
+    stalls = _with_overlap(_with_overlap(stalls, "t_prev_ns", "t_ns", pauses, "client_pause_s"),
+                           "t_prev_ns", "t_ns", scrapes, "scrape_s")
+    stalls = _with_overlap(stalls, "t_prev_ns", "t_ns", starved, "client_starved_s")
+    stalls = with_cause(_clip_client_pause(stalls), "gap_s", pl.col("gap_s"))
+    events = _attach(events, "event", "start_ns", "end_ns", steps, requests)
+    events = _with_overlap(_with_overlap(events, "start_ns", "end_ns", pauses, "client_pause_s"),
+                           "start_ns", "end_ns", scrapes, "scrape_s")
+    events = _clip_client_pause(_with_overlap(events, "start_ns", "end_ns", starved, "client_starved_s"))
     events = with_cause(events, "worst_s", ns_to_s(pl.col("end_ns") - pl.col("start_ns")))
     return StallReport(stalls, events, stall_summary(stalls, events, steps, params, origin_ns))
 
 
-def _with_client_pause(frame: pl.DataFrame, lo: str, hi: str, pauses: pl.DataFrame) -> pl.DataFrame:
-    """client_pause_s: how much of each interval the client spent unable to read (gc, blocked loop)."""
+def _starved(pauses: pl.DataFrame) -> pl.DataFrame:
+    """The client pauses spent mostly waiting for a CPU (run-queue time ≥ half the pause)."""
+    if "runq_s" not in pauses.columns:
+        return pl.DataFrame(schema=_NO_INTERVALS)
+    return pauses.filter(pl.col("runq_s").fill_null(0.0) >= 0.5 * (pl.col("end_ns") - pl.col("start_ns")) / 1e9
+                         ).select("start_ns", "end_ns")
+
+
+def _with_overlap(frame: pl.DataFrame, lo: str, hi: str, intervals: pl.DataFrame, name: str) -> pl.DataFrame:
+    """`name`: seconds of each [lo, hi] covered by `intervals` (client pauses: the client unable to
+    read, gc or a blocked loop; scrapes: a /metrics request under way)."""
     keyed = frame.with_row_index("_row").select("_row", pl.col(lo).alias("lo_ns"), pl.col(hi).alias("hi_ns"))
     overlap = (
-        keyed.join_where(pauses.select("start_ns", "end_ns"), pl.col("start_ns") < pl.col("hi_ns"),
+        keyed.join_where(intervals.select("start_ns", "end_ns").drop_nulls(), pl.col("start_ns") < pl.col("hi_ns"),
                          pl.col("end_ns") > pl.col("lo_ns"))
         .group_by("_row")
         .agg(ns_to_s(pl.min_horizontal("end_ns", "hi_ns") - pl.max_horizontal("start_ns", "lo_ns"))
-             .sum().alias("client_pause_s"))
+             .sum().alias(name))
     )
     return (frame.with_row_index("_row").join(overlap, on="_row", how="left")
-            .with_columns(pl.col("client_pause_s").fill_null(0.0)).drop("_row"))
+            .with_columns(pl.col(name).fill_null(0.0)).drop("_row"))
 
 
 def event_records(events: pl.DataFrame, limit: int, origin_ns: int) -> list[dict[str, object]]:
@@ -251,6 +283,7 @@ def event_records(events: pl.DataFrame, limit: int, origin_ns: int) -> list[dict
         "longest_step_s",
         "preemptions",
         "client_pause_s",
+        "scrape_s",
         "cause",
     ).to_dicts()
     return json_safe(rows)  # type: ignore[return-value]
@@ -270,6 +303,7 @@ def stall_summary(
             "events_with_injected_prefill": int(events["injected_prefill"].sum()) if events.height else 0,
             "attribution_source": "engine_steps" if steps.height else "unavailable",
             "by_cause": _by_cause(stalls),
+            "overlapping_scrape": int((stalls["scrape_s"] > 0).sum()) if n and "scrape_s" in stalls.columns else 0,
             "attribution": event_records(events, params.top_events, origin_ns),
             "params": {"factor": params.factor, "floor_s": params.floor_s},
         }
@@ -277,7 +311,7 @@ def stall_summary(
 
 
 def _by_cause(stalls: pl.DataFrame) -> dict[str, dict[str, float | int]]:
-    """Stall count and stalled seconds per cause (causes other than client need the step log)."""
+    """Stall count and stalled seconds per cause (causes other than client and scrape need the step log)."""
     if stalls.is_empty() or "cause" not in stalls.columns:
         return {}
     rows = stalls.drop_nulls("cause").group_by("cause").agg(pl.len().alias("count"), pl.col("gap_s").sum())

@@ -9,17 +9,22 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
   itl_all_s.{same}                                     pooled gaps, all streams
   itl_per_token_s.{same}                               per-token view, steady streams
   tpot_s.{p50,p90,p99,mean,count}                      per-request mean, steady streams
-  stalls.{count,stalled_s,worst_s,victims,events,events_with_injected_prefill,attribution_source,params}
-  stalls.by_cause.<prefill|client|preemption|engine|outside_engine>.{count,stalled_s}
+  stalls.{count,stalled_s,worst_s,victims,events,events_with_injected_prefill,attribution_source,params,
+         overlapping_scrape}
+  stalls.by_cause.<prefill|scrape|client|preemption|engine|outside_engine>.{count,stalled_s}
   stalls.attribution[]  top events: {event,start_s (from measure start),span_s,stalls,victims,worst_s,
                         prefill_steps,prefill_tokens,prefill_s,injected_prefill,prefill_request_ids,
-                        injected_request_ids,longest_step_s,preemptions,client_pause_s,cause}
+                        injected_request_ids,longest_step_s,preemptions,client_pause_s,scrape_s,cause}
   split.{prefill_s,decode_s,prefill_frac,source}  (+ mixed_steps, cost_model | unattributed_s)
   throughput.{requests_per_s,output_tokens_per_s,input_tokens_per_s}
   goodput.{requests_per_s,fraction,good,total,not_ok,slos}
   goodput.misses[]  every SLO requests missed: {slo (ttft|itl_p99|itl_max),cls,bucket,target_s,missed,of,
                     median_s,worst_s}
   requests.{total,ok,error,timeout,cancelled,injected}
+  failures.{count,total,by_kind.<kind>.{count,example},line}  failed requests by requests.error_kind
+  cache.{requests_reporting,prompt_tokens,cached_tokens,cached_fraction,injected[],server,warnings}
+  scrapes.{count,failed,by_reason,in_window,longest_s,total_s}  /metrics reads of an external engine
+  client_pauses.{count,wall_s,measured_wall_s,cpu_s,runq_s,starved_fraction,line}  the client's loop pauses
   bundling.{fraction,chunks,bundled_chunks,tokens_per_chunk,warn_fraction,warning}
   valid, validity.{reasons,affected,standing,figures,thresholds}  (each client delay judged against the
                     figure it distorts; `affected` names keys, `standing` the headline figures that hold)
@@ -42,11 +47,15 @@ import polars as pl
 
 from itlbench.analysis import itl, ttft
 from itlbench.analysis.buckets import prompt_tokens
+from itlbench.analysis.cache import cache_summary
 from itlbench.analysis.crosscheck import engine_check, prompt_token_check
 from itlbench.analysis.definitions import DEFINITIONS
+from itlbench.analysis.failures import failure_summary
 from itlbench.analysis.goodput import SloSet, goodput, judge, parse_slo
+from itlbench.analysis.scrapes import scrape_summary
 from itlbench.analysis.split import time_split
 from itlbench.analysis.stalls import StallParams, analyze_stalls
+from itlbench.analysis.starvation import pause_breakdown
 from itlbench.analysis.stats import json_safe
 from itlbench.analysis.validity import ValidityThresholds, check_validity
 from itlbench.analysis.window import RunWindow, select_window
@@ -115,7 +124,7 @@ def summarize(
     gaps = itl.gap_table(t["all_chunks"], all_requests).filter(
         (pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
     stalls = analyze_stalls(itl.steady(gaps), steps, all_requests, stall_params, window.measure_start_ns,
-                            t["client_pauses"])
+                            t["client_pauses"], t["scrapes"])
     client_stalls = int((stalls.summary.get("by_cause") or {}).get("client", {}).get("count", 0))  # type: ignore[union-attr]
     itl_section = _itl_section(chunks, requests, gaps)
     validity = check_validity(ttft_rows, t["client_samples"], itl_section["itl_s"],  # type: ignore[arg-type]
@@ -135,6 +144,10 @@ def summarize(
             (pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns)), window.seconds),
         "goodput": goodput(judge(ttft_rows, gaps, slos), window.seconds, slos),
         "requests": request_counts(requests),
+        "failures": failure_summary(requests),
+        "cache": cache_summary(requests, t["server_metrics"], window),
+        "scrapes": scrape_summary(t["scrapes"], window),
+        "client_pauses": pause_breakdown(t["client_pauses"]),
         "valid": validity["valid"],
         "validity": {k: v for k, v in validity.items() if k != "valid"},
         "crosscheck": {"engine": engine_check(requests, chunks, steps),

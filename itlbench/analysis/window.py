@@ -33,7 +33,7 @@ def select_window(tables: Mapping[str, pl.DataFrame], window: RunWindow) -> dict
     """Requests scheduled in [measure start, end) and their chunks (TTFT, TPOT, counts); every
     request and chunk as `all_requests`/`all_chunks` (gaps are windowed by their arrival time, so a
     long stream that began during warmup still counts its in-window gaps); steps overlapping the
-    window; client samples inside it; server metric samples whole (counters need a baseline)."""
+    window; client samples inside it; server metric samples and scrapes whole (counters need a baseline)."""
     t = complete(tables)
     lo, hi = window.measure_start_ns, window.end_ns
     requests = t["requests"].filter((pl.col("scheduled_ns") >= lo) & (pl.col("scheduled_ns") < hi))
@@ -46,6 +46,7 @@ def select_window(tables: Mapping[str, pl.DataFrame], window: RunWindow) -> dict
         "chunks": chunks,
         "steps": steps,
         "server_metrics": t["server_metrics"],
+        "scrapes": t["scrapes"],
         "client_samples": samples,
         "client_pauses": pauses,
         "all_requests": t["requests"],

@@ -118,6 +118,7 @@ class AsyncEngine:
         self._requests: dict[str, Request] = {}  # engine-thread side
         self._next_step = 0
         self._step_waiters: list[asyncio.Future[None]] = []
+        self._prev_end_ns: int | None = None  # end of the last step, unless the thread idled since
         self.error: BaseException | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -209,7 +210,9 @@ class AsyncEngine:
     def _wait_for_work(self) -> bool:
         sh = self._shared
         with sh.cond:
-            sh.cond.wait_for(lambda: sh.stopping or sh.commands or self.engine.has_unfinished())
+            if not (sh.stopping or sh.commands or self.engine.has_unfinished()):
+                self._prev_end_ns = None  # an idle wait is not hand-off time
+                sh.cond.wait_for(lambda: sh.stopping or sh.commands or self.engine.has_unfinished())
             return not sh.stopping
 
     def _drain_commands(self) -> None:
@@ -250,13 +253,17 @@ class AsyncEngine:
         self._call(self._unregister, request_id)
 
     def _step(self) -> None:
+        if self._prev_end_ns is not None and hasattr(self.engine, "note_handoff"):
+            self.engine.note_handoff(time.perf_counter_ns() - self._prev_end_ns)
         try:
             outputs = self.engine.step()
         except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving if the engine recovers
             log.exception("engine step failed; failing %d in-flight requests", len(self._requests))
+            self._prev_end_ns = None
             self._recover(exc)
             return
         records = self._new_records()
+        self._prev_end_ns = records[-1].end_ns if records else None
         if not records and not outputs:
             self._idle_pause()
         self._observe(records, outputs)

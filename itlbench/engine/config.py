@@ -15,6 +15,8 @@ from itlbench.units import parse_tokens
 
 Policy = Literal["budget", "prefill-first"]
 POLICIES: tuple[str, ...] = ("budget", "prefill-first")
+Runner = Literal["torch", "sim"]
+RUNNERS: tuple[str, ...] = ("torch", "sim")
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "sdpa", "flash", "triton")  # itlbench.engine.attention
 
 
@@ -153,12 +155,14 @@ def default_preset(device: str = "auto") -> str:
 
 
 def load_model_config(spec: str) -> ModelConfig:
-    """A preset name, or a local Hugging Face directory holding `config.json`."""
+    """A preset name, a local Hugging Face directory holding `config.json`, or such a JSON file."""
     if spec in PRESETS:
         return PRESETS[spec]
     path = Path(spec).expanduser()
     if path.is_dir():
         return model_config_from_hf_dir(path)
+    if path.is_file() and path.suffix == ".json":
+        return _model_config_from_json_file(path)
     raise ConfigError("model", f"unknown preset or directory {spec!r}",
                       f"use one of {', '.join(PRESETS)} or a local Hugging Face model directory")
 
@@ -168,6 +172,19 @@ def model_config_from_hf_dir(path: Path) -> ModelConfig:
     from itlbench.engine.hf_config import read_hf_config
 
     return read_hf_config(path)
+
+
+def _model_config_from_json_file(path: Path) -> ModelConfig:
+    """A bare `config.json` (shapes only, e.g. for `itlbench roofline`)."""
+    from itlbench.engine.hf_config import model_config_from_hf
+
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError("model", f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError("model", f"{path} must hold a JSON object")
+    return model_config_from_hf(raw, path.parent)
 
 
 @dataclass
@@ -191,6 +208,18 @@ class EngineConfig:
     attention: str = "auto"  # auto | sdpa | flash | triton; the engine records the one it ran
     cuda_graphs: bool = True  # CUDA: replay captured graphs for decode-only steps
     seed: int = 0
+    # runner "sim": the same scheduler on a virtual clock driven by the roofline cost model (engine/sim.py)
+    runner: Runner = "torch"
+    gpu: str | None = None  # sim: a GPU preset or hardware profile JSON (default h100)
+    sim_time_scale: float = 1.0  # sim: speed-up of wall time over simulated time (2 = twice as fast)
+    sim_disaggregate: bool = False  # sim: prefill and decode on separate pools, K/V sent over a link
+    sim_prefill_gpu: str | None = None  # sim, disaggregated: the prefill pool's GPU (default: gpu)
+    sim_kv_link_gbps: float = 400.0  # sim, disaggregated: prefill → decode link, gigabits per second
+    # Serving layout. engine_process: the engine core in its own process, talking to the HTTP front
+    # end over a socket (None: yes when served from the command line, no when embedded in-process).
+    # torch_threads: torch's intra-op threads while serving (None: the available cores less one).
+    engine_process: bool | None = None
+    torch_threads: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -207,6 +236,9 @@ class EngineConfig:
         for name in ("max_num_seqs", "block_size", "unchunked_prefill_cap"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+        if self.torch_threads is not None and self.torch_threads <= 0:
+            raise ConfigError("torch_threads", f"must be > 0, got {self.torch_threads}",
+                              "e.g. --torch-threads 1, or leave it out to use the cores available less one")
         if self.kv_blocks is not None and self.kv_blocks <= 0:
             raise ConfigError("kv_blocks", f"must be > 0, got {self.kv_blocks}")
         if self.kv_memory_gib is not None and self.kv_memory_gib <= 0:
@@ -222,6 +254,22 @@ class EngineConfig:
             raise ConfigError("device", f"unknown device {self.device!r}", "use auto, cpu or cuda")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError("dtype", f"unknown dtype {self.dtype!r}", "use auto, float32, bfloat16 or float16")
+        self._validate_sim()
+
+    def _validate_sim(self) -> None:
+        if self.runner not in RUNNERS:
+            raise ConfigError("runner", f"unknown engine {self.runner!r}", f"use one of {', '.join(RUNNERS)}")
+        if self.runner != "sim" and self.gpu is not None:
+            raise ConfigError("gpu", "only applies to the simulated engine", "add --engine sim")
+        if not self.sim_time_scale > 0:
+            raise ConfigError("sim_time_scale", f"must be > 0, got {self.sim_time_scale}",
+                              "e.g. 4 runs the simulation four times faster than the simulated GPU")
+        if self.sim_disaggregate and self.runner != "sim":
+            raise ConfigError("sim_disaggregate", "only applies to the simulated engine", "add --engine sim")
+        if self.sim_prefill_gpu is not None and not self.sim_disaggregate:
+            raise ConfigError("sim_prefill_gpu", "only applies to disaggregated pools", "add --disaggregate")
+        if not self.sim_kv_link_gbps > 0:
+            raise ConfigError("sim_kv_link_gbps", f"must be > 0, got {self.sim_kv_link_gbps}")
 
     def with_(self, **changes: object) -> EngineConfig:
         return replace(self, **changes)

@@ -7,6 +7,7 @@ driver stamps chunks with, so step and chunk times line up without conversion on
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -26,7 +27,16 @@ def phase_of(prefill_tokens: int, decode_tokens: int) -> str:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """What one engine step did and how long it took."""
+    """What one engine step did and how long it took.
+
+    `start_ns..end_ns` splits into schedule_ns (the scheduler's decision), prepare_ns (flattening the
+    chunks into the step's input tensors), forward_ns (the model, attention metadata included),
+    sample_ns (choosing the next tokens) and output_ns (committing them to their requests).
+    handoff_ns is the time from the previous step's end to this step's start that the serving driver
+    spent handing the previous step's outputs to the HTTP front end (output objects, metrics, the
+    pipe or the event loop) and taking in new requests; 0 after an idle wait, and 0 when a plain loop
+    calls `Engine.step` directly. Output time stamps are `end_ns`.
+    """
 
     step: int
     phase: str
@@ -44,7 +54,18 @@ class StepRecord:
     prefill_request_ids: tuple[str, ...] = ()
     num_finished: int = 0
     wall_start_ns: int = 0  # time.time_ns() at start, for aligning with another host's clock
+    # what the step's cost depends on (engine/roofline.py StepShape), summed over its chunks
+    num_sampled: int = 0  # rows that went through the LM head (yield a token)
+    context_tokens: int = 0  # cached tokens the rows attended to (Σ each chunk's prefix)
+    attention_pairs: int = 0  # causal query-key pairs (Σ n·p + n(n+1)/2 for n rows after p cached)
+    decode_context_tokens: int = 0  # the decode rows' share of context_tokens (splits a mixed step's cost)
     cuda_graph: bool = False  # the forward replayed a captured CUDA graph (decode-only steps on CUDA)
+    schedule_ns: int = 0
+    prepare_ns: int = 0
+    forward_ns: int = 0
+    sample_ns: int = 0
+    output_ns: int = 0
+    handoff_ns: int = 0
 
     @property
     def duration_s(self) -> float:
@@ -98,14 +119,15 @@ def step_tokens_note(prefill_tokens: int, decode_tokens: int) -> str:
 
 
 class _Nvtx:
-    """NVTX ranges when CUDA is present; a no-op context otherwise (guarded: CPU torch raises)."""
+    """NVTX ranges when CUDA is present; a no-op context otherwise (guarded: CPU torch raises). A
+    process that never loaded torch (the simulated engine) has no CUDA work to range, and stays
+    torch-free."""
 
     def __init__(self) -> None:
         self._push = self._pop = self._mark = None
+        torch = sys.modules.get("torch")
         try:
-            import torch
-
-            if torch.cuda.is_available():
+            if torch is not None and torch.cuda.is_available():
                 nvtx = torch.cuda.nvtx
                 self._push, self._pop, self._mark = nvtx.range_push, nvtx.range_pop, nvtx.mark
         except Exception:  # noqa: BLE001 - any import/runtime problem means "no NVTX"

@@ -117,6 +117,7 @@ class _Run:
         self.counts = dict.fromkeys(("sent", *STATUSES), 0)
         self.in_flight = 0
         self.connection_errors_in_row = 0
+        self.failures_in_row = 0
         self.send_lags: list[int] = []
         self.requests: set[asyncio.Task[Outcome]] = set()
         self.open_loop_truncated = False
@@ -163,13 +164,20 @@ class _Run:
         return out
 
     def _track_connection(self, out: Outcome) -> None:
-        if not out.connection_error:
-            self.connection_errors_in_row = 0
+        """Abort after `max_connection_errors` connection errors in a row (server unreachable), or as
+        many failed requests of any kind in a row (a server answering every request wrongly)."""
+        self.failures_in_row = 0 if out.status == "ok" else self.failures_in_row + 1
+        self.connection_errors_in_row = self.connection_errors_in_row + 1 if out.connection_error else 0
+        if self.aborted_reason is not None:
             return
-        self.connection_errors_in_row += 1
-        if self.connection_errors_in_row >= self.max_connection_errors and self.aborted_reason is None:
+        if self.connection_errors_in_row >= self.max_connection_errors:
             self.aborted_reason = f"{self.connection_errors_in_row} connection errors in a row: server unreachable"
-            self.closed.set()
+        elif self.failures_in_row >= self.max_connection_errors:
+            self.aborted_reason = (f"{self.failures_in_row} requests in a row failed, the last with "
+                                   f"{out.error_kind or out.status}: see requests.error")
+        else:
+            return
+        self.closed.set()
 
     def snapshot(self, elapsed_s: float, measuring: bool, cpu: float, lag_s: float) -> ProgressSnapshot:
         c = self.counts
@@ -246,10 +254,16 @@ async def _first(*aws: Coroutine[Any, Any, Any]) -> None:
             t.cancel()
 
 
-async def _warm_up(run: _Run, run_start_ns: int, warmup: Warmup, streams: int, shard: Shard | None) -> None:
+Hook = Callable[[], Awaitable[object]]
+
+
+async def _warm_up(run: _Run, run_start_ns: int, warmup: Warmup, streams: int, shard: Shard | None,
+                   before_measure: Hook | None = None) -> None:
     """End the warmup: after `min_s`, and (adaptive) once every closed-loop stream has received a
     token, so the measurement does not open on the thundering-herd prefill of the first requests;
-    never later than `max_s`. A shard agrees the start with the other processes."""
+    never later than `max_s`. `before_measure` (a baseline /metrics scrape) runs to its end before
+    the window opens, so it never overlaps the measurement. A shard agrees the start with the other
+    processes."""
     min_end = run_start_ns + int(warmup.min_s * 1e9)
     max_end = run_start_ns + int(max(warmup.max_s, warmup.min_s) * 1e9)
     await run.pause((min_end - _now()) / 1e9)
@@ -257,6 +271,9 @@ async def _warm_up(run: _Run, run_start_ns: int, warmup: Warmup, streams: int, s
         while not run.closed.is_set() and _now() < max_end and len(run.client.streams_with_tokens) < streams:
             await run.pause(0.02)
     start = min_end if not warmup.adaptive else max(min_end, _now())
+    if before_measure is not None and not run.closed.is_set():
+        await before_measure()
+        start = max(start, _now())
     if shard is not None and shard.agree_measure_start is not None and not run.closed.is_set():
         start = await shard.agree_measure_start(start)
     run.start_measuring(start, run.duration_s)
@@ -322,7 +339,8 @@ async def drive(plan: LoadPlan, target: Target, store: RunStore, *, duration_s: 
                 drain_timeout_s: float = 30.0, on_progress: Callable[[ProgressSnapshot], None] | None = None,
                 stop_event: asyncio.Event | None = None, max_connection_errors: int = 50,
                 sample_interval_s: float = 0.5, handle_sigint: bool = True, warmup: Warmup | None = None,
-                shard: Shard | None = None, observer: DriveObserver | None = None) -> DriveResult:
+                shard: Shard | None = None, observer: DriveObserver | None = None,
+                before_measure: Hook | None = None, after_measure: Hook | None = None) -> DriveResult:
     """Run `plan` against `target`, writing requests, chunks and client samples into `store`.
 
     Returns after the drain; a cancelled drive cancels its requests, flushes every record, re-raises.
@@ -330,6 +348,8 @@ async def drive(plan: LoadPlan, target: Target, store: RunStore, *, duration_s: 
     `shard` makes this one of several client processes (one start instant, one measurement window,
     run-wide stream indices; a plan's own `stream` wins).
     `observer` (live telemetry) sees every request, chunk, client sample and client pause.
+    `before_measure` is awaited when the warmup is over and the window opens after it returns;
+    `after_measure` starts when sending stops and runs beside the drain (both: /metrics scrapes).
     """
     _check(duration_s, warmup.min_s if warmup else warmup_s, drain_timeout_s, max_connection_errors)
     streams = [iter(s) for s in plan.streams]
@@ -342,14 +362,16 @@ async def drive(plan: LoadPlan, target: Target, store: RunStore, *, duration_s: 
         return await _drive(run, client, sink, monitor, streams, feed, duration_s=duration_s,
                             warmup=warmup or Warmup(min_s=warmup_s),
                             drain_timeout_s=drain_timeout_s, on_progress=on_progress, stop_event=stop_event,
-                            handle_sigint=handle_sigint, shard=shard, observer=observer)
+                            handle_sigint=handle_sigint, shard=shard, observer=observer,
+                            before_measure=before_measure, after_measure=after_measure)
 
 
 async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: ClientMonitor,
                  streams: list[Iterator[RequestPlan]], feed: Iterator[RequestPlan] | None, *, duration_s: float,
                  warmup: Warmup, drain_timeout_s: float, on_progress: Callable[[ProgressSnapshot], None] | None,
                  stop_event: asyncio.Event | None, handle_sigint: bool, shard: Shard | None,
-                 observer: DriveObserver | None) -> DriveResult:
+                 observer: DriveObserver | None, before_measure: Hook | None = None,
+                 after_measure: Hook | None = None) -> DriveResult:
     async with client:
         if shard is not None:
             await asyncio.sleep(max(0.0, (shard.start_at_ns - _now()) / 1e9))
@@ -373,21 +395,25 @@ async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: Client
             helpers.append(asyncio.create_task(_watch(stop_event, run)))
         restore = _install_sigint(run) if handle_sigint and stop_event is None else (lambda: None)
         send_end = sys.maxsize
+        closing: list[asyncio.Task[object]] = []  # after_measure, running beside the drain
         try:
-            await _warm_up(run, run_start, warmup, len(streams), shard)
+            await _warm_up(run, run_start, warmup, len(streams), shard, before_measure)
             await run.pause((run.end_ns - _now()) / 1e9)
             send_end = min(_now(), run.end_ns)
             run.closed.set()
+            if after_measure is not None:
+                closing.append(asyncio.ensure_future(after_measure()))
             await _finish(workers | set(run.requests), 0.0 if run.stop_reason else drain_timeout_s)
+            await asyncio.gather(*closing, return_exceptions=True)
         except asyncio.CancelledError:
             run.stop("cancelled")
             await _finish(workers | set(run.requests), 0.0)
             raise
         finally:
             restore()
-            for h in helpers:
+            for h in (*helpers, *closing):
                 h.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            await asyncio.gather(*helpers, *closing, return_exceptions=True)
             await sink.aclose()
     stats = monitor.stats(run.send_lags)
     stats.dropped_rows = dict(sink.dropped)

@@ -48,6 +48,7 @@ class ResponseHead:
     chunked: bool
     length: int | None  # Content-Length; None with chunked or a close-delimited body
     keep_alive: bool
+    content_type: str | None = None
 
 
 def parse_head(head: bytes) -> ResponseHead:
@@ -71,7 +72,8 @@ def parse_head(head: bytes) -> ResponseHead:
             raise ProtocolError(f"bad Content-Length {headers['content-length']!r}") from None
     conn = headers.get("connection", "").lower()
     keep_alive = "close" not in conn and (parts[0] != "HTTP/1.0" or "keep-alive" in conn)
-    return ResponseHead(int(parts[1]), chunked, length, keep_alive and (chunked or length is not None))
+    return ResponseHead(int(parts[1]), chunked, length, keep_alive and (chunked or length is not None),
+                        headers.get("content-type"))
 
 
 class ChunkedDecoder:

@@ -46,10 +46,13 @@ from itlbench.load.kclock import (
 from itlbench.load.sink import RowWriter
 from itlbench.load.sse_client import (
     CHUNK_ROWS_PER_HANDOFF,
+    HEAD_BYTES,
+    IDLE_CONNECTION_S,
     SseEvents,
     StreamClient,
     StreamObserver,
     _Exchange,
+    _unfinished,
     build_body,
     error_text,
 )
@@ -74,7 +77,8 @@ class _Conn:
     """One keep-alive connection and the parse state of the response it is reading."""
 
     __slots__ = ("sock", "fd", "client", "ex", "done", "head", "raw", "body", "decoder", "left",
-                 "sse", "error_body", "stamped", "got_bytes", "reused", "shape", "unshaped", "fast")
+                 "sse", "error_body", "stamped", "got_bytes", "reused", "shape", "unshaped", "fast",
+                 "idle_since")
 
     def __init__(self, sock: socket.socket, client: KernelStreamClient, stamped: bool) -> None:
         self.sock = sock
@@ -82,6 +86,7 @@ class _Conn:
         self.client = client
         self.stamped = stamped  # the kernel accepted SO_TIMESTAMPNS
         self.reused = False
+        self.idle_since = 0  # perf_counter_ns when it went back to the pool
         self.ex: _Exchange | None = None
         self.done: asyncio.Future[ResponseHead] | None = None
         self._reset()
@@ -170,6 +175,7 @@ class _Conn:
         times.append(t)
         ex.counts.append(1)
         ex.tokens += 1
+        ex.events += 1
         if len(times) - ex.chunks_written >= CHUNK_ROWS_PER_HANDOFF:
             client._write_chunks(ex, final=False)
         if client.observer is not None:
@@ -197,6 +203,8 @@ class _Conn:
         self.ex.http_status = head.status
         if head.status != 200:
             self.error_body = []
+        else:
+            self.ex.content_type = head.content_type
         if head.chunked:
             self.decoder = ChunkedDecoder()
         elif head.length is not None:
@@ -222,12 +230,16 @@ class _Conn:
                 if sum(map(len, self.error_body)) < ERROR_BODY_BYTES:
                     self.error_body.append(payload)
             else:
+                ex: _Exchange = self.ex  # type: ignore[assignment]
+                if len(ex.head) < HEAD_BYTES:
+                    ex.head += payload[:HEAD_BYTES - len(ex.head)]
                 self._events(payload, t, t_read)
         if finished:
             self._finish()
         else:
             self.fast = (self.shape is not None and dec is not None and dec.left == 0 and not dec.raw
-                         and not dec.trailers and not self.sse.pending and self.error_body is None)
+                         and not dec.trailers and not self.sse.pending and self.error_body is None
+                         and len(self.ex.head) >= HEAD_BYTES)  # type: ignore[union-attr]
 
     def _events(self, piece: bytes, t: int, t_read: int) -> None:
         """Count the tokens of the SSE events this piece completes; each gets stamp `t`."""
@@ -244,18 +256,21 @@ class _Conn:
             if n < 0:
                 n = self._slow_count(payload, t, ex)
                 shape = self.shape
+            else:
+                ex.events += 1
             if n > 0:
                 client._add_chunk(ex, t, n)
 
     def _slow_count(self, payload: bytes, t: int, ex: _Exchange) -> int:
         """Tokens to add for an event the learnt shape does not match; 0 when the JSON path took it."""
-        if payload == b"[DONE]":
-            ex.saw_done = True
+        if payload == b"[DONE]" or ex.server_id is None:
+            self.client._on_event(payload, t, ex)  # ([DONE] too: one place says what it means)
             return 0
-        n = count_tokens(payload) if ex.server_id is not None else DECODE
+        n = count_tokens(payload)
         if n < 0:
             self.client._on_event(payload, t, ex)
             return 0
+        ex.events += 1
         if n == 1 and self.shape is None and not self.unshaped:
             self.shape = Shape.learn(payload)
             self.unshaped = self.shape is None
@@ -267,6 +282,8 @@ class _Conn:
         assert ex is not None and head is not None
         if self.error_body is not None:
             ex.error = error_text(head.status, b"".join(self.error_body)[:ERROR_BODY_BYTES])
+        else:
+            ex.leftover = self.sse.pending
         done = self.done
         self.ex, self.done, self.fast = None, None, False
         if done is not None and not done.done():
@@ -293,8 +310,9 @@ class KernelStreamClient(StreamClient):
     """`StreamClient` whose chunk stamps come from the kernel; plain HTTP/1.1 on Linux only."""
 
     def __init__(self, target: Target, sink: RowWriter, *, limit: int = 0, recent: int = 4096,
-                 observer: StreamObserver | None = None) -> None:
-        super().__init__(target, sink, limit=limit, recent=recent, observer=observer)
+                 observer: StreamObserver | None = None, idle_connection_s: float = IDLE_CONNECTION_S) -> None:
+        super().__init__(target, sink, limit=limit, recent=recent, observer=observer,
+                         idle_connection_s=idle_connection_s)
         self.endpoint: Endpoint = endpoint_of(target.url)
         self.clock = KernelClock()
         self._idle: list[_Conn] = []
@@ -433,15 +451,19 @@ class KernelStreamClient(StreamClient):
         conn.sock.close()
 
     async def _acquire(self) -> _Conn:
+        stale = _now() - int(self.idle_connection_s * 1e9)
         while self._idle:
             conn = self._idle.pop()
-            if self._owns(conn):
+            if conn.idle_since < stale:  # the server may be closing it (see sse_client.IDLE_CONNECTION_S)
+                self._discard(conn)
+            elif self._owns(conn):
                 conn.reused = True
                 return conn
         return await self._connect()
 
     def _release(self, conn: _Conn, head: ResponseHead) -> None:
         if head.keep_alive and self._owns(conn) and self._epoll is not None:
+            conn.idle_since = _now()
             self._idle.append(conn)
         else:
             self._discard(conn)
@@ -459,12 +481,15 @@ class KernelStreamClient(StreamClient):
         data = request_head(self.endpoint, headers, len(body)) + body
         ex.sent_ns = _now()
         head = await self._send_and_read(ex, data, retry=True)
-        if head.status != 200:
+        if head.status != 200:  # (its error text was set when the body ended)
+            ex.error_kind = "http_status"
             return
         if ex.error is None and (ex.saw_done or ex.finish_reason is not None):
             ex.status = "ok"
         elif ex.error is None:
-            ex.error = "stream ended before [DONE]"
+            ex.error_kind, ex.error = _unfinished(ex)
+        elif ex.error_kind is None:
+            ex.error_kind = "server_error"
 
     async def _send_and_read(self, ex: _Exchange, data: bytes, retry: bool) -> ResponseHead:
         conn = await self._acquire()

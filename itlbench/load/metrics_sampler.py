@@ -1,8 +1,23 @@
-"""Scrape an external engine's Prometheus `/metrics` into the `server_metrics` table.
+"""Read an external engine's Prometheus `/metrics` without disturbing the measurement.
+
+By default the engine is scraped twice: a `baseline` just before the measured window opens (the
+driver starts measuring once it has returned) and a `final` one as soon as sending stops. Two reads
+of its cumulative counters are all the prefill:decode split and the token totals need, and no
+scrape falls inside the window. `interval_s` > 0 adds `periodic` scrapes during the run.
+
+Why so frugal: against vLLM-CPU on a 2-core box, the client's event loop stopped for 0.3-4.5 s
+after scrapes. Its loop thread was runnable but got no CPU (schedstat: run-queue wait, not work):
+vLLM's worker holds one core and its engine-core busy loop the other, and a scrape woke two more
+consumers at once, the API server building a 55 kB exposition and this client parsing it in a
+second thread that, preempted while holding the GIL, held the loop up too. So the sampler now does
+nothing but one HTTP GET per scrape while the load runs: bodies are kept as received and parsed
+only in `finish()`, after the load. Each scrape's start and end go to the `scrapes` table, so the
+analysis can attribute a gap overlapping one to it (stall cause `scrape`).
 
 Only engine series are kept: names starting `vllm:`, `sglang:` or `itlbench_`. Histograms are kept
 as their `_bucket`/`_sum`/`_count` samples. The prefix present tells which engine is behind the URL.
-Parsing runs in a thread so a large exposition does not stall the driver's event loop.
+Every scrape uses a fresh connection: an idle keep-alive connection between two scrapes a minute
+apart would be closed by the server (uvicorn's idle limit is 5 s) and race with reuse.
 """
 
 from __future__ import annotations
@@ -10,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import dataclass
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,6 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from itlbench.load.sink import RowWriter
 
 PREFIXES = ("vllm:", "sglang:", "itlbench_")
+SCRAPE_TIMEOUT_S = 10.0
 
 
 def metrics_url(base_url: str) -> str:
@@ -42,47 +59,112 @@ def parse_samples(text: str, t_ns: int) -> tuple[list[dict[str, object]], set[st
     return rows, seen
 
 
+@dataclass
+class _Body:
+    """One scrape's exposition, held until `finish()` parses it."""
+
+    start_ns: int
+    end_ns: int
+    reason: str
+    http_status: int
+    text: str
+    row: dict[str, object]  # its `scrapes` row, completed with the series count when parsed
+
+
 class MetricsSampler:
-    """Scrapes every `interval_s`; `prefix` becomes the engine prefix found (None until found)."""
+    """Scrapes on demand (`scrape`) and, when `interval_s` > 0, periodically (`run_periodic`).
+
+    Use as an async context manager; call `finish()` after the load to parse what was read.
+    """
 
     def __init__(self, base_url: str, writer: RowWriter, *, api_key: str | None = None,
-                 interval_s: float = 5.0) -> None:
+                 interval_s: float = 0.0, timeout_s: float = SCRAPE_TIMEOUT_S) -> None:
         self.url = metrics_url(base_url)
         self.writer = writer
         self.interval_s = interval_s
+        self.timeout_s = timeout_s
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.prefixes: set[str] = set()
         self.scrapes = 0
         self.failures = 0
+        self._bodies: list[_Body] = []
+        self._rows: list[dict[str, object]] = []  # `scrapes` rows, written by finish()
+        self._session: aiohttp.ClientSession | None = None
 
     @property
     def prefix(self) -> str | None:
         return next((p for p in PREFIXES if p in self.prefixes), None)
 
-    async def run(self) -> None:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=max(2.0, self.interval_s))) as session:
-            while True:
-                started = time.perf_counter()
-                try:
-                    await self.scrape(session)
-                except (aiohttp.ClientError, OSError, ValueError):
-                    self.failures += 1
-                await asyncio.sleep(max(0.0, self.interval_s - (time.perf_counter() - started)))
+    async def __aenter__(self) -> MetricsSampler:
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True),
+                                              timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        return self
 
-    async def scrape(self, session: aiohttp.ClientSession) -> int:
-        t_ns = time.perf_counter_ns()
-        async with session.get(self.url, headers=self.headers) as resp:
-            resp.raise_for_status()
-            text = await resp.text()
-        rows, seen = await asyncio.to_thread(parse_samples, text, t_ns)
-        self.prefixes |= seen
-        for row in rows:
-            self.writer.add("server_metrics", row)
-        self.scrapes += 1
-        return len(rows)
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
+    async def scrape(self, reason: str) -> bool:
+        """One GET of /metrics; the body is kept unparsed. Records a `scrapes` row either way."""
+        assert self._session is not None, "use MetricsSampler as an async context manager"
+        start = time.perf_counter_ns()
+        row: dict[str, object] = {"start_ns": start, "reason": reason, "status": "error"}
+        try:
+            async with self._session.get(self.url, headers=self.headers) as resp:
+                row["http_status"] = resp.status
+                raw = await resp.read()
+            end = time.perf_counter_ns()
+            row["bytes"] = len(raw)
+            if resp.status != 200:
+                row["error"] = f"HTTP {resp.status}: {raw[:200].decode(errors='replace').strip()}"
+            else:
+                self._bodies.append(_Body(start, end, reason, resp.status, raw.decode(errors="replace"), row))
+                row["status"] = "ok"
+        except asyncio.CancelledError:  # the run ended while this periodic read was under way
+            row.update(status="cancelled", error="cancelled at the end of the run")
+            raise
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            row.setdefault("end_ns", time.perf_counter_ns())
+            if row["status"] == "ok":
+                self.scrapes += 1
+            elif row["status"] == "error":
+                self.failures += 1
+            self._rows.append(row)
+        return row["status"] == "ok"
 
-async def sample_metrics(base_url: str, writer: RowWriter, *, api_key: str | None = None,
-                         interval_s: float = 5.0) -> None:
-    """Run a sampler until cancelled (start it as a task next to `drive`)."""
-    await MetricsSampler(base_url, writer, api_key=api_key, interval_s=interval_s).run()
+    async def run_periodic(self) -> None:
+        """Scrape every `interval_s` until cancelled (nothing when `interval_s` is 0)."""
+        if self.interval_s <= 0:
+            return
+        while True:
+            started = time.perf_counter()
+            await self.scrape("periodic")
+            await asyncio.sleep(max(0.0, self.interval_s - (time.perf_counter() - started)))
+
+    def finish(self) -> int:
+        """Parse every body read so far into `server_metrics` rows and write the `scrapes` rows (after
+        the load); returns the sample count. A body that is not a Prometheus exposition is counted as
+        a failed scrape, not raised."""
+        bodies, self._bodies = self._bodies, []
+        n = 0
+        for body in bodies:
+            try:
+                rows, seen = parse_samples(body.text, body.start_ns)
+            except (ValueError, IndexError, TypeError) as exc:
+                self.failures += 1
+                self.scrapes -= 1
+                body.row.update(status="error", error=f"not a Prometheus exposition: {type(exc).__name__}: {exc}")
+                continue
+            self.prefixes |= seen
+            body.row["series"] = len(rows)
+            for row in rows:
+                self.writer.add("server_metrics", row)
+            n += len(rows)
+        rows_out, self._rows = self._rows, []
+        for row in rows_out:
+            self.writer.add("scrapes", row)
+        return n
+

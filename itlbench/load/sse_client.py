@@ -4,6 +4,9 @@ Each network read is stamped with `time.perf_counter_ns()` before any parsing, a
 given to every SSE event in the read. Events are split by hand (no SSE library) and each JSON body is
 decoded once. Tokens per event: `len(token_ids)` when the server sends ids, else 1 when text or
 `delta.content` is non-empty, else 0 (role-only, finish-only and usage chunks carry none).
+A response that is not a well-formed event stream (HTML, a plain JSON body, a `data:` line that is not
+JSON, a stream cut before `[DONE]`, headers that never come) becomes a failed request row whose
+`error_kind` says which, never an exception out of `run`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,20 @@ except ImportError:  # optional speed-up
 
 _now = time.perf_counter_ns
 CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError)
+# A pooled connection idle longer than this is not reused. Servers close idle keep-alive connections
+# (uvicorn, under vLLM and SGLang, after 5 s); reusing one the server is closing fails the request
+# ("Can not write request body"), which a client loop paused for a moment makes likely. Staying well
+# under 5 s keeps the client the side that closes.
+IDLE_CONNECTION_S = 2.0
+HEAD_BYTES = 160  # of a body kept to explain a response that was not an event stream
+
+
+class StreamError(Exception):
+    """A response that breaks the streaming protocol; `kind` becomes the row's `error_kind`."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(slots=True)
@@ -45,10 +62,16 @@ class _Exchange:
     server_id: str | None = None
     finish_reason: str | None = None
     prompt_reported: int | None = None
+    cached_reported: int | None = None
     completion_reported: int | None = None
     http_status: int | None = None
     status: str = "error"
     error: str | None = None
+    error_kind: str | None = None
+    content_type: str | None = None
+    head: bytes = b""  # the body's first bytes, to explain a response that was not an event stream
+    events: int = 0  # data events read
+    leftover: int = 0  # bytes of an unfinished event when the body ended
     saw_done: bool = False
     connection_error: bool = False
     chunks_written: int = 0  # chunk rows already handed to the sink (long streams write as they go)
@@ -85,6 +108,7 @@ class Outcome:
     output_tokens: int
     sent_ns: int | None
     first_token_ns: int | None
+    error_kind: str | None = None
 
 
 def build_body(plan: RequestPlan, target: Target) -> dict[str, Any]:
@@ -119,9 +143,10 @@ class StreamClient:
     """
 
     def __init__(self, target: Target, sink: RowWriter, *, limit: int = 0, recent: int = 4096,
-                 observer: StreamObserver | None = None) -> None:
+                 observer: StreamObserver | None = None, idle_connection_s: float = IDLE_CONNECTION_S) -> None:
         self.target = target
         self.observer = observer
+        self.idle_connection_s = idle_connection_s
         self.sink = sink
         self.limit = limit
         self.recent_itl_ns: deque[int] = deque(maxlen=recent)
@@ -137,7 +162,8 @@ class StreamClient:
         return None
 
     async def __aenter__(self) -> StreamClient:
-        connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=0, ttl_dns_cache=300)
+        connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=0, ttl_dns_cache=300,
+                                         keepalive_timeout=self.idle_connection_s)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
         return self
@@ -154,21 +180,35 @@ class StreamClient:
             async with asyncio.timeout(self.target.timeout_s):
                 await self._exchange(ex)
         except asyncio.CancelledError:
-            ex.status, ex.error = "cancelled", "cancelled (drain timeout or stop)"
+            ex.status, ex.error, ex.error_kind = "cancelled", "cancelled (drain timeout or stop)", "cancelled"
+            if ex.sent_ns is not None and ex.http_status is None:
+                ex.error, ex.error_kind = "cancelled (drain timeout or stop) before any response headers", "no_headers"
             raise
         except TimeoutError as e:  # before OSError: TimeoutError is one
             if isinstance(e, aiohttp.ClientError):  # connect timeout: the server is unreachable
                 ex.status, ex.error, ex.connection_error = "error", f"{type(e).__name__}: {e}", True
+                ex.error_kind = "connection"
+            elif ex.http_status is None:
+                ex.status, ex.error_kind = "timeout", "no_headers"
+                ex.error = f"no response headers within {self.target.timeout_s} s"
             else:
-                ex.status, ex.error = "timeout", f"no end of stream within {self.target.timeout_s} s"
+                ex.status, ex.error_kind = "timeout", "timeout"
+                ex.error = f"no end of stream within {self.target.timeout_s} s"
+        except StreamError as e:
+            ex.status, ex.error, ex.error_kind = "error", str(e), e.kind
         except CONNECTION_ERRORS as e:
             ex.status, ex.error, ex.connection_error = "error", f"{type(e).__name__}: {e}", True
+            if ex.http_status is None:  # no answer at all
+                ex.error_kind = "connection"
+            else:  # the server answered, then the connection broke mid-stream
+                ex.error_kind = "closed"
+                ex.error = f"connection closed mid-stream after {ex.events} events ({type(e).__name__}: {e})"
         except Exception as e:  # noqa: BLE001 - a bad response must not kill the run
-            ex.status, ex.error = "error", f"{type(e).__name__}: {e}"
+            ex.status, ex.error, ex.error_kind = "error", f"{type(e).__name__}: {e}", "other"
         finally:
             self._record(ex, _now())
         return Outcome(ex.status, ex.connection_error, ex.http_status, ex.tokens, ex.sent_ns,
-                       ex.times[0] if ex.times else None)
+                       ex.times[0] if ex.times else None, ex.error_kind if ex.status != "ok" else None)
 
     async def _exchange(self, ex: _Exchange) -> None:
         assert self._session is not None, "use StreamClient as an async context manager"
@@ -182,13 +222,16 @@ class StreamClient:
         async with self._session.post(self.target.url, data=data, headers=headers) as resp:
             ex.http_status = resp.status
             if resp.status != 200:
-                ex.error = await _error_message(resp)
+                ex.error, ex.error_kind = await _error_message(resp), "http_status"
                 return
+            ex.content_type = resp.headers.get("Content-Type")
             await self._read_stream(resp, ex)
         if ex.error is None and (ex.saw_done or ex.finish_reason is not None):
             ex.status = "ok"
         elif ex.error is None:
-            ex.error = "stream ended before [DONE]"
+            ex.error_kind, ex.error = _unfinished(ex)
+        elif ex.error_kind is None:
+            ex.error_kind = "server_error"
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, ex: _Exchange) -> None:
         events = SseEvents()
@@ -197,15 +240,24 @@ class StreamClient:
             data = await content.readany()
             t = _now()
             if not data:
+                ex.leftover = events.pending
                 return
+            if len(ex.head) < HEAD_BYTES:
+                ex.head += data[:HEAD_BYTES - len(ex.head)]
             for payload in events.feed(data):
                 self._on_event(payload, t, ex)
 
     def _on_event(self, payload: bytes, t: int, ex: _Exchange) -> None:
+        ex.events += 1
         if payload == b"[DONE]":
             ex.saw_done = True
             return
-        obj = _loads(payload)
+        try:
+            obj = _loads(payload)
+        except ValueError:
+            raise StreamError("bad_json", f"invalid JSON in SSE data line {ex.events}: {_clip(payload)}") from None
+        if not isinstance(obj, dict):
+            raise StreamError("bad_json", f"SSE data line {ex.events} is not a JSON object: {_clip(payload)}")
         choices = obj.get("choices")
         if choices:
             self._on_choice(choices[0], t, ex)
@@ -215,6 +267,9 @@ class StreamClient:
         if usage:
             ex.prompt_reported = usage.get("prompt_tokens")
             ex.completion_reported = usage.get("completion_tokens")
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict):
+                ex.cached_reported = details.get("cached_tokens")
         if "error" in obj or obj.get("object") == "error":
             err = obj.get("error", obj)
             ex.error = str(err.get("message", err) if isinstance(err, dict) else err)
@@ -259,12 +314,14 @@ class StreamClient:
             "request_id": rid, "server_request_id": ex.server_id, "workload": p.workload, "cls": p.cls,
             "injected": p.injected, "stream": ex.stream, "session": p.session, "turn": p.turn,
             "prompt_tokens": p.prompt_tokens, "prompt_tokens_reported": ex.prompt_reported,
+            "cached_tokens_reported": ex.cached_reported,
             "max_tokens": p.max_tokens, "scheduled_ns": ex.scheduled_ns, "sent_ns": ex.sent_ns,
             "first_token_ns": ex.times[0] if ex.times else None,
             "last_token_ns": ex.times[-1] if ex.times else None, "done_ns": done_ns,
             "output_tokens": ex.tokens, "output_tokens_reported": ex.completion_reported,
             "num_chunks": len(ex.times), "status": ex.status, "http_status": ex.http_status,
-            "error": ex.error, "finish_reason": ex.finish_reason,
+            "error": ex.error, "error_kind": ex.error_kind if ex.status != "ok" else None,
+            "finish_reason": ex.finish_reason,
         })
         self._write_chunks(ex)
         if self.observer is not None:
@@ -277,6 +334,20 @@ class StreamClient:
         if end > start:
             hand_over(self.sink, chunk_columns(ex.plan.request_id, ex.times, ex.counts, ex.read_times, start, end))
             ex.chunks_written = end
+
+
+def _clip(data: bytes) -> str:
+    text = data[:HEAD_BYTES].decode(errors="replace")
+    return repr(text + ("…" if len(data) > HEAD_BYTES else ""))
+
+
+def _unfinished(ex: _Exchange) -> tuple[str, str]:
+    """(error_kind, error) for a 200 response whose body ended without [DONE] or a finish_reason."""
+    if ex.events == 0:
+        return "not_sse", (f"not an event stream: HTTP 200 with Content-Type {ex.content_type or 'none'} "
+                           f"and no SSE data line; body starts {_clip(ex.head)}")
+    cut = f", {ex.leftover} bytes of an unfinished event" if ex.leftover else ""
+    return "truncated", f"stream ended before [DONE] after {ex.events} data events{cut}"
 
 
 class SseEvents:
@@ -293,9 +364,9 @@ class SseEvents:
         self._buf = b""
 
     @property
-    def pending(self) -> bool:
-        """Bytes of an unfinished event are waiting for the next piece."""
-        return bool(self._buf)
+    def pending(self) -> int:
+        """Bytes of an event not yet ended (at the end of a body: an event cut short)."""
+        return len(self._buf.strip())
 
     def feed(self, data: bytes) -> list[bytes]:
         buf = self._buf + data

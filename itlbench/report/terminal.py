@@ -120,6 +120,7 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
     bundling = summary.get("bundling") or {}
     if bundling.get("warning"):
         console.print(f"[yellow]warning:[/] {bundling['warning']}")
+    _print_observer(console, summary)
     check = (summary.get("crosscheck") or {}).get("engine") or {}
     if check.get("longest_step_s") is not None:
         console.print(f"[bold]Engine check[/] worst client gap {_s(check.get('worst_client_gap_s'))} s vs longest "
@@ -149,17 +150,59 @@ def _print_validity(console: Console, summary: dict[str, Any]) -> None:
                   " (spread the load with --workers N, or run the client on another machine)")
 
 
+def _cached(entry: dict[str, Any] | None) -> str:
+    if not entry or entry.get("cached_tokens") is None:
+        return ""
+    return f"; cached {entry['cached_tokens']:,} tokens ({entry['cached_fraction'] or 0:.0%})"
+
+
 def _print_injected(console: Console, summary: dict[str, Any]) -> None:
-    """Each injected prompt's TTFT beside the engine's own prefill span for it, when it has one."""
+    """Each injected prompt's TTFT beside the engine's own prefill span for it, when it has one, and the
+    prompt tokens the server says it served from its prefix cache."""
     by_class = (summary.get("ttft_by_class_s") or {}).get("injected") or {}
     checks = ((summary.get("crosscheck") or {}).get("engine") or {}).get("injected") or []
+    cache = {c["request_id"]: c for c in (summary.get("cache") or {}).get("injected") or []}
     for c in checks:
         console.print(f"[bold]Injected[/] {c['request_id']} ({c['prompt_tokens']:,} tokens): TTFT "
                       f"{_s(c['client_ttft_s'])} s; engine prefill {_s(c['engine_prefill_span_s'])} s over "
-                      f"{c['prefill_steps']} steps")
-    if not checks and by_class.get("count"):
+                      f"{c['prefill_steps']} steps{_cached(cache.get(c['request_id']))}")
+    if not checks and cache:
+        for c in list(cache.values())[:8]:
+            console.print(f"[bold]Injected[/] {c['request_id']} ({c['prompt_tokens'] or 0:,} tokens): TTFT "
+                          f"{_s(c['ttft_s'])} s{_cached(c)}")
+    elif not checks and by_class.get("count"):
         console.print(f"[bold]Injected[/] {by_class['count']} prompts: TTFT p50 {_s(by_class.get('p50'))} s, "
                       f"max {_s(by_class.get('max'))} s")
+
+
+def _print_observer(console: Console, summary: dict[str, Any]) -> None:
+    """Failed requests, the prefix cache the server reported, and how /metrics was read."""
+    failures = summary.get("failures") or {}
+    if failures.get("line"):
+        console.print(f"[bold red]Failures[/] {failures['line']}", highlight=False)
+    cache = summary.get("cache") or {}
+    server = cache.get("server") or {}
+    if cache.get("requests_reporting") or server:
+        parts = []
+        if cache.get("requests_reporting"):
+            parts.append(f"{cache.get('cached_tokens') or 0:,} of {cache.get('prompt_tokens') or 0:,} prompt tokens "
+                         f"cached ({cache.get('cached_fraction') or 0:.0%}, usage of {cache['requests_reporting']} "
+                         "requests)")
+        if server.get("hit_fraction") is not None:
+            parts.append(f"engine counters {server['hit_fraction']:.0%} hits")
+        console.print("[bold]Prefix cache[/] " + "; ".join(parts))
+    for warning in cache.get("warnings") or []:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    starved = (summary.get("client_pauses") or {}).get("line")
+    if starved:
+        console.print(f"[yellow]warning:[/] {starved}", highlight=False)
+    scrapes = summary.get("scrapes") or {}
+    if scrapes.get("count"):
+        reasons = ", ".join(f"{k} {v}" for k, v in (scrapes.get("by_reason") or {}).items())
+        inside = scrapes.get("in_window") or 0
+        console.print(f"[bold]/metrics[/] {scrapes['count']} scrapes ({reasons}), "
+                      f"{inside if inside else 'none'} inside the window, longest {_ms(scrapes.get('longest_s'))} ms"
+                      + (f", {scrapes['failed']} failed" if scrapes.get("failed") else ""))
 
 
 def _event_line(ev: dict[str, Any]) -> str:

@@ -48,6 +48,7 @@ REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "turn": pl.Int64(),
     "prompt_tokens": pl.Int64(),        # tokens the driver built the prompt to
     "prompt_tokens_reported": pl.Int64(),  # usage.prompt_tokens from the server; null if absent
+    "cached_tokens_reported": pl.Int64(),  # usage.prompt_tokens_details.cached_tokens; null if absent
     "max_tokens": pl.Int64(),
     "scheduled_ns": pl.Int64(),         # when the schedule said to send
     "sent_ns": pl.Int64(),              # when the request was actually written
@@ -60,6 +61,8 @@ REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "status": pl.Utf8(),                # ok | error | timeout | cancelled
     "http_status": pl.Int64(),
     "error": pl.Utf8(),
+    "error_kind": pl.Utf8(),            # http_status | not_sse | bad_json | truncated | closed | no_headers |
+                                        # timeout | connection | server_error | cancelled | other; null if ok
     "finish_reason": pl.Utf8(),
 }
 
@@ -86,6 +89,19 @@ SERVER_METRIC_SCHEMA: dict[str, pl.DataType] = {
     "value": pl.Float64(),
 }
 
+# One row per /metrics scrape of an external engine, whether it succeeded or not: when it ran on the
+# client (request sent to body received), so gaps overlapping a scrape can be attributed to it.
+SCRAPE_SCHEMA: dict[str, pl.DataType] = {
+    "start_ns": pl.Int64(),             # request sent (the server_metrics rows of this scrape carry it as t_ns)
+    "end_ns": pl.Int64(),               # body received (parsing happens after the load, off the measurement)
+    "reason": pl.Utf8(),                # baseline | final | periodic
+    "status": pl.Utf8(),                # ok | error | cancelled (cut by the end of the run)
+    "http_status": pl.Int64(),
+    "bytes": pl.Int64(),                # size of the exposition
+    "series": pl.Int64(),               # engine samples kept (vllm:, sglang:, itlbench_)
+    "error": pl.Utf8(),
+}
+
 # The driver's own health, sampled periodically: the validity gate reads it.
 CLIENT_SAMPLE_SCHEMA: dict[str, pl.DataType] = {
     "t_ns": pl.Int64(),
@@ -101,6 +117,8 @@ CLIENT_PAUSE_SCHEMA: dict[str, pl.DataType] = {
     "start_ns": pl.Int64(),
     "end_ns": pl.Int64(),
     "kind": pl.Utf8(),                  # loop | gc
+    "cpu_s": pl.Float64(),              # loop pauses: the loop thread's on-CPU time in it (Linux schedstat)
+    "runq_s": pl.Float64(),             # ... its time runnable but waiting for a CPU (starved by other processes)
 }
 
 TABLES: dict[str, dict[str, pl.DataType]] = {
@@ -108,6 +126,7 @@ TABLES: dict[str, dict[str, pl.DataType]] = {
     "chunks": CHUNK_SCHEMA,
     "steps": STEP_SCHEMA,
     "server_metrics": SERVER_METRIC_SCHEMA,
+    "scrapes": SCRAPE_SCHEMA,
     "client_samples": CLIENT_SAMPLE_SCHEMA,
     "client_pauses": CLIENT_PAUSE_SCHEMA,
 }

@@ -51,6 +51,7 @@ class ServerState:
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_MIB << 20
     tracing: Any = None  # telemetry.server_tracing.ServerTracing when --otlp-endpoint is given
+    layout: dict[str, object] | None = None  # engine process or thread, torch threads, decode kernel
 
 
 STATE: web.AppKey[ServerState] = web.AppKey("itlbench_state", ServerState)
@@ -187,9 +188,10 @@ async def _stream(request: web.Request, stream: RequestStream, out: ResponseBuil
     if req.chat:
         await resp.write(sse(out.role_chunk()))
     detok = IncrementalDetokenizer(_state(request).engine.engine.tokenizer)
-    generated = 0
+    generated, cached = 0, None
     try:
         async for o in stream:
+            cached = o.num_cached_tokens
             if not o.new_token_ids and not o.finished:
                 continue
             generated += len(o.new_token_ids)
@@ -199,7 +201,7 @@ async def _stream(request: web.Request, stream: RequestStream, out: ResponseBuil
         await resp.write(sse(ApiError(500, str(exc), None, "internal_server_error", "engine_error").body()))
     else:
         if req.include_usage:
-            await resp.write(sse(out.usage_chunk(num_prompt, generated)))
+            await resp.write(sse(out.usage_chunk(num_prompt, generated, cached)))
     await resp.write(SSE_DONE)
     await resp.write_eof()
     return resp
@@ -209,13 +211,15 @@ async def _collect(stream: RequestStream, out: ResponseBuilder, num_prompt: int,
                    tokenizer: Any) -> web.Response:
     ids: list[int] = []
     reason: str | None = None
+    cached = None
     try:
         async for o in stream:
+            cached = o.num_cached_tokens
             ids.extend(o.new_token_ids)
             reason = o.finish_reason if o.finished else None
     except EngineDeadError as exc:
         raise ApiError(500, str(exc), None, "internal_server_error", "engine_error") from exc
-    return web.json_response(out.full(tokenizer.decode(ids), ids, reason, num_prompt))
+    return web.json_response(out.full(tokenizer.decode(ids), ids, reason, num_prompt, cached))
 
 
 # ---- introspection ------------------------------------------------------------------------
@@ -258,4 +262,5 @@ async def _engine_info(request: web.Request) -> web.Response:
         "kv_blocks": bm.num_blocks, "kv_free_blocks": bm.num_free_blocks, "kv_usage": bm.usage,
         "num_running": engine.num_running, "num_waiting": engine.num_waiting,
         "last_step": engine.step_log.last_step,
+        "serving": state.layout or {},
     })

@@ -20,6 +20,8 @@ from aiohttp import web
 
 from itlbench.engine.async_engine import AsyncEngine
 from itlbench.engine.config import EngineConfig
+from itlbench.engine.engine_process import EngineProcessClient
+from itlbench.engine.threads import apply_torch_threads, serving_threads
 from itlbench.server.app import DEFAULT_MAX_BODY_MIB, ServerState, build_app
 from itlbench.server.metrics import ServerMetrics
 
@@ -53,7 +55,7 @@ class RunningServer:
 
     config: ServerConfig
     runner: web.AppRunner
-    engine: AsyncEngine
+    engine: AsyncEngine | EngineProcessClient
     port: int
     tracing: Any = None
 
@@ -73,22 +75,55 @@ class RunningServer:
 
 
 def build_engine(config: EngineConfig):  # noqa: ANN201 - Engine imports torch; keep the import lazy
-    from itlbench.engine.engine import Engine
+    from itlbench.engine.engine import create_engine
 
-    return Engine(config)
+    return create_engine(config)
 
 
-async def start_server(config: ServerConfig, engine: object | None = None) -> RunningServer:
-    """Build the engine (unless given), start its thread and listen; port 0 picks a free port."""
-    engine = engine if engine is not None else await asyncio.to_thread(build_engine, config.engine)
+async def start_server(config: ServerConfig, engine: object | None = None, *,
+                       standalone: bool = False) -> RunningServer:
+    """Build the engine (unless given), start its driver and listen; port 0 picks a free port.
+
+    `standalone`: this process exists to serve (`itlbench serve`, `python -m itlbench.server`). Then
+    the engine runs in its own process unless `engine_process=False`, and torch gets
+    `serving_threads` threads. Embedded (tests, notebooks), the engine stays in this process, reachable
+    as `server.engine.engine`, and torch's thread count is left alone unless `torch_threads` is set.
+    """
+    ecfg = config.engine
     metrics = ServerMetrics(config.model_name)
-    metrics.set_config(engine)
     tracing = _tracing(config)
-    driver = AsyncEngine(engine, max_waiting=config.max_waiting,
-                         observer=metrics if tracing is None else tracing.observing(metrics))
-    driver.start()
-    app = build_app(ServerState(driver, metrics, config.model_name, config.api_key,
-                                int(config.max_body_mib * 2**20), tracing=tracing))
+    observer = metrics if tracing is None else tracing.observing(metrics)
+    # the simulator computes nothing: it needs neither its own process nor torch threads
+    sim = ecfg.runner == "sim"
+    in_process = sim or engine is not None or not (
+        ecfg.engine_process if ecfg.engine_process is not None else standalone)
+    threads = None if sim else (
+        serving_threads(ecfg.torch_threads) if standalone or ecfg.torch_threads is not None else None)
+    driver: AsyncEngine | EngineProcessClient
+    if in_process:
+        if engine is None:
+            if threads is not None:
+                apply_torch_threads(threads)
+            engine = await asyncio.to_thread(build_engine, ecfg)
+        view = engine
+        metrics.set_config(engine)
+        driver = AsyncEngine(engine, max_waiting=config.max_waiting, observer=observer)
+        driver.start()
+        backend = getattr(getattr(engine, "runner", None), "backend", None)
+        layout = {"engine_process": False, "torch_threads": _torch_threads(),
+                  "decode_kernel": getattr(backend, "decode_kernel", getattr(backend, "name", None))}
+    else:
+        proc = EngineProcessClient(ecfg, threads or serving_threads(None), max_waiting=config.max_waiting,
+                                   observer=observer)
+        await proc.start()
+        assert proc.engine is not None
+        view = proc.engine
+        metrics.set_config(view)
+        driver = proc
+        layout = {"engine_process": True, "torch_threads": view.torch_threads, "decode_kernel": view.decode_kernel,
+                  "engine_pid": view.pid}
+    app = build_app(ServerState(driver, metrics, config.model_name, config.api_key,  # type: ignore[arg-type]
+                                int(config.max_body_mib * 2**20), tracing=tracing, layout=layout))
     runner = web.AppRunner(app, access_log=logging.getLogger("aiohttp.access") if config.access_log else None,
                            handler_cancellation=True)
     await runner.setup()
@@ -96,7 +131,7 @@ async def start_server(config: ServerConfig, engine: object | None = None) -> Ru
     await site.start()
     port = runner.addresses[0][1]
     server = RunningServer(config, runner, driver, port, tracing)
-    _log_startup(server, engine)
+    _log_startup(server, view, layout)
     return server
 
 
@@ -110,12 +145,22 @@ def _tracing(config: ServerConfig) -> Any:
     return ServerTracing(check_endpoint(config.otlp_endpoint) or "", config.model_name)
 
 
-def _log_startup(server: RunningServer, engine: object) -> None:
+def _torch_threads() -> int | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.get_num_threads()
+
+
+def _log_startup(server: RunningServer, engine: object, layout: dict[str, object]) -> None:
     cfg = server.config.engine
     budget = "none" if cfg.chunk_budget is None else cfg.chunk_budget
-    log.info("itlbench serving model=%s device=%s dtype=%s chunk_budget=%s policy=%s%s url=%s",
-             server.config.model_name, getattr(engine, "device", "?"), getattr(engine, "dtype", "?"),
-             budget, cfg.policy, " mixed" if cfg.mixed else "", server.base_url)
+    log.info("itlbench serving model=%s device=%s dtype=%s chunk_budget=%s policy=%s%s engine_process=%s "
+             "torch_threads=%s decode=%s url=%s", server.config.model_name, getattr(engine, "device", "?"),
+             getattr(engine, "dtype", "?"), budget, cfg.policy, " mixed" if cfg.mixed else "",
+             "yes" if layout["engine_process"] else "no", layout["torch_threads"], layout["decode_kernel"],
+             server.base_url)
 
 
 def serve(config: ServerConfig) -> None:
@@ -125,7 +170,7 @@ def serve(config: ServerConfig) -> None:
 
 
 async def _serve_forever(config: ServerConfig) -> None:
-    server = await start_server(config)
+    server = await start_server(config, standalone=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

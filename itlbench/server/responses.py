@@ -12,9 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens` (prompt tokens served from the
+    prefix cache, as OpenAI and vLLM report them) when the engine says."""
+    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                           "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 def sse(obj: dict[str, Any]) -> bytes:
@@ -51,13 +56,14 @@ class ResponseBuilder:
         choice = {"index": 0, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}
         return self._envelope("chat.completion.chunk", [choice])
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int,
+                    cached_tokens: int | None = None) -> dict[str, Any]:
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
-        body["usage"] = usage(prompt_tokens, completion_tokens)
+        body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
         return body
 
     def full(self, text: str, token_ids: list[int], finish_reason: str | None,
-             prompt_tokens: int) -> dict[str, Any]:
+             prompt_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                       "finish_reason": finish_reason, "token_ids": token_ids}
@@ -66,5 +72,5 @@ class ResponseBuilder:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
                       "token_ids": token_ids}
             body = self._envelope("text_completion", [choice])
-        body["usage"] = usage(prompt_tokens, len(token_ids))
+        body["usage"] = usage(prompt_tokens, len(token_ids), cached_tokens)
         return body

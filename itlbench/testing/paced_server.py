@@ -201,7 +201,10 @@ class PacedServer:
                 sent += 1
                 if sent == self.cfg.steps_per_connection:
                     return resp
-            await self._step_added.wait()
+            if request.transport is None or request.transport.is_closing():
+                return resp  # the follower went away: end, so shutting down never waits on this handler
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._step_added.wait(), 0.1)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         running = len(self.active)

@@ -44,6 +44,7 @@ class LoadSpec:
     vocab_size: int = 32000
     reserved_ids: tuple[int, ...] = ()
     tokens_per_word: float = 1.0  # text mode: the target tokenizer's measured tokens per word
+    prompt_salt: str | None = None  # per-run salt in every prompt's tokens (None: the seed's own prompts)
 
 
 def check_load_shape(streams: int | None, rate: float | None, burstiness: float, duration_s: float) -> None:
@@ -157,7 +158,7 @@ def build_load_plan(spec: LoadSpec, builder: PromptBuilder | None = None) -> Loa
     _check_injections(spec, injections, default_at)
     builder = builder or PromptBuilder(token_ids=spec.token_ids, vocab_size=spec.vocab_size,
                                        reserved_ids=spec.reserved_ids, seed=spec.seed,
-                                       tokens_per_word=spec.tokens_per_word)
+                                       tokens_per_word=spec.tokens_per_word, salt=spec.prompt_salt)
     rep = None
     ctx = Context(workload, builder, spec.max_model_len, spec.seed, spec.output_tokens)
     if workload.from_trace:
@@ -192,6 +193,7 @@ def _describe(spec: LoadSpec, workload: WorkloadSpec, n_streams: int, builder: P
         "max_model_len": spec.max_model_len,
         "output_tokens": spec.output_tokens,
         "prompt_mode": "token_ids" if builder.token_ids else "text",
+        "prompt_salt": builder.salt,
         "inject": spec.inject if spec.inject is None or isinstance(spec.inject, str) else list(spec.inject),
         "inject_max_tokens": spec.inject_max_tokens,
         "injections": [[t, n] for t, n in schedule],

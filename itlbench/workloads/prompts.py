@@ -8,6 +8,11 @@ the driver sees the server's `usage.prompt_tokens`.
 Every unique part is drawn from a generator seeded by its request key, so it starts with
 request-specific tokens and cannot share a cached prefix with another request by accident;
 shared parts (documents, session history) are seeded by their key alone and reproduce exactly.
+
+A `salt` (one per run by default) enters every part's seed, unique and shared alike: the next run
+with the same `--seed` sends prompts of the same lengths at the same times, but with other tokens,
+so a server's prefix cache left warm by an earlier run cannot serve them. Within one run, shared
+documents still share their prefix. Without a salt the prompts of a seed are the same every run.
 """
 
 from __future__ import annotations
@@ -62,19 +67,22 @@ class Prompt:
         return Prompt(max(0, n), ids, text)
 
 
-def _key_seed(seed: int, namespace: str, key: str) -> list[int]:
-    digest = hashlib.blake2b(f"{namespace}\0{key}".encode(), digest_size=8).digest()
+def _key_seed(seed: int, namespace: str, key: str, salt: str | None = None) -> list[int]:
+    text = f"{namespace}\0{key}" if salt is None else f"{namespace}\0{key}\0{salt}"
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
     return [seed & 0xFFFFFFFF, int.from_bytes(digest, "little")]
 
 
 class PromptBuilder:
-    """Builds deterministic prompts: `unique` per request, `shared` per document key."""
+    """Builds deterministic prompts: `unique` per request, `shared` per document key; `salt` (per
+    run) changes every prompt's tokens but none of their lengths."""
 
     def __init__(self, *, token_ids: bool = True, vocab_size: int = 32000,
                  reserved_ids: Iterable[int] = (), low: int = 10, seed: int = 0,
-                 tokens_per_word: float = 1.0) -> None:
+                 tokens_per_word: float = 1.0, salt: str | None = None) -> None:
         self.token_ids = token_ids
         self.seed = seed
+        self.salt = salt
         self.tokens_per_word = _clamp_tokens_per_word(tokens_per_word)
         self._allowed = _allowed_ids(vocab_size, reserved_ids, low) if token_ids else None
         self._shared: dict[tuple[str, int], Prompt] = {}
@@ -102,7 +110,7 @@ class PromptBuilder:
     def _make(self, namespace: str, key: str, n: int) -> Prompt:
         if n < 0:
             raise ValueError(f"prompt length must be >= 0, got {n}")
-        rng = np.random.default_rng(_key_seed(self.seed, namespace, key))
+        rng = np.random.default_rng(_key_seed(self.seed, namespace, key, self.salt))
         if self._allowed is not None:
             picks = self._allowed[rng.integers(0, len(self._allowed), n)]
             return Prompt(n, ids=tuple(picks.tolist()))

@@ -1,0 +1,173 @@
+"""The CPU decode-attention kernel (`paged_decode.c`), compiled at first use with this machine's C
+compiler and loaded with ctypes.
+
+Why native: gathering paged K/V into a contiguous copy for SDPA reads the cache three times and pads
+every row to its group's longest context; the kernel walks block tables in place, so decode reads
+what its memory floor counts. Why at first use: `-march=native` code cannot ship in a wheel, and a
+plain C file needs no torch headers, so it builds in about a second. The library is cached under
+`$ITLBENCH_CACHE_DIR` (default `~/.cache/itlbench`), keyed by source, flags, compiler and CPU.
+
+Without a compiler (or with `ITLBENCH_NATIVE=0`) `load()` returns None and says why in
+`unavailable_reason()`; attention then gathers and runs SDPA, which is correct, only slower.
+`ITLBENCH_NATIVE_ARCH=haswell` (any `-march` value) builds for another target than this CPU's own,
+for a cache directory shared by machines of different kinds.
+Built with OpenMP, the library shares torch's own `libgomp` (already loaded, same soname), so its
+threads are torch's intra-op threads and `torch.set_num_threads` governs both.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("itlbench.engine")
+
+SOURCE = Path(__file__).with_name("paged_decode.c")
+_BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-std=gnu11"]
+ARCH_ENV = "ITLBENCH_NATIVE_ARCH"  # -march value instead of "native" (e.g. haswell, x86-64)
+
+
+def _variants(arch: str) -> list[list[str]]:
+    """Flag sets tried in order: the first that compiles and loads wins."""
+    march = [f"-march={arch}"]
+    return [march + ["-fopenmp"], march + ["-fopenmp-simd"], ["-fopenmp-simd"], []]
+
+_lock = threading.Lock()
+_kernel: PagedDecodeKernel | None = None
+_reason: str | None = None
+
+
+class PagedDecodeKernel:
+    """`itl_paged_decode_f32` with its argument types bound."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path, flags: list[str]) -> None:
+        self.path, self.flags = path, flags
+        self.openmp = "-fopenmp" in flags
+        fn = lib.itl_paged_decode_f32
+        p, i = ctypes.c_void_p, ctypes.c_int64
+        fn.argtypes = [p, i, p, p, p, p, i, p, p, i, i, i, i, i, i, ctypes.c_float, p, i, i]
+        fn.restype = ctypes.c_int
+        self._fn = fn
+
+    def __call__(self, q: torch.Tensor, rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 tables: torch.Tensor, lens: torch.Tensor, out: torch.Tensor, scale: float,
+                 scratch: torch.Tensor, scratch_per_thread: int, threads: int) -> None:
+        """q/out [rows, H, D] fp32 with contiguous heads; caches [blocks, BS, KVH, D] contiguous;
+        tables [n, W] int32, lens [n] int32, rows [n] int64 contiguous; scratch >= threads x per-thread."""
+        n, (_, heads, dim), kv_heads = lens.shape[0], q.shape, k_cache.shape[2]
+        rc = self._fn(q.data_ptr(), q.stride(0), rows.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                      tables.data_ptr(), tables.stride(0), lens.data_ptr(), out.data_ptr(), out.stride(0),
+                      n, heads, kv_heads, dim, k_cache.shape[1], scale, scratch.data_ptr(),
+                      scratch_per_thread, threads if self.openmp else 1)
+        if rc != 0:
+            raise ValueError(f"paged decode scratch of {scratch_per_thread} floats is too small")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("ITLBENCH_CACHE_DIR")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "itlbench"
+
+
+def _compiler() -> str | None:
+    for cand in (os.environ.get("CC"), (sysconfig.get_config_var("CC") or "").split(" ")[0], "cc", "gcc", "clang"):
+        if cand and shutil.which(cand):
+            return shutil.which(cand)
+    return None
+
+
+def _cpu_identity() -> str:
+    """What `-march=native` depends on: the CPU model and its feature flags."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags", "Features"))]
+        return "\n".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def _compiler_version(cc: str) -> str:
+    try:
+        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _build(cc: str, flags: list[str], key_extra: str) -> Path:
+    source = SOURCE.read_bytes()
+    all_flags = _BASE_FLAGS + flags
+    key = hashlib.sha256(b"\0".join([source, " ".join(all_flags).encode(), key_extra.encode()])).hexdigest()[:16]
+    out_dir = cache_dir() / "kernels"
+    target = out_dir / f"paged_decode-{key}.so"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        proc = subprocess.run([cc, *all_flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
+                              timeout=120)
+        if proc.returncode != 0:
+            raise OSError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "compile failed")
+        os.replace(tmp, target)  # atomic: concurrent builders never load a half-written file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def build(arch: str = "native", variants: list[list[str]] | None = None) -> tuple[PagedDecodeKernel | None, str | None]:
+    """Compile (or find in the cache) and load the kernel for `-march=arch`: (kernel, None) or
+    (None, why not). Tests build other targets than this CPU's own with it (`haswell`: AVX2)."""
+    if not sys.platform.startswith("linux"):
+        return None, f"native kernels are built on Linux only, not {sys.platform}"
+    cc = _compiler()
+    if cc is None:
+        return None, "no C compiler found (set CC, or install gcc)"
+    extra = "\n".join([_compiler_version(cc), _cpu_identity(), torch.__version__])
+    errors = []
+    for flags in variants if variants is not None else _variants(arch):
+        try:
+            path = _build(cc, flags, extra)
+            return PagedDecodeKernel(ctypes.CDLL(str(path)), path, flags), None
+        except (OSError, subprocess.SubprocessError) as exc:
+            errors.append(f"{' '.join(flags) or 'plain'}: {exc}")
+    return None, "the kernel did not build: " + "; ".join(errors)
+
+
+def _load() -> tuple[PagedDecodeKernel | None, str | None]:
+    if os.environ.get("ITLBENCH_NATIVE", "1").lower() in ("0", "false", "no", "off"):
+        return None, "disabled by ITLBENCH_NATIVE=0"
+    return build(os.environ.get(ARCH_ENV) or "native")
+
+
+def load() -> PagedDecodeKernel | None:
+    """The kernel, built and loaded once per process; None when it cannot be (see unavailable_reason)."""
+    global _kernel, _reason
+    with _lock:
+        if _kernel is None and _reason is None:
+            _kernel, _reason = _load()
+            if _kernel is not None:
+                log.info("decode attention: native kernel %s (%s)", _kernel.path.name, " ".join(_kernel.flags))
+            else:
+                log.info("decode attention: gathered SDPA (%s)", _reason)
+        return _kernel
+
+
+def unavailable_reason() -> str | None:
+    load()
+    return _reason

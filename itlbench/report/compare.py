@@ -1,0 +1,424 @@
+"""`itlbench compare DIR...`: finished runs side by side, one row each, and which setting to pick.
+
+The seeds' trade-off in one table: the worst gap and ITL p99/p99.9 (what chunking buys) against the
+injected prompt's TTFT and the output throughput (what it costs). Runs must share their workload,
+seed and injection (else the rows answer different questions); `--force` compares them anyway.
+The verdict judges each run against the `--slo` targets on its aggregate figures: ITL targets on the
+steady streams' pooled gaps, TTFT targets on each class's p99 per prompt bucket.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from itlbench.analysis.buckets import BUCKET_LABELS
+from itlbench.analysis.goodput import SloSet, parse_slo
+from itlbench.analysis.stats import supported_quantile
+from itlbench.errors import ConfigError
+from itlbench.report.data import RunData, load_run
+from itlbench.report.document import Callout, Document, Links, Section, Table, Written, write_document
+from itlbench.report.figures import FigureSpec
+from itlbench.report.reproduce import reproduce_command
+from itlbench.report.style import RUN_COLORS, fmt_s, new_figure, tidy
+from itlbench.report.timeline import draw_rows, injected_spans
+
+# Settings that define the question a run answers; runs that differ in one answer different ones.
+COMPARED = (("workload", "workload"), ("streams", "streams"), ("rate", "rate"), ("burstiness", "burstiness"),
+            ("duration_s", "duration"), ("seed", "seed"), ("inject", "inject"),
+            ("inject_max_tokens", "inject-max-tokens"), ("trace", "trace"), ("time_scale", "time-scale"))
+
+
+@dataclass
+class Row:
+    """One run's figures for the comparison table."""
+
+    run: RunData
+    label: str
+    worst_s: float | None
+    p50_s: float | None
+    p99_s: float | None
+    p999_s: float | None
+    injected_ttft_s: float | None
+    ttft_p99_s: float | None
+    out_tps: float | None
+    stalls: int
+    stalled_s: float | None
+    goodput: float | None
+    valid: bool | None
+
+
+def differing_settings(runs: list[RunData]) -> list[str]:
+    """'seed (a: 0, b: 1)' for every compared setting whose value is not the same in every run."""
+    out = []
+    for key, name in COMPARED:
+        values = [r.config.get(key) for r in runs]
+        if any(v != values[0] for v in values[1:]):
+            shown = ", ".join(f"{r.name}: {v}" for r, v in zip(runs, values, strict=True))
+            out.append(f"{name} ({shown})")
+    return out
+
+
+def load_runs(dirs: list[Path], force: bool = False) -> list[RunData]:
+    if len(dirs) < 1:
+        raise ConfigError("DIR", "no run directory given", "pass one or more directories written by `itlbench run`")
+    runs = [load_run(d) for d in dirs]
+    diffs = differing_settings(runs)
+    if diffs and not force:
+        raise ConfigError("DIR", "the runs differ in " + "; ".join(diffs),
+                          "compare runs of one seeded workload and injection, or pass --force")
+    return runs
+
+
+def _labels(runs: list[RunData]) -> list[str]:
+    labels = [r.setting_label() for r in runs]
+    if len(set(labels)) < len(labels):  # same setting twice (machines, repeats): add the directory
+        labels = [f"{lab} ({r.name})" for lab, r in zip(labels, runs, strict=True)]
+    return labels
+
+
+def _or_max(stats: dict[str, Any], key: str) -> float | None:
+    """A percentile, or where too few samples withheld it, the worst sample (one injected prompt: its TTFT)."""
+    if not stats.get("count"):
+        return None
+    value = stats.get(key)
+    return value if value is not None else stats.get("max")
+
+
+def make_rows(runs: list[RunData]) -> list[Row]:
+    rows = []
+    for run, label in zip(runs, _labels(runs), strict=True):
+        s = run.summary
+        itl, stalls = s.get("itl_s") or {}, s.get("stalls") or {}
+        inj = (s.get("ttft_by_class_s") or {}).get("injected") or {}
+        every = (s.get("ttft_s") or {}).get("all") or {}
+        rows.append(Row(run, label, itl.get("max"), itl.get("p50"), itl.get("p99"), itl.get("p999"),
+                        _or_max(inj, "p50"), _or_max(every, "p99"), (s.get("throughput") or {}).get("output_tokens_per_s"),
+                        int(stalls.get("count") or 0), stalls.get("stalled_s"),
+                        (s.get("goodput") or {}).get("requests_per_s"), s.get("valid")))
+    return rows
+
+
+def comparison_table(rows: list[Row]) -> Table:
+    out = []
+    for r in rows:
+        out.append([r.label, fmt_s(r.worst_s), fmt_s(r.p50_s), fmt_s(r.p99_s), fmt_s(r.p999_s),
+                    fmt_s(r.injected_ttft_s), "—" if r.out_tps is None else f"{r.out_tps:,.0f}",
+                    f"{r.stalls:,}", fmt_s(r.stalled_s), "—" if r.goodput is None else f"{r.goodput:.2f}",
+                    {True: "yes", False: "NO", None: "?"}[r.valid], r.run.engine.name, r.run.engine.source])
+    return Table(["setting", "worst gap", "ITL p50", "ITL p99", "ITL p99.9", "injected TTFT", "output tok/s",
+                  "stalls", "stalled", "goodput req/s", "valid", "engine", "server-side figures from"], out,
+                 "One row per run (steady streams' ITL; injected TTFT is the median over injected prompts, or the "
+                 "worst where they are too few for a median; — where too few samples support a percentile)")
+
+
+@dataclass(frozen=True)
+class Check:
+    what: str
+    target_s: float
+    value_s: float | None
+
+    @property
+    def ok(self) -> bool:
+        return self.value_s is not None and self.value_s <= self.target_s
+
+
+def _stat(values: pl.Series) -> tuple[str, float | None]:
+    """p99 where the samples support it, else the worst value (the conservative reading of p99)."""
+    p99 = supported_quantile(values, 0.99)
+    return ("p99", p99) if p99 is not None else ("max", values.max() if values.len() else None)  # type: ignore[return-value]
+
+
+def slo_checks(run: RunData, slos: SloSet) -> list[Check]:
+    """Each SLO target against the run's aggregate: ITL on pooled steady gaps, TTFT per class and bucket
+    (p99 where the requests support one, else the worst request)."""
+    checks = []
+    default = slos.default
+    itl = run.summary.get("itl_s") or {}
+    if default.itl_s is not None:
+        value = itl.get("max") if default.itl_stat == "max" else itl.get("p99")
+        name = f"ITL {default.itl_stat}"
+        if value is None and default.itl_stat == "p99":
+            name, value = "ITL max (too few gaps for a p99)", itl.get("max")
+        checks.append(Check(name, default.itl_s, value))
+    t = run.ttft.filter(pl.col("ttft_s").is_not_null())
+    for cls in sorted(t["cls"].drop_nulls().unique().to_list()):
+        targets = slos.for_class(cls).ttft_s
+        for bucket in BUCKET_LABELS:
+            group = t.filter((pl.col("cls") == cls) & (pl.col("bucket") == bucket))
+            if group.is_empty() or targets.get(bucket) is None:
+                continue
+            stat, value = _stat(group["ttft_s"])
+            name = "injected TTFT" if cls == "injected" else f"{cls} TTFT {stat}"
+            checks.append(Check(f"{name} ({bucket}, {group.height} requests)", float(targets[bucket]), value))  # type: ignore[arg-type]
+    return checks
+
+
+def _describe_miss(c: Check) -> str:
+    return f"{c.what} {fmt_s(c.value_s)} > {fmt_s(c.target_s)}"
+
+
+def verdict(rows: list[Row], slos: SloSet) -> list[str]:
+    """Plain sentences: who meets every SLO, what the others miss, and what the smoothest setting costs."""
+    lines = []
+    meets, misses = [], []
+    for r in rows:
+        failed = [c for c in slo_checks(r.run, slos) if not c.ok]
+        (misses if failed else meets).append((r.label, failed))
+    spec = slos.spec or "the default SLOs"
+    if meets:
+        lines.append(f"Meets every SLO ({spec}): " + ", ".join(lab for lab, _ in meets) + ".")
+    else:
+        lines.append(f"No run meets every SLO ({spec}).")
+    for label, failed in misses:
+        lines.append(f"{label} misses: " + "; ".join(_describe_miss(c) for c in failed[:4])
+                     + (f" (+{len(failed) - 4} more)" if len(failed) > 4 else "") + ".")
+    ranked = [r for r in rows if r.worst_s is not None]
+    if len(ranked) >= 2:
+        best = min(ranked, key=lambda r: (r.worst_s, r.p99_s or 0.0))
+        text = f"Smoothest streams: {best.label} (worst gap {fmt_s(best.worst_s)}, ITL p99 {fmt_s(best.p99_s)})."
+        ttft_rows = [r for r in rows if r.injected_ttft_s is not None]
+        if best.injected_ttft_s is not None and ttft_rows:
+            fastest = min(ttft_rows, key=lambda r: r.injected_ttft_s)  # type: ignore[arg-type,return-value]
+            if fastest is not best:
+                text += (f" It costs the injected prompt {fmt_s(best.injected_ttft_s - fastest.injected_ttft_s)} "  # type: ignore[operator]
+                         f"of TTFT against {fastest.label} ({fmt_s(best.injected_ttft_s)} vs "
+                         f"{fmt_s(fastest.injected_ttft_s)})")
+            else:
+                text += " It also gives the injected prompt its fastest TTFT"
+        tps_rows = [r for r in rows if r.out_tps]
+        if best.out_tps and tps_rows:
+            top = max(tps_rows, key=lambda r: r.out_tps)  # type: ignore[arg-type,return-value]
+            if top is not best:
+                loss = 1 - best.out_tps / top.out_tps  # type: ignore[operator]
+                text += (f" and {loss:.0%} of output throughput against {top.label} "
+                         f"({best.out_tps:,.0f} vs {top.out_tps:,.0f} tokens/s).")
+            else:
+                text += " and loses no output throughput (it has the highest)."
+        elif not text.endswith("."):
+            text += "."
+        lines.append(text)
+    invalid = [r.label for r in rows if r.valid is False]
+    if invalid:
+        lines.append("Treat with care (the client may have been the bottleneck): " + ", ".join(invalid) + ".")
+    cut = [r.label for r in rows if r.run.cut_short]
+    if cut:
+        lines.append("Cut short: " + ", ".join(cut) + ".")
+    return lines
+
+
+def _union_zoom(runs: list[RunData]) -> tuple[float, float] | None:
+    spans = [s for r in runs for s in injected_spans(r)]
+    if not spans:
+        return None
+    lo, hi = min(s.start_s for s in spans), max(s.end_s for s in spans)
+    pad = max(1.0, 0.1 * (hi - lo))
+    return max(0.0, lo - pad), min(hi + pad, max(r.window.seconds for r in runs))
+
+
+def timelines_figure(runs: list[RunData], labels: list[str]) -> FigureSpec:
+    zoom = _union_zoom(runs)
+    where = "around the injected prefill" if zoom else "over the measured window"
+    spec = FigureSpec("compare_stalls", "Stall timelines side by side",
+                      f"Each run's streams {where}, on one time axis: blue while tokens arrive, red where a "
+                      "prefill stalled them, shaded while the injected prompt was prefilled.")
+    heights = [max(1.0, 0.09 * max(1, r.tables["requests"]["stream"].n_unique()) + 0.5) for r in runs]
+    fig = new_figure(sum(heights) + 0.9)
+    axes = fig.subplots(len(runs), 1, sharex=True, height_ratios=heights, squeeze=False)[:, 0]
+    for ax, run, label in zip(axes, runs, labels, strict=True):
+        draw_rows(ax, run, injected_spans(run), compact=True)
+        worst = (run.summary.get("itl_s") or {}).get("max")
+        ax.set_title(f"{label}: worst gap {fmt_s(worst)}", fontsize=9, loc="left", pad=2)
+        if zoom:
+            ax.set_xlim(*zoom)
+    axes[-1].set_xlabel("seconds since measurement start")
+    spec.figure = fig
+    return spec
+
+
+def _worst_in_bins(lo: np.ndarray, hi: np.ndarray, gap: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Per time bin, the longest gap in progress during it (a gap covers every bin from its start to its end)."""
+    worst = np.full(len(edges) - 1, np.nan)
+    a = np.clip(np.searchsorted(edges, lo, side="right") - 1, 0, len(edges) - 2)
+    b = np.clip(np.searchsorted(edges, hi, side="right") - 1, 0, len(edges) - 2)
+    inside = (hi >= edges[0]) & (lo <= edges[-1])
+    a, b, gap = a[inside], b[inside], gap[inside]
+    short = a == b
+    np.fmax.at(worst, a[short], gap[short])
+    for i, j, g in zip(a[~short], b[~short], gap[~short], strict=True):
+        worst[i:j + 1] = np.fmax(worst[i:j + 1], g)
+    return worst
+
+
+def gaps_figure(runs: list[RunData], labels: list[str]) -> FigureSpec:
+    zoom = _union_zoom(runs)
+    spec = FigureSpec("compare_gaps", "How long the streams froze, over time",
+                      "The longest gap any steady stream was in at each moment, one line per run (log y): a "
+                      "plateau's height is how long the streams froze, its width how long it went on.")
+    fig = new_figure(3.4)
+    ax = fig.subplots()
+    lo, hi = zoom or (0.0, max(r.window.seconds for r in runs))
+    edges = np.linspace(lo, hi, 301)
+    drawn = False
+    for i, (run, label) in enumerate(zip(runs, labels, strict=True)):
+        g = run.gaps.filter(~pl.col("injected"))
+        if g.is_empty():
+            continue
+        worst = _worst_in_bins(((g["t_prev_ns"] - run.t0_ns) / 1e9).to_numpy(),
+                               ((g["t_ns"] - run.t0_ns) / 1e9).to_numpy(), g["gap_s"].to_numpy(), edges)
+        ax.step(edges[:-1], worst, where="post", color=RUN_COLORS[i % len(RUN_COLORS)], linewidth=1.2,
+                label=label)
+        drawn = True
+    if not drawn:
+        spec.note = "No run has inter-token gaps to draw."
+        return spec
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_s(v)))
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel("seconds since measurement start")
+    ax.set_ylabel("longest gap in progress")
+    ax.legend(fontsize=8, frameon=False, loc="upper right")
+    tidy(ax)
+    spec.figure = fig
+    return spec
+
+
+def cdf_figure(runs: list[RunData], labels: list[str]) -> FigureSpec:
+    spec = FigureSpec("compare_itl_cdf", "ITL distributions overlaid",
+                      "Pooled steady-stream gaps of every run (log x; the y axis stretches the tail): the "
+                      "further left the tail, the smoother the streams.")
+    fig = new_figure(4.0)
+    ax = fig.subplots()
+    n_min = None
+    for i, (run, label) in enumerate(zip(runs, labels, strict=True)):
+        gaps = np.sort(run.gaps.filter(~pl.col("injected"))["gap_s"].to_numpy())
+        if len(gaps) < 2:
+            continue
+        y = (np.arange(1, len(gaps) + 1) - 0.5) / len(gaps)
+        ax.step(gaps, y, where="post", color=RUN_COLORS[i % len(RUN_COLORS)], linewidth=1.4, label=label)
+        n_min = len(gaps) if n_min is None else min(n_min, len(gaps))
+    if n_min is None:
+        spec.note = "No run has inter-token gaps to compare."
+        return spec
+    ax.set_xscale("log")
+    ax.set_yscale("logit")
+    lo, hi = 0.5 / n_min, 1 - 0.5 / n_min
+    ax.set_ylim(max(lo, 0.01), hi)
+    ticks = [q for q in (0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999) if max(lo, 0.01) <= q <= hi]
+    ax.set_yticks(ticks, [f"{q * 100:g} %" for q in ticks])
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("gap between consecutive tokens of one stream (s)")
+    ax.set_ylabel("share of gaps ≤ x")
+    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    tidy(ax)
+    spec.figure = fig
+    return spec
+
+
+def tradeoff_figure(rows: list[Row]) -> FigureSpec:
+    inj = all(r.injected_ttft_s is not None for r in rows)
+    ylabel = "injected prompt's TTFT (s)" if inj else "TTFT p99, all requests (s)"
+    spec = FigureSpec("compare_tradeoff", "The trade-off",
+                      f"Each run's worst gap (what the steady streams suffered) against the {ylabel.split(' (')[0]} "
+                      "(what the long prompt paid); labels give the output throughput.")
+    pts = [(r, r.worst_s, r.injected_ttft_s if inj else r.ttft_p99_s) for r in rows]
+    pts = [(r, x, y) for r, x, y in pts if x is not None and y is not None]
+    if not pts:
+        spec.note = "No run has both a worst gap and a TTFT to plot."
+        return spec
+    fig: Figure = new_figure(3.8, 8.0)
+    ax = fig.subplots()
+    for i, (r, x, y) in enumerate(pts):
+        ax.scatter([x], [y], s=60, color=RUN_COLORS[i % len(RUN_COLORS)], zorder=3)
+        tps = f", {r.out_tps:,.0f} tok/s" if r.out_tps else ""
+        ax.annotate(f"{r.label}{tps}", (x, y), xytext=(6, 4), textcoords="offset points", fontsize=8)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_s(v)))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("worst gap in any steady stream (log)")
+    ax.set_ylabel(ylabel)
+    ax.margins(x=0.3, y=0.2)
+    tidy(ax)
+    spec.figure = fig
+    return spec
+
+
+def run_links(rows: list[Row], out_dir: Path) -> Links:
+    """Each run's own report, relative to the comparison's directory."""
+    return Links([(f"{r.label}: its own report",
+                   os.path.relpath((r.run.run_dir / "report").resolve(), out_dir.resolve())) for r in rows])
+
+
+def build_compare_document(runs: list[RunData], slos: SloSet, title: str = "Comparison",
+                           command: str = "", out_dir: Path | None = None) -> Document:
+    rows = make_rows(runs)
+    labels = [r.label for r in rows]
+    lines = verdict(rows, slos)
+    diffs = differing_settings(runs)
+    callouts = [Callout("info", " ".join(line for line in lines if line.startswith(("Meets", "No run", "Smoothest"))))]
+    if diffs:
+        callouts.insert(0, Callout("warn", "Compared with --force although the runs differ in "
+                                   + "; ".join(diffs) + "."))
+    base = runs[0].config
+    what = f"{base.get('workload')}, seed {base.get('seed')}" + (f", inject {base['inject']}" if base.get("inject")
+                                                                  else "")
+    sections = [
+        Section("Verdict").add(*lines),
+        Section("The runs").add(comparison_table(rows)),
+        Section("Where the streams froze").add(timelines_figure(runs, labels), gaps_figure(runs, labels)),
+        Section("Inter-token latency").add(cdf_figure(runs, labels), tradeoff_figure(rows)),
+        Section("Runs compared").add(Table(["setting", "directory", "command"],
+                                           [[r.label, str(r.run.run_dir), reproduce_command(r.run.doc)]
+                                            for r in rows], align_right_from=9)),
+    ]
+    if out_dir is not None:
+        sections[-1].add(run_links(rows, out_dir))
+    return Document(f"{title}: {what}", f"{len(runs)} runs · {runs[0].engine.name} · "
+                    f"written {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}", callouts, sections, command)
+
+
+def write_compare_report(dirs: list[Path], out_dir: Path, slo: str | None = None, force: bool = False,
+                         title: str = "Comparison", command: str = "") -> tuple[Written, list[Row], list[str]]:
+    runs = load_runs(dirs, force)
+    slos = parse_slo(slo)
+    doc = build_compare_document(runs, slos, title, command, out_dir)
+    rows = make_rows(runs)
+    written = write_document(doc, out_dir)
+    lines = verdict(rows, slos)
+    (out_dir / "compare.json").write_text(json.dumps({"rows": rows_as_dicts(rows), "verdict": lines},
+                                                     indent=2, default=str) + "\n")
+    return written, rows, lines
+
+
+def rows_as_dicts(rows: list[Row]) -> list[dict[str, Any]]:
+    return [{"setting": r.label, "run_dir": str(r.run.run_dir), "worst_gap_s": r.worst_s, "itl_p50_s": r.p50_s,
+             "itl_p99_s": r.p99_s, "itl_p999_s": r.p999_s, "injected_ttft_s": r.injected_ttft_s,
+             "output_tokens_per_s": r.out_tps, "stalls": r.stalls, "stalled_s": r.stalled_s,
+             "goodput_rps": r.goodput, "valid": r.valid, "engine": r.run.engine.name,
+             "figures_from": r.run.engine.source} for r in rows]
+
+
+def print_comparison(console: Console, rows: list[Row], lines: list[str], html: Path) -> None:
+    """The comparison table and verdict on the terminal, then where the report is."""
+    table = RichTable(title="Comparison (steady streams)")
+    for col in ("setting", "worst gap", "ITL p99", "p99.9", "injected TTFT", "output tok/s", "stalls", "valid"):
+        table.add_column(col, justify="left" if col == "setting" else "right")
+    for r in rows:
+        table.add_row(r.label, fmt_s(r.worst_s), fmt_s(r.p99_s), fmt_s(r.p999_s), fmt_s(r.injected_ttft_s),
+                      "—" if r.out_tps is None else f"{r.out_tps:,.0f}", f"{r.stalls:,}",
+                      {True: "yes", False: "NO", None: "?"}[r.valid])
+    console.print(table)
+    for line in lines:
+        console.print(f"  {line}", highlight=False)
+    console.print(f"[bold]Report[/] {html}", highlight=False)

@@ -1,0 +1,162 @@
+"""One run directory, read once for every figure and table of a report.
+
+The summary's numbers come from `summary.json` (recomputed when it is missing); the per-gap, per-stall
+and per-request frames the figures need are recomputed with the same analysis functions, so a figure
+and the number printed beside it cannot disagree. A run killed before it wrote its window still gets
+one, inferred from its records, and the report says so.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from itlbench.analysis import itl, ttft
+from itlbench.analysis.goodput import judge, parse_slo
+from itlbench.analysis.stalls import StallParams, analyze_stalls
+from itlbench.analysis.summary import summarize
+from itlbench.analysis.window import RunWindow, select_window
+from itlbench.errors import ConfigError
+from itlbench.report.engines import EngineLabel, detect_engine
+from itlbench.rundir.reader import load_tables
+
+CUT_SHORT_FRACTION = 0.95  # a measured window shorter than this share of --duration was cut short
+
+
+@dataclass
+class RunData:
+    """Everything a report draws from. Times in frames stay perf_counter ns; `t0_ns` is measure start."""
+
+    run_dir: Path
+    doc: dict[str, Any]
+    summary: dict[str, Any]
+    window: RunWindow
+    tables: dict[str, pl.DataFrame]
+    gaps: pl.DataFrame  # every gap that arrived in the window, all streams (itl.gap_table columns)
+    stalls: pl.DataFrame  # stalled steady gaps with cause
+    events: pl.DataFrame
+    ttft: pl.DataFrame  # ttft.ttft_table of the window's requests
+    judged: pl.DataFrame  # goodput.judge rows
+    engine: EngineLabel
+    cut_short: list[str] = field(default_factory=list)
+    window_inferred: bool = False
+
+    @property
+    def t0_ns(self) -> int:
+        return self.window.measure_start_ns
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dict(self.doc.get("config") or {})
+
+    @property
+    def engine_config(self) -> dict[str, Any] | None:
+        """The bundled (or itlbench external) engine's scheduler settings, if known."""
+        eng = self.doc.get("engine") or {}
+        inner = eng.get("engine") or (eng.get("itlbench") or {}).get("engine")
+        return dict(inner) if isinstance(inner, dict) else None
+
+    @property
+    def steps(self) -> pl.DataFrame:
+        return self.tables["steps"]
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+    def setting_label(self) -> str:
+        """What distinguishes this run in a comparison: budget/policy for itlbench engines, else the engine."""
+        eng = self.engine_config
+        if eng is None:
+            return self.engine.name
+        budget = eng.get("chunk_budget")
+        text = "unchunked" if budget is None else f"budget {budget}"
+        if eng.get("policy") and eng.get("policy") != "budget":
+            text += f", {eng['policy']}" + (" +mixed" if eng.get("mixed") else "")
+        return text if not self.engine.external else f"{self.engine.name}: {text}"
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Read a run directory (raises ConfigError naming RUN_DIR when it is not one)."""
+    path = Path(run_dir)
+    doc = read_json(path / "run.json")
+    if doc is None:
+        raise ConfigError("RUN_DIR", f"{path} has no readable run.json",
+                          "pass a directory written by `itlbench run`")
+    tables = load_tables(path)
+    window, inferred = _window(doc, tables)
+    params = _stall_params(doc)
+    slos = parse_slo(doc.get("slo") if isinstance(doc.get("slo"), str) else None)
+    summary = read_json(path / "summary.json")
+    if summary is None or inferred:
+        summary = summarize(tables, window, slos, params)  # type: ignore[assignment]
+    t = select_window(tables, window)
+    gaps = itl.gap_table(t["all_chunks"], t["all_requests"]).filter(
+        (pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
+    report = analyze_stalls(itl.steady(gaps), t["steps"], t["all_requests"], params, window.measure_start_ns,
+                            t["client_pauses"])
+    ttft_rows = ttft.ttft_table(t["requests"], t["steps"])
+    data = RunData(path, doc, summary, window, tables, gaps, report.stalls, report.events, ttft_rows,
+                   judge(ttft_rows, gaps, slos), detect_engine(doc, tables["server_metrics"], tables["steps"]),
+                   window_inferred=inferred)
+    data.cut_short = cut_short_reasons(data)
+    return data
+
+
+def _stall_params(doc: dict[str, Any]) -> StallParams:
+    d = StallParams()
+    factor, floor = doc.get("stall_factor"), doc.get("stall_floor_s")
+    return StallParams(factor=float(factor) if factor is not None else d.factor,
+                       floor_s=float(floor) if floor is not None else d.floor_s)
+
+
+def _window(doc: dict[str, Any], tables: dict[str, pl.DataFrame]) -> tuple[RunWindow, bool]:
+    """The run's own window, or (killed before it wrote one) the span of its records."""
+    if isinstance(doc.get("run_start_ns"), int) and isinstance(doc.get("end_ns"), int):
+        start = int(doc["run_start_ns"])
+        measure = doc.get("measure_start_ns")
+        return RunWindow(start, int(measure) if isinstance(measure, int) else start, int(doc["end_ns"])), False
+    times = [v for v in (tables["requests"]["scheduled_ns"].min(), tables["chunks"]["t_ns"].min()) if v is not None]
+    if not times:
+        raise ConfigError("RUN_DIR", "run.json has no window and the run recorded no requests",
+                          "nothing to report: the run ended before it sent anything")
+    start = int(min(times))  # type: ignore[call-overload]
+    ends = [v for v in (tables["chunks"]["t_ns"].max(), tables["requests"]["done_ns"].max()) if v is not None]
+    end = int(max(ends)) if ends else start  # type: ignore[call-overload]
+    warmup = float((doc.get("config") or {}).get("warmup_s") or 0.0)
+    measure = min(start + int(warmup * 1e9), end)
+    return RunWindow(start, measure, end), True
+
+
+def cut_short_reasons(data: RunData) -> list[str]:
+    """Plain sentences for every sign that the run did not run its course (empty: it did)."""
+    doc, reasons = data.doc, []
+    if data.window_inferred:
+        reasons.append("the run was killed before it wrote its end time; its window is inferred from "
+                       "the records it had flushed")
+    if doc.get("interrupted"):
+        reasons.append("it was interrupted (Ctrl-C)")
+    stop = doc.get("stop_reason")
+    if stop in ("stop_event", "interrupted"):
+        reasons.append("it was stopped by a signal")
+    if doc.get("aborted_reason"):
+        reasons.append(f"it was aborted: {doc['aborted_reason']}")
+    code = doc.get("server_exit_code")
+    if code is not None:
+        reasons.append(f"the engine server died during the run (exit code {code})")
+    planned = (doc.get("config") or {}).get("duration_s")
+    measured = data.window.seconds
+    if isinstance(planned, int | float) and planned > 0 and measured < CUT_SHORT_FRACTION * planned:
+        reasons.append(f"it measured {measured:.1f} s of the planned {planned:g} s")
+    return reasons

@@ -1,0 +1,66 @@
+"""Which engine a run measured, and where its server-side figures came from.
+
+The bundled engine and any itlbench server give a step log (every step's phase, tokens and time).
+Other servers are recognised by the metric prefix their `/metrics` exposes (`vllm:`, `sglang:`) or,
+failing that, by the `owned_by` field of `/v1/models`; their split then comes from server counters,
+or from nothing at all ("client only"), and every report row says which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+PREFIX_ENGINES = {"vllm:": "vLLM", "sglang:": "SGLang", "itlbench_": "itlbench server"}
+OWNED_BY_ENGINES = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp server",
+                    "llama.cpp": "llama.cpp server", "library": "Ollama", "ollama": "Ollama"}
+
+
+@dataclass(frozen=True)
+class EngineLabel:
+    name: str  # e.g. "itlbench bundled (cpu-small)", "vLLM"
+    external: bool
+    source: str  # where server-side figures come from: step log, server counters, client only
+    detected_from: str  # what told us the engine's name
+
+    @property
+    def has_steps(self) -> bool:
+        return self.source.startswith("engine step log")
+
+
+def metric_prefixes(server_metrics: pl.DataFrame) -> list[str]:
+    if server_metrics.is_empty():
+        return []
+    names = server_metrics["name"].unique().to_list()
+    return [p for p in PREFIX_ENGINES if any(str(n).startswith(p) for n in names)]
+
+
+def detect_engine(doc: dict[str, Any], server_metrics: pl.DataFrame, steps: pl.DataFrame) -> EngineLabel:
+    eng = doc.get("engine") or {}
+    target = doc.get("target") or {}
+    config = doc.get("config") or {}
+    external = bool(eng.get("external")) or target.get("kind") == "external" or bool(config.get("endpoint"))
+    has_steps = not steps.is_empty()
+    prefixes = metric_prefixes(server_metrics)
+    if not external:
+        model = (eng.get("engine") or {}).get("model") or config.get("model") or "?"
+        source = "engine step log" if has_steps else "client only (no step log was recorded)"
+        return EngineLabel(f"itlbench bundled ({model})", False, source, "run.json (bundled engine)")
+    if eng.get("itlbench"):
+        model = ((eng["itlbench"] or {}).get("engine") or {}).get("model") or config.get("model") or "?"
+        name, found = f"itlbench server ({model})", "GET /v1/engine"
+    elif prefixes:
+        name, found = PREFIX_ENGINES[prefixes[0]], f"/metrics series prefix {prefixes[0]}"
+    elif str(eng.get("owned_by") or "").lower() in OWNED_BY_ENGINES:
+        name, found = OWNED_BY_ENGINES[str(eng["owned_by"]).lower()], "/v1/models owned_by"
+    else:
+        name, found = "unknown OpenAI-compatible server", "nothing identified it"
+    if has_steps:
+        source = "engine step log (itlbench server on the same host)"
+    elif prefixes:
+        source = "server counters (" + ", ".join(f"{p}* from /metrics" for p in prefixes) + ")"
+    else:
+        source = "client only (no step log, no engine /metrics)"
+    return EngineLabel(name, True, source, found)

@@ -1,0 +1,175 @@
+"""`itlbench roofline`: the seeds' tables for any Llama-like model on any accelerator.
+
+`roofline_doc` computes every figure once, in SI units (FLOP, bytes, seconds, FLOP/s);
+`print_roofline` renders the same document as rich tables, so the JSON and the tables never disagree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from itlbench.engine.config import ModelConfig
+from itlbench.engine.roofline import CostModel, Gemm, Hardware, StepShape
+from itlbench.units import format_tokens
+
+
+def _phase_row(cm: CostModel, hw: Hardware, label: str, kind: str, shape: StepShape) -> dict[str, Any]:
+    c = cm.cost(shape)
+    roof = cm.time(shape, hw.with_(gemm_eff=1.0, attn_eff=1.0, mem_eff=1.0, step_overhead_s=0.0))
+    est = cm.time(shape, hw)
+    return {
+        "case": label, "kind": kind, "tokens": shape.tokens, "context_tokens": shape.context_tokens,
+        "gemm_flops": c.gemm_flops, "attention_flops": c.attn_flops, "flops": c.flops,
+        "weight_bytes": c.weight_bytes, "kv_read_bytes": c.kv_read_bytes, "kv_write_bytes": c.kv_write_bytes,
+        "bytes": c.bytes, "intensity_flop_per_byte": c.intensity, "bound": roof.bound,
+        "achievable_flop_per_s": min(hw.peak_flops, hw.mem_bw * c.intensity),
+        "roofline_time_s": roof.total_s, "estimated_time_s": est.total_s,
+    }
+
+
+def _gpu_row(cm: CostModel, hw: Hardware, prompt: int, batch: int, context: int) -> dict[str, Any]:
+    square = Gemm("d x d", cm.model.hidden_size, cm.model.hidden_size)  # the seeds' d = d' GEMM
+    prefill = cm.time(StepShape.prefill(prompt), hw).total_s
+    decode = cm.time(StepShape.decode(batch, context), hw).total_s
+    return {
+        "gpu": hw.name, "label": hw.label, "peak_flop_per_s": hw.peak_flops, "bandwidth_bytes_per_s": hw.mem_bw,
+        "memory_bytes": hw.memory_bytes, "ridge_flop_per_byte": hw.ridge,
+        "gemm_ridge_tokens": square.ridge_tokens(hw.ridge, cm.b),
+        "crossover_prompt_tokens": cm.crossover_tokens(hw.ridge),
+        "itl_floor_s": cm.weight_bytes / hw.mem_bw,
+        "decode_step_s": decode, "prefill_s": prefill, "stall_to_step_ratio": prefill / decode if decode else None,
+        "kv_capacity_tokens": cm.kv_capacity_tokens(hw),
+    }
+
+
+def roofline_doc(model: ModelConfig, hw: Hardware, compare: Sequence[Hardware], prompts: Sequence[int],
+                 batches: Sequence[int], context: int) -> dict[str, Any]:
+    cm = CostModel.for_hardware(model, hw)
+    gemms = [{"name": g.name, "d_in": g.d_in, "d_out": g.d_out,
+              "intensity_flop_per_byte": {str(t): g.intensity(t, cm.b) for t in (1, *batches, *prompts)},
+              "ridge_tokens": g.ridge_tokens(hw.ridge, cm.b)} for g in cm.gemms()]
+    phases = [_phase_row(cm, hw, f"prefill {format_tokens(p)}", "prefill", StepShape.prefill(p)) for p in prompts]
+    phases += [_phase_row(cm, hw, f"decode batch {b} @ {format_tokens(context)}", "decode",
+                          StepShape.decode(b, context)) for b in batches]
+    worst_prompt, big_batch = max(prompts), max(batches)
+    return {
+        "model": {"name": model.name, "params": cm.params, "layers": model.num_layers, "hidden": model.hidden_size,
+                  "heads": model.num_heads, "kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
+                  "vocab": model.vocab_size, "tied_embeddings": model.tie_word_embeddings},
+        "hardware": hw.to_dict() | {"ridge_flop_per_byte": hw.ridge},
+        "counting": cm.counting,
+        "weight_bytes": cm.weight_bytes,
+        "kv_bytes_per_token": cm.kv_bytes_per_token,
+        "itl_floor_s": cm.weight_bytes / hw.mem_bw,
+        "crossover_prompt_tokens": cm.crossover_tokens(hw.ridge),
+        "kv_capacity_tokens": cm.kv_capacity_tokens(hw),
+        "gemms": gemms,
+        "phases": phases,
+        "gpus": [_gpu_row(CostModel.for_hardware(model, g), g, worst_prompt, big_batch, context) for g in compare],
+        "gpu_table_case": {"prefill_tokens": worst_prompt, "decode_batch": big_batch, "decode_context": context},
+    }
+
+
+# ---------------------------------------------------------------------------------------- rendering
+
+
+def _sig3(v: float) -> str:
+    """Three significant digits, trailing zeros kept (34.0, 808, 4.80)."""
+    if v == 0 or not math.isfinite(v):
+        return f"{v:g}"
+    decimals = max(0, 2 - math.floor(math.log10(abs(v))))
+    return f"{round(v, decimals):,.{decimals}f}"
+
+
+def _si(value: float, unit: str) -> str:
+    if math.isinf(value):
+        return "never"
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{_sig3(value / factor)} {prefix}{unit}"
+    return f"{_sig3(value)} {unit}"
+
+
+def _time(s: float) -> str:
+    return f"{_sig3(s * 1e3)} ms" if s < 1 else f"{_sig3(s)} s"
+
+
+def _num(v: float) -> str:
+    return "never" if math.isinf(v) else f"{v:,.1f}" if v < 100 else f"{v:,.0f}"
+
+
+def print_roofline(console: Console, doc: dict[str, Any]) -> None:
+    m, hw = doc["model"], doc["hardware"]
+    console.print(f"[bold]{m['name']}[/] ({_si(m['params'], '')}params, {doc['counting']} counting) on "
+                  f"[bold]{hw['label']}[/]: {_si(hw['peak_flops'], 'FLOP/s')}, {_si(hw['mem_bw'], 'B/s')}, "
+                  f"ridge {hw['ridge_flop_per_byte']:.0f} FLOP/B, {hw['dtype']}", highlight=False)
+    console.print(f"[dim]{hw['source']}[/]", highlight=False)
+
+    t = Table(title="Weight GEMMs: intensity (FLOP/B) by token rows, and the rows at the ridge")
+    t.add_column("GEMM")
+    t.add_column("d_in × d_out", justify="right")
+    counts = list(doc["gemms"][0]["intensity_flop_per_byte"])
+    for n in counts:
+        t.add_column(f"T={n}", justify="right")
+    t.add_column("T at ridge", justify="right")
+    for g in doc["gemms"]:
+        t.add_row(g["name"], f"{g['d_in']} × {g['d_out']}", *(_num(g["intensity_flop_per_byte"][n]) for n in counts),
+                  _num(g["ridge_tokens"]))
+    console.print(t)
+
+    t = Table(title="Steps: FLOPs, bytes, intensity; achievable = min(peak, bandwidth × intensity)")
+    for col in ("case", "GEMM", "attention", "total", "bytes", "FLOP/B", "bound", "achievable", "roofline",
+                "estimated"):
+        t.add_column(col, justify="left" if col == "case" else "right")
+    for p in doc["phases"]:
+        t.add_row(p["case"], _si(p["gemm_flops"], "FLOP"), _si(p["attention_flops"], "FLOP"), _si(p["flops"], "FLOP"),
+                  _si(p["bytes"], "B"), _num(p["intensity_flop_per_byte"]), p["bound"],
+                  _si(p["achievable_flop_per_s"], "FLOP/s"), _time(p["roofline_time_s"]), _time(p["estimated_time_s"]))
+    console.print(t)
+    console.print(f"weights {_si(doc['weight_bytes'], 'B')} · KV {doc['kv_bytes_per_token']:,} B/token · ITL floor "
+                  f"(weights / bandwidth) {_time(doc['itl_floor_s'])} · crossover prompt length "
+                  f"{doc['crossover_prompt_tokens']:,.0f} tokens · KV room {doc['kv_capacity_tokens']:,} tokens "
+                  f"(90 % of memory less weights)", highlight=False)
+    console.print("[dim]roofline = at peak; estimated = at the profile's efficiencies "
+                  f"(GEMM {hw['gemm_eff']:.0%}, attention {hw['attn_eff']:.0%}, bandwidth {hw['mem_eff']:.0%}) "
+                  f"+ {hw['step_overhead_s'] * 1e3:g} ms per step[/]", highlight=False)
+
+    if not doc["gpus"]:
+        return
+    case = doc["gpu_table_case"]
+    t = Table(title=f"GPUs side by side (estimated prefill of {format_tokens(case['prefill_tokens'])} tokens; "
+                    f"decode batch {case['decode_batch']} at {format_tokens(case['decode_context'])} context)")
+    for col in ("GPU", "peak", "bandwidth", "ridge", "GEMM ridge T", "crossover", "ITL floor", "decode step",
+                "prefill", "stall ÷ step", "KV room"):
+        t.add_column(col, justify="left" if col == "GPU" else "right")
+    for g in doc["gpus"]:
+        ratio = g["stall_to_step_ratio"]
+        t.add_row(g["label"], _si(g["peak_flop_per_s"], "FLOP/s"), _si(g["bandwidth_bytes_per_s"], "B/s"),
+                  f"{g['ridge_flop_per_byte']:.0f}", _num(g["gemm_ridge_tokens"]), _num(g["crossover_prompt_tokens"]),
+                  _time(g["itl_floor_s"]), _time(g["decode_step_s"]), _time(g["prefill_s"]),
+                  "—" if ratio is None else f"{ratio:,.0f}×",
+                  "does not fit" if g["kv_capacity_tokens"] <= 0 else f"{g['kv_capacity_tokens']:,}")
+    console.print(t)
+
+
+def print_calibration(console: Console, result: Any, path: Any) -> None:
+    hw = result.profile
+    console.print(f"[bold]{hw.name}[/]: GEMM {hw.gemm_eff:.1%} of {_si(hw.peak_flops, 'FLOP/s')}, attention "
+                  f"{hw.attn_eff:.1%}, bandwidth {hw.mem_eff:.1%} of {_si(hw.mem_bw, 'B/s')}, "
+                  f"{hw.step_overhead_s * 1e3:.2f} ms per step (fit on {result.fit_steps} steps)", highlight=False)
+    t = Table(title="Prediction error on held-out steps")
+    for col in ("phase", "steps", "median step", "MAPE", "median APE"):
+        t.add_column(col, justify="left" if col == "phase" else "right")
+    for phase, e in result.errors.items():
+        t.add_row(phase, f"{e['steps']:,}", _time(e["median_s"]), f"{e['mape']:.1%}", f"{e['median_ape']:.1%}")
+    console.print(t)
+    if max(hw.gemm_eff, hw.attn_eff, hw.mem_eff) > 1:
+        console.print("[yellow]an efficiency above 100 % means the roofs it is relative to (measured now, or "
+                      "--base) are below what the run reached: a busier machine now, or the wrong --base[/]",
+                      highlight=False)
+    console.print(f"profile written to {path}: use it with --engine sim --gpu {path}", highlight=False)

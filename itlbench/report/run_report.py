@@ -1,0 +1,312 @@
+"""`itlbench report RUN_DIR`: one run as report.html + report.md + figures/, written into the run directory.
+
+Reading order: the verdict (what froze, why, and whether the run can be trusted), the stall picture,
+the engine's steps that explain it, then TTFT, ITL, throughput, split and goodput, and last what
+it takes to reproduce the run and what every figure means.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from itlbench.analysis.buckets import BUCKET_LABELS
+from itlbench.analysis.definitions import DEFINITIONS
+from itlbench.report.data import RunData, load_run
+from itlbench.report.document import (
+    Callout,
+    Code,
+    Definitions,
+    Document,
+    Section,
+    Table,
+    Written,
+    write_document,
+)
+from itlbench.report.figures import run_figures
+from itlbench.report.reproduce import reproduce_command
+from itlbench.report.style import fmt_s, fmt_tokens
+from itlbench.report.timeline import injected_spans, layout
+
+DEFINITION_NAMES = {"ttft": "TTFT", "itl": "ITL", "stall": "Stall", "split": "Prefill:decode split",
+                    "prompt_buckets": "Prompt buckets", "goodput": "Goodput", "validity": "Validity",
+                    "window": "Window", "percentiles": "Percentiles"}
+
+
+def first_sentence(text: str) -> str:
+    """The definition's first sentence, without its 'Name:' lead-in."""
+    head = text.split(": ", 1)[1] if ": " in text.split(".")[0] else text
+    end = head.find(". ")
+    return head if end < 0 else head[: end + 1]
+
+
+def title_of(data: RunData) -> str:
+    cfg = data.config
+    parts = [str(cfg.get("workload") or "run")]
+    if cfg.get("inject"):
+        parts.append(f"inject {cfg['inject']}")
+    parts.append(data.setting_label() if data.engine_config else data.engine.name)
+    return " · ".join(parts)
+
+
+def headline(data: RunData) -> str:
+    """The run in two plain sentences: what the injected prompt did, then the steady streams' ITL."""
+    s, out = data.summary, []
+    stalls = s.get("stalls") or {}
+    spans = injected_spans(data)
+    if spans:
+        span = spans[0]
+        lo, hi = data.t0_ns + int(span.start_s * 1e9), data.t0_ns + int(span.end_s * 1e9)
+        hit = data.stalls.filter((pl.col("t_prev_ns") < hi) & (pl.col("t_ns") > lo))
+        streams = max(1, layout(data)[1])
+        how = (f"in {span.steps} engine step{'s' if span.steps != 1 else ''} over {fmt_s(span.end_s - span.start_s)}"
+               if span.steps else f"over {fmt_s(span.end_s - span.start_s)} (client view)")
+        size = f"{fmt_tokens(span.prompt_tokens)} tokens" if span.prompt_tokens else "injected"
+        if hit.height:
+            victims = hit["request_id"].n_unique()
+            who = f"all {streams} steady streams" if victims >= streams else f"{victims} of {streams} steady streams"
+            out.append(f"While {span.request_id} ({size}) was prefilled {how}, {who} froze: {hit.height:,} "
+                       f"stalled gaps, the worst {fmt_s(hit['gap_s'].max())}.")  # type: ignore[arg-type]
+        else:
+            out.append(f"{span.request_id} ({size}) was prefilled {how} without stalling any steady stream.")
+        if span.ttft_s is not None:
+            out.append(f"Its own first token came after {fmt_s(span.ttft_s)}.")
+        if len(spans) > 1:
+            out.append(f"({len(spans)} prompts were injected; the figures shade every one.)")
+    elif stalls.get("count"):
+        out.append(f"{stalls['count']:,} stalled gaps in {stalls.get('victims', 0)} requests, worst "
+                   f"{fmt_s(stalls.get('worst_s'))}; no prompt was injected.")
+    else:
+        out.append("No stream stalled and no prompt was injected.")
+    itl = s.get("itl_s") or {}
+    thr = (s.get("throughput") or {}).get("output_tokens_per_s")
+    out.append(f"Steady streams: ITL p50 {fmt_s(itl.get('p50'))}, p99 {fmt_s(itl.get('p99'))}, "
+               f"p99.9 {fmt_s(itl.get('p999'))}, worst {fmt_s(itl.get('max'))}"
+               + (f"; {thr:,.0f} output tokens/s." if thr is not None else "."))
+    return " ".join(out)
+
+
+def callouts(data: RunData) -> list[Callout]:
+    out = []
+    if data.cut_short:
+        out.append(Callout("bad", "This run was cut short: " + "; ".join(data.cut_short)
+                           + ". Everything below covers only what it recorded."))
+    out.append(Callout("info", headline(data)))
+    s = data.summary
+    validity = s.get("validity") or {}
+    if s.get("valid") is False:
+        standing = validity.get("standing") or []
+        out.append(Callout("bad", "INVALID run: the client may have been the bottleneck: "
+                           + "; ".join(validity.get("reasons") or []) + "."
+                           + (f" Figures that still stand: {', '.join(standing)}." if standing else "")))
+    else:
+        f = validity.get("figures") or {}
+        out.append(Callout("ok", "Valid run: the client kept up (send lag p99 "
+                           f"{fmt_s(f.get('send_lag_p99_s'))}, event-loop lag p99 {fmt_s(f.get('loop_lag_p99_s'))}, "
+                           f"client CPU mean {f.get('cpu_mean_percent') or 0:.0f} % of a core)."))
+    warning = (s.get("bundling") or {}).get("warning")
+    if warning:
+        out.append(Callout("warn", warning))
+    if data.engine.external:
+        out.append(Callout("info", f"External engine: {data.engine.name} (identified by "
+                                   f"{data.engine.detected_from}); server-side figures from {data.engine.source}."))
+    return out
+
+
+def _num(v: Any, fmt: str = "{:,.2f}") -> str:
+    return "—" if v is None else fmt.format(v)
+
+
+def events_table(data: RunData) -> Table | None:
+    events = (data.summary.get("stalls") or {}).get("attribution") or []
+    if not events:
+        return None
+    rows = []
+    for ev in events[:8]:
+        injected = list(ev.get("injected_request_ids") or [])
+        others = [r for r in ev.get("prefill_request_ids") or [] if r not in injected]
+        who = ", ".join([f"{r} (injected)" for r in injected[:2]] + others[:2])
+        more = len(injected) + len(others) - min(2, len(injected)) - min(2, len(others))
+        rows.append([f"{ev.get('start_s', 0):.2f} s", str(ev.get("victims")), str(ev.get("stalls")),
+                     fmt_s(ev.get("worst_s")), str(ev.get("cause") or "unknown"),
+                     (who + (f" +{more}" if more > 0 else "")) or "—",
+                     fmt_tokens(ev.get("prefill_tokens")) if ev.get("prefill_tokens") else "—",
+                     fmt_s(ev.get("longest_step_s"))])
+    return Table(["start", "streams", "stalls", "worst gap", "cause", "prefilling", "prefill tokens",
+                  "longest step"], rows, "Stall events (stalls overlapping across streams), most streams first",
+                 align_right_from=1)
+
+
+def ttft_table(data: RunData) -> Table:
+    s = data.summary
+    ttft, parts = s.get("ttft_s") or {}, s.get("ttft_breakdown_s") or {}
+    rows = []
+    for b in (*BUCKET_LABELS, "all"):
+        d = ttft.get(b) or {}
+        if not d.get("count"):
+            continue
+        p = parts.get(b) or {}
+        rows.append([b, str(d["count"]), fmt_s(d.get("p50")), fmt_s(d.get("p90")), fmt_s(d.get("p99")),
+                     fmt_s(d.get("max")), fmt_s(p.get("client_lag_p50")), fmt_s(p.get("queue_p50")),
+                     fmt_s(p.get("prefill_p50"))])
+    return Table(["bucket", "requests", "p50", "p90", "p99", "max", "client lag p50", "queue p50", "prefill p50"],
+                 rows, "TTFT by prompt bucket")
+
+
+def itl_table(data: RunData) -> Table:
+    s = data.summary
+    rows = []
+    for key, name in (("itl_s", "pooled gaps, steady streams"), ("itl_all_s", "pooled gaps, all streams"),
+                      ("itl_per_token_s", "per token, steady streams"), ("tpot_s", "per request mean (TPOT)")):
+        d = s.get(key) or {}
+        rows.append([name, f"{d.get('count') or 0:,}", fmt_s(d.get("p50")), fmt_s(d.get("p90")),
+                     fmt_s(d.get("p99")), fmt_s(d.get("p999")), fmt_s(d.get("max"))])
+    return Table(["view", "samples", "p50", "p90", "p99", "p99.9", "max"], rows, "Inter-token latency")
+
+
+def totals_table(data: RunData) -> Table:
+    s = data.summary
+    thr, good, req = s.get("throughput") or {}, s.get("goodput") or {}, s.get("requests") or {}
+    split, stalls = s.get("split") or {}, s.get("stalls") or {}
+    causes = ", ".join(f"{k} {v['count']}" for k, v in sorted((stalls.get("by_cause") or {}).items())) or "—"
+    frac = split.get("prefill_frac")
+    rows = [["requests (window)", f"{req.get('total', 0)} (ok {req.get('ok', 0)}, errors {req.get('error', 0)}, "
+             f"timeouts {req.get('timeout', 0)}, injected {req.get('injected', 0)})"],
+            ["output throughput", f"{_num(thr.get('output_tokens_per_s'), '{:,.0f}')} tokens/s, "
+             f"{_num(thr.get('requests_per_s'))} requests/s"],
+            ["goodput", f"{_num(good.get('requests_per_s'))} requests/s ({good.get('good', 0)} of "
+             f"{good.get('total', 0)} met every SLO)"],
+            ["stalls", f"{stalls.get('count', 0):,} gaps, {fmt_s(stalls.get('stalled_s'))} stalled, worst "
+             f"{fmt_s(stalls.get('worst_s'))}, {stalls.get('victims', 0)} requests; by cause: {causes}"],
+            ["prefill : decode", f"{fmt_s(split.get('prefill_s'))} : {fmt_s(split.get('decode_s'))}"
+             + (f" ({frac:.0%} prefill)" if frac is not None else "") + f", source {split.get('source')}"],
+            ["measured window", f"{data.window.seconds:.1f} s"]]
+    check = (s.get("crosscheck") or {}).get("engine") or {}
+    if check.get("longest_step_s") is not None:
+        rows.append(["engine cross-check", f"worst client gap {fmt_s(check.get('worst_client_gap_s'))} vs "
+                     f"longest engine step {fmt_s(check.get('longest_step_s'))}"])
+    return Table(["", ""], rows, align_right_from=9)
+
+
+def _kv_table(title: str, d: dict[str, Any], skip: tuple[str, ...] = ()) -> Table:
+    rows = [[k, "—" if v is None else str(v)] for k, v in d.items() if k not in skip and not isinstance(v, dict)]
+    return Table(["setting", "value"], rows, title, align_right_from=9)
+
+
+def reproduce_section(data: RunData) -> Section:
+    doc = data.doc
+    sec = Section("Reproduce this run")
+    cmd = reproduce_command(doc)
+    if cmd:
+        sec.add("The command line that reproduces it (every setting written out):", Code(cmd))
+    if doc.get("argv"):
+        sec.add("It was started as:", Code(" ".join(str(a) for a in doc["argv"])))
+    sec.add(f"Engine: {data.engine.name} (identified by {data.engine.detected_from}); server-side figures from "
+            f"{data.engine.source}. Run created {doc.get('created', '?')}, itlbench {doc.get('itlbench_version', '?')}.")
+    sec.add(_kv_table("Settings (run.json config)", data.config, skip=("out", "reports_dir", "live", "engine")))
+    if data.engine_config:
+        sec.add(_kv_table("Engine (scheduler and model)", data.engine_config, skip=("extra",)))
+    model = ((doc.get("engine") or {}).get("model")) or {}
+    if isinstance(model, dict) and model:
+        sec.add(_kv_table("Model", model, skip=("rope_scaling",)))
+    sec.add(_kv_table("Versions", doc.get("versions") or {}), _kv_table("Hardware", doc.get("hardware") or {}))
+    return sec
+
+
+def goodput_misses(data: RunData) -> list[Table]:
+    """Every SLO that requests missed, by how many and by how much (goodput explains itself)."""
+    misses = (data.summary.get("goodput") or {}).get("misses") or []
+    if not misses:
+        return []
+    rows = [[str(m.get("slo")), str(m.get("cls") or "—"), str(m.get("bucket") or "—"), fmt_s(m.get("target_s")),
+             f"{m.get('missed')} of {m.get('of')}", fmt_s(m.get("median_s")), fmt_s(m.get("worst_s"))]
+            for m in misses]
+    return [Table(["SLO", "class", "bucket", "target", "missed", "median of the misses", "worst"], rows,
+                  "Why requests missed their SLOs", align_right_from=3)]
+
+
+def chunk_story(data: RunData) -> list[str]:
+    """What the steps that prefilled the first injected prompt say, in words."""
+    spans = injected_spans(data, whole_run=True)
+    if not spans or not spans[0].steps:
+        return []
+    sid = data.tables["requests"].filter(pl.col("request_id") == spans[0].request_id)["server_request_id"][0]
+    mine = (data.steps.filter(pl.col("prefill_request_ids").list.contains(sid))
+            .with_columns(((pl.col("end_ns") - pl.col("start_ns")) / 1e9).alias("dur_s")).sort("start_ns"))
+    rid = spans[0].request_id
+    if mine.height == 1:
+        return [f"One engine step prefilled all of {rid} in {fmt_s(mine['dur_s'][0])}: no decode could run until it "
+                "ended, so every stream waited that long for its next token."]
+    first, longest = float(mine["dur_s"][0]), float(mine["dur_s"].max())  # type: ignore[arg-type]
+    text = (f"{mine.height} steps prefilled {rid}, each a chunk of at most the token budget; every stream got one "
+            f"token per step, so its gaps are as long as the steps. The first chunk took {fmt_s(first)}, the "
+            f"longest {fmt_s(longest)}")
+    if longest > 1.5 * first:
+        text += (f" ({longest / first:.1f}× the first): a chunk late in the prompt attends to everything "
+                 "prefilled before it, so chunks get dearer as the prefix grows.")
+    else:
+        text += "."
+    return [text]
+
+
+def sweep_command(doc: dict[str, Any]) -> str:
+    """The run's own command as a sweep over chunk budgets."""
+    cmd = reproduce_command(doc).replace("itlbench run", "itlbench sweep", 1)
+    cmd = re.sub(r" --chunk-budget \S+", "", cmd)
+    return cmd.replace("itlbench sweep", "itlbench sweep --chunk-budget 512,2048,8192,none", 1)
+
+
+def build_document(data: RunData) -> Document:
+    figs = {f.key: f for f in run_figures(data)}
+    story = Section("What the streams saw").add(figs["stalls"])
+    if (t := events_table(data)) is not None:
+        story.add(t)
+    why = Section("Why: the engine's steps").add(*chunk_story(data), figs["engine_steps"])
+    check = ((data.summary.get("crosscheck") or {}).get("engine") or {}).get("injected") or []
+    for c in check:
+        why.add(f"{c['request_id']} ({fmt_tokens(c.get('prompt_tokens'))} tokens): client TTFT "
+                f"{fmt_s(c.get('client_ttft_s'))}, engine prefill span {fmt_s(c.get('engine_prefill_span_s'))} "
+                f"over {c.get('prefill_steps')} steps.")
+    if data.engine_config and not data.engine.external and injected_spans(data):
+        why.add("To weigh this stall against the long prompt's TTFT and the throughput, run the same workload at "
+                "several budgets:", Code(sweep_command(data.doc)))
+    sections = [
+        Section("The run in numbers").add(totals_table(data)),
+        story, why,
+        Section("Time to first token").add(figs["ttft"], ttft_table(data)),
+        Section("Inter-token latency").add(figs["itl_cdf"], itl_table(data)),
+        Section("Throughput, split and goodput").add(figs["throughput"], figs["split"], figs["goodput"],
+                                                     *goodput_misses(data)),
+        reproduce_section(data),
+        Section("Definitions").add(Definitions([(DEFINITION_NAMES.get(k, k), first_sentence(v))
+                                                for k, v in DEFINITIONS.items()])),
+    ]
+    subtitle = (f"{data.name} · {data.engine.name} · measured {data.window.seconds:.1f} s · "
+                f"{_hardware_line(data.doc)}")
+    return Document(title_of(data), subtitle, callouts(data), sections, reproduce_command(data.doc))
+
+
+def _hardware_line(doc: dict[str, Any]) -> str:
+    hw = doc.get("hardware") or {}
+    gpu = hw.get("cuda")
+    return f"{hw.get('cpu_count', '?')} CPUs" + (f", {gpu}" if gpu else ", no GPU") + \
+        f", torch {hw.get('torch') or '?'}"
+
+
+def write_run_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Written:
+    """Render one run's report into `out_dir` (default: the run directory itself)."""
+    data = load_run(run_dir)
+    return write_document(build_document(data), Path(out_dir) if out_dir else data.run_dir)
+
+
+
+
+def write_run_report_safely(run_dir: str | Path) -> tuple[Path | None, str | None]:
+    """For the end of a run: (report.html, None), or (None, why) — a report must never cost a run."""
+    try:
+        return write_run_report(run_dir).html, None
+    except Exception as exc:  # noqa: BLE001 - the run's records and summary are already safe on disk
+        return None, f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,79 @@
+"""Colours, sizes and small helpers every report figure shares, so one colour means one thing.
+
+Figures are built on `matplotlib.figure.Figure` (the Agg canvas, no pyplot state), which keeps
+report rendering safe inside a long-lived process and free of any display.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from itlbench.units import format_tokens
+
+STREAMING = "#4c78a8"        # tokens arriving at their usual pace
+PREFILL = "#e45756"          # prefill tokens, and stalls caused by prefill
+DECODE = "#4c78a8"           # decode tokens
+MIXED = "#b279a2"            # steps carrying both
+IDLE = "#bab0ac"
+WAITING = "#c9c9c9"          # a request sent and waiting for its first token
+INJECTED_SPAN = "#f58518"    # the injected prompt's prefill, shaded behind every panel
+GOOD = "#54a24b"
+MISSED = "#e45756"
+MUTED = "#9d9d9d"
+
+CAUSE_COLORS = {"prefill": PREFILL, "engine": "#9467bd", "preemption": "#8c564b",
+                "outside_engine": "#f2a900", "client": "#7f7f7f", None: "#e377c2"}
+CAUSE_NAMES = {"prefill": "prefill step(s)", "engine": "one long engine step", "preemption": "preemption",
+               "outside_engine": "outside the engine (HTTP, network)", "client": "the client's own pause",
+               None: "unknown (no step log)"}
+PHASE_COLORS = {"prefill": PREFILL, "mixed": MIXED, "decode": DECODE, "idle": IDLE}
+RUN_COLORS = ("#4c78a8", "#e45756", "#54a24b", "#f58518", "#b279a2", "#72b7b2", "#9d755d", "#ff9da6")
+WIDTH_IN = 11.0
+DPI = 110
+
+
+def new_figure(height_in: float, width_in: float = WIDTH_IN) -> Figure:
+    fig = Figure(figsize=(width_in, height_in), dpi=DPI, layout="constrained")
+    return fig
+
+
+def tidy(ax: Axes) -> None:
+    ax.spines["top"].set_visible(False)
+    ax.spines["right"].set_visible(False)
+    ax.grid(True, axis="y", color="#e6e6e6", linewidth=0.6)
+    ax.set_axisbelow(True)
+
+
+def png_bytes(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return buf.getvalue()
+
+
+def save_png(fig: Figure, path: Path) -> bytes:
+    data = png_bytes(fig)
+    path.write_bytes(data)
+    return data
+
+
+def fmt_s(value: float | None) -> str:
+    """Seconds the way a person reads them: 1.88 s, 46 ms, 0.3 ms."""
+    if value is None:
+        return "—"
+    v = float(value)
+    if abs(v) >= 10:
+        return f"{v:,.1f} s"
+    if abs(v) >= 1:
+        return f"{v:.2f} s"
+    if abs(v) >= 0.01:
+        return f"{v * 1e3:.0f} ms"
+    return f"{v * 1e3:.1f} ms"
+
+
+def fmt_tokens(n: int | float | None) -> str:
+    """32k when a multiple of 1024 (k = 1024 tokens everywhere), else grouped digits; — when unknown."""
+    return "—" if n is None else format_tokens(int(n))

@@ -1,0 +1,289 @@
+"""The stall picture: every stream's tokens over time, where they froze, and why.
+
+One row per steady stream (closed-loop streams keep their index; open-loop requests are packed
+into lanes so rows stay few). A row is drawn in the streaming colour while its gaps are ordinary and
+in its cause's colour across each stalled gap, so a prefill that freezes every stream shows as one
+vertical band. The injected prompts' prefill spans (from the engine's step log; from the client's
+send → first token when there is none) are shaded behind, and the lower panel gives every gap's size.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import polars as pl
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from itlbench.analysis import itl
+from itlbench.report.data import RunData
+from itlbench.report.style import (
+    CAUSE_COLORS,
+    CAUSE_NAMES,
+    INJECTED_SPAN,
+    MUTED,
+    STREAMING,
+    WAITING,
+    fmt_s,
+    fmt_tokens,
+    new_figure,
+    tidy,
+)
+
+
+@dataclass(frozen=True)
+class InjectedSpan:
+    """One injected prompt's prefill, seconds from measure start."""
+
+    request_id: str
+    start_s: float
+    end_s: float
+    prompt_tokens: int | None
+    steps: int  # engine steps that prefilled it; 0 = client view only
+    ttft_s: float | None
+
+    @property
+    def label(self) -> str:
+        size = f"{fmt_tokens(self.prompt_tokens)} tokens" if self.prompt_tokens else "?"
+        how = f"prefilled in {self.steps} step{'s' if self.steps != 1 else ''}" if self.steps \
+            else "waiting for its first token (client view)"
+        return f"{self.request_id} ({size}) {how}"
+
+
+def injected_spans(data: RunData, whole_run: bool = False) -> list[InjectedSpan]:
+    """Each injected request's prefill: its engine steps' span, else send → first token (those
+    overlapping the measured window, or every one with `whole_run`)."""
+    req = data.tables["requests"].filter(pl.col("injected").fill_null(False))
+    if req.is_empty():
+        return []
+    steps = data.steps.select("start_ns", "end_ns", pl.col("prefill_request_ids").alias("sid")).explode("sid")
+    out = []
+    for r in req.sort("scheduled_ns").iter_rows(named=True):
+        mine = steps.filter(pl.col("sid") == r["server_request_id"]) if r["server_request_id"] else steps.clear()
+        if mine.height:
+            lo, hi, n = int(mine["start_ns"].min()), int(mine["end_ns"].max()), mine.height  # type: ignore[arg-type]
+        elif r["sent_ns"] is not None and (r["first_token_ns"] or r["done_ns"]):
+            lo, hi, n = int(r["sent_ns"]), int(r["first_token_ns"] or r["done_ns"]), 0
+        else:
+            continue
+        ttft = (r["first_token_ns"] - r["scheduled_ns"]) / 1e9 if r["first_token_ns"] and r["scheduled_ns"] else None
+        out.append(InjectedSpan(r["request_id"], (lo - data.t0_ns) / 1e9, (hi - data.t0_ns) / 1e9,
+                                r["prompt_tokens"], n, ttft))
+    return out if whole_run else [s for s in out if s.end_s > 0 and s.start_s < data.window.seconds]
+
+
+def lanes(requests: pl.DataFrame, extra_ids: Iterable[str] = ()) -> tuple[dict[str, int], int, int]:
+    """request_id → row. Steady closed-loop streams keep their index; open-loop requests are
+    packed greedily by their [sent, done] span; injected requests get their own rows on top.
+    Returns (mapping, number of steady rows, total rows)."""
+    mapping: dict[str, int] = {}
+    closed = requests.filter(pl.col("stream").is_not_null() & ~pl.col("injected").fill_null(False))
+    streams = sorted(closed["stream"].unique().to_list())
+    index = {s: i for i, s in enumerate(streams)}
+    for rid, stream in closed.select("request_id", "stream").iter_rows():
+        mapping[rid] = index[stream]
+    n = len(streams)
+    free_at: list[int] = []
+    open_ = requests.filter(pl.col("stream").is_null() & ~pl.col("injected").fill_null(False))
+    spans = open_.select("request_id", pl.coalesce("sent_ns", "scheduled_ns").alias("lo"),
+                         pl.coalesce("done_ns", "last_token_ns", "sent_ns").alias("hi")).sort("lo")
+    for rid, lo, hi in spans.iter_rows():
+        lane = next((i for i, t in enumerate(free_at) if lo is not None and t <= lo), None)
+        if lane is None:
+            free_at.append(0)
+            lane = len(free_at) - 1
+        free_at[lane] = hi or lo or 0
+        mapping[rid] = n + lane
+    steady_rows = n + len(free_at)
+    for rid in sorted(set(extra_ids) - set(mapping) - set(requests["request_id"].to_list())):
+        mapping[rid] = steady_rows  # chunks whose request row was never written (a killed run)
+        steady_rows += 1
+    injected = requests.filter(pl.col("injected").fill_null(False)).sort("scheduled_ns")
+    for i, rid in enumerate(injected["request_id"].to_list()):
+        mapping[rid] = steady_rows + i
+    return mapping, steady_rows, steady_rows + injected.height
+
+
+def layout(data: RunData) -> tuple[dict[str, int], int, int]:
+    """lanes() of a run, including streams whose request rows a killed run never wrote."""
+    return lanes(data.tables["requests"], data.gaps.filter(~pl.col("injected"))["request_id"].unique().to_list())
+
+
+def _segments(data: RunData) -> pl.DataFrame:
+    """Per request: merged runs of ordinary gaps (cause 'streaming') and each stalled gap on its own, so
+    the tokens that arrive between stalls stay visible as thin white lines."""
+    stalls = data.stalls.select("request_id", "t_ns", pl.col("cause").fill_null("unknown"))
+    g = (data.gaps.join(stalls, on=["request_id", "t_ns"], how="left")
+         .with_columns(pl.col("cause").fill_null("streaming"))
+         .sort("request_id", "t_ns")
+         .with_columns(((pl.col("cause") != pl.col("cause").shift(1).over("request_id"))
+                        | (pl.col("cause") != "streaming"))
+                       .fill_null(True).cum_sum().over("request_id").alias("run")))
+    return (g.group_by("request_id", "run", "cause")
+            .agg(pl.col("t_prev_ns").min().alias("lo_ns"), pl.col("t_ns").max().alias("hi_ns")))
+
+
+def draw_rows(ax: Axes, data: RunData, spans: list[InjectedSpan], compact: bool = False) -> None:
+    """The per-stream rows: streaming colour while tokens flow, the cause's colour across stalls."""
+    mapping, steady_rows, total = layout(data)
+    segs = _segments(data)
+    bars: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
+    t0 = data.t0_ns
+    for rid, _run, cause, lo, hi in segs.iter_rows():
+        row = mapping.get(rid)
+        if row is None:
+            continue
+        bars[(row, cause)].append(((lo - t0) / 1e9, max((hi - lo) / 1e9, 1e-4)))
+    for span in spans:
+        ax.axvspan(span.start_s, span.end_s, color=INJECTED_SPAN, alpha=0.18, linewidth=0, zorder=0)
+    waiting = data.tables["requests"].filter(pl.col("injected").fill_null(False))
+    for rid, sent, first in waiting.select("request_id", "sent_ns", pl.coalesce("first_token_ns", "done_ns")).iter_rows():
+        if rid in mapping and sent is not None and first is not None:
+            ax.broken_barh([((sent - t0) / 1e9, (first - sent) / 1e9)], (mapping[rid] - 0.35, 0.7),
+                           facecolor="none", edgecolor=INJECTED_SPAN, hatch="///", linewidth=0.8)
+    steady = data.tables["requests"].filter(~pl.col("injected").fill_null(False))
+    waits: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for rid, sent, first in steady.select("request_id", "sent_ns", "first_token_ns").drop_nulls().iter_rows():
+        if rid in mapping and first > t0:
+            waits[mapping[rid]].append(((sent - t0) / 1e9, (first - sent) / 1e9))
+    for row, xs in waits.items():
+        ax.broken_barh(xs, (row - 0.12, 0.24), facecolors=WAITING, linewidth=0)
+    for (row, cause), xs in bars.items():
+        if cause == "streaming":
+            ax.broken_barh(xs, (row - 0.4, 0.8), facecolors=STREAMING, linewidth=0)
+        else:
+            ax.broken_barh(xs, (row - 0.4, 0.8), facecolors=CAUSE_COLORS.get(None if cause == "unknown" else cause),
+                           edgecolors="white", linewidth=0.4)
+    for rid, lo, prefill in open_stalls(data, spans):
+        if rid in mapping:
+            ax.broken_barh([((lo - t0) / 1e9, data.window.seconds - (lo - t0) / 1e9)], (mapping[rid] - 0.4, 0.8),
+                           facecolors="none", edgecolors=CAUSE_COLORS["prefill" if prefill else None],
+                           hatch="xxx", linewidth=0.5)
+    ax.set_xlim(0, data.window.seconds)
+    ax.set_ylim(total - 0.5, -0.5)
+    if total > steady_rows:
+        ax.axhline(steady_rows - 0.5, color=MUTED, linewidth=0.6)
+    ticks = list(range(0, steady_rows, max(1, steady_rows // 8)))
+    labels = [str(t) for t in ticks]
+    ticks += list(range(steady_rows, total))
+    labels += ["injected"] * (total - steady_rows)
+    ax.set_yticks(ticks, labels, fontsize=7 if compact else 8)
+    ax.set_ylabel("stream")
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def open_stalls(data: RunData, spans: list[InjectedSpan]) -> list[tuple[str, int, bool]]:
+    """Steady gaps still open when the window closed and already past their stall threshold:
+    (request_id, start ns, overlaps an injected prefill). The analysis counts a gap when it ends,
+    so these are drawn (hatched) but not counted."""
+    t = data.tables
+    end = data.window.end_ns
+    gaps = itl.gap_table(t["chunks"], t["requests"]).filter(
+        ~pl.col("injected") & (pl.col("t_prev_ns") < end) & (pl.col("t_ns") >= end))
+    if gaps.is_empty():
+        return []
+    medians = data.gaps.group_by("request_id").agg(pl.col("gap_s").median().alias("median_s"))
+    floor = float(data.doc.get("stall_floor_s") or 0.05)
+    factor = float(data.doc.get("stall_factor") or 5.0)
+    out = []
+    for rid, lo, med in gaps.join(medians, on="request_id", how="left").select(
+            "request_id", "t_prev_ns", "median_s").iter_rows():
+        if (end - lo) / 1e9 >= max(factor * (med or 0.0), floor):
+            at = (lo - data.t0_ns) / 1e9
+            out.append((rid, lo, any(s.start_s <= data.window.seconds and s.end_s >= at for s in spans)))
+    return out
+
+
+def span_groups(spans: list[InjectedSpan], min_gap_s: float) -> list[list[InjectedSpan]]:
+    """Injected spans that overlap (or nearly: closer than min_gap_s) share one annotation."""
+    groups: list[list[InjectedSpan]] = []
+    for span in sorted(spans, key=lambda s: s.start_s):
+        if groups and span.start_s < max(s.end_s for s in groups[-1]) + min_gap_s:
+            groups[-1].append(span)
+        else:
+            groups.append([span])
+    return groups
+
+
+def span_verdicts(data: RunData, groups: list[list[InjectedSpan]]) -> list[str]:
+    """What the stalls overlapping each group of injected spans did, in words."""
+    out = []
+    st = data.stalls
+    streams = max(1, layout(data)[1])
+    for group in groups:
+        lo = data.t0_ns + int(min(s.start_s for s in group) * 1e9)
+        hi = data.t0_ns + int(max(s.end_s for s in group) * 1e9)
+        name = group[0].request_id + (f" +{len(group) - 1}" if len(group) > 1 else "")
+        hit = st.filter((pl.col("t_prev_ns") < hi) & (pl.col("t_ns") > lo))
+        if hit.is_empty():
+            out.append(f"{name}: no stream stalled during its prefill")
+            continue
+        victims = hit["request_id"].n_unique()
+        share = "every stream" if victims >= streams else f"{victims} of {streams} streams"
+        out.append(f"{name}: {share} froze, worst gap {fmt_s(hit['gap_s'].max())}")  # type: ignore[arg-type]
+    return out
+
+
+def stall_picture(data: RunData) -> Figure:
+    """Rows of streams over time with stalls coloured by cause, and every gap's size below."""
+    spans = injected_spans(data)
+    _, steady_rows, total = layout(data)
+    rows_h = min(5.5, max(1.6, 0.14 * total + 0.6))
+    fig = new_figure(rows_h + 2.9)
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[rows_h, 2.3])
+    draw_rows(top, data, spans)
+    groups = span_groups(spans, 0.25 * data.window.seconds)
+    for group, verdict in zip(groups, span_verdicts(data, groups), strict=True):
+        top.annotate(verdict, xy=(max(0.0, group[0].start_s), -0.5), xytext=(0, 4), textcoords="offset points",
+                     fontsize=9, fontweight="bold", color="#7a3a00", annotation_clip=False, va="bottom")
+    if data.stalls.is_empty():
+        top.set_title("No stalls: every gap stayed under its stall threshold", fontsize=11, loc="left")
+    else:
+        worst = data.stalls["gap_s"].max()
+        top.set_title(f"Where streams froze: {data.stalls.height:,} stalled gaps in "
+                      f"{data.stalls['request_id'].n_unique()} requests, worst {fmt_s(worst)}",  # type: ignore[arg-type]
+                      fontsize=11, loc="left", pad=18 if spans else 6)
+    _gap_panel(bottom, data, spans)
+    handles = [Patch(color=STREAMING, label="tokens arriving"),
+               Patch(color=WAITING, label="request sent, waiting for its first token")]
+    causes = data.stalls["cause"].unique().to_list() if data.stalls.height else []
+    handles += [Patch(color=CAUSE_COLORS.get(c), label=f"stalled: {CAUSE_NAMES.get(c, c)}") for c in causes]
+    if open_stalls(data, spans):
+        handles.append(Patch(facecolor="white", edgecolor=CAUSE_COLORS["prefill"], hatch="xxx",
+                             label="still stalled when the window closed"))
+    if spans:
+        src = "engine steps" if any(s.steps for s in spans) else "client send → first token"
+        handles.append(Patch(color=INJECTED_SPAN, alpha=0.35, label=f"injected prompt's prefill ({src})"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(4, len(handles)), fontsize=8, frameon=False)
+    return fig
+
+
+def _gap_panel(ax: Axes, data: RunData, spans: list[InjectedSpan]) -> None:
+    """Every steady gap's size at its arrival; stalls in their cause's colour."""
+    t0 = data.t0_ns
+    steady = data.gaps.filter(~pl.col("injected"))
+    for span in spans:
+        ax.axvspan(span.start_s, span.end_s, color=INJECTED_SPAN, alpha=0.18, linewidth=0, zorder=0)
+    ax.scatter(((steady["t_ns"] - t0) / 1e9).to_numpy(), steady["gap_s"].to_numpy(), s=2, color=MUTED,
+               alpha=0.5, linewidths=0, rasterized=True)
+    for cause in data.stalls["cause"].unique().to_list() if data.stalls.height else []:
+        part = data.stalls.filter(pl.col("cause") == cause) if cause is not None \
+            else data.stalls.filter(pl.col("cause").is_null())
+        color = CAUSE_COLORS.get(cause)
+        ax.hlines(part["gap_s"].to_numpy(), ((part["t_prev_ns"] - t0) / 1e9).to_numpy(),
+                  ((part["t_ns"] - t0) / 1e9).to_numpy(), colors=color, linewidth=1.2, zorder=3)
+        ax.scatter(((part["t_ns"] - t0) / 1e9).to_numpy(), part["gap_s"].to_numpy(), s=9,
+                   color=color, linewidths=0, zorder=3)
+    if steady.height:
+        med = float(steady["gap_s"].median())  # type: ignore[arg-type]
+        ax.axhline(med, color="#555555", linestyle=":", linewidth=0.8)
+        ax.text(0.002, med, f" median gap {fmt_s(med)}", transform=ax.get_yaxis_transform(), fontsize=7,
+                va="bottom", color="#555555")
+        ax.set_yscale("log")
+    ax.set_ylabel("gap before each token (s)")
+    ax.set_xlabel("seconds since measurement start")
+    tidy(ax)

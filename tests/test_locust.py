@@ -1,0 +1,286 @@
+"""The Locust driver: master and workers as real processes on loopback, the same records as aiohttp.
+
+Locust is never imported here (it would monkey-patch this test process with gevent): everything runs
+through `locust_run`, which starts `locust_master` and `locust_worker` as subprocesses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from itlbench.analysis.summary import analyze_run
+from itlbench.cli import app
+from itlbench.engine.config import EngineConfig
+from itlbench.errors import ItlbenchError
+from itlbench.load.driver import DriveResult, Warmup, drive
+from itlbench.load.locust_job import LocustJob, WarmupGate
+from itlbench.load.locust_run import drive_locust
+from itlbench.load.target import Target
+from itlbench.orchestrate import run_load_test
+from itlbench.run_config import RunConfig
+from itlbench.rundir.reader import read_table
+from itlbench.rundir.store import RunStore
+from itlbench.testing.paced_server import PacedConfig, spawn
+from itlbench.testing.plans import fixed_streams
+
+FIXED = "itlbench.testing.plans:fixed_streams"
+MS = 1_000_000
+
+
+def _locust(url: str, run_dir: Path, *, streams: int, tokens: int, duration_s: float, workers: int = 2,
+            on_status: Callable[[str], None] = lambda s: None, during: Callable[..., Any] | None = None,
+            **job_kw: Any) -> tuple[DriveResult, dict[str, Any]]:
+    """A Locust run of `streams` fixed streams; `during(stop_event)` runs beside it."""
+    job = LocustJob.for_plan(Target(url, "paced", timeout_s=60.0), run_dir, duration_s=duration_s, factory=FIXED,
+                             plan_kwargs={"streams": streams, "tokens": tokens}, workers=workers, **job_kw)
+    store, doc = RunStore(run_dir), {}
+
+    async def main() -> DriveResult:
+        stop = asyncio.Event()
+        side = asyncio.create_task(during(stop)) if during else None
+        try:
+            return await drive_locust(job, store, on_status=on_status, stop_event=stop, driver_doc=doc)
+        finally:
+            if side is not None:
+                side.cancel()
+
+    try:
+        return asyncio.run(main()), doc
+    finally:
+        store.close()
+
+
+async def _wait_for(cond: Callable[[], bool], timeout_s: float = 120.0) -> None:
+    """Poll a condition on disk or in the process table (no fixed sleep stands in for it)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+def _ui_stats(ui: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(ui + "/stats/requests", timeout=10) as r:
+        return json.loads(r.read())["stats"]
+
+
+def _worker_pids() -> list[int]:
+    return [p.pid for p in psutil.Process().children(recursive=True)
+            if any("itlbench.load.locust_worker" in a for a in p.cmdline())]
+
+
+def test_warmup_gate_decides_like_the_aiohttp_driver():
+    s = 1_000_000_000
+    fixed = WarmupGate(Warmup(min_s=2.0), run_start_ns=10 * s, streams=3, duration_s=5.0)
+    assert fixed.fixed() and fixed.measure_start(0) == 12 * s and fixed.window(12 * s) == (12 * s, 17 * s)
+    gate = WarmupGate(Warmup(min_s=1.0, adaptive=True, max_s=4.0), run_start_ns=0, streams=2, duration_s=5.0)
+    gate.with_tokens.update({0, 1})
+    assert gate.measure_start(s // 2) is None, "never before min_s"
+    assert gate.measure_start(s + 7) == s + 7, "at min_s once every stream has a token"
+    late = WarmupGate(Warmup(min_s=1.0, adaptive=True, max_s=4.0), run_start_ns=0, streams=2, duration_s=5.0)
+    late.with_tokens.add(0)
+    assert late.measure_start(3 * s) is None, "waits for the second stream"
+    assert late.measure_start(4 * s) == 4 * s, "but not past max_s"
+
+
+def test_cli_process_never_imports_locust():
+    code = ("import sys, itlbench.cli, itlbench.orchestrate, itlbench.load.locust_run, itlbench.load.locust_job; "
+            "bad = [m for m in ('locust', 'gevent') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["--locust-ui"], "--locust-ui"),
+    (["--master-bind", "0.0.0.0:5557"], "--master-bind"),
+    (["--driver", "locust", "--master-bind", "5557"], "--master-bind"),
+    (["--driver", "gatling"], "--driver"),
+    (["--driver", "locust", "--metrics-port", "0"], "--metrics-port"),
+])
+def test_driver_flags_fail_clearly(args: list[str], flag: str):
+    res = CliRunner().invoke(app, ["run", *args])
+    assert res.exit_code == 2 and flag in " ".join(res.output.split()), res.output
+
+
+@pytest.mark.e2e
+def test_two_workers_on_the_bundled_engine_write_the_same_run_directory(tmp_path: Path):
+    engine = EngineConfig(model="tiny", device="cpu", chunk_budget=64, kv_blocks=256, max_model_len=1024, seed=0)
+    cfg = RunConfig(workload="chat-short", streams=4, inject="2x200@0.5s,1.5s", inject_max_tokens=8, duration_s=3.0,
+                    warmup_s=0.5, drain_timeout_s=60.0, seed=3, out=tmp_path / "run", engine=engine, live=False,
+                    driver="locust", workers=2)
+    snaps: list[Any] = []
+    run_dir, summary = run_load_test(cfg, progress=snaps.append)
+    assert any(s.measuring and s.sent for s in snaps), "the master forwards the workers' live progress"
+    req, chunks = read_table(run_dir, "requests"), read_table(run_dir, "chunks")
+    assert req.height and (req["status"] == "ok").all(), req.filter(pl.col("status") != "ok")
+    assert req["request_id"].n_unique() == req.height
+    # the schedule: each injection exactly once across both workers, and each stream's requests in plan order
+    run = json.loads((run_dir / "run.json").read_text())
+    plan = LocustJob.from_json((run_dir / "locust_job.json").read_text()).build_plan()
+    injected = req.filter(pl.col("injected")).sort("request_id")
+    assert injected["request_id"].to_list() == [f"inj-{i:03d}" for i in range(len(run["plan"]["injections"]))] \
+        and injected.height == 4
+    assert (injected["prompt_tokens"] == 200).all() and (injected["output_tokens"] == 8).all()
+    steady = req.filter(~pl.col("injected"))
+    assert sorted(steady["stream"].unique().to_list()) == [0, 1, 2, 3]
+    for s, rows in steady.sort("scheduled_ns").group_by("stream", maintain_order=True):
+        expected = [next(it) for it in [iter(plan.streams[s[0]])] for _ in range(rows.height)]
+        assert rows["request_id"].to_list() == [p.request_id for p in expected]
+        assert rows["prompt_tokens"].to_list() == [p.prompt_tokens for p in expected]
+        assert rows["max_tokens"].to_list() == [p.max_tokens for p in expected]
+    # token counts: exact lengths, every token in a chunk row
+    assert (req["output_tokens"] == req["max_tokens"]).all() and (req["output_tokens"] == req["output_tokens_reported"]).all()
+    per_req = chunks.group_by("request_id").agg(pl.col("n_tokens").sum(), pl.len().alias("n"))
+    joined = req.join(per_req, on="request_id")
+    assert joined.height == req.height
+    assert (joined["n_tokens"] == joined["output_tokens"]).all() and (joined["n"] == joined["num_chunks"]).all()
+    # both workers' parts merged; the run says which driver and how many workers made it
+    assert sorted(p.name for p in (run_dir / "requests").glob("*.parquet")) == ["part-90000.parquet",
+                                                                             "part-90001.parquet"]
+    assert not (run_dir / "workers").exists()
+    assert run["driver"]["name"] == "locust" and run["driver"]["workers"] == 2 and not run["driver"]["workers_died"]
+    assert [w["state"] for w in run["driver"]["worker_processes"]] == ["done", "done"]
+    assert run["end_ns"] - run["measure_start_ns"] == 3 * 10**9
+    assert read_table(run_dir, "steps").height and read_table(run_dir, "client_samples").height >= 4
+    # the analysis reads it unchanged
+    assert analyze_run(run_dir) == summary and summary["itl_s"]["p50"] > 0
+    assert summary["requests"]["injected"] == 4 and summary["window"]["seconds"] == 3.0
+
+
+def _errors(run_dir: Path, sends: dict[str, list[int]]) -> tuple[np.ndarray, np.ndarray, int]:
+    """(ITL error ns, client gaps ns, chunks missing) against the paced server's send log."""
+    req = read_table(run_dir, "requests").filter(pl.col("status") == "ok")
+    chunks = read_table(run_dir, "chunks").sort("request_id", "index")
+    times = dict(chunks.group_by("request_id").agg(pl.col("t_ns").sort()).iter_rows())
+    err, gaps, missing = [], [], 0
+    for rid, sid in req.select("request_id", "server_request_id").iter_rows():
+        client, server = np.asarray(times.get(rid, [])), np.asarray(sends[sid])
+        missing += len(server) - len(client)
+        err.append(np.diff(client) - np.diff(server))
+        gaps.append(np.diff(client))
+    return np.concatenate(err), np.concatenate(gaps), missing
+
+
+@pytest.mark.e2e
+def test_itl_through_locust_agrees_with_aiohttp_on_the_paced_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Tolerance: both drivers' median ITL error within 1 ms of the server's own send log, their median
+    gaps within 1 ms of each other, and 90 % of Locust's gaps within 10 ms of the server's (a 20 ms tick).
+    The workers estimate their clock offset as remote workers do (the truth on one host is 0)."""
+    monkeypatch.setenv("ITLBENCH_LOCUST_PROBE_CLOCK", "1")
+    results, offsets = {}, []
+    for driver in ("aiohttp", "locust"):
+        proc, url = spawn(PacedConfig(tick_s=0.02, first_delay_s=0.05))
+        run_dir = tmp_path / driver
+        try:
+            if driver == "aiohttp":
+                store = RunStore(run_dir)
+                asyncio.run(drive(fixed_streams(8, 30), Target(url, "paced"), store, duration_s=3.0,
+                                  drain_timeout_s=10.0))
+                store.close()
+            else:
+                _, doc = _locust(url, run_dir, streams=8, tokens=30, duration_s=3.0, drain_timeout_s=10.0)
+                offsets = [w["clock_offset_ns"] for w in doc["worker_processes"]]
+            with urllib.request.urlopen(url.removesuffix("/v1") + "/_log", timeout=60) as r:
+                sends = json.loads(r.read())["sends"]
+        finally:
+            proc.kill()
+            proc.wait()
+        results[driver] = _errors(run_dir, sends)
+    for driver, (err, _, missing) in results.items():
+        assert missing == 0, f"{driver}: chunks the server sent were not recorded"
+        assert err.size > 500, driver
+        assert abs(np.median(err)) < 1 * MS, f"{driver}: median ITL error {np.median(err) / MS:.3f} ms"
+    assert len(offsets) == 2 and all(o != 0 and abs(o) < 5 * MS for o in offsets), offsets
+    err, gaps, _ = results["locust"]
+    assert abs(np.median(gaps) - np.median(results["aiohttp"][1])) < 1 * MS
+    assert np.mean(np.abs(err) < 10 * MS) >= 0.9
+
+
+@pytest.mark.e2e
+def test_a_killed_worker_keeps_its_records_and_is_named(tmp_path: Path):
+    proc, url = spawn(PacedConfig(tick_s=0.01))
+    killed: dict[str, int] = {}
+
+    def parts(k: int) -> list[Path]:
+        return list((tmp_path / "workers" / str(k) / "requests").glob("*.parquet"))
+
+    async def kill_one(stop: asyncio.Event) -> None:
+        await _wait_for(lambda: bool(parts(0)) and bool(parts(1)))  # both have shipped finished requests
+        pid = _worker_pids()[0]
+        killed["pid"], killed["t_ns"] = pid, time.perf_counter_ns()
+        psutil.Process(pid).send_signal(signal.SIGKILL)
+
+    try:
+        res, doc = _locust(url, tmp_path, streams=4, tokens=20, duration_s=7.0, drain_timeout_s=5.0,
+                           warmup=Warmup(adaptive=True), during=kill_one)
+    finally:
+        proc.kill()
+        proc.wait()
+    died = doc["workers_died"]
+    assert [d["pid"] for d in died] == [killed["pid"]] and died[0]["exit_code"] == -signal.SIGKILL
+    assert died[0]["died_reason"] == "stopped sending heartbeats"
+    k = died[0]["k"]
+    req = read_table(tmp_path, "requests")
+    dead = pl.read_parquet(tmp_path / "requests" / f"part-{90000 + k:05d}.parquet")
+    assert dead.height >= 1 and (dead["status"] == "ok").all(), "what the dead worker finished survives"
+    dead_chunks = read_table(tmp_path, "chunks").filter(pl.col("request_id").is_in(dead["request_id"].implode()))
+    assert dead_chunks.height == dead["num_chunks"].sum()
+    survivor = pl.read_parquet(tmp_path / "requests" / f"part-{90000 + (1 - k):05d}.parquet")
+    assert survivor["sent_ns"].max() > killed["t_ns"], "the other worker kept the load going"
+    assert req["request_id"].n_unique() == req.height and res.stop_reason == "completed"
+
+
+@pytest.mark.e2e
+def test_printed_worker_command_joins_a_bound_master_and_an_interrupt_keeps_every_record(tmp_path: Path):
+    proc, url = spawn(PacedConfig(tick_s=0.01))
+    statuses: list[str] = []
+    started: list[subprocess.Popen[bytes]] = []
+
+    async def start_worker_then_stop(stop: asyncio.Event) -> None:
+        await _wait_for(lambda: any("locust-worker" in s for s in statuses))
+        command = next(s for s in statuses if "locust-worker" in s).split("`")[1].split()
+        assert command[:2] == ["itlbench", "locust-worker"]
+        started.append(subprocess.Popen([sys.executable, "-m", "itlbench.cli", *command[1:]],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        await _wait_for(lambda: bool(list((tmp_path / "workers" / "0" / "chunks").glob("*.parquet"))))
+        ui = next(s for s in statuses if s.startswith("Locust web UI: ")).split()[-1]
+        await _wait_for(lambda: "POST" in {e["method"] for e in _ui_stats(ui)})  # Locust's own view, live
+        stop.set()  # what Ctrl-C does in `itlbench run`
+
+    try:
+        res, doc = _locust(url, tmp_path, streams=3, tokens=3000, duration_s=60.0, workers=1,
+                           master_bind="127.0.0.1:0", on_status=statuses.append, during=start_worker_then_stop,
+                           locust_ui=True, locust_ui_port=0)
+        started[0].wait(30)
+    finally:
+        proc.kill()
+        proc.wait()
+        for p in started:
+            p.kill()
+    assert res.stop_reason == "interrupted" and doc["master_bind"] == "127.0.0.1:0"
+    req, chunks = read_table(tmp_path, "requests"), read_table(tmp_path, "chunks")
+    cancelled = req.filter(pl.col("status") == "cancelled")
+    assert cancelled.height == 3, "each stream's request in flight at the stop is recorded as cancelled"
+    assert (cancelled["output_tokens"] > 0).all() and chunks.height == req["num_chunks"].sum()
+    assert res.finished_ns - res.end_ns < 10 * 10**9
+
+
+def test_a_worker_that_cannot_build_the_plan_fails_the_run_with_its_reason(tmp_path: Path):
+    job = LocustJob.for_plan(Target("http://127.0.0.1:9/v1", "none"), tmp_path, duration_s=1.0,
+                             factory="itlbench.testing.plans:no_such_plan", workers=1)
+    with pytest.raises(ItlbenchError, match="worker 0 on .*AttributeError.*no_such_plan"):
+        asyncio.run(drive_locust(job, RunStore(tmp_path)))
+

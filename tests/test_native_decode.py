@@ -1,0 +1,158 @@
+"""The native CPU decode kernel computes what gathered, padded SDPA computes, in mixed batches too."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from itlbench.engine.attention import native
+from itlbench.engine.attention.sdpa import SdpaBackend
+from itlbench.engine.batch import FlatBatch
+from itlbench.engine.config import PRESETS, EngineConfig
+from itlbench.engine.engine import Engine
+from itlbench.engine.request import SamplingParams
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def kernel() -> native.PagedDecodeKernel:
+    k = native.load()
+    if k is None:
+        pytest.skip(f"native kernel unavailable: {native.unavailable_reason()}")
+    return k
+
+
+def make_step(starts: list[int], q_lens: list[int], heads: int, kv_heads: int, dim: int, block_size: int,
+              seed: int = 0) -> tuple[FlatBatch, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step over a cache whose blocks are handed out in shuffled order, so a kernel that reads the
+    wrong block (or past a sequence's end) cannot match."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    starts_np, lens_np = np.array(starts, np.int64), np.array(q_lens, np.int64)
+    seq_lens = starts_np + lens_np
+    per_req = -(-seq_lens // block_size)
+    num_blocks = int(per_req.sum()) + 4
+    order = rng.permutation(num_blocks)
+    tables = np.zeros((len(starts), int(per_req.max())), np.int64)
+    used = 0
+    for i, n in enumerate(per_req):
+        tables[i, :n] = order[used:used + n]
+        used += n
+    shape = (num_blocks, block_size, kv_heads, dim)
+    k_cache, v_cache = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    qsl = np.concatenate(([0], np.cumsum(lens_np)))
+    positions = np.concatenate([np.arange(s, s + n) for s, n in zip(starts_np, lens_np, strict=True)])
+    row_req = np.repeat(np.arange(len(starts)), lens_np)
+    slots = tables[row_req, positions // block_size] * block_size + positions % block_size
+    fused = torch.randn(int(qsl[-1]), heads + 2 * kv_heads, dim, generator=gen)
+    batch = FlatBatch(
+        input_ids=torch.zeros(int(qsl[-1]), dtype=torch.int64), positions=torch.from_numpy(positions),
+        slot_mapping=torch.from_numpy(slots), query_start_loc=torch.from_numpy(qsl).to(torch.int32),
+        seq_lens=torch.from_numpy(seq_lens).to(torch.int32), block_tables=torch.from_numpy(tables).to(torch.int32),
+        logits_indices=torch.from_numpy(qsl[1:] - 1), request_ids=tuple(f"r{i}" for i in range(len(starts))),
+        sample_requests=(), query_lens_np=lens_np, starts_np=starts_np, seq_lens_np=seq_lens,
+        block_tables_np=tables, block_size=block_size)
+    q, k, v = fused[:, :heads], fused[:, heads:heads + kv_heads], fused[:, heads + kv_heads:]
+    return batch, q, k, v, k_cache, v_cache
+
+
+def run(backend: SdpaBackend, step: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch, q, k, v, k_cache, v_cache = step
+    kc, vc = k_cache.clone(), v_cache.clone()
+    out = backend.forward(q, k, v, kc, vc, backend.prepare(batch))
+    return out, kc, vc
+
+
+CASES = [
+    # heads, kv_heads, dim, block, starts, q_lens: decode rows of every length class, with prefill beside
+    (4, 1, 32, 16, [0, 14, 15, 16, 40, 299, 1000], [1, 1, 1, 1, 1, 1, 1]),
+    (4, 2, 16, 16, [5, 0, 33, 70], [1, 20, 1, 1]),  # a fresh prefill among decodes
+    (6, 2, 24, 16, [3, 64, 17, 0], [1, 1, 9, 1]),  # head dim not a multiple of 16: the scalar path
+    (8, 8, 64, 32, [100, 31, 0], [1, 1, 1]),  # no grouping, wider blocks
+    (8, 2, 32, 8, [7, 500], [1, 1]),  # blocks narrower than a vector
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "block", "starts", "q_lens"), CASES)
+def test_native_decode_matches_gathered_sdpa(kernel, threads, heads, kv_heads, dim, block, starts, q_lens) -> None:
+    check_against_sdpa(kernel, threads, heads, kv_heads, dim, block, starts, q_lens)
+
+
+# Narrower vector widths than this machine's own: 8 lanes (AVX2) and 4 (SSE2, the x86-64 baseline).
+NARROWER = {"haswell": "avx2", "x86-64": "sse2"}
+
+
+@pytest.mark.parametrize("arch", list(NARROWER))
+def test_narrower_vector_builds_match_too(kernel, arch) -> None:
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86 targets")
+    flags = open("/proc/cpuinfo").read()
+    if NARROWER[arch] not in flags:
+        pytest.skip(f"this CPU cannot run {arch} code")
+    narrow, why = native.build(arch, [[f"-march={arch}", "-fopenmp"]])
+    assert narrow is not None, why
+    for case in CASES:
+        check_against_sdpa(narrow, 2, *case)
+
+
+def check_against_sdpa(kernel, threads, heads, kv_heads, dim, block, starts, q_lens) -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        step = make_step(starts, q_lens, heads, kv_heads, dim, block)
+        fast, reference = SdpaBackend(CPU), SdpaBackend(CPU, use_native=False)
+        fast.kernel = kernel
+        assert fast.decode_kernel == "native" and reference.decode_kernel == "sdpa"
+        meta = fast.prepare(step[0])
+        assert meta.native is not None and not meta.single
+        out, kc, vc = run(fast, step)
+        ref, ref_k, ref_v = run(reference, step)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(kc, ref_k) and torch.equal(vc, ref_v)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+
+
+def test_bfloat16_falls_back_to_padded_sdpa(kernel) -> None:
+    batch, q, k, v, k_cache, v_cache = make_step([9, 40, 0], [1, 1, 5], 4, 1, 32, 16)
+    half = (batch, q.bfloat16(), k.bfloat16(), v.bfloat16(), k_cache.bfloat16(), v_cache.bfloat16())
+    out, _, _ = run(SdpaBackend(CPU), half)
+    ref, _, _ = run(SdpaBackend(CPU, use_native=False), half)
+    assert torch.equal(out, ref)
+
+
+def test_engine_greedy_same_with_and_without_the_kernel(kernel) -> None:
+    torch.set_num_threads(1)
+    cfg = EngineConfig(model="tiny", device="cpu", chunk_budget=37, kv_blocks=256, max_model_len=1024)
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(3, PRESETS["tiny"].vocab_size, n).tolist() for n in (1, 17, 90, 250, 600)]
+    sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    outs = []
+    for use_kernel in (True, False):
+        engine = Engine(cfg)
+        if not use_kernel:
+            engine.runner.backend.kernel = None
+        assert engine.runner.backend.decode_kernel == ("native" if use_kernel else "sdpa")
+        outs.append(engine.generate(prompts, sp))
+    assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "prefix", "rows"), [(4, 1, 300, 37), (4, 2, 16, 16), (6, 2, 1, 50)])
+def test_extend_chunk_split_by_log_sum_exp_matches_masked_sdpa(heads, kv_heads, prefix, rows) -> None:
+    from itlbench.engine.attention import sdpa
+
+    if sdpa._FLASH_LSE is None:
+        pytest.skip("this torch has no CPU flash attention with log-sum-exp")
+    gen = torch.Generator().manual_seed(heads + prefix)
+    dim, total = 32, prefix + rows
+    q = torch.randn(rows, heads, dim, generator=gen)
+    k, v = torch.randn(total, kv_heads, dim, generator=gen), torch.randn(total, kv_heads, dim, generator=gen)
+    mask = torch.arange(total)[None, :] <= torch.arange(prefix, total)[:, None]
+    masked = sdpa._sdpa(q, k, v, mask=mask)
+    split = sdpa._extend_split(q, k[prefix:], v[prefix:], k[:prefix], v[:prefix])
+    torch.testing.assert_close(split, masked, atol=2e-5, rtol=1e-4)

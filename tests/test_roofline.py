@@ -1,0 +1,211 @@
+"""Roofline cost model: the seeds' arithmetic from the config, executed FLOPs against torch's counter."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from itlbench.cli import app
+from itlbench.engine.config import PRESETS, ModelConfig
+from itlbench.engine.roofline import GPUS, CostModel, Gemm, StepShape, load_hardware, measure_cpu
+from itlbench.errors import ConfigError
+
+LLAMA3_8B = PRESETS["llama-3-8b"]
+H100 = GPUS["h100"]
+
+
+def sig3(x: float) -> float:
+    """Round to three significant digits, the precision the seeds quote."""
+    return float(f"{x:.3g}")
+
+
+@pytest.fixture(scope="module")
+def cm() -> CostModel:
+    return CostModel.for_hardware(LLAMA3_8B, H100)
+
+
+def test_model_size_and_kv_bytes_come_from_the_config(cm: CostModel) -> None:
+    assert sig3(cm.params) == 8.03e9
+    assert sig3(cm.weight_bytes) == 16.1e9  # the seeds' 16.06 GB
+    assert cm.kv_bytes_per_token == 131_072  # 2 · 32 layers · 8 KV heads · 128 · 2 bytes = 128 KiB
+
+
+def test_ridge_and_weight_gemm_ridge() -> None:
+    assert sig3(H100.ridge) == 295
+    d = LLAMA3_8B.hidden_size
+    square = Gemm("d x d", d, d)
+    t = square.ridge_tokens(H100.ridge, 2)
+    assert sig3(t) == 345
+    assert square.intensity(round(t), 2) == pytest.approx(H100.ridge, rel=0.01)
+    assert square.intensity(1, 2) == pytest.approx(1.0, rel=0.01)  # decode: one FLOP per byte
+
+
+def test_prefill_2k_and_32k(cm: CostModel) -> None:
+    c = cm.cost(StepShape.prefill(2048))
+    assert (sig3(c.flops / 1e12), sig3(c.gemm_flops / 1e12), sig3(c.attn_flops / 1e12)) == (34.0, 32.9, 1.10)
+    assert sig3(c.intensity) == 2080  # the seeds' 2,082 to three digits
+    assert round(c.intensity) == 2082
+    c = cm.cost(StepShape.prefill(32768))
+    assert sig3(c.flops / 1e12) == 808
+    assert c.attn_flops / 1e12 == pytest.approx(282, abs=0.55)  # 281.5: the seeds' 808 − 526 = 282
+    assert cm.time(StepShape.prefill(32768), H100).bound == "compute"
+
+
+def test_decode_batch_32_and_batch_1(cm: CostModel) -> None:
+    c = cm.cost(StepShape.decode(32, 2048))
+    assert sig3(c.intensity) == 22.2
+    achievable = min(H100.peak_flops, H100.mem_bw * c.intensity)
+    assert achievable == pytest.approx(74e12, rel=0.01)  # the seeds' 74 TFLOP/s
+    assert achievable / H100.peak_flops == pytest.approx(0.075, abs=0.0005)  # 7.5 % of peak
+    one = StepShape.decode(1, 2048)
+    assert sig3(cm.cost(one).flops / 1e9) == 17.1
+    at_peak = H100.with_(gemm_eff=1.0, attn_eff=1.0, mem_eff=1.0)
+    assert sig3(cm.step_seconds(one, at_peak) * 1e3) == 4.87  # the seeds' 4.9 ms
+    assert cm.time(one, at_peak).bound == "memory"
+
+
+def test_itl_floor_and_crossover(cm: CostModel) -> None:
+    assert sig3(cm.weight_bytes / H100.mem_bw * 1e3) == 4.79  # the seeds' 4.8 ms
+    crossover = cm.crossover_tokens(H100.ridge)
+    assert cm.cost(StepShape.prefill(math.ceil(crossover))).intensity >= H100.ridge
+    assert cm.cost(StepShape.prefill(math.floor(crossover))).intensity < H100.ridge
+    assert 290 < crossover < 300  # the seeds' ≈ 296 (which ignores attention and KV writes)
+
+
+def test_the_seeds_stall_and_decode_step_at_their_efficiencies(cm: CostModel) -> None:
+    """40 % of peak compute, 80 % of bandwidth: a 32k prefill of ≈ 2.04 s against 9.2 ms decode steps."""
+    stall = cm.step_seconds(StepShape.prefill(32768), H100)
+    step = cm.step_seconds(StepShape.decode(32, 2048), H100)
+    assert (sig3(stall), sig3(step * 1e3)) == (2.04, 9.20)
+    assert round(stall / step) == 222  # the seeds' "222-fold"
+
+
+def test_gqa_tied_embeddings_and_executed_counting() -> None:
+    m = PRESETS["llama-3.2-1b"]  # tied embeddings, 8 KV heads of 64
+    assert m.tie_word_embeddings
+    textbook = CostModel(m, 2, "textbook")
+    executed = CostModel(m, 2, "executed")
+    assert textbook.kv_bytes_per_token == 2 * 16 * 8 * 64 * 2
+    assert textbook.params == executed.layer_linear_params + executed.norm_params + executed.table_params
+    chunk = StepShape.of([(512, 0, False)])  # a prefill chunk that does not reach its last token
+    last = StepShape.of([(512, 512, True)])
+    assert textbook.cost(chunk).gemm_flops == 2 * textbook.params * 512
+    assert executed.cost(chunk).gemm_flops == 2 * executed.layer_linear_params * 512
+    lm_head = 2 * m.vocab_size * m.hidden_size
+    assert executed.cost(last).gemm_flops - executed.cost(chunk).gemm_flops == lm_head
+    assert executed.cost(last).kv_read_bytes == 512 * executed.kv_bytes_per_token
+    untied = CostModel(LLAMA3_8B, 2, "executed")  # the untied input table is gathered, never multiplied
+    assert untied.params - untied.layer_linear_params - untied.norm_params == 2 * untied.table_params
+
+
+def test_executed_gemm_flops_match_torchs_flop_counter() -> None:
+    """An outside count: torch's FlopCounterMode around real engine steps of the tiny preset."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from itlbench.engine.config import EngineConfig
+    from itlbench.engine.engine import Engine
+    from itlbench.engine.request import SamplingParams
+
+    torch.set_num_threads(1)
+    engine = Engine(EngineConfig(model="tiny", kv_blocks=64, max_model_len=1024, chunk_budget=120))
+    engine.add_request(list(range(3, 103)), SamplingParams(max_tokens=3, ignore_eos=True))
+    engine.add_request(list(range(5, 55)), SamplingParams(max_tokens=3, ignore_eos=True))
+    cm = CostModel(PRESETS["tiny"], 4, "executed")
+    while engine.has_unfinished():
+        with FlopCounterMode(display=False) as counter:
+            engine.step()
+        rec = engine.step_log.since(engine.step_log.last_step)[0]
+        shape = StepShape(rec.scheduled_tokens, rec.num_sampled, rec.context_tokens, rec.attention_pairs)
+        counted = sum(v for op, v in counter.get_flop_counts()["Global"].items() if "mm" in str(op))
+        assert counted == cm.cost(shape).gemm_flops, rec
+
+
+def test_hardware_profiles_round_trip_and_errors(tmp_path: Path) -> None:
+    path = tmp_path / "gpu.json"
+    tuned = H100.with_(name="my-h100", gemm_eff=0.61, step_overhead_s=0.002)
+    tuned.save(path)
+    assert load_hardware(str(path)) == tuned
+    assert load_hardware("H100-SXM") == H100 and load_hardware("4090") == GPUS["rtx4090"]
+    path.write_text(json.dumps({"name": "x", "peak_flops": 1e12, "mem_bw": 1e11, "memory_bytes": 1e9, "speed": 3}))
+    with pytest.raises(ConfigError, match="unknown keys speed") as err:
+        load_hardware(str(path))
+    assert err.value.field == "--gpu"
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_hardware(str(path))
+    with pytest.raises(ConfigError) as err:
+        H100.with_(mem_eff=0.0)
+    assert err.value.field == "gpu.mem_eff"
+
+
+def test_measured_cpu_roofs_are_plausible() -> None:
+    cpu = measure_cpu(seconds=0.2)
+    assert cpu.counting == "executed" and cpu.dtype == "float32"
+    assert 1e9 < cpu.peak_flops < 1e14 and 1e8 < cpu.mem_bw < 1e12
+
+
+def test_roofline_command_json_and_tables(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["roofline", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["kv_bytes_per_token"] == 131_072 and sig3(doc["hardware"]["ridge_flop_per_byte"]) == 295
+    prefill = {p["case"]: p for p in doc["phases"]}
+    assert sig3(prefill["prefill 32k"]["flops"] / 1e12) == 808
+    assert [g["gpu"] for g in doc["gpus"]] == ["h100", "h200", "a100", "l40s", "rtx4090"]
+    ridges = {g["gpu"]: g["crossover_prompt_tokens"] for g in doc["gpus"]}
+    assert min(ridges, key=ridges.get) == "a100"  # lowest ridge: short prompts already compute-bound
+    # any Llama-like config.json works, e.g. an untied GQA model with its own head_dim
+    cfg = {"vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
+           "num_attention_heads": 32, "num_key_value_heads": 4, "max_position_embeddings": 2048}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    result = runner.invoke(app, ["roofline", "--model", str(tmp_path / "config.json"), "--gpu", "l40s",
+                                 "--compare", "none", "--prompt", "1k", "--batch", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    expected = ModelConfig("x", 32000, 2048, 5632, 22, 32, 4, 2048)
+    assert doc["model"]["params"] == expected.num_params
+    assert doc["kv_bytes_per_token"] == 2 * 22 * 4 * 64 * 2 and doc["gpus"] == []
+    result = runner.invoke(app, ["roofline", "--compare", "h100,l40s"], env={"COLUMNS": "220"})
+    assert result.exit_code == 0, result.output
+    for text in ("crossover prompt length 295 tokens", "131,072 B/token", "L40S", "222×", "34.0 TFLOP", "808 TFLOP"):
+        assert text in result.stdout
+
+
+def test_roofline_command_errors_name_the_flag() -> None:
+    runner = CliRunner()
+    for args, flag in ((["--gpu", "tpu"], "--gpu"), (["--prompt", "abc"], "--prompt"),
+                       (["--context", "1k,2k"], "--context"), (["--model", "nope"], "--model")):
+        result = runner.invoke(app, ["roofline", *args])
+        assert result.exit_code == 2 and flag in result.output, (args, result.output)
+
+
+def test_a_mixed_step_splits_into_its_prefill_and_decode_parts() -> None:
+    """The record of a real mixed step splits into shapes that add back up; the chunk dominates."""
+    import torch
+
+    from itlbench.engine.config import EngineConfig
+    from itlbench.engine.engine import Engine
+    from itlbench.engine.request import SamplingParams
+
+    torch.set_num_threads(1)
+    engine = Engine(EngineConfig(model="tiny", kv_blocks=128, max_model_len=2048, chunk_budget=256))
+    sp = SamplingParams(max_tokens=6, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(list(range(3 + i, 43 + i)), sp)
+    engine.step()
+    engine.add_request([400 + (7 * i) % 100 for i in range(1000)], sp)
+    engine.step()
+    rec = engine.step_log.since(engine.step_log.last_step)[0]
+    assert rec.phase == "mixed" and rec.decode_tokens == 3 and rec.decode_context_tokens == 3 * 40
+    prefill, decode = StepShape.split(rec.to_dict())
+    assert prefill + decode == StepShape(rec.scheduled_tokens, rec.num_sampled, rec.context_tokens,
+                                         rec.attention_pairs, rec.num_prefill_reqs + rec.num_decode_reqs)
+    assert decode == StepShape.decode(3, 40) and prefill == StepShape.of([(253, 0, False)])
+    share = CostModel(LLAMA3_8B, 2).prefill_share(StepShape.prefill(2016), StepShape.decode(32, 2048), H100)
+    assert 0.85 < share < 1.0

@@ -1,0 +1,136 @@
+"""Calibration: the fit recovers a known profile, and `itlbench calibrate` turns real step logs into one."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from itlbench.calibrate import StepData, calibrate, fit_params, mape, params_of, predict
+from itlbench.cli import app
+from itlbench.engine.config import PRESETS, EngineConfig
+from itlbench.engine.engine import Engine
+from itlbench.engine.request import SamplingParams
+from itlbench.engine.roofline import CostModel, Hardware, StepShape, load_hardware
+from itlbench.engine.sim import offline_engine, run_offline
+
+KNOWN = Hardware("known", "a made-up CPU", 100e9, 10e9, 8e9, dtype="float32", gemm_eff=0.55, attn_eff=0.2,
+                 mem_eff=0.7, step_overhead_s=0.004, seq_overhead_s=0.0002, counting="executed")
+
+
+def sim_steps(budget: int | None, seed: int) -> list:
+    """Step records of a simulated mixed workload (shapes only; times come from KNOWN below)."""
+    rng = np.random.default_rng(seed)
+    arrivals = [(int(i * 5e4), rng.integers(3, 8000, int(rng.integers(50, 3000))).tolist(),
+                 SamplingParams(max_tokens=int(rng.integers(5, 60)), ignore_eos=True)) for i in range(40)]
+    engine = offline_engine(EngineConfig(model="cpu-small", runner="sim", gpu="h100", chunk_budget=budget,
+                                         max_num_seqs=16, kv_blocks=4096))
+    run_offline(engine, arrivals)
+    return engine.step_log.since(0)
+
+
+def as_data(records: list, hw: Hardware, noise: float, seed: int) -> StepData:
+    cm = CostModel.for_hardware(PRESETS["cpu-small"], hw)
+    shapes = [StepShape(r.scheduled_tokens, r.num_sampled, r.context_tokens, r.attention_pairs,
+                        r.num_prefill_reqs + r.num_decode_reqs) for r in records]
+    costs = [cm.cost(s) for s in shapes]
+    true = np.array([cm.step_seconds(s, hw) for s in shapes])
+    rng = np.random.default_rng(seed)
+    return StepData(np.array([c.gemm_flops for c in costs]), np.array([c.attn_flops for c in costs]),
+                    np.array([c.bytes for c in costs]), np.array([float(s.sequences) for s in shapes]),
+                    true * rng.lognormal(0, noise, len(true)),
+                    np.array([r.phase for r in records]))
+
+
+def test_fit_recovers_a_known_profile_and_predicts_another_workload() -> None:
+    train = as_data(sim_steps(256, 1), KNOWN, noise=0.03, seed=1)
+    test = as_data(sim_steps(1024, 2), KNOWN, noise=0.0, seed=2)
+    assert len(train) > 100 and {"prefill", "decode", "mixed"} <= set(train.phase)
+    params = fit_params(train)
+    assert params == pytest.approx(params_of(KNOWN), rel=0.15)
+    assert mape(predict(params, test), test.seconds) < 0.03
+
+
+def write_run_dir(path: Path, engine: Engine, window: tuple[int, int] | None = None) -> Path:
+    """A run directory as `itlbench run` writes it: run.json and the steps table's parquet parts."""
+    (path / "steps").mkdir(parents=True)
+    rows = [r.to_dict() for r in engine.step_log.since(0)]
+    pl.DataFrame(rows).write_parquet(path / "steps" / "part-00000.parquet")
+    doc: dict = {"config": {"engine": engine.config.as_dict()},
+                 "engine": {"model": dataclasses.asdict(engine.model_config), "device": engine.device,
+                            "dtype": engine.dtype}}
+    if window:
+        doc["measure_start_ns"], doc["end_ns"] = window
+    (path / "run.json").write_text(json.dumps(doc, default=str))
+    return path
+
+
+def real_cpu_engine(budget: int, seed: int) -> Engine:
+    import torch
+
+    torch.set_num_threads(1)
+    engine = Engine(EngineConfig(model="tiny", chunk_budget=budget, kv_blocks=512, max_model_len=2048, device="cpu"))
+    rng = np.random.default_rng(seed)
+    for i in range(24):
+        engine.add_request(rng.integers(3, 500, int(rng.integers(20, 900))).tolist(),
+                           SamplingParams(max_tokens=int(rng.integers(4, 30)), ignore_eos=True), f"r{i}")
+        for _ in range(3):
+            engine.step()
+    while engine.has_unfinished():
+        engine.step()
+    return engine
+
+
+def test_calibrate_command_writes_a_profile_the_sim_can_use(tmp_path: Path) -> None:
+    run = write_run_dir(tmp_path / "run", real_cpu_engine(256, 0))
+    profile = tmp_path / "cpu.json"
+    result = CliRunner().invoke(app, ["calibrate", str(run), "--out", str(profile), "--base", "h100", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert set(doc["held_out"]) >= {"decode", "all"} and doc["held_out"]["all"]["steps"] > 5
+    assert doc["held_out"]["all"]["mape"] < 1.0  # a real fit, not a guess (tight bounds live in benchmarks/)
+    hw = load_hardware(str(profile))
+    assert hw.counting == "executed" and hw.dtype == "float32" and hw.peak_flops == 989e12
+    # the profile drives the simulator like any GPU preset
+    sim = offline_engine(EngineConfig(model="tiny", runner="sim", gpu=str(profile), kv_blocks=512,
+                                      max_model_len=2048))
+    sim.add_request(list(range(3, 200)), SamplingParams(max_tokens=3, ignore_eos=True))
+    while sim.has_unfinished():
+        sim.step()
+    first = sim.step_log.since(0)[0]
+    expected = CostModel.for_hardware(PRESETS["tiny"], hw).step_seconds(StepShape.prefill(197), hw)
+    assert first.duration_s == pytest.approx(expected, abs=1e-9)
+    # the fit is deterministic for a given split
+    again = calibrate([run], base=load_hardware("h100"))
+    assert again.profile == hw.with_(source=again.profile.source)
+
+
+def test_calibrate_rejects_what_it_cannot_use(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["calibrate", str(tmp_path)])
+    assert result.exit_code == 2 and "RUN_DIR" in result.output and "run.json" in result.output
+    sim = offline_engine(EngineConfig(model="tiny", runner="sim", gpu="h100", kv_blocks=64, max_model_len=512))
+    sim.add_request(list(range(3, 50)), SamplingParams(max_tokens=2, ignore_eos=True))
+    while sim.has_unfinished():
+        sim.step()
+    run = write_run_dir(tmp_path / "simrun", sim)
+    result = runner.invoke(app, ["calibrate", str(run)])
+    assert result.exit_code == 2 and "simulated run" in result.output
+    result = runner.invoke(app, ["calibrate", str(run), "--holdout", "1.5"])
+    assert result.exit_code == 2 and "--holdout" in result.output
+
+
+def test_calibration_uses_the_measured_window_only(tmp_path: Path) -> None:
+    """Warm-up and drain steps (outside run.json's window) are neither fitted nor scored."""
+    engine = real_cpu_engine(256, 1)
+    recs = engine.step_log.since(0)
+    lo, hi = recs[len(recs) // 4], recs[3 * len(recs) // 4]
+    run = write_run_dir(tmp_path / "run", engine, (lo.start_ns, hi.end_ns))
+    cal = calibrate([run], base=load_hardware("h100"))
+    inside = sum(1 for r in recs if r.scheduled_tokens and r.start_ns >= lo.start_ns and r.end_ns <= hi.end_ns)
+    assert cal.fit_steps + cal.errors["all"]["steps"] == inside < len(recs)

@@ -1,0 +1,94 @@
+"""The simulated engine behind the real HTTP server: paced by the virtual clock, measured like any engine."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from itlbench.engine.config import PRESETS, EngineConfig
+from itlbench.engine.roofline import GPUS, CostModel, StepShape
+from itlbench.server import BackgroundServer, ServerConfig
+
+SCALE = 4.0
+SIM = EngineConfig(model="llama-3.1-8b", runner="sim", gpu="h100", chunk_budget=None, max_model_len=32768,
+                   sim_time_scale=SCALE)
+
+
+@pytest.fixture(scope="module")
+def sim_server() -> Iterator[BackgroundServer]:
+    with BackgroundServer(ServerConfig(engine=SIM, port=0)) as srv:
+        yield srv
+
+
+def stream_gaps(client: openai.OpenAI, prompt: list[int], max_tokens: int, out: list[float]) -> None:
+    last = None
+    stream = client.completions.create(model="llama-3.1-8b", prompt=prompt, max_tokens=max_tokens, stream=True,
+                                       extra_body={"ignore_eos": True})
+    for chunk in stream:
+        now = time.perf_counter()
+        if chunk.choices and chunk.choices[0].text is not None and last is not None:
+            out.append(now - last)
+        last = now
+
+
+def test_served_sim_stalls_decoders_for_an_unchunked_prefill(sim_server: BackgroundServer) -> None:
+    client = openai.OpenAI(base_url=sim_server.base_url, api_key="unused", max_retries=0)
+    info = json.loads(urllib.request.urlopen(f"{sim_server.base_url}/engine", timeout=5).read())
+    assert info["device"] == "sim:h100" and info["dtype"] == "bfloat16"
+    gaps: list[list[float]] = [[] for _ in range(4)]
+    threads = [threading.Thread(target=stream_gaps, args=(client, list(range(3 + i, 3 + i + 500)), 400, gaps[i]))
+               for i in range(4)]
+    for t in threads:
+        t.start()
+    while not all(gaps):  # every stream is decoding
+        time.sleep(0.01)
+    long = client.completions.create(model="llama-3.1-8b", prompt=list(range(10, 10 + 16384)), max_tokens=2,
+                                     extra_body={"ignore_eos": True})
+    for t in threads:
+        t.join()
+    assert long.usage.prompt_tokens == 16384
+    cm = CostModel.for_hardware(PRESETS["llama-3.1-8b"], GPUS["h100"])
+    stall = cm.step_seconds(StepShape.prefill(16384) + StepShape.decode(4, 600), GPUS["h100"]) / SCALE
+    worst = [max(g) for g in gaps]
+    assert min(worst) > 0.9 * stall  # every stream waited for the prefill step
+    median = sorted(x for g in gaps for x in g)[len(gaps) * 200]
+    assert median < stall / 5  # and otherwise streamed at decode-step pace
+    steps = [json.loads(line) for line in urllib.request.urlopen(
+        f"{sim_server.base_url}/steps?since=0&follow=0", timeout=5).read().splitlines()]
+    big = max(steps, key=lambda s: s["prefill_tokens"])
+    assert big["prefill_tokens"] == 16384
+    shape = StepShape(big["prefill_tokens"] + big["decode_tokens"], big["num_sampled"], big["context_tokens"],
+                      big["attention_pairs"], big["num_prefill_reqs"] + big["num_decode_reqs"])
+    assert (big["end_ns"] - big["start_ns"]) / 1e9 == pytest.approx(cm.step_seconds(shape, GPUS["h100"]) / SCALE,
+                                                                    abs=1e-6)
+
+
+def test_served_disaggregated_pools_keep_decoders_streaming() -> None:
+    """The same load against prefill and decode on separate simulated GPUs: no stall, all tokens arrive."""
+    cfg = SIM.with_(sim_disaggregate=True, sim_prefill_gpu="h200")
+    with BackgroundServer(ServerConfig(engine=cfg, port=0)) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0)
+        info = json.loads(urllib.request.urlopen(f"{srv.base_url}/engine", timeout=5).read())
+        assert info["device"] == "sim:h200->h100"
+        gaps: list[list[float]] = [[] for _ in range(4)]
+        threads = [threading.Thread(target=stream_gaps, args=(client, list(range(3 + i, 3 + i + 500)), 300, gaps[i]))
+                   for i in range(4)]
+        for t in threads:
+            t.start()
+        while not all(gaps):
+            time.sleep(0.01)
+        long = client.completions.create(model="llama-3.1-8b", prompt=list(range(10, 10 + 16384)), max_tokens=3,
+                                         extra_body={"ignore_eos": True})
+        for t in threads:
+            t.join()
+    assert long.usage.completion_tokens == 3 and long.usage.prompt_tokens == 16384
+    assert [len(g) for g in gaps] == [299] * 4
+    h200 = CostModel.for_hardware(PRESETS["llama-3.1-8b"], GPUS["h200"])
+    prefill = h200.step_seconds(StepShape.prefill(16384), GPUS["h200"]) / SCALE
+    assert max(max(g) for g in gaps) < prefill / 2  # decode steps never waited for the prefill

@@ -1,0 +1,60 @@
+"""Where a step's time goes: the StepRecord split, hand-off time from a serving driver, context tokens,
+and the CPU decode layout of the projection weights."""
+
+from __future__ import annotations
+
+import torch
+
+from itlbench.engine.config import EngineConfig
+from itlbench.engine.engine import Engine
+from itlbench.engine.request import SamplingParams
+
+CFG = EngineConfig(model="tiny", device="cpu", chunk_budget=64, kv_blocks=128, max_model_len=512, seed=0)
+PARTS = ("schedule_ns", "prepare_ns", "forward_ns", "sample_ns", "output_ns")
+
+
+def test_step_split_adds_up_and_counts_context() -> None:
+    torch.set_num_threads(1)
+    engine = Engine(CFG)
+    sp = SamplingParams(max_tokens=3, ignore_eos=True, temperature=0.0)
+    engine.add_request(list(range(3, 23)), sp)  # 20 prompt tokens
+    engine.add_request(list(range(3, 103)), sp)  # 100: chunked, 44 in the first step
+    while engine.has_unfinished():
+        engine.step()
+    records = engine.step_log.since(0)
+    for r in records:
+        parts = [getattr(r, p) for p in PARTS]
+        assert all(p > 0 for p in parts), r
+        assert sum(parts) <= r.end_ns - r.start_ns
+        assert r.handoff_ns == 0  # nothing but this loop drives the engine
+    first, second = records[:2]
+    assert (first.prefill_tokens, first.context_tokens) == (64, 0)  # nothing cached yet
+    assert second.context_tokens == 20 + 44  # the first prompt decodes after 20, the second goes on after 44
+
+
+def test_context_tokens_grow_by_one_per_decode() -> None:
+    engine = Engine(CFG)
+    engine.add_request(list(range(3, 13)), SamplingParams(max_tokens=3, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    assert [(r.phase, r.context_tokens) for r in engine.step_log.since(0)] == [
+        ("prefill", 0), ("decode", 10), ("decode", 11)]
+
+
+def test_driver_handoff_lands_on_the_next_step_only() -> None:
+    engine = Engine(CFG)
+    engine.add_request([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
+    engine.step()
+    engine.note_handoff(12_345)
+    engine.step()
+    engine.step()
+    a, b, c = engine.step_log.since(0)
+    assert (a.handoff_ns, b.handoff_ns, c.handoff_ns) == (0, 12_345, 0)
+
+
+def test_cpu_projection_weights_are_column_major() -> None:
+    engine = Engine(CFG)
+    model = engine.runner.model
+    proj = model.layers[0].mlp.gate_up_proj
+    assert proj.t().is_contiguous() and not proj.is_contiguous()
+    assert model.embed_tokens.is_contiguous()  # indexed by row
