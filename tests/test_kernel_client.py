@@ -385,3 +385,17 @@ def test_broken_responses_recorded_alike_by_both_readers(response: bytes, kind: 
         out[cls] = {k: v for k, v in sink.rows["requests"][0].items() if k not in TIMES}
     assert out[KernelStreamClient] == out[StreamClient]
     assert out[KernelStreamClient]["error_kind"] == kind and out[KernelStreamClient]["status"] == "error"
+
+
+def test_worker_processes_read_with_kernel_stamps(tmp_path: Path) -> None:
+    from itlbench.load.multiproc import drive_workers
+    from itlbench.rundir.store import RunStore
+
+    from .test_load_multiproc import four_streams
+
+    store = RunStore(tmp_path)
+    with serve_in_thread(PacedConfig(tick_s=0.01)) as (_, url):
+        res = asyncio.run(drive_workers(four_streams, Target(url, "paced"), store, workers=2, duration_s=0.8))
+    store.close()
+    assert res.client.stream_reader == "kernel" and res.client.kernel_clock is not None
+    assert set(read_table(tmp_path, "chunks")["stamp"]) == {"kernel"}
