@@ -160,6 +160,8 @@ def run(
     locust_ui: Annotated[bool, typer.Option(help="--driver locust: serve Locust's web UI.")] = False,
     locust_ui_port: Annotated[int, typer.Option(help="Port of Locust's web UI (on 127.0.0.1).")] = 8089,
     live: Annotated[bool, typer.Option(help="Show the live progress line.")] = True,
+    stream_reader: Annotated[str, typer.Option(help="auto, kernel (kernel receive timestamps; plain http on Linux) "
+                                                    "or aiohttp (user-space timestamps).")] = "auto",
     metrics_port: Annotated[str | None, typer.Option(help="Serve live itlbench_client_* metrics for Prometheus on "
                                                           "this port (PORT or HOST:PORT; loopback by default).")] = None,
     otlp_endpoint: OtlpEndpoint = None,
@@ -190,7 +192,8 @@ def run(
                         trace=trace, time_scale=time_scale,
                         drain_timeout_s=parse_duration_s(drain_timeout, "--drain-timeout"), out=out,
                         workers=workers, live=live, metrics_port=metrics_port, otlp_endpoint=otlp_endpoint,
-                        driver=driver, master_bind=master_bind, locust_ui=locust_ui, locust_ui_port=locust_ui_port)
+                        driver=driver, master_bind=master_bind, locust_ui=locust_ui, locust_ui_port=locust_ui_port,
+                        stream_reader=stream_reader)
         cfg.validate()
         from itlbench.orchestrate import run_load_test
 

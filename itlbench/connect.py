@@ -56,7 +56,8 @@ def _bundled(cfg: RunConfig, run_dir: Path) -> Connection:
     server = BundledServer(cfg.engine, run_dir / "server.log", otlp_endpoint=cfg.otlp_endpoint).start()
     info = server.engine_info
     target = Target(base_url=server.base_url, model=str(info["served_model_name"]), api=cfg.api,
-                    accepts_token_ids=True, forced_lengths=True, timeout_s=cfg.request_timeout_s)
+                    accepts_token_ids=True, forced_lengths=True, timeout_s=cfg.request_timeout_s,
+                    stream_reader=cfg.stream_reader)
     doc = {"engine": info, "target": {"kind": "bundled", "base_url": server.base_url,
                                       "server_pid": server.process.pid if server.process else None}}
     return Connection(target, int(info["max_model_len"]), int(info["model"]["vocab_size"]),
@@ -75,7 +76,7 @@ def _external(cfg: RunConfig) -> Connection:
     vocab = _token_id_vocab(cfg, base, engine if same_clock else None, doc)
     target = Target(base_url=base, model=cfg.model or "", api=cfg.api, api_key=cfg.api_key,
                     accepts_token_ids=vocab is not None, forced_lengths=cfg.forced_lengths,
-                    timeout_s=cfg.request_timeout_s)
+                    timeout_s=cfg.request_timeout_s, stream_reader=cfg.stream_reader)
     steps_url = base if same_clock else None
     if vocab is not None:
         return Connection(target, max_len, vocab, steps_url=steps_url, metrics_url=base, doc=doc)

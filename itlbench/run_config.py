@@ -46,6 +46,7 @@ class RunConfig:
     time_scale: float = 1.0
     workers: int = 1
     live: bool = True
+    stream_reader: str = "auto"  # auto | kernel | aiohttp (load/kernel_client.select_reader)
     driver: str = "aiohttp"  # aiohttp | locust
     master_bind: str | None = None  # locust: the master listens here for workers started by hand
     locust_ui: bool = False  # locust: serve Locust's web UI
@@ -88,6 +89,9 @@ class RunConfig:
                               "0 reads /metrics only at the window's start and end; e.g. 5s adds periodic scrapes")
         if self.workers < 1:
             raise ConfigError("--workers", f"must be >= 1, got {self.workers}")
+        from itlbench.load.kernel_client import check_reader
+
+        check_reader(self.stream_reader, self.endpoint)
         if self.stall_factor <= 1:
             raise ConfigError("--stall-factor", f"must be > 1, got {self.stall_factor}")
         if self.stall_floor_s < 0:

@@ -154,7 +154,7 @@ def test_client_samples_and_progress(tmp_path):
         run(closed(2, 20), url, tmp_path, duration_s=0.8, warmup_s=0.2, sample_interval_s=0.1,
             on_progress=snaps.append)
     samples = table(tmp_path, "client_samples")
-    assert samples.height >= 6 and samples.columns == ["t_ns", "loop_lag_s", "cpu_percent", "in_flight"]
+    assert samples.height >= 6 and samples.columns == ["t_ns", "loop_lag_s", "cpu_percent", "in_flight", "clock_offset_ns"]
     assert samples["in_flight"].max() == 2 and samples["loop_lag_s"].min() >= 0
     assert len(snaps) >= 6 and snaps[-1].measuring and not snaps[0].measuring
     assert snaps[-1].itl_p50_ms is not None and snaps[-1].itl_p50_ms >= 0.9 * TICK_S * 1e3  # never under a tick

@@ -7,6 +7,13 @@ Views (percentiles per `stats.PERCENTILE_METHOD`):
              requests with fewer than 2 tokens have none
 The first chunk of a stream opens no gap (its arrival is TTFT). "Steady" views drop gaps of
 injected requests; "all" views keep them.
+
+Each gap also says how its two stamps were taken (`stamp`: "kernel" when both chunks carry kernel
+receive stamps, else "user") and, for kernel stamps, `late_bound_ns`: how much later than its bytes'
+arrival either stamp can be. A kernel stamp is that of the newest bytes its read returned, so it is
+exact for the last chunk of a read and an upper bound for the chunks before it in the same read
+(`read_chunks` > 1): those arrived no earlier than the previous read returned (the previous chunk's
+`t_read_ns`, or the request's send for a first chunk).
 """
 
 from __future__ import annotations
@@ -20,10 +27,14 @@ TPOT_KEYS: tuple[str, ...] = ("p50", "p90", "p99", "mean", "count")
 BUNDLING_WARN_FRACTION = 0.05
 
 
+_STAMP_COLUMNS = {"stamp": pl.Utf8, "t_read_ns": pl.Int64, "read_chunks": pl.Int64}
+
+
 def _tagged_chunks(chunks: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame:
     tags = requests.select("request_id", "cls", pl.col("injected").fill_null(False))
+    missing = [pl.lit(None, dtype=t).alias(c) for c, t in _STAMP_COLUMNS.items() if c not in chunks.columns]
     return (
-        chunks.join(tags, on="request_id", how="left")
+        chunks.with_columns(missing).join(tags, on="request_id", how="left")
         .with_columns(
             pl.col("injected").fill_null(False),
             pl.col("n_tokens").fill_null(1).clip(lower_bound=1),
@@ -32,14 +43,42 @@ def _tagged_chunks(chunks: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame
     )
 
 
-def gap_table(chunks: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame:
-    """One row per gap: request_id, cls, injected, t_prev_ns, t_ns, gap_s, n_tokens (of the later chunk)."""
+def _late_bound(requests: pl.DataFrame) -> pl.Expr:
+    """Per chunk: 0 for an exact kernel stamp, the bound for one shared with later bytes, null for user."""
+    prev_read = pl.col("t_read_ns").shift(1).over("request_id")
+    if "sent_ns" in requests.columns:
+        prev_read = prev_read.fill_null(pl.col("sent_ns"))
+    last_of_read = pl.col("t_ns") != pl.col("t_ns").shift(-1).over("request_id")
     return (
-        _tagged_chunks(chunks, requests)
-        .with_columns(pl.col("t_ns").shift(1).over("request_id").alias("t_prev_ns"))
+        pl.when(pl.col("stamp") != "kernel").then(pl.lit(None, dtype=pl.Int64))
+        .when(last_of_read.fill_null(True) | (pl.col("read_chunks").fill_null(1) <= 1)).then(pl.lit(0))
+        .otherwise((pl.col("t_ns") - prev_read).clip(lower_bound=0).fill_null(0))
+    )
+
+
+def gap_table(chunks: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame:
+    """One row per gap: request_id, cls, injected, t_prev_ns, t_ns, gap_s, n_tokens (of the later chunk),
+    stamp (kernel | user) and late_bound_ns (kernel stamps: how late either stamp can be; user: null)."""
+    sent = requests.select("request_id", "sent_ns") if "sent_ns" in requests.columns else None
+    tagged = _tagged_chunks(chunks, requests)
+    if sent is not None:
+        tagged = tagged.join(sent, on="request_id", how="left")
+    kernel = (pl.col("stamp") == "kernel").fill_null(False)
+    return (
+        tagged.with_columns(_late_bound(requests if sent is not None else pl.DataFrame()).alias("late_ns"),
+                            kernel.alias("kernel"))
+        .with_columns(pl.col("t_ns").shift(1).over("request_id").alias("t_prev_ns"),
+                      pl.col("late_ns").shift(1).over("request_id").alias("prev_late_ns"),
+                      pl.col("kernel").shift(1).over("request_id").alias("prev_kernel"))
         .drop_nulls("t_prev_ns")
-        .with_columns(ns_to_s(pl.col("t_ns") - pl.col("t_prev_ns")).alias("gap_s"))
-        .select("request_id", "cls", "injected", "t_prev_ns", "t_ns", "gap_s", "n_tokens")
+        .with_columns(ns_to_s(pl.col("t_ns") - pl.col("t_prev_ns")).alias("gap_s"),
+                      pl.when(pl.col("kernel") & pl.col("prev_kernel")).then(pl.lit("kernel"))
+                      .otherwise(pl.lit("user")).alias("stamp"))
+        .with_columns(pl.when(pl.col("stamp") == "kernel")
+                      .then(pl.max_horizontal("late_ns", "prev_late_ns"))
+                      .otherwise(pl.lit(None, dtype=pl.Int64)).alias("late_bound_ns"))
+        .select("request_id", "cls", "injected", "t_prev_ns", "t_ns", "gap_s", "n_tokens", "stamp",
+                "late_bound_ns")
     )
 
 

@@ -74,10 +74,30 @@ def cluster_events(stalls: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
             pl.len().cast(pl.Int64).alias("stalls"),
             pl.col("request_id").n_unique().cast(pl.Int64).alias("victims"),
             pl.col("gap_s").max().alias("worst_s"),
+            *_stamp_aggregates(stalls),
         )
         .sort("event")
     )
     return labelled, events
+
+
+def _stamp_aggregates(stalls: pl.DataFrame) -> list[pl.Expr]:
+    """An event is kernel-stamped when all its gaps are; its late bound is their largest."""
+    if "stamp" not in stalls.columns:
+        return []
+    return [pl.when((pl.col("stamp") == "kernel").all()).then(pl.lit("kernel")).otherwise(pl.lit("user"))
+            .alias("stamp"), pl.col("late_bound_ns").max().alias("late_bound_ns")]
+
+
+def _clip_client_pause(frame: pl.DataFrame) -> pl.DataFrame:
+    """A kernel receive stamp does not move while the client is paused: only a stamp shared with later
+    bytes (see itl.py, late_bound_ns) can be bent, and by no more than its bound."""
+    if "stamp" not in frame.columns:
+        return frame
+    bound = ns_to_s(pl.col("late_bound_ns").fill_null(0))
+    return frame.with_columns(
+        pl.when(pl.col("stamp") == "kernel").then(pl.min_horizontal("client_pause_s", bound))
+        .otherwise(pl.col("client_pause_s")).alias("client_pause_s"))
 
 
 def _request_map(requests: pl.DataFrame) -> pl.DataFrame:
@@ -111,7 +131,7 @@ def with_cause(frame: pl.DataFrame, worst: str, span: pl.Expr) -> pl.DataFrame:
     engine's; a client starved of CPU stretches a scrape, and that stays `client`, see
     analysis/starvation.py); client — the client itself could not read for
     at least half its worst gap (a garbage collection, a blocked event loop: a measurement artifact,
-    not the server's); preemption — a request was preempted in it;
+    not the server's; a kernel-stamped gap only as far as its stamps' late bound); preemption — a request was preempted in it;
     engine — one step lasted at least half its worst gap; outside_engine — the engine kept stepping
     in short steps, so the delay arose in the server's HTTP layer, the network or the client."""
     longest = pl.col("longest_step_s")
@@ -212,11 +232,11 @@ def analyze_stalls(
     stalls = _with_overlap(_with_overlap(stalls, "t_prev_ns", "t_ns", pauses, "client_pause_s"),
                            "t_prev_ns", "t_ns", scrapes, "scrape_s")
     stalls = _with_overlap(stalls, "t_prev_ns", "t_ns", starved, "client_starved_s")
-    stalls = with_cause(stalls, "gap_s", pl.col("gap_s"))
+    stalls = with_cause(_clip_client_pause(stalls), "gap_s", pl.col("gap_s"))
     events = _attach(events, "event", "start_ns", "end_ns", steps, requests)
     events = _with_overlap(_with_overlap(events, "start_ns", "end_ns", pauses, "client_pause_s"),
                            "start_ns", "end_ns", scrapes, "scrape_s")
-    events = _with_overlap(events, "start_ns", "end_ns", starved, "client_starved_s")
+    events = _clip_client_pause(_with_overlap(events, "start_ns", "end_ns", starved, "client_starved_s"))
     events = with_cause(events, "worst_s", ns_to_s(pl.col("end_ns") - pl.col("start_ns")))
     return StallReport(stalls, events, stall_summary(stalls, events, steps, params, origin_ns))
 

@@ -128,7 +128,7 @@ def summarize(
     client_stalls = int((stalls.summary.get("by_cause") or {}).get("client", {}).get("count", 0))  # type: ignore[union-attr]
     itl_section = _itl_section(chunks, requests, gaps)
     validity = check_validity(ttft_rows, t["client_samples"], itl_section["itl_s"],  # type: ignore[arg-type]
-                              thresholds, t["client_pauses"], client_stalls)
+                              thresholds, t["client_pauses"], client_stalls, itl.steady(gaps))
     out: dict[str, object] = {
         "window": {
             "run_start_ns": window.run_start_ns,

@@ -13,6 +13,12 @@ so a 13 ms late send does not void a 17 s TTFT while a starved client is still c
       loop lag stayed under 5 ms);
   stalls caused by the client's own pauses (garbage collection, a blocked loop): the stall figures
       and the ITL tail overstate the server's.
+Kernel receive stamps (chunks.stamp = "kernel", load/kernel_client.py) are taken when the bytes
+arrive, so a late or busy client no longer bends ITL or stalls: loop lag and CPU then count against
+TTFT's send side only. What can still bend them is a read that returned several chunks (the client
+came late, or the server sent them at once): their stamps' late bound (itl.py, late_bound_ns) is
+judged like the loop lag, its quantile against the pooled ITL's. A wall-clock step during the run
+(client_samples.clock_offset_ns moving by ≥ `min_delay_s`) shifts every later kernel stamp.
 The verdict names the figures affected and those that still stand. A figure with no data cannot
 invalidate a run.
 """
@@ -87,6 +93,35 @@ def _loop_lag_vs_itl(samples: pl.DataFrame, itl: dict[str, object]) -> tuple[str
     return None, None, None
 
 
+def _late_bound_vs_itl(kernel_gaps: pl.DataFrame, itl: dict[str, object]) -> tuple[str | None, float | None]:
+    """(quantile key, late bound of kernel stamps in s) at the highest quantile the gaps support."""
+    bounds = ns_to_s(kernel_gaps["late_bound_ns"]) if kernel_gaps.height else pl.Series([], dtype=pl.Float64)
+    for key, q in (("p99", 0.99), ("p90", 0.90)):
+        b = supported_quantile(bounds, q)
+        if b is not None and isinstance(itl.get(key), float | int):
+            return key, b
+    return None, None
+
+
+def stamp_figures(gaps: pl.DataFrame | None, samples: pl.DataFrame, itl: dict[str, object]) -> dict[str, object]:
+    """How the gaps were stamped, and what can still bend the kernel-stamped ones."""
+    if gaps is None or gaps.is_empty() or "stamp" not in gaps.columns:
+        return {"kernel_stamped_share": 0.0 if gaps is not None and "stamp" in gaps.columns else None,
+                "shared_read_share": None, "stamp_late_bound_s": None, "stamp_late_bound_stat": None,
+                "clock_step_s": None}
+    kernel = gaps.filter(pl.col("stamp") == "kernel")
+    key, bound = _late_bound_vs_itl(kernel, itl)
+    offsets = samples["clock_offset_ns"].drop_nulls() if "clock_offset_ns" in samples.columns else pl.Series([])
+    step = (int(offsets.max()) - int(offsets.min())) / 1e9 if offsets.len() and kernel.height else None  # type: ignore[arg-type]
+    return json_safe({  # type: ignore[return-value]
+        "kernel_stamped_share": kernel.height / gaps.height,
+        "shared_read_share": float((kernel["late_bound_ns"] > 0).mean()) if kernel.height else None,  # type: ignore[arg-type]
+        "stamp_late_bound_s": bound,
+        "stamp_late_bound_stat": key,
+        "clock_step_s": step,
+    })
+
+
 def figures(ttft: pl.DataFrame, samples: pl.DataFrame, itl: dict[str, object]) -> dict[str, object]:
     lag = ttft["client_lag_s"].drop_nulls()
     cpu = samples["cpu_percent"].drop_nulls()
@@ -105,26 +140,56 @@ def figures(ttft: pl.DataFrame, samples: pl.DataFrame, itl: dict[str, object]) -
     })
 
 
+def _kernel_checks(f: dict[str, object], itl: dict[str, object], th: ValidityThresholds) -> tuple[list[str], list[str]]:
+    """What can still bend kernel-stamped gaps: chunks that shared a read, and a wall-clock step."""
+    affected: list[str] = []
+    reasons: list[str] = []
+    bound, stat = f["stamp_late_bound_s"], f["stamp_late_bound_stat"]
+    gap = itl.get(stat) if isinstance(stat, str) else None
+    if isinstance(bound, float) and isinstance(gap, float | int) and bound >= max(th.min_delay_s,
+                                                                                  th.max_distortion * gap):
+        affected += ["itl_s", "stalls", "goodput"]
+        share = f["shared_read_share"]
+        reasons.append(f"{share:.1%} of kernel-stamped gaps touch a chunk read together with later bytes (a late "
+                       f"client, or a server sending several chunks at once): their stamps may be up to "
+                       f"{bound * 1e3:.1f} ms late at {stat}, ≥ {th.max_distortion:.0%} of the ITL {stat} "
+                       f"({gap * 1e3:.1f} ms)")
+    step = f["clock_step_s"]
+    if isinstance(step, float) and step >= th.min_delay_s:
+        affected += ["ttft_s", "itl_s", "stalls", "goodput"]
+        reasons.append(f"the wall clock was stepped by {step * 1e3:.1f} ms during the run: kernel stamps "
+                       "after the step are off by that much")
+    return affected, reasons
+
+
 def check_validity(ttft: pl.DataFrame, samples: pl.DataFrame, itl: dict[str, object],
                    thresholds: ValidityThresholds | None = None, pauses: pl.DataFrame | None = None,
-                   client_stalls: int = 0) -> dict[str, object]:
+                   client_stalls: int = 0, gaps: pl.DataFrame | None = None) -> dict[str, object]:
     """{valid, reasons, affected, standing, figures, thresholds}; `ttft` holds ttft.ttft_table rows,
-    `itl` the pooled ITL statistics being reported."""
+    `itl` the pooled ITL statistics being reported, `gaps` the gaps behind them (itl.gap_table)."""
     th = thresholds or ValidityThresholds()
-    f = {**figures(ttft, samples, itl), **pause_figures(pauses), "client_caused_stalls": client_stalls}
+    f = {**figures(ttft, samples, itl), **stamp_figures(gaps, samples, itl), **pause_figures(pauses),
+         "client_caused_stalls": client_stalls}
     affected, reasons = _send_lag_check(ttft, th)
     if affected:
         affected.append("goodput")
+    share = f["kernel_stamped_share"]
+    user_stamped = not isinstance(share, float) or share < 1.0 - th.late_fraction
     loop, gap, stat = f["loop_lag_s"], f["loop_lag_vs_itl_s"], f["loop_lag_stat"]
-    if loop is not None and gap is not None and loop >= max(th.min_loop_lag_s, th.max_distortion * gap):
+    if (user_stamped and loop is not None and gap is not None
+            and loop >= max(th.min_loop_lag_s, th.max_distortion * gap)):
         affected += ["itl_s", "goodput"]
         reasons.append(f"client event-loop lag {stat} {loop * 1e3:.1f} ms ≥ {th.max_distortion:.0%} of the ITL "
                        f"{stat} ({gap * 1e3:.1f} ms): chunk timestamps are late")
     cpu = f["cpu_mean_percent"]
     if cpu is not None and cpu > th.cpu_mean_percent:
-        affected += ["ttft_s", "itl_s", "stalls", "goodput"]
-        reasons.append(f"client CPU mean {cpu:.1f} % > {th.cpu_mean_percent:.0f} % of one core: "
-                       "the client saturated and stamps every chunk late")
+        affected += ["ttft_s", "itl_s", "stalls", "goodput"] if user_stamped else ["ttft_s", "goodput"]
+        reasons.append(f"client CPU mean {cpu:.1f} % > {th.cpu_mean_percent:.0f} % of one core: the client "
+                       + ("saturated and stamps every chunk late" if user_stamped else
+                          "saturated and sends late (its kernel receive stamps still hold)"))
+    k_affected, k_reasons = _kernel_checks(f, itl, th)
+    affected += k_affected
+    reasons += k_reasons
     if client_stalls:
         affected += ["stalls", "itl_s.max"]
         reasons.append(f"{client_stalls} stall gaps are the client's own pauses (stalls.by_cause.client): "

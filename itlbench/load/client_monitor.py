@@ -33,6 +33,8 @@ class ClientStats:
     send_lag_p99_s: float | None = None
     send_lag_max_s: float | None = None
     dropped_rows: dict[str, int] = field(default_factory=dict)
+    stream_reader: str = "aiohttp"  # kernel | aiohttp: where chunk stamps came from
+    kernel_clock: dict[str, int | None] | None = None  # kernel stamps' clock offset and its drift over the run
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -24,6 +24,8 @@ from typing import Any, Protocol
 
 from itlbench.errors import ConfigError
 from itlbench.load.client_monitor import ClientMonitor, ClientStats, PauseWatchdog, frozen_heap
+from itlbench.load.kclock import measure_offset
+from itlbench.load.kernel_client import make_stream_client
 from itlbench.load.progress import ProgressSnapshot, ms_percentile
 from itlbench.load.sink import RowSink
 from itlbench.load.sse_client import Outcome, StreamClient, StreamObserver
@@ -33,6 +35,7 @@ from itlbench.workloads.build import check_load_shape
 from itlbench.workloads.plan import LoadPlan, RequestPlan
 
 _now = time.perf_counter_ns
+KERNEL_WATCHDOG_TICK_S = 0.025
 STATUSES = ("ok", "error", "timeout", "cancelled")
 
 log = logging.getLogger(__name__)
@@ -227,7 +230,8 @@ async def _sample(run: _Run, monitor: ClientMonitor, sink: RowSink, run_start_ns
     """Every interval: a client_samples row, a progress snapshot, and a hand-off of rows to the store."""
     while True:
         t, lag, cpu = await monitor.tick()
-        row = {"t_ns": t, "loop_lag_s": lag, "cpu_percent": cpu, "in_flight": run.in_flight}
+        row = {"t_ns": t, "loop_lag_s": lag, "cpu_percent": cpu, "in_flight": run.in_flight,
+               "clock_offset_ns": measure_offset(samples=8).offset_ns}
         sink.add("client_samples", row)
         if on_sample is not None:
             on_sample(row)
@@ -351,7 +355,7 @@ async def drive(plan: LoadPlan, target: Target, store: RunStore, *, duration_s: 
     streams = [iter(s) for s in plan.streams]
     feed = _split_feed(iter(plan.open_loop))
     sink = RowSink(store)
-    client = StreamClient(target, sink, limit=0 if feed is not None else max(1, len(streams)), observer=observer)
+    client = make_stream_client(target, sink, limit=0 if feed is not None else max(1, len(streams)), observer=observer)
     run = _Run(client, max_connection_errors)
     monitor = ClientMonitor(sample_interval_s)
     with frozen_heap():
@@ -380,7 +384,10 @@ async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: Client
                    for k, it in zip(ids, streams, strict=True)}
         if feed is not None:
             workers.add(asyncio.create_task(_open_loop(run, feed)))
-        watchdog = PauseWatchdog(_pause_writer(sink, observer))
+        # kernel stamps do not move with the client's pauses and each chunk row carries its read delay,
+        # so the watchdog can tick slower there: its 5 ms wake-ups alone cost 2 % of a core here
+        watchdog = PauseWatchdog(_pause_writer(sink, observer),
+                                 tick_s=KERNEL_WATCHDOG_TICK_S if client.stamp_source_name() == "kernel" else 0.005)
         helpers = [asyncio.create_task(_sample(run, monitor, sink, run_start, on_progress,
                                                observer.on_sample if observer is not None else None)),
                    asyncio.create_task(watchdog.run())]
@@ -410,6 +417,8 @@ async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: Client
             await sink.aclose()
     stats = monitor.stats(run.send_lags)
     stats.dropped_rows = dict(sink.dropped)
+    stats.stream_reader = client.stamp_source_name()
+    stats.kernel_clock = client.clock_report()
     reason = run.stop_reason or ("aborted" if run.aborted_reason else "completed")
     measure_start = run.measure_start_ns if run.measure_start_ns is not None else run_start
     send_end = min(send_end, _now())

@@ -217,7 +217,10 @@ def _combine_stats(stats: list[ClientStats]) -> ClientStats:
         loop_lag_p99_s=max(s.loop_lag_p99_s for s in stats), loop_lag_max_s=max(s.loop_lag_max_s for s in stats),
         send_lag_p50_s=_worst([s.send_lag_p50_s for s in stats]),
         send_lag_p99_s=_worst([s.send_lag_p99_s for s in stats]),
-        send_lag_max_s=_worst([s.send_lag_max_s for s in stats]))
+        send_lag_max_s=_worst([s.send_lag_max_s for s in stats]),
+        stream_reader=stats[0].stream_reader,  # every worker selects it from the same target
+        kernel_clock=max((s.kernel_clock for s in stats if s.kernel_clock), default=None,
+                         key=lambda c: abs(c.get("drift_ns") or 0)))  # the worker whose clock moved most
 
 
 def merge_progress(snaps: list[ProgressSnapshot]) -> ProgressSnapshot:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from itlbench.load.chunk_rows import chunk_columns, hand_over, settled_end
 from itlbench.load.sink import RowWriter
 from itlbench.load.target import Target
 from itlbench.workloads.plan import RequestPlan
@@ -74,6 +75,7 @@ class _Exchange:
     saw_done: bool = False
     connection_error: bool = False
     chunks_written: int = 0  # chunk rows already handed to the sink (long streams write as they go)
+    read_times: list[int] | None = None  # user-space read time per chunk, where `times` holds kernel stamps
     watch: Any = None  # a StreamObserver's per-request state
 
 
@@ -152,6 +154,12 @@ class StreamClient:
         self.streams_with_tokens: set[int] = set()  # closed-loop streams that have received a token
         self._session: aiohttp.ClientSession | None = None
         self._headers = target.headers()
+
+    def stamp_source_name(self) -> str:
+        return "aiohttp"
+
+    def clock_report(self) -> dict[str, int | None] | None:
+        return None
 
     async def __aenter__(self) -> StreamClient:
         connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=0, ttl_dns_cache=300,
@@ -277,23 +285,27 @@ class StreamClient:
                 text = (delta.get("content") or delta.get("reasoning_content")) if delta else None
             n = 1 if text else 0
         if n:
-            times = ex.times
-            if times:
-                self.recent_itl_ns.append(t - times[-1])
-            else:
-                self.recent_ttft_ns.append(t - ex.scheduled_ns)
-                if ex.stream is not None:
-                    self.streams_with_tokens.add(ex.stream)
-            times.append(t)
-            ex.counts.append(n)
-            ex.tokens += n
-            if len(times) - ex.chunks_written >= CHUNK_ROWS_PER_HANDOFF:
-                self._write_chunks(ex)
-            if self.observer is not None:
-                self.observer.on_chunk(ex, t, n)
+            self._add_chunk(ex, t, n)
         fr = c.get("finish_reason")
         if fr:
             ex.finish_reason = fr
+
+    def _add_chunk(self, ex: _Exchange, t: int, n: int) -> None:
+        """One content chunk of `n` tokens stamped `t`."""
+        times = ex.times
+        if times:
+            self.recent_itl_ns.append(t - times[-1])
+        else:
+            self.recent_ttft_ns.append(t - ex.scheduled_ns)
+            if ex.stream is not None:
+                self.streams_with_tokens.add(ex.stream)
+        times.append(t)
+        ex.counts.append(n)
+        ex.tokens += n
+        if len(times) - ex.chunks_written >= CHUNK_ROWS_PER_HANDOFF:
+            self._write_chunks(ex, final=False)
+        if self.observer is not None:
+            self.observer.on_chunk(ex, t, n)
 
     def _record(self, ex: _Exchange, done_ns: int) -> None:
         p = ex.plan
@@ -315,12 +327,13 @@ class StreamClient:
         if self.observer is not None:
             self.observer.on_end(ex, done_ns)
 
-    def _write_chunks(self, ex: _Exchange) -> None:
+    def _write_chunks(self, ex: _Exchange, final: bool = True) -> None:
         """Hand over the chunk rows not yet written (index continues across hand-offs)."""
-        rid, start = ex.plan.request_id, ex.chunks_written
-        for i in range(start, len(ex.times)):
-            self.sink.add("chunks", {"request_id": rid, "index": i, "t_ns": ex.times[i], "n_tokens": ex.counts[i]})
-        ex.chunks_written = len(ex.times)
+        start = ex.chunks_written
+        end = settled_end(ex.times, start, final)
+        if end > start:
+            hand_over(self.sink, chunk_columns(ex.plan.request_id, ex.times, ex.counts, ex.read_times, start, end))
+            ex.chunks_written = end
 
 
 def _clip(data: bytes) -> str:
@@ -381,11 +394,16 @@ def _data_of(event: bytes) -> bytes | None:
 
 
 async def _error_message(resp: aiohttp.ClientResponse) -> str:
-    body = (await resp.content.read(4096)).decode(errors="replace")
+    return error_text(resp.status, await resp.content.read(4096))
+
+
+def error_text(status: int, raw: bytes) -> str:
+    """`HTTP <status>: <message>` from an error response's body (OpenAI JSON shape, else its text)."""
+    body = raw.decode(errors="replace")
     try:
         obj = json.loads(body)
         err = obj.get("error", obj) if isinstance(obj, dict) else obj
         msg = err.get("message", err) if isinstance(err, dict) else err
-        return f"HTTP {resp.status}: {msg}"
+        return f"HTTP {status}: {msg}"
     except ValueError:
-        return f"HTTP {resp.status}: {body.strip()[:500]}"
+        return f"HTTP {status}: {body.strip()[:500]}"

@@ -8,6 +8,7 @@ from typing import Any
 from itlbench.errors import ConfigError
 
 ENDPOINTS = {"completions": "/completions", "chat": "/chat/completions"}
+STREAM_READERS = ("auto", "kernel", "aiohttp")
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,8 @@ class Target:
     `forced_lengths`: add `ignore_eos` and `min_tokens = max_tokens` so every request generates
     exactly `max_tokens` (vLLM, SGLang and itlbench accept them; strict OpenAI servers do not).
     `timeout_s`: whole-request limit; None waits forever.
+    `stream_reader`: `kernel` (kernel receive stamps, plain HTTP on Linux), `aiohttp` (user-space
+    stamps), or `auto` (kernel where it can, else aiohttp).
     """
 
     base_url: str
@@ -29,8 +32,12 @@ class Target:
     timeout_s: float | None = 600.0
     temperature: float = 0.0
     extra_body: dict[str, Any] = field(default_factory=dict)
+    stream_reader: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.stream_reader not in STREAM_READERS:
+            raise ConfigError("--stream-reader", f"unknown reader {self.stream_reader!r}",
+                              "use auto, kernel or aiohttp")
         if self.api not in ENDPOINTS:
             raise ConfigError("api", f"unknown API {self.api!r}", "use 'completions' or 'chat'")
         if not self.base_url.startswith(("http://", "https://")):

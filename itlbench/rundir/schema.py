@@ -72,6 +72,9 @@ CHUNK_SCHEMA: dict[str, pl.DataType] = {
     "index": pl.Int64(),                # 0 = first token chunk
     "t_ns": pl.Int64(),                 # arrival time at the client
     "n_tokens": pl.Int64(),             # tokens carried (token_ids length, else 1)
+    "stamp": pl.Utf8(),                 # source of t_ns: "kernel" (socket receive time) | "user" (read returned)
+    "t_read_ns": pl.Int64(),            # when the client's read returned (= t_ns for "user" stamps)
+    "read_chunks": pl.Int64(),          # content chunks of this request completed by the same read (1 = alone)
 }
 
 # One row per engine step (the bundled engine's /v1/steps stream): the columns are StepRecord's
@@ -105,6 +108,7 @@ CLIENT_SAMPLE_SCHEMA: dict[str, pl.DataType] = {
     "loop_lag_s": pl.Float64(),         # event-loop lag: how late a periodic timer fired
     "cpu_percent": pl.Float64(),        # client process CPU, 100 = one core
     "in_flight": pl.Int64(),            # requests open at the sample time
+    "clock_offset_ns": pl.Int64(),      # CLOCK_REALTIME − perf_counter_ns: kernel stamps map through it
 }
 
 # Intervals in which the client could not have read the network on time: its event loop woke late
@@ -130,6 +134,13 @@ TABLES: dict[str, dict[str, pl.DataType]] = {
 
 def empty(table: str) -> pl.DataFrame:
     return pl.DataFrame(schema=TABLES[table])
+
+
+def columns_frame(table: str, columns: dict[str, list[object]]) -> pl.DataFrame:
+    """Columns (missing ones become null) as a frame with the table's exact schema."""
+    schema = TABLES[table]
+    n = len(next(iter(columns.values()), []))
+    return pl.DataFrame({k: columns.get(k, [None] * n) for k in schema}, schema=schema)
 
 
 def frame(table: str, rows: list[dict[str, object]]) -> pl.DataFrame:

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from itlbench.rundir.schema import TABLES, frame
 
 
@@ -25,6 +27,7 @@ class RunStore:
         self.flush_every_s = flush_every_s
         self.max_buffer_rows = max_buffer_rows
         self._buffers: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
+        self._frames: dict[str, list[pl.DataFrame]] = {name: [] for name in TABLES}  # column-built batches
         self._parts: dict[str, int] = {name: 0 for name in TABLES}
         self._rows_written: dict[str, int] = {name: 0 for name in TABLES}
         self._lock = threading.Lock()
@@ -44,6 +47,13 @@ class RunStore:
                 self._buffers[table].extend(rows)
             self.maybe_flush()
 
+    def add_frame(self, table: str, df: pl.DataFrame) -> None:
+        """A batch already built column-wise with the table's schema (see schema.columns_frame)."""
+        if df.height:
+            with self._lock:
+                self._frames[table].append(df)
+            self.maybe_flush()
+
     def maybe_flush(self) -> None:
         """Flush when the interval has passed; cheap to call from hot loops."""
         if time.monotonic() - self._last_flush >= self.flush_every_s:
@@ -54,21 +64,26 @@ class RunStore:
         for name in names:
             with self._lock:
                 rows, self._buffers[name] = self._buffers[name], []
+                frames, self._frames[name] = self._frames[name], []
                 part = self._parts[name]
-                if rows:
+                if rows or frames:
                     self._parts[name] += 1
-            if rows:
-                self._write_part(name, part, rows)
+            if rows or frames:
+                self._write_part(name, part, rows, frames)
         self._last_flush = time.monotonic()
 
-    def _write_part(self, table: str, part: int, rows: list[dict[str, Any]]) -> None:
+    def _write_part(self, table: str, part: int, rows: list[dict[str, Any]],
+                    frames: list[pl.DataFrame] | None = None) -> None:
         folder = self.path / table
         folder.mkdir(exist_ok=True)
         tmp = folder / f".part-{part:05d}.parquet.tmp"
-        frame(table, rows).write_parquet(tmp)
+        df = frame(table, rows)
+        if frames:
+            df = pl.concat([df, *frames]) if rows else pl.concat(frames)
+        df.write_parquet(tmp)
         os.replace(tmp, folder / f"part-{part:05d}.parquet")
         with self._lock:
-            self._rows_written[table] += len(rows)
+            self._rows_written[table] += df.height
 
     def rows_written(self, table: str) -> int:
         with self._lock:

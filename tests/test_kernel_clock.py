@@ -1,0 +1,94 @@
+"""Kernel receive stamps and their mapping onto the run clock (perf_counter_ns)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import pytest
+
+from itlbench.load.kclock import (
+    ANCILLARY_SIZE,
+    SCM_TIMESTAMPNS,
+    KernelClock,
+    enable_rx_timestamps,
+    kernel_stamps_available,
+    measure_offset,
+    stamp_of,
+)
+
+needs_kernel_stamps = pytest.mark.skipif(kernel_stamps_available() is not None,
+                                         reason=str(kernel_stamps_available()))
+OFFSET = 1_700_000_000_123_456_789  # a wall clock about 2023, against a monotonic clock near zero
+
+
+class FakeClocks:
+    """A run clock that advances unevenly on every read, and a realtime clock = run + offset (+ steps)."""
+
+    def __init__(self, offset: int) -> None:
+        self.t = 5_000_000
+        self.offset = offset
+        self.reads = 0
+
+    def run_ns(self) -> int:
+        self.reads += 1
+        self.t += 40 + (self.reads * 37) % 300  # reads take 40-340 ns
+        return self.t
+
+    def realtime_ns(self) -> int:
+        self.t += 25
+        return self.t + self.offset
+
+
+def test_offset_recovered_from_known_clocks() -> None:
+    clocks = FakeClocks(OFFSET)
+    o = measure_offset(clocks.realtime_ns, clocks.run_ns)
+    assert abs(o.offset_ns - OFFSET) <= o.width_ns // 2 + 1
+    assert o.width_ns < 300  # the tightest of the sandwiches, not a typical one
+
+
+def test_kernel_clock_maps_stamps_and_records_a_step() -> None:
+    clocks = FakeClocks(OFFSET)
+    clock = KernelClock(clocks.realtime_ns, clocks.run_ns)
+    report = clock.start()
+    stamp = OFFSET + 9_000_000_000  # the kernel's realtime stamp of data that arrived at run time 9 s
+    assert abs(clock.to_run_ns(stamp) - 9_000_000_000) <= report.width_ns
+    clocks.offset += 3_000_000  # the wall clock is stepped 3 ms forward during the run
+    assert report.drift_ns is None
+    drift = clock.check().drift_ns
+    assert drift is not None and abs(drift - 3_000_000) <= 2 * report.width_ns
+
+
+def test_stamp_of_reads_the_timespec() -> None:
+    data = struct.pack("@ll", 1_700_000_000, 123_456_789)
+    assert stamp_of([(socket.SOL_SOCKET, SCM_TIMESTAMPNS, data)]) == 1_700_000_000_123_456_789
+    assert stamp_of([]) is None
+    assert stamp_of([(socket.IPPROTO_IP, 8, data)]) is None
+
+
+@needs_kernel_stamps
+def test_loopback_stamp_lies_between_send_and_read() -> None:
+    """A real TCP pair: the mapped kernel stamp is after the sender's send began and before the
+    receiver's read returned, and the read returned later than the stamp when the reader was late."""
+    clock = KernelClock()
+    clock.start()
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        with socket.create_connection(srv.getsockname()) as rx:
+            tx, _ = srv.accept()
+            with tx:
+                assert enable_rx_timestamps(rx)
+                stamps = []
+                for _ in range(5):
+                    before = time.perf_counter_ns()
+                    tx.sendall(b"x" * 100)
+                    late = time.perf_counter_ns() + 2_000_000
+                    while time.perf_counter_ns() < late:  # the reader is busy for 2 ms
+                        pass
+                    data, anc, _, _ = rx.recvmsg(4096, ANCILLARY_SIZE)
+                    after = time.perf_counter_ns()
+                    raw = stamp_of(anc)
+                    assert data == b"x" * 100 and raw is not None
+                    stamps.append(clock.to_run_ns(raw))
+                    assert before <= stamps[-1] <= after - 2_000_000
+    assert clock.check().drift_ns is not None
