@@ -78,6 +78,15 @@ def test_loopback_stamp_lies_between_send_and_read() -> None:
             tx, _ = srv.accept()
             with tx:
                 assert enable_rx_timestamps(rx)
+                # Linux turns receive stamping on through a deferred static key: on a busy box the
+                # first packets after enabling it may carry none. Exchange until one does.
+                deadline = time.monotonic() + 10
+                while True:
+                    tx.sendall(b"w")
+                    _, anc, _, _ = rx.recvmsg(4096, ANCILLARY_SIZE)
+                    if stamp_of(anc) is not None:
+                        break
+                    assert time.monotonic() < deadline, "no receive stamp within 10 s"
                 stamps = []
                 for _ in range(5):
                     before = time.perf_counter_ns()
