@@ -1,13 +1,18 @@
 """Where a step's time goes: the StepRecord split, hand-off time from a serving driver, context tokens,
-and the CPU decode layout of the projection weights."""
+and the CPU layout of the projection weights."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
+from itlbench.engine import cpu_weights
 from itlbench.engine.config import EngineConfig
+from itlbench.engine.cpu_weights import PACKED, pack_projections, project
 from itlbench.engine.engine import Engine
+from itlbench.engine.model.llama import LlamaForCausalLM
 from itlbench.engine.request import SamplingParams
+from tests.test_model_correctness import TIED
 
 CFG = EngineConfig(model="tiny", device="cpu", chunk_budget=64, kv_blocks=128, max_model_len=512, seed=0)
 PARTS = ("schedule_ns", "prepare_ns", "forward_ns", "sample_ns", "output_ns")
@@ -52,9 +57,33 @@ def test_driver_handoff_lands_on_the_next_step_only() -> None:
     assert (a.handoff_ns, b.handoff_ns, c.handoff_ns) == (0, 12_345, 0)
 
 
-def test_cpu_projection_weights_are_column_major() -> None:
+def test_cpu_projections_are_packed_for_onednn_and_multiply_as_f_linear() -> None:
     engine = Engine(CFG)
     model = engine.runner.model
+    assert engine.runner.weight_layout == "onednn"
+    packed = {name for name, p in model.named_parameters() if getattr(p, PACKED, None) is not None}
+    assert packed == {name for name, p in model.named_parameters() if p.dim() == 2} - {"embed_tokens"}
+    w = model.layers[0].mlp.gate_up_proj
+    for rows in (1, 8, 300):
+        x = torch.randn(rows, w.shape[1])
+        torch.testing.assert_close(project(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_tied_head_is_packed_beside_the_embedding_it_shares() -> None:
+    model = LlamaForCausalLM(TIED)
+    with torch.no_grad():
+        model.embed_tokens.normal_()
+    assert pack_projections(model) == "onednn"
+    assert model.lm_head is None and getattr(model.embed_tokens, PACKED, None) is not None
+    ids = torch.tensor([3, 9])
+    torch.testing.assert_close(F.embedding(ids, model.embed_tokens)[1], model.embed_tokens[9])
+
+
+def test_without_onednn_the_projections_are_column_major(monkeypatch) -> None:
+    monkeypatch.setattr(cpu_weights, "_onednn_packs", lambda weight: False)
+    engine = Engine(CFG)
+    model = engine.runner.model
+    assert engine.runner.weight_layout == "column-major"
     proj = model.layers[0].mlp.gate_up_proj
-    assert proj.t().is_contiguous() and not proj.is_contiguous()
+    assert proj.t().is_contiguous() and not proj.is_contiguous() and getattr(proj, PACKED, None) is None
     assert model.embed_tokens.is_contiguous()  # indexed by row

@@ -1,25 +1,72 @@
-"""Projection weights laid out for small-batch decode on CPU.
+"""Projection weights packed once for oneDNN on CPU, so each step's products stream them as laid out.
 
-`F.linear(x, W)` multiplies by `W.t()`. With W stored row-major ([out, in]), MKL repacks the whole
-weight on every call, and a decode step of a few rows is mostly that repacking: 24 MiB of weights
-read and written again per step for cpu-small. Stored column-major (the same [out, in] tensor with
-transposed strides), `W.t()` is contiguous and the product streams it as it is: decode steps of
-8 rows measured 12-18 % faster on 2 cores, 32-row steps and prefill unchanged. Values, shapes and
-names are untouched, so the model code, the loader and the outputs are the same.
+`F.linear(x, W)` hands MKL a row-major [out, in] weight and a few rows of x; for a decode step MKL
+spends most of the call re-reading W in the order its kernel wants. oneDNN can reorder W once, at
+load, into its own blocked layout (`mkldnn._reorder_linear_weight`), and `mkldnn._linear_pointwise`
+then multiplies by that packed copy. Measured on a 2-core AMD EPYC box, one thread, all 25 products
+of a cpu-small step: 1.8 vs 4.6 ms at 8 rows, 4.7 vs 7.3 ms at 32, 263 vs 307 ms at 2,048 rows.
+
+The packed copy rides on the parameter as an attribute and `project` uses it when present; the
+parameter keeps its values (the embedding, the export path and the weight counts read them), so
+packing costs a second copy of the projection weights in memory. Without oneDNN, or for a dtype it
+will not pack, the weights are re-laid column-major instead, which streams `W.t()` contiguously.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+PACKED = "onednn_packed"  # attribute name of a parameter's packed copy
+
+
+def project(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.t(), through the weight's oneDNN-packed copy when it has one."""
+    packed = getattr(weight, PACKED, None)
+    if packed is None:
+        return F.linear(x, weight)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+def projection_weights(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """Every 2-D weight used as a product: all but the embedding table, unless it is also the LM head."""
+    tied = getattr(model, "lm_head", "untied") is None
+    return [(name, p) for name, p in model.named_parameters()
+            if p.dim() == 2 and (tied or not name.endswith("embed_tokens"))]
+
+
+def pack_projections(model: nn.Module) -> str:
+    """Pack every projection for oneDNN, or lay it out column-major where oneDNN cannot; returns which."""
+    weights = projection_weights(model)
+    if weights and _onednn_packs(weights[0][1]):
+        with torch.no_grad():
+            for _, p in weights:
+                setattr(p, PACKED, torch.ops.mkldnn._reorder_linear_weight(p.detach()))
+        return "onednn"
+    column_major_projections(model)
+    return "column-major"
+
+
+def _onednn_packs(weight: torch.Tensor) -> bool:
+    """oneDNN is built in and packs and multiplies this dtype (fp32 everywhere; bf16 needs AVX-512)."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        probe = torch.ops.mkldnn._reorder_linear_weight(weight.detach()[:8].contiguous())
+        torch.ops.mkldnn._linear_pointwise(weight.new_ones(2, weight.shape[1]), probe, None, "none", [], "")
+    except (RuntimeError, AttributeError):
+        return False
+    return True
 
 
 def column_major_projections(model: nn.Module) -> int:
-    """Re-lay every 2-D weight except the embedding table (which is indexed by row); returns how many."""
+    """Re-lay every projection weight column-major (values and shapes unchanged); returns how many."""
     n = 0
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2 and not name.endswith("embed_tokens"):
-                p.data = p.data.t().contiguous().t()
-                n += 1
+        for name, p in projection_weights(model):
+            if name.endswith("embed_tokens"):
+                continue  # indexed by row
+            p.data = p.data.t().contiguous().t()
+            n += 1
     return n

@@ -15,7 +15,7 @@ import torch
 from itlbench.engine.attention import choose, make_backend
 from itlbench.engine.batch import FlatBatch
 from itlbench.engine.config import EngineConfig, ModelConfig
-from itlbench.engine.cpu_weights import column_major_projections
+from itlbench.engine.cpu_weights import pack_projections
 from itlbench.engine.cuda_graph import DecodeGraphs, graph_buckets
 from itlbench.engine.instrument import nvtx_range
 from itlbench.engine.model.llama import ForwardContext, LlamaForCausalLM
@@ -119,8 +119,7 @@ class ModelRunner:
             init_dummy_weights_on_device(self.model, config.seed)
         else:
             load_weights(self.model, model_config, config.seed)
-        if self.device.type == "cpu":
-            column_major_projections(self.model)
+        self.weight_layout = pack_projections(self.model) if self.device.type == "cpu" else "as loaded"
         self.cos, self.sin = rope_tables(model_config, max_model_len, self.dtype, self.device)
         self.backend = make_backend(choice.backend, self.device)
         dtype_bytes = torch.finfo(self.dtype).bits // 8

@@ -1,7 +1,8 @@
 """Llama-3 decoder on flattened token rows `[N, d]`; attention is delegated to a paged backend.
 
 Projections are fused (QKV, gate+up) so each layer runs four GEMMs; the loader splits and joins
-Hugging Face tensors to this layout.
+Hugging Face tensors to this layout. Every product goes through `project`, which uses a weight's
+oneDNN-packed copy on CPU (cpu_weights.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from itlbench.engine.config import ModelConfig
+from itlbench.engine.cpu_weights import project
 from itlbench.engine.model.rope import apply_rope
 
 
@@ -52,11 +54,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         n, h, kvh = x.shape[0], self.num_heads, self.num_kv_heads
-        qkv = F.linear(x, self.qkv_proj).view(n, h + 2 * kvh, self.head_dim)
+        qkv = project(x, self.qkv_proj).view(n, h + 2 * kvh, self.head_dim)
         qk = apply_rope(qkv[:, : h + kvh], ctx.cos, ctx.sin)
         k_cache, v_cache = ctx.kv_caches[self.layer]
         out = ctx.backend.forward(qk[:, :h], qk[:, h:], qkv[:, h + kvh:], k_cache, v_cache, ctx.meta)
-        return F.linear(out.reshape(n, h * self.head_dim), self.o_proj)
+        return project(out.reshape(n, h * self.head_dim), self.o_proj)
 
 
 class MLP(nn.Module):
@@ -68,8 +70,8 @@ class MLP(nn.Module):
         self.down_proj = _param(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_proj).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_proj)
+        gate, up = project(x, self.gate_up_proj).chunk(2, dim=-1)
+        return project(F.silu(gate) * up, self.down_proj)
 
 
 class DecoderLayer(nn.Module):
@@ -106,4 +108,4 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head, applied only to the rows that sample."""
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return F.linear(self.norm(hidden), head)
+        return project(self.norm(hidden), head)
