@@ -72,6 +72,11 @@ CASES = [
     (6, 2, 24, 16, [3, 64, 17, 0], [1, 1, 9, 1]),  # head dim not a multiple of 16: the scalar path
     (8, 8, 64, 32, [100, 31, 0], [1, 1, 1]),  # no grouping, wider blocks
     (8, 2, 32, 8, [7, 500], [1, 1]),  # blocks narrower than a vector
+    # every (group, head dim) the kernel compiles as constants (SHAPES in paged_decode.c)
+    (8, 2, 64, 16, [0, 300, 17], [1, 1, 1]),
+    (8, 2, 128, 16, [5, 129, 0], [1, 1, 1]),
+    (16, 2, 128, 16, [40, 1], [1, 1]),
+    (4, 2, 32, 16, [60, 3], [1, 1]),
 ]
 
 

@@ -84,8 +84,10 @@ static inline float exp_nonpositive(float x)
     return u.f;
 }
 
-/* Pass 1 for one (sequence, KV head): scores[g * len + t] = scale * q_g . k_t. */
-static void scores_vec(const float *restrict qh, const float *restrict kc, const int32_t *restrict tab,
+/* Pass 1 for one (sequence, KV head): scores[g * len + t] = scale * q_g . k_t. Inlined into
+ * `scores_vec` with G and D as constants for the common head shapes, so the loops over D unroll
+ * and partial sums stay in registers. */
+static inline __attribute__((always_inline)) void scores_body(const float *restrict qh, const float *restrict kc, const int32_t *restrict tab,
                        int64_t len, int64_t G, int64_t D, int64_t BS, int64_t row, float scale,
                        float *restrict scores)
 {
@@ -146,8 +148,8 @@ static void softmax_rows(float *restrict scores, int64_t G, int64_t len)
     }
 }
 
-/* Pass 2: out_g = sum_t p_g[t] v_t, accumulated in registers. */
-static void values_vec(const float *restrict probs, const float *restrict vc, const int32_t *restrict tab,
+/* Pass 2: out_g = sum_t p_g[t] v_t, accumulated in registers (for the shapes `values_vec` fixes). */
+static inline __attribute__((always_inline)) void values_body(const float *restrict probs, const float *restrict vc, const int32_t *restrict tab,
                        int64_t len, int64_t G, int64_t D, int64_t BS, int64_t row, float *restrict out)
 {
     const int64_t nv = D / VW;
@@ -178,6 +180,35 @@ static void values_scalar(const float *restrict probs, const float *restrict vc,
             for (int64_t d = 0; d < D; d++) out[g * D + d] += pg * vr[d];
         }
     }
+}
+
+/* Group sizes and head dims of the presets (and Llama-3 at large) as compile-time constants; any
+ * other shape runs the same code with run-time sizes. */
+#define SHAPES(call, G, D)                                                                          \
+    do {                                                                                            \
+        if (G == 4 && D == 32) call(4, 32);                                                         \
+        else if (G == 4 && D == 64) call(4, 64);                                                    \
+        else if (G == 4 && D == 128) call(4, 128);                                                  \
+        else if (G == 2 && D == 32) call(2, 32);                                                    \
+        else if (G == 8 && D == 128) call(8, 128);                                                  \
+        else call(G, D);                                                                            \
+    } while (0)
+
+static void scores_vec(const float *restrict qh, const float *restrict kc, const int32_t *restrict tab,
+                       int64_t len, int64_t G, int64_t D, int64_t BS, int64_t row, float scale,
+                       float *restrict scores)
+{
+#define SCORES(g, d) scores_body(qh, kc, tab, len, g, d, BS, row, scale, scores)
+    SHAPES(SCORES, G, D);
+#undef SCORES
+}
+
+static void values_vec(const float *restrict probs, const float *restrict vc, const int32_t *restrict tab,
+                       int64_t len, int64_t G, int64_t D, int64_t BS, int64_t row, float *restrict out)
+{
+#define VALUES(g, d) values_body(probs, vc, tab, len, g, d, BS, row, out)
+    SHAPES(VALUES, G, D);
+#undef VALUES
 }
 
 /* Returns 0, or -1 when a sequence is longer than the scratch allows (nothing is written then). */
