@@ -241,6 +241,7 @@ def core_main(fd: int) -> int:
         "num_blocks": engine.block_manager.num_blocks, "block_size": engine.block_manager.block_size,
         "device": engine.device, "dtype": engine.dtype, "torch_threads": threads, "pid": os.getpid(),
         "decode_kernel": getattr(backend, "decode_kernel", getattr(backend, "name", "?")),
+        "weight_layout": getattr(engine.runner, "weight_layout", None),
         "last_step": engine.step_log.last_step}))
     try:
         EngineCore(engine, chan).run()
@@ -284,6 +285,7 @@ class EngineView:
         self.dtype: str = info["dtype"]
         self.torch_threads: int = info["torch_threads"]
         self.decode_kernel: str = info["decode_kernel"]
+        self.weight_layout: str | None = info["weight_layout"]
         self.pid: int = info["pid"]
         self.tokenizer = load_tokenizer(self.model_config)
         self.block_manager = _BlockView(info["num_blocks"], info["block_size"])

@@ -111,7 +111,8 @@ async def start_server(config: ServerConfig, engine: object | None = None, *,
         driver.start()
         backend = getattr(getattr(engine, "runner", None), "backend", None)
         layout = {"engine_process": False, "torch_threads": _torch_threads(),
-                  "decode_kernel": getattr(backend, "decode_kernel", getattr(backend, "name", None))}
+                  "decode_kernel": getattr(backend, "decode_kernel", getattr(backend, "name", None)),
+                  "weight_layout": getattr(getattr(engine, "runner", None), "weight_layout", None)}
     else:
         proc = EngineProcessClient(ecfg, threads or serving_threads(None), max_waiting=config.max_waiting,
                                    observer=observer)
@@ -121,7 +122,7 @@ async def start_server(config: ServerConfig, engine: object | None = None, *,
         metrics.set_config(view)
         driver = proc
         layout = {"engine_process": True, "torch_threads": view.torch_threads, "decode_kernel": view.decode_kernel,
-                  "engine_pid": view.pid}
+                  "weight_layout": view.weight_layout, "engine_pid": view.pid}
     app = build_app(ServerState(driver, metrics, config.model_name, config.api_key,  # type: ignore[arg-type]
                                 int(config.max_body_mib * 2**20), tracing=tracing, layout=layout))
     runner = web.AppRunner(app, access_log=logging.getLogger("aiohttp.access") if config.access_log else None,
@@ -157,10 +158,10 @@ def _log_startup(server: RunningServer, engine: object, layout: dict[str, object
     cfg = server.config.engine
     budget = "none" if cfg.chunk_budget is None else cfg.chunk_budget
     log.info("itlbench serving model=%s device=%s dtype=%s chunk_budget=%s policy=%s%s engine_process=%s "
-             "torch_threads=%s decode=%s url=%s", server.config.model_name, getattr(engine, "device", "?"),
+             "torch_threads=%s decode=%s weights=%s url=%s", server.config.model_name, getattr(engine, "device", "?"),
              getattr(engine, "dtype", "?"), budget, cfg.policy, " mixed" if cfg.mixed else "",
              "yes" if layout["engine_process"] else "no", layout["torch_threads"], layout["decode_kernel"],
-             server.base_url)
+             layout["weight_layout"], server.base_url)
 
 
 def serve(config: ServerConfig) -> None:
