@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from itlbench.engine.attention import native
+from itlbench.engine.attention.cases import make_case, run_backend
 from itlbench.engine.attention.sdpa import SdpaBackend
-from itlbench.engine.batch import FlatBatch
 from itlbench.engine.config import PRESETS, EngineConfig
 from itlbench.engine.engine import Engine
 from itlbench.engine.request import SamplingParams
@@ -22,47 +22,6 @@ def kernel() -> native.PagedDecodeKernel:
     if k is None:
         pytest.skip(f"native kernel unavailable: {native.unavailable_reason()}")
     return k
-
-
-def make_step(starts: list[int], q_lens: list[int], heads: int, kv_heads: int, dim: int, block_size: int,
-              seed: int = 0) -> tuple[FlatBatch, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One step over a cache whose blocks are handed out in shuffled order, so a kernel that reads the
-    wrong block (or past a sequence's end) cannot match."""
-    gen = torch.Generator().manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    starts_np, lens_np = np.array(starts, np.int64), np.array(q_lens, np.int64)
-    seq_lens = starts_np + lens_np
-    per_req = -(-seq_lens // block_size)
-    num_blocks = int(per_req.sum()) + 4
-    order = rng.permutation(num_blocks)
-    tables = np.zeros((len(starts), int(per_req.max())), np.int64)
-    used = 0
-    for i, n in enumerate(per_req):
-        tables[i, :n] = order[used:used + n]
-        used += n
-    shape = (num_blocks, block_size, kv_heads, dim)
-    k_cache, v_cache = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
-    qsl = np.concatenate(([0], np.cumsum(lens_np)))
-    positions = np.concatenate([np.arange(s, s + n) for s, n in zip(starts_np, lens_np, strict=True)])
-    row_req = np.repeat(np.arange(len(starts)), lens_np)
-    slots = tables[row_req, positions // block_size] * block_size + positions % block_size
-    fused = torch.randn(int(qsl[-1]), heads + 2 * kv_heads, dim, generator=gen)
-    batch = FlatBatch(
-        input_ids=torch.zeros(int(qsl[-1]), dtype=torch.int64), positions=torch.from_numpy(positions),
-        slot_mapping=torch.from_numpy(slots), query_start_loc=torch.from_numpy(qsl).to(torch.int32),
-        seq_lens=torch.from_numpy(seq_lens).to(torch.int32), block_tables=torch.from_numpy(tables).to(torch.int32),
-        logits_indices=torch.from_numpy(qsl[1:] - 1), request_ids=tuple(f"r{i}" for i in range(len(starts))),
-        sample_requests=(), query_lens_np=lens_np, starts_np=starts_np, seq_lens_np=seq_lens,
-        block_tables_np=tables, block_size=block_size)
-    q, k, v = fused[:, :heads], fused[:, heads:heads + kv_heads], fused[:, heads + kv_heads:]
-    return batch, q, k, v, k_cache, v_cache
-
-
-def run(backend: SdpaBackend, step: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    batch, q, k, v, k_cache, v_cache = step
-    kc, vc = k_cache.clone(), v_cache.clone()
-    out = backend.forward(q, k, v, kc, vc, backend.prepare(batch))
-    return out, kc, vc
 
 
 CASES = [
@@ -109,14 +68,14 @@ def check_against_sdpa(kernel, threads, heads, kv_heads, dim, block, starts, q_l
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        step = make_step(starts, q_lens, heads, kv_heads, dim, block)
+        case = make_case(starts, q_lens, heads, kv_heads, dim, block)
         fast, reference = SdpaBackend(CPU), SdpaBackend(CPU, use_native=False)
         fast.kernel = kernel
         assert fast.decode_kernel == "native" and reference.decode_kernel == "sdpa"
-        meta = fast.prepare(step[0])
+        meta = fast.prepare(case.batch)
         assert meta.native is not None and not meta.single
-        out, kc, vc = run(fast, step)
-        ref, ref_k, ref_v = run(reference, step)
+        out, kc, vc = run_backend(fast, case)
+        ref, ref_k, ref_v = run_backend(reference, case)
     finally:
         torch.set_num_threads(before)
     assert torch.equal(kc, ref_k) and torch.equal(vc, ref_v)
@@ -124,10 +83,9 @@ def check_against_sdpa(kernel, threads, heads, kv_heads, dim, block, starts, q_l
 
 
 def test_bfloat16_falls_back_to_padded_sdpa(kernel) -> None:
-    batch, q, k, v, k_cache, v_cache = make_step([9, 40, 0], [1, 1, 5], 4, 1, 32, 16)
-    half = (batch, q.bfloat16(), k.bfloat16(), v.bfloat16(), k_cache.bfloat16(), v_cache.bfloat16())
-    out, _, _ = run(SdpaBackend(CPU), half)
-    ref, _, _ = run(SdpaBackend(CPU, use_native=False), half)
+    half = make_case([9, 40, 0], [1, 1, 5], 4, 1, 32, 16).to(CPU, torch.bfloat16)
+    out, _, _ = run_backend(SdpaBackend(CPU), half)
+    ref, _, _ = run_backend(SdpaBackend(CPU, use_native=False), half)
     assert torch.equal(out, ref)
 
 

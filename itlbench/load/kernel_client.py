@@ -386,24 +386,12 @@ class KernelStreamClient(StreamClient):
             self._on_ready()
 
     def _add_chunk(self, ex: _Exchange, t: int, n: int) -> None:
+        """The parent's bookkeeping, plus when the read that completed this chunk returned."""
         reads = ex.read_times
         if reads is None:
             reads = ex.read_times = []
         reads.append(self._t_read)
-        times = ex.times
-        if times:
-            self.recent_itl_ns.append(t - times[-1])
-        else:
-            self.recent_ttft_ns.append(t - ex.scheduled_ns)
-            if ex.stream is not None:
-                self.streams_with_tokens.add(ex.stream)
-        times.append(t)
-        ex.counts.append(n)
-        ex.tokens += n
-        if len(times) - ex.chunks_written >= CHUNK_ROWS_PER_HANDOFF:
-            self._write_chunks(ex, final=False)
-        if self.observer is not None:
-            self.observer.on_chunk(ex, t, n)
+        super()._add_chunk(ex, t, n)
 
     # --- connections -------------------------------------------------------------------------------
 
