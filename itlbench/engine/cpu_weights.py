@@ -49,7 +49,7 @@ def pack_projections(model: nn.Module) -> str:
 
 
 def _onednn_packs(weight: torch.Tensor) -> bool:
-    """oneDNN is built in and packs and multiplies this dtype (fp32 everywhere; bf16 needs AVX-512)."""
+    """oneDNN is built in, and packs and multiplies this weight's dtype: tried on a slice of it."""
     if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
     try:

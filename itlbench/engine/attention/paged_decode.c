@@ -87,8 +87,8 @@ static inline float exp_nonpositive(float x)
 /* Pass 1 for one (sequence, KV head): scores[g * len + t] = scale * q_g . k_t. Inlined into
  * `scores_vec` with G and D as constants for the common head shapes, so the loops over D unroll
  * and partial sums stay in registers. */
-static inline __attribute__((always_inline)) void scores_body(const float *restrict qh, const float *restrict kc, const int32_t *restrict tab,
-                       int64_t len, int64_t G, int64_t D, int64_t BS, int64_t row, float scale,
+static inline __attribute__((always_inline)) void scores_body(
+    const float *restrict qh, const float *restrict kc, const int32_t *restrict tab, int64_t len, int64_t G, int64_t D, int64_t BS, int64_t row, float scale,
                        float *restrict scores)
 {
     const int64_t nv = D / VW;
@@ -149,8 +149,8 @@ static void softmax_rows(float *restrict scores, int64_t G, int64_t len)
 }
 
 /* Pass 2: out_g = sum_t p_g[t] v_t, accumulated in registers (for the shapes `values_vec` fixes). */
-static inline __attribute__((always_inline)) void values_body(const float *restrict probs, const float *restrict vc, const int32_t *restrict tab,
-                       int64_t len, int64_t G, int64_t D, int64_t BS, int64_t row, float *restrict out)
+static inline __attribute__((always_inline)) void values_body(
+    const float *restrict probs, const float *restrict vc, const int32_t *restrict tab, int64_t len, int64_t G, int64_t D, int64_t BS, int64_t row, float *restrict out)
 {
     const int64_t nv = D / VW;
     vf acc[G * nv];
