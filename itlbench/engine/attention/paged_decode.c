@@ -88,8 +88,8 @@ static inline float exp_nonpositive(float x)
  * `scores_vec` with G and D as constants for the common head shapes, so the loops over D unroll
  * and partial sums stay in registers. */
 static inline __attribute__((always_inline)) void scores_body(
-    const float *restrict qh, const float *restrict kc, const int32_t *restrict tab, int64_t len, int64_t G, int64_t D, int64_t BS, int64_t row, float scale,
-                       float *restrict scores)
+    const float *restrict qh, const float *restrict kc, const int32_t *restrict tab, int64_t len,
+    int64_t G, int64_t D, int64_t BS, int64_t row, float scale, float *restrict scores)
 {
     const int64_t nv = D / VW;
     for (int64_t t0 = 0; t0 < len; t0 += BS) {
@@ -150,7 +150,8 @@ static void softmax_rows(float *restrict scores, int64_t G, int64_t len)
 
 /* Pass 2: out_g = sum_t p_g[t] v_t, accumulated in registers (for the shapes `values_vec` fixes). */
 static inline __attribute__((always_inline)) void values_body(
-    const float *restrict probs, const float *restrict vc, const int32_t *restrict tab, int64_t len, int64_t G, int64_t D, int64_t BS, int64_t row, float *restrict out)
+    const float *restrict probs, const float *restrict vc, const int32_t *restrict tab, int64_t len,
+    int64_t G, int64_t D, int64_t BS, int64_t row, float *restrict out)
 {
     const int64_t nv = D / VW;
     vf acc[G * nv];
