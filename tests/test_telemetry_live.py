@@ -93,6 +93,22 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: f
     raise AssertionError(f"{what} not ready within {timeout_s:.0f} s")
 
 
+def _wait_scraping(prom_url: str, proc: subprocess.Popen[bytes], jobs: set[str], timeout_s: float) -> None:
+    """Until Prometheus has tried every job's target once. Its discovery hands new targets to the
+    scrape loops a few seconds after start-up; a run begun before that has no zero sample before its
+    injection, and `increase()` (the Injections annotation) has nothing to compare the first one with."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"prometheus exited with {proc.returncode}"
+        with urllib.request.urlopen(f"{prom_url}/api/v1/targets", timeout=5) as r:
+            active = json.loads(r.read())["data"]["activeTargets"]
+        tried = {t["labels"]["job"] for t in active if not t["lastScrape"].startswith("0001-")}
+        if jobs <= tried:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"prometheus had not scraped {sorted(jobs)} within {timeout_s:.0f} s")
+
+
 def _prometheus_config(server_port: int, metrics_port: int) -> dict[str, Any]:
     """The compose file's Prometheus config, its targets moved to the test's loopback ports."""
     config = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
@@ -125,6 +141,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         prom_url = f"http://127.0.0.1:{prom_port}"
         _wait_ready(f"{prom_url}/-/ready", prom, "prometheus", 60)
         _wait_ready(f"http://127.0.0.1:{server_port}/health", server, "itlbench serve", 300)
+        _wait_scraping(prom_url, prom, {"itlbench-engine", "itlbench-client"}, 60)
         start = time.time()
         run = subprocess.run(
             [sys.executable, "-m", "itlbench.cli", "run", "--endpoint", f"http://127.0.0.1:{server_port}/v1",
