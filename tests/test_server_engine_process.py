@@ -41,7 +41,8 @@ def _engine_info(srv) -> dict:
 def test_engine_runs_in_another_process(server):
     serving = _engine_info(server)["serving"]
     assert serving["engine_process"] is True and serving["torch_threads"] == 1
-    assert serving["weight_layout"] == "onednn"  # the layout the engine process packed, reported across
+    # the layout the engine process chose, reported across (tiny's weights are all too small to pack)
+    assert serving["weight_layout"] == "row-major"
     assert serving["engine_pid"] != os.getpid()
     assert server.server.engine.is_alive
 

@@ -3,12 +3,14 @@ and the CPU layout of the projection weights."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
 from itlbench.engine import cpu_weights
 from itlbench.engine.config import EngineConfig
-from itlbench.engine.cpu_weights import PACKED, pack_projections, project
+from itlbench.engine.cpu_weights import PACK_MIN_ELEMENTS, PACKED, pack_projections, project
 from itlbench.engine.engine import Engine
 from itlbench.engine.model.llama import LlamaForCausalLM
 from itlbench.engine.request import SamplingParams
@@ -57,20 +59,28 @@ def test_driver_handoff_lands_on_the_next_step_only() -> None:
     assert (a.handoff_ns, b.handoff_ns, c.handoff_ns) == (0, 12_345, 0)
 
 
-def test_cpu_projections_are_packed_for_onednn_and_multiply_as_f_linear() -> None:
-    engine = Engine(CFG)
+def test_large_cpu_projections_are_packed_for_onednn_and_all_multiply_as_f_linear() -> None:
+    engine = Engine(CFG.with_(model="cpu-small"))
     model = engine.runner.model
     assert engine.runner.weight_layout == "onednn"
     packed = {name for name, p in model.named_parameters() if getattr(p, PACKED, None) is not None}
-    assert packed == {name for name, p in model.named_parameters() if p.dim() == 2} - {"embed_tokens"}
-    w = model.layers[0].mlp.gate_up_proj
-    for rows in (1, 8, 300):
-        x = torch.randn(rows, w.shape[1])
-        torch.testing.assert_close(project(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    large = {name for name, p in model.named_parameters() if p.dim() == 2 and p.numel() >= PACK_MIN_ELEMENTS}
+    assert packed == large - {"embed_tokens"} and "lm_head" in packed
+    assert "layers.0.self_attn.qkv_proj" not in packed and "layers.0.mlp.gate_up_proj" in packed
+    for w in (model.layers[0].mlp.gate_up_proj, model.layers[0].self_attn.qkv_proj):
+        for rows in (1, 8, 300):
+            x = torch.randn(rows, w.shape[1])
+            torch.testing.assert_close(project(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_of_small_weights_stays_row_major() -> None:
+    engine = Engine(CFG)
+    assert engine.runner.weight_layout == "row-major"
+    assert all(getattr(p, PACKED, None) is None for p in engine.runner.model.parameters())
 
 
 def test_tied_head_is_packed_beside_the_embedding_it_shares() -> None:
-    model = LlamaForCausalLM(TIED)
+    model = LlamaForCausalLM(dataclasses.replace(TIED, vocab_size=1024))  # a head large enough to pack
     with torch.no_grad():
         model.embed_tokens.normal_()
     assert pack_projections(model) == "onednn"

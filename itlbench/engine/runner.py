@@ -21,6 +21,7 @@ from itlbench.engine.instrument import nvtx_range
 from itlbench.engine.model.llama import ForwardContext, LlamaForCausalLM
 from itlbench.engine.model.loader import load_weights
 from itlbench.engine.model.rope import rope_tables
+from itlbench.engine.model.row_ops import row_ops_for
 from itlbench.errors import ConfigError
 
 log = logging.getLogger("itlbench.engine")
@@ -120,6 +121,7 @@ class ModelRunner:
         else:
             load_weights(self.model, model_config, config.seed)
         self.weight_layout = pack_projections(self.model) if self.device.type == "cpu" else "as loaded"
+        self.row_ops = row_ops_for(self.device, self.dtype)
         self.cos, self.sin = rope_tables(model_config, max_model_len, self.dtype, self.device)
         self.backend = make_backend(choice.backend, self.device)
         dtype_bytes = torch.finfo(self.dtype).bits // 8
@@ -156,8 +158,8 @@ class ModelRunner:
                                 self.block_size, self.device, capture=capture)
 
     def _logits_all_rows(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: object) -> torch.Tensor:
-        ctx = ForwardContext(self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1), self.kv_caches,
-                             self.backend, meta)
+        ctx = ForwardContext(self.cos[positions], self.sin[positions], self.kv_caches, self.backend, meta,
+                             self.row_ops)
         return self.model.compute_logits(self.model(input_ids, ctx)).float()
 
     @torch.inference_mode()
@@ -169,9 +171,8 @@ class ModelRunner:
                 self.last_cuda_graph = True
                 return self.graphs.run(batch)[batch.logits_indices]
             self.last_cuda_graph = False
-            cos = self.cos[batch.positions].unsqueeze(1)
-            sin = self.sin[batch.positions].unsqueeze(1)
             meta = self.backend.prepare(batch)
-            ctx = ForwardContext(cos, sin, self.kv_caches, self.backend, meta)
+            ctx = ForwardContext(self.cos[batch.positions], self.sin[batch.positions], self.kv_caches, self.backend,
+                                 meta, self.row_ops)
             hidden = self.model(batch.input_ids, ctx)
             return self.model.compute_logits(hidden[batch.logits_indices]).float()

@@ -1,5 +1,5 @@
-"""The CPU decode-attention kernel (`paged_decode.c`), compiled at first use with this machine's C
-compiler and loaded with ctypes.
+"""The CPU decode-attention kernel (`paged_decode.c`) and the fused row operators (`row_ops.c`),
+compiled at first use into one library with this machine's C compiler and loaded with ctypes.
 
 Why native: gathering paged K/V into a contiguous copy for SDPA reads the cache three times and pads
 every row to its group's longest context; the kernel walks block tables in place, so decode reads
@@ -34,7 +34,7 @@ import torch
 
 log = logging.getLogger("itlbench.engine")
 
-SOURCE = Path(__file__).with_name("paged_decode.c")
+SOURCES = (Path(__file__).with_name("paged_decode.c"), Path(__file__).with_name("row_ops.c"))
 _BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-std=gnu11"]
 ARCH_ENV = "ITLBENCH_NATIVE_ARCH"  # -march value instead of "native" (e.g. haswell, x86-64)
 
@@ -53,13 +53,16 @@ class PagedDecodeKernel:
     """`itl_paged_decode_f32` with its argument types bound."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path, flags: list[str]) -> None:
-        self.path, self.flags = path, flags
+        self.lib, self.path, self.flags = lib, path, flags
         self.openmp = "-fopenmp" in flags
         fn = lib.itl_paged_decode_f32
         p, i = ctypes.c_void_p, ctypes.c_int64
         fn.argtypes = [p, i, p, p, p, p, i, p, p, i, i, i, i, i, i, ctypes.c_float, p, i, i]
         fn.restype = ctypes.c_int
         self._fn = fn
+        self._write_kv = lib.itl_write_kv_f32
+        self._write_kv.argtypes = [p, i, p, i, p, p, p, i, i]
+        self._write_kv.restype = None
 
     def __call__(self, q: torch.Tensor, rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  tables: torch.Tensor, lens: torch.Tensor, out: torch.Tensor, scale: float,
@@ -73,6 +76,22 @@ class PagedDecodeKernel:
                       scratch_per_thread, threads if self.openmp else 1)
         if rc != 0:
             raise ValueError(f"paged decode scratch of {scratch_per_thread} floats is too small")
+
+
+    def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> bool:
+        """Each row of k/v [n, KVH, D] into its cache slot, as index_copy_ would; False (nothing written)
+        unless every tensor is in the kernel's layout: fp32, heads and dims contiguous, caches contiguous,
+        slots int64 contiguous."""
+        row = k_cache.shape[2] * k_cache.shape[3]
+        if not (k.dtype == v.dtype == k_cache.dtype == v_cache.dtype == torch.float32
+                and k.stride(2) == v.stride(2) == 1 and k.stride(1) == v.stride(1) == k.shape[2]
+                and k_cache.is_contiguous() and v_cache.is_contiguous()
+                and slot_mapping.dtype == torch.int64 and slot_mapping.is_contiguous()):
+            return False
+        self._write_kv(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                       slot_mapping.data_ptr(), k.shape[0], row)
+        return True
 
 
 def cache_dir() -> Path:
@@ -108,9 +127,9 @@ def _compiler_version(cc: str) -> str:
 
 
 def _build(cc: str, flags: list[str], key_extra: str) -> Path:
-    source = SOURCE.read_bytes()
+    sources = [src.read_bytes() for src in SOURCES]
     all_flags = _BASE_FLAGS + flags
-    key = hashlib.sha256(b"\0".join([source, " ".join(all_flags).encode(), key_extra.encode()])).hexdigest()[:16]
+    key = hashlib.sha256(b"\0".join([*sources, " ".join(all_flags).encode(), key_extra.encode()])).hexdigest()[:16]
     out_dir = cache_dir() / "kernels"
     target = out_dir / f"paged_decode-{key}.so"
     if target.exists():
@@ -119,7 +138,7 @@ def _build(cc: str, flags: list[str], key_extra: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *all_flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
+        proc = subprocess.run([cc, *all_flags, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True,
                               timeout=120)
         if proc.returncode != 0:
             raise OSError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "compile failed")

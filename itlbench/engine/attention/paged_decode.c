@@ -70,7 +70,7 @@ static inline vf lane_sums(vf p[VW])
 static inline float exp_nonpositive(float x)
 {
     x = x < -87.0f ? -87.0f : x;
-    const float n = __builtin_roundf(x * 1.44269504088896341f);
+    const float n = __builtin_rintf(x * 1.44269504088896341f);
     const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
@@ -244,4 +244,15 @@ int itl_paged_decode_f32(const float *q, int64_t q_row_stride, const int64_t *ro
         else values_scalar(sc, vc, tab, len, G, D, BS, row, oh);
     }
     return 0;
+}
+
+/* Writes this step's K and V rows (k, v: [n, KVH * D] with the given row strides) into their cache
+ * slots (slot_mapping: block_id * BS + offset), as index_copy_ would, in one call for both caches. */
+void itl_write_kv_f32(const float *k, int64_t k_row_stride, const float *v, int64_t v_row_stride,
+                      float *k_cache, float *v_cache, const int64_t *slot_mapping, int64_t n, int64_t row)
+{
+    for (int64_t i = 0; i < n; i++) {
+        memcpy(k_cache + slot_mapping[i] * row, k + i * k_row_stride, (size_t)row * sizeof(float));
+        memcpy(v_cache + slot_mapping[i] * row, v + i * v_row_stride, (size_t)row * sizeof(float));
+    }
 }

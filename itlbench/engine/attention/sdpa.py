@@ -122,9 +122,10 @@ class SdpaBackend:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, meta: SdpaMetadata) -> torch.Tensor:
         """q [N, H, D], k/v [N, KVH, D]; caches [num_blocks, block_size, KVH, D] → [N, H, D]."""
-        flat_k, flat_v = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
-        flat_k.index_copy_(0, meta.slot_mapping, k)
-        flat_v.index_copy_(0, meta.slot_mapping, v)
+        if self.kernel is None or not self.kernel.write_kv(k, v, k_cache, v_cache, meta.slot_mapping):
+            flat_k, flat_v = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
+            flat_k.index_copy_(0, meta.slot_mapping, k)
+            flat_v.index_copy_(0, meta.slot_mapping, v)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if meta.native is not None:
             if q.dtype == k_cache.dtype == torch.float32 and k_cache.is_contiguous() and v_cache.is_contiguous():

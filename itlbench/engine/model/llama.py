@@ -2,7 +2,9 @@
 
 Projections are fused (QKV, gate+up) so each layer runs four GEMMs; the loader splits and joins
 Hugging Face tensors to this layout. Every product goes through `project`, which uses a weight's
-oneDNN-packed copy on CPU (cpu_weights.py).
+oneDNN-packed copy on CPU (cpu_weights.py); every row-wise operator goes through the step's row ops
+(row_ops.py: fused C on CPU, torch elsewhere). The residual stream is one tensor per step that each
+layer's output is added into in place, fused with the next RMSNorm.
 """
 
 from __future__ import annotations
@@ -15,18 +17,19 @@ from torch import nn
 
 from itlbench.engine.config import ModelConfig
 from itlbench.engine.cpu_weights import project
-from itlbench.engine.model.rope import apply_rope
+from itlbench.engine.model.row_ops import TorchRowOps
 
 
 @dataclass
 class ForwardContext:
     """Per-step inputs shared by every layer."""
 
-    cos: torch.Tensor  # [N, 1, D/2] for this step's positions
+    cos: torch.Tensor  # [N, D/2]: each row's rotary angles
     sin: torch.Tensor
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (K, V) [blocks, block_size, KVH, D]
     backend: object  # AttentionBackend
     meta: object  # the backend's per-step metadata
+    ops: object = TorchRowOps()  # TorchRowOps or NativeRowOps
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -34,13 +37,12 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Pa
 
 
 class RMSNorm(nn.Module):
+    """A norm's weight and epsilon; applied, fused with the residual add, by the step's row ops."""
+
     def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: torch.device | str) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device), requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -55,9 +57,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         n, h, kvh = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = project(x, self.qkv_proj).view(n, h + 2 * kvh, self.head_dim)
-        qk = apply_rope(qkv[:, : h + kvh], ctx.cos, ctx.sin)
+        ctx.ops.rope_(qkv, h + kvh, ctx.cos, ctx.sin)
         k_cache, v_cache = ctx.kv_caches[self.layer]
-        out = ctx.backend.forward(qk[:, :h], qk[:, h:], qkv[:, h + kvh:], k_cache, v_cache, ctx.meta)
+        out = ctx.backend.forward(qkv[:, :h], qkv[:, h:h + kvh], qkv[:, h + kvh:], k_cache, v_cache, ctx.meta)
         return project(out.reshape(n, h * self.head_dim), self.o_proj)
 
 
@@ -69,9 +71,8 @@ class MLP(nn.Module):
         self.gate_up_proj = _param(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device)
         self.down_proj = _param(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, device=device)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = project(x, self.gate_up_proj).chunk(2, dim=-1)
-        return project(F.silu(gate) * up, self.down_proj)
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        return project(ctx.ops.silu_mul(project(x, self.gate_up_proj)), self.down_proj)
 
 
 class DecoderLayer(nn.Module):
@@ -82,9 +83,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.mlp = MLP(cfg, dtype, device)
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, residual: torch.Tensor, delta: torch.Tensor | None, ctx: ForwardContext) -> torch.Tensor:
+        """Adds the previous layer's output `delta` into `residual` (in place); returns this layer's."""
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        h = ctx.ops.add_rms_norm(residual, delta, norm1.weight, norm1.eps)
+        h = ctx.ops.add_rms_norm(residual, self.self_attn(h, ctx), norm2.weight, norm2.eps)
+        return self.mlp(h, ctx)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -99,13 +103,12 @@ class LlamaForCausalLM(nn.Module):
             cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
 
     def forward(self, input_ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """Hidden states [N, d] before the final norm."""
-        x = F.embedding(input_ids, self.embed_tokens)
+        """Hidden states [N, d] after the final norm."""
+        residual, delta = F.embedding(input_ids, self.embed_tokens), None
         for layer in self.layers:
-            x = layer(x, ctx)
-        return x
+            delta = layer(residual, delta, ctx)
+        return ctx.ops.add_rms_norm(residual, delta, self.norm.weight, self.norm.eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm and LM head, applied only to the rows that sample."""
-        head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return project(self.norm(hidden), head)
+        """The LM head, applied only to the rows that sample."""
+        return project(hidden, self.embed_tokens if self.lm_head is None else self.lm_head)

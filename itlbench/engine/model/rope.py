@@ -38,9 +38,3 @@ def rope_tables(cfg: ModelConfig, max_len: int, dtype: torch.dtype,
     angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv)
     return angles.cos().to(device, dtype), angles.sin().to(device, dtype)
 
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the halves of x [N, heads, D] (Hugging Face Llama layout) by per-row angles [N, 1, D/2]."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
