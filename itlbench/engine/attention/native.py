@@ -41,8 +41,21 @@ ARCH_ENV = "ITLBENCH_NATIVE_ARCH"  # -march value instead of "native" (e.g. hasw
 
 def _variants(arch: str) -> list[list[str]]:
     """Flag sets tried in order: the first that compiles and loads wins."""
-    march = [f"-march={arch}"]
+    march = [f"-march={arch}", *(_half_width_avx512_flags() if arch == "native" else [])]
     return [march + ["-fopenmp"], march + ["-fopenmp-simd"], ["-fopenmp-simd"], []]
+
+
+def _half_width_avx512_flags() -> list[str]:
+    """256-bit vectors on AMD family 19h (Zen 3/4): its AVX-512 splits every operation into two
+    256-bit halves, so 512-bit code only adds wider reductions (see VW in paged_decode.c)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    fields = dict(line.split(":", 1) for line in info.split("\n\n", 1)[0].splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    amd_19h = fields.get("vendor_id") == "AuthenticAMD" and fields.get("cpu family") == "25"
+    return ["-DITL_PREFER_256", "-mprefer-vector-width=256"] if amd_19h and "avx512f" in fields.get("flags", "") else []
 
 _lock = threading.Lock()
 _kernel: PagedDecodeKernel | None = None

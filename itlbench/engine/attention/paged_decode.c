@@ -19,8 +19,11 @@
 #include <omp.h>
 #endif
 
-/* The widest float vector the target has: 16 lanes with AVX-512, 8 with AVX, else 4 (SSE, NEON). */
-#if defined(__AVX512F__)
+/* The widest float vector the target has: 16 lanes with AVX-512, 8 with AVX, else 4 (SSE, NEON).
+ * ITL_PREFER_256 (native.py sets it on AMD family 19h, whose AVX-512 runs each operation as two
+ * 256-bit halves) keeps 8 lanes: there 16-lane score reductions cost more than the wider loads save
+ * (a cpu-small layer, batch 8 x 880, one thread: 132 vs 170-178 µs). */
+#if defined(__AVX512F__) && !defined(ITL_PREFER_256)
 #define VW 16
 #elif defined(__AVX__)
 #define VW 8
