@@ -25,7 +25,7 @@ def phase_of(prefill_tokens: int, decode_tokens: int) -> str:
     return "idle"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepRecord:
     """What one engine step did and how long it took.
 
