@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from itlbench.engine import cpu_weights
 from itlbench.engine.config import EngineConfig
-from itlbench.engine.cpu_weights import PACK_MIN_ELEMENTS, PACKED, pack_projections, project
+from itlbench.engine.cpu_weights import PACK_MIN_ELEMENTS, PACKED, pack_projections, packed_max_rows, project
 from itlbench.engine.engine import Engine
 from itlbench.engine.model.llama import LlamaForCausalLM
 from itlbench.engine.request import SamplingParams
@@ -71,6 +71,35 @@ def test_large_cpu_projections_are_packed_for_onednn_and_all_multiply_as_f_linea
         for rows in (1, 8, 300):
             x = torch.randn(rows, w.shape[1])
             torch.testing.assert_close(project(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_only_decode_sized_products_go_through_onednn(monkeypatch) -> None:
+    """oneDNN pins memory for every row count it has seen: prefill-sized products must not reach it."""
+    engine = Engine(CFG.with_(model="cpu-small"))
+    w = engine.runner.model.layers[0].mlp.gate_up_proj
+    cap = getattr(w, PACKED).max_rows
+    assert cap == 64
+    seen: list[int] = []
+    real = torch.ops.mkldnn._linear_pointwise
+
+    def spy(x, *args):
+        seen.append(x.shape[0])
+        return real(x, *args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
+    for rows in (1, cap, cap + 1, 700):
+        x = torch.randn(rows, w.shape[1])
+        torch.testing.assert_close(project(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    assert seen == [1, cap]
+
+
+def test_the_packed_row_cap_keeps_onednn_cache_within_its_budget() -> None:
+    small = {(1536, 256), (256, 768), (8192, 256)}
+    assert packed_max_rows(small, 4) == 64  # cpu-small: capped by the largest decode batch
+    llama_8b = {(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)}
+    cap = packed_max_rows(llama_8b, 4)
+    assert 1 <= cap < 64
+    assert cap * (cap + 1) // 2 * sum(out for out, _ in llama_8b) * 4 <= 128 << 20
 
 
 def test_a_model_of_small_weights_stays_row_major() -> None:
