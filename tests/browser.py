@@ -13,11 +13,14 @@ import base64
 import contextlib
 import itertools
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,17 +138,29 @@ def open_page(page: Path, width: int = 1280, timeout_s: float = 90.0) -> PageRes
     """Load `page` in a fresh headless Chromium (its own profile) and report what happened."""
     with tempfile.TemporaryDirectory(prefix="itlbench-chromium-") as profile:
         proc = subprocess.Popen([chromium_binary(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             ws_url = _devtools_url(proc)
             return asyncio.run(_drive(ws_url, page, width, timeout_s))
         finally:
-            proc.terminate()
+            _stop_process_group(proc)
+
+
+def _stop_process_group(proc: subprocess.Popen[str], timeout_s: float = 10.0) -> None:
+    """Stop Chromium and every process it started: its renderer and helpers outlive the browser
+    process by a moment and still write into the profile directory that is about to be removed."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
             try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
 
 
 def _devtools_url(proc: subprocess.Popen[str]) -> str:
