@@ -35,6 +35,7 @@ import torch
 log = logging.getLogger("itlbench.engine")
 
 SOURCES = (Path(__file__).with_name("paged_decode.c"), Path(__file__).with_name("row_ops.c"))
+HEADERS = (Path(__file__).with_name("fast_exp.h"),)  # included by the sources: part of the cache key
 _BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-std=gnu11"]
 ARCH_ENV = "ITLBENCH_NATIVE_ARCH"  # -march value instead of "native" (e.g. haswell, x86-64)
 
@@ -140,7 +141,7 @@ def _compiler_version(cc: str) -> str:
 
 
 def _build(cc: str, flags: list[str], key_extra: str) -> Path:
-    sources = [src.read_bytes() for src in SOURCES]
+    sources = [src.read_bytes() for src in (*SOURCES, *HEADERS)]
     all_flags = _BASE_FLAGS + flags
     key = hashlib.sha256(b"\0".join([*sources, " ".join(all_flags).encode(), key_extra.encode()])).hexdigest()[:16]
     out_dir = cache_dir() / "kernels"

@@ -15,6 +15,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "fast_exp.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -66,25 +68,6 @@ static inline vf lane_sums(vf p[VW])
     LEVEL(2, ((vfi){0, 2, 4, 6}), ((vfi){1, 3, 5, 7}));
 #endif
     return p[0];
-}
-
-/* exp(x) for x <= 0 (scores minus their max): 2^n * poly(r) with |r| <= ln2 / 2, ~1 ulp; written
- * without libm so that the loop over a row of scores vectorizes. */
-static inline float exp_nonpositive(float x)
-{
-    x = x < -87.0f ? -87.0f : x;
-    const float n = __builtin_rintf(x * 1.44269504088896341f);
-    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    union { float f; int32_t i; } u = {.f = p};
-    u.i += (int32_t)n << 23;
-    return u.f;
 }
 
 /* Pass 1 for one (sequence, KV head): scores[g * len + t] = scale * q_g . k_t. Inlined into
@@ -142,7 +125,7 @@ static void softmax_rows(float *restrict scores, int64_t G, int64_t len)
         for (int64_t t = 0; t < len; t++) mx = sc[t] > mx ? sc[t] : mx;
 #pragma omp simd reduction(+ : sum)
         for (int64_t t = 0; t < len; t++) {
-            sc[t] = exp_nonpositive(sc[t] - mx);
+            sc[t] = fast_exp(sc[t] - mx);
             sum += sc[t];
         }
         const float inv = 1.0f / sum;

@@ -9,6 +9,8 @@
  */
 #include <math.h>
 #include <stdint.h>
+
+#include "fast_exp.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -63,25 +65,6 @@ void itl_rope_f32(float *restrict x, int64_t row_stride, const float *restrict c
     }
 }
 
-/* exp(x) for any float x: 2^n * poly(r) with |r| <= ln2 / 2, ~1 ulp, clamped to float's range; written
- * without libm so that loops over rows vectorize. */
-static inline float exp_any(float x)
-{
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    const float n = __builtin_rintf(x * 1.44269504088896341f);
-    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    union { float f; int32_t i; } u = {.f = p};
-    u.i += (int32_t)n << 23;
-    return u.f;
-}
-
 /* out[i, j] = silu(gate_up[i, j]) * gate_up[i, inter + j]: SwiGLU's gate and up halves of one product. */
 void itl_silu_mul_f32(const float *restrict gate_up, float *restrict out, int64_t n, int64_t inter,
                       int64_t num_threads)
@@ -91,6 +74,6 @@ void itl_silu_mul_f32(const float *restrict gate_up, float *restrict out, int64_
         const float *restrict g = gate_up + i * 2 * inter, *restrict u = g + inter;
         float *restrict o = out + i * inter;
 #pragma omp simd
-        for (int64_t j = 0; j < inter; j++) o[j] = g[j] / (1.0f + exp_any(-g[j])) * u[j];
+        for (int64_t j = 0; j < inter; j++) o[j] = g[j] / (1.0f + fast_exp(-g[j])) * u[j];
     }
 }
