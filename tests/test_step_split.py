@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from itlbench.engine import cpu_weights
+from itlbench.engine.attention import native
 from itlbench.engine.config import EngineConfig
-from itlbench.engine.cpu_weights import PACK_MIN_ELEMENTS, PACKED, pack_projections, packed_max_rows, project
+from itlbench.engine.cpu_weights import (
+    PACK_MIN_ELEMENTS,
+    PACKED,
+    PANEL_MAX_ROWS,
+    PanelGemm,
+    pack_projections,
+    packed_max_rows,
+    project,
+)
 from itlbench.engine.engine import Engine
 from itlbench.engine.model.llama import LlamaForCausalLM
 from itlbench.engine.request import SamplingParams
@@ -59,7 +69,38 @@ def test_driver_handoff_lands_on_the_next_step_only() -> None:
     assert (a.handoff_ns, b.handoff_ns, c.handoff_ns) == (0, 12_345, 0)
 
 
-def test_large_cpu_projections_are_packed_for_onednn_and_all_multiply_as_f_linear() -> None:
+@pytest.fixture
+def without_panels(monkeypatch):
+    """The machine without the native library: oneDNN, or column-major, as the fallbacks."""
+    monkeypatch.setattr(cpu_weights, "panel_gemm", lambda: None)
+
+
+def test_cpu_projections_are_packed_in_panels_and_multiply_as_f_linear(monkeypatch) -> None:
+    if native.load() is None:
+        pytest.skip(f"native library unavailable: {native.unavailable_reason()}")
+    engine = Engine(CFG.with_(model="cpu-small"))
+    model = engine.runner.model
+    assert engine.runner.weight_layout == "panels"
+    packed = {name for name, p in model.named_parameters() if getattr(p, PACKED, None) is not None}
+    assert packed == {name for name, p in model.named_parameters() if p.dim() == 2} - {"embed_tokens"}
+    w = model.layers[0].mlp.gate_up_proj
+    gemm = getattr(w, PACKED).multiply
+    assert isinstance(gemm, PanelGemm)
+    seen: list[int] = []
+    real = gemm._gemm
+
+    def spy(*args):
+        seen.append(args[5])  # M
+        return real(*args)
+
+    monkeypatch.setattr(gemm, "_gemm", spy)
+    for rows in (1, 7, 32, PANEL_MAX_ROWS, PANEL_MAX_ROWS + 1):
+        x = torch.randn(rows, w.shape[1])
+        torch.testing.assert_close(project(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    assert seen == [1, 7, 32, PANEL_MAX_ROWS]  # larger products go through F.linear
+
+
+def test_large_cpu_projections_are_packed_for_onednn_and_all_multiply_as_f_linear(without_panels) -> None:
     engine = Engine(CFG.with_(model="cpu-small"))
     model = engine.runner.model
     assert engine.runner.weight_layout == "onednn"
@@ -73,7 +114,7 @@ def test_large_cpu_projections_are_packed_for_onednn_and_all_multiply_as_f_linea
             torch.testing.assert_close(project(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
 
 
-def test_only_decode_sized_products_go_through_onednn(monkeypatch) -> None:
+def test_only_decode_sized_products_go_through_onednn(monkeypatch, without_panels) -> None:
     """oneDNN pins memory for every row count it has seen: prefill-sized products must not reach it."""
     engine = Engine(CFG.with_(model="cpu-small"))
     w = engine.runner.model.layers[0].mlp.gate_up_proj
@@ -102,7 +143,7 @@ def test_the_packed_row_cap_keeps_onednn_cache_within_its_budget() -> None:
     assert cap * (cap + 1) // 2 * sum(out for out, _ in llama_8b) * 4 <= 128 << 20
 
 
-def test_a_model_of_small_weights_stays_row_major() -> None:
+def test_a_model_of_small_weights_stays_row_major(without_panels) -> None:
     engine = Engine(CFG)
     assert engine.runner.weight_layout == "row-major"
     assert all(getattr(p, PACKED, None) is None for p in engine.runner.model.parameters())
@@ -118,7 +159,7 @@ def test_tied_head_is_packed_beside_the_embedding_it_shares() -> None:
     torch.testing.assert_close(F.embedding(ids, model.embed_tokens)[1], model.embed_tokens[9])
 
 
-def test_without_onednn_the_projections_are_column_major(monkeypatch) -> None:
+def test_without_onednn_the_projections_are_column_major(monkeypatch, without_panels) -> None:
     monkeypatch.setattr(cpu_weights, "_onednn_packs", lambda weight: False)
     engine = Engine(CFG)
     model = engine.runner.model

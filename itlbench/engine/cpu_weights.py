@@ -1,39 +1,43 @@
-"""Projection weights packed once for oneDNN on CPU, so each step's products stream them as laid out.
+"""Projection weights laid out once on CPU, so each step's products stream them as laid out.
 
 `F.linear(x, W)` hands MKL a row-major [out, in] weight and a few rows of x; for a decode step MKL
-spends most of the call re-reading W in the order its kernel wants. oneDNN can reorder W once, at
-load, into its own blocked layout (`mkldnn._reorder_linear_weight`), and `mkldnn._linear_pointwise`
-then multiplies by that packed copy. Measured on a 2-core AMD EPYC box, one thread, all 25 products
-of a cpu-small step: 1.8 vs 4.6 ms at 8 rows, 4.7 vs 7.3 ms at 32 (263 vs 307 ms at 2,048 rows, but
-see below: prefill-sized products are not packed).
+spends most of the call re-packing W (its `sgemm_scopy` was busier than its multiply kernel in a
+profile of a cpu-small step). Three layouts avoid that, in order of preference:
 
-Each oneDNN call also costs a fixed ~12 µs here, more than a small product takes through MKL: a
-192x256 weight took 5 vs 17 µs at 1 row, 26 vs 34 µs at 32 rows. Weights under PACK_MIN_ELEMENTS
-therefore stay as they are and go through `F.linear`; in cpu-small that is QKV and the output
-projection, while gate+up, down and the LM head are packed.
-
-oneDNN keeps, for every (weight shape, row count) it has multiplied, a cached primitive holding
-memory about the size of that product's output, and does not give it back (torch 2.13): prefill
-chunks of every length grew a serving engine's RSS from 0.9 to 2.1 GB over a ten-minute soak. Packed products are therefore limited to the row
-counts of decode steps, at most `max_rows` (chosen so that all of them together pin at most
-PACKED_CACHE_BYTES), and larger products go through `F.linear`, which caches nothing.
+- **panels** (the native library builds, fp32): W re-laid once into column panels for
+  `attention/panel_gemm.c`, which streams each panel once per product. Measured on a 2-core AMD EPYC
+  box, 32 rows, two threads, hot/after a 64 MiB cache flush: 1536x256 122/145 µs (oneDNN 143/192,
+  MKL 248/379), the 8192x256 head 695/726 µs (oneDNN 734/794); in a batch-32 x 512 cpu-small step,
+  alternating steps in one process, 5.9 vs 6.9 ms. Used up to PANEL_MAX_ROWS rows (it matched or beat
+  MKL and oneDNN up to 256 in the same measurement); larger products go through `F.linear`.
+- **onednn** (no native library): oneDNN re-lays W into its blocked layout
+  (`mkldnn._reorder_linear_weight`) and `mkldnn._linear_pointwise` multiplies by it. Each call costs
+  a fixed ~12 µs here, more than a small product takes through MKL, so weights under
+  PACK_MIN_ELEMENTS stay row-major. oneDNN also keeps, for every (weight shape, row count) it has
+  multiplied, a cached primitive holding memory about the size of that product's output, and does not
+  give it back (torch 2.13): prefill chunks of every length grew a serving engine's RSS from 0.9 to
+  2.1 GB over a ten-minute soak. Packed products are therefore limited to decode-sized row counts, at
+  most `max_rows` (all of them together pin at most PACKED_CACHE_BYTES).
+- **column-major** (neither): `W.t()` contiguous, which MKL streams without re-packing.
 
 The packed copy rides on the parameter as an attribute and `project` uses it when present; the
-parameter keeps its values (the embedding, the export path and the weight counts read them), so
-packing costs a second copy of the projection weights in memory. Without oneDNN, or for a dtype it
-will not pack, the weights are re-laid column-major instead, which streams `W.t()` contiguously.
+parameter keeps its values (the embedding, the export path, prefill-sized products and the weight
+counts read them), so packing costs a second copy of the projection weights in memory.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-PACKED = "onednn_packed"  # attribute name of a parameter's PackedWeight
+PACKED = "cpu_packed"  # attribute name of a parameter's PackedWeight
+PANEL_MAX_ROWS = 256  # products of more rows go through F.linear (see above)
 PACK_MIN_ELEMENTS = 65_536  # smaller weights multiply faster unpacked (see above)
 PACKED_CACHE_BYTES = 128 << 20  # what oneDNN's cached primitives may pin, all packed weights together
 PACKED_MAX_ROWS = 64  # and never more rows than a large decode batch
@@ -41,17 +45,59 @@ PACKED_MAX_ROWS = 64  # and never more rows than a large decode batch
 
 @dataclass(frozen=True)
 class PackedWeight:
-    tensor: torch.Tensor  # oneDNN's blocked copy
+    tensor: torch.Tensor  # the re-laid copy (panels or oneDNN's blocked layout)
     max_rows: int  # products with more rows go through F.linear (see above)
+    multiply: Callable[[torch.Tensor, PackedWeight], torch.Tensor]  # x -> x @ W.t() from `tensor`
+    out_features: int
 
 
 def project(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight.t(), through the weight's oneDNN-packed copy when it has one and x is a decode-sized
-    batch of rows."""
+    """x @ weight.t(), through the weight's packed copy when it has one and x is a decode-sized batch
+    of rows."""
     packed = getattr(weight, PACKED, None)
     if packed is None or x.shape[0] > packed.max_rows:
         return F.linear(x, weight)
+    return packed.multiply(x, packed)
+
+
+def _onednn_multiply(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed.tensor, None, "none", [], "")
+
+
+class PanelGemm:
+    """`itl_gemm_f32` (attention/panel_gemm.c) bound, with the packing its panels need."""
+
+    def __init__(self, lib: ctypes.CDLL, threads: bool) -> None:
+        p, i = ctypes.c_void_p, ctypes.c_int64
+        self._gemm = lib.itl_gemm_f32
+        self._gemm.argtypes = [p, i, p, p, i, i, i, i, i]
+        self._gemm.restype = None
+        lib.itl_gemm_panel_width.restype = i
+        self.width = int(lib.itl_gemm_panel_width())
+        self._threads = threads
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """[N, K] -> [ceil(N / width), K, width], zero-padded past column N."""
+        n, k = weight.shape
+        panels = -(-n // self.width)
+        padded = F.pad(weight.detach(), (0, 0, 0, panels * self.width - n))
+        return padded.view(panels, self.width, k).transpose(1, 2).contiguous()
+
+    def __call__(self, x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
+        if x.dtype != torch.float32 or x.stride(-1) != 1 or x.dim() != 2:
+            x = x.float().contiguous().view(-1, x.shape[-1])
+        out = x.new_empty(x.shape[0], packed.out_features)
+        self._gemm(x.data_ptr(), x.stride(0), packed.tensor.data_ptr(), out.data_ptr(), out.stride(0), x.shape[0],
+                   packed.out_features, x.shape[1], torch.get_num_threads() if self._threads else 1)
+        return out
+
+
+def panel_gemm() -> PanelGemm | None:
+    """The panel product from the native library, or None where it does not build."""
+    from itlbench.engine.attention import native
+
+    kernel = native.load()
+    return None if kernel is None else PanelGemm(kernel.lib, kernel.openmp)
 
 
 def packed_max_rows(shapes: set[tuple[int, int]], dtype_bytes: int) -> int:
@@ -72,17 +118,26 @@ def projection_weights(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
             if p.dim() == 2 and (tied or not name.endswith("embed_tokens"))]
 
 
-def pack_projections(model: nn.Module) -> str:
-    """Pack every projection of at least PACK_MIN_ELEMENTS for oneDNN, or lay all of them out
-    column-major where oneDNN cannot. Returns the layout: "onednn" (some packed, the small ones
-    row-major), "row-major" (all too small to pack) or "column-major"."""
+def pack_projections(model: nn.Module, gemm: PanelGemm | None = None) -> str:
+    """Lay every projection out for the best product this machine has (see above). Returns the
+    layout: "panels"; "onednn" (some packed, the small ones row-major); "row-major" (all too small
+    for oneDNN); or "column-major"."""
     weights = projection_weights(model)
-    if weights and _onednn_packs(weights[0][1]):
+    if not weights:
+        return "row-major"
+    first = weights[0][1]
+    if gemm is not None and first.dtype == torch.float32 and first.device.type == "cpu":
+        with torch.no_grad():
+            for _, p in weights:
+                setattr(p, PACKED, PackedWeight(gemm.pack(p), PANEL_MAX_ROWS, gemm, p.shape[0]))
+        return "panels"
+    if _onednn_packs(first):
         large = [p for _, p in weights if p.numel() >= PACK_MIN_ELEMENTS]
-        max_rows = packed_max_rows({tuple(p.shape) for p in large}, weights[0][1].element_size())
+        max_rows = packed_max_rows({tuple(p.shape) for p in large}, first.element_size())
         with torch.no_grad():
             for p in large:
-                setattr(p, PACKED, PackedWeight(torch.ops.mkldnn._reorder_linear_weight(p.detach()), max_rows))
+                blocked = torch.ops.mkldnn._reorder_linear_weight(p.detach())
+                setattr(p, PACKED, PackedWeight(blocked, max_rows, _onednn_multiply, p.shape[0]))
         return "onednn" if large else "row-major"
     column_major_projections(model)
     return "column-major"

@@ -12,10 +12,10 @@ import logging
 import numpy as np
 import torch
 
+from itlbench.engine import cpu_weights
 from itlbench.engine.attention import choose, make_backend
 from itlbench.engine.batch import FlatBatch
 from itlbench.engine.config import EngineConfig, ModelConfig
-from itlbench.engine.cpu_weights import pack_projections
 from itlbench.engine.cuda_graph import DecodeGraphs, graph_buckets
 from itlbench.engine.instrument import nvtx_range
 from itlbench.engine.model.llama import ForwardContext, LlamaForCausalLM
@@ -120,7 +120,10 @@ class ModelRunner:
             init_dummy_weights_on_device(self.model, config.seed)
         else:
             load_weights(self.model, model_config, config.seed)
-        self.weight_layout = pack_projections(self.model) if self.device.type == "cpu" else "as loaded"
+        self.weight_layout = "as loaded"
+        if self.device.type == "cpu":
+            gemm = cpu_weights.panel_gemm() if self.dtype == torch.float32 else None
+            self.weight_layout = cpu_weights.pack_projections(self.model, gemm)
         self.row_ops = row_ops_for(self.device, self.dtype)
         self.cos, self.sin = rope_tables(model_config, max_model_len, self.dtype, self.device)
         self.backend = make_backend(choice.backend, self.device)

@@ -2,7 +2,7 @@
 
 Projections are fused (QKV, gate+up) so each layer runs four GEMMs; the loader splits and joins
 Hugging Face tensors to this layout. Every product goes through `project`, which uses a weight's
-oneDNN-packed copy on CPU (cpu_weights.py); every row-wise operator goes through the step's row ops
+packed copy on CPU (cpu_weights.py: column panels for the native product); every row-wise operator goes through the step's row ops
 (row_ops.py: fused C on CPU, torch elsewhere). The residual stream is one tensor per step that each
 layer's output is added into in place, fused with the next RMSNorm.
 """
