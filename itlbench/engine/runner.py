@@ -18,6 +18,7 @@ from itlbench.engine.batch import FlatBatch
 from itlbench.engine.config import EngineConfig, ModelConfig
 from itlbench.engine.cuda_graph import DecodeGraphs, graph_buckets
 from itlbench.engine.instrument import nvtx_range
+from itlbench.engine.model.decode_forward import NativeDecodeForward
 from itlbench.engine.model.llama import ForwardContext, LlamaForCausalLM
 from itlbench.engine.model.loader import load_weights
 from itlbench.engine.model.rope import rope_tables
@@ -139,6 +140,8 @@ class ModelRunner:
         shape = (self.num_blocks + 1, self.block_size, model_config.num_kv_heads, model_config.head_dim)
         self.kv_caches = [(_zeros(shape, self.dtype, self.device), _zeros(shape, self.dtype, self.device))
                           for _ in range(model_config.num_layers)]
+        # CPU decode steps: the whole decoder stack in one native call (None: always the module path)
+        self.native_decode = NativeDecodeForward.for_runner(self)
         self.last_cuda_graph = False
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and config.cuda_graphs and getattr(self.backend, "graph_capable", False):
@@ -175,7 +178,10 @@ class ModelRunner:
                 return self.graphs.run(batch)[batch.logits_indices]
             self.last_cuda_graph = False
             meta = self.backend.prepare(batch)
-            ctx = ForwardContext(self.cos[batch.positions], self.sin[batch.positions], self.kv_caches, self.backend,
-                                 meta, self.row_ops)
-            hidden = self.model(batch.input_ids, ctx)
+            cos, sin = self.cos[batch.positions], self.sin[batch.positions]
+            if self.native_decode is not None and self.native_decode.supports(batch, meta):
+                hidden = self.native_decode.hidden(self.model.embed(batch.input_ids), cos, sin, meta)
+            else:
+                hidden = self.model(batch.input_ids, ForwardContext(cos, sin, self.kv_caches, self.backend, meta,
+                                                                    self.row_ops))
             return self.model.compute_logits(hidden[batch.logits_indices]).float()

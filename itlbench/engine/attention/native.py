@@ -1,5 +1,6 @@
-"""The CPU decode-attention kernel (`paged_decode.c`), the fused row operators (`row_ops.c`) and the
-decode-sized matrix product (`panel_gemm.c`), compiled at first use into one library with this
+"""The CPU decode-attention kernel (`paged_decode.c`), the fused row operators (`row_ops.c`), the
+decode-sized matrix product (`panel_gemm.c`) and a decode step's whole decoder stack over them
+(`decode_forward.c`), compiled at first use into one library with this
 machine's C compiler and loaded with ctypes.
 
 Why native: gathering paged K/V into a contiguous copy for SDPA reads the cache three times and pads
@@ -35,7 +36,8 @@ import torch
 
 log = logging.getLogger("itlbench.engine")
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_decode.c", "row_ops.c", "panel_gemm.c"))
+SOURCES = tuple(Path(__file__).with_name(name)
+                for name in ("paged_decode.c", "row_ops.c", "panel_gemm.c", "decode_forward.c"))
 HEADERS = (Path(__file__).with_name("fast_exp.h"),)  # included by the sources: part of the cache key
 _BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-std=gnu11"]
 ARCH_ENV = "ITLBENCH_NATIVE_ARCH"  # -march value instead of "native" (e.g. haswell, x86-64)

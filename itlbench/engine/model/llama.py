@@ -102,9 +102,12 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else _param(
             cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.embed_tokens)
+
     def forward(self, input_ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """Hidden states [N, d] after the final norm."""
-        residual, delta = F.embedding(input_ids, self.embed_tokens), None
+        residual, delta = self.embed(input_ids), None
         for layer in self.layers:
             delta = layer(residual, delta, ctx)
         return ctx.ops.add_rms_norm(residual, delta, self.norm.weight, self.norm.eps)

@@ -1,0 +1,104 @@
+"""The decoder stack of a CPU decode step in one native call (`attention/decode_forward.c`).
+
+The module path (llama.py) calls a dozen operators per layer from Python; on a 2-core CPU at
+cpu-small's size the interpreter and ctypes cost between them was ~0.7 ms of a 5.4 ms batch-32 step.
+This path runs the same C operators in the same order, so its hidden states equal the module path's
+bit for bit; the embedding lookup and the LM head stay in Python (one call each).
+
+It takes a step only where every operator it would call is the one the module path calls: a CPU
+fp32 model whose projections are all packed in panels, the native row operators and decode kernel,
+and a step of decode rows only (all chunks one token), at most PANEL_MAX_ROWS of them. Everything
+else (prefill, mixed steps, other devices and dtypes) runs the module path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from itlbench.engine.batch import FlatBatch
+from itlbench.engine.cpu_weights import PACKED, PANEL_MAX_ROWS, PanelGemm
+
+_LAYER_FIELDS = ("attn_norm", "qkv", "o", "mlp_norm", "gate_up", "down", "k_cache", "v_cache")
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in _LAYER_FIELDS]
+
+
+class _Shape(ctypes.Structure):
+    _fields_ = [*((name, ctypes.c_int64) for name in
+                  ("layers", "d", "heads", "kv_heads", "head_dim", "inter", "block_size")),
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+
+
+class NativeDecodeForward:
+    """Built once per runner over its model and caches (their storage never moves after load)."""
+
+    def __init__(self, lib: ctypes.CDLL, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                 block_size: int, threads: bool) -> None:
+        cfg = model.config
+        self._keep = (model, kv_caches)  # the pointers below are into these
+        self._layers = (_Layer * cfg.num_layers)(*[
+            _Layer(layer.input_layernorm.weight.data_ptr(), _panels(layer.self_attn.qkv_proj),
+                   _panels(layer.self_attn.o_proj), layer.post_attention_layernorm.weight.data_ptr(),
+                   _panels(layer.mlp.gate_up_proj), _panels(layer.mlp.down_proj), k.data_ptr(), v.data_ptr())
+            for layer, (k, v) in zip(model.layers, kv_caches, strict=True)])
+        self._shape = _Shape(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                             cfg.intermediate_size, block_size, cfg.rms_norm_eps, cfg.head_dim ** -0.5)
+        self._final_norm = model.norm.weight
+        self._group = cfg.num_heads // cfg.num_kv_heads
+        p, i = ctypes.c_void_p, ctypes.c_int64
+        self._fn = lib.itl_decode_forward_f32
+        self._fn.argtypes = [p, p, p, p, p, i, p, p, p, p, p, i, p, p, p, i, i]
+        self._fn.restype = ctypes.c_int
+        workspace = lib.itl_decode_workspace
+        workspace.argtypes, workspace.restype = [p, i], i
+        self._work_per_row = int(workspace(ctypes.byref(self._shape), 1))
+        self._work = torch.empty(0)
+        self._scratch = torch.empty(0)
+        self._threads = threads
+
+    @classmethod
+    def for_runner(cls, runner: object) -> NativeDecodeForward | None:
+        """The native step for this runner's model, or None where any operator would differ."""
+        backend = getattr(runner, "backend", None)
+        kernel = getattr(backend, "kernel", None)
+        row_ops = getattr(runner, "row_ops", None)
+        if (runner.device.type != "cpu" or runner.dtype != torch.float32 or kernel is None
+                or getattr(row_ops, "name", None) != "native" or runner.weight_layout != "panels"
+                or not all(k.is_contiguous() and v.is_contiguous() for k, v in runner.kv_caches)):
+            return None
+        return cls(kernel.lib, runner.model, runner.kv_caches, runner.block_size, kernel.openmp)
+
+    @staticmethod
+    def supports(batch: FlatBatch, meta: object) -> bool:
+        """A step of decode rows only, each its own request, and few enough for the panel product."""
+        return (batch.num_tokens == batch.num_reqs <= PANEL_MAX_ROWS and getattr(meta, "native", None) is not None
+                and not meta.fresh and not meta.extend)
+
+    def hidden(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: object) -> torch.Tensor:
+        """x [n, d]: the step's embeddings, consumed as the residual stream; returns the final norm's output."""
+        n, native = x.shape[0], meta.native
+        threads = torch.get_num_threads() if self._threads else 1
+        per_thread = self._group * native.max_len
+        if self._scratch.numel() < threads * per_thread:
+            self._scratch = torch.empty(int(threads * per_thread * 1.25) + 1024)
+        if self._work.numel() < n * self._work_per_row:
+            self._work = torch.empty(PANEL_MAX_ROWS * self._work_per_row)
+        hidden = torch.empty_like(x)
+        rc = self._fn(ctypes.byref(self._layers), ctypes.byref(self._shape), self._final_norm.data_ptr(),
+                      x.data_ptr(), hidden.data_ptr(), n, cos.data_ptr(), sin.data_ptr(), native.rows.data_ptr(),
+                      meta.slot_mapping.data_ptr(), native.tables.data_ptr(), native.tables.stride(0),
+                      native.lens.data_ptr(), self._work.data_ptr(), self._scratch.data_ptr(), per_thread, threads)
+        if rc != 0:
+            raise ValueError(f"decode scratch of {per_thread} floats is too small")
+        return hidden
+
+
+def _panels(weight: torch.Tensor) -> int:
+    packed = getattr(weight, PACKED)
+    if not isinstance(packed.multiply, PanelGemm):
+        raise ValueError("every projection must be packed in panels")
+    return packed.tensor.data_ptr()

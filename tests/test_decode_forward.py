@@ -1,0 +1,96 @@
+"""A CPU decode step's decoder stack in one native call (decode_forward.c) computes the module path's
+hidden states bit for bit, takes only the steps it can, and leaves greedy output unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from itlbench.engine import cpu_weights
+from itlbench.engine.attention import native
+from itlbench.engine.batch import flatten
+from itlbench.engine.config import PRESETS, EngineConfig
+from itlbench.engine.cpu_weights import PANEL_MAX_ROWS
+from itlbench.engine.engine import Engine
+from itlbench.engine.request import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(autouse=True)
+def needs_native():
+    if native.load() is None:
+        pytest.skip(f"native library unavailable: {native.unavailable_reason()}")
+
+
+def engine_with(model: str, lens: tuple[int, ...], seed: int = 0) -> Engine:
+    engine = Engine(EngineConfig(model=model, device="cpu", chunk_budget=512, kv_blocks=1024, max_model_len=2048,
+                                 max_num_seqs=512, seed=seed))
+    rng = np.random.default_rng(seed)
+    for n in lens:
+        engine.add_request(rng.integers(3, PRESETS[model].vocab_size, n).tolist(), GREEDY)
+    return engine
+
+
+def next_batch(engine: Engine):
+    """Step until the next step is decode rows only; that step's flattened batch (not run)."""
+    while True:
+        output = engine.scheduler.schedule()
+        if all(c.num_new_tokens == 1 for c in output.chunks):
+            return flatten(output, engine.config.block_size)
+        sampled = engine._execute(output, "step")
+        engine.scheduler.commit(output, sampled, engine._eos)
+
+
+@pytest.mark.parametrize("model", ["cpu-small", "tiny"])  # groups of 4 x 32 and 2 x 16
+@pytest.mark.parametrize("threads", [1, 2])
+def test_hidden_states_equal_the_module_path_bit_for_bit(model, threads) -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        engine = engine_with(model, (1, 15, 16, 17, 300, 700))  # contexts across block edges
+        batch = next_batch(engine)
+        runner = engine.runner
+        assert runner.native_decode is not None
+        assert runner.native_decode.supports(batch, runner.backend.prepare(batch))
+        native_logits = runner.execute(batch)
+        path, runner.native_decode = runner.native_decode, None
+        module_logits = runner.execute(batch)  # writes the same K/V rows to the same slots again
+        runner.native_decode = path
+    finally:
+        torch.set_num_threads(before)
+    assert native_logits.shape == (6, PRESETS[model].vocab_size)
+    assert torch.equal(native_logits, module_logits)
+
+
+def test_only_steps_of_decode_rows_take_it() -> None:
+    engine = engine_with("tiny", (40,))
+    runner = engine.runner
+    prefill = flatten(engine.scheduler.schedule(), engine.config.block_size)
+    assert not runner.native_decode.supports(prefill, runner.backend.prepare(prefill))
+    engine = engine_with("tiny", (5,) * (PANEL_MAX_ROWS + 1))
+    big = next_batch(engine)  # every request decoding in one step: one row too many for the panels
+    assert big.num_reqs == PANEL_MAX_ROWS + 1
+    assert not engine.runner.native_decode.supports(big, engine.runner.backend.prepare(big))
+
+
+def test_needs_every_projection_in_panels(monkeypatch) -> None:
+    monkeypatch.setattr(cpu_weights, "panel_gemm", lambda: None)
+    engine = Engine(EngineConfig(model="tiny", device="cpu", kv_blocks=64, max_model_len=256))
+    assert engine.runner.weight_layout != "panels" and engine.runner.native_decode is None
+
+
+def test_engine_greedy_same_through_the_native_step_and_the_modules() -> None:
+    torch.set_num_threads(1)
+    cfg = EngineConfig(model="tiny", device="cpu", chunk_budget=37, kv_blocks=256, max_model_len=1024)
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(3, PRESETS["tiny"].vocab_size, n).tolist() for n in (1, 17, 90, 250, 600)]
+    sp = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    fast, slow = Engine(cfg), Engine(cfg)
+    slow.runner.native_decode = None
+    calls: list[int] = []
+    real = fast.runner.native_decode.hidden
+    fast.runner.native_decode.hidden = lambda *a: calls.append(1) or real(*a)
+    assert fast.generate(prompts, sp) == slow.generate(prompts, sp)
+    assert len(calls) > 10  # the decode tail of the run went through it
