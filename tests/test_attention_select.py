@@ -15,6 +15,7 @@ from itlbench.engine.attention import (
     SdpaBackend,
     choose,
     flash,
+    native,
     select_backend,
     triton_backend,
 )
@@ -39,6 +40,7 @@ def cuda_kit(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_cpu_auto_is_sdpa_with_one_log_line(caplog: pytest.LogCaptureFixture, no_interpreter: None) -> None:
+    native.load()  # the library logs its own line once per process, whichever test loads it first
     with caplog.at_level(logging.INFO, logger="itlbench.engine"):
         backend = select_backend(CPU, "auto")
     assert isinstance(backend, SdpaBackend)

@@ -104,8 +104,8 @@ def test_gqa_tied_embeddings_and_executed_counting() -> None:
 
 def test_executed_gemm_flops_match_torchs_flop_counter(monkeypatch: pytest.MonkeyPatch) -> None:
     """An outside count: torch's FlopCounterMode around real engine steps of the tiny preset. The
-    counter has no formula for oneDNN's packed product, so the weights keep the layout it can count
-    (column-major; the FLOPs of a step do not depend on how its weights are laid out)."""
+    counter sees neither the native panel product nor oneDNN's packed one, so the weights keep the
+    layout it can count (column-major; the FLOPs of a step do not depend on how its weights are laid out)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -114,6 +114,7 @@ def test_executed_gemm_flops_match_torchs_flop_counter(monkeypatch: pytest.Monke
     from itlbench.engine.engine import Engine
     from itlbench.engine.request import SamplingParams
 
+    monkeypatch.setattr(cpu_weights, "panel_gemm", lambda: None)
     monkeypatch.setattr(cpu_weights, "_onednn_packs", lambda weight: False)
     torch.set_num_threads(1)
     engine = Engine(EngineConfig(model="tiny", kv_blocks=64, max_model_len=1024, chunk_budget=120))
