@@ -45,6 +45,8 @@ def test_engine_runs_in_another_process(server):
     # the layout the engine process chose, reported across: panels for the native product on CPU fp32
     assert serving["weight_layout"] == ("panels" if native.load() is not None else "row-major")
     assert serving["engine_pid"] != os.getpid()
+    assert serving["engine_gc_frozen_objects"] > 50_000  # torch and the model, out of the collector's reach
+    assert "gc_frozen_objects" not in serving  # an embedded front end leaves its host process's heap alone
     assert server.server.engine.is_alive
 
 
@@ -105,6 +107,9 @@ def test_command_line_server_front_end_without_torch_and_clean_exit():
         engine_pid = info["serving"]["engine_pid"]
         assert info["serving"]["engine_process"] is True
         assert "libtorch" not in _maps(proc.pid) and "libtorch" in _maps(engine_pid)
+        # both processes froze their startup heaps (itlbench/heap.py): torch's is several times the front end's
+        frozen_front, frozen_engine = info["serving"]["gc_frozen_objects"], info["serving"]["engine_gc_frozen_objects"]
+        assert 5_000 < frozen_front < frozen_engine
     finally:
         proc.terminate()
         out, _ = proc.communicate(timeout=30)

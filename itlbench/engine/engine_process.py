@@ -39,6 +39,7 @@ from itlbench.engine.malloc_tuning import env_with_malloc_tunables
 from itlbench.engine.request import RequestOutput, SamplingParams
 from itlbench.engine.tokenizer import load_tokenizer
 from itlbench.errors import ConfigError, ItlbenchError
+from itlbench.heap import freeze_heap
 
 log = logging.getLogger("itlbench.engine.process")
 
@@ -231,6 +232,7 @@ def core_main(fd: int) -> int:
 
         engine = create_engine(config)
         engine.step_log = StepLog(capacity=_CORE_LOG_RECORDS)  # the front end keeps the served history
+        frozen = freeze_heap()  # torch's and the model's objects: out of every later collection
     except Exception as exc:  # noqa: BLE001 - reported to the front end, which raises it
         log.exception("engine failed to start")
         chan.send(("error", _error_tuple(exc)))
@@ -242,7 +244,7 @@ def core_main(fd: int) -> int:
         "device": engine.device, "dtype": engine.dtype, "torch_threads": threads, "pid": os.getpid(),
         "decode_kernel": getattr(backend, "decode_kernel", getattr(backend, "name", "?")),
         "weight_layout": getattr(engine.runner, "weight_layout", None),
-        "last_step": engine.step_log.last_step}))
+        "gc_frozen_objects": frozen, "last_step": engine.step_log.last_step}))
     try:
         EngineCore(engine, chan).run()
     except (BrokenPipeError, ConnectionResetError):
@@ -286,6 +288,7 @@ class EngineView:
         self.torch_threads: int = info["torch_threads"]
         self.decode_kernel: str = info["decode_kernel"]
         self.weight_layout: str | None = info["weight_layout"]
+        self.gc_frozen_objects: int = info["gc_frozen_objects"]
         self.pid: int = info["pid"]
         self.tokenizer = load_tokenizer(self.model_config)
         self.block_manager = _BlockView(info["num_blocks"], info["block_size"])

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import psutil
 
+from itlbench.heap import freeze_heap
+
 
 @dataclass
 class ClientStats:
@@ -161,8 +163,7 @@ def frozen_heap() -> Iterator[None]:
     """Move every object that exists before the load (imports, the plan) out of the collector's
     reach: a full collection during the run then scans only what the run allocated. Unfrozen, one
     collection of a CLI process's heap was measured at 143 ms, stalling every stream at once."""
-    gc.collect()
-    gc.freeze()
+    freeze_heap()
     try:
         yield
     finally:

@@ -22,6 +22,7 @@ from itlbench.engine.async_engine import AsyncEngine
 from itlbench.engine.config import EngineConfig
 from itlbench.engine.engine_process import EngineProcessClient
 from itlbench.engine.threads import apply_torch_threads, serving_threads
+from itlbench.heap import freeze_heap
 from itlbench.server.app import DEFAULT_MAX_BODY_MIB, ServerState, build_app
 from itlbench.server.metrics import ServerMetrics
 
@@ -122,7 +123,10 @@ async def start_server(config: ServerConfig, engine: object | None = None, *,
         metrics.set_config(view)
         driver = proc
         layout = {"engine_process": True, "torch_threads": view.torch_threads, "decode_kernel": view.decode_kernel,
-                  "weight_layout": view.weight_layout, "engine_pid": view.pid}
+                  "weight_layout": view.weight_layout, "engine_pid": view.pid,
+                  "engine_gc_frozen_objects": view.gc_frozen_objects}
+    if standalone:  # this process only serves from here on: its startup heap stays put (itlbench/heap.py)
+        layout["gc_frozen_objects"] = freeze_heap()
     app = build_app(ServerState(driver, metrics, config.model_name, config.api_key,  # type: ignore[arg-type]
                                 int(config.max_body_mib * 2**20), tracing=tracing, layout=layout))
     runner = web.AppRunner(app, access_log=logging.getLogger("aiohttp.access") if config.access_log else None,
