@@ -11,8 +11,8 @@ from itlbench.engine import cpu_weights
 from itlbench.engine.attention import native
 from itlbench.engine.batch import flatten
 from itlbench.engine.config import PRESETS, EngineConfig
-from itlbench.engine.cpu_weights import PANEL_MAX_ROWS
 from itlbench.engine.engine import Engine
+from itlbench.engine.model.decode_forward import MAX_ROWS
 from itlbench.engine.request import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
@@ -69,9 +69,9 @@ def test_only_steps_of_decode_rows_take_it() -> None:
     runner = engine.runner
     prefill = flatten(engine.scheduler.schedule(), engine.config.block_size)
     assert not runner.native_decode.supports(prefill, runner.backend.prepare(prefill))
-    engine = engine_with("tiny", (5,) * (PANEL_MAX_ROWS + 1))
-    big = next_batch(engine)  # every request decoding in one step: one row too many for the panels
-    assert big.num_reqs == PANEL_MAX_ROWS + 1
+    engine = engine_with("tiny", (5,) * (MAX_ROWS + 1))
+    big = next_batch(engine)  # every request decoding in one step: one row too many for the native step
+    assert big.num_reqs == MAX_ROWS + 1
     assert not engine.runner.native_decode.supports(big, engine.runner.backend.prepare(big))
 
 

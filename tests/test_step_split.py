@@ -15,7 +15,6 @@ from itlbench.engine.config import EngineConfig
 from itlbench.engine.cpu_weights import (
     PACK_MIN_ELEMENTS,
     PACKED,
-    PANEL_MAX_ROWS,
     PanelGemm,
     pack_projections,
     packed_max_rows,
@@ -94,10 +93,10 @@ def test_cpu_projections_are_packed_in_panels_and_multiply_as_f_linear(monkeypat
         return real(*args)
 
     monkeypatch.setattr(gemm, "_gemm", spy)
-    for rows in (1, 7, 32, PANEL_MAX_ROWS, PANEL_MAX_ROWS + 1):
+    for rows in (1, 7, 32, 256, 2048):
         x = torch.randn(rows, w.shape[1])
         torch.testing.assert_close(project(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
-    assert seen == [1, 7, 32, PANEL_MAX_ROWS]  # larger products go through F.linear
+    assert seen == [1, 7, 32, 256, 2048]  # prefill-sized products too
 
 
 def test_large_cpu_projections_are_packed_for_onednn_and_all_multiply_as_f_linear(without_panels) -> None:

@@ -7,7 +7,7 @@ bit for bit; the embedding lookup and the LM head stay in Python (one call each)
 
 It takes a step only where every operator it would call is the one the module path calls: a CPU
 fp32 model whose projections are all packed in panels, the native row operators and decode kernel,
-and a step of decode rows only (all chunks one token), at most PANEL_MAX_ROWS of them. Everything
+and a step of decode rows only (all chunks one token), at most MAX_ROWS of them. Everything
 else (prefill, mixed steps, other devices and dtypes) runs the module path.
 """
 
@@ -18,7 +18,9 @@ import ctypes
 import torch
 
 from itlbench.engine.batch import FlatBatch
-from itlbench.engine.cpu_weights import PACKED, PANEL_MAX_ROWS, PanelGemm
+from itlbench.engine.cpu_weights import PACKED, PanelGemm
+
+MAX_ROWS = 256  # decode rows per native step: its workspace holds this many
 
 _LAYER_FIELDS = ("attn_norm", "qkv", "o", "mlp_norm", "gate_up", "down", "k_cache", "v_cache")
 
@@ -74,8 +76,8 @@ class NativeDecodeForward:
 
     @staticmethod
     def supports(batch: FlatBatch, meta: object) -> bool:
-        """A step of decode rows only, each its own request, and few enough for the panel product."""
-        return (batch.num_tokens == batch.num_reqs <= PANEL_MAX_ROWS and getattr(meta, "native", None) is not None
+        """A step of decode rows only, each its own request, and few enough for the workspace."""
+        return (batch.num_tokens == batch.num_reqs <= MAX_ROWS and getattr(meta, "native", None) is not None
                 and not meta.fresh and not meta.extend)
 
     def hidden(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: object) -> torch.Tensor:
@@ -86,7 +88,7 @@ class NativeDecodeForward:
         if self._scratch.numel() < threads * per_thread:
             self._scratch = torch.empty(int(threads * per_thread * 1.25) + 1024)
         if self._work.numel() < n * self._work_per_row:
-            self._work = torch.empty(PANEL_MAX_ROWS * self._work_per_row)
+            self._work = torch.empty(MAX_ROWS * self._work_per_row)
         hidden = torch.empty_like(x)
         rc = self._fn(ctypes.byref(self._layers), ctypes.byref(self._shape), self._final_norm.data_ptr(),
                       x.data_ptr(), hidden.data_ptr(), n, cos.data_ptr(), sin.data_ptr(), native.rows.data_ptr(),
