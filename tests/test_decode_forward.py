@@ -1,5 +1,5 @@
 """A CPU decode step's decoder stack in one native call (decode_forward.c) computes the module path's
-hidden states bit for bit, takes only the steps it can, and leaves greedy output unchanged."""
+logits bit for bit, takes only the steps it can, and leaves greedy output unchanged."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def next_batch(engine: Engine):
 
 @pytest.mark.parametrize("model", ["cpu-small", "tiny"])  # groups of 4 x 32 and 2 x 16
 @pytest.mark.parametrize("threads", [1, 2])
-def test_hidden_states_equal_the_module_path_bit_for_bit(model, threads) -> None:
+def test_logits_equal_the_module_path_bit_for_bit(model, threads) -> None:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -90,7 +90,20 @@ def test_engine_greedy_same_through_the_native_step_and_the_modules() -> None:
     fast, slow = Engine(cfg), Engine(cfg)
     slow.runner.native_decode = None
     calls: list[int] = []
-    real = fast.runner.native_decode.hidden
-    fast.runner.native_decode.hidden = lambda *a: calls.append(1) or real(*a)
+    real = fast.runner.native_decode.logits
+    fast.runner.native_decode.logits = lambda *a: calls.append(1) or real(*a)
     assert fast.generate(prompts, sp) == slow.generate(prompts, sp)
     assert len(calls) > 10  # the decode tail of the run went through it
+
+
+def test_a_tied_head_goes_through_the_embedding_panels() -> None:
+    """Tied weights: the LM head is the embedding table, packed beside the values the lookup reads."""
+    from tests.test_model_correctness import TIED
+
+    cfg = EngineConfig(model="tiny", device="cpu", chunk_budget=64, kv_blocks=128, max_model_len=512)
+    fast, slow = Engine(cfg, TIED), Engine(cfg, TIED)
+    assert fast.runner.model.lm_head is None and fast.runner.native_decode is not None
+    slow.runner.native_decode = None
+    prompts = [list(range(3, 3 + n)) for n in (5, 40, 70)]
+    sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    assert fast.generate(prompts, sp) == slow.generate(prompts, sp)

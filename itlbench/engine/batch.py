@@ -58,15 +58,19 @@ def flatten(output: SchedulerOutput, block_size: int, device: torch.device | str
     starts = np.fromiter((c.start for c in chunks), np.int64, len(chunks))
     lens = np.fromiter((c.num_new_tokens for c in chunks), np.int64, len(chunks))
     seq_lens = starts + lens
-    qsl = np.zeros(len(chunks) + 1, np.int64)
-    np.cumsum(lens, out=qsl[1:])
-    total = int(qsl[-1])
-
-    # one pass over Python ints per array: a numpy conversion per chunk cost more than the rest together
-    input_ids = np.fromiter(chain.from_iterable(_chunk_tokens(c.request, c.start, c.end) for c in chunks), np.int64,
-                            total)
-    row_req = np.repeat(np.arange(len(chunks)), lens)
-    positions = np.arange(total, dtype=np.int64) - np.repeat(qsl[:-1] - starts, lens)
+    total = int(seq_lens.sum() - starts.sum())
+    if total == len(chunks):  # decode rows only (most steps): row i is chunk i at its start position
+        qsl = np.arange(total + 1, dtype=np.int64)
+        input_ids = np.fromiter((c.request.token_at(c.start) for c in chunks), np.int64, total)
+        row_req, positions = qsl[:-1], starts
+    else:
+        qsl = np.zeros(len(chunks) + 1, np.int64)
+        np.cumsum(lens, out=qsl[1:])
+        # one pass over Python ints: a numpy conversion per chunk cost more than the rest together
+        input_ids = np.fromiter(chain.from_iterable(_chunk_tokens(c.request, c.start, c.end) for c in chunks),
+                                np.int64, total)
+        row_req = np.repeat(np.arange(len(chunks)), lens)
+        positions = np.arange(total, dtype=np.int64) - np.repeat(qsl[:-1] - starts, lens)
 
     num_blocks = -(-seq_lens // block_size)
     block_tables = np.zeros((len(chunks), int(num_blocks.max(initial=1))), np.int64)

@@ -180,8 +180,7 @@ class ModelRunner:
             meta = self.backend.prepare(batch)
             cos, sin = self.cos[batch.positions], self.sin[batch.positions]
             if self.native_decode is not None and self.native_decode.supports(batch, meta):
-                hidden = self.native_decode.hidden(self.model.embed(batch.input_ids), cos, sin, meta)
-            else:
-                hidden = self.model(batch.input_ids, ForwardContext(cos, sin, self.kv_caches, self.backend, meta,
-                                                                    self.row_ops))
+                return self.native_decode.logits(self.model.embed(batch.input_ids), cos, sin, meta)
+            hidden = self.model(batch.input_ids, ForwardContext(cos, sin, self.kv_caches, self.backend, meta,
+                                                                self.row_ops))
             return self.model.compute_logits(hidden[batch.logits_indices]).float()

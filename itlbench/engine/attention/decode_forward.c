@@ -8,7 +8,8 @@
  * order in every operator, whatever the thread count).
  *
  * Layout: x [n, d] holds the step's embeddings and becomes the residual stream; hidden [n, d] gets
- * the final norm's output. Row i is decode row i: rows[i] == i, its K/V goes to slots[i].
+ * the final norm's output and logits [n, vocab] the LM head's (every decode row samples). Row i is
+ * decode row i: rows[i] == i, its K/V goes to slots[i].
  */
 #include <stdint.h>
 
@@ -46,8 +47,8 @@ int64_t itl_decode_workspace(const itl_shape_t *s, int64_t n)
 }
 
 /* Returns 0, or -1 when a context is longer than the attention scratch allows (as paged_decode). */
-int itl_decode_forward_f32(const itl_layer_t *layer, const itl_shape_t *s, const float *final_norm, float *x,
-                           float *hidden, int64_t n, const float *cos_t, const float *sin_t, const int64_t *rows,
+int itl_decode_forward_f32(const itl_layer_t *layer, const itl_shape_t *s, const float *final_norm,
+                           const float *lm_head, int64_t vocab, float *x, float *hidden, float *logits, int64_t n, const float *cos_t, const float *sin_t, const int64_t *rows,
                            const int64_t *slots, const int32_t *tables, int64_t table_stride, const int32_t *lens,
                            float *work, float *attn_scratch, int64_t scratch_per_thread, int64_t threads)
 {
@@ -74,5 +75,6 @@ int itl_decode_forward_f32(const itl_layer_t *layer, const itl_shape_t *s, const
         itl_gemm_f32(act, I, layer->down, delta, d, n, d, I, threads);
     }
     itl_add_rms_norm_f32(x, first ? 0 : delta, final_norm, hidden, n, d, s->eps, threads);
+    itl_gemm_f32(hidden, d, lm_head, logits, vocab, n, vocab, d, threads);
     return 0;
 }

@@ -2,8 +2,8 @@
 
 The module path (llama.py) calls a dozen operators per layer from Python; on a 2-core CPU at
 cpu-small's size the interpreter and ctypes cost between them was ~0.7 ms of a 5.4 ms batch-32 step.
-This path runs the same C operators in the same order, so its hidden states equal the module path's
-bit for bit; the embedding lookup and the LM head stay in Python (one call each).
+This path runs the same C operators in the same order, LM head included, so its logits equal the
+module path's bit for bit; only the embedding lookup stays in Python.
 
 It takes a step only where every operator it would call is the one the module path calls: a CPU
 fp32 model whose projections are all packed in panels, the native row operators and decode kernel,
@@ -50,10 +50,12 @@ class NativeDecodeForward:
         self._shape = _Shape(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                              cfg.intermediate_size, block_size, cfg.rms_norm_eps, cfg.head_dim ** -0.5)
         self._final_norm = model.norm.weight
+        head = model.embed_tokens if model.lm_head is None else model.lm_head
+        self._lm_head, self._vocab = _panels(head), head.shape[0]
         self._group = cfg.num_heads // cfg.num_kv_heads
         p, i = ctypes.c_void_p, ctypes.c_int64
         self._fn = lib.itl_decode_forward_f32
-        self._fn.argtypes = [p, p, p, p, p, i, p, p, p, p, p, i, p, p, p, i, i]
+        self._fn.argtypes = [p, p, p, p, i, p, p, p, i, p, p, p, p, p, i, p, p, p, i, i]
         self._fn.restype = ctypes.c_int
         workspace = lib.itl_decode_workspace
         workspace.argtypes, workspace.restype = [p, i], i
@@ -76,12 +78,13 @@ class NativeDecodeForward:
 
     @staticmethod
     def supports(batch: FlatBatch, meta: object) -> bool:
-        """A step of decode rows only, each its own request, and few enough for the workspace."""
-        return (batch.num_tokens == batch.num_reqs <= MAX_ROWS and getattr(meta, "native", None) is not None
-                and not meta.fresh and not meta.extend)
+        """A step of decode rows only, each its own request and each sampling, and few enough for the
+        workspace."""
+        return (batch.num_tokens == batch.num_reqs == batch.logits_indices.shape[0] <= MAX_ROWS
+                and getattr(meta, "native", None) is not None and not meta.fresh and not meta.extend)
 
-    def hidden(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: object) -> torch.Tensor:
-        """x [n, d]: the step's embeddings, consumed as the residual stream; returns the final norm's output."""
+    def logits(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: object) -> torch.Tensor:
+        """x [n, d]: the step's embeddings, consumed as the residual stream; returns every row's logits."""
         n, native = x.shape[0], meta.native
         threads = torch.get_num_threads() if self._threads else 1
         per_thread = self._group * native.max_len
@@ -89,14 +92,15 @@ class NativeDecodeForward:
             self._scratch = torch.empty(int(threads * per_thread * 1.25) + 1024)
         if self._work.numel() < n * self._work_per_row:
             self._work = torch.empty(MAX_ROWS * self._work_per_row)
-        hidden = torch.empty_like(x)
+        hidden, logits = torch.empty_like(x), x.new_empty(n, self._vocab)
         rc = self._fn(ctypes.byref(self._layers), ctypes.byref(self._shape), self._final_norm.data_ptr(),
-                      x.data_ptr(), hidden.data_ptr(), n, cos.data_ptr(), sin.data_ptr(), native.rows.data_ptr(),
+                      self._lm_head, self._vocab, x.data_ptr(), hidden.data_ptr(), logits.data_ptr(), n,
+                      cos.data_ptr(), sin.data_ptr(), native.rows.data_ptr(),
                       meta.slot_mapping.data_ptr(), native.tables.data_ptr(), native.tables.stride(0),
                       native.lens.data_ptr(), self._work.data_ptr(), self._scratch.data_ptr(), per_thread, threads)
         if rc != 0:
             raise ValueError(f"decode scratch of {per_thread} floats is too small")
-        return hidden
+        return logits
 
 
 def _panels(weight: torch.Tensor) -> int:
