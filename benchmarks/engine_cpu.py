@@ -3,8 +3,10 @@
     python benchmarks/engine_cpu.py [--model cpu-small] [--threads N] [--decode-only] [--long]
 
 A decode step must read every weight it applies and every sequence's K/V cache once: its memory
-floor is those bytes over the read bandwidth measured in the same run (before and after the decode
-runs; the better of the two, since a neighbour's burst can pull one measurement a third low). It must also do its
+floor is those bytes over the read bandwidth measured in the same run, just before and just after
+that row's steps (the better of the two: on a shared box a neighbour's burst moves the bandwidth
+between ~28 and ~50 GB/s within minutes, and a floor from another moment than the step's would
+flatter or wrong it). It must also do its
 arithmetic (2 FLOPs per weight per row, 4 per K/V element and query head): its compute floor is
 those FLOPs over the rate this machine's BLAS reaches on a large matrix product with the same
 threads. The roofline floor is the larger of the two; `x floor` is the step over the memory floor,
@@ -172,25 +174,26 @@ def main() -> None:
             print(f"| {n} | {s:.2f} | {n / s:,.0f} |", flush=True)
         print()
     rows = []
+    before = start
     for ctx in DECODE_CONTEXTS:
         for b in DECODE_BATCHES:
             step_s, parts = bench_decode(engine, b, ctx, args.decode_steps, rng)
-            rows.append((b, ctx, step_s * 1e3, parts))
+            after = Floors.measure(engine)
+            rows.append((b, ctx, step_s * 1e3, parts, before.best(after)))
             print(f"decode batch {b} x {ctx}: {step_s * 1e3:.1f} ms/step", flush=True)
-    end = Floors.measure(engine)
-    floors = start.best(end)
-    print(f"\nread bandwidth {floors.bandwidth / 1e9:.1f} GB/s, GEMM {floors.gemm_rate / 1e9:.0f} GFLOP/s (the "
-          f"better of {start.bandwidth / 1e9:.1f} / {start.gemm_rate / 1e9:.0f} before the decode runs and "
-          f"{end.bandwidth / 1e9:.1f} / {end.gemm_rate / 1e9:.0f} after); weights read per decode step "
-          f"{floors.weight_elems * floors.dtype_bytes / 2**20:.1f} MiB\n")
-    print("| batch | context | ms/step | tokens/s | memory floor ms | x floor | compute floor ms | x roofline "
-          "| schedule | prepare | forward | sample | output |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for b, ctx, ms, parts in rows:
+            before = after
+    print(f"\nweights read per decode step {start.weight_elems * start.dtype_bytes / 2**20:.1f} MiB; each row's "
+          "floors from the read bandwidth and GEMM rate measured just before and just after it (the better of "
+          "the two)\n")
+    print("| batch | context | ms/step | tokens/s | GB/s | GFLOP/s | memory floor ms | x floor | compute floor ms "
+          "| x roofline | schedule | prepare | forward | sample | output |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for b, ctx, ms, parts, floors in rows:
         mem, comp = floors.memory_s(b, ctx) * 1e3, floors.compute_s(b, ctx) * 1e3
         split = " | ".join(f"{parts[p.removesuffix('_ns')]:.2f}" for p in PARTS)
-        print(f"| {b} | {ctx} | {ms:.1f} | {b / ms * 1e3:,.0f} | {mem:.2f} | {ms / mem:.1f} | {comp:.2f} | "
-              f"{ms / max(mem, comp):.1f} | {split} |")
+        print(f"| {b} | {ctx} | {ms:.1f} | {b / ms * 1e3:,.0f} | {floors.bandwidth / 1e9:.1f} | "
+              f"{floors.gemm_rate / 1e9:.0f} | {mem:.2f} | {ms / mem:.1f} | {comp:.2f} | {ms / max(mem, comp):.1f} | "
+              f"{split} |")
 
 
 if __name__ == "__main__":
