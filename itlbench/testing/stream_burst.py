@@ -84,10 +84,14 @@ async def _one(session: aiohttp.ClientSession, url: str, body: dict, index: int,
         result.errors.append(f"stream {index}: {type(exc).__name__}: {exc}")
 
 
+HANG_UP_TOKENS = 256  # what a stream that will hang up asks for: still generating when its abort lands
+
+
 async def burst(base_url: str, model: str, streams: int, max_tokens: int, prompt_tokens: int, vocab: int,
                 hang_up_every: int = 0, seed: int = 0, timeout_s: float = 600.0) -> BurstResult:
     """Open `streams` streaming completions at once (token-id prompts of `prompt_tokens`, exactly
-    `max_tokens` out); every `hang_up_every`-th stream closes after its first event."""
+    `max_tokens` out); every `hang_up_every`-th stream asks for HANG_UP_TOKENS and closes after its
+    first event, so the server must abort it (with `max_tokens` a fast engine finishes it first)."""
     rng = np.random.default_rng(seed)
     result = BurstResult(streams)
     connector = aiohttp.TCPConnector(limit=0)
@@ -97,9 +101,10 @@ async def burst(base_url: str, model: str, streams: int, max_tokens: int, prompt
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         tasks = []
         for i in range(streams):
-            body = {"model": model, "prompt": rng.integers(3, vocab, prompt_tokens).tolist(), "max_tokens": max_tokens,
-                    "ignore_eos": True, "stream": True, "temperature": 0}
             hang = 1 if hang_up_every and i % hang_up_every == hang_up_every - 1 else None
+            body = {"model": model, "prompt": rng.integers(3, vocab, prompt_tokens).tolist(),
+                    "max_tokens": max_tokens if hang is None else max(max_tokens, HANG_UP_TOKENS),
+                    "ignore_eos": True, "stream": True, "temperature": 0}
             tasks.append(_one(session, url, body, i, hang, result))
         await asyncio.gather(*tasks)
     result.seconds = time.perf_counter() - start
