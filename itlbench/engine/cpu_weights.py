@@ -52,8 +52,8 @@ class PackedWeight:
 
 
 def project(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight.t(), through the weight's packed copy when it has one and x is a decode-sized batch
-    of rows."""
+    """x @ weight.t(), through the weight's packed copy when it has one and serves x's row count
+    (panels: every count; oneDNN: decode-sized ones)."""
     packed = getattr(weight, PACKED, None)
     if packed is None or x.shape[0] > packed.max_rows:
         return F.linear(x, weight)
