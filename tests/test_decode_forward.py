@@ -8,20 +8,19 @@ import pytest
 import torch
 
 from itlbench.engine import cpu_weights
-from itlbench.engine.attention import native
 from itlbench.engine.batch import flatten
 from itlbench.engine.config import PRESETS, EngineConfig
 from itlbench.engine.engine import Engine
 from itlbench.engine.model.decode_forward import MAX_ROWS
 from itlbench.engine.request import SamplingParams
+from tests.native_helpers import native_library, tiny_greedy
 
 GREEDY = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture(autouse=True)
 def needs_native():
-    if native.load() is None:
-        pytest.skip(f"native library unavailable: {native.unavailable_reason()}")
+    native_library()
 
 
 def engine_with(model: str, lens: tuple[int, ...], seed: int = 0) -> Engine:
@@ -82,17 +81,16 @@ def test_needs_every_projection_in_panels(monkeypatch) -> None:
 
 
 def test_engine_greedy_same_through_the_native_step_and_the_modules() -> None:
-    torch.set_num_threads(1)
-    cfg = EngineConfig(model="tiny", device="cpu", chunk_budget=37, kv_blocks=256, max_model_len=1024)
-    rng = np.random.default_rng(9)
-    prompts = [rng.integers(3, PRESETS["tiny"].vocab_size, n).tolist() for n in (1, 17, 90, 250, 600)]
-    sp = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    fast, slow = Engine(cfg), Engine(cfg)
-    slow.runner.native_decode = None
     calls: list[int] = []
-    real = fast.runner.native_decode.logits
-    fast.runner.native_decode.logits = lambda *a: calls.append(1) or real(*a)
-    assert fast.generate(prompts, sp) == slow.generate(prompts, sp)
+
+    def counted(engine: Engine) -> None:
+        real = engine.runner.native_decode.logits
+        engine.runner.native_decode.logits = lambda *a: calls.append(1) or real(*a)
+
+    def modules_only(engine: Engine) -> None:
+        engine.runner.native_decode = None
+
+    assert tiny_greedy(9, counted, max_tokens=24) == tiny_greedy(9, modules_only, max_tokens=24)
     assert len(calls) > 10  # the decode tail of the run went through it
 
 

@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from itlbench.engine.attention import native
 from itlbench.engine.attention.cases import make_case, run_backend
 from itlbench.engine.attention.sdpa import SdpaBackend
-from itlbench.engine.config import PRESETS, EngineConfig
 from itlbench.engine.engine import Engine
-from itlbench.engine.request import SamplingParams
+from tests.native_helpers import native_library, tiny_greedy
 
 CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
 def kernel() -> native.PagedDecodeKernel:
-    k = native.load()
-    if k is None:
-        pytest.skip(f"native kernel unavailable: {native.unavailable_reason()}")
-    return k
+    return native_library()
 
 
 CASES = [
@@ -90,19 +85,12 @@ def test_bfloat16_falls_back_to_padded_sdpa(kernel) -> None:
 
 
 def test_engine_greedy_same_with_and_without_the_kernel(kernel) -> None:
-    torch.set_num_threads(1)
-    cfg = EngineConfig(model="tiny", device="cpu", chunk_budget=37, kv_blocks=256, max_model_len=1024)
-    rng = np.random.default_rng(3)
-    prompts = [rng.integers(3, PRESETS["tiny"].vocab_size, n).tolist() for n in (1, 17, 90, 250, 600)]
-    sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    outs = []
-    for use_kernel in (True, False):
-        engine = Engine(cfg)
-        if not use_kernel:
-            engine.runner.backend.kernel = None
-        assert engine.runner.backend.decode_kernel == ("native" if use_kernel else "sdpa")
-        outs.append(engine.generate(prompts, sp))
-    assert outs[0] == outs[1]
+    def gathered_sdpa(engine: Engine) -> None:
+        assert engine.runner.backend.decode_kernel == "native"
+        engine.runner.backend.kernel = None
+        assert engine.runner.backend.decode_kernel == "sdpa"
+
+    assert tiny_greedy(3) == tiny_greedy(3, gathered_sdpa)
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "prefix", "rows"), [(4, 1, 300, 37), (4, 2, 16, 16), (6, 2, 1, 50)])

@@ -13,13 +13,12 @@ from hypothesis import strategies as st
 
 from itlbench.engine.attention import native
 from itlbench.engine.cpu_weights import PackedWeight, PanelGemm
+from tests.native_helpers import native_library
 
 
 @pytest.fixture(scope="module")
 def gemm() -> PanelGemm:
-    kernel = native.load()
-    if kernel is None:
-        pytest.skip(f"native library unavailable: {native.unavailable_reason()}")
+    kernel = native_library()
     return PanelGemm(kernel.lib, kernel.openmp)
 
 

@@ -3,7 +3,6 @@ output is the same through them as through torch."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,19 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
-from itlbench.engine.attention import native
-from itlbench.engine.config import PRESETS, EngineConfig, ModelConfig
+from itlbench.engine.config import ModelConfig
 from itlbench.engine.engine import Engine
 from itlbench.engine.model.rope import rope_tables
 from itlbench.engine.model.row_ops import NativeRowOps, TorchRowOps, row_ops_for
-from itlbench.engine.request import SamplingParams
+from tests.native_helpers import native_library, tiny_greedy
 
 
 @pytest.fixture(scope="module")
 def ops() -> NativeRowOps:
-    k = native.load()
-    if k is None:
-        pytest.skip(f"native library unavailable: {native.unavailable_reason()}")
+    k = native_library()
     return NativeRowOps(k.lib, k.openmp)
 
 
@@ -86,7 +82,7 @@ def test_strided_or_non_fp32_inputs_take_the_torch_path(ops) -> None:
 
 
 def test_kv_rows_land_in_their_slots_as_index_copy_puts_them(ops) -> None:
-    kernel = native.load()
+    kernel = native_library()
     qkv = torch.randn(5, 4 + 2 * 2, 16)  # rows of a fused QKV product: k and v are strided views
     k, v = qkv[:, 4:6], qkv[:, 6:]
     slots = torch.tensor([3, 40, 17, 0, 63])
@@ -104,17 +100,9 @@ def test_row_ops_are_native_only_for_cpu_fp32(ops) -> None:
 
 
 def test_engine_greedy_same_through_native_and_torch_row_ops(ops) -> None:
-    torch.set_num_threads(1)
-    cfg = EngineConfig(model="tiny", device="cpu", chunk_budget=37, kv_blocks=256, max_model_len=1024)
-    rng = np.random.default_rng(5)
-    prompts = [rng.integers(3, PRESETS["tiny"].vocab_size, n).tolist() for n in (1, 17, 90, 250, 600)]
-    sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    outs = []
-    for row_ops in (None, TorchRowOps()):
-        engine = Engine(cfg)
-        if row_ops is not None:
-            engine.runner.row_ops = row_ops
-            engine.runner.native_decode = None  # its decode steps call the native operators too
-        assert engine.runner.row_ops.name == ("native" if row_ops is None else "torch")
-        outs.append(engine.generate(prompts, sp))
-    assert outs[0] == outs[1]
+    def torch_row_ops(engine: Engine) -> None:
+        assert engine.runner.row_ops.name == "native"
+        engine.runner.row_ops = TorchRowOps()
+        engine.runner.native_decode = None  # its decode steps call the native operators too
+
+    assert tiny_greedy(5) == tiny_greedy(5, torch_row_ops)
