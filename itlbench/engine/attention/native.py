@@ -111,6 +111,12 @@ class PagedDecodeKernel:
         return True
 
 
+def grown(scratch: torch.Tensor, floats: int) -> torch.Tensor:
+    """`scratch` if it holds `floats`, else a new buffer with room to spare (contexts grow a token a
+    step: reallocating on every step would cost more than the kernel saves)."""
+    return scratch if scratch.numel() >= floats else torch.empty(int(floats * 1.25) + 1024)
+
+
 def cache_dir() -> Path:
     root = os.environ.get("ITLBENCH_CACHE_DIR")
     if root:

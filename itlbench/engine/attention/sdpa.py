@@ -156,8 +156,7 @@ class SdpaBackend:
             q = q.contiguous()
         threads = torch.get_num_threads()
         per_thread = (q.shape[1] // k_cache.shape[2]) * n.max_len
-        if self._scratch.numel() < threads * per_thread:
-            self._scratch = torch.empty(int(threads * per_thread * 1.25) + 1024)
+        self._scratch = native.grown(self._scratch, threads * per_thread)
         self.kernel(q, n.rows, k_cache, v_cache, n.tables, n.lens, out, q.shape[2] ** -0.5, self._scratch,
                     per_thread, threads)
 

@@ -17,6 +17,7 @@ import ctypes
 
 import torch
 
+from itlbench.engine.attention.native import grown
 from itlbench.engine.batch import FlatBatch
 from itlbench.engine.cpu_weights import PACKED, PanelGemm
 
@@ -88,8 +89,7 @@ class NativeDecodeForward:
         n, native = x.shape[0], meta.native
         threads = torch.get_num_threads() if self._threads else 1
         per_thread = self._group * native.max_len
-        if self._scratch.numel() < threads * per_thread:
-            self._scratch = torch.empty(int(threads * per_thread * 1.25) + 1024)
+        self._scratch = grown(self._scratch, threads * per_thread)
         if self._work.numel() < n * self._work_per_row:
             self._work = torch.empty(MAX_ROWS * self._work_per_row)
         hidden, logits = torch.empty_like(x), x.new_empty(n, self._vocab)
