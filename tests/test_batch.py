@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -46,3 +47,25 @@ def test_rows_positions_slots_and_sampling_rows(shape, seed) -> None:
         n = -(-(c.start + c.num_new_tokens) // BS)
         assert batch.block_tables[i, :n].tolist() == c.request.block_ids[:n]
         assert not batch.block_tables[i, n:].any()
+
+
+def test_a_one_token_chunk_short_of_the_prompt_end_does_not_sample() -> None:
+    """A step of one-token chunks takes the decode path; a prefill chunk of one token in the middle of
+    its prompt computes a row but yields no token, so it has no logits row."""
+    rng = np.random.default_rng(3)
+    decoding, prefilling, last = request(0, 9, 2, rng), request(1, 30, 0, rng), request(2, 5, 1, rng)
+    chunks = [ScheduledChunk(decoding, 10, 1, is_decode=True), ScheduledChunk(prefilling, 12, 1, is_decode=False),
+              ScheduledChunk(last, 5, 1, is_decode=True)]
+    batch = flatten(SchedulerOutput(chunks), BS)
+    assert batch.logits_indices.tolist() == [0, 2]
+    assert batch.sample_requests == (decoding, last)
+    assert batch.input_ids.tolist() == [decoding.token_at(10), prefilling.token_at(12), last.token_at(5)]
+    assert batch.slot_mapping.tolist() == [r.block_ids[p // BS] * BS + p % BS
+                                           for r, p in ((decoding, 10), (prefilling, 12), (last, 5))]
+    assert batch.block_tables.tolist() == [decoding.block_ids[:3] + [0], prefilling.block_ids[:4],
+                                           last.block_ids[:2] + [0, 0]]
+    assert batch.seq_lens.tolist() == [11, 13, 6] and batch.seq_lens_np.tolist() == [11, 13, 6]
+    assert batch.starts_np.tolist() == [10, 12, 5] and batch.query_lens_np.tolist() == [1, 1, 1]
+    assert batch.query_start_loc.tolist() == [0, 1, 2, 3]
+    assert (batch.block_tables.dtype, batch.seq_lens.dtype, batch.slot_mapping.dtype) == (
+        torch.int32, torch.int32, torch.int64)

@@ -61,6 +61,39 @@ def test_logits_equal_the_module_path_bit_for_bit(model, threads) -> None:
         torch.set_num_threads(before)
     assert native_logits.shape == (6, PRESETS[model].vocab_size)
     assert torch.equal(native_logits, module_logits)
+    assert runner.last_greedy is None  # the module path leaves sampling to the sampler
+
+
+def test_greedy_tokens_taken_beside_the_head_are_the_logits_argmax() -> None:
+    engine = engine_with("cpu-small", (3, 40, 600))
+    batch = next_batch(engine)
+    logits = engine.runner.execute(batch)
+    assert engine.runner.last_greedy.tolist() == logits.numpy().argmax(axis=1).tolist()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_native_argmax_is_numpys_on_ties_nan_and_infinities(threads) -> None:
+    """numpy's rule: the first maximum, or the first NaN where a row has one."""
+    import ctypes
+
+    lib = native_library().lib
+    rows = np.array([
+        [1.0, 3.0, 3.0, 2.0],  # tie: the first
+        [-np.inf] * 4,  # all -inf: index 0
+        [1.0, np.nan, 5.0, np.nan],  # the first NaN, though a larger number follows
+        [7.0, 1.0, 2.0, np.nan],  # a NaN after the maximum still wins
+        [0.0, 0.0, np.inf, np.inf],
+        [-2.0, -1.0, -1.0, -3.0],
+    ], dtype=np.float32)
+    rng = np.random.default_rng(0)
+    wide = rng.standard_normal((5, 8193)).astype(np.float32)
+    wide[1, [17, 4000]] = 9.0  # a tie across vector lanes
+    for x in (rows, wide):
+        out = np.empty(x.shape[0], np.int64)
+        fn = lib.itl_argmax_rows_f32
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+        fn(x.ctypes.data, x.shape[0], x.shape[1], out.ctypes.data, threads)
+        assert out.tolist() == x.argmax(axis=1).tolist()
 
 
 def test_only_steps_of_decode_rows_take_it() -> None:
@@ -84,8 +117,8 @@ def test_engine_greedy_same_through_the_native_step_and_the_modules() -> None:
     calls: list[int] = []
 
     def counted(engine: Engine) -> None:
-        real = engine.runner.native_decode.logits
-        engine.runner.native_decode.logits = lambda *a: calls.append(1) or real(*a)
+        real = engine.runner.native_decode.run
+        engine.runner.native_decode.run = lambda *a: calls.append(1) or real(*a)
 
     def modules_only(engine: Engine) -> None:
         engine.runner.native_decode = None

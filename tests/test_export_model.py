@@ -67,10 +67,10 @@ def test_transformers_and_engine_agree_on_the_export(exported: Path, budget: int
     first: dict[str, torch.Tensor] = {}
     sample = disk.sampler
 
-    def spy(rows: torch.Tensor, requests: list) -> list[int]:
+    def spy(rows: torch.Tensor, requests: list, *greedy: object) -> list[int]:
         for row, r in zip(rows, requests, strict=True):
             first.setdefault(r.request_id, row.clone())
-        return sample(rows, requests)
+        return sample(rows, requests, *greedy)
 
     disk.sampler = spy  # type: ignore[assignment]
     reqs = [disk.add_request(p, GREEDY) for p in prompts()]

@@ -136,10 +136,10 @@ def engine_outputs(directory: Path, budget: int | None, seed: int) -> tuple[list
     first: dict[str, torch.Tensor] = {}
     sample = engine.sampler
 
-    def spy(rows: torch.Tensor, requests: list) -> list[int]:
+    def spy(rows: torch.Tensor, requests: list, *greedy: object) -> list[int]:
         for row, r in zip(rows, requests, strict=True):
             first.setdefault(r.request_id, row.clone())
-        return sample(rows, requests)
+        return sample(rows, requests, *greedy)
 
     engine.sampler = spy  # type: ignore[assignment]
     reqs = [engine.add_request(p, GREEDY) for p in prompts(seed)]

@@ -133,10 +133,10 @@ def test_first_position_logits_agree(budget: int | None) -> None:
     seen: dict[str, torch.Tensor] = {}
     sample = engine.sampler
 
-    def spy(logits: torch.Tensor, requests: list) -> list[int]:
+    def spy(logits: torch.Tensor, requests: list, *greedy: object) -> list[int]:
         for row, r in zip(logits, requests, strict=True):
             seen.setdefault(r.request_id, row.clone())
-        return sample(logits, requests)
+        return sample(logits, requests, *greedy)
 
     engine.sampler = spy  # type: ignore[assignment]
     ps = prompts(TINY, (1, 17, 100, 257), seed=5)

@@ -196,7 +196,8 @@ class Engine:
                                      step_tokens_note(output.num_prefill_tokens, output.num_decode_tokens))
         t2 = time.perf_counter_ns()
         with nvtx_range("sample"):
-            tokens = self.sampler(logits, batch.sample_requests) if batch.sample_requests else []
+            tokens = (self.sampler(logits, batch.sample_requests, self.runner.last_greedy)
+                      if batch.sample_requests else [])
         t3 = time.perf_counter_ns()
         self._split = (t1 - t0, t2 - t1, t3 - t2)
         return {r.request_id: t for r, t in zip(batch.sample_requests, tokens, strict=True)}

@@ -142,6 +142,8 @@ class ModelRunner:
                           for _ in range(model_config.num_layers)]
         # CPU decode steps: the whole decoder stack in one native call (None: always the module path)
         self.native_decode = NativeDecodeForward.for_runner(self)
+        # each logits row's greedy token when the last step computed it beside the head (the native step)
+        self.last_greedy: torch.Tensor | None = None
         self.last_cuda_graph = False
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and config.cuda_graphs and getattr(self.backend, "graph_capable", False):
@@ -172,15 +174,17 @@ class ModelRunner:
     def execute(self, batch: FlatBatch, label: str = "step", note: str | None = None) -> torch.Tensor:
         """Run the batch; logits [len(logits_indices), vocab] for the rows that sample. On CUDA the
         step is an NVTX range `label` (e.g. `step/decode`) with `note` (token counts) as a mark."""
+        self.last_greedy = None
         with nvtx_range(label, note):
             if self.graphs is not None and self.graphs.supports(batch):
                 self.last_cuda_graph = True
                 return self.graphs.run(batch)[batch.logits_indices]
             self.last_cuda_graph = False
             meta = self.backend.prepare(batch)
-            cos, sin = self.cos[batch.positions], self.sin[batch.positions]
             if self.native_decode is not None and self.native_decode.supports(batch, meta):
-                return self.native_decode.logits(self.model.embed(batch.input_ids), cos, sin, meta)
+                logits, self.last_greedy = self.native_decode.run(batch.input_ids, batch.positions, meta)
+                return logits
+            cos, sin = self.cos[batch.positions], self.sin[batch.positions]
             hidden = self.model(batch.input_ids, ForwardContext(cos, sin, self.kv_caches, self.backend, meta,
                                                                 self.row_ops))
             return self.model.compute_logits(hidden[batch.logits_indices]).float()

@@ -18,9 +18,13 @@ class Sampler:
     def __init__(self, seed: int = 0) -> None:
         self._gen = torch.Generator().manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, requests: Sequence[Request]) -> list[int]:
-        """One token id per logits row; row i belongs to requests[i]."""
+    def __call__(self, logits: torch.Tensor, requests: Sequence[Request],
+                 greedy_ids: torch.Tensor | None = None) -> list[int]:
+        """One token id per logits row; row i belongs to requests[i]. `greedy_ids`: each row's argmax
+        where the forward already took it (the native decode step does, beside the LM head)."""
         params = [r.sampling for r in requests]
+        if greedy_ids is not None and all(p.greedy for p in params):
+            return greedy_ids.tolist()
         if logits.device.type == "cpu" and all(p.greedy for p in params):
             # numpy's argmax is ~20x torch's on CPU (0.45 ms for 32 x 8192 logits); same first-max ties
             return logits.numpy().argmax(axis=1).tolist()

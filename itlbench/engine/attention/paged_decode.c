@@ -38,6 +38,23 @@ typedef int32_t vfi __attribute__((vector_size(VW * 4)));
 
 static inline vf loadv(const float *p) { return *(const vf_unaligned *)p; }
 
+/* A sequence's blocks sit anywhere in the cache once requests come and go (decode appends interleave
+ * sequences' blocks; freed blocks return in any order), and the hardware prefetcher, which follows a
+ * stream, restarts at every jump. So while block b is computed, block b + AHEAD's rows of this head
+ * are fetched, unless that block directly follows the one before it (the stream the hardware already
+ * follows). 32 sequences x 512 tokens, K/V blocks scattered at random, two threads: 335 -> 233 µs per
+ * layer. A sequence whose blocks all follow each other takes a build of the loops without any of
+ * this: there even the untaken test cost 5-10 %. */
+#define AHEAD 2
+static inline __attribute__((always_inline)) void prefetch_block(const float *head, const int32_t *tab, int64_t blk,
+                                                                 int64_t nblk, int64_t BS, int64_t row, int64_t D)
+{
+    if (blk >= nblk || tab[blk] == tab[blk - 1] + 1) return;
+    const float *b = head + (int64_t)tab[blk] * BS * row;
+    for (int64_t t = 0; t < BS; t++)
+        for (int64_t off = 0; off < D; off += 64 / (int64_t)sizeof(float)) __builtin_prefetch(b + t * row + off, 0, 3);
+}
+
 #define PAIR(a, b, lo, hi) (__builtin_shuffle((a), (b), (lo)) + __builtin_shuffle((a), (b), (hi)))
 
 /* p[t] holds VW partial products of token t; the result's lane t is their sum. Each level pairs
@@ -75,10 +92,11 @@ static inline vf lane_sums(vf p[VW])
  * and partial sums stay in registers. */
 static inline __attribute__((always_inline)) void scores_body(
     const float *restrict qh, const float *restrict kc, const int32_t *restrict tab, int64_t len,
-    int64_t G, int64_t D, int64_t BS, int64_t row, float scale, float *restrict scores)
+    int64_t G, int64_t D, int64_t BS, int64_t row, float scale, float *restrict scores, int scattered)
 {
-    const int64_t nv = D / VW;
+    const int64_t nv = D / VW, nblk = (len + BS - 1) / BS;
     for (int64_t t0 = 0; t0 < len; t0 += BS) {
+        if (scattered) prefetch_block(kc, tab, t0 / BS + AHEAD, nblk, BS, row, D);
         const float *kb = kc + (int64_t)tab[t0 / BS] * BS * row;
         const int64_t n = len - t0 < BS ? len - t0 : BS;
         for (int64_t s0 = 0; s0 < n; s0 += VW) {
@@ -137,12 +155,14 @@ static void softmax_rows(float *restrict scores, int64_t G, int64_t len)
 /* Pass 2: out_g = sum_t p_g[t] v_t, accumulated in registers (for the shapes `values_vec` fixes). */
 static inline __attribute__((always_inline)) void values_body(
     const float *restrict probs, const float *restrict vc, const int32_t *restrict tab, int64_t len,
-    int64_t G, int64_t D, int64_t BS, int64_t row, float *restrict out)
+    int64_t G, int64_t D, int64_t BS, int64_t row, float *restrict out, int scattered)
 {
     const int64_t nv = D / VW;
     vf acc[G * nv];
     memset(acc, 0, sizeof acc);
+    const int64_t nblk = (len + BS - 1) / BS;
     for (int64_t t0 = 0; t0 < len; t0 += BS) {
+        if (scattered) prefetch_block(vc, tab, t0 / BS + AHEAD, nblk, BS, row, D);
         const float *vb = vc + (int64_t)tab[t0 / BS] * BS * row;
         const int64_t n = len - t0 < BS ? len - t0 : BS;
         for (int64_t t = 0; t < n; t++) {
@@ -183,19 +203,32 @@ static void values_scalar(const float *restrict probs, const float *restrict vc,
 
 static void scores_vec(const float *restrict qh, const float *restrict kc, const int32_t *restrict tab,
                        int64_t len, int64_t G, int64_t D, int64_t BS, int64_t row, float scale,
-                       float *restrict scores)
+                       float *restrict scores, int scattered)
 {
-#define SCORES(g, d) scores_body(qh, kc, tab, len, g, d, BS, row, scale, scores)
+#define SCORES(g, d)                                                                                \
+    (scattered ? scores_body(qh, kc, tab, len, g, d, BS, row, scale, scores, 1)                     \
+               : scores_body(qh, kc, tab, len, g, d, BS, row, scale, scores, 0))
     SHAPES(SCORES, G, D);
 #undef SCORES
 }
 
 static void values_vec(const float *restrict probs, const float *restrict vc, const int32_t *restrict tab,
-                       int64_t len, int64_t G, int64_t D, int64_t BS, int64_t row, float *restrict out)
+                       int64_t len, int64_t G, int64_t D, int64_t BS, int64_t row, float *restrict out,
+                       int scattered)
 {
-#define VALUES(g, d) values_body(probs, vc, tab, len, g, d, BS, row, out)
+#define VALUES(g, d)                                                                                \
+    (scattered ? values_body(probs, vc, tab, len, g, d, BS, row, out, 1)                            \
+               : values_body(probs, vc, tab, len, g, d, BS, row, out, 0))
     SHAPES(VALUES, G, D);
 #undef VALUES
+}
+
+/* Whether any of the first `nblk` blocks does not directly follow the one before it. */
+static int scattered_blocks(const int32_t *tab, int64_t nblk)
+{
+    for (int64_t b = 1; b < nblk; b++)
+        if (tab[b] != tab[b - 1] + 1) return 1;
+    return 0;
 }
 
 /* Returns 0, or -1 when a sequence is longer than the scratch allows (nothing is written then). */
@@ -223,10 +256,11 @@ int itl_paged_decode_f32(const float *q, int64_t q_row_stride, const int64_t *ro
         const float *qh = q + rows[i] * q_row_stride + h * G * D;
         float *oh = out + rows[i] * out_row_stride + h * G * D;
         const float *kc = k_cache + h * D, *vc = v_cache + h * D;
-        if (vec) scores_vec(qh, kc, tab, len, G, D, BS, row, scale, sc);
+        const int scattered = vec && scattered_blocks(tab, (len + BS - 1) / BS);
+        if (vec) scores_vec(qh, kc, tab, len, G, D, BS, row, scale, sc, scattered);
         else scores_scalar(qh, kc, tab, len, G, D, BS, row, scale, sc);
         softmax_rows(sc, G, len);
-        if (vec) values_vec(sc, vc, tab, len, G, D, BS, row, oh);
+        if (vec) values_vec(sc, vc, tab, len, G, D, BS, row, oh, scattered);
         else values_scalar(sc, vc, tab, len, G, D, BS, row, oh);
     }
     return 0;

@@ -74,17 +74,21 @@ class SdpaBackend:
         return "native" if self.kernel is not None else "sdpa"
 
     def prepare(self, batch: FlatBatch) -> SdpaMetadata:
-        qlens, starts = batch.query_lens_np, batch.starts_np
-        qsl = np.concatenate(([0], np.cumsum(qlens)))
         fresh: list[slice] = []
         extend: list[_Extend] = []
-        for i in np.flatnonzero(qlens > 1):
-            rows = slice(int(qsl[i]), int(qsl[i + 1]))
-            if starts[i] == 0:
-                fresh.append(rows)
-            else:
-                extend.append(self._extend(batch, int(i), rows))
-        decode_idx = np.flatnonzero(qlens == 1)
+        if batch.num_tokens == batch.num_reqs:  # one row per chunk (decode steps): no chunk to split
+            qsl = np.arange(batch.num_reqs + 1, dtype=np.int64)
+            decode_idx = qsl[:-1]
+        else:
+            qlens, starts = batch.query_lens_np, batch.starts_np
+            qsl = np.concatenate(([0], np.cumsum(qlens)))
+            for i in np.flatnonzero(qlens > 1):
+                rows = slice(int(qsl[i]), int(qsl[i + 1]))
+                if starts[i] == 0:
+                    fresh.append(rows)
+                else:
+                    extend.append(self._extend(batch, int(i), rows))
+            decode_idx = np.flatnonzero(qlens == 1)
         if self.kernel is not None and len(decode_idx):
             return SdpaMetadata(batch.slot_mapping, fresh, extend, [], self._native(batch, decode_idx, qsl))
         groups = _length_groups(decode_idx, batch.seq_lens_np)
@@ -94,6 +98,11 @@ class SdpaBackend:
         lens = batch.seq_lens_np[idx]
         max_len = int(lens.max())
         nblocks = -(-max_len // batch.block_size)
+        if (len(idx) == batch.num_reqs == batch.num_tokens and batch.block_tables_np.shape[1] == nblocks
+                and batch.block_tables.dtype == batch.seq_lens.dtype == torch.int32):
+            # every row decodes: the batch's own tables and lengths serve as they are (no copies)
+            return _NativeDecode(torch.from_numpy(qsl[:-1]), batch.block_tables.contiguous(),
+                                 batch.seq_lens.contiguous(), max_len, batch, idx, qsl)
         tables = np.ascontiguousarray(batch.block_tables_np[idx, :nblocks], dtype=np.int32)
         return _NativeDecode(torch.from_numpy(np.ascontiguousarray(qsl[idx], dtype=np.int64)),
                              torch.from_numpy(tables), torch.from_numpy(lens.astype(np.int32)), max_len,

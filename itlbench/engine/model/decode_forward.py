@@ -2,8 +2,8 @@
 
 The module path (llama.py) calls a dozen operators per layer from Python; on a 2-core CPU at
 cpu-small's size the interpreter and ctypes cost between them was ~0.7 ms of a 5.4 ms batch-32 step.
-This path runs the same C operators in the same order, LM head included, so its logits equal the
-module path's bit for bit; only the embedding lookup stays in Python.
+This path runs the same C operators in the same order, embedding lookup and LM head included, so its
+logits equal the module path's bit for bit; beside them it returns each row's greedy token.
 
 It takes a step only where every operator it would call is the one the module path calls: a CPU
 fp32 model whose projections are all packed in panels, the native row operators and decode kernel,
@@ -36,13 +36,25 @@ class _Shape(ctypes.Structure):
                 ("eps", ctypes.c_float), ("scale", ctypes.c_float)]
 
 
+class _Model(ctypes.Structure):
+    _fields_ = [*((name, ctypes.c_void_p) for name in ("embed", "cos", "sin", "final_norm", "lm_head")),
+                ("vocab", ctypes.c_int64)]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [("n", ctypes.c_int64),
+                *((name, ctypes.c_void_p) for name in ("ids", "positions", "rows", "slots", "tables", "lens")),
+                ("table_stride", ctypes.c_int64), ("logits", ctypes.c_void_p), ("greedy", ctypes.c_void_p)]
+
+
 class NativeDecodeForward:
     """Built once per runner over its model and caches (their storage never moves after load)."""
 
     def __init__(self, lib: ctypes.CDLL, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 block_size: int, threads: bool) -> None:
+                 rope: tuple[torch.Tensor, torch.Tensor], block_size: int, threads: bool) -> None:
         cfg = model.config
-        self._keep = (model, kv_caches)  # the pointers below are into these
+        cos, sin = (t.contiguous() for t in rope)
+        self._keep = (model, kv_caches, cos, sin)  # the pointers below are into these
         self._layers = (_Layer * cfg.num_layers)(*[
             _Layer(layer.input_layernorm.weight.data_ptr(), _panels(layer.self_attn.qkv_proj),
                    _panels(layer.self_attn.o_proj), layer.post_attention_layernorm.weight.data_ptr(),
@@ -50,13 +62,14 @@ class NativeDecodeForward:
             for layer, (k, v) in zip(model.layers, kv_caches, strict=True)])
         self._shape = _Shape(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                              cfg.intermediate_size, block_size, cfg.rms_norm_eps, cfg.head_dim ** -0.5)
-        self._final_norm = model.norm.weight
         head = model.embed_tokens if model.lm_head is None else model.lm_head
-        self._lm_head, self._vocab = _panels(head), head.shape[0]
+        self._model = _Model(model.embed_tokens.data_ptr(), cos.data_ptr(), sin.data_ptr(), model.norm.weight.data_ptr(),
+                             _panels(head), head.shape[0])
+        self._vocab = head.shape[0]
         self._group = cfg.num_heads // cfg.num_kv_heads
         p, i = ctypes.c_void_p, ctypes.c_int64
         self._fn = lib.itl_decode_forward_f32
-        self._fn.argtypes = [p, p, p, p, i, p, p, p, i, p, p, p, p, p, i, p, p, p, i, i]
+        self._fn.argtypes = [p, p, p, p, p, p, i, i]
         self._fn.restype = ctypes.c_int
         workspace = lib.itl_decode_workspace
         workspace.argtypes, workspace.restype = [p, i], i
@@ -75,7 +88,8 @@ class NativeDecodeForward:
                 or getattr(row_ops, "name", None) != "native" or runner.weight_layout != "panels"
                 or not all(k.is_contiguous() and v.is_contiguous() for k, v in runner.kv_caches)):
             return None
-        return cls(kernel.lib, runner.model, runner.kv_caches, runner.block_size, kernel.openmp)
+        return cls(kernel.lib, runner.model, runner.kv_caches, (runner.cos, runner.sin), runner.block_size,
+                   kernel.openmp)
 
     @staticmethod
     def supports(batch: FlatBatch, meta: object) -> bool:
@@ -84,23 +98,25 @@ class NativeDecodeForward:
         return (batch.num_tokens == batch.num_reqs == batch.logits_indices.shape[0] <= MAX_ROWS
                 and getattr(meta, "native", None) is not None and not meta.fresh and not meta.extend)
 
-    def logits(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: object) -> torch.Tensor:
-        """x [n, d]: the step's embeddings, consumed as the residual stream; returns every row's logits."""
-        n, native = x.shape[0], meta.native
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: object) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's logits [n, vocab] and greedy token [n] (int64) for the step's token ids and
+        positions (int64, contiguous; ids inside the vocabulary, as the engine checks on admission)."""
+        n, native = input_ids.shape[0], meta.native
         threads = torch.get_num_threads() if self._threads else 1
         per_thread = self._group * native.max_len
         self._scratch = grown(self._scratch, threads * per_thread)
         if self._work.numel() < n * self._work_per_row:
             self._work = torch.empty(MAX_ROWS * self._work_per_row)
-        hidden, logits = torch.empty_like(x), x.new_empty(n, self._vocab)
-        rc = self._fn(ctypes.byref(self._layers), ctypes.byref(self._shape), self._final_norm.data_ptr(),
-                      self._lm_head, self._vocab, x.data_ptr(), hidden.data_ptr(), logits.data_ptr(), n,
-                      cos.data_ptr(), sin.data_ptr(), native.rows.data_ptr(),
-                      meta.slot_mapping.data_ptr(), native.tables.data_ptr(), native.tables.stride(0),
-                      native.lens.data_ptr(), self._work.data_ptr(), self._scratch.data_ptr(), per_thread, threads)
+        logits, greedy = torch.empty(n, self._vocab), torch.empty(n, dtype=torch.int64)
+        tables = native.tables
+        step = _Step(n, input_ids.data_ptr(), positions.data_ptr(), native.rows.data_ptr(),
+                     meta.slot_mapping.data_ptr(), tables.data_ptr(), native.lens.data_ptr(), tables.stride(0),
+                     logits.data_ptr(), greedy.data_ptr())
+        rc = self._fn(ctypes.byref(self._layers), ctypes.byref(self._shape), ctypes.byref(self._model),
+                      ctypes.byref(step), self._work.data_ptr(), self._scratch.data_ptr(), per_thread, threads)
         if rc != 0:
             raise ValueError(f"decode scratch of {per_thread} floats is too small")
-        return logits
+        return logits, greedy
 
 
 def _panels(weight: torch.Tensor) -> int:
