@@ -69,3 +69,42 @@ def test_a_one_token_chunk_short_of_the_prompt_end_does_not_sample() -> None:
     assert batch.query_start_loc.tolist() == [0, 1, 2, 3]
     assert (batch.block_tables.dtype, batch.seq_lens.dtype, batch.slot_mapping.dtype) == (
         torch.int32, torch.int32, torch.int64)
+
+
+def test_an_engine_advances_its_decode_batch_in_place_as_flatten_would_build_it() -> None:
+    """Over a run with arrivals, finishes and block edges, every step's batch equals a fresh flatten of
+    the same schedule, and most decode steps reuse the previous batch's arrays."""
+    from itlbench.engine.batch import Flattener
+    from itlbench.engine.config import EngineConfig
+    from itlbench.engine.engine import Engine
+
+    engine = Engine(EngineConfig(model="tiny", device="cpu", chunk_budget=64, kv_blocks=256, max_model_len=1024,
+                                 block_size=4))
+    flattener, real = Flattener(4), engine._flatten
+    seen = {"reused": 0, "steps": 0}
+
+    def checked(output: SchedulerOutput):
+        previous = flattener._last
+        batch = flattener(output)
+        fresh = flatten(output, 4)
+        seen["steps"] += 1
+        seen["reused"] += batch is previous
+        for name in ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_tables",
+                     "logits_indices"):
+            assert torch.equal(getattr(batch, name), getattr(fresh, name)), name
+        for name in ("query_lens_np", "starts_np", "seq_lens_np", "block_tables_np"):
+            assert np.array_equal(getattr(batch, name), getattr(fresh, name)), name
+        assert batch.request_ids == fresh.request_ids and batch.sample_requests == fresh.sample_requests
+        return real(output)
+
+    engine._flatten = checked
+    rng = np.random.default_rng(1)
+    for wave in range(3):
+        for n in (3, 9, 14, 30):
+            engine.add_request(rng.integers(3, 500, n + wave).tolist(),
+                               SamplingParams(max_tokens=int(rng.integers(5, 40)), temperature=0.0, ignore_eos=True))
+        for _ in range(12):
+            engine.step()
+    while engine.has_unfinished():
+        engine.step()
+    assert seen["reused"] > seen["steps"] // 3

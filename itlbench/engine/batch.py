@@ -113,13 +113,13 @@ def _flatten_decode(chunks: list, block_size: int, device: torch.device | str) -
     rows = list(range(n))
     longs = np.array([[r.token_at(p) for r, p in zip(reqs, positions, strict=True)], positions,
                       [t[p // block_size] * block_size + p % block_size for t, p in zip(tables, positions, strict=True)],
-                      rows], np.int64)  # ids, positions, slots, rows
+                      rows, [p + 1 for p in positions]], np.int64)  # ids, positions, slots, rows, seq_lens
     ints = np.array([*rows, n, *(p + 1 for p in positions)], np.int32)  # query_start_loc, seq_lens
     samples = [p + 1 == r.num_tokens for r, p in zip(reqs, positions, strict=True)]
     on_cpu = torch.device(device).type == "cpu"
     longs_t, ints_t, tables_t = (torch.from_numpy(a) if on_cpu else torch.from_numpy(a).to(device)
                                  for a in (longs, ints, block_tables))
-    input_ids, positions_t, slot_mapping, row_index = longs_t.unbind(0)
+    input_ids, positions_t, slot_mapping, row_index, _ = longs_t.unbind(0)
     query_start_loc, seq_lens = ints_t.split((n + 1, n))
     if all(samples):
         sample_requests, logits_indices = tuple(reqs), row_index
@@ -130,6 +130,51 @@ def _flatten_decode(chunks: list, block_size: int, device: torch.device | str) -
         input_ids=input_ids, positions=positions_t, slot_mapping=slot_mapping, query_start_loc=query_start_loc,
         seq_lens=seq_lens, block_tables=tables_t, logits_indices=logits_indices,
         request_ids=tuple(r.request_id for r in reqs), sample_requests=sample_requests,
-        query_lens_np=np.ones(n, np.int64), starts_np=longs[1], seq_lens_np=longs[1] + 1, block_tables_np=block_tables,
+        query_lens_np=np.ones(n, np.int64), starts_np=longs[1], seq_lens_np=longs[4], block_tables_np=block_tables,
         block_size=block_size,
     )
+
+
+class Flattener:
+    """`flatten` for one engine, which keeps the last step's batch when it was decode rows only: if the
+    next step decodes the same requests in the same order, one token further each, that batch's arrays
+    are advanced in place (positions, slots and lengths by one, new token ids, a table entry where a
+    row enters a new block) and the same batch returned, as vLLM's persistent input batch does. Every
+    other step is flattened anew. CPU only: there the torch tensors are views of the numpy arrays."""
+
+    def __init__(self, block_size: int, device: torch.device | str = "cpu") -> None:
+        self.block_size, self.device = block_size, device
+        self._keeps = torch.device(device).type == "cpu"
+        self._last: FlatBatch | None = None
+
+    def __call__(self, output: SchedulerOutput) -> FlatBatch:
+        if self._last is not None and self._advance(self._last, output.chunks):
+            return self._last
+        batch = flatten(output, self.block_size, self.device)
+        decode_rows = batch.num_tokens == batch.num_reqs == len(batch.sample_requests)
+        self._last = batch if self._keeps and decode_rows else None
+        if self._last is not None:
+            self._seq_lens = batch.seq_lens.numpy()  # the int32 lengths attention reads, as numpy
+        return batch
+
+    def _advance(self, last: FlatBatch, chunks: list) -> bool:
+        reqs, bs = last.sample_requests, self.block_size
+        if len(chunks) != len(reqs) or any(c.request is not r for c, r in zip(chunks, reqs, strict=False)):
+            return False
+        longs, tables = last.starts_np.base, last.block_tables_np
+        starts = [c.start for c in chunks]
+        if (starts != (longs[1] + 1).tolist() or any(p + 1 != r.num_tokens for r, p in zip(reqs, starts, strict=True))
+                or any(c.num_new_tokens != 1 for c in chunks)):
+            return False
+        edges = [i for i, p in enumerate(starts) if p % bs == 0]  # rows whose token opens a new block
+        if any(starts[i] // bs >= tables.shape[1] for i in edges):
+            return False  # the table must widen: flatten anew
+        longs[0] = [r.token_at(p) for r, p in zip(reqs, starts, strict=True)]
+        longs[1:3] += 1
+        longs[4] += 1
+        self._seq_lens += 1
+        for i in edges:
+            block = reqs[i].block_ids[starts[i] // bs]
+            tables[i, starts[i] // bs] = block
+            longs[2, i] = block * bs
+        return True

@@ -70,6 +70,7 @@ class Engine:
             self.clock = self.runner.clock
             self._execute = self.runner.run
         else:
+            from itlbench.engine.batch import Flattener
             from itlbench.engine.runner import ModelRunner
             from itlbench.engine.sampler import Sampler
 
@@ -78,6 +79,7 @@ class Engine:
             self.config = config = config.with_(attention=getattr(self.runner, "attention", config.attention),
                                                 block_size=getattr(self.runner, "block_size", config.block_size))
             self.sampler = Sampler(config.seed)
+            self._flatten = Flattener(config.block_size, self.runner.device)
             self.clock = WallClock()
             self._execute = self._execute_torch
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
@@ -185,11 +187,9 @@ class Engine:
     def _execute_torch(self, output: SchedulerOutput, label: str) -> dict[str, int]:
         """Flatten the chunks into one row batch, run the model, sample the rows that yield a token;
         the three parts' durations go to `self._split`."""
-        from itlbench.engine.batch import flatten
-
         t0 = time.perf_counter_ns()
         with nvtx_range("prepare"):
-            batch = flatten(output, self.config.block_size, self.runner.device)
+            batch = self._flatten(output)
         t1 = time.perf_counter_ns()
         # the forward's own NVTX range is the runner's `step/<phase>`
         logits = self.runner.execute(batch, label,
