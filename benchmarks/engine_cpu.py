@@ -3,18 +3,21 @@
     python benchmarks/engine_cpu.py [--model cpu-small] [--threads N] [--decode-only] [--long]
 
 A decode step must read every weight it applies and every sequence's K/V cache once: its memory
-floor is those bytes over the read bandwidth measured in the same run, just before and just after
-that row's steps (the better of the two: on a shared box a neighbour's burst moves the bandwidth
-between ~28 and ~50 GB/s within minutes, and a floor from another moment than the step's would
-flatter or wrong it). For the same reason every decode row is measured in several passes spread
-over the run (`--passes`, round-robin over the rows): the row shows its best pass, with every pass's
-median step beside it, against the best rates measured around any of its passes; the best of a few
-timings is what the machine does when its neighbours are quiet, as a floor's rates are. It must also do its
-arithmetic (2 FLOPs per weight per row, 4 per K/V element and query head): its compute floor is
-those FLOPs over the rate this machine's BLAS reaches on a large matrix product with the same
-threads. The roofline floor is the larger of the two; `x floor` is the step over the memory floor,
-`x roofline` over the roofline. At batch 32 and short contexts a CPU step is compute-bound (the
-memory floor is out of reach there by construction); at long contexts the K/V reads dominate.
+floor is those bytes over the read bandwidth, and it must do its arithmetic (2 FLOPs per weight per
+row, 4 per K/V element and query head): its compute floor is those FLOPs over the rate this machine's
+BLAS reaches on a large matrix product with the same threads. The roofline floor is the larger of the
+two; `x floor` is the step over the memory floor, `x roofline` over the roofline. At batch 32 and
+short contexts a CPU step is compute-bound (the memory floor is out of reach there by construction);
+at long contexts the K/V reads dominate.
+
+Both rates are probed between the row's own steps (every `--probe-every` steps; the step after a
+probe, which starts on caches the probe flushed, is left out), and the row's floors are the best
+probes of the pass they ran in. On a shared box a neighbour moves the read bandwidth between ~28 and
+~61 GB/s from one minute to the next; a floor probed in another minute than the steps flatters or
+wrongs the step (a rate measured 20 s later came out at 52 GB/s where the steps' own minute gave 30,
+at which the K/V reads of a batch-32 x 8k step ran at 91 % of it). For the same reason every decode
+row is measured in several passes spread over the run (`--passes`, round-robin over the rows): the
+row shows its best pass against that pass's floors, with every pass's median step beside it.
 
 Each decode row also shows where the step's time goes (the StepRecord split: schedule, prepare,
 forward, sample, output). The script re-executes itself with the serving process's malloc settings
@@ -29,6 +32,7 @@ import dataclasses
 import functools
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,11 +89,17 @@ class Floors:
     attn_flops_per_token: int  # per context token of one sequence, all layers
 
     @classmethod
-    def measure(cls, engine: Engine) -> Floors:
+    def measure(cls, engine: Engine, bandwidth_repeats: int = 10, gemm_repeats: int = 20) -> Floors:
         cfg = engine.model_config
         dtype_bytes = torch.finfo(engine.runner.dtype).bits // 8
-        return cls(measure_bandwidth(), measure_gemm_rate(), streamed_weights(engine), dtype_bytes,
-                   cfg.kv_bytes_per_token(dtype_bytes), 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim)
+        return cls(measure_bandwidth(repeats=bandwidth_repeats), measure_gemm_rate(repeats=gemm_repeats),
+                   streamed_weights(engine), dtype_bytes, cfg.kv_bytes_per_token(dtype_bytes),
+                   4 * cfg.num_layers * cfg.num_heads * cfg.head_dim)
+
+    @classmethod
+    def probe(cls, engine: Engine) -> Floors:
+        """A short measurement (~0.1 s) to take between a row's steps."""
+        return cls.measure(engine, bandwidth_repeats=2, gemm_repeats=3)
 
     def best(self, other: Floors) -> Floors:
         """The higher rates of two measurements: what the machine reaches when its neighbours are quiet.
@@ -122,20 +132,27 @@ def bench_prefill(engine: Engine, n: int, rng: np.random.Generator) -> float:
     return last_record(engine).duration_s
 
 
-def bench_decode(engine: Engine, batch: int, context: int, steps: int,
-                 rng: np.random.Generator) -> tuple[float, dict[str, float]]:
+def bench_decode(engine: Engine, batch: int, context: int, steps: int, rng: np.random.Generator,
+                 probe: Callable[[], object] | None = None, probe_every: int = 8) -> tuple[float, dict[str, float]]:
     """Median decode step (s) with `batch` sequences at about `context` tokens, and the median of each
-    part of the step (ms)."""
+    part of the step (ms). `probe` runs after every `probe_every` decode steps; the step after it is
+    left out, as is the first (both start on caches something else has just flushed)."""
     sp = SamplingParams(max_tokens=steps + 3, temperature=0.0, ignore_eos=True)
     for _ in range(batch):
         engine.add_request(random_prompt(rng, context, engine.model_config.vocab_size), sp)
     records: list[StepRecord] = []
+    seen, cold = 0, True
     while engine.has_unfinished():
         engine.step()
         rec = last_record(engine)
         if rec.phase == "decode" and rec.num_decode_reqs == batch:
-            records.append(rec)
-    records = records[1:]  # the first decode step warms what prefill left cold
+            seen += 1
+            if not cold:
+                records.append(rec)
+            cold = False
+            if probe is not None and seen % probe_every == 0 and engine.has_unfinished():
+                probe()
+                cold = True
     parts = {p.removesuffix("_ns"): statistics.median(getattr(r, p) for r in records) / 1e6 for p in PARTS}
     return statistics.median(r.duration_s for r in records), parts
 
@@ -157,6 +174,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, one per core)")
     ap.add_argument("--decode-steps", type=int, default=40)
     ap.add_argument("--passes", type=int, default=3, help="measurements of each decode row, spread over the run")
+    ap.add_argument("--probe-every", type=int, default=8, help="decode steps between two probes of the floors")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -179,24 +197,24 @@ def main() -> None:
             print(f"| {n} | {s:.2f} | {n / s:,.0f} |", flush=True)
         print()
     passes: dict[tuple[int, int], list[tuple[float, dict[str, float], Floors]]] = {}
-    before = start
     for i in range(max(1, args.passes)):
         for ctx in DECODE_CONTEXTS:
             for b in DECODE_BATCHES:
-                step_s, parts = bench_decode(engine, b, ctx, args.decode_steps, rng)
-                after = Floors.measure(engine)
-                passes.setdefault((b, ctx), []).append((step_s, parts, before.best(after)))
-                print(f"decode batch {b} x {ctx}, pass {i + 1}: {step_s * 1e3:.1f} ms/step", flush=True)
-                before = after
+                probes: list[Floors] = []
+                step_s, parts = bench_decode(engine, b, ctx, args.decode_steps, rng,
+                                             lambda probes=probes: probes.append(Floors.probe(engine)), args.probe_every)
+                floors = functools.reduce(Floors.best, probes) if probes else Floors.measure(engine)
+                passes.setdefault((b, ctx), []).append((step_s, parts, floors))
+                print(f"decode batch {b} x {ctx}, pass {i + 1}: {step_s * 1e3:.1f} ms/step "
+                      f"({floors.bandwidth / 1e9:.1f} GB/s, {floors.gemm_rate / 1e9:.0f} GFLOP/s probed between "
+                      "its steps)", flush=True)
     print(f"\nweights read per decode step {start.weight_elems * start.dtype_bytes / 2**20:.1f} MiB; each row: its "
-          "best pass, against the best read bandwidth and GEMM rate measured just before or just after any of its "
-          "passes\n")
+          "best pass, against the best read bandwidth and GEMM rate probed between that pass's steps\n")
     print("| batch | context | ms/step | passes ms | tokens/s | GB/s | GFLOP/s | memory floor ms | x floor "
           "| compute floor ms | x roofline | schedule | prepare | forward | sample | output |")
     print("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for (b, ctx), runs in passes.items():
-        step_s, parts, _ = min(runs, key=lambda run: run[0])
-        floors = functools.reduce(Floors.best, (run[2] for run in runs))
+        step_s, parts, floors = min(runs, key=lambda run: run[0])
         ms, mem, comp = step_s * 1e3, floors.memory_s(b, ctx) * 1e3, floors.compute_s(b, ctx) * 1e3
         split = " | ".join(f"{parts[p.removesuffix('_ns')]:.2f}" for p in PARTS)
         spread = " / ".join(f"{run[0] * 1e3:.1f}" for run in runs)
