@@ -108,9 +108,10 @@ class Request:
         return self.prompt_token_ids[start:] + self.output_token_ids[:stop - n]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RequestOutput:
-    """What one step produced for one request: its new tokens and, at the end, why it stopped."""
+    """What one step produced for one request: its new tokens and, at the end, why it stopped. Not
+    changed once made; not frozen, as a step makes one per running request (see ScheduledChunk)."""
 
     request_id: str
     new_token_ids: tuple[int, ...]

@@ -12,9 +12,11 @@ from itlbench.engine.instrument import phase_of
 from itlbench.engine.request import Request
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ScheduledChunk:
-    """`num_new_tokens` tokens of `request`, starting at `start` (its num_computed_tokens)."""
+    """`num_new_tokens` tokens of `request`, starting at `start` (its num_computed_tokens). Not changed
+    after the scheduler makes it; not frozen because a frozen dataclass takes ~5x as long to build
+    (0.94 vs 0.20 µs), and a step builds one per running request."""
 
     request: Request
     start: int
