@@ -14,7 +14,8 @@ Both rates are probed between the row's own steps (every `--probe-every` steps; 
 probe, which starts on caches the probe flushed, is left out), and the row's floors are the best
 probes of the pass they ran in. On a shared box a neighbour moves the read bandwidth between ~28 and
 ~61 GB/s from one minute to the next; a floor probed in another minute than the steps flatters or
-wrongs the step (a rate measured 20 s later came out at 52 GB/s where the steps' own minute gave 30).
+wrongs the step (a batch-32 x 8k row was judged against 52 GB/s measured beside it; minutes later the
+same probe read 30 GB/s, and that row's K/V reads ran at 27).
 For the same reason every decode
 row is measured in several passes spread over the run (`--passes`, round-robin over the rows): the
 row shows its best pass against that pass's floors, with every pass's median step beside it.
