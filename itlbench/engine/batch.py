@@ -29,7 +29,7 @@ class FlatBatch:
     slot_mapping: torch.Tensor  # [N] int64: block_id * block_size + offset of each row's K/V
     query_start_loc: torch.Tensor  # [R + 1] int32
     seq_lens: torch.Tensor  # [R] int32: context length after this step (prefix + new rows)
-    block_tables: torch.Tensor  # [R, max_blocks] int32, padded with 0 (shares memory with block_tables_np)
+    block_tables: torch.Tensor  # [R, max_blocks] int32, padded with 0 (on CPU, a view of block_tables_np)
     logits_indices: torch.Tensor  # [S] int64: last row of every chunk that samples
     request_ids: tuple[str, ...]  # [R]
     sample_requests: tuple[Request, ...]  # [S]: whose token each logits row yields
@@ -146,6 +146,9 @@ class Flattener:
         self.block_size, self.device = block_size, device
         self._keeps = torch.device(device).type == "cpu"
         self._last: FlatBatch | None = None
+        # the last batch's arrays as `_flatten_decode` laid them out: rows ids, positions, slots, rows,
+        # seq_lens (int64); and the int32 lengths attention reads
+        self._longs = self._seq_lens = np.empty(0)
 
     def __call__(self, output: SchedulerOutput) -> FlatBatch:
         if self._last is not None and self._advance(self._last, output.chunks):
@@ -153,15 +156,15 @@ class Flattener:
         batch = flatten(output, self.block_size, self.device)
         decode_rows = batch.num_tokens == batch.num_reqs == len(batch.sample_requests)
         self._last = batch if self._keeps and decode_rows else None
-        if self._last is not None:
-            self._seq_lens = batch.seq_lens.numpy()  # the int32 lengths attention reads, as numpy
+        if self._last is not None:  # one-row chunks only: `_flatten_decode` built it
+            self._longs, self._seq_lens = batch.starts_np.base, batch.seq_lens.numpy()
         return batch
 
     def _advance(self, last: FlatBatch, chunks: list) -> bool:
         reqs, bs = last.sample_requests, self.block_size
         if len(chunks) != len(reqs) or any(c.request is not r for c, r in zip(chunks, reqs, strict=False)):
             return False
-        longs, tables = last.starts_np.base, last.block_tables_np
+        longs, tables = self._longs, last.block_tables_np
         starts = [c.start for c in chunks]
         if (starts != (longs[1] + 1).tolist() or any(p + 1 != r.num_tokens for r, p in zip(reqs, starts, strict=True))
                 or any(c.num_new_tokens != 1 for c in chunks)):
