@@ -15,7 +15,7 @@ from itlbench.engine.config import PRESETS, EngineConfig, ModelConfig
 from itlbench.engine.engine import Engine
 from itlbench.engine.model.loader import hf_state_dict
 from itlbench.engine.request import Request, SamplingParams
-from itlbench.engine.runner import num_kv_blocks
+from itlbench.engine.runner import HUGE_PAGE, _zeros, num_kv_blocks
 from itlbench.engine.sampler import Sampler
 from itlbench.engine.scheduler_output import ScheduledChunk, SchedulerOutput
 from itlbench.engine.tokenizer import ByteTokenizer, HFTokenizer
@@ -234,6 +234,19 @@ def test_kv_block_sizing() -> None:
     mid = cfg.with_(kv_memory_gib=100 * block_bytes / 2**30)
     assert num_kv_blocks(mid, TINY, 1024, 4) == 100
     assert num_kv_blocks(cfg.with_(kv_blocks=7), TINY, 1024, 4) == 7
+
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_kv_storage_is_zeroed_writable_and_huge_page_aligned(dtype) -> None:
+    cache = _zeros((300, 16, 2, 32), dtype, torch.device("cpu"))
+    assert cache.shape == (300, 16, 2, 32) and cache.dtype == dtype and cache.is_contiguous()
+    assert cache.data_ptr() % HUGE_PAGE == 0  # every whole 2 MB of it can be one huge page
+    assert not cache.any()
+    cache[7, 3] = 1.5
+    assert cache.sum().item() == 1.5 * 64 and cache[7, 3, 1, 31].item() == 1.5
+    other = _zeros((4, 16, 2, 32), dtype, torch.device("cpu"))
+    assert not other.any()  # a fresh mapping, not the first one's pages
 
 
 # ----------------------------------------------------------------- tokenizers and checkpoints
