@@ -42,16 +42,18 @@ class Case:
 
 def make_case(starts: list[int], q_lens: list[int], heads: int, kv_heads: int, head_dim: int, block_size: int,
               dtype: torch.dtype = torch.float32, seed: int = 0, spare_blocks: int = 3,
-              device: torch.device | str = "cpu") -> Case:
+              device: torch.device | str = "cpu", in_order: bool = False) -> Case:
     """Request i has `starts[i]` cached tokens and `q_lens[i]` new ones this step. Blocks are
-    assigned in a shuffled order so that a kernel reading the wrong block cannot pass."""
+    assigned in a shuffled order so that a kernel reading the wrong block cannot pass; `in_order`
+    gives each request consecutive blocks instead (as a fresh cache does, and kernels may take
+    another path for)."""
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     starts_np, lens_np = np.array(starts, np.int64), np.array(q_lens, np.int64)
     seq_lens = starts_np + lens_np
     per_req = -(-seq_lens // block_size)
     num_blocks = int(per_req.sum()) + spare_blocks
-    order = rng.permutation(num_blocks)
+    order = np.arange(num_blocks) if in_order else rng.permutation(num_blocks)
     tables = np.zeros((len(starts), int(per_req.max())), np.int64)
     used = 0
     for i, n in enumerate(per_req):
