@@ -35,13 +35,17 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("in_order", [False, True], ids=["shuffled blocks", "blocks in order"])
+LAYOUTS = ["shuffled", "in order", "appended"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("heads", "kv_heads", "dim", "block", "starts", "q_lens"), CASES)
 def test_native_decode_matches_gathered_sdpa(kernel, threads, heads, kv_heads, dim, block, starts, q_lens,
-                                             in_order) -> None:
-    """Shuffled: the two-pass path with prefetching; in order: the one-pass path (online softmax)."""
-    check_against_sdpa(kernel, threads, heads, kv_heads, dim, block, starts, q_lens, in_order)
+                                             layout) -> None:
+    """Shuffled: the two passes with prefetching; in order: one pass (online softmax); appended: one
+    pass with prefetching where a long sequence's last block jumps, two where a short one's does."""
+    check_against_sdpa(kernel, threads, heads, kv_heads, dim, block, starts, q_lens, layout)
 
 
 # Narrower vector widths than this machine's own: 8 lanes (AVX2) and 4 (SSE2, the x86-64 baseline).
@@ -60,15 +64,15 @@ def test_narrower_vector_builds_match_too(kernel, arch) -> None:
     narrow, why = native.build(arch, [[f"-march={arch}", "-fopenmp"]])
     assert narrow is not None, why
     for case in CASES:
-        for in_order in (False, True):
-            check_against_sdpa(narrow, 2, *case, in_order)
+        for layout in LAYOUTS:
+            check_against_sdpa(narrow, 2, *case, layout)
 
 
-def check_against_sdpa(kernel, threads, heads, kv_heads, dim, block, starts, q_lens, in_order=False) -> None:
+def check_against_sdpa(kernel, threads, heads, kv_heads, dim, block, starts, q_lens, layout="shuffled") -> None:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        case = make_case(starts, q_lens, heads, kv_heads, dim, block, in_order=in_order)
+        case = make_case(starts, q_lens, heads, kv_heads, dim, block, layout=layout)
         fast, reference = SdpaBackend(CPU), SdpaBackend(CPU, use_native=False)
         fast.kernel = kernel
         assert fast.decode_kernel == "native" and reference.decode_kernel == "sdpa"

@@ -42,23 +42,29 @@ class Case:
 
 def make_case(starts: list[int], q_lens: list[int], heads: int, kv_heads: int, head_dim: int, block_size: int,
               dtype: torch.dtype = torch.float32, seed: int = 0, spare_blocks: int = 3,
-              device: torch.device | str = "cpu", in_order: bool = False) -> Case:
-    """Request i has `starts[i]` cached tokens and `q_lens[i]` new ones this step. Blocks are
-    assigned in a shuffled order so that a kernel reading the wrong block cannot pass; `in_order`
-    gives each request consecutive blocks instead (as a fresh cache does, and kernels may take
-    another path for)."""
+              device: torch.device | str = "cpu", layout: str = "shuffled") -> Case:
+    """Request i has `starts[i]` cached tokens and `q_lens[i]` new ones this step. `layout` says
+    where their blocks lie: "shuffled" (so that a kernel reading the wrong block cannot pass), "in
+    order" (each request's blocks consecutive, as a fresh cache gives a prompt) or "appended" (in
+    order but for each request's last block, taken after every request's run, as decode appends)."""
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     starts_np, lens_np = np.array(starts, np.int64), np.array(q_lens, np.int64)
     seq_lens = starts_np + lens_np
     per_req = -(-seq_lens // block_size)
     num_blocks = int(per_req.sum()) + spare_blocks
-    order = np.arange(num_blocks) if in_order else rng.permutation(num_blocks)
     tables = np.zeros((len(starts), int(per_req.max())), np.int64)
-    used = 0
-    for i, n in enumerate(per_req):
-        tables[i, :n] = order[used:used + n]
-        used += n
+    if layout == "appended":
+        runs = np.concatenate(([0], np.cumsum(per_req - 1)))
+        for i, n in enumerate(per_req):
+            tables[i, :n - 1] = np.arange(runs[i], runs[i] + n - 1)
+            tables[i, n - 1] = runs[-1] + i
+    else:
+        order = {"shuffled": rng.permutation(num_blocks), "in order": np.arange(num_blocks)}[layout]
+        used = 0
+        for i, n in enumerate(per_req):
+            tables[i, :n] = order[used:used + n]
+            used += n
     shape = (num_blocks, block_size, kv_heads, head_dim)
     k_cache = torch.randn(shape, generator=gen).to(dtype)
     v_cache = torch.randn(shape, generator=gen).to(dtype)

@@ -72,6 +72,7 @@ static inline __attribute__((always_inline)) void prefetch_block(const float *he
 #define MAX_ACC 32 /* G * D / VW accumulators on the one-pass path */
 #define MAX_BS 64  /* block size on the one-pass path */
 #define SB 2       /* blocks per step of the one-pass path: its bookkeeping per 32 tokens, not 16 */
+#define ONE_PASS_JUMPS 8 /* the one-pass path takes sequences with at most one jump in 8 blocks */
 
 #define PAIR(a, b, lo, hi) (__builtin_shuffle((a), (b), (lo)) + __builtin_shuffle((a), (b), (hi)))
 
@@ -310,17 +311,18 @@ static inline vf hmax_all(vf x)
 #endif
 }
 
-/* Sequences whose blocks all follow each other take one pass over K and V together (an online
- * softmax) instead of the two passes above: per SB blocks, their scores, each head's running maximum
+/* Sequences whose blocks mostly follow each other (a prompt's blocks, then the few that decode
+ * appended) take one pass over K and V together (an online softmax) instead of the two passes above: per SB blocks, their scores, each head's running maximum
  * (its sum and accumulators rescaled when it rises), the exponentials, then the blocks' V rows. Two
  * streams at once keep more of the cache's lines in flight than one: 32 sequences x 8k tokens, two
  * threads, alternating with a plain two-thread read of 512 MB, K/V read at 38.1 against 28.8 GB/s
  * in rounds where that read got 45+ GB/s, 29.3 against 26.8 at 35-45, 28.8 against 25.5 below.
- * Where blocks are scattered it gains nothing (8k: 3.8 vs 4.0 ms) and loses at 512 tokens (204-226
- * vs 193-197 µs), where two prefetched streams cost more than they overlap. */
+ * Where every block jumps it gains nothing (8k: 3.8 vs 4.0 ms) and loses at 512 tokens (204-226
+ * vs 193-197 µs), where two prefetched streams cost more than they overlap; those sequences keep
+ * the two passes. */
 static inline __attribute__((always_inline)) void online_body(
     const float *restrict qh, const float *restrict kc, const float *restrict vc, const int32_t *restrict tab,
-    int64_t len, int64_t G, int64_t D, int64_t BS, int64_t row, float scale, float *restrict out)
+    int64_t len, int64_t G, int64_t D, int64_t BS, int64_t row, float scale, float *restrict out, int scattered)
 {
     const int64_t nv = D / VW, nblk = (len + BS - 1) / BS, sbp = SB * BS;
     vf acc[MAX_ACC], m[MAX_G], l[MAX_G];
@@ -333,6 +335,10 @@ static inline __attribute__((always_inline)) void online_body(
         for (int64_t g = 0; g < G; g++) mx[g] = (vf){0} - INFINITY;
         int64_t n = 0;  /* tokens of this super-block, scores at s + n (stride sbp per head) */
         for (int64_t b = b0; b < b0 + nb; b++) {
+            if (scattered) {
+                prefetch_block(kc, tab, b + AHEAD, nblk, BS, row, D);
+                prefetch_block(vc, tab, b + AHEAD, nblk, BS, row, D);
+            }
             const int64_t nt = len - b * BS < BS ? len - b * BS : BS;
             const float *kb = kc + (int64_t)tab[b] * BS * row;
             int64_t s0 = 0;
@@ -381,19 +387,21 @@ static inline __attribute__((always_inline)) void online_body(
 
 static void online_vec(const float *restrict qh, const float *restrict kc, const float *restrict vc,
                        const int32_t *restrict tab, int64_t len, int64_t G, int64_t D, int64_t BS, int64_t row,
-                       float scale, float *restrict out)
+                       float scale, float *restrict out, int scattered)
 {
-#define ONLINE(g, d) online_body(qh, kc, vc, tab, len, g, d, BS, row, scale, out)
+#define ONLINE(g, d)                                                                                \
+    (scattered ? online_body(qh, kc, vc, tab, len, g, d, BS, row, scale, out, 1)                    \
+               : online_body(qh, kc, vc, tab, len, g, d, BS, row, scale, out, 0))
     SHAPES(ONLINE, G, D);
 #undef ONLINE
 }
 
-/* Whether any of the first `nblk` blocks does not directly follow the one before it. */
-static int scattered_blocks(const int32_t *tab, int64_t nblk)
+/* How many of the first `nblk` blocks do not directly follow the one before them. */
+static int64_t block_jumps(const int32_t *tab, int64_t nblk)
 {
-    for (int64_t b = 1; b < nblk; b++)
-        if (tab[b] != tab[b - 1] + 1) return 1;
-    return 0;
+    int64_t jumps = 0;
+    for (int64_t b = 1; b < nblk; b++) jumps += tab[b] != tab[b - 1] + 1;
+    return jumps;
 }
 
 /* Returns 0, or -1 when a sequence is longer than the scratch allows (nothing is written then). */
@@ -421,9 +429,10 @@ int itl_paged_decode_f32(const float *q, int64_t q_row_stride, const int64_t *ro
         const float *qh = q + rows[i] * q_row_stride + h * G * D;
         float *oh = out + rows[i] * out_row_stride + h * G * D;
         const float *kc = k_cache + h * D, *vc = v_cache + h * D;
-        const int scattered = vec && scattered_blocks(tab, (len + BS - 1) / BS);
-        if (vec && !scattered && G * D / VW <= MAX_ACC && BS <= MAX_BS) {
-            online_vec(qh, kc, vc, tab, len, G, D, BS, row, scale, oh);
+        const int64_t nblk = (len + BS - 1) / BS, jumps = vec ? block_jumps(tab, nblk) : 0;
+        const int scattered = jumps > 0;
+        if (vec && jumps * ONE_PASS_JUMPS <= nblk && G * D / VW <= MAX_ACC && BS <= MAX_BS) {
+            online_vec(qh, kc, vc, tab, len, G, D, BS, row, scale, oh, scattered);
             continue;
         }
         float mx[G], inv[G];
