@@ -44,6 +44,7 @@ from itlbench.engine.engine import Engine
 from itlbench.engine.instrument import StepRecord
 from itlbench.engine.malloc_tuning import reexec_with_malloc_tunables
 from itlbench.engine.request import SamplingParams
+from itlbench.heap import freeze_heap
 
 PREFILL_LENS = (512, 2048, 4096, 8192, 16384)
 DECODE_BATCHES = (1, 8, 32)
@@ -184,6 +185,7 @@ def main() -> None:
     engine = decode_engine(args.model, max_len, max(DECODE_BATCHES), args.decode_steps)
     cfg, rng = engine.model_config, np.random.default_rng(0)
     start = Floors.measure(engine)
+    freeze_heap()  # as the served engine does: collections then scan only what the steps allocate
     kernel = getattr(engine.runner.backend, "decode_kernel", engine.runner.backend.name)
     print(f"model {cfg.name}: {cfg.num_params / 1e6:.1f}M params, {cfg.num_layers} layers, hidden "
           f"{cfg.hidden_size}, heads {cfg.num_heads}/{cfg.num_kv_heads}x{cfg.head_dim}, ffn "
