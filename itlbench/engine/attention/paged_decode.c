@@ -199,6 +199,20 @@ static void exp_rows(float *restrict scores, int64_t G, int64_t len, const float
     }
 }
 
+/* acc[g * nv + j] += p[g * pstride + t] * (lanes j of V row t), for the n rows of one block. */
+static inline __attribute__((always_inline)) void add_v_rows(const float *restrict vb, int64_t n,
+                                                             const float *restrict p, int64_t pstride, int64_t G,
+                                                             int64_t nv, int64_t row, vf *restrict acc)
+{
+    for (int64_t t = 0; t < n; t++) {
+        const float *vr = vb + t * row;
+        for (int64_t g = 0; g < G; g++) {
+            const float pg = p[g * pstride + t];
+            for (int64_t j = 0; j < nv; j++) acc[g * nv + j] += pg * loadv(vr + VW * j);
+        }
+    }
+}
+
 /* Pass 2: out_g = inv[g] * sum_t e_g[t] v_t, accumulated in registers (for the shapes `values_vec`
  * fixes). */
 static inline __attribute__((always_inline)) void values_body(
@@ -212,14 +226,7 @@ static inline __attribute__((always_inline)) void values_body(
     for (int64_t t0 = 0; t0 < len; t0 += BS) {
         if (scattered) prefetch_block(vc, tab, t0 / BS + AHEAD, nblk, BS, row, D);
         const float *vb = vc + (int64_t)tab[t0 / BS] * BS * row;
-        const int64_t n = len - t0 < BS ? len - t0 : BS;
-        for (int64_t t = 0; t < n; t++) {
-            const float *vr = vb + t * row;
-            for (int64_t g = 0; g < G; g++) {
-                const float pg = probs[g * len + t0 + t];
-                for (int64_t j = 0; j < nv; j++) acc[g * nv + j] += pg * loadv(vr + VW * j);
-            }
-        }
+        add_v_rows(vb, len - t0 < BS ? len - t0 : BS, probs + t0, len, G, nv, row, acc);
     }
     for (int64_t k = 0; k < G * nv; k++) *(vf_unaligned *)(out + VW * k) = acc[k] * inv[k / nv];
 }
@@ -277,19 +284,11 @@ static void values_vec(const float *restrict probs, const float *restrict vc, co
  * as rint does in the default rounding mode): GCC does not vectorize the scalar one's calls. */
 static inline vf vexp(vf x)
 {
-    const vf lo = (vf){0} - 87.0f, hi = (vf){0} + 88.0f, magic = (vf){0} + 12582912.0f;
-    x = vmax(x, lo);
-    x = -vmax(-x, -hi);
-    const vf t = x * 1.44269504088896341f + magic;
-    const vf n = t - magic;
-    const vf r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    vf p = (vf){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    const vf magic = (vf){0} + 12582912.0f;
+    x = vmax(x, (vf){0} - 87.0f);
+    x = -vmax(-x, (vf){0} - 88.0f);
+    const vf t = x * ITL_LOG2E + magic, n = t - magic;
+    const vf r = ITL_EXP_REDUCE(x, n), p = ITL_EXP_POLY(r);
     return (vf)((vfi)p + (((vfi)t - (vfi)magic) << 23));
 }
 
@@ -368,14 +367,7 @@ static inline __attribute__((always_inline)) void online_body(
         }
         for (int64_t b = b0, t0 = 0; b < b0 + nb; b++, t0 += BS) {
             const float *vb = vc + (int64_t)tab[b] * BS * row;
-            const int64_t nt = n - t0 < BS ? n - t0 : BS;
-            for (int64_t t = 0; t < nt; t++) {
-                const float *vr = vb + t * row;
-                for (int64_t g = 0; g < G; g++) {
-                    const float pg = s[g * sbp + t0 + t];
-                    for (int64_t j = 0; j < nv; j++) acc[g * nv + j] += pg * loadv(vr + VW * j);
-                }
-            }
+            add_v_rows(vb, n - t0 < BS ? n - t0 : BS, s + t0, sbp, G, nv, row, acc);
         }
     }
     for (int64_t g = 0; g < G; g++) {
