@@ -74,8 +74,8 @@ def make_plan(streams: int, tokens: int) -> LoadPlan:
 
 async def _run_locust(args: argparse.Namespace, c: int, url: str, run_dir: Path) -> tuple[DriveResult, dict]:
     """The same streams through Locust: master and workers in their own processes."""
-    from itlbench.load.locust_job import LocustJob
-    from itlbench.load.locust_run import drive_locust
+    from itlbench.harness.locust_run import drive_locust
+    from itlbench.load.locust.job import LocustJob
 
     store = RunStore(run_dir)
     job = LocustJob.for_plan(Target(url, "paced", timeout_s=None), run_dir, duration_s=args.duration,

@@ -39,12 +39,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from itlbench.engine.config import EngineConfig
-from itlbench.engine.engine import Engine
-from itlbench.engine.instrument import StepRecord
-from itlbench.engine.malloc_tuning import reexec_with_malloc_tunables
-from itlbench.engine.request import SamplingParams
-from itlbench.heap import freeze_heap
+from itlbench.core.engine import Engine
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.request import SamplingParams
+from itlbench.core.steps import StepRecord
+from itlbench.serving.build import create_engine
+from itlbench.system.heap import freeze_heap
+from itlbench.system.malloc import reexec_with_malloc_tunables
 
 PREFILL_LENS = (512, 2048, 4096, 8192, 16384)
 DECODE_BATCHES = (1, 8, 32)
@@ -163,8 +164,8 @@ def decode_engine(model: str, max_context: int, max_batch: int, steps: int) -> E
     """An engine sized for decode runs of up to `max_batch` sequences of `max_context` tokens."""
     longest = max_context + steps + 8
     blocks = -(-max_batch * longest // 16) + 64
-    return Engine(EngineConfig(model=model, chunk_budget=None, kv_blocks=blocks, max_model_len=longest + 8,
-                               enable_prefix_caching=False))
+    return create_engine(EngineConfig(model=model, chunk_budget=None, kv_blocks=blocks, max_model_len=longest + 8,
+                               prefix_caching=False))
 
 
 def main() -> None:

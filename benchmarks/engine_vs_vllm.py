@@ -42,11 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.*` w
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
-from itlbench.bundled_server import BundledServer  # noqa: E402
-from itlbench.engine.config import EngineConfig  # noqa: E402
-from itlbench.engine.malloc_tuning import reexec_with_malloc_tunables  # noqa: E402
-from itlbench.orchestrate import run_load_test  # noqa: E402
-from itlbench.run_config import RunConfig  # noqa: E402
+from itlbench.core.engine_config import EngineConfig  # noqa: E402
+from itlbench.harness.bundled_server import BundledServer  # noqa: E402
+from itlbench.harness.orchestrate import run_load_test  # noqa: E402
+from itlbench.harness.run_config import RunConfig  # noqa: E402
+from itlbench.system.malloc import reexec_with_malloc_tunables  # noqa: E402
 
 DEFAULT_MODEL_DIR = Path("/work/peers/models/cpu-small")
 PREFILL_PROBE_TOKENS = 4096
@@ -81,7 +81,7 @@ def uptime() -> str:
 def ensure_model(model_dir: Path, preset: str) -> Path:
     if (model_dir / "config.json").is_file():
         return model_dir
-    from itlbench.export_model import export_model
+    from itlbench.export.hf import export_model
 
     print(f"exporting {preset} to {model_dir}", flush=True)
     export_model(preset, model_dir)

@@ -28,7 +28,7 @@ case, records = sys.argv[1], int(sys.argv[2])
 held = None
 if case.startswith("front"):
     import itlbench.server.main  # noqa: F401  (what a front end imports)
-    from itlbench.engine.instrument import StepLog, StepRecord
+    from itlbench.core.steps import StepLog, StepRecord
     def rec(i):
         return StepRecord(step=i, phase="decode", prefill_tokens=0, decode_tokens=8, num_prefill_reqs=0,
                           num_decode_reqs=8, num_running=8, num_waiting=0, num_preemptions=0, kv_usage=0.25,
@@ -44,9 +44,9 @@ if case.startswith("front"):
 else:
     import torch
     torch.set_num_threads(1)
-    from itlbench.engine.config import EngineConfig
-    from itlbench.engine.engine import Engine
-    held = Engine(EngineConfig(model="cpu-small", device="cpu", kv_blocks=256, max_model_len=2048))
+    from itlbench.core.engine_config import EngineConfig
+    from itlbench.core.engine import Engine
+    held = create_engine(EngineConfig(model="cpu-small", device="cpu", kv_blocks=256, max_model_len=2048))
     if "frozen" in case:
         gc.collect(); gc.freeze()
 gc.collect()

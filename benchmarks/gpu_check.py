@@ -38,11 +38,14 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from itlbench.core.engine import Engine  # noqa: E402
+from itlbench.core.engine_config import EngineConfig  # noqa: E402
+from itlbench.core.model_config import ModelConfig  # noqa: E402
+from itlbench.core.presets import PRESETS  # noqa: E402
+from itlbench.core.request import SamplingParams  # noqa: E402
 from itlbench.engine.attention import flash, make_backend, triton_backend  # noqa: E402
 from itlbench.engine.attention.cases import make_case, run_backend  # noqa: E402
-from itlbench.engine.config import PRESETS, EngineConfig, ModelConfig  # noqa: E402
-from itlbench.engine.engine import Engine  # noqa: E402
-from itlbench.engine.request import SamplingParams  # noqa: E402
+from itlbench.serving.build import create_engine  # noqa: E402
 
 # Dense bf16 tensor-core peak and HBM bandwidth by device name (vendor data sheets; the seeds use H100 SXM).
 GPU_SPECS = {  # substring of torch.cuda.get_device_name() -> (FLOP/s, bytes/s)
@@ -244,8 +247,8 @@ def engine_variants(s: Setup) -> list[tuple[str, bool]]:
 def make_engine(s: Setup, attention: str, graphs: bool, budget: int | None, max_num_seqs: int = 64) -> Engine:
     cfg = EngineConfig(model=s.model.name, attention=attention, cuda_graphs=graphs, chunk_budget=budget,
                        max_num_seqs=max_num_seqs, kv_memory_gib=s.kv_memory_gib, max_model_len=s.max_model_len,
-                       device=s.device.type, seed=0, enable_prefix_caching=False)
-    return Engine(cfg, s.model)
+                       device=s.device.type, seed=0, prefix_caching=False)
+    return create_engine(cfg, s.model)
 
 
 def _prompt(rng: np.random.Generator, n: int, vocab: int) -> list[int]:

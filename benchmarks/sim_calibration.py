@@ -44,7 +44,7 @@ def noise_floor(run_dir: Path) -> tuple[float, float, int]:
     shape (phase, requests, prefill tokens to 64, context to 1,000): what no model of shapes can beat."""
     import polars as pl
 
-    from itlbench.calibrate import read_run_steps
+    from itlbench.sim.calibrate import read_run_steps
 
     s = read_run_steps(run_dir).steps.with_columns(t=pl.col("end_ns") - pl.col("start_ns"))
     key = [pl.col("phase"), pl.col("num_decode_reqs"), pl.col("num_prefill_reqs"), pl.col("prefill_tokens") // 64,
@@ -71,8 +71,8 @@ def main() -> None:
                     help="torch threads of the engine (1: steadier steps when the server shares 2 cores)")
     args = ap.parse_args()
 
-    from itlbench.calibrate import calibrate, evaluate
-    from itlbench.engine.roofline import measure_cpu
+    from itlbench.sim.calibrate import calibrate, evaluate
+    from itlbench.sim.roofline import measure_cpu
 
     out = args.keep or Path(tempfile.mkdtemp(prefix="sim-calibration-"))
     runs = {}

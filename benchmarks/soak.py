@@ -36,9 +36,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from itlbench.bundled_server import BundledServer  # noqa: E402
-from itlbench.engine.config import EngineConfig  # noqa: E402
-from itlbench.http_json import request_json  # noqa: E402
+from itlbench.core.engine_config import EngineConfig  # noqa: E402
+from itlbench.harness.bundled_server import BundledServer  # noqa: E402
+from itlbench.harness.http_json import request_json  # noqa: E402
 from itlbench.testing.stream_burst import BurstResult, _one, burst  # noqa: E402
 
 

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from itlbench.engine.attention import native
-from itlbench.engine.config import PRESETS, EngineConfig
-from itlbench.engine.engine import Engine
-from itlbench.engine.request import SamplingParams
+from itlbench.core.engine import Engine
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.presets import PRESETS
+from itlbench.core.request import SamplingParams
+from itlbench.engine.cpu import native
+from itlbench.serving.build import create_engine
 
 TINY_CHUNKED = EngineConfig(model="tiny", device="cpu", chunk_budget=37, kv_blocks=256, max_model_len=1024)
 
@@ -32,7 +34,7 @@ def tiny_greedy(seed: int, configure: Callable[[Engine], object] | None = None,
     torch.set_num_threads(1)
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(3, PRESETS["tiny"].vocab_size, n).tolist() for n in (1, 17, 90, 250, 600)]
-    engine = Engine(TINY_CHUNKED)
+    engine = create_engine(TINY_CHUNKED)
     if configure is not None:
         configure(engine)
     return engine.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))

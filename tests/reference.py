@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from itlbench.engine.config import ModelConfig
+from itlbench.core.model_config import ModelConfig
 
 
 def llama3_inv_freq(cfg: ModelConfig) -> torch.Tensor:

@@ -10,17 +10,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from itlbench.core.engine_config import EngineConfig
 from itlbench.engine.attention import (
     FLASH_BLOCK_SIZE,
     SdpaBackend,
     choose,
     flash,
-    native,
     select_backend,
     triton_backend,
 )
 from itlbench.engine.attention.cases import make_case, run_backend
-from itlbench.engine.config import EngineConfig
+from itlbench.engine.cpu import native
 from itlbench.errors import ConfigError
 
 CPU = torch.device("cpu")
@@ -191,11 +191,11 @@ import sys
 sys.modules["triton"] = None
 sys.modules["flash_attn"] = None
 from itlbench.engine.attention import choose
-from itlbench.engine.config import EngineConfig
-from itlbench.engine.engine import Engine
-from itlbench.engine.request import SamplingParams
+from itlbench.core.engine_config import EngineConfig
+from itlbench.serving.build import create_engine
+from itlbench.core.request import SamplingParams
 from itlbench.errors import ConfigError
-engine = Engine(EngineConfig(model="tiny", kv_blocks=64, max_model_len=256))
+engine = create_engine(EngineConfig(model="tiny", kv_blocks=64, max_model_len=256))
 out = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))
 assert len(out[0]) == 3 and engine.config.attention == "sdpa"
 for name in ("triton", "flash"):

@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from itlbench.core.request import Request, SamplingParams
+from itlbench.core.scheduler_output import ScheduledChunk, SchedulerOutput
 from itlbench.engine.batch import flatten
-from itlbench.engine.request import Request, SamplingParams
-from itlbench.engine.scheduler_output import ScheduledChunk, SchedulerOutput
 
 BS = 4
 
@@ -74,13 +74,13 @@ def test_a_one_token_chunk_short_of_the_prompt_end_does_not_sample() -> None:
 def test_an_engine_advances_its_decode_batch_in_place_as_flatten_would_build_it() -> None:
     """Over a run with arrivals, finishes and block edges, every step's batch equals a fresh flatten of
     the same schedule, and most decode steps reuse the previous batch's arrays."""
+    from itlbench.core.engine_config import EngineConfig
     from itlbench.engine.batch import Flattener
-    from itlbench.engine.config import EngineConfig
-    from itlbench.engine.engine import Engine
+    from itlbench.serving.build import create_engine
 
-    engine = Engine(EngineConfig(model="tiny", device="cpu", chunk_budget=64, kv_blocks=256, max_model_len=1024,
+    engine = create_engine(EngineConfig(model="tiny", device="cpu", chunk_budget=64, kv_blocks=256, max_model_len=1024,
                                  block_size=4))
-    flattener, real = Flattener(4), engine._flatten
+    flattener, real = Flattener(4), engine.runner._flatten
     seen = {"reused": 0, "steps": 0}
 
     def checked(output: SchedulerOutput):
@@ -97,7 +97,7 @@ def test_an_engine_advances_its_decode_batch_in_place_as_flatten_would_build_it(
         assert batch.request_ids == fresh.request_ids and batch.sample_requests == fresh.sample_requests
         return real(output)
 
-    engine._flatten = checked
+    engine.runner._flatten = checked
     rng = np.random.default_rng(1)
     for wave in range(3):
         for n in (3, 9, 14, 30):

@@ -9,8 +9,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from itlbench.engine.block_manager import BlockManager
-from itlbench.engine.request import Request, SamplingParams
+from itlbench.core.block_manager import BlockManager
+from itlbench.core.request import Request, SamplingParams
 
 
 def make_request(rid: str, tokens: list[int]) -> Request:
@@ -110,7 +110,7 @@ def test_duplicate_content_is_registered_once() -> None:
 
 
 def test_prefix_caching_disabled() -> None:
-    bm = BlockManager(8, 2, enable_prefix_caching=False)
+    bm = BlockManager(8, 2, prefix_caching=False)
     a = make_request("a", [1, 2, 3, 4, 5])
     assert prefill(bm, a)
     assert bm.num_cached_blocks == 0

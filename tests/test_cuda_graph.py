@@ -10,10 +10,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from itlbench.core.request import SamplingParams  # noqa: E402
 from itlbench.engine.attention.cases import make_case  # noqa: E402
 from itlbench.engine.batch import flatten  # noqa: E402
 from itlbench.engine.cuda_graph import DecodeGraphs, bucket_for, graph_buckets, is_uniform_decode  # noqa: E402
-from itlbench.engine.request import SamplingParams  # noqa: E402
 from tests.test_model_correctness import TINY, make_engine, prompts  # noqa: E402
 
 torch.set_num_threads(1)
@@ -110,7 +110,8 @@ def test_fixed_buffer_decode_matches_eager_and_writes_no_real_block() -> None:
 def test_kv_pool_sized_from_free_device_memory() -> None:
     """On CUDA (free_bytes given) the pool is gpu_memory_fraction of free memory less one step's
     activations and a fixed reserve; an explicit kv_memory_gib or kv_blocks still wins."""
-    from itlbench.engine.config import PRESETS, EngineConfig
+    from itlbench.core.engine_config import EngineConfig
+    from itlbench.core.presets import PRESETS
     from itlbench.engine.runner import CUDA_RESERVE_BYTES, GIB, activation_bytes, num_kv_blocks
 
     model = PRESETS["llama-3.1-8b"]

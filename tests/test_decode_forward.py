@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from itlbench.engine import cpu_weights
+from itlbench.core.engine import Engine
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.presets import PRESETS
+from itlbench.core.request import SamplingParams
 from itlbench.engine.batch import flatten
-from itlbench.engine.config import PRESETS, EngineConfig
-from itlbench.engine.engine import Engine
-from itlbench.engine.model.decode_forward import MAX_ROWS
-from itlbench.engine.request import SamplingParams
+from itlbench.engine.cpu import weights as cpu_weights
+from itlbench.engine.cpu.decode_forward import MAX_ROWS
+from itlbench.serving.build import create_engine
 from tests.native_helpers import native_library, tiny_greedy
 
 GREEDY = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
@@ -24,7 +26,7 @@ def needs_native():
 
 
 def engine_with(model: str, lens: tuple[int, ...], seed: int = 0) -> Engine:
-    engine = Engine(EngineConfig(model=model, device="cpu", chunk_budget=512, kv_blocks=1024, max_model_len=2048,
+    engine = create_engine(EngineConfig(model=model, device="cpu", chunk_budget=512, kv_blocks=1024, max_model_len=2048,
                                  max_num_seqs=512, seed=seed))
     rng = np.random.default_rng(seed)
     for n in lens:
@@ -38,7 +40,7 @@ def next_batch(engine: Engine):
         output = engine.scheduler.schedule()
         if all(c.num_new_tokens == 1 for c in output.chunks):
             return flatten(output, engine.config.block_size)
-        sampled = engine._execute(output, "step")
+        sampled = engine.runner.run(output, "step").tokens
         engine.scheduler.commit(output, sampled, engine._eos)
 
 
@@ -109,7 +111,7 @@ def test_only_steps_of_decode_rows_take_it() -> None:
 
 def test_needs_every_projection_in_panels(monkeypatch) -> None:
     monkeypatch.setattr(cpu_weights, "panel_gemm", lambda: None)
-    engine = Engine(EngineConfig(model="tiny", device="cpu", kv_blocks=64, max_model_len=256))
+    engine = create_engine(EngineConfig(model="tiny", device="cpu", kv_blocks=64, max_model_len=256))
     assert engine.runner.weight_layout != "panels" and engine.runner.native_decode is None
 
 
@@ -132,7 +134,7 @@ def test_a_tied_head_goes_through_the_embedding_panels() -> None:
     from tests.test_model_correctness import TIED
 
     cfg = EngineConfig(model="tiny", device="cpu", chunk_budget=64, kv_blocks=128, max_model_len=512)
-    fast, slow = Engine(cfg, TIED), Engine(cfg, TIED)
+    fast, slow = create_engine(cfg, TIED), create_engine(cfg, TIED)
     assert fast.runner.model.lm_head is None and fast.runner.native_decode is not None
     slow.runner.native_decode = None
     prompts = [list(range(3, 3 + n)) for n in (5, 40, 70)]

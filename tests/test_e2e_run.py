@@ -16,10 +16,10 @@ import polars as pl
 import pytest
 from rich.console import Console
 
-from itlbench.engine.config import EngineConfig
-from itlbench.orchestrate import run_load_test
+from itlbench.core.engine_config import EngineConfig
+from itlbench.harness.orchestrate import run_load_test
+from itlbench.harness.run_config import RunConfig
 from itlbench.report.terminal import LiveProgress
-from itlbench.run_config import RunConfig
 
 pytestmark = pytest.mark.e2e
 

@@ -10,16 +10,19 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from itlbench.core.engine import Engine
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.model_config import ModelConfig
+from itlbench.core.presets import PRESETS
+from itlbench.core.request import Request, SamplingParams
+from itlbench.core.scheduler_output import ScheduledChunk, SchedulerOutput
+from itlbench.core.tokenizer import ByteTokenizer, HFTokenizer
 from itlbench.engine.batch import flatten
-from itlbench.engine.config import PRESETS, EngineConfig, ModelConfig
-from itlbench.engine.engine import Engine
 from itlbench.engine.model.loader import hf_state_dict
-from itlbench.engine.request import Request, SamplingParams
 from itlbench.engine.runner import HUGE_PAGE, _zeros, num_kv_blocks
 from itlbench.engine.sampler import Sampler
-from itlbench.engine.scheduler_output import ScheduledChunk, SchedulerOutput
-from itlbench.engine.tokenizer import ByteTokenizer, HFTokenizer
 from itlbench.errors import ConfigError
+from itlbench.serving.build import create_engine
 
 torch.set_num_threads(1)
 
@@ -30,7 +33,7 @@ FORCED = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 def make_engine(**kw: object) -> Engine:
     base = dict(model="tiny", kv_blocks=256, block_size=16, max_model_len=1024)
     base.update(kw)
-    return Engine(EngineConfig(**base))  # type: ignore[arg-type]
+    return create_engine(EngineConfig(**base))  # type: ignore[arg-type]
 
 
 def run(engine: Engine) -> None:
@@ -202,13 +205,13 @@ def test_bad_inputs_name_the_field(tmp_path: Path) -> None:
             fn()
         return info.value.field
 
-    assert field(lambda: Engine(EngineConfig(model="no-such-preset"))) == "model"
+    assert field(lambda: create_engine(EngineConfig(model="no-such-preset"))) == "model"
     assert field(lambda: EngineConfig(chunk_budget=0)) == "chunk_budget"
     assert field(lambda: EngineConfig(chunk_budget=-5)) == "chunk_budget"
-    assert field(lambda: Engine(EngineConfig(model=str(tmp_path)))) == "model"  # no config.json
+    assert field(lambda: create_engine(EngineConfig(model=str(tmp_path)))) == "model"  # no config.json
     write_config(tmp_path, TINY)
     with pytest.raises(ConfigError, match="safetensors") as info:
-        Engine(EngineConfig(model=str(tmp_path), kv_blocks=64))
+        create_engine(EngineConfig(model=str(tmp_path), kv_blocks=64))
     assert info.value.field == "model"
     assert field(lambda: make_engine(max_model_len=10**6)) == "max_model_len"
     roomy = make_engine()
@@ -304,7 +307,7 @@ def test_checkpoint_round_trip(tmp_path: Path) -> None:
     write_config(tmp_path, TINY)
     write_tokenizer(tmp_path)
     save_sharded(tmp_path, hf_state_dict(memory.runner.model))
-    disk = Engine(EngineConfig(model=str(tmp_path), kv_blocks=256, max_model_len=1024, seed=0))
+    disk = create_engine(EngineConfig(model=str(tmp_path), kv_blocks=256, max_model_len=1024, seed=0))
     assert isinstance(disk.tokenizer, HFTokenizer)
     assert disk.model_config.path == str(tmp_path) and disk.model_config.rope_scaling == TINY.rope_scaling
     ids = disk.tokenizer.encode("the lazy dog jumps over the quick brown fox")
@@ -324,12 +327,12 @@ def test_checkpoint_errors(tmp_path: Path) -> None:
     missing = {k: v for k, v in weights.items() if "layers.1.mlp.up_proj" not in k}
     save_file(missing, str(tmp_path / "model.safetensors"))
     with pytest.raises(ConfigError, match="layers.1.mlp.up_proj") as info:
-        Engine(EngineConfig(model=str(tmp_path), kv_blocks=64))
+        create_engine(EngineConfig(model=str(tmp_path), kv_blocks=64))
     assert info.value.field == "model"
     bad = dict(weights, **{"model.norm.weight": torch.ones(7)})
     save_file(bad, str(tmp_path / "model.safetensors"))
     with pytest.raises(ConfigError, match="shape"):
-        Engine(EngineConfig(model=str(tmp_path), kv_blocks=64))
+        create_engine(EngineConfig(model=str(tmp_path), kv_blocks=64))
 
 
 def test_every_listed_eos_id_ends_generation(tmp_path) -> None:
@@ -337,14 +340,14 @@ def test_every_listed_eos_id_ends_generation(tmp_path) -> None:
     import json
     from dataclasses import replace
 
-    from itlbench.engine.config import model_config_from_hf_dir
-    from itlbench.engine.hf_config import hf_config_dict
+    from itlbench.core.hf_config import hf_config_dict
+    from itlbench.core.presets import model_config_from_hf_dir
 
     listed = replace(TINY, extra_eos_token_ids=tuple(i for i in range(TINY.vocab_size) if i != 2))
     (tmp_path / "config.json").write_text(json.dumps(hf_config_dict(listed)))
     loaded = model_config_from_hf_dir(tmp_path)
     assert loaded.eos_token_ids == set(range(TINY.vocab_size))  # every id ends a turn
-    engine = Engine(EngineConfig(model="tiny", kv_blocks=64, seed=0), replace(loaded, path=None))  # dummy weights
+    engine = create_engine(EngineConfig(model="tiny", kv_blocks=64, seed=0), replace(loaded, path=None))  # dummy weights
     heeds = engine.add_request(tokens(9), SamplingParams(max_tokens=10, temperature=0))
     ignores = engine.add_request(tokens(9), SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
     run(engine)

@@ -13,13 +13,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
-from itlbench.bpe_tokenizer import build_tokenizer
 from itlbench.cli import app
-from itlbench.engine.config import PRESETS, EngineConfig
-from itlbench.engine.engine import Engine
-from itlbench.engine.request import SamplingParams
-from itlbench.engine.tokenizer import HFTokenizer
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.presets import PRESETS
+from itlbench.core.request import SamplingParams
+from itlbench.core.tokenizer import HFTokenizer
+from itlbench.export.bpe_tokenizer import build_tokenizer
 from itlbench.server import BackgroundServer, ServerConfig
+from itlbench.serving.build import create_engine
 from itlbench.workloads.prompts import WORDS
 
 torch.set_num_threads(1)
@@ -62,17 +63,17 @@ def test_directory_is_transformers_5_layout(exported: Path) -> None:
 def test_transformers_and_engine_agree_on_the_export(exported: Path, budget: int | None) -> None:
     model = AutoModelForCausalLM.from_pretrained(str(exported), dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None
-    disk = Engine(EngineConfig(model=str(exported), chunk_budget=budget, kv_blocks=128, max_model_len=1024))
-    preset = Engine(EngineConfig(model="tiny", chunk_budget=budget, kv_blocks=128, max_model_len=1024, seed=SEED))
+    disk = create_engine(EngineConfig(model=str(exported), chunk_budget=budget, kv_blocks=128, max_model_len=1024))
+    preset = create_engine(EngineConfig(model="tiny", chunk_budget=budget, kv_blocks=128, max_model_len=1024, seed=SEED))
     first: dict[str, torch.Tensor] = {}
-    sample = disk.sampler
+    sample = disk.runner.sampler
 
     def spy(rows: torch.Tensor, requests: list, *greedy: object) -> list[int]:
         for row, r in zip(rows, requests, strict=True):
             first.setdefault(r.request_id, row.clone())
         return sample(rows, requests, *greedy)
 
-    disk.sampler = spy  # type: ignore[assignment]
+    disk.runner.sampler = spy  # type: ignore[assignment]
     reqs = [disk.add_request(p, GREEDY) for p in prompts()]
     while disk.has_unfinished():
         disk.step()
@@ -119,7 +120,7 @@ def test_bundled_server_serves_the_export(exported: Path) -> None:
         assert r.usage.prompt_tokens == len(tok(text).input_ids) and r.usage.completion_tokens == 5
         ids = r.choices[0].model_extra["token_ids"]
         assert r.choices[0].text == tok.decode(ids)
-        direct = Engine(EngineConfig(model="tiny", kv_blocks=128, max_model_len=1024, seed=SEED))
+        direct = create_engine(EngineConfig(model="tiny", kv_blocks=128, max_model_len=1024, seed=SEED))
         assert ids == direct.generate([tok(text).input_ids], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))[0]
 
 

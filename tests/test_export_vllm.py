@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from benchmarks.peers.vllm_server import VENV_ENV, VllmConfig, VllmServer, vllm_executable
-from itlbench.engine.config import EngineConfig
-from itlbench.engine.engine import Engine
-from itlbench.engine.request import SamplingParams
-from itlbench.export_model import export_model
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.request import SamplingParams
+from itlbench.export.hf import export_model
+from itlbench.serving.build import create_engine
 
 _VENV = os.environ.get(VENV_ENV)
 pytestmark = [
@@ -47,7 +47,7 @@ def test_vllm_serves_the_export_like_the_bundled_engine(tmp_path: Path) -> None:
     model_dir = export_model("cpu-small", tmp_path / "cpu-small").path
     rng = np.random.default_rng(5)
     prompts = [rng.integers(3, 8192, n).tolist() for n in PROMPT_LENS]
-    ours = Engine(EngineConfig(model=str(model_dir), chunk_budget=BUDGET, max_model_len=4096, kv_blocks=1024))
+    ours = create_engine(EngineConfig(model=str(model_dir), chunk_budget=BUDGET, max_model_len=4096, kv_blocks=1024))
     expected = ours.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))
     srv = VllmServer(VllmConfig(model_dir=model_dir, chunk_budget=BUDGET, max_model_len=4096,
                                 log_path=tmp_path / "vllm.log"))

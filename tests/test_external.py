@@ -14,11 +14,11 @@ import pytest
 from itlbench.analysis.stalls import StallParams, analyze_stalls
 from itlbench.analysis.starvation import pause_breakdown
 from itlbench.errors import ConfigError
-from itlbench.load.client_monitor import PauseWatchdog
-from itlbench.load.sse_client import StreamClient
+from itlbench.harness.orchestrate import run_load_test
+from itlbench.harness.run_config import RunConfig
+from itlbench.load.clients.sse import StreamClient
+from itlbench.load.observers.client_monitor import PauseWatchdog
 from itlbench.load.target import Target
-from itlbench.orchestrate import run_load_test
-from itlbench.run_config import RunConfig
 from itlbench.rundir.reader import read_run_doc, read_table
 from itlbench.rundir.schema import frame
 from itlbench.testing.openai_peer import PeerConfig, serve_in_thread

@@ -17,9 +17,9 @@ import polars as pl
 import pytest
 
 from benchmarks.peers.vllm_server import VENV_ENV, VllmConfig, VllmServer, vllm_executable
-from itlbench.export_model import export_model
-from itlbench.orchestrate import run_load_test
-from itlbench.run_config import RunConfig
+from itlbench.export.hf import export_model
+from itlbench.harness.orchestrate import run_load_test
+from itlbench.harness.run_config import RunConfig
 from itlbench.rundir.reader import read_run_doc, read_table
 
 _VENV = os.environ.get(VENV_ENV)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import gc
 
-from itlbench.engine.instrument import StepLog, StepRecord
-from itlbench.heap import freeze_heap
+from itlbench.core.steps import StepLog, StepRecord
+from itlbench.system.heap import freeze_heap
 
 
 def record(step: int) -> StepRecord:

@@ -24,10 +24,12 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from typer.testing import CliRunner
 
 from itlbench.cli import app
-from itlbench.engine.config import EngineConfig, ModelConfig, RopeScaling, load_model_config
-from itlbench.engine.engine import Engine
-from itlbench.engine.request import SamplingParams
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.model_config import ModelConfig, RopeScaling
+from itlbench.core.presets import load_model_config
+from itlbench.core.request import SamplingParams
 from itlbench.errors import ConfigError
+from itlbench.serving.build import create_engine
 
 torch.set_num_threads(1)
 
@@ -131,17 +133,17 @@ def transformers_reference(directory: str, seed: int) -> tuple[list[list[int]], 
 
 def engine_outputs(directory: Path, budget: int | None, seed: int) -> tuple[list[list[int]], list[torch.Tensor]]:
     """All prompts at once through the engine (chunks mix with decodes); first sampled logits per request."""
-    engine = Engine(EngineConfig(model=str(directory), chunk_budget=budget, kv_blocks=64, block_size=16,
+    engine = create_engine(EngineConfig(model=str(directory), chunk_budget=budget, kv_blocks=64, block_size=16,
                                  max_model_len=MAX_POSITIONS, seed=0))
     first: dict[str, torch.Tensor] = {}
-    sample = engine.sampler
+    sample = engine.runner.sampler
 
     def spy(rows: torch.Tensor, requests: list, *greedy: object) -> list[int]:
         for row, r in zip(rows, requests, strict=True):
             first.setdefault(r.request_id, row.clone())
         return sample(rows, requests, *greedy)
 
-    engine.sampler = spy  # type: ignore[assignment]
+    engine.runner.sampler = spy  # type: ignore[assignment]
     reqs = [engine.add_request(p, GREEDY) for p in prompts(seed)]
     while engine.has_unfinished():
         engine.step()
@@ -229,7 +231,7 @@ def test_unsupported_keys_are_refused_by_name(model_dirs: dict[tuple[str, str], 
     changes, key, words = REFUSED[case]
     directory = write_variant(model_dirs, tmp_path, changes)
     with pytest.raises(ConfigError) as info:
-        Engine(EngineConfig(model=str(directory), kv_blocks=16))
+        create_engine(EngineConfig(model=str(directory), kv_blocks=16))
     assert info.value.field == f"config.json {key}"
     assert words in info.value.problem
 

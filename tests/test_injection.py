@@ -108,7 +108,7 @@ def test_injection_after_the_run_is_refused() -> None:
 
 def test_k_is_1024_so_32k_lands_in_the_le32k_bucket() -> None:
     from itlbench.analysis.buckets import bucket_for
-    from itlbench.engine.config import parse_chunk_budget
+    from itlbench.core.engine_config import parse_chunk_budget
 
     (inj,) = parse_injections("32k", 0.0)
     assert inj.tokens == 32 * 1024 == parse_chunk_budget("32k")

@@ -16,9 +16,9 @@ import polars as pl
 import pytest
 
 from itlbench.errors import ConfigError
-from itlbench.load.kclock import kernel_stamps_available
-from itlbench.load.kernel_client import KernelStreamClient, _Conn, make_stream_client, select_reader
-from itlbench.load.sse_client import StreamClient, _Exchange
+from itlbench.load.clients.kclock import kernel_stamps_available
+from itlbench.load.clients.kernel import KernelStreamClient, _Conn, make_stream_client, select_reader
+from itlbench.load.clients.sse import StreamClient, _Exchange
 from itlbench.load.target import Target
 from itlbench.rundir.reader import read_table
 from itlbench.testing.paced_server import PacedConfig, serve_in_thread

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from itlbench.load.kclock import (
+from itlbench.load.clients.kclock import (
     ANCILLARY_SIZE,
     SCM_TIMESTAMPNS,
     KernelClock,

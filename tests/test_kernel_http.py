@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from itlbench.errors import ConfigError
-from itlbench.load.http1 import ChunkedDecoder, ProtocolError, endpoint_of, parse_head, request_head
+from itlbench.load.clients.http1 import ChunkedDecoder, ProtocolError, endpoint_of, parse_head, request_head
 
 
 def chunked(pieces: list[bytes], trailers: bytes = b"") -> bytes:

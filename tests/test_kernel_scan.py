@@ -12,8 +12,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from itlbench.load.sse_client import StreamClient, _Exchange
-from itlbench.load.sse_scan import DECODE, Shape, count_tokens
+from itlbench.load.clients.sse import StreamClient, _Exchange
+from itlbench.load.clients.sse_scan import DECODE, Shape, count_tokens
 from itlbench.load.target import Target
 from itlbench.workloads.plan import RequestPlan
 

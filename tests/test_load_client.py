@@ -8,7 +8,7 @@ import time
 import polars as pl
 import pytest
 
-from itlbench.load.sse_client import CHUNK_ROWS_PER_HANDOFF, StreamClient, build_body
+from itlbench.load.clients.sse import CHUNK_ROWS_PER_HANDOFF, StreamClient, build_body
 from itlbench.load.target import Target
 from itlbench.testing.paced_server import PacedConfig, serve_in_thread
 from itlbench.workloads.plan import LoadPlan, RequestPlan

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from itlbench.load.metrics_sampler import MetricsSampler, metrics_url
-from itlbench.load.steps_follower import StepsFollower
+from itlbench.load.observers.metrics_sampler import MetricsSampler, metrics_url
+from itlbench.load.observers.steps_follower import StepsFollower
 from itlbench.rundir.store import RunStore
 from itlbench.testing.paced_server import PacedConfig, serve_in_thread
 

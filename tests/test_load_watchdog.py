@@ -6,7 +6,7 @@ import asyncio
 import gc
 import time
 
-from itlbench.load.client_monitor import PauseWatchdog, frozen_heap
+from itlbench.load.observers.client_monitor import PauseWatchdog, frozen_heap
 
 
 def test_blocked_loop_is_recorded_with_its_length():

@@ -25,14 +25,14 @@ from typer.testing import CliRunner
 
 from itlbench.analysis.summary import analyze_run
 from itlbench.cli import app
-from itlbench.engine.config import EngineConfig
+from itlbench.core.engine_config import EngineConfig
 from itlbench.errors import ItlbenchError
+from itlbench.harness.locust_run import drive_locust
+from itlbench.harness.orchestrate import run_load_test
+from itlbench.harness.run_config import RunConfig
 from itlbench.load.driver import DriveResult, Warmup, drive
-from itlbench.load.locust_job import LocustJob, WarmupGate
-from itlbench.load.locust_run import drive_locust
+from itlbench.load.locust.job import LocustJob, WarmupGate
 from itlbench.load.target import Target
-from itlbench.orchestrate import run_load_test
-from itlbench.run_config import RunConfig
 from itlbench.rundir.reader import read_table
 from itlbench.rundir.store import RunStore
 from itlbench.testing.paced_server import PacedConfig, spawn
@@ -80,7 +80,7 @@ def _ui_stats(ui: str) -> list[dict[str, Any]]:
 
 def _worker_pids() -> list[int]:
     return [p.pid for p in psutil.Process().children(recursive=True)
-            if any("itlbench.load.locust_worker" in a for a in p.cmdline())]
+            if any("itlbench.load.locust.worker" in a for a in p.cmdline())]
 
 
 def test_warmup_gate_decides_like_the_aiohttp_driver():
@@ -98,7 +98,7 @@ def test_warmup_gate_decides_like_the_aiohttp_driver():
 
 
 def test_cli_process_never_imports_locust():
-    code = ("import sys, itlbench.cli, itlbench.orchestrate, itlbench.load.locust_run, itlbench.load.locust_job; "
+    code = ("import sys, itlbench.cli, itlbench.harness.orchestrate, itlbench.harness.locust_run, itlbench.load.locust.job; "
             "bad = [m for m in ('locust', 'gevent') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -8,9 +8,9 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from itlbench.bundled_server import BundledServer
-from itlbench.engine.config import EngineConfig
-from itlbench.http_json import request_json
+from itlbench.core.engine_config import EngineConfig
+from itlbench.harness.bundled_server import BundledServer
+from itlbench.harness.http_json import request_json
 from itlbench.testing.stream_burst import burst
 
 STREAMS = 250  # the full 1,000-stream figure comes from benchmarks/soak.py --burst 1000

@@ -9,12 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from itlbench.engine.config import PRESETS, EngineConfig, ModelConfig, RopeScaling
-from itlbench.engine.engine import Engine
+from itlbench.core.engine import Engine
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.model_config import ModelConfig, RopeScaling
+from itlbench.core.presets import PRESETS
+from itlbench.core.request import SamplingParams
 from itlbench.engine.model.llama import LlamaForCausalLM
 from itlbench.engine.model.loader import hf_state_dict, init_dummy_weights
 from itlbench.engine.model.rope import inv_frequencies
-from itlbench.engine.request import SamplingParams
+from itlbench.serving.build import create_engine
 from tests.reference import llama3_inv_freq, reference_greedy, reference_logits
 
 torch.set_num_threads(1)
@@ -33,7 +36,7 @@ LOGIT_ATOL = 1e-4  # fp32; observed differences are ~1e-6
 def make_engine(cfg: ModelConfig, **kw: object) -> Engine:
     base = dict(model=cfg.name, kv_blocks=512, block_size=16, max_model_len=1024, seed=0)
     base.update(kw)
-    return Engine(EngineConfig(**base), cfg)  # type: ignore[arg-type]
+    return create_engine(EngineConfig(**base), cfg)  # type: ignore[arg-type]
 
 
 @functools.cache
@@ -120,7 +123,7 @@ def test_prefix_cache_hits_match(policy: str) -> None:
 
 
 def test_prefix_cache_off_matches() -> None:
-    engine = make_engine(TINY, chunk_budget=24, enable_prefix_caching=False)
+    engine = make_engine(TINY, chunk_budget=24, prefix_caching=False)
     p = prompts(TINY, (50,), seed=4)[0]
     outs = [engine.generate([p], GREEDY)[0] for _ in range(2)]
     assert outs == [expected(TINY, tuple(p))] * 2
@@ -131,14 +134,14 @@ def test_prefix_cache_off_matches() -> None:
 def test_first_position_logits_agree(budget: int | None) -> None:
     engine = make_engine(TINY, chunk_budget=budget)
     seen: dict[str, torch.Tensor] = {}
-    sample = engine.sampler
+    sample = engine.runner.sampler
 
     def spy(logits: torch.Tensor, requests: list, *greedy: object) -> list[int]:
         for row, r in zip(logits, requests, strict=True):
             seen.setdefault(r.request_id, row.clone())
         return sample(logits, requests, *greedy)
 
-    engine.sampler = spy  # type: ignore[assignment]
+    engine.runner.sampler = spy  # type: ignore[assignment]
     ps = prompts(TINY, (1, 17, 100, 257), seed=5)
     reqs = [engine.add_request(p, GREEDY) for p in ps]
     while engine.has_unfinished():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from itlbench.engine.attention import native
+from itlbench.core.engine import Engine
 from itlbench.engine.attention.cases import make_case, run_backend
 from itlbench.engine.attention.sdpa import SdpaBackend
-from itlbench.engine.engine import Engine
+from itlbench.engine.cpu import native
 from tests.native_helpers import native_library, tiny_greedy
 
 CPU = torch.device("cpu")

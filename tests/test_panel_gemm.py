@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from itlbench.engine.attention import native
-from itlbench.engine.cpu_weights import PackedWeight, PanelGemm
+from itlbench.engine.cpu import native
+from itlbench.engine.cpu.weights import PackedWeight, PanelGemm
 from tests.native_helpers import native_library
 
 

@@ -10,9 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from itlbench.cli import app
-from itlbench.engine.config import PRESETS, ModelConfig
-from itlbench.engine.roofline import GPUS, CostModel, Gemm, StepShape, load_hardware, measure_cpu
+from itlbench.core.model_config import ModelConfig
+from itlbench.core.presets import PRESETS
 from itlbench.errors import ConfigError
+from itlbench.sim.roofline import GPUS, CostModel, Gemm, StepShape, load_hardware, measure_cpu
 
 LLAMA3_8B = PRESETS["llama-3-8b"]
 H100 = GPUS["h100"]
@@ -109,15 +110,15 @@ def test_executed_gemm_flops_match_torchs_flop_counter(monkeypatch: pytest.Monke
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from itlbench.engine import cpu_weights
-    from itlbench.engine.config import EngineConfig
-    from itlbench.engine.engine import Engine
-    from itlbench.engine.request import SamplingParams
+    from itlbench.core.engine_config import EngineConfig
+    from itlbench.core.request import SamplingParams
+    from itlbench.engine.cpu import weights as cpu_weights
+    from itlbench.serving.build import create_engine
 
     monkeypatch.setattr(cpu_weights, "panel_gemm", lambda: None)
     monkeypatch.setattr(cpu_weights, "_onednn_packs", lambda weight: False)
     torch.set_num_threads(1)
-    engine = Engine(EngineConfig(model="tiny", kv_blocks=64, max_model_len=1024, chunk_budget=120))
+    engine = create_engine(EngineConfig(model="tiny", kv_blocks=64, max_model_len=1024, chunk_budget=120))
     engine.add_request(list(range(3, 103)), SamplingParams(max_tokens=3, ignore_eos=True))
     engine.add_request(list(range(5, 55)), SamplingParams(max_tokens=3, ignore_eos=True))
     cm = CostModel(PRESETS["tiny"], 4, "executed")
@@ -194,12 +195,12 @@ def test_a_mixed_step_splits_into_its_prefill_and_decode_parts() -> None:
     """The record of a real mixed step splits into shapes that add back up; the chunk dominates."""
     import torch
 
-    from itlbench.engine.config import EngineConfig
-    from itlbench.engine.engine import Engine
-    from itlbench.engine.request import SamplingParams
+    from itlbench.core.engine_config import EngineConfig
+    from itlbench.core.request import SamplingParams
+    from itlbench.serving.build import create_engine
 
     torch.set_num_threads(1)
-    engine = Engine(EngineConfig(model="tiny", kv_blocks=128, max_model_len=2048, chunk_budget=256))
+    engine = create_engine(EngineConfig(model="tiny", kv_blocks=128, max_model_len=2048, chunk_budget=256))
     sp = SamplingParams(max_tokens=6, ignore_eos=True)
     for i in range(3):
         engine.add_request(list(range(3 + i, 43 + i)), sp)

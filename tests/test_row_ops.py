@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
-from itlbench.engine.config import ModelConfig
-from itlbench.engine.engine import Engine
+from itlbench.core.engine import Engine
+from itlbench.core.model_config import ModelConfig
 from itlbench.engine.model.rope import rope_tables
 from itlbench.engine.model.row_ops import NativeRowOps, TorchRowOps, row_ops_for
 from tests.native_helpers import native_library, tiny_greedy

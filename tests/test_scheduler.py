@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from itlbench.engine.block_manager import BlockManager
-from itlbench.engine.config import EngineConfig
-from itlbench.engine.request import Request, RequestStatus, SamplingParams
-from itlbench.engine.scheduler import Scheduler
-from itlbench.engine.scheduler_output import SchedulerOutput
+from itlbench.core.block_manager import BlockManager
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.request import Request, RequestStatus, SamplingParams
+from itlbench.core.scheduler import Scheduler
+from itlbench.core.scheduler_output import SchedulerOutput
 
 EOS = 2
 TOKEN = 7  # what the fake model always samples: never EOS unless a test says so
@@ -25,7 +25,7 @@ def make_scheduler(policy: str = "budget", budget: int | None = 2048, mixed: boo
                    max_num_seqs: int = 64, kv_blocks: int = 4096, max_model_len: int = 1 << 20,
                    prefix_caching: bool = True) -> Scheduler:
     cfg = EngineConfig(chunk_budget=budget, policy=policy, mixed=mixed, max_num_seqs=max_num_seqs,  # type: ignore[arg-type]
-                       block_size=BLOCK, kv_blocks=kv_blocks, enable_prefix_caching=prefix_caching)
+                       block_size=BLOCK, kv_blocks=kv_blocks, prefix_caching=prefix_caching)
     bm = BlockManager(kv_blocks, BLOCK, prefix_caching)
     return Scheduler(cfg, bm, max_model_len)
 

@@ -14,8 +14,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from itlbench.engine.engine import Engine
-from itlbench.engine.request import SamplingParams
+from itlbench.core.request import SamplingParams
+from itlbench.serving.build import create_engine
 from tests.server_fixtures import TINY_ENGINE as ENGINE
 
 
@@ -135,7 +135,7 @@ def test_greedy_stream_matches_direct_engine(client):
     stream = client.completions.create(model="tiny", prompt=prompt, max_tokens=20, temperature=0, stream=True,
                                        extra_body={"ignore_eos": True})
     served = [t for c in stream for t in token_ids(c.choices[0])]
-    reference = Engine(ENGINE).generate([prompt], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))
+    reference = create_engine(ENGINE).generate([prompt], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))
     assert served == reference[0]
 
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from itlbench.bundled_server import free_port, server_command
-from itlbench.engine.async_engine import EngineDeadError
-from itlbench.engine.attention import native
-from itlbench.engine.request import SamplingParams
+from itlbench.core.request import SamplingParams
+from itlbench.engine.cpu import native
+from itlbench.harness.bundled_server import free_port, server_command
 from itlbench.server import BackgroundServer, ServerConfig
+from itlbench.serving.async_engine import EngineDeadError
 from tests.server_fixtures import TINY_ENGINE
 from tests.test_server import *  # noqa: F403 - the same tests, collected again against this module's fixture
 

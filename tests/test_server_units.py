@@ -15,16 +15,16 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from itlbench.bundled_server import BundledServer, free_port
 from itlbench.cli import app
-from itlbench.engine.async_engine import AsyncEngine, EngineDeadError
-from itlbench.engine.config import EngineConfig
-from itlbench.engine.engine import Engine
-from itlbench.engine.request import SamplingParams
-from itlbench.engine.tokenizer import ByteTokenizer
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.request import SamplingParams
+from itlbench.core.tokenizer import ByteTokenizer
 from itlbench.errors import ConfigError
+from itlbench.harness.bundled_server import BundledServer, free_port
 from itlbench.server.detok import IncrementalDetokenizer
 from itlbench.server.protocol import ApiError, parse_chat, parse_completion, render_chat
+from itlbench.serving.async_engine import AsyncEngine, EngineDeadError
+from itlbench.serving.build import create_engine
 
 TINY = EngineConfig(model="tiny", device="cpu", chunk_budget=64, kv_blocks=128, max_model_len=512, seed=0)
 
@@ -62,7 +62,7 @@ def test_protocol_accepts_token_lists_and_chat_parts():
 
 def test_async_engine_streams_and_fails_in_flight_on_shutdown():
     torch.set_num_threads(1)
-    engine = Engine(TINY)
+    engine = create_engine(TINY)
 
     async def scenario() -> None:
         driver = AsyncEngine(engine)
@@ -82,7 +82,7 @@ def test_async_engine_streams_and_fails_in_flight_on_shutdown():
 
 
 def test_async_engine_rejects_bad_input_with_the_engine_error():
-    engine = Engine(TINY)
+    engine = create_engine(TINY)
 
     async def scenario() -> None:
         driver = AsyncEngine(engine)
@@ -108,7 +108,7 @@ def _get(url: str) -> tuple[int, bytes]:
 
 def test_module_entry_point_serves_with_bundled_flags(tmp_path):
     port = free_port()
-    cmd = [sys.executable, "-m", "itlbench.server", "--model", "tiny", "--device", "cpu", "--chunk-budget", "64",
+    cmd = [sys.executable, "-m", "itlbench", "serve", "--model", "tiny", "--device", "cpu", "--chunk-budget", "64",
            "--kv-blocks", "128", "--max-model-len", "512", "--port", str(port)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
@@ -141,7 +141,7 @@ def _every_field_changed() -> EngineConfig:
     """An EngineConfig whose every field differs from its default, so a dropped one shows."""
     cfg = EngineConfig(model="tiny", chunk_budget=96, unchunked_prefill_cap=4096, policy="prefill-first",
                        mixed=True, max_num_seqs=7, block_size=32, kv_blocks=None, kv_memory_gib=0.0005,
-                       max_model_len=640, enable_prefix_caching=False, device="cpu", dtype="float32", seed=3,
+                       max_model_len=640, prefix_caching=False, device="cpu", dtype="float32", seed=3,
                        gpu_memory_fraction=0.5, attention="sdpa", cuda_graphs=False,
                        engine_process=True, torch_threads=1)
     defaults = EngineConfig()
@@ -152,12 +152,12 @@ def _every_field_changed() -> EngineConfig:
 
 
 # The simulated engine's fields, changed in a test of their own (disaggregation needs prefix caching on).
-SIM_FIELDS = ("runner", "gpu", "sim_time_scale", "sim_disaggregate", "sim_prefill_gpu", "sim_kv_link_gbps")
+SIM_FIELDS = ("engine", "gpu", "sim_time_scale", "disaggregate", "prefill_gpu", "kv_link_gbps")
 
 
 def test_sim_engine_config_survives_the_process_boundary(tmp_path):
-    cfg = EngineConfig(model="tiny", runner="sim", gpu="h200", sim_time_scale=3.0, sim_disaggregate=True,
-                       sim_prefill_gpu="a100", sim_kv_link_gbps=100.0, kv_blocks=64)
+    cfg = EngineConfig(model="tiny", engine="sim", gpu="h200", sim_time_scale=3.0, disaggregate=True,
+                       prefill_gpu="a100", kv_link_gbps=100.0, kv_blocks=64)
     assert all(getattr(cfg, f) != getattr(EngineConfig(), f) for f in SIM_FIELDS)
     with BundledServer(cfg, tmp_path / "server.log") as srv:
         info = srv.engine_info

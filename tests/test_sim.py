@@ -9,12 +9,15 @@ import time
 import numpy as np
 import pytest
 
-from itlbench.engine.config import PRESETS, EngineConfig, ModelConfig
-from itlbench.engine.engine import Engine
-from itlbench.engine.request import SamplingParams
-from itlbench.engine.roofline import GPUS, CostModel, StepShape
-from itlbench.engine.sim import PacedClock, VirtualClock, offline_engine
+from itlbench.core.engine import Engine
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.model_config import ModelConfig
+from itlbench.core.presets import PRESETS
+from itlbench.core.request import SamplingParams
 from itlbench.errors import ConfigError
+from itlbench.serving.build import create_engine
+from itlbench.sim.roofline import GPUS, CostModel, StepShape
+from itlbench.sim.runner import PacedClock, VirtualClock, offline_engine
 
 DECISION_FIELDS = ("phase", "prefill_tokens", "decode_tokens", "num_prefill_reqs", "num_decode_reqs",
                    "num_running", "num_waiting", "num_preemptions", "num_finished", "num_sampled",
@@ -58,8 +61,8 @@ def test_sim_and_real_engine_make_the_same_decisions(knobs: dict) -> None:
     torch.set_num_threads(1)
     base = dict(model="tiny", kv_blocks=128, block_size=16, max_num_seqs=8, seed=3) | knobs
     workload = seeded_workload(7)
-    real = drive(Engine(EngineConfig(**base)), workload)  # type: ignore[arg-type]
-    sim = drive(offline_engine(EngineConfig(**base, runner="sim", gpu="h100")), workload)  # type: ignore[arg-type]
+    real = drive(create_engine(EngineConfig(**base)), workload)  # type: ignore[arg-type]
+    sim = drive(offline_engine(EngineConfig(**base, engine="sim", gpu="h100")), workload)  # type: ignore[arg-type]
     assert len(real) > 20
     assert sim == real
     if "kv_blocks" in knobs:
@@ -67,7 +70,7 @@ def test_sim_and_real_engine_make_the_same_decisions(knobs: dict) -> None:
 
 
 def test_step_records_carry_the_cost_models_durations() -> None:
-    cfg = EngineConfig(model="llama-3.1-8b", runner="sim", gpu="h100", chunk_budget=2048)
+    cfg = EngineConfig(model="llama-3.1-8b", engine="sim", gpu="h100", chunk_budget=2048)
     engine = offline_engine(cfg, start_ns=10**12)
     sp = SamplingParams(max_tokens=20, ignore_eos=True)
     for i in range(8):
@@ -106,10 +109,10 @@ def test_virtual_clock_never_goes_back() -> None:
 
 def test_sim_engine_needs_no_torch_and_allocates_no_weights() -> None:
     code = ("import sys, time\n"
-            "from itlbench.engine.config import EngineConfig\n"
-            "from itlbench.engine.sim import offline_engine\n"
-            "from itlbench.engine.request import SamplingParams\n"
-            "e = offline_engine(EngineConfig(model='llama-3.1-8b', runner='sim', gpu='h100', chunk_budget=None))\n"
+            "from itlbench.core.engine_config import EngineConfig\n"
+            "from itlbench.sim.runner import offline_engine\n"
+            "from itlbench.core.request import SamplingParams\n"
+            "e = offline_engine(EngineConfig(model='llama-3.1-8b', engine='sim', gpu='h100', chunk_budget=None))\n"
             "e.add_request(list(range(3, 32771)), SamplingParams(max_tokens=2, ignore_eos=True))\n"
             "while e.has_unfinished(): e.step()\n"
             "r = e.step_log.since(0)[0]\n"
@@ -119,17 +122,17 @@ def test_sim_engine_needs_no_torch_and_allocates_no_weights() -> None:
 
 
 def test_sim_sizes_the_kv_cache_from_device_memory() -> None:
-    engine = offline_engine(EngineConfig(model="llama-3.1-8b", runner="sim", gpu="h100", max_model_len=32768))
+    engine = offline_engine(EngineConfig(model="llama-3.1-8b", engine="sim", gpu="h100", max_model_len=32768))
     cm = CostModel.for_hardware(PRESETS["llama-3.1-8b"], GPUS["h100"])
     expected_tokens = (0.9 * 80e9 - cm.weight_bytes) / cm.kv_bytes_per_token
     assert engine.block_manager.num_blocks == int(expected_tokens) // 16
     with pytest.raises(ConfigError) as err:
-        offline_engine(EngineConfig(model="llama-3.1-8b", runner="sim", gpu="rtx4090"))  # 128k context on 24 GB
+        offline_engine(EngineConfig(model="llama-3.1-8b", engine="sim", gpu="rtx4090"))  # 128k context on 24 GB
     assert err.value.field == "max_model_len"
     big = ModelConfig(name="wide", vocab_size=32000, hidden_size=8192, intermediate_size=28672, num_layers=80,
                       num_heads=64, num_kv_heads=8, max_position_embeddings=4096)
     with pytest.raises(ConfigError) as err:
-        offline_engine(EngineConfig(model="tiny", runner="sim", gpu="h100"), model_config=big)
+        offline_engine(EngineConfig(model="tiny", engine="sim", gpu="h100"), model_config=big)
     assert err.value.field == "gpu" and "do not fit" in str(err.value)
 
 
@@ -138,17 +141,17 @@ def test_sim_options_are_validated() -> None:
         EngineConfig(gpu="h100")
     assert err.value.field == "gpu"
     with pytest.raises(ConfigError) as err:
-        EngineConfig(runner="sim", sim_time_scale=0)
+        EngineConfig(engine="sim", sim_time_scale=0)
     assert err.value.field == "sim_time_scale"
     with pytest.raises(ConfigError) as err:
-        offline_engine(EngineConfig(model="tiny", runner="sim", gpu="b200"))
+        offline_engine(EngineConfig(model="tiny", engine="sim", gpu="b200"))
     assert err.value.field == "--gpu"
 
 
 def test_paced_sim_engine_streams_in_simulated_time() -> None:
     """Served mode: a step's end is its start plus its cost, and the wall clock agrees."""
-    cfg = EngineConfig(model="llama-3.1-8b", runner="sim", gpu="h100", chunk_budget=None, sim_time_scale=10.0)
-    engine = Engine(cfg)
+    cfg = EngineConfig(model="llama-3.1-8b", engine="sim", gpu="h100", chunk_budget=None, sim_time_scale=10.0)
+    engine = create_engine(cfg)
     engine.add_request(list(range(3, 8195)), SamplingParams(max_tokens=3, ignore_eos=True))
     t0 = time.perf_counter_ns()
     while engine.has_unfinished():

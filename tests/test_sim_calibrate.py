@@ -11,13 +11,15 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from itlbench.calibrate import StepData, calibrate, fit_params, mape, params_of, predict
 from itlbench.cli import app
-from itlbench.engine.config import PRESETS, EngineConfig
-from itlbench.engine.engine import Engine
-from itlbench.engine.request import SamplingParams
-from itlbench.engine.roofline import CostModel, Hardware, StepShape, load_hardware
-from itlbench.engine.sim import offline_engine, run_offline
+from itlbench.core.engine import Engine
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.presets import PRESETS
+from itlbench.core.request import SamplingParams
+from itlbench.serving.build import create_engine
+from itlbench.sim.calibrate import StepData, calibrate, fit_params, mape, params_of, predict
+from itlbench.sim.roofline import CostModel, Hardware, StepShape, load_hardware
+from itlbench.sim.runner import offline_engine, run_offline
 
 KNOWN = Hardware("known", "a made-up CPU", 100e9, 10e9, 8e9, dtype="float32", gemm_eff=0.55, attn_eff=0.2,
                  mem_eff=0.7, step_overhead_s=0.004, seq_overhead_s=0.0002, counting="executed")
@@ -28,7 +30,7 @@ def sim_steps(budget: int | None, seed: int) -> list:
     rng = np.random.default_rng(seed)
     arrivals = [(int(i * 5e4), rng.integers(3, 8000, int(rng.integers(50, 3000))).tolist(),
                  SamplingParams(max_tokens=int(rng.integers(5, 60)), ignore_eos=True)) for i in range(40)]
-    engine = offline_engine(EngineConfig(model="cpu-small", runner="sim", gpu="h100", chunk_budget=budget,
+    engine = offline_engine(EngineConfig(model="cpu-small", engine="sim", gpu="h100", chunk_budget=budget,
                                          max_num_seqs=16, kv_blocks=4096))
     run_offline(engine, arrivals)
     return engine.step_log.since(0)
@@ -74,7 +76,7 @@ def real_cpu_engine(budget: int, seed: int) -> Engine:
     import torch
 
     torch.set_num_threads(1)
-    engine = Engine(EngineConfig(model="tiny", chunk_budget=budget, kv_blocks=512, max_model_len=2048, device="cpu"))
+    engine = create_engine(EngineConfig(model="tiny", chunk_budget=budget, kv_blocks=512, max_model_len=2048, device="cpu"))
     rng = np.random.default_rng(seed)
     for i in range(24):
         engine.add_request(rng.integers(3, 500, int(rng.integers(20, 900))).tolist(),
@@ -97,7 +99,7 @@ def test_calibrate_command_writes_a_profile_the_sim_can_use(tmp_path: Path) -> N
     hw = load_hardware(str(profile))
     assert hw.counting == "executed" and hw.dtype == "float32" and hw.peak_flops == 989e12
     # the profile drives the simulator like any GPU preset
-    sim = offline_engine(EngineConfig(model="tiny", runner="sim", gpu=str(profile), kv_blocks=512,
+    sim = offline_engine(EngineConfig(model="tiny", engine="sim", gpu=str(profile), kv_blocks=512,
                                       max_model_len=2048))
     sim.add_request(list(range(3, 200)), SamplingParams(max_tokens=3, ignore_eos=True))
     while sim.has_unfinished():
@@ -114,7 +116,7 @@ def test_calibrate_rejects_what_it_cannot_use(tmp_path: Path) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["calibrate", str(tmp_path)])
     assert result.exit_code == 2 and "RUN_DIR" in result.output and "run.json" in result.output
-    sim = offline_engine(EngineConfig(model="tiny", runner="sim", gpu="h100", kv_blocks=64, max_model_len=512))
+    sim = offline_engine(EngineConfig(model="tiny", engine="sim", gpu="h100", kv_blocks=64, max_model_len=512))
     sim.add_request(list(range(3, 50)), SamplingParams(max_tokens=2, ignore_eos=True))
     while sim.has_unfinished():
         sim.step()

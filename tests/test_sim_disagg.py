@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from itlbench.engine.config import PRESETS, EngineConfig
-from itlbench.engine.disagg import DisaggEngine, KvLink
-from itlbench.engine.request import SamplingParams
-from itlbench.engine.roofline import GPUS, CostModel, StepShape
-from itlbench.engine.sim import offline_engine, run_offline
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.presets import PRESETS
+from itlbench.core.request import SamplingParams
+from itlbench.sim.disagg import DisaggEngine, KvLink
+from itlbench.sim.roofline import GPUS, CostModel, StepShape
+from itlbench.sim.runner import offline_engine, run_offline
 
 MODEL = PRESETS["llama-3.1-8b"]
 H100 = GPUS["h100"]
@@ -30,7 +31,7 @@ def worst_gap_s(times: dict[str, list[int]], skip: str) -> float:
 
 
 def test_disaggregation_removes_the_prefill_stall() -> None:
-    cfg = EngineConfig(model="llama-3.1-8b", runner="sim", gpu="h100", chunk_budget=None)
+    cfg = EngineConfig(model="llama-3.1-8b", engine="sim", gpu="h100", chunk_budget=None)
     work = scenario()
     colocated = run_offline(offline_engine(cfg), work)
     disagg = run_offline(DisaggEngine(cfg, paced=False), work)
@@ -44,7 +45,7 @@ def test_disaggregation_removes_the_prefill_stall() -> None:
 
 
 def test_kv_transfer_is_charged_between_first_and_second_token() -> None:
-    cfg = EngineConfig(model="llama-3.1-8b", runner="sim", gpu="h100", chunk_budget=None)
+    cfg = EngineConfig(model="llama-3.1-8b", engine="sim", gpu="h100", chunk_budget=None)
     slow = KvLink(bandwidth_bytes_per_s=1e9, latency_s=0.0)  # 8 Gb/s: the transfer dominates
     prompt = list(range(3, 3 + 8192))
     sp = SamplingParams(max_tokens=4, ignore_eos=True)
@@ -55,7 +56,7 @@ def test_kv_transfer_is_charged_between_first_and_second_token() -> None:
 
 
 def test_disaggregated_outputs_count_the_clients_tokens_and_gpus_differ() -> None:
-    cfg = EngineConfig(model="llama-3.1-8b", runner="sim", gpu="h200", chunk_budget=2048)
+    cfg = EngineConfig(model="llama-3.1-8b", engine="sim", gpu="h200", chunk_budget=2048)
     engine = DisaggEngine(cfg, paced=False, prefill_gpu="a100")
     assert engine.device == "sim:a100->h200"
     engine.add_request(list(range(3, 3 + 5000)), SamplingParams(max_tokens=5, ignore_eos=True), "x", 0)
@@ -73,7 +74,7 @@ def test_disaggregated_outputs_count_the_clients_tokens_and_gpus_differ() -> Non
 
 
 def test_abort_in_either_pool() -> None:
-    cfg = EngineConfig(model="llama-3.1-8b", runner="sim", gpu="h100", chunk_budget=None)
+    cfg = EngineConfig(model="llama-3.1-8b", engine="sim", gpu="h100", chunk_budget=None)
     engine = DisaggEngine(cfg, paced=False)
     engine.add_request(list(range(3, 3 + 100)), SamplingParams(max_tokens=50, ignore_eos=True), "a", 0)
     engine.add_request(list(range(7, 7 + 100)), SamplingParams(max_tokens=50, ignore_eos=True), "b", 0)

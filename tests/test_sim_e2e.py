@@ -11,8 +11,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from itlbench.engine.config import PRESETS
-from itlbench.engine.roofline import GPUS, CostModel, StepShape
+from itlbench.core.presets import PRESETS
+from itlbench.sim.roofline import GPUS, CostModel, StepShape
 
 pytestmark = pytest.mark.e2e
 
@@ -46,7 +46,7 @@ def test_unchunked_32k_prefill_stalls_every_stream_for_seconds(runs: dict) -> No
     biggest = steps.sort("prefill_tokens").tail(1)
     assert biggest["prefill_tokens"][0] >= 32768 and biggest["attention_pairs"][0] >= 32768 * 32769 // 2
     run = json.loads((run_dir / "run.json").read_text())
-    assert run["config"]["engine"]["runner"] == "sim" and run["engine"]["device"] == "sim:h100"
+    assert run["config"]["engine"]["engine"] == "sim" and run["engine"]["device"] == "sim:h100"
 
 
 def test_budget_2048_makes_the_worst_gap_far_smaller(runs: dict) -> None:

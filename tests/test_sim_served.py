@@ -11,12 +11,13 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from itlbench.engine.config import PRESETS, EngineConfig
-from itlbench.engine.roofline import GPUS, CostModel, StepShape
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.presets import PRESETS
 from itlbench.server import BackgroundServer, ServerConfig
+from itlbench.sim.roofline import GPUS, CostModel, StepShape
 
 SCALE = 4.0
-SIM = EngineConfig(model="llama-3.1-8b", runner="sim", gpu="h100", chunk_budget=None, max_model_len=32768,
+SIM = EngineConfig(model="llama-3.1-8b", engine="sim", gpu="h100", chunk_budget=None, max_model_len=32768,
                    sim_time_scale=SCALE)
 
 
@@ -71,7 +72,7 @@ def test_served_sim_stalls_decoders_for_an_unchunked_prefill(sim_server: Backgro
 
 def test_served_disaggregated_pools_keep_decoders_streaming() -> None:
     """The same load against prefill and decode on separate simulated GPUs: no stall, all tokens arrive."""
-    cfg = SIM.with_(sim_disaggregate=True, sim_prefill_gpu="h200")
+    cfg = SIM.with_(disaggregate=True, prefill_gpu="h200")
     with BackgroundServer(ServerConfig(engine=cfg, port=0)) as srv:
         client = openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0)
         info = json.loads(urllib.request.urlopen(f"{srv.base_url}/engine", timeout=5).read())

@@ -9,10 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from itlbench.engine import cpu_weights
-from itlbench.engine.attention import native
-from itlbench.engine.config import EngineConfig
-from itlbench.engine.cpu_weights import (
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.request import SamplingParams
+from itlbench.engine.cpu import native
+from itlbench.engine.cpu import weights as cpu_weights
+from itlbench.engine.cpu.weights import (
     PACK_MIN_ELEMENTS,
     PACKED,
     PanelGemm,
@@ -20,9 +21,8 @@ from itlbench.engine.cpu_weights import (
     packed_max_rows,
     project,
 )
-from itlbench.engine.engine import Engine
 from itlbench.engine.model.llama import LlamaForCausalLM
-from itlbench.engine.request import SamplingParams
+from itlbench.serving.build import create_engine
 from tests.test_model_correctness import TIED
 
 CFG = EngineConfig(model="tiny", device="cpu", chunk_budget=64, kv_blocks=128, max_model_len=512, seed=0)
@@ -31,7 +31,7 @@ PARTS = ("schedule_ns", "prepare_ns", "forward_ns", "sample_ns", "output_ns")
 
 def test_step_split_adds_up_and_counts_context() -> None:
     torch.set_num_threads(1)
-    engine = Engine(CFG)
+    engine = create_engine(CFG)
     sp = SamplingParams(max_tokens=3, ignore_eos=True, temperature=0.0)
     engine.add_request(list(range(3, 23)), sp)  # 20 prompt tokens
     engine.add_request(list(range(3, 103)), sp)  # 100: chunked, 44 in the first step
@@ -49,7 +49,7 @@ def test_step_split_adds_up_and_counts_context() -> None:
 
 
 def test_context_tokens_grow_by_one_per_decode() -> None:
-    engine = Engine(CFG)
+    engine = create_engine(CFG)
     engine.add_request(list(range(3, 13)), SamplingParams(max_tokens=3, ignore_eos=True))
     while engine.has_unfinished():
         engine.step()
@@ -58,7 +58,7 @@ def test_context_tokens_grow_by_one_per_decode() -> None:
 
 
 def test_driver_handoff_lands_on_the_next_step_only() -> None:
-    engine = Engine(CFG)
+    engine = create_engine(CFG)
     engine.add_request([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
     engine.step()
     engine.note_handoff(12_345)
@@ -77,7 +77,7 @@ def without_panels(monkeypatch):
 def test_cpu_projections_are_packed_in_panels_and_multiply_as_f_linear(monkeypatch) -> None:
     if native.load() is None:
         pytest.skip(f"native library unavailable: {native.unavailable_reason()}")
-    engine = Engine(CFG.with_(model="cpu-small"))
+    engine = create_engine(CFG.with_(model="cpu-small"))
     model = engine.runner.model
     assert engine.runner.weight_layout == "panels"
     packed = {name for name, p in model.named_parameters() if getattr(p, PACKED, None) is not None}
@@ -100,7 +100,7 @@ def test_cpu_projections_are_packed_in_panels_and_multiply_as_f_linear(monkeypat
 
 
 def test_large_cpu_projections_are_packed_for_onednn_and_all_multiply_as_f_linear(without_panels) -> None:
-    engine = Engine(CFG.with_(model="cpu-small"))
+    engine = create_engine(CFG.with_(model="cpu-small"))
     model = engine.runner.model
     assert engine.runner.weight_layout == "onednn"
     packed = {name for name, p in model.named_parameters() if getattr(p, PACKED, None) is not None}
@@ -115,7 +115,7 @@ def test_large_cpu_projections_are_packed_for_onednn_and_all_multiply_as_f_linea
 
 def test_only_decode_sized_products_go_through_onednn(monkeypatch, without_panels) -> None:
     """oneDNN pins memory for every row count it has seen: prefill-sized products must not reach it."""
-    engine = Engine(CFG.with_(model="cpu-small"))
+    engine = create_engine(CFG.with_(model="cpu-small"))
     w = engine.runner.model.layers[0].mlp.gate_up_proj
     cap = getattr(w, PACKED).max_rows
     assert cap == 64
@@ -143,7 +143,7 @@ def test_the_packed_row_cap_keeps_onednn_cache_within_its_budget() -> None:
 
 
 def test_a_model_of_small_weights_stays_row_major(without_panels) -> None:
-    engine = Engine(CFG)
+    engine = create_engine(CFG)
     assert engine.runner.weight_layout == "row-major"
     assert all(getattr(p, PACKED, None) is None for p in engine.runner.model.parameters())
 
@@ -160,7 +160,7 @@ def test_tied_head_is_packed_beside_the_embedding_it_shares() -> None:
 
 def test_without_onednn_the_projections_are_column_major(monkeypatch, without_panels) -> None:
     monkeypatch.setattr(cpu_weights, "_onednn_packs", lambda weight: False)
-    engine = Engine(CFG)
+    engine = create_engine(CFG)
     model = engine.runner.model
     assert engine.runner.weight_layout == "column-major"
     proj = model.layers[0].mlp.gate_up_proj

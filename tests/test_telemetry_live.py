@@ -30,7 +30,7 @@ import polars as pl
 import pytest
 import yaml
 
-from itlbench.bundled_server import free_port
+from itlbench.harness.bundled_server import free_port
 from itlbench.testing.otlp_receiver import OtlpReceiver
 from tests.test_dashboards import ROOT, dashboards, substitute, targets
 

@@ -15,10 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from itlbench.analysis.stalls import StallParams, find_stalls
-from itlbench.bundled_server import server_command
-from itlbench.engine.config import EngineConfig
+from itlbench.core.engine_config import EngineConfig
 from itlbench.errors import ConfigError
-from itlbench.run_config import RunConfig
+from itlbench.harness.bundled_server import server_command
+from itlbench.harness.run_config import RunConfig
 from itlbench.telemetry.client_metrics import WindowMax
 from itlbench.telemetry.live_stalls import RunningMedian, StallDetector
 from itlbench.telemetry.options import parse_listen
@@ -151,7 +151,7 @@ def test_the_bundled_server_gets_the_otlp_endpoint() -> None:
 
 def test_nothing_of_telemetry_is_imported_when_it_is_off() -> None:
     """The run, driver, client and server modules load no OpenTelemetry and no telemetry module."""
-    code = ("import sys, itlbench.cli, itlbench.orchestrate, itlbench.load.driver, itlbench.server.main; "
+    code = ("import sys, itlbench.cli, itlbench.harness.orchestrate, itlbench.load.driver, itlbench.server.main; "
             "bad = sorted(m for m in sys.modules if m.startswith(('opentelemetry', 'itlbench.telemetry'))); "
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -172,7 +172,7 @@ def test_cli_rejects_bad_telemetry_flags_with_exit_code_2() -> None:
 
 def test_missing_sdk_names_the_extra() -> None:
     code = ("import sys; sys.modules['opentelemetry.exporter.otlp.proto.http'] = None\n"
-            "from itlbench.errors import ConfigError\nfrom itlbench.run_config import RunConfig\n"
+            "from itlbench.errors import ConfigError\nfrom itlbench.harness.run_config import RunConfig\n"
             "try:\n    RunConfig(otlp_endpoint='http://127.0.0.1:4318').validate()\n"
             "except ConfigError as e:\n    print(e)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -29,7 +29,7 @@ def greedy(base_url: str, model: str, prompt: list[int], max_tokens: int) -> lis
 
 def bundled_tokens(model_dir: Path, prompts: list[list[int]], max_tokens: int, budget: int | None,
                    max_model_len: int) -> list[list[int]]:
-    from itlbench.engine.config import EngineConfig
+    from itlbench.core.engine_config import EngineConfig
     from itlbench.server import BackgroundServer, ServerConfig
 
     engine = EngineConfig(model=str(model_dir), device="cpu", chunk_budget=budget, max_model_len=max_model_len)

@@ -16,8 +16,8 @@ from itertools import chain
 import numpy as np
 import torch
 
-from itlbench.engine.request import Request
-from itlbench.engine.scheduler_output import SchedulerOutput
+from itlbench.core.request import Request
+from itlbench.core.scheduler_output import SchedulerOutput
 
 
 @dataclass

@@ -1,4 +1,7 @@
-"""`ModelRunner`: owns the model, the paged KV cache and the RoPE tables; runs one flat batch.
+"""`ModelRunner`: owns the model, the paged KV cache and the RoPE tables; runs one step.
+
+It is the torch `Runner` of `itlbench.core.engine`: `run` flattens the scheduled chunks into one row
+batch, runs the model (`execute`) and samples the rows that yield a token, timing each part.
 
 On CUDA it also owns the decode CUDA graphs (`cuda_graph.DecodeGraphs`): a step whose chunks are all
 one token long replays a captured graph, every other step runs eagerly; `last_cuda_graph` says
@@ -10,44 +13,34 @@ from __future__ import annotations
 import ctypes
 import logging
 import mmap
+import time
 
 import numpy as np
 import torch
 
-from itlbench.engine import cpu_weights
+from itlbench.core.engine import RunnerInfo, StepRun, WallClock
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.model_config import ModelConfig
+from itlbench.core.nvtx import nvtx_range
+from itlbench.core.scheduler_output import SchedulerOutput
+from itlbench.core.steps import step_tokens_note
 from itlbench.engine.attention import choose, make_backend
-from itlbench.engine.batch import FlatBatch
-from itlbench.engine.config import EngineConfig, ModelConfig
+from itlbench.engine.batch import FlatBatch, Flattener
+from itlbench.engine.cpu import weights as cpu_weights
+from itlbench.engine.cpu.decode_forward import NativeDecodeForward
 from itlbench.engine.cuda_graph import DecodeGraphs, graph_buckets
-from itlbench.engine.instrument import nvtx_range
-from itlbench.engine.model.decode_forward import NativeDecodeForward
+from itlbench.engine.device import resolve_device, resolve_dtype
 from itlbench.engine.model.llama import ForwardContext, LlamaForCausalLM
 from itlbench.engine.model.loader import load_weights
 from itlbench.engine.model.rope import rope_tables
 from itlbench.engine.model.row_ops import row_ops_for
-from itlbench.errors import ConfigError
+from itlbench.engine.sampler import Sampler
 
 log = logging.getLogger("itlbench.engine")
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GIB = 1 << 30
 CPU_KV_GIB = 4.0  # KV pool on CPU when kv_memory_gib is not given
 CUDA_RESERVE_BYTES = 1 * GIB  # CUDA context growth, cuBLAS workspaces, graph pools: kept out of the KV pool
-
-
-def resolve_device(requested: str) -> torch.device:
-    if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if requested.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("device", f"{requested} requested but CUDA is not available", "use --device cpu or auto")
-    return torch.device(requested)
-
-
-def resolve_dtype(requested: str, device: torch.device) -> torch.dtype:
-    """auto: bf16 on CUDA, fp32 on CPU (CPU bf16 has no native path and runs 5-6x slower)."""
-    if requested == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[requested]
 
 
 def max_step_tokens(config: EngineConfig, max_model_len: int) -> int:
@@ -167,14 +160,35 @@ class ModelRunner:
         if self.device.type == "cuda" and config.cuda_graphs and getattr(self.backend, "graph_capable", False):
             self.graphs = self.build_decode_graphs(capture=True)
             log.info("cuda graphs: decode buckets %s", ",".join(map(str, self.graphs.buckets)))
+        self.clock = WallClock()
+        self.sampler = Sampler(config.seed)
+        self._flatten = Flattener(self.block_size, self.device)
 
     @property
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     @property
-    def kv_cache_bytes(self) -> int:
-        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+    def info(self) -> RunnerInfo:
+        return RunnerInfo(device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
+                          attention=self.attention, block_size=self.block_size,
+                          decode_kernel=getattr(self.backend, "decode_kernel", getattr(self.backend, "name", None)),
+                          weight_layout=self.weight_layout)
+
+    def run(self, output: SchedulerOutput, label: str = "step") -> StepRun:
+        """Flatten the chunks into one row batch, run the model, sample the rows that yield a token."""
+        t0 = time.perf_counter_ns()
+        with nvtx_range("prepare"):
+            batch = self._flatten(output)
+        t1 = time.perf_counter_ns()
+        # the forward's own NVTX range is `label` (step/<phase>)
+        logits = self.execute(batch, label, step_tokens_note(output.num_prefill_tokens, output.num_decode_tokens))
+        t2 = time.perf_counter_ns()
+        with nvtx_range("sample"):
+            tokens = self.sampler(logits, batch.sample_requests, self.last_greedy) if batch.sample_requests else []
+        t3 = time.perf_counter_ns()
+        sampled = {r.request_id: t for r, t in zip(batch.sample_requests, tokens, strict=True)}
+        return StepRun(sampled, t1 - t0, t2 - t1, t3 - t2, self.last_cuda_graph)
 
     def build_decode_graphs(self, capture: bool) -> DecodeGraphs:
         """Fixed-buffer decode runner over this model; `capture=False` runs it eagerly (CPU tests)."""

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from itlbench.engine.request import Request
+from itlbench.core.request import Request
 
 
 class Sampler:

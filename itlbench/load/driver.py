@@ -23,12 +23,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from itlbench.errors import ConfigError
-from itlbench.load.client_monitor import ClientMonitor, ClientStats, PauseWatchdog, frozen_heap
-from itlbench.load.kclock import measure_offset
-from itlbench.load.kernel_client import make_stream_client
+from itlbench.load.clients.kclock import measure_offset
+from itlbench.load.clients.kernel import make_stream_client
+from itlbench.load.clients.sse import Outcome, StreamClient, StreamObserver
+from itlbench.load.observers.client_monitor import ClientMonitor, ClientStats, PauseWatchdog, frozen_heap
 from itlbench.load.progress import ProgressSnapshot, ms_percentile
 from itlbench.load.sink import RowSink
-from itlbench.load.sse_client import Outcome, StreamClient, StreamObserver
 from itlbench.load.target import Target
 from itlbench.rundir.store import RunStore
 from itlbench.workloads.build import check_load_shape

@@ -26,8 +26,8 @@ from typing import Any
 import polars as pl
 
 from itlbench.errors import ConfigError
-from itlbench.load.client_monitor import ClientStats
 from itlbench.load.driver import DriveResult, Shard, Warmup, drive, install_uvloop
+from itlbench.load.observers.client_monitor import ClientStats
 from itlbench.load.progress import ProgressSnapshot
 from itlbench.load.target import Target
 from itlbench.rundir.schema import TABLES

@@ -13,8 +13,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from itlbench.engine.config import ModelConfig
-from itlbench.engine.roofline import CostModel, Gemm, Hardware, StepShape
+from itlbench.core.model_config import ModelConfig
+from itlbench.sim.roofline import CostModel, Gemm, Hardware, StepShape
 from itlbench.units import format_tokens
 
 

@@ -13,7 +13,7 @@ import typing
 
 import polars as pl
 
-from itlbench.engine.instrument import StepRecord
+from itlbench.core.steps import StepRecord
 
 _POLARS_OF: dict[object, pl.DataType] = {
     int: pl.Int64(), float: pl.Float64(), str: pl.Utf8(), bool: pl.Boolean(),

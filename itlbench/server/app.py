@@ -1,6 +1,6 @@
 """The aiohttp application: OpenAI-compatible generation, health, metrics, engine introspection.
 
-Handlers never touch the engine directly; they go through `AsyncEngine`, whose thread owns it.
+Handlers never touch the engine directly; they go through an `EngineClient` (an engine thread or an engine process owns it).
 Streaming writes one SSE chunk per engine step per request, so chunk arrival times at the client
 are step times, which is what ITL analysis needs.
 """
@@ -19,7 +19,6 @@ from typing import Any
 
 from aiohttp import web
 
-from itlbench.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream
 from itlbench.errors import ConfigError
 from itlbench.server.detok import IncrementalDetokenizer
 from itlbench.server.metrics import ServerMetrics
@@ -33,6 +32,7 @@ from itlbench.server.protocol import (
 )
 from itlbench.server.responses import SSE_DONE, ResponseBuilder, sse
 from itlbench.server.steps import stream_steps
+from itlbench.serving.client import EngineClient, EngineDeadError, QueueFullError, RequestStream
 
 log = logging.getLogger("itlbench.server")
 
@@ -45,7 +45,7 @@ DEFAULT_MAX_BODY_MIB = 4  # a 128k-token prompt as JSON token ids is under 1 MiB
 class ServerState:
     """What the handlers share: the engine driver, its metrics, and the public model name."""
 
-    engine: AsyncEngine
+    engine: EngineClient
     metrics: ServerMetrics
     model_name: str
     api_key: str | None = None
@@ -169,7 +169,7 @@ def _max_tokens(max_model_len: int, req: GenerationRequest, num_prompt: int) -> 
     return req.max_tokens
 
 
-async def _admit(engine: AsyncEngine, prompt_ids: list[int], sampling: Any, request_id: str,
+async def _admit(engine: EngineClient, prompt_ids: list[int], sampling: Any, request_id: str,
                  arrival_ns: int) -> RequestStream:
     try:
         return await engine.add(prompt_ids, sampling, request_id, arrival_ns)

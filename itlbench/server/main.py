@@ -1,30 +1,30 @@
 """Server entry points: `serve(config)` (blocking), `start_server` (async), `BackgroundServer` (thread).
 
-The same `ServerConfig` drives all three, so the CLI, `python -m itlbench.server`, in-process
+The same `ServerConfig` drives all three, so the CLI (`itlbench serve`), in-process
 embedding and tests start byte-identical servers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
-import os
 import signal
-import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from itlbench.engine.async_engine import AsyncEngine
-from itlbench.engine.config import EngineConfig
-from itlbench.engine.engine_process import EngineProcessClient
-from itlbench.engine.threads import apply_torch_threads, serving_threads
-from itlbench.heap import freeze_heap
+from itlbench.core.engine import SteppedEngine
+from itlbench.core.engine_config import EngineConfig
 from itlbench.server.app import DEFAULT_MAX_BODY_MIB, ServerState, build_app
 from itlbench.server.metrics import ServerMetrics
+from itlbench.serving.async_engine import AsyncEngine
+from itlbench.serving.build import create_engine
+from itlbench.serving.client import EngineClient
+from itlbench.serving.process_client import EngineProcessClient
+from itlbench.system.heap import freeze_heap
+from itlbench.system.threads import apply_torch_threads, serving_threads
 
 log = logging.getLogger("itlbench.server")
 
@@ -56,7 +56,7 @@ class RunningServer:
 
     config: ServerConfig
     runner: web.AppRunner
-    engine: AsyncEngine | EngineProcessClient
+    engine: EngineClient
     port: int
     tracing: Any = None
 
@@ -75,17 +75,11 @@ class RunningServer:
             await asyncio.to_thread(self.tracing.shutdown)  # export the last spans
 
 
-def build_engine(config: EngineConfig):  # noqa: ANN201 - Engine imports torch; keep the import lazy
-    from itlbench.engine.engine import create_engine
-
-    return create_engine(config)
-
-
-async def start_server(config: ServerConfig, engine: object | None = None, *,
+async def start_server(config: ServerConfig, engine: SteppedEngine | None = None, *,
                        standalone: bool = False) -> RunningServer:
     """Build the engine (unless given), start its driver and listen; port 0 picks a free port.
 
-    `standalone`: this process exists to serve (`itlbench serve`, `python -m itlbench.server`). Then
+    `standalone`: this process exists to serve (`itlbench serve`). Then
     the engine runs in its own process unless `engine_process=False`, and torch gets
     `serving_threads` threads. Embedded (tests, notebooks), the engine stays in this process, reachable
     as `server.engine.engine`, and torch's thread count is left alone unless `torch_threads` is set.
@@ -95,25 +89,24 @@ async def start_server(config: ServerConfig, engine: object | None = None, *,
     tracing = _tracing(config)
     observer = metrics if tracing is None else tracing.observing(metrics)
     # the simulator computes nothing: it needs neither its own process nor torch threads
-    sim = ecfg.runner == "sim"
+    sim = ecfg.engine == "sim"
     in_process = sim or engine is not None or not (
         ecfg.engine_process if ecfg.engine_process is not None else standalone)
     threads = None if sim else (
         serving_threads(ecfg.torch_threads) if standalone or ecfg.torch_threads is not None else None)
-    driver: AsyncEngine | EngineProcessClient
+    driver: EngineClient
     if in_process:
         if engine is None:
             if threads is not None:
                 apply_torch_threads(threads)
-            engine = await asyncio.to_thread(build_engine, ecfg)
+            engine = await asyncio.to_thread(create_engine, ecfg)
         view = engine
         metrics.set_config(engine)
         driver = AsyncEngine(engine, max_waiting=config.max_waiting, observer=observer)
         driver.start()
-        backend = getattr(getattr(engine, "runner", None), "backend", None)
+        info = engine.runner_info
         layout = {"engine_process": False, "torch_threads": _torch_threads(),
-                  "decode_kernel": getattr(backend, "decode_kernel", getattr(backend, "name", None)),
-                  "weight_layout": getattr(getattr(engine, "runner", None), "weight_layout", None)}
+                  "decode_kernel": info.decode_kernel, "weight_layout": info.weight_layout}
     else:
         proc = EngineProcessClient(ecfg, threads or serving_threads(None), max_waiting=config.max_waiting,
                                    observer=observer)
@@ -127,7 +120,7 @@ async def start_server(config: ServerConfig, engine: object | None = None, *,
                   "engine_gc_frozen_objects": view.gc_frozen_objects}
     if standalone:  # this process only serves from here on: its startup heap stays put (itlbench/heap.py)
         layout["gc_frozen_objects"] = freeze_heap()
-    app = build_app(ServerState(driver, metrics, config.model_name, config.api_key,  # type: ignore[arg-type]
+    app = build_app(ServerState(driver, metrics, config.model_name, config.api_key,
                                 int(config.max_body_mib * 2**20), tracing=tracing, layout=layout))
     runner = web.AppRunner(app, access_log=logging.getLogger("aiohttp.access") if config.access_log else None,
                            handler_cancellation=True)
@@ -144,8 +137,8 @@ def _tracing(config: ServerConfig) -> Any:
     """OpenTelemetry for this server, only when an endpoint is given (nothing is imported otherwise)."""
     if not config.otlp_endpoint:
         return None
+    from itlbench.server.tracing import ServerTracing
     from itlbench.telemetry.otel import check_endpoint
-    from itlbench.telemetry.server_tracing import ServerTracing
 
     return ServerTracing(check_endpoint(config.otlp_endpoint) or "", config.model_name)
 
@@ -190,7 +183,7 @@ async def _serve_forever(config: ServerConfig) -> None:
 class BackgroundServer:
     """A server on its own event-loop thread, for embedding in synchronous code and tests."""
 
-    def __init__(self, config: ServerConfig, engine: object | None = None) -> None:
+    def __init__(self, config: ServerConfig, engine: SteppedEngine | None = None) -> None:
         self.config = config
         self._engine = engine
         self._loop = asyncio.new_event_loop()
@@ -225,17 +218,3 @@ class BackgroundServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def die_with_parent() -> None:
-    """When started by `itlbench run` (ITLBENCH_PARENT_PID), ask Linux to SIGTERM this server when
-    that process dies, so a killed run never leaves an engine server behind."""
-    parent = os.environ.get("ITLBENCH_PARENT_PID")
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        return
-    if os.getppid() != int(parent):  # the parent died before the request took effect
-        sys.exit(0)

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from itlbench.engine.request import SamplingParams
+from itlbench.core.request import SamplingParams
 from itlbench.errors import ConfigError
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16

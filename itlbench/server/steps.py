@@ -11,8 +11,8 @@ import json
 
 from aiohttp import web
 
-from itlbench.engine.async_engine import AsyncEngine
 from itlbench.server.protocol import ApiError
+from itlbench.serving.client import EngineClient
 
 _POLL_S = 1.0  # wake at least this often to notice shutdown
 
@@ -38,7 +38,7 @@ def _query_bool(request: web.Request, name: str, default: bool) -> bool:
     raise ApiError(400, f"{name}: must be 0 or 1, got {raw!r}", name)
 
 
-async def stream_steps(request: web.Request, engine: AsyncEngine) -> web.StreamResponse:
+async def stream_steps(request: web.Request, engine: EngineClient) -> web.StreamResponse:
     since = max(0, _query_int(request, "since", 0))
     follow = _query_bool(request, "follow", True)
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})

@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from itlbench.server.metrics import LATENCY_BUCKETS
+from itlbench.core.metric_buckets import LATENCY_BUCKETS
 from itlbench.telemetry.live_stalls import CAUSES
 from itlbench.workloads.plan import RequestPlan
 

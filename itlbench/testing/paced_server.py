@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields
 import psutil
 from aiohttp import web
 
-from itlbench.engine.instrument import StepRecord, phase_of
+from itlbench.core.steps import StepRecord, phase_of
 
 _now = time.perf_counter_ns
 

@@ -21,10 +21,10 @@ from typing import Protocol
 
 import torch
 
+from itlbench.core.engine_config import ATTENTION_BACKENDS, EngineConfig
 from itlbench.engine.attention import flash, triton_backend
 from itlbench.engine.attention.sdpa import SdpaBackend
 from itlbench.engine.batch import FlatBatch
-from itlbench.engine.config import ATTENTION_BACKENDS, EngineConfig
 from itlbench.errors import ConfigError
 
 log = logging.getLogger("itlbench.engine")
@@ -104,7 +104,7 @@ def choose(requested: str, device: torch.device | str, block_size: int = DEFAULT
 def preflight(config: EngineConfig) -> AttentionChoice:
     """The choice an engine with this config would make here, or the ConfigError it would raise:
     lets `itlbench run` reject `--attention flash` before it starts a server."""
-    from itlbench.engine.runner import resolve_device, resolve_dtype
+    from itlbench.engine.device import resolve_device, resolve_dtype
 
     device = resolve_device(config.device)
     return choose(config.attention, device, config.block_size, resolve_dtype(config.dtype, device))

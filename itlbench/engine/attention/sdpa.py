@@ -18,8 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from itlbench.engine.attention import native
 from itlbench.engine.batch import FlatBatch
+from itlbench.engine.cpu import native
 
 
 @dataclass

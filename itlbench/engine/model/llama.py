@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from itlbench.engine.config import ModelConfig
-from itlbench.engine.cpu_weights import project
+from itlbench.core.model_config import ModelConfig
+from itlbench.engine.cpu.weights import project
 from itlbench.engine.model.row_ops import TorchRowOps
 
 

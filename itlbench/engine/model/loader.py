@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from itlbench.engine.config import ModelConfig
+from itlbench.core.model_config import ModelConfig
 from itlbench.engine.model.llama import LlamaForCausalLM
 from itlbench.errors import ConfigError
 

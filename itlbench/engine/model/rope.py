@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from itlbench.engine.config import ModelConfig, RopeScaling
+from itlbench.core.model_config import ModelConfig, RopeScaling
 
 
 def inv_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:

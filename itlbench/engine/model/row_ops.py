@@ -1,7 +1,7 @@
 """The row-wise operators of a decoder layer: residual add + RMSNorm, RoPE in place, SwiGLU's gate.
 
 `TorchRowOps` runs them as torch expressions on any device. `NativeRowOps` runs each as one call into
-`row_ops.c` (built with the decode kernel, attention/native.py): on CPU a decode step of a small model
+`row_ops.c` (built with the decode kernel, engine/cpu/native.py): on CPU a decode step of a small model
 spends more time dispatching RMSNorm's six aten calls, RoPE's slices and concatenation and SwiGLU's
 temporaries than computing them. Measured on a 2-core AMD EPYC box, 32 rows of cpu-small: RMSNorm
 14 µs in torch, RoPE 21 µs, silu(gate) * up 15 µs.
@@ -93,10 +93,10 @@ class NativeRowOps:
 
 
 def row_ops_for(device: torch.device, dtype: torch.dtype) -> TorchRowOps | NativeRowOps:
-    """Native on a CPU fp32 model when the library builds (attention/native.py); torch otherwise."""
+    """Native on a CPU fp32 model when the library builds (engine/cpu/native.py); torch otherwise."""
     if device.type != "cpu" or dtype != torch.float32:
         return TorchRowOps()
-    from itlbench.engine.attention import native
+    from itlbench.engine.cpu import native
 
     kernel = native.load()
     return TorchRowOps() if kernel is None else NativeRowOps(kernel.lib, kernel.openmp)

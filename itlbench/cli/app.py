@@ -1,0 +1,50 @@
+"""The `itlbench` typer app and what every command shares: the error console and one way to fail."""
+
+from __future__ import annotations
+
+import math
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+
+from itlbench.cli.engine_options import ENGINE_FIELDS, flag_of
+from itlbench.errors import ConfigError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Measure what long prompts do to streaming LLM latency: TTFT by prompt bucket, "
+                       "ITL tails, stalls and their cause, prefill:decode split.")
+console = Console(stderr=True)
+
+
+def fail(exc: Exception) -> NoReturn:
+    """One line naming the flag or field and the fix, exit 2 (never a traceback)."""
+    if isinstance(exc, ConfigError) and exc.field in ENGINE_FIELDS:
+        exc = ConfigError(flag_of(exc.field), exc.problem, exc.fix)
+    console.print(f"[bold red]error:[/] {exc}", highlight=False)
+    raise typer.Exit(2)
+
+
+def finite(value: object) -> object:
+    """JSON has no infinity: a ridge never reached becomes null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
+
+
+def write_report(run_dir: object) -> None:
+    """The run's HTML report; a failure to draw it is a warning, never a lost run."""
+    from pathlib import Path
+
+    from itlbench.report.run_report import write_run_report_safely
+
+    html, problem = write_run_report_safely(Path(str(run_dir)))
+    if html is not None:
+        console.print(f"[bold]Report[/] {html}", highlight=False)
+    else:
+        console.print(f"[yellow]warning:[/] no report written ({problem}); the records and summary.json are "
+                      f"complete: retry with `itlbench report {run_dir}`", highlight=False)

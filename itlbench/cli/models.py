@@ -1,0 +1,126 @@
+"""Commands about models and hardware, no load: `workloads`, `export-model`, `calibrate`, `roofline`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from itlbench.cli.app import app, console, fail, finite
+from itlbench.errors import ConfigError, ItlbenchError
+
+
+@app.command()
+def workloads(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """List the workload catalog with its prompt and output lengths."""
+    from itlbench.report.terminal import print_catalog
+    from itlbench.workloads import catalog_table
+
+    keys = ("name", "mean_in", "mean_out", "in_out", "notes")
+    rows = [dict(zip(keys, row, strict=True)) for row in catalog_table()]
+    if as_json:
+        json.dump(rows, sys.stdout, indent=2)
+        print()
+        return
+    print_catalog(Console(), rows)
+
+
+@app.command("export-model")
+def export_model_command(
+    preset: Annotated[str, typer.Argument(metavar="PRESET", help="A preset: cpu-small, cpu-medium, tiny, llama-3.2-1b, ...")],
+    out: Annotated[Path, typer.Argument(metavar="DIR", help="Directory to write (new or empty).")],
+    seed: Annotated[int, typer.Option(help="Seed of the dummy weights (the bundled engine's --seed).")] = 0,
+    force: Annotated[bool, typer.Option(help="Write into a non-empty directory, replacing its files.")] = False,
+) -> None:
+    """Write a preset as a Hugging Face model directory (config.json, safetensors, tokenizer.json) that
+    the bundled engine, transformers and vLLM all load, so the same model runs in each."""
+    from itlbench.export.hf import export_model
+
+    try:
+        done = export_model(preset, out, seed=seed, force=force)
+    except ItlbenchError as exc:
+        fail(exc)
+        return
+    console.print(f"{preset}: {done.model.num_params / 1e6:.1f} M parameters, "
+                  f"{done.weight_bytes / 2**20:.0f} MiB of float32 weights (seed {seed})", highlight=False)
+    print(done.path)
+
+
+@app.command()
+def calibrate(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories of the bundled (real) engine.")],
+    out: Annotated[Path, typer.Option(help="Where to write the hardware profile (JSON, for --gpu).")] = Path("calibrated.json"),
+    name: Annotated[str, typer.Option(help="Profile name shown in reports.")] = "calibrated",
+    base: Annotated[str | None, typer.Option(help="Roofs the efficiencies are relative to: cpu (measured now), "
+                                             "h100, … (default: cpu for CPU runs, else h100).")] = None,
+    holdout: Annotated[float, typer.Option(help="Share of steps held out to report prediction error.")] = 0.25,
+    seed: Annotated[int, typer.Option(help="Seed of the held-out split.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the profile and errors as JSON.")] = False,
+) -> None:
+    """Fit the simulator's efficiencies and per-step overhead to real step logs; save a --gpu profile."""
+    from itlbench.sim.calibrate import calibrate as fit
+    from itlbench.sim.roofline import load_hardware
+
+    try:
+        if not 0 < holdout < 1:
+            raise ConfigError("--holdout", f"must be between 0 and 1, got {holdout}")
+        result = fit(run_dirs, base=load_hardware(base) if base else None, holdout=holdout, seed=seed, name=name)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        result.profile.save(out)
+    except ItlbenchError as exc:
+        fail(exc)
+        return
+    if as_json:
+        json.dump(finite(result.to_dict() | {"profile_path": str(out)}), sys.stdout, indent=2)
+        print()
+        return
+    from itlbench.report.roofline import print_calibration
+
+    print_calibration(Console(), result, out)
+
+
+def _token_list(text: str, flag: str) -> list[int]:
+    from itlbench.units import parse_tokens
+
+    fix = "give token counts such as 2048,32k (k = 1024)"
+    values = [parse_tokens(part, flag, fix) for part in text.split(",") if part.strip()]
+    if not values:
+        raise ConfigError(flag, f"cannot read {text!r}", fix)
+    return values
+
+
+@app.command()
+def roofline(
+    model: Annotated[str, typer.Option(help="Preset, local HF directory or config.json of a Llama-like model.")] = "llama-3-8b",
+    gpu: Annotated[str, typer.Option(help="h100, h200, a100, l40s, rtx4090, cpu (measured now) or a profile JSON.")] = "h100",
+    compare: Annotated[str, typer.Option(help="GPUs for the side-by-side table, comma-separated, or 'none'.")] = "h100,h200,a100,l40s,rtx4090",
+    prompt: Annotated[str, typer.Option(help="Prefill lengths to tabulate (k = 1024 tokens).")] = "2k,32k",
+    batch: Annotated[str, typer.Option(help="Decode batch sizes to tabulate.")] = "1,32",
+    context: Annotated[str, typer.Option(help="Cached context of each decoding sequence.")] = "2k",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON (SI units).")] = False,
+) -> None:
+    """Roofline tables: GEMM and step intensity, prefill vs decode cost, ITL floor, crossover, GPUs side by side."""
+    from itlbench.core.presets import load_model_config
+    from itlbench.report.roofline import print_roofline, roofline_doc
+    from itlbench.sim.roofline import load_hardware
+
+    try:
+        model_cfg = load_model_config(model)
+        hw = load_hardware(gpu)
+        others = [] if compare.strip().lower() == "none" else [load_hardware(g) for g in compare.split(",") if g.strip()]
+        ctx = _token_list(context, "--context")
+        if len(ctx) != 1:
+            raise ConfigError("--context", f"takes one length, got {context!r}", "e.g. --context 2k")
+        doc = roofline_doc(model_cfg, hw, others, _token_list(prompt, "--prompt"), _token_list(batch, "--batch"), ctx[0])
+    except ItlbenchError as exc:
+        fail(exc)
+        return
+    if as_json:
+        json.dump(finite(doc), sys.stdout, indent=2)
+        print()
+        return
+    print_roofline(Console(), doc)

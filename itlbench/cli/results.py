@@ -1,0 +1,76 @@
+"""Commands over finished run directories: `analyze`, `report`, `compare`."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from itlbench.cli.app import app, console, fail, write_report
+from itlbench.errors import ConfigError, ItlbenchError
+
+
+@app.command()
+def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory written by `itlbench run`.")]) -> None:
+    """Recompute summary.json from a run directory's records (e.g. after an interrupted run)."""
+    from itlbench.analysis.summary import analyze_run
+    from itlbench.report.terminal import print_summary
+    from itlbench.rundir.store import RunStore
+
+    if not (run_dir / "run.json").is_file():
+        fail(ItlbenchError(f"{run_dir} has no run.json: not a run directory"))
+    try:
+        summary = analyze_run(run_dir)
+    except ItlbenchError as exc:
+        fail(exc)
+        return
+    RunStore(run_dir).write_json("summary.json", summary)
+    print_summary(console, summary, run_dir)
+    write_report(run_dir)
+    print(run_dir)
+
+
+@app.command()
+def report(run_dir: Annotated[Path, typer.Argument(help="A run directory written by `itlbench run`.")],
+           out: Annotated[Path | None, typer.Option(help="Write the report here (default: RUN_DIR).")] = None) -> None:
+    """Write report.html (self-contained) and report.md with figures/ for one run."""
+    from itlbench.report.run_report import write_run_report
+
+    if not (run_dir / "run.json").is_file():
+        fail(ConfigError("RUN_DIR", f"{run_dir} has no run.json", "pass a directory written by `itlbench run`"))
+    try:
+        written = write_run_report(run_dir, out)
+    except ItlbenchError as exc:
+        fail(exc)
+        return
+    console.print(f"[bold]Report[/] {written.html}  (markdown: {written.markdown})", highlight=False)
+    print(written.html)
+
+
+@app.command()
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Finished run directories (budgets, policies, engines).")],
+    out: Annotated[Path | None, typer.Option(help="Report directory (default reports/<time>-compare).")] = None,
+    slo: Annotated[str | None, typer.Option(help="SLOs to judge the runs by, e.g. 'ttft:le2k=2s,itl_p99=150ms'.")] = None,
+    force: Annotated[bool, typer.Option(help="Compare runs whose workload, seed or injection differ.")] = False,
+) -> None:
+    """Compare finished runs: one row each, overlaid figures and a verdict per SLO."""
+    import datetime as dt
+
+    from itlbench.report.compare import print_comparison, write_compare_report
+
+    for d in run_dirs:
+        if not (d / "run.json").is_file():
+            fail(ConfigError("DIR", f"{d} has no run.json", "pass directories written by `itlbench run`"))
+    target = out or Path("reports") / (dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S") + "-compare")
+    try:
+        command = shlex.join(["itlbench", "compare", *map(str, run_dirs), *(["--slo", slo] if slo else []),
+                              *(["--force"] if force else [])])
+        written, rows, verdict = write_compare_report(run_dirs, target, slo, force, command=command)
+    except ItlbenchError as exc:
+        fail(exc)
+        return
+    print_comparison(console, rows, verdict, written.html)
+    print(written.html)

@@ -1,0 +1,117 @@
+"""`itlbench run`: drive a workload (and injected long prompts) against the bundled engine or a server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from itlbench.cli.app import app, console, fail, write_report
+from itlbench.cli.engine_options import engine_config_from_flags, engine_options
+from itlbench.core.engine_config import EngineConfig
+from itlbench.errors import ItlbenchError
+from itlbench.serving.build import require_torch_engine
+from itlbench.units import parse_duration_s
+
+OtlpEndpoint = Annotated[str | None, typer.Option(help="Export OpenTelemetry spans and GenAI metrics over OTLP/HTTP "
+                                                  "to this base URL (e.g. http://127.0.0.1:4318).")]
+
+
+def check_sim(engine: EngineConfig) -> None:
+    """Refuse, before any server starts, what the simulated engine would refuse at start-up."""
+    if engine.engine == "sim":
+        from itlbench.sim.runner import check_sim_config
+
+        check_sim_config(engine)
+
+
+@app.command()
+@engine_options(exclude=("model",))
+def run(
+    workload: Annotated[str, typer.Option(help="chat-short, chat, rag, summarization, code, agent or trace.")] = "chat",
+    inject: Annotated[str | None, typer.Option(help="Long prompts to inject: 32k, 32k@20s, 2x16k@10s,40s, 32k/30s.")] = None,
+    streams: Annotated[int | None, typer.Option(help="Closed-loop steady streams (default 32; 0 with --rate or trace).")] = None,
+    rate: Annotated[float | None, typer.Option(help="Open-loop arrivals per second (instead of or besides streams).")] = None,
+    burstiness: Annotated[float, typer.Option(help="Gamma shape for --rate arrivals; 1 = Poisson.")] = 1.0,
+    duration: Annotated[str, typer.Option(help="Measured time after warmup: 60, 60s, 2m.")] = "60s",
+    warmup: Annotated[str, typer.Option(help="Load at least this long before measurement starts.")] = "5s",
+    adaptive_warmup: Annotated[bool, typer.Option(help="Also warm up until every stream has received a token.")] = True,
+    ramp: Annotated[str, typer.Option(help="Spread the streams' first sends over this long.")] = "0s",
+    endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (…/v1); default: start the bundled engine.")] = None,
+    model: Annotated[str | None, typer.Option(help="Served model name (with --endpoint), or the bundled engine's preset / "
+                                              "HF dir (default: llama-3.2-1b on CUDA, cpu-small on CPU).")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY", help="Bearer key for --endpoint.")] = None,
+    api: Annotated[str, typer.Option(help="completions or chat.")] = "completions",
+    forced_lengths: Annotated[bool, typer.Option(help="Send ignore_eos and min_tokens (vLLM, SGLang, itlbench accept "
+                                                      "them) so every request generates exactly its max_tokens.")] = True,
+    prompt_format: Annotated[str, typer.Option(help="With --endpoint: ids (token-id prompts, exact lengths), text "
+                                               "(calibrated words), or auto (ids when one probe request is "
+                                               "accepted).")] = "auto",
+    reuse_prompts: Annotated[bool, typer.Option(help="Send the same prompt text as earlier runs with this seed "
+                                                "(default: a per-run salt keeps a server's prefix cache cold; "
+                                                "lengths and times stay seeded).")] = False,
+    scrape_interval: Annotated[str, typer.Option(help="With --endpoint: also read /metrics every S during the run "
+                                                 "(default 0: only just before and just after the measured "
+                                                 "window).")] = "0",
+    slo: Annotated[str | None, typer.Option(help="SLOs, e.g. 'ttft:le2k=2s,itl_p99=150ms'.")] = None,
+    stall_factor: Annotated[float, typer.Option(help="A stall is a gap ≥ factor × the stream's median gap…")] = 5.0,
+    stall_floor: Annotated[str, typer.Option(help="…and at least this long.")] = "50ms",
+    inject_max_tokens: Annotated[int, typer.Option(help="Output tokens of each injected request.")] = 16,
+    trace: Annotated[Path | None, typer.Option(help="Azure-format CSV for --workload trace.")] = None,
+    time_scale: Annotated[float, typer.Option(help="Trace replay speed-up (2 = twice as fast).")] = 1.0,
+    drain_timeout: Annotated[str, typer.Option(help="How long in-flight requests may finish after the end.")] = "120s",
+    out: Annotated[Path | None, typer.Option(help="Run directory (default reports/<time>-<workload>-…).")] = None,
+    workers: Annotated[int, typer.Option(help="Client processes for very high stream counts (with --driver locust: "
+                                               "Locust workers).")] = 1,
+    driver: Annotated[str, typer.Option(help="aiohttp (one event loop per process) or locust (Locust master and "
+                                             "workers; needs the locust extra).")] = "aiohttp",
+    master_bind: Annotated[str | None, typer.Option(help="--driver locust: the master listens on HOST:PORT for "
+                                                         "--workers workers started by hand on other machines.")] = None,
+    locust_ui: Annotated[bool, typer.Option(help="--driver locust: serve Locust's web UI.")] = False,
+    locust_ui_port: Annotated[int, typer.Option(help="Port of Locust's web UI (on 127.0.0.1).")] = 8089,
+    live: Annotated[bool, typer.Option(help="Show the live progress line.")] = True,
+    stream_reader: Annotated[str, typer.Option(help="auto, kernel (kernel receive timestamps; plain http on Linux) "
+                                                    "or aiohttp (user-space timestamps).")] = "auto",
+    metrics_port: Annotated[str | None, typer.Option(help="Serve live itlbench_client_* metrics for Prometheus on "
+                                                          "this port (PORT or HOST:PORT; loopback by default).")] = None,
+    otlp_endpoint: OtlpEndpoint = None,
+    engine_flags: dict | None = None,
+) -> None:
+    """Drive a workload (and injected long prompts) against the bundled engine or --endpoint."""
+    from itlbench.harness.run_config import RunConfig
+    from itlbench.report.terminal import LiveProgress, print_summary
+
+    try:
+        if endpoint is None and engine_flags["engine"] == "torch":
+            require_torch_engine()
+        engine = engine_config_from_flags(engine_flags, model=None if endpoint else model)
+        seed = engine.seed
+        check_sim(engine)
+        cfg = RunConfig(workload=workload, inject=inject, inject_max_tokens=inject_max_tokens, streams=streams,
+                        rate=rate, burstiness=burstiness, duration_s=parse_duration_s(duration, "--duration"),
+                        warmup_s=parse_duration_s(warmup, "--warmup"), seed=seed,
+                        adaptive_warmup=adaptive_warmup, ramp_s=parse_duration_s(ramp, "--ramp"),
+                        endpoint=endpoint, model=model, api_key=api_key, api=api, engine=engine, slo=slo,
+                        forced_lengths=forced_lengths, prompt_format=prompt_format, reuse_prompts=reuse_prompts,
+                        scrape_interval_s=parse_duration_s(scrape_interval, "--scrape-interval"),
+                        stall_factor=stall_factor, stall_floor_s=parse_duration_s(stall_floor, "--stall-floor"),
+                        trace=trace, time_scale=time_scale,
+                        drain_timeout_s=parse_duration_s(drain_timeout, "--drain-timeout"), out=out,
+                        workers=workers, live=live, metrics_port=metrics_port, otlp_endpoint=otlp_endpoint,
+                        driver=driver, master_bind=master_bind, locust_ui=locust_ui, locust_ui_port=locust_ui_port,
+                        stream_reader=stream_reader)
+        cfg.validate()
+        from itlbench.harness.orchestrate import run_load_test
+
+        with LiveProgress(console, total_s=cfg.duration_s, enabled=live) as progress:
+            run_dir, summary = run_load_test(cfg, progress=progress.update, on_status=progress.status)
+    except ItlbenchError as exc:
+        fail(exc)
+        return
+    print_summary(console, summary, run_dir)
+    if engine.engine == "sim" and engine.sim_time_scale != 1:
+        console.print(f"[yellow]simulated at {engine.sim_time_scale:g}× speed: every time above is 1/"
+                      f"{engine.sim_time_scale:g} of the simulated GPU's[/]", highlight=False)
+    write_report(run_dir)
+    print(run_dir)

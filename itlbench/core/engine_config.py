@@ -1,0 +1,155 @@
+"""`EngineConfig`: the bundled engine's scheduler, cache and runner knobs (the ones a sweep varies).
+
+Torch-free on purpose. Every field is also a command-line flag of the same name (`itlbench.cli.engine_options`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
+
+from itlbench.core.presets import CPU_DEFAULT_PRESET
+from itlbench.errors import ConfigError
+from itlbench.units import parse_tokens
+
+Policy = Literal["budget", "prefill-first"]
+POLICIES: tuple[str, ...] = ("budget", "prefill-first")
+EngineKind = Literal["torch", "sim"]
+ENGINE_KINDS: tuple[str, ...] = ("torch", "sim")
+ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "sdpa", "flash", "triton")  # itlbench.engine.attention
+
+
+def parse_chunk_budget(text: str | int | None) -> int | None:
+    """`2048`, `2k` (= 2048: k is 1024 tokens everywhere), or `none`/`off`/`unchunked` for unchunked."""
+    if text is None:
+        return None
+    if isinstance(text, str) and text.strip().lower() in ("none", "off", "unchunked", "inf"):
+        return None
+    return parse_tokens(text, "--chunk-budget", "give a token count such as 2048 or 8k (k = 1024), or none")
+
+
+def option(default: object, help: str, *, parse: Callable[[str], object] | None = None) -> Any:
+    """A field that is also a command-line flag `--<field-name>`: `help` is its help text; `parse`
+    reads the flag's text where the field's type is not one a CLI parses by itself."""
+    return field(default=default, metadata={"help": help, "parse": parse})
+
+
+@dataclass
+class EngineConfig:
+    """Scheduler, cache and runner knobs; the ones a sweep varies. Each field is the flag of the same name."""
+
+    model: str = option(CPU_DEFAULT_PRESET, "Preset (cpu-small, llama-3.1-8b, …) or local Hugging Face directory "
+                        "(default: llama-3.2-1b on CUDA, cpu-small on CPU).")
+    chunk_budget: int | None = option(2048, "Tokens per engine step (2048, 8k; k = 1024), or 'none' (unchunked "
+                                      "prefill).", parse=parse_chunk_budget)
+    unchunked_prefill_cap: int = option(16_384, "Unchunked: more whole prompts join a step only up to this many "
+                                        "tokens.")
+    policy: Policy = option("budget", "budget (vLLM V1 token budget) or prefill-first (SGLang).")
+    mixed: bool = option(False, "prefill-first only: decodes ride in prefill steps.")
+    max_num_seqs: int = option(64, "Cap on running sequences.")
+    block_size: int = option(16, "Tokens per KV-cache block.")
+    kv_blocks: int | None = option(None, "KV-cache blocks (default: sized from --kv-memory-gib).")
+    kv_memory_gib: float | None = option(None, "KV-cache memory when --kv-blocks is not given (default: 4 GiB on "
+                                         "CPU; on CUDA --gpu-memory-fraction of free memory).")
+    gpu_memory_fraction: float = option(0.9, "CUDA: share of free memory after the weights for KV and activations, "
+                                        "when neither --kv-blocks nor --kv-memory-gib is given.")
+    max_model_len: int | None = option(None, "Context limit (default: the model's).")
+    prefix_caching: bool = option(True, "Reuse KV blocks of identical prompt prefixes.")
+    device: str = option("auto", "auto, cpu or cuda.")
+    dtype: str = option("auto", "auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16 or float16.")
+    attention: str = option("auto", "Attention kernels: auto (flash, triton, then sdpa, whichever runs here), sdpa, "
+                            "flash or triton.")
+    cuda_graphs: bool = option(True, "CUDA: replay captured graphs for decode-only steps.")
+    seed: int = option(0, "Seed for lengths, arrivals, prompts and the engine.")
+    engine: EngineKind = option("torch", "torch (runs the model) or sim (the same scheduler on a virtual clock "
+                                "driven by the roofline cost model; no weights, no torch).")
+    gpu: str | None = option(None, "--engine sim: h100, h200, a100, l40s, rtx4090, cpu or a profile from "
+                             "`itlbench calibrate` (default h100).")
+    sim_time_scale: float = option(1.0, "--engine sim: run this many times faster than the simulated GPU (every "
+                                   "measured time shrinks by the same factor).")
+    disaggregate: bool = option(False, "--engine sim: prefill and decode on separate GPUs, K/V sent over a link.")
+    prefill_gpu: str | None = option(None, "--disaggregate: the prefill pool's GPU (default: --gpu).")
+    kv_link_gbps: float = option(400.0, "--disaggregate: prefill → decode link, Gb/s.")
+    engine_process: bool | None = option(None, "Run the engine core in its own process, apart from the HTTP front "
+                                         "end (default: yes when served from the command line).")
+    torch_threads: int | None = option(None, "Torch intra-op threads of the engine (default: the cores available "
+                                       "to it, less one).")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.chunk_budget is not None and self.chunk_budget <= 0:
+            raise ConfigError("chunk_budget", f"must be a positive token count or none, got {self.chunk_budget}",
+                              "e.g. --chunk-budget 2048, or --chunk-budget none for unchunked prefill")
+        if self.policy not in POLICIES:
+            raise ConfigError("policy", f"unknown policy {self.policy!r}", f"use one of {', '.join(POLICIES)}")
+        if self.mixed and self.policy != "prefill-first":
+            raise ConfigError("mixed", "only applies to --policy prefill-first",
+                              "the budget policy always mixes decodes into prefill steps")
+        for name in ("max_num_seqs", "block_size", "unchunked_prefill_cap"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+        if self.torch_threads is not None and self.torch_threads <= 0:
+            raise ConfigError("torch_threads", f"must be > 0, got {self.torch_threads}",
+                              "e.g. --torch-threads 1, or leave it out to use the cores available less one")
+        if self.kv_blocks is not None and self.kv_blocks <= 0:
+            raise ConfigError("kv_blocks", f"must be > 0, got {self.kv_blocks}")
+        if self.kv_memory_gib is not None and self.kv_memory_gib <= 0:
+            raise ConfigError("kv_memory_gib", f"must be > 0, got {self.kv_memory_gib}")
+        if not 0 < self.gpu_memory_fraction <= 1:
+            raise ConfigError("gpu_memory_fraction", f"must be in (0, 1], got {self.gpu_memory_fraction}")
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ConfigError("attention", f"unknown backend {self.attention!r}",
+                              f"use one of {', '.join(ATTENTION_BACKENDS)}")
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise ConfigError("max_model_len", f"must be > 0, got {self.max_model_len}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ConfigError("device", f"unknown device {self.device!r}", "use auto, cpu or cuda")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError("dtype", f"unknown dtype {self.dtype!r}", "use auto, float32, bfloat16 or float16")
+        self._validate_sim()
+
+    def _validate_sim(self) -> None:
+        if self.engine not in ENGINE_KINDS:
+            raise ConfigError("engine", f"unknown engine {self.engine!r}", f"use one of {', '.join(ENGINE_KINDS)}")
+        if self.engine != "sim" and self.gpu is not None:
+            raise ConfigError("gpu", "only applies to the simulated engine", "add --engine sim")
+        if not self.sim_time_scale > 0:
+            raise ConfigError("sim_time_scale", f"must be > 0, got {self.sim_time_scale}",
+                              "e.g. 4 runs the simulation four times faster than the simulated GPU")
+        if self.disaggregate and self.engine != "sim":
+            raise ConfigError("disaggregate", "only applies to the simulated engine", "add --engine sim")
+        if self.prefill_gpu is not None and not self.disaggregate:
+            raise ConfigError("prefill_gpu", "only applies to disaggregated pools", "add --disaggregate")
+        if not self.kv_link_gbps > 0:
+            raise ConfigError("kv_link_gbps", f"must be > 0, got {self.kv_link_gbps}")
+
+    def with_(self, **changes: object) -> EngineConfig:
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def to_json(self) -> str:
+        """The whole configuration, so a child process runs exactly the engine the parent records."""
+        return json.dumps(self.as_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> EngineConfig:
+        """Inverse of `to_json`; unknown keys are an error (a silently dropped setting is a lost one)."""
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError("--engine-config", f"not valid JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError("--engine-config", "must be a JSON object of EngineConfig fields")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError("--engine-config", f"unknown field(s) {', '.join(unknown)}",
+                              f"known: {', '.join(sorted(known))}")
+        return cls(**raw)
+

@@ -1,0 +1,189 @@
+"""Hugging Face Llama `config.json`: read either layout transformers writes, write the current one.
+
+transformers 5 keeps RoPE settings in `rope_parameters` (with `rope_theta` inside it); older files
+carry top-level `rope_theta` and `rope_scaling`. Both are read with transformers' precedence and
+defaults. A key that would change the model's math and that the engine does not implement is
+refused with an error naming it: serving a model slightly wrong is worse than not serving it.
+
+Torch-free, like the rest of the configuration.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from itlbench.core.model_config import ModelConfig, RopeScaling
+from itlbench.errors import ConfigError
+
+# transformers' LlamaConfig defaults, used where config.json leaves a key out.
+DEFAULT_THETA = 10_000.0
+DEFAULT_RMS_NORM_EPS = 1e-6
+DEFAULT_MAX_POSITIONS = 2048
+ROPE_TYPES = ("default", "linear", "llama3")
+ACTIVATIONS = ("silu", "swish")  # the same function under two names
+ARCHITECTURES = ("LlamaForCausalLM",)
+_ENGINE = "the bundled engine"
+
+
+def read_hf_config(path: Path) -> ModelConfig:
+    """The ModelConfig of a local Hugging Face model directory."""
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ConfigError("model", f"{path} has no config.json",
+                          "point --model at a Hugging Face model directory or use a preset")
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError("model", f"{cfg_file} is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError("model", f"{cfg_file} must hold a JSON object")
+    return model_config_from_hf(raw, path)
+
+
+def _key(name: str) -> str:
+    return f"config.json {name}"
+
+
+def _refuse(name: str, problem: str, fix: str) -> ConfigError:
+    return ConfigError(_key(name), problem, fix)
+
+
+def model_config_from_hf(raw: dict[str, Any], path: Path) -> ModelConfig:
+    """Map transformers' LlamaConfig keys to ModelConfig, refusing what the engine would compute wrong."""
+    missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                           "num_attention_heads") if k not in raw]
+    if missing:
+        raise ConfigError("model", f"{path / 'config.json'} lacks {', '.join(missing)}",
+                          "a Llama-architecture config.json is required")
+    _check_architecture(raw)
+    heads, hidden = int(raw["num_attention_heads"]), int(raw["hidden_size"])
+    head_dim = raw.get("head_dim")
+    if head_dim is None:
+        if heads <= 0 or hidden % heads:
+            raise _refuse("head_dim", f"is absent and hidden_size={hidden} is not a multiple of "
+                          f"num_attention_heads={heads}", "give head_dim explicitly")
+        head_dim = hidden // heads
+    max_positions = int(raw.get("max_position_embeddings") or DEFAULT_MAX_POSITIONS)
+    theta, scaling = _rope(raw, max_positions)
+    kv_heads = raw.get("num_key_value_heads")
+    return ModelConfig(
+        name=raw.get("_name_or_path") or path.name,
+        vocab_size=int(raw["vocab_size"]), hidden_size=hidden,
+        intermediate_size=int(raw["intermediate_size"]), num_layers=int(raw["num_hidden_layers"]),
+        num_heads=heads, num_kv_heads=heads if kv_heads is None else int(kv_heads),
+        head_dim=int(head_dim), max_position_embeddings=max_positions,
+        rope_theta=theta, rope_scaling=scaling,
+        rms_norm_eps=float(_or(raw.get("rms_norm_eps"), DEFAULT_RMS_NORM_EPS)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        bos_token_id=_token_id(raw, "bos_token_id", 1), eos_token_id=_token_id(raw, "eos_token_id", 2),
+        extra_eos_token_ids=_more_eos_ids(raw),
+        path=str(path))
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _token_id(raw: dict[str, Any], name: str, default: int) -> int:
+    """An id, the first of a list of ids, or the default when null."""
+    value = raw.get(name, default)
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return default if value is None else int(value)
+
+
+def _more_eos_ids(raw: dict[str, Any]) -> tuple[int, ...]:
+    """The EOS ids after the first when config.json lists several (instruct models end a turn on any)."""
+    value = raw.get("eos_token_id")
+    return tuple(int(v) for v in value[1:]) if isinstance(value, list) else ()
+
+
+def _check_architecture(raw: dict[str, Any]) -> None:
+    model_type = raw.get("model_type", "llama")
+    if model_type != "llama":
+        raise _refuse("model_type", f"{model_type!r} is not a Llama model",
+                      f"{_ENGINE} implements model_type 'llama' (LlamaForCausalLM) only")
+    archs = raw.get("architectures") or list(ARCHITECTURES)
+    if not any(a in ARCHITECTURES for a in archs):
+        raise _refuse("architectures", f"{archs} names no causal-LM Llama",
+                      f"{_ENGINE} implements {', '.join(ARCHITECTURES)}")
+    act = raw.get("hidden_act", "silu")
+    if act not in ACTIVATIONS:
+        raise _refuse("hidden_act", f"{act!r} is not implemented", f"{_ENGINE} implements SwiGLU (hidden_act 'silu')")
+    for name in ("attention_bias", "mlp_bias"):
+        if raw.get(name):
+            raise _refuse(name, "is true; bias terms are not implemented",
+                          f"{_ENGINE} implements bias-free projections (as in every Llama release)")
+    if raw.get("quantization_config"):
+        raise _refuse("quantization_config", "quantized checkpoints are not implemented",
+                      "use unquantized safetensors")
+    if raw.get("sliding_window"):
+        raise _refuse("sliding_window", f"{raw['sliding_window']} is set; sliding-window attention is not "
+                      "implemented", f"{_ENGINE} attends over the full context")
+
+
+def _rope(raw: dict[str, Any], max_positions: int) -> tuple[float, RopeScaling | None]:
+    """(θ, scaling) from `rope_scaling` (older layout; transformers lets it win) or `rope_parameters`."""
+    source = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+    params = raw.get(source) or {}
+    if not isinstance(params, dict):
+        raise _refuse(source, f"must be an object, got {params!r}", "see transformers' LlamaConfig")
+    nested = [k for k, v in params.items() if isinstance(v, dict)]
+    if nested:
+        raise _refuse(source, f"holds per-layer-type settings ({', '.join(nested)})",
+                      f"{_ENGINE} applies one RoPE to every layer")
+    theta = float(_or(params.get("rope_theta"), _or(raw.get("rope_theta"), DEFAULT_THETA)))
+    partial = float(_or(params.get("partial_rotary_factor"), _or(raw.get("partial_rotary_factor"), 1.0)))
+    if partial != 1.0:
+        raise _refuse(f"{source}.partial_rotary_factor", f"{partial} rotates only part of each head",
+                      f"{_ENGINE} rotates whole heads (partial_rotary_factor 1.0)")
+    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    if rope_type not in ROPE_TYPES:
+        raise _refuse(f"{source}.rope_type", f"{rope_type!r} is not implemented",
+                      f"{_ENGINE} implements {', '.join(ROPE_TYPES)}; serve this model with an engine "
+                      f"that implements {rope_type}")
+    if rope_type == "default":
+        return theta, None
+
+    def need(name: str) -> float:
+        if params.get(name) is None:
+            raise _refuse(f"{source}.{name}", f"is required for rope_type {rope_type!r}", "add it to config.json")
+        return float(params[name])
+
+    factor = need("factor")
+    if rope_type == "linear":
+        return theta, RopeScaling(rope_type="linear", factor=factor)
+    # transformers lets a top-level original_max_position_embeddings win, else defaults to the model's.
+    original = _or(raw.get("original_max_position_embeddings"),
+                   _or(params.get("original_max_position_embeddings"), max_positions))
+    return theta, RopeScaling(rope_type="llama3", factor=factor, low_freq_factor=need("low_freq_factor"),
+                              high_freq_factor=need("high_freq_factor"),
+                              original_max_position_embeddings=int(original))
+
+
+def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
+    """The model as a transformers 5 LlamaConfig (`rope_parameters` layout), loadable by transformers and vLLM."""
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    s = cfg.rope_scaling
+    if s is not None and s.rope_type == "linear":
+        rope.update(rope_type="linear", factor=s.factor)
+    elif s is not None:
+        rope.update(rope_type="llama3", factor=s.factor, low_freq_factor=s.low_freq_factor,
+                    high_freq_factor=s.high_freq_factor,
+                    original_max_position_embeddings=s.original_max_position_embeddings)
+    return {
+        "architectures": list(ARCHITECTURES), "model_type": "llama",
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim, "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_position_embeddings, "rope_parameters": rope,
+        "rms_norm_eps": cfg.rms_norm_eps, "tie_word_embeddings": cfg.tie_word_embeddings,
+        "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": [cfg.eos_token_id, *cfg.extra_eos_token_ids] if cfg.extra_eos_token_ids else cfg.eos_token_id,
+        "pad_token_id": None,
+        "initializer_range": 0.02, "use_cache": True, "dtype": "float32",
+    }

@@ -1,0 +1,94 @@
+"""`ModelConfig`: the shapes of a Llama-3-architecture decoder, and its RoPE scaling.
+
+Torch-free on purpose: the scheduler, block manager, simulator and CLI read these without torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from itlbench.errors import ConfigError
+
+ROPE_SCALINGS: tuple[str, ...] = ("llama3", "linear")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling. "llama3" (Llama-3.1's, stretching 8k training to 128k) divides low
+    frequencies by `factor` and blends the middle band; "linear" divides every frequency by `factor`
+    and uses no other field."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+    rope_type: str = "llama3"
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ROPE_SCALINGS:
+            raise ConfigError("model.rope_scaling.rope_type", f"unknown {self.rope_type!r}",
+                              f"use one of {', '.join(ROPE_SCALINGS)}")
+        if self.factor <= 0:
+            raise ConfigError("model.rope_scaling.factor", f"must be > 0, got {self.factor}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes of a Llama-3-architecture decoder; all the engine needs to build it."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    max_position_embeddings: int
+    head_dim: int = 0  # 0: hidden_size // num_heads
+    rope_theta: float = 500_000.0
+    rope_scaling: RopeScaling | None = None
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    bos_token_id: int = 1
+    eos_token_id: int = 2
+    extra_eos_token_ids: tuple[int, ...] = ()  # instruct models end turns on more than one id
+    path: str | None = None  # local Hugging Face directory the shapes came from, if any
+
+    def __post_init__(self) -> None:
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // max(self.num_heads, 1))
+        _validate_model(self)
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count (embeddings included once when tied)."""
+        d, h, kv, hd, f = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate_size
+        attn = d * (h * hd) + 2 * d * (kv * hd) + (h * hd) * d
+        mlp = 3 * d * f
+        per_layer = attn + mlp + 2 * d
+        embed = self.vocab_size * d
+        head = 0 if self.tie_word_embeddings else self.vocab_size * d
+        return self.num_layers * per_layer + embed + head + d
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Every id that ends generation (unless a request ignores EOS)."""
+        return frozenset((self.eos_token_id, *self.extra_eos_token_ids))
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """K and V for one token across all layers: 2 · L · h_kv · d_h · b."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+
+def _validate_model(cfg: ModelConfig) -> None:
+    positive = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                "num_kv_heads", "max_position_embeddings", "head_dim")
+    for name in positive:
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"model.{name}", f"must be > 0, got {getattr(cfg, name)}")
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise ConfigError("model.num_kv_heads",
+                          f"{cfg.num_kv_heads} does not divide num_heads={cfg.num_heads}",
+                          "grouped-query attention needs num_heads % num_kv_heads == 0")
+    if cfg.head_dim % 2:
+        raise ConfigError("model.head_dim", f"must be even for RoPE, got {cfg.head_dim}")

@@ -1,0 +1,312 @@
+"""`itlbench phases`: prefill and decode measured apart, the seeds' exercise A as one command.
+
+For each prompt length (1, 16, 128, 512, 2k, 8k, … ×4 up to the context) a few requests are sent one
+at a time: TTFT ≈ the prefill of the whole prompt, the gaps after it ≈ one decode step at batch 1.
+Then `concurrency` requests decode together for the batched step time. Against an itlbench engine
+(the bundled one by default) the engine's own step log gives the prefill and decode step times
+besides the client's; an external endpoint gets the client's view only, as in the seeds' Go program.
+Prefill is unchunked by default so one prompt is one forward pass.
+
+Two lengths are read off the table: where prefill throughput saturates (tokens/s reaches 90 % of its
+best: below it a longer prompt costs almost nothing more, above it the work is compute-bound and
+time grows with length), and where prefill time stops growing linearly (per-token cost 25 % above
+its best: attention against a growing prefix).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from itlbench.core.engine_config import EngineConfig
+from itlbench.errors import ConfigError
+from itlbench.experiments.phases_report import DECODE_PROMPT, LINEAR_SLACK, SATURATION_SHARE, phases_document
+from itlbench.load.clients.sse import StreamClient
+from itlbench.load.observers.steps_follower import StepsFollower
+from itlbench.report.document import Written, write_document
+from itlbench.report.style import fmt_tokens
+from itlbench.units import parse_tokens
+from itlbench.workloads.plan import RequestPlan
+from itlbench.workloads.prompts import PromptBuilder
+
+
+@dataclass
+class PhasesConfig:
+    endpoint: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    lengths: str | None = None
+    max_prompt: str | None = None
+    concurrency: int = 32
+    output_tokens: int = 32
+    repeats: int = 3
+    engine: EngineConfig | None = None
+    out: Path | None = None
+    seed: int = 0
+    api: str = "completions"
+
+    def validate(self) -> None:
+        if self.concurrency < 1:
+            raise ConfigError("--concurrency", f"must be >= 1, got {self.concurrency}")
+        if self.output_tokens < 3:
+            raise ConfigError("--output-tokens", f"must be >= 3 to time decode, got {self.output_tokens}")
+        if self.repeats < 1:
+            raise ConfigError("--repeats", f"must be >= 1, got {self.repeats}")
+        if self.endpoint is not None and not self.model:
+            raise ConfigError("--model", "is required with --endpoint", "give the served model name")
+
+
+def default_lengths(context: int, reserve: int) -> list[int]:
+    """1, 16, 128, 512, 2048, 8192, … (×4) while the prompt plus its output fit the context."""
+    out, n = [1, 16, 128], 512
+    while n + reserve <= context:
+        out.append(n)
+        n *= 4
+    return [n for n in out if n + reserve <= context]
+
+
+@dataclass
+class Sample:
+    prompt_tokens: int
+    ttft_s: float
+    decode_gap_s: float | None  # mean gap after the first token
+    engine_prefill_s: float | None = None
+
+
+@dataclass
+class PhasesResult:
+    engine: str
+    source: str
+    context: int
+    lengths: list[int]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    decode: list[dict[str, Any]] = field(default_factory=list)
+    saturation_tokens: int | None = None
+    linear_until_tokens: int | None = None
+    superlinear_from_tokens: int | None = None
+
+
+class _Rows:
+    """An in-memory RowWriter: the phases measurement keeps everything in memory."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, list[dict[str, Any]]] = defaultdict(list)
+
+    def add(self, table: str, row: dict[str, Any]) -> None:
+        self.tables[table].append(row)
+
+
+def _plan(builder: PromptBuilder, key: str, n: int, max_tokens: int) -> RequestPlan:
+    p = builder.unique(key, n)
+    ids = tuple(p.ids) if p.ids is not None else None
+    return RequestPlan(request_id=key, workload="phases", cls="phases", prompt_tokens=n, max_tokens=max_tokens,
+                       prompt_token_ids=ids, prompt_text=p.text)
+
+
+def _samples(rows: _Rows, first: int, keys: list[str]) -> dict[str, dict[str, Any]]:
+    """Per request key: its request row and chunk arrival times."""
+    chunks: dict[str, list[int]] = defaultdict(list)
+    for c in rows.tables["chunks"]:
+        chunks[c["request_id"]].append(c["t_ns"])
+    out = {}
+    for r in rows.tables["requests"][first:]:
+        if r["request_id"] in keys:
+            out[r["request_id"]] = {**r, "times": sorted(chunks[r["request_id"]])}
+    return out
+
+
+def _mean_gap(times: list[int]) -> float | None:
+    """Client view of one decode step; None when the tokens arrived together (nothing to time)."""
+    gap = (times[-1] - times[0]) / 1e9 / (len(times) - 1) if len(times) >= 2 else 0.0
+    return gap if gap > 0 else None
+
+
+def _engine_decode_s(steps: list[dict[str, Any]], lo: int | None, hi: int | None) -> float | None:
+    """Median decode-only step while one request was generating (phases sends one at a time)."""
+    if lo is None or hi is None:
+        return None
+    mine = [(s["end_ns"] - s["start_ns"]) / 1e9 for s in steps
+            if s.get("prefill_tokens") == 0 and (s.get("decode_tokens") or 0) > 0 and lo <= s["end_ns"] <= hi]
+    return statistics.median(mine) if mine else None
+
+
+def _engine_prefill_s(steps: list[dict[str, Any]], server_id: str | None) -> float | None:
+    if not server_id:
+        return None
+    mine = [s for s in steps if server_id in (s.get("prefill_request_ids") or [])]
+    return sum((s["end_ns"] - s["start_ns"]) / 1e9 for s in mine) if mine else None
+
+
+async def _measure(cfg: PhasesConfig, target: Any, builder: PromptBuilder, lengths: list[int], steps_url: str | None,
+                   on_status: Callable[[str], None]) -> tuple[list[Sample], list[dict[str, Any]], _Rows]:
+    rows = _Rows()
+    follower = StepsFollower(steps_url, rows) if steps_url else None
+    task = asyncio.create_task(follower.run()) if follower else None
+    samples: list[Sample] = []
+    decode: list[dict[str, Any]] = []
+    try:
+        async with StreamClient(target, rows) as client:
+            await client.run(_plan(builder, "warmup", 16, 4), time.perf_counter_ns())
+            for n in lengths:
+                on_status(f"prefill {fmt_tokens(n)} tokens × {cfg.repeats}")
+                for i in range(cfg.repeats):
+                    key = f"p{n}-{i}"
+                    outcome = await client.run(_plan(builder, key, n, cfg.output_tokens), time.perf_counter_ns())
+                    if outcome.status != "ok":
+                        raise ConfigError("--lengths", f"a {n}-token prompt failed ({outcome.status}, HTTP "
+                                          f"{outcome.http_status})", "use shorter prompts (--max-prompt)")
+            for batch in sorted({1, cfg.concurrency}):
+                on_status(f"decode at batch {batch}")
+                keys = [f"d{batch}-{i}" for i in range(batch)]
+                t = time.perf_counter_ns()
+                await asyncio.gather(*(client.run(_plan(builder, k, DECODE_PROMPT, cfg.output_tokens), t)
+                                       for k in keys))
+                decode.append({"batch": batch, "keys": keys, "from_ns": t, "to_ns": time.perf_counter_ns()})
+        await _settle(follower, rows)
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+    by_key = _samples(rows, 0, [r["request_id"] for r in rows.tables["requests"]])
+    steps = rows.tables["steps"]
+    for key, r in by_key.items():
+        if key.startswith("p") and r["first_token_ns"] is not None:
+            gap = _engine_decode_s(steps, r["first_token_ns"], r["last_token_ns"]) if steps else _mean_gap(r["times"])
+            samples.append(Sample(r["prompt_tokens"], (r["first_token_ns"] - r["sent_ns"]) / 1e9,
+                                  gap, _engine_prefill_s(steps, r["server_request_id"])))
+    return samples, [_decode_row(d, by_key, steps) for d in decode], rows
+
+
+async def _settle(follower: StepsFollower | None, rows: _Rows, timeout_s: float = 3.0) -> None:
+    """Wait until the step log has caught up with the last token the client received."""
+    if follower is None or not rows.tables["chunks"]:
+        return
+    last = max(c["t_ns"] for c in rows.tables["chunks"])
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        steps = rows.tables["steps"]
+        if steps and steps[-1]["end_ns"] >= last - 50_000_000:
+            return
+        await asyncio.sleep(0.05)
+
+
+def _decode_row(d: dict[str, Any], by_key: dict[str, dict[str, Any]], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Client: median gap while all `batch` streams were decoding; engine: median decode-only step."""
+    batch, reqs = d["batch"], [by_key[k] for k in d["keys"] if k in by_key]
+    times = [r["times"] for r in reqs if len(r["times"]) >= 2]
+    gaps: list[float] = []
+    if times:
+        lo, hi = max(t[0] for t in times), min(t[-1] for t in times)
+        for t in times:
+            gaps += [(b - a) / 1e9 for a, b in zip(t, t[1:], strict=False) if a >= lo and b <= hi]
+        if not gaps:
+            gaps = [g for t in times for g in ((b - a) / 1e9 for a, b in zip(t, t[1:], strict=False))]
+    pure = [s for s in steps if s.get("prefill_tokens") == 0 and (s.get("decode_tokens") or 0) > 0
+            and d["from_ns"] <= s["start_ns"] <= d["to_ns"]]
+    full = max((s["decode_tokens"] for s in pure), default=0)  # requests that arrived late may never all decode together
+    engine = [(s["end_ns"] - s["start_ns"]) / 1e9 for s in pure if s["decode_tokens"] == full]
+    if engine:
+        batch = full
+    gaps = [g for g in gaps if g > 0]  # tokens read together carry no timing
+    client = statistics.median(gaps) if gaps else None
+    eng = statistics.median(engine) if engine else None
+    step = eng if eng is not None else client
+    return {"batch": d["batch"], "batch_measured": batch, "client_gap_s": client, "engine_step_s": eng,
+            "engine_steps": len(engine),
+            "tokens_per_s_per_stream": 1 / step if step else None,
+            "tokens_per_s_total": batch / step if step else None}
+
+
+def summarize(samples: list[Sample], lengths: list[int]) -> tuple[list[dict[str, Any]], int | None, int | None, int | None]:
+    """Median per length, then the saturation length and the linear range."""
+    rows = []
+    for n in lengths:
+        mine = [s for s in samples if s.prompt_tokens == n]
+        if not mine:
+            continue
+        ttft = statistics.median(s.ttft_s for s in mine)
+        engine = [s.engine_prefill_s for s in mine if s.engine_prefill_s is not None]
+        gaps = [s.decode_gap_s for s in mine if s.decode_gap_s is not None]
+        prefill = statistics.median(engine) if engine else ttft
+        decode = statistics.median(gaps) if gaps else None
+        rows.append({"prompt_tokens": n, "requests": len(mine), "client_ttft_s": ttft,
+                     "engine_prefill_s": statistics.median(engine) if engine else None,
+                     "prefill_s": prefill, "prefill_tokens_per_s": n / prefill if prefill > 0 else None,
+                     "decode_step_s": decode, "decode_tokens_per_s": 1 / decode if decode else None})
+    return rows, *knees(rows)
+
+
+def knees(rows: list[dict[str, Any]]) -> tuple[int | None, int | None, int | None]:
+    """(saturation length, longest length still linear, first superlinear length) from the table."""
+    tps = [(r["prompt_tokens"], r["prefill_tokens_per_s"]) for r in rows if r["prefill_tokens_per_s"]]
+    if len(tps) < 2:
+        return None, None, None
+    best_n, best = max(tps, key=lambda x: x[1])
+    saturation = next(n for n, v in tps if v >= SATURATION_SHARE * best)
+    linear_until, superlinear = best_n, None
+    for n, v in tps:
+        if n <= best_n:
+            continue
+        if best / v > LINEAR_SLACK:
+            superlinear = n
+            break
+        linear_until = n
+    return saturation, linear_until, superlinear
+
+
+def _out_dir(cfg: PhasesConfig) -> Path:
+    out = cfg.out or Path("reports") / (dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S") + "-phases")
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError("--out", f"{out} already holds files", "choose a new directory")
+    return out
+
+
+def run_phases(cfg: PhasesConfig, on_status: Callable[[str], None] = lambda s: None) -> Written:
+    """Start (or reach) the engine, measure, and write report.html/.md and phases.json."""
+    from itlbench.harness.connect import connect
+    from itlbench.harness.run_config import RunConfig
+
+    cfg.validate()
+    explicit = [parse_tokens(x, "--lengths") for x in (cfg.lengths or "").split(",") if x.strip()]
+    cap = parse_tokens(cfg.max_prompt, "--max-prompt") if cfg.max_prompt else None
+    out = _out_dir(cfg)
+    run_cfg = RunConfig(workload="chat", endpoint=cfg.endpoint, model=cfg.model, api_key=cfg.api_key, api=cfg.api,
+                        engine=cfg.engine or EngineConfig(), seed=cfg.seed, out=out)
+    run_cfg.validate()
+    on_status("starting the bundled engine" if cfg.endpoint is None else f"probing {cfg.endpoint}")
+    conn = connect(run_cfg, out)
+    try:
+        context = conn.max_model_len
+        reserve = cfg.output_tokens + 1
+        lengths = explicit or default_lengths(context, reserve)
+        lengths = sorted({n for n in lengths if n + reserve <= context and (cap is None or n <= cap)})
+        if not lengths:
+            raise ConfigError("--lengths", f"no length fits the context ({context} tokens) and --max-prompt",
+                              "give shorter lengths")
+        builder = PromptBuilder(token_ids=conn.vocab_size is not None, vocab_size=conn.vocab_size or 32000,
+                                seed=cfg.seed, tokens_per_word=conn.tokens_per_word)
+        samples, decode, rows = asyncio.run(_measure(cfg, conn.target, builder, lengths, conn.steps_url, on_status))
+        engine_name = (str(conn.doc.get("engine", {}).get("served_model_name") or cfg.model or "external")
+                       if cfg.endpoint is None else f"{cfg.endpoint} ({cfg.model})")
+    finally:
+        conn.close()
+    table, sat, linear, superlinear = summarize(samples, lengths)
+    source = "the engine's step log and the client" if rows.tables["steps"] else "the client only (TTFT and gaps)"
+    result = PhasesResult(engine_name, source, context, lengths, table, decode, sat, linear, superlinear)
+    doc = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()
+                      if k not in ("api_key", "engine")},
+           "engine_config": cfg.engine.as_dict() if cfg.engine else None, "engine": conn.doc.get("engine"),
+           **asdict(result)}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "phases.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return write_document(phases_document(result, cfg), out)

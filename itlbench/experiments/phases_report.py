@@ -1,0 +1,114 @@
+"""The `itlbench phases` report: prefill time and rate per prompt length beside decode rates."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shlex
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from itlbench.report.document import Callout, Document, Section, Table
+from itlbench.report.figures import FigureSpec
+from itlbench.report.style import DECODE, PREFILL, fmt_s, fmt_tokens, new_figure, tidy
+
+if TYPE_CHECKING:
+    from itlbench.experiments.phases import PhasesConfig, PhasesResult
+
+SATURATION_SHARE = 0.9  # throughput within 10 % of its best: saturated
+LINEAR_SLACK = 1.25  # per-token cost 25 % above its best: no longer linear
+DECODE_PROMPT = 128  # prompt length of the batched decode requests
+
+
+def phases_figure(result: PhasesResult) -> FigureSpec:
+    spec = FigureSpec("phases", "Prefill and decode, measured apart",
+                      "Left: prefill time per prompt length (log-log) against the linear line through the best "
+                      "tokens/s; right: prefill tokens/s per length beside decode tokens/s at batch 1 and batched.")
+    rows = [r for r in result.rows if r["prefill_s"]]
+    if not rows:
+        spec.note = "No prompt length was measured."
+        return spec
+    n = np.array([r["prompt_tokens"] for r in rows], dtype=float)
+    t = np.array([r["prefill_s"] for r in rows])
+    tps = n / t
+    fig = new_figure(4.0)
+    left, right = fig.subplots(1, 2)
+    left.plot(n, t, "o-", color=PREFILL, label="prefill time")
+    best = tps.max()
+    left.plot(n, n / best, "--", color="#555555", linewidth=0.9, label=f"linear at the best rate ({best:,.0f} tok/s)")
+    if result.superlinear_from_tokens:
+        left.axvline(result.superlinear_from_tokens, color="#555555", linestyle=":", linewidth=0.8)
+        left.text(result.superlinear_from_tokens, 0.97, f" superlinear from {fmt_tokens(result.superlinear_from_tokens)}",
+                  transform=left.get_xaxis_transform(), fontsize=8, va="top")
+    left.set_xscale("log")
+    left.set_yscale("log")
+    left.set_xlabel("prompt tokens")
+    left.set_ylabel("prefill time (s)")
+    left.legend(fontsize=8, frameon=False)
+    tidy(left)
+    right.plot(n, tps, "o-", color=PREFILL, label="prefill tokens/s")
+    for d, style in zip(result.decode, ("-", "--"), strict=False):
+        if d["tokens_per_s_total"]:
+            right.axhline(d["tokens_per_s_total"], color=DECODE, linestyle=style,
+                          label=f"decode tokens/s at batch {d['batch']}")
+    if result.saturation_tokens:
+        right.axvline(result.saturation_tokens, color="#555555", linestyle=":", linewidth=0.8)
+        right.text(result.saturation_tokens, 0.55, f" saturates at {fmt_tokens(result.saturation_tokens)}",
+                   transform=right.get_xaxis_transform(), fontsize=8)
+    right.set_xscale("log")
+    right.set_yscale("log")
+    right.set_xlabel("prompt tokens")
+    right.set_ylabel("tokens per second")
+    right.legend(fontsize=8, frameon=False)
+    tidy(right)
+    spec.figure = fig
+    return spec
+
+
+def phases_document(result: PhasesResult, cfg: PhasesConfig) -> Document:
+    table = Table(["prompt tokens", "requests", "client TTFT", "engine prefill", "prefill tok/s",
+                   "decode step (batch 1)", "decode tok/s (batch 1)"],
+                  [[fmt_tokens(r["prompt_tokens"]), str(r["requests"]), fmt_s(r["client_ttft_s"]),
+                    fmt_s(r["engine_prefill_s"]), f"{r['prefill_tokens_per_s']:,.0f}" if r["prefill_tokens_per_s"] else "—",
+                    fmt_s(r["decode_step_s"]), f"{r['decode_tokens_per_s']:,.0f}" if r["decode_tokens_per_s"] else "—"]
+                   for r in result.rows], "Prefill per prompt length (medians)")
+    decode = Table(["batch (measured)", "client gap", "engine decode step", "tok/s per stream", "tok/s total"],
+                   [[f"{d['batch']} ({d['batch_measured']})", fmt_s(d["client_gap_s"]), fmt_s(d["engine_step_s"]),
+                     f"{d['tokens_per_s_per_stream']:,.0f}" if d["tokens_per_s_per_stream"] else "—",
+                     f"{d['tokens_per_s_total']:,.0f}" if d["tokens_per_s_total"] else "—"] for d in result.decode],
+                   f"Decode ({DECODE_PROMPT}-token prompts, {cfg.output_tokens} output tokens each)")
+    lines = []
+    if result.saturation_tokens:
+        lines.append(f"Prefill throughput saturates at about {fmt_tokens(result.saturation_tokens)} tokens "
+                     f"(tokens/s within {1 - SATURATION_SHARE:.0%} of its best): below it a longer prompt costs "
+                     "little more time; above it prefill is compute-bound.")
+    if result.superlinear_from_tokens:
+        lines.append(f"Prefill time stops scaling linearly between {fmt_tokens(result.linear_until_tokens)} and "
+                     f"{fmt_tokens(result.superlinear_from_tokens)} tokens: from there each token costs over "
+                     f"{LINEAR_SLACK - 1:.0%} more than at the best rate (attention against the growing prefix).")
+    elif result.linear_until_tokens:
+        lines.append(f"Prefill time stays linear up to the longest length tried, "
+                     f"{fmt_tokens(result.linear_until_tokens)} tokens.")
+    callouts = [Callout("info", " ".join(lines) or "Too few lengths to read a trend.")]
+    notes = [f"Engine: {result.engine}; times from {result.source}. Prompt context: {result.context:,} tokens. "
+             "Client TTFT includes HTTP; the engine's prefill is the sum of the steps that prefilled the prompt."]
+    sections = [Section("Prefill").add(*notes, phases_figure(result), table),
+                Section("Decode").add("A decode step serves every running stream one token: batch 1 is one user's "
+                                      "ceiling; the batched step shows what sharing the weights buys in total.",
+                                      decode)]
+    return Document("Prefill vs decode, measured apart", f"{result.engine} · "
+                    f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}", callouts, sections,
+                    phases_command(cfg, result.lengths))
+
+
+def phases_command(cfg: PhasesConfig, lengths: list[int]) -> str:
+    args = ["itlbench", "phases"]
+    if cfg.endpoint:
+        args += ["--endpoint", cfg.endpoint, "--model", str(cfg.model)]
+    elif cfg.engine is not None:
+        budget = cfg.engine.chunk_budget
+        args += ["--model", cfg.engine.model, "--chunk-budget", "none" if budget is None else str(budget),
+                 "--device", cfg.engine.device]
+    args += ["--lengths", ",".join(fmt_tokens(n) for n in lengths), "--concurrency", str(cfg.concurrency),
+             "--output-tokens", str(cfg.output_tokens), "--repeats", str(cfg.repeats), "--seed", str(cfg.seed)]
+    return shlex.join(args)

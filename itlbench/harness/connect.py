@@ -1,0 +1,163 @@
+"""Reach the server a run measures: start the bundled engine, or probe an external endpoint.
+
+An external itlbench server on this host is measured like the bundled one (token-id prompts and
+its step log; both share CLOCK_MONOTONIC). Any other server gets token-id prompts when it takes them
+(`--prompt-format auto`: one probe request, see token_probe.py; `ids` insists), else text prompts
+whose length is calibrated against its own `usage.prompt_tokens`; its `/metrics` is read.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import urllib.error
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from itlbench.errors import ConfigError
+from itlbench.harness.bundled_server import BundledServer
+from itlbench.harness.http_json import request_json
+from itlbench.harness.run_config import RunConfig
+from itlbench.harness.token_probe import PROBE_LOW, probe_token_ids
+from itlbench.load.target import Target
+from itlbench.workloads.prompts import PromptBuilder
+
+CALIBRATION_TOKENS = 512
+DEFAULT_EXTERNAL_CONTEXT = 131_072
+
+
+@dataclass
+class Connection:
+    target: Target
+    max_model_len: int
+    vocab_size: int | None  # None: text prompts
+    steps_url: str | None  # an itlbench engine's /v1 base whose step log to follow
+    metrics_url: str | None  # an external engine's /v1 base whose /metrics to sample
+    tokens_per_word: float = 1.0
+    server: BundledServer | None = None
+    doc: dict[str, Any] = field(default_factory=dict)
+
+    def close(self) -> int | None:
+        """Stop a bundled server; its exit code before stopping (None while it was alive)."""
+        if self.server is None:
+            return None
+        code = self.server.process.poll() if self.server.process else None
+        self.server.stop()
+        return code
+
+
+def connect(cfg: RunConfig, run_dir: Path) -> Connection:
+    return _bundled(cfg, run_dir) if cfg.endpoint is None else _external(cfg)
+
+
+def _bundled(cfg: RunConfig, run_dir: Path) -> Connection:
+    server = BundledServer(cfg.engine, run_dir / "server.log", otlp_endpoint=cfg.otlp_endpoint).start()
+    info = server.engine_info
+    target = Target(base_url=server.base_url, model=str(info["served_model_name"]), api=cfg.api,
+                    accepts_token_ids=True, forced_lengths=True, timeout_s=cfg.request_timeout_s,
+                    stream_reader=cfg.stream_reader)
+    doc = {"engine": info, "target": {"kind": "bundled", "base_url": server.base_url,
+                                      "server_pid": server.process.pid if server.process else None}}
+    return Connection(target, int(info["max_model_len"]), int(info["model"]["vocab_size"]),
+                      steps_url=server.base_url, metrics_url=None, server=server, doc=doc)
+
+
+def _external(cfg: RunConfig) -> Connection:
+    assert cfg.endpoint is not None
+    base = cfg.endpoint.rstrip("/")
+    models = _probe_models(cfg, base)
+    engine = _get_json(f"{base}/engine", cfg.api_key)  # only itlbench servers answer this
+    same_clock = engine is not None and _is_loopback(base)
+    max_len = int((engine or {}).get("max_model_len") or models.get("max_model_len") or DEFAULT_EXTERNAL_CONTEXT)
+    doc: dict[str, Any] = {"engine": {"external": True, **models, **({"itlbench": engine} if engine else {})},
+                           "target": {"kind": "external", "base_url": base}}
+    vocab = _token_id_vocab(cfg, base, engine if same_clock else None, doc)
+    target = Target(base_url=base, model=cfg.model or "", api=cfg.api, api_key=cfg.api_key,
+                    accepts_token_ids=vocab is not None, forced_lengths=cfg.forced_lengths,
+                    timeout_s=cfg.request_timeout_s, stream_reader=cfg.stream_reader)
+    steps_url = base if same_clock else None
+    if vocab is not None:
+        return Connection(target, max_len, vocab, steps_url=steps_url, metrics_url=base, doc=doc)
+    tpw = calibrate_text(target)
+    doc["engine"]["tokens_per_word"] = tpw
+    return Connection(target, max_len, None, steps_url=steps_url, metrics_url=base, tokens_per_word=tpw, doc=doc)
+
+
+def _token_id_vocab(cfg: RunConfig, base: str, itlbench_engine: dict[str, Any] | None,
+                    doc: dict[str, Any]) -> int | None:
+    """The vocabulary size to draw prompt ids from, or None for text prompts (`--prompt-format`)."""
+    fmt = cfg.prompt_format
+    if fmt == "text" or cfg.api == "chat":  # chat messages are text
+        doc["prompt_format"] = {"requested": fmt, "used": "text"}
+        return None
+    if itlbench_engine is not None:  # an itlbench server on this host says its vocabulary itself
+        doc["prompt_format"] = {"requested": fmt, "used": "ids", "source": "GET /v1/engine"}
+        return int(itlbench_engine["model"]["vocab_size"])
+    support = probe_token_ids(f"{base}/completions", cfg.model or "", cfg.api_key)
+    doc["prompt_format"] = {"requested": fmt, "used": "ids" if support.accepted else "text",
+                            "vocab_size": support.vocab_size, "probe_requests": support.probes,
+                            "ids_from": PROBE_LOW, "reason": support.reason or None}
+    if support.accepted:
+        return support.vocab_size
+    if fmt == "ids":
+        raise ConfigError("--prompt-format", f"{base} does not take token-id prompts: {support.reason}",
+                          "use --prompt-format text (or auto, which falls back to text)")
+    return None
+
+
+def calibrate_text(target: Target) -> float:
+    """Tokens per word of the server's tokenizer for itlbench's text prompts, from one request."""
+    text = PromptBuilder(token_ids=False, seed=12345).unique("calibration", CALIBRATION_TOKENS).text or ""
+    body: dict[str, Any] = {"model": target.model, "max_tokens": 1, "temperature": 0.0}
+    if target.api == "chat":
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = text
+    reply = _post_json(target.url, body, target.api_key)
+    used = ((reply or {}).get("usage") or {}).get("prompt_tokens")
+    if not isinstance(used, int) or used <= 0:
+        return 1.0  # the server reports no usage: keep the one-token-per-word estimate
+    return used / CALIBRATION_TOKENS
+
+
+def _probe_models(cfg: RunConfig, base: str) -> dict[str, Any]:
+    """GET /v1/models: fail early, naming the flag, when the endpoint or the model is wrong."""
+    try:
+        models = _get_json(f"{base}/models", cfg.api_key, raise_errors=True) or {}
+    except Exception as exc:  # noqa: BLE001 - any failure means the endpoint is unusable
+        raise ConfigError("--endpoint", f"GET {base}/models failed: {exc}",
+                          "check the URL ends in /v1, the server is up and --api-key is right") from None
+    entries = models.get("data", [])
+    ids = [m.get("id") for m in entries]
+    if ids and cfg.model not in ids:
+        raise ConfigError("--model", f"{cfg.model!r} is not served at {base}", f"served: {', '.join(ids)}")
+    entry = next((m for m in entries if m.get("id") == cfg.model), {})
+    return {"models": ids, "max_model_len": entry.get("max_model_len")}
+
+
+def _is_loopback(url: str) -> bool:
+    host = urllib.parse.urlparse(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _get_json(url: str, api_key: str | None, raise_errors: bool = False) -> dict[str, Any] | None:
+    try:
+        return request_json(url, api_key=api_key)
+    except (urllib.error.URLError, OSError, json.JSONDecodeError, ValueError):
+        if raise_errors:
+            raise
+        return None
+
+
+def _post_json(url: str, body: dict[str, Any], api_key: str | None) -> dict[str, Any] | None:
+    try:
+        return request_json(url, body, api_key, timeout=120)
+    except (urllib.error.URLError, OSError, json.JSONDecodeError, ValueError):
+        return None

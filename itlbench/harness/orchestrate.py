@@ -1,0 +1,346 @@
+"""One load test end to end: engine (bundled or external) → plan → drive → records → summary.
+
+Whatever happens — Ctrl-C, a dead server, a timeout — the records collected so far are flushed
+and the summary is computed from them, so no run is ever lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import functools
+import importlib.metadata
+import json
+import platform
+import re
+import secrets
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from itlbench import __version__
+from itlbench.analysis.goodput import parse_slo
+from itlbench.analysis.summary import analyze_run
+from itlbench.core.presets import load_model_config
+from itlbench.errors import ConfigError, ItlbenchError
+from itlbench.harness.connect import Connection, connect
+from itlbench.harness.http_json import request_json
+from itlbench.harness.run_config import RunConfig
+from itlbench.load.driver import DriveResult, ProgressSnapshot, Warmup, drive
+from itlbench.load.multiproc import drive_workers
+from itlbench.load.observers.metrics_sampler import MetricsSampler
+from itlbench.load.observers.steps_follower import StepsFollower
+from itlbench.load.target import Target
+from itlbench.rundir.store import RunStore
+from itlbench.workloads.build import LoadSpec, build_load_plan
+from itlbench.workloads.catalog import get_workload
+from itlbench.workloads.injection import parse_injections
+
+if TYPE_CHECKING:
+    from itlbench.telemetry.observer import LiveTelemetry
+
+ProgressFn = Callable[[ProgressSnapshot], None]
+
+
+def default_run_dir(cfg: RunConfig) -> Path:
+    """reports/<UTC time>-<workload>[-inj<spec>]-<budget> — sortable and self-describing."""
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    parts = [stamp, cfg.workload]
+    if cfg.inject:
+        parts.append("inj" + re.sub(r"[^0-9a-zA-Z]+", "_", cfg.inject))
+    if cfg.endpoint is None:
+        budget = cfg.engine.chunk_budget
+        parts.append(f"b{budget}" if budget else "unchunked")
+        if cfg.engine.policy != "budget":
+            parts.append(cfg.engine.policy + ("-mixed" if cfg.engine.mixed else ""))
+    else:
+        parts.append("ext")
+    return cfg.reports_dir / "-".join(parts)
+
+
+def _hardware() -> dict[str, Any]:
+    import os
+
+    import psutil
+
+    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
+                            "cpu_count": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+                            "processor": platform.processor()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        info["torch"] = None
+    return info
+
+
+VERSIONED = ("itlbench", "torch", "aiohttp", "polars", "pyarrow", "numpy", "prometheus-client", "uvloop")
+
+
+def _versions() -> dict[str, str | None]:
+    """Installed versions of what shapes a measurement (client stack and analysis)."""
+    out: dict[str, str | None] = {}
+    for name in VERSIONED:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _load_spec(cfg: RunConfig, conn: Connection) -> LoadSpec:
+    """The run's load. Unless `--reuse-prompts`, a fresh salt makes every prompt new to the server."""
+    return LoadSpec(
+        workload=cfg.workload, streams=cfg.streams, rate=cfg.rate, burstiness=cfg.burstiness,
+        duration_s=cfg.duration_s, inject=cfg.inject, inject_max_tokens=cfg.inject_max_tokens,
+        seed=cfg.seed, max_model_len=conn.max_model_len, trace_path=cfg.trace, trace_time_scale=cfg.time_scale,
+        token_ids=conn.vocab_size is not None, vocab_size=conn.vocab_size or 0,
+        tokens_per_word=conn.tokens_per_word, prompt_salt=None if cfg.reuse_prompts else secrets.token_hex(4))
+
+
+@dataclass
+class _Observers:
+    """Server-side records next to the load: the step log of an itlbench engine; periodic /metrics
+    scrapes of others only when asked (`--scrape-interval`)."""
+
+    steps: StepsFollower | None
+    tasks: list[asyncio.Task[None]]
+
+    @classmethod
+    def start(cls, conn: Connection, store: RunStore, sampler: MetricsSampler | None,
+              telemetry: LiveTelemetry | None = None) -> _Observers:
+        writer = telemetry.tee(store) if telemetry is not None else store  # live stall causes
+        steps = StepsFollower(conn.steps_url, writer) if conn.steps_url else None
+        tasks = [asyncio.create_task(steps.run())] if steps else []
+        if sampler is not None and sampler.interval_s > 0:
+            tasks.append(asyncio.create_task(sampler.run_periodic()))
+        return cls(steps, tasks)
+
+    async def stop(self, engine_url: str | None, api_key: str | None, timeout_s: float = 10.0) -> None:
+        """Cancel the observers once the step follower holds the engine's last step (or it is gone)."""
+        if self.steps is not None and engine_url is not None:
+            await _until_caught_up(self.steps, engine_url, api_key, timeout_s)
+        for task in self.tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+async def _until_caught_up(follower: StepsFollower, engine_url: str, api_key: str | None,
+                           timeout_s: float) -> None:
+    try:
+        info = await asyncio.to_thread(request_json, f"{engine_url}/engine", None, api_key, 2.0)
+    except (OSError, ValueError):
+        return  # the engine is gone: the follower already has all it will get
+    last = int(info.get("last_step", -1))
+    deadline = time.monotonic() + timeout_s
+    while follower.next_step <= last and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
+async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection, store: RunStore,
+                                progress: ProgressFn | None, telemetry: LiveTelemetry | None = None,
+                                on_status: Callable[[str], None] = lambda s: None,
+                                driver_doc: dict[str, Any] | None = None,
+                                notes: dict[str, Any] | None = None) -> DriveResult:
+    """Drive the load; an external engine's /metrics is read just before the window opens and as
+    soon as sending stops (and every `--scrape-interval` when given). `notes` gets the scrape counts."""
+    sampler = (MetricsSampler(conn.metrics_url, store, api_key=cfg.api_key, interval_s=cfg.scrape_interval_s)
+               if conn.metrics_url else None)
+    async with contextlib.AsyncExitStack() as stack:
+        if sampler is not None:
+            await stack.enter_async_context(sampler)
+        try:
+            return await _drive_observed(cfg, spec, conn, store, progress, sampler, telemetry, on_status,
+                                         driver_doc)
+        finally:
+            if sampler is not None:
+                sampler.finish()
+                if notes is not None:
+                    notes["metrics"] = {"url": sampler.url, "interval_s": sampler.interval_s,
+                                        "scrapes": sampler.scrapes, "failures": sampler.failures,
+                                        "engine_prefix": sampler.prefix}
+
+
+async def _drive_observed(cfg: RunConfig, spec: LoadSpec, conn: Connection, store: RunStore,
+                          progress: ProgressFn | None, sampler: MetricsSampler | None,
+                          telemetry: LiveTelemetry | None, on_status: Callable[[str], None],
+                          driver_doc: dict[str, Any] | None) -> DriveResult:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    interrupts = 0
+
+    def on_sigint() -> None:
+        nonlocal interrupts
+        interrupts += 1
+        stop.set()
+        if interrupts > 1:
+            for task in asyncio.all_tasks(loop):
+                task.cancel()
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+        loop.add_signal_handler(signal.SIGTERM, on_sigint)  # a terminated run still writes its records
+    observers = _Observers.start(conn, store, sampler, telemetry)
+    target = conn.target
+    warmup = Warmup(min_s=cfg.warmup_s, adaptive=cfg.adaptive_warmup, max_s=cfg.max_warmup_s, ramp_s=cfg.ramp_s)
+    baseline = None if sampler is None else functools.partial(sampler.scrape, "baseline")
+    final = None if sampler is None else functools.partial(sampler.scrape, "final")
+    try:
+        if cfg.driver == "locust" or cfg.workers > 1:
+            # other processes agree the window among themselves: the reads bracket the whole run
+            if baseline is not None:
+                await baseline()
+            result = await _drive_elsewhere(cfg, spec, target, store, warmup, progress, on_status, stop,
+                                            driver_doc)
+            if final is not None:
+                await final()
+            return result
+        return await drive(build_load_plan(spec), target, store, duration_s=cfg.duration_s, warmup=warmup,
+                           drain_timeout_s=cfg.drain_timeout_s, on_progress=progress, stop_event=stop,
+                           observer=telemetry, before_measure=baseline, after_measure=final)
+    finally:
+        await observers.stop(conn.steps_url, cfg.api_key)
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
+            loop.remove_signal_handler(signal.SIGTERM)
+
+
+async def _drive_elsewhere(cfg: RunConfig, spec: LoadSpec, target: Target, store: RunStore, warmup: Warmup,
+                          progress: ProgressFn | None, on_status: Callable[[str], None], stop: asyncio.Event,
+                          driver_doc: dict[str, Any] | None) -> DriveResult:
+    """The load from other processes: Locust, or several itlbench workers."""
+    if cfg.driver == "locust":  # master and workers in their own processes (never import locust here)
+        from itlbench.harness.locust_run import drive_locust, job_for_run
+
+        return await drive_locust(job_for_run(cfg, spec, target, store.path), store, on_progress=progress,
+                                  on_status=on_status, stop_event=stop, driver_doc=driver_doc)
+    # each worker process rebuilds the same seeded plan and takes its share
+    return await drive_workers(functools.partial(build_load_plan, spec), target, store, workers=cfg.workers,
+                               duration_s=cfg.duration_s, warmup=warmup, drain_timeout_s=cfg.drain_timeout_s,
+                               on_progress=progress)
+
+
+def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
+                  on_status: Callable[[str], None] = lambda s: None) -> tuple[Path, dict[str, Any]]:
+    """Run one load test; returns (run directory, summary). Records are always flushed."""
+    cfg.validate()
+    _preflight(cfg)
+    run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError("--out", f"{run_dir} already holds a run", "choose a new directory")
+    telemetry = _start_telemetry(cfg)  # before the engine: a port in use fails first
+    store = RunStore(run_dir)
+    run_doc: dict[str, Any] = {"itlbench_version": __version__, "created": dt.datetime.now(dt.UTC).isoformat(),
+                               "config": _config_doc(cfg), "hardware": _hardware(), "versions": _versions(),
+                               "stall_factor": cfg.stall_factor, "stall_floor_s": cfg.stall_floor_s, "slo": cfg.slo}
+    result: DriveResult | None = None
+    run_doc["driver"] = driver_doc = {"name": cfg.driver, "workers": cfg.workers}
+    started_ns = time.perf_counter_ns()
+    on_status(f"starting the bundled engine ({cfg.engine.model})" if cfg.endpoint is None
+              else f"probing {cfg.endpoint}")
+    try:
+        conn = connect(cfg, run_dir)
+    except ItlbenchError:
+        shutil.rmtree(run_dir, ignore_errors=True)  # nothing was measured (the error carries the log tail)
+        _close_telemetry(telemetry)
+        raise
+    try:
+        run_doc.update(conn.doc)
+        _connect_telemetry(telemetry, cfg, conn, run_dir, run_doc)
+        spec = _load_spec(cfg, conn)
+        run_doc["plan"] = build_load_plan(spec).description
+        store.write_json("run.json", run_doc)
+        on_status("running")
+        result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress, telemetry, on_status,
+                                                   driver_doc, run_doc))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        run_doc["interrupted"] = True
+    finally:
+        store.close()
+        if conn.server is not None:
+            run_doc["server_exit_code"] = conn.close()
+        _close_telemetry(telemetry)
+        run_doc.update(_window(result, started_ns, cfg))
+        if result is not None:
+            run_doc["stop_reason"] = result.stop_reason
+        if result is not None and result.aborted_reason:
+            run_doc["aborted_reason"] = result.aborted_reason
+        store.write_json("run.json", run_doc)
+    summary = analyze_run(run_dir)
+    store.write_json("summary.json", summary)
+    return run_dir, summary
+
+
+def _start_telemetry(cfg: RunConfig) -> LiveTelemetry | None:
+    """Live Prometheus / OpenTelemetry export, only when asked for (nothing is imported otherwise)."""
+    if cfg.metrics_port is None and cfg.otlp_endpoint is None:
+        return None
+    from itlbench.telemetry.observer import LiveTelemetry
+
+    return LiveTelemetry.start(cfg.metrics_port, cfg.otlp_endpoint, stall_factor=cfg.stall_factor,
+                               stall_floor_s=cfg.stall_floor_s)
+
+
+def _connect_telemetry(telemetry: LiveTelemetry | None, cfg: RunConfig, conn: Connection, run_dir: Path,
+                       run_doc: dict[str, Any]) -> None:
+    if telemetry is None:
+        return
+    engine = conn.doc.get("engine") or {}
+    engine = engine.get("itlbench", engine)  # an external itlbench server nests its /v1/engine
+    ecfg = engine.get("engine") if isinstance(engine.get("engine"), dict) else None
+    budget = "unknown" if ecfg is None else str(ecfg.get("chunk_budget") if ecfg.get("chunk_budget") else "none")
+    info = {"run_id": run_dir.name, "workload": cfg.workload, "chunk_budget": budget,
+            "policy": str(ecfg.get("policy")) if ecfg else "unknown",
+            "engine": "itlbench" if ecfg else "external", "model": conn.target.model}
+    telemetry.connect(conn.target, has_steps=conn.steps_url is not None,
+                      provider_name="itlbench" if ecfg else "openai", run_info=info)
+    run_doc["telemetry"] = telemetry.doc()
+
+
+def _close_telemetry(telemetry: LiveTelemetry | None) -> None:
+    if telemetry is not None:
+        telemetry.close()
+
+
+def _preflight(cfg: RunConfig) -> None:
+    """Reject bad workload, injection and SLO flags before any server starts or directory appears."""
+    parse_slo(cfg.slo)
+    if cfg.endpoint is not None:
+        get_workload(cfg.workload)
+        parse_injections(cfg.inject, cfg.duration_s / 2)
+        return
+    model = load_model_config(cfg.engine.model)
+    if cfg.engine.max_model_len and cfg.engine.max_model_len > model.max_position_embeddings:
+        raise ConfigError("--max-model-len", f"{cfg.engine.max_model_len} exceeds {model.name}'s "
+                          f"max_position_embeddings={model.max_position_embeddings}",
+                          f"use at most {model.max_position_embeddings}")
+    max_len = cfg.engine.max_model_len or model.max_position_embeddings
+    from itlbench.engine.attention import preflight as attention_preflight
+
+    attention_preflight(cfg.engine)  # e.g. --attention flash where flash-attn is missing
+    conn = Connection(target=None, max_model_len=max_len, vocab_size=model.vocab_size,  # type: ignore[arg-type]
+                      steps_url=None, metrics_url=None)
+    build_load_plan(_load_spec(cfg, conn))
+
+
+def _window(result: DriveResult | None, started_ns: int, cfg: RunConfig) -> dict[str, int]:
+    if result is None:
+        end = time.perf_counter_ns()
+        return {"run_start_ns": started_ns, "measure_start_ns": started_ns + int(cfg.warmup_s * 1e9), "end_ns": end}
+    return {"run_start_ns": result.run_start_ns, "measure_start_ns": result.measure_start_ns,
+            "end_ns": result.end_ns}
+
+
+def _config_doc(cfg: RunConfig) -> dict[str, Any]:
+    doc = {k: v for k, v in vars(cfg).items() if k not in ("engine", "api_key")}
+    doc["engine"] = cfg.engine.as_dict() if cfg.endpoint is None else None
+    doc["api_key_set"] = bool(cfg.api_key)
+    return json.loads(json.dumps(doc, default=str))

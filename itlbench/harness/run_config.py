@@ -1,0 +1,126 @@
+"""Everything one `itlbench run` needs, validated up front so bad flags fail before any load."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from itlbench.core.engine_config import EngineConfig
+from itlbench.errors import ConfigError
+from itlbench.workloads.build import check_load_shape
+
+PROMPT_FORMATS = ("auto", "ids", "text")
+
+
+@dataclass
+class RunConfig:
+    workload: str = "chat"
+    inject: str | None = None
+    inject_max_tokens: int = 16
+    streams: int | None = None  # None: 32 steady streams, or 0 with --rate / trace replay
+    rate: float | None = None
+    burstiness: float = 1.0
+    duration_s: float = 60.0
+    warmup_s: float = 5.0  # at least this long
+    adaptive_warmup: bool = True  # ...and until every closed-loop stream has received a token
+    max_warmup_s: float = 300.0
+    ramp_s: float = 0.0  # spread the streams' first sends over this many seconds
+    drain_timeout_s: float = 120.0
+    request_timeout_s: float = 600.0
+    seed: int = 0
+    out: Path | None = None
+    reports_dir: Path = Path("reports")
+    endpoint: str | None = None  # None: start the bundled engine
+    model: str | None = None
+    api_key: str | None = None
+    api: str = "completions"  # completions | chat
+    forced_lengths: bool = True  # send ignore_eos + min_tokens so output lengths are exact
+    scrape_interval_s: float = 0.0  # external /metrics: 0 = only at the window's start and end
+    reuse_prompts: bool = False  # False: a per-run salt makes every prompt new to a prefix cache
+    prompt_format: str = "auto"  # auto | ids | text (external endpoints; the bundled engine takes ids)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    slo: str | None = None
+    stall_factor: float = 5.0
+    stall_floor_s: float = 0.05
+    trace: Path | None = None
+    time_scale: float = 1.0
+    workers: int = 1
+    live: bool = True
+    stream_reader: str = "auto"  # auto | kernel | aiohttp (load/kernel_client.select_reader)
+    driver: str = "aiohttp"  # aiohttp | locust
+    master_bind: str | None = None  # locust: the master listens here for workers started by hand
+    locust_ui: bool = False  # locust: serve Locust's web UI
+    locust_ui_port: int = 8089
+    metrics_port: str | None = None  # serve itlbench_client_* for Prometheus: "9464" or "HOST:9464"
+    otlp_endpoint: str | None = None  # OTLP/HTTP base URL for spans and GenAI metrics (client and bundled server)
+
+    def validate(self) -> None:
+        check_load_shape(self.streams, self.rate, self.burstiness, self.duration_s)
+        if self.warmup_s < 0:
+            raise ConfigError("--warmup", f"must be >= 0 seconds, got {self.warmup_s}")
+        if self.ramp_s < 0:
+            raise ConfigError("--ramp", f"must be >= 0 seconds, got {self.ramp_s}")
+        if self.streams == 0 and self.rate is None and not self.inject and self.workload != "trace":
+            raise ConfigError("--streams", "0 streams, no --rate and no --inject sends nothing",
+                              "give --streams N, --rate R or --inject SPEC")
+        if self.endpoint is not None:
+            if not self.endpoint.startswith(("http://", "https://")):
+                raise ConfigError("--endpoint", f"{self.endpoint!r} is not an http(s) URL",
+                                  "e.g. --endpoint http://127.0.0.1:8000/v1")
+            if not self.model:
+                raise ConfigError("--model", "is required with --endpoint",
+                                  "give the served model name, as listed by GET /v1/models")
+        if self.endpoint is None and self.prompt_format == "text":
+            raise ConfigError("--prompt-format", "the bundled engine is always sent token-id prompts",
+                              "drop --prompt-format text, or measure a server given with --endpoint")
+        if self.endpoint is None and self.scrape_interval_s > 0:
+            raise ConfigError("--scrape-interval", "only an --endpoint's /metrics is scraped",
+                              "drop it: the bundled engine's step log is read instead")
+        if self.api not in ("completions", "chat"):
+            raise ConfigError("--api", f"unknown API {self.api!r}", "use completions or chat")
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise ConfigError("--prompt-format", f"unknown format {self.prompt_format!r}",
+                              "use auto (token ids where the server takes them), ids or text")
+        if self.prompt_format == "ids" and self.api == "chat":
+            raise ConfigError("--prompt-format", "token-id prompts need the completions API",
+                              "drop --api chat, or use --prompt-format text")
+        if self.scrape_interval_s < 0:
+            raise ConfigError("--scrape-interval", f"must be >= 0 seconds, got {self.scrape_interval_s}",
+                              "0 reads /metrics only at the window's start and end; e.g. 5s adds periodic scrapes")
+        if self.workers < 1:
+            raise ConfigError("--workers", f"must be >= 1, got {self.workers}")
+        from itlbench.load.clients.kernel import check_reader
+
+        check_reader(self.stream_reader, self.endpoint)
+        if self.stall_factor <= 1:
+            raise ConfigError("--stall-factor", f"must be > 1, got {self.stall_factor}")
+        if self.stall_floor_s < 0:
+            raise ConfigError("--stall-floor", f"must be >= 0 seconds, got {self.stall_floor_s}")
+        if self.time_scale <= 0:
+            raise ConfigError("--time-scale", f"must be > 0, got {self.time_scale}")
+        if self.metrics_port is not None or self.otlp_endpoint is not None:
+            from itlbench.telemetry.options import check_run_options
+
+            check_run_options(self.metrics_port, self.otlp_endpoint, self.workers)
+        self._validate_driver()
+
+    def _validate_driver(self) -> None:
+        if self.driver not in ("aiohttp", "locust"):
+            raise ConfigError("--driver", f"unknown driver {self.driver!r}", "use aiohttp or locust")
+        if self.driver != "locust":
+            for flag, given in (("--master-bind", self.master_bind is not None), ("--locust-ui", self.locust_ui)):
+                if given:
+                    raise ConfigError(flag, "only applies to --driver locust", "add --driver locust or drop it")
+            return
+        for flag, given in (("--metrics-port", self.metrics_port), ("--otlp-endpoint", self.otlp_endpoint)):
+            if given is not None:
+                raise ConfigError(flag, "live telemetry is not available with --driver locust yet",
+                                  "use Locust's web UI (--locust-ui), or drop --driver locust")
+        from itlbench.load.locust import require_locust
+        from itlbench.load.locust.job import parse_host_port
+
+        if self.master_bind is not None:
+            parse_host_port(self.master_bind, "--master-bind")
+        if not 0 <= self.locust_ui_port < 65536:
+            raise ConfigError("--locust-ui-port", f"{self.locust_ui_port} is not a port", "e.g. 8089, or 0 for a free one")
+        require_locust()

@@ -1,0 +1,171 @@
+"""A Locust run's job: what every process of it (launcher, master, workers) must agree on.
+
+The job says which plan to build (a seeded factory every worker calls itself, so only its name and
+arguments cross the wire), where to send, and the timeline (warmup, duration, drain). It also holds
+the message names master and workers exchange and the master's warmup gate. This module imports no
+locust: `import locust` monkey-patches the whole process with gevent, so only the master and worker
+processes may import it, never the itlbench CLI.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from itlbench.errors import ConfigError
+from itlbench.load.driver import Warmup
+from itlbench.load.target import Target
+from itlbench.workloads.build import LoadSpec, build_load_plan
+from itlbench.workloads.plan import LoadPlan
+
+# Messages (Locust's custom message channel). Master -> worker:
+MSG_JOB = "itlbench_job"  # {k, n, job, master_host, master_boot}: your share of the run
+MSG_GRANT = "itlbench_grant"  # {nonce, stream}: the closed-loop stream a user runs (None: none left)
+MSG_GO = "itlbench_go"  # {run_start_ns, measure_start_ns?, end_ns?} on the master clock
+MSG_WINDOW = "itlbench_window"  # {measure_start_ns, end_ns}: the adaptive warmup ended
+MSG_STOP = "itlbench_stop"  # {reason}: stop sending now, cancel in-flight requests
+MSG_PONG = "itlbench_pong"  # {t0, t_master}: clock-offset probe answer
+# Worker -> master:
+MSG_READY = "itlbench_ready"  # {k, host, pid, offset_ns}
+MSG_CLAIM = "itlbench_claim"  # {k, nonce}
+MSG_PING = "itlbench_ping"  # {k, t0}
+MSG_FIRST_TOKEN = "itlbench_first_token"  # {k, stream, t_ns}
+MSG_ROWS = "itlbench_rows"  # {k, tables: {table: {column: [values]}}, progress?}
+MSG_DONE = "itlbench_done"  # {k, result}
+MSG_FAILED = "itlbench_failed"  # {k, error}: the worker could not take its share (e.g. no trace file there)
+
+API_KEY_ENV = "ITLBENCH_LOCUST_API_KEY"  # how the launcher hands the master a bearer key (kept off disk)
+RESULT_FILE = "locust_result.json"  # what the master leaves in the run directory
+LOG_FILE = "locust.log"  # master and local workers' output
+DEFAULT_FACTORY = "itlbench.load.locust.job:plan_from_spec"
+
+
+def plan_from_spec(**spec: Any) -> LoadPlan:
+    """The default plan factory: `build_load_plan` of a LoadSpec given as its fields."""
+    if "reserved_ids" in spec:
+        spec["reserved_ids"] = tuple(spec["reserved_ids"])
+    if isinstance(spec.get("inject"), list):
+        spec["inject"] = tuple(spec["inject"])
+    return build_load_plan(LoadSpec(**spec))
+
+
+def spec_kwargs(spec: LoadSpec) -> dict[str, Any]:
+    """LoadSpec as JSON-able arguments of `plan_from_spec`."""
+    return json.loads(json.dumps(asdict(spec), default=str))
+
+
+def boot_id() -> str | None:
+    """This boot's id (Linux): two processes with the same one share CLOCK_MONOTONIC."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def parse_host_port(text: str, flag: str) -> tuple[str, int]:
+    """HOST:PORT (IPv6 in brackets); port 0 picks a free one."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(flag, f"{text!r} is not HOST:PORT", "e.g. 0.0.0.0:5557")
+    return host, int(port)
+
+
+@dataclass
+class LocustJob:
+    """One distributed run. `master_bind` None: master on loopback with `workers` local processes;
+    else the master binds there and waits for `workers` workers started by hand."""
+
+    target: dict[str, Any]
+    run_dir: str
+    duration_s: float
+    warmup: dict[str, Any] = field(default_factory=lambda: asdict(Warmup()))
+    drain_timeout_s: float = 30.0
+    workers: int = 1
+    plan_factory: str = DEFAULT_FACTORY
+    plan_kwargs: dict[str, Any] = field(default_factory=dict)
+    master_bind: str | None = None
+    locust_ui: bool = False
+    locust_ui_port: int = 8089
+    max_connection_errors: int = 50
+    sample_interval_s: float = 0.5
+    batch_interval_s: float = 0.2
+    worker_wait_s: float = 120.0  # how long the master waits for its workers to connect
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ConfigError("--workers", f"must be >= 1, got {self.workers}")
+        if self.duration_s <= 0:
+            raise ConfigError("--duration", f"must be > 0 seconds, got {self.duration_s}")
+        if self.master_bind is not None:
+            parse_host_port(self.master_bind, "--master-bind")
+
+    @classmethod
+    def for_plan(cls, target: Target, run_dir: str | Path, *, duration_s: float, warmup: Warmup | None = None,
+                 factory: str = DEFAULT_FACTORY, plan_kwargs: dict[str, Any] | None = None,
+                 **kw: Any) -> LocustJob:
+        return cls(target=asdict(target), run_dir=str(run_dir), duration_s=duration_s,
+                   warmup=asdict(warmup or Warmup()), plan_factory=factory, plan_kwargs=dict(plan_kwargs or {}),
+                   **kw)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> LocustJob:
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def build_target(self) -> Target:
+        return Target(**self.target)
+
+    def build_warmup(self) -> Warmup:
+        return Warmup(**self.warmup)
+
+    def build_plan(self) -> LoadPlan:
+        """Call the factory (`module:function`); every worker gets the same seeded plan."""
+        module, _, name = self.plan_factory.partition(":")
+        factory = getattr(importlib.import_module(module), name)
+        return factory(**json.loads(json.dumps(self.plan_kwargs)))
+
+
+@dataclass
+class WarmupGate:
+    """When measurement starts, decided by the master as the aiohttp driver decides it alone: not
+    before `min_s` after the start, and (adaptive) not before every closed-loop stream has received
+    a token, but never later than `max_s`. Times are master-clock perf_counter_ns."""
+
+    warmup: Warmup
+    run_start_ns: int
+    streams: int
+    duration_s: float
+    with_tokens: set[int] = field(default_factory=set)
+
+    @property
+    def min_end_ns(self) -> int:
+        return self.run_start_ns + int(self.warmup.min_s * 1e9)
+
+    @property
+    def max_end_ns(self) -> int:
+        return self.run_start_ns + int(max(self.warmup.max_s, self.warmup.min_s) * 1e9)
+
+    def fixed(self) -> bool:
+        """The window is known up front (no adaptive wait)."""
+        return not self.warmup.adaptive or self.streams == 0
+
+    def measure_start(self, now_ns: int) -> int | None:
+        """The measurement start if it can be decided at `now_ns`, else None."""
+        if self.fixed():
+            return self.min_end_ns
+        if now_ns < self.min_end_ns:
+            return None
+        if len(self.with_tokens) >= self.streams or now_ns >= self.max_end_ns:
+            return now_ns
+        return None
+
+    def window(self, measure_start_ns: int) -> tuple[int, int]:
+        return measure_start_ns, measure_start_ns + int(self.duration_s * 1e9)

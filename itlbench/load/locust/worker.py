@@ -1,0 +1,120 @@
+"""A Locust worker process: connects to the master, takes the job, runs its `WorkerRun`.
+
+    python -m itlbench.load.locust.worker --master HOST:PORT     (or: itlbench locust-worker ...)
+"""
+
+from __future__ import annotations
+
+# isort: off
+import locust  # noqa: F401 - first: locust monkey-patches the process with gevent at import
+# isort: on
+
+import argparse
+import logging
+import os
+import socket
+from typing import Any
+
+import gevent.event
+from locust import events
+from locust.env import Environment
+
+from itlbench.load.locust.job import (
+    MSG_FAILED,
+    MSG_GO,
+    MSG_GRANT,
+    MSG_JOB,
+    MSG_PING,
+    MSG_PONG,
+    MSG_READY,
+    MSG_STOP,
+    MSG_WINDOW,
+    LocustJob,
+    parse_host_port,
+)
+from itlbench.load.locust.job import boot_id as _boot_id
+from itlbench.load.locust.user import ItlbenchUser
+from itlbench.load.locust.worker_run import PROBE_CLOCK_ENV, WorkerRun, _now
+
+log = logging.getLogger("itlbench.locust.worker")
+
+
+class Worker:
+    """Wires a Locust WorkerRunner to a WorkerRun (created when the master sends the job)."""
+
+    def __init__(self, env: Environment) -> None:
+        self.env = env
+        self.runner = env.runner
+        self.run: WorkerRun | None = None
+        self.pongs: dict[int, gevent.event.AsyncResult] = {}
+        r = self.runner
+        r.register_message(MSG_JOB, self._on_job, concurrent=True)
+        r.register_message(MSG_GRANT, lambda msg, **kw: self.run and self.run.on_grant(msg.data))
+        r.register_message(MSG_GO, lambda msg, **kw: self.run and self.run.on_go(msg.data))
+        r.register_message(MSG_WINDOW, lambda msg, **kw: self.run and self.run.on_window(msg.data))
+        r.register_message(MSG_STOP, lambda msg, **kw: self.run and self.run.stop(msg.data["reason"]))
+        r.register_message(MSG_PONG, self._on_pong)
+        env.events.test_stop.add_listener(self._on_locust_stop)
+
+    def _on_locust_stop(self, **kw: Any) -> None:
+        """Locust stopped the users (its web UI's stop button): finish the run, records kept."""
+        if self.run is not None and not self.run.closed.is_set():
+            self.run.stop("interrupted")
+
+    def _on_pong(self, msg: Any, **kw: Any) -> None:
+        result = self.pongs.pop(msg.data["t0"], None)
+        if result is not None:
+            result.set((msg.data["t0"], msg.data["t_master"], _now()))
+
+    def clock_offset(self, master_host: str, master_boot: str | None, k: int, probes: int = 8) -> int:
+        """Master clock minus ours. One host shares CLOCK_MONOTONIC: exactly 0. Elsewhere, the probe
+        with the shortest round trip: master time - midpoint of our send and receive."""
+        same_host = master_host == socket.gethostname() and master_boot and master_boot == _boot_id()
+        if same_host and os.environ.get(PROBE_CLOCK_ENV) != "1":
+            return 0
+        best: tuple[int, int] | None = None
+        for _ in range(probes):
+            t0 = _now()
+            result = self.pongs[t0] = gevent.event.AsyncResult()
+            self.runner.send_message(MSG_PING, {"k": k, "t0": t0})
+            _, t_master, t1 = result.get(timeout=10)
+            rtt, offset = t1 - t0, t_master - (t0 + t1) // 2
+            if best is None or rtt < best[0]:
+                best = (rtt, offset)
+        assert best is not None
+        log.info("clock offset to master %.3f ms (round trip %.3f ms)", best[1] / 1e6, best[0] / 1e6)
+        return best[1]
+
+    def _on_job(self, msg: Any, **kw: Any) -> None:
+        try:
+            self._take_job(msg.data)
+        except Exception as exc:  # noqa: BLE001 - the master stops the run and says why
+            log.exception("cannot take the job")
+            self.runner.send_message(MSG_FAILED, {"k": msg.data["k"], "error": f"{type(exc).__name__}: {exc}"})
+
+    def _take_job(self, d: dict[str, Any]) -> None:
+        job = LocustJob.from_json(d["job"])
+        offset = self.clock_offset(d["master_host"], d.get("master_boot"), d["k"])
+        ItlbenchUser.host = job.build_target().base_url
+        ItlbenchUser.network_timeout = job.build_target().timeout_s or 1e9
+        self.run = WorkerRun(self.env, d["k"], d["n"], job, offset)
+        ItlbenchUser.worker_run = self.run
+        self.runner.send_message(MSG_READY, {"k": d["k"], "host": socket.gethostname(), "pid": os.getpid(),
+                                             "offset_ns": offset})
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="An itlbench Locust worker: connects to the master of `itlbench run "
+                                            "--driver locust` and runs its share of the load.")
+    p.add_argument("--master", required=True, help="HOST:PORT the master binds (printed by itlbench run).")
+    args = p.parse_args(argv)
+    host, port = parse_host_port(args.master, "--master")
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [worker {os.getpid()}] %(levelname)s %(name)s: %(message)s")
+    env = Environment(user_classes=[ItlbenchUser], events=events)
+    env.create_worker_runner(host, port)
+    Worker(env)
+    env.runner.greenlet.join()
+
+
+if __name__ == "__main__":
+    main()

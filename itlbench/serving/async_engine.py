@@ -1,0 +1,311 @@
+"""Drive a synchronous `Engine` from asyncio: one engine thread, many awaiting request streams.
+
+The engine is not thread-safe, so only the engine thread touches it. Callers submit adds and aborts
+through a command queue that the thread drains between steps; outputs travel back to the event
+loop in one `call_soon_threadsafe` per step (not per token) and fan out to per-request queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from itlbench.core.engine import SteppedEngine
+from itlbench.core.request import Request, RequestOutput, SamplingParams
+from itlbench.core.steps import StepRecord
+from itlbench.serving.client import EngineDeadError, EngineObserver, QueueFullError, RequestStream
+
+log = logging.getLogger("itlbench.engine.async")
+
+_EMPTY_STEP_PAUSE_S = 0.001
+
+
+@dataclass
+class _Add:
+    prompt: str | Sequence[int]
+    sampling: SamplingParams
+    request_id: str | None
+    arrival_ns: int
+    stream: RequestStream
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+@dataclass
+class _Shared:
+    """State both threads touch, guarded by `cond`."""
+
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    commands: deque[_Add | _Abort] = field(default_factory=deque)
+    pending_adds: int = 0
+    stopping: bool = False
+
+
+class AsyncEngine:
+    """The in-process `EngineClient`: runs `engine.step()` on a dedicated thread that sleeps on a
+    condition while idle."""
+
+    def __init__(self, engine: SteppedEngine, *, max_waiting: int | None = None,
+                 observer: EngineObserver | None = None) -> None:
+        self.engine = engine
+        self.max_waiting = max_waiting
+        self.observer = observer
+        self._shared = _Shared()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._streams: dict[str, RequestStream] = {}  # event-loop side
+        self._requests: dict[str, Request] = {}  # engine-thread side
+        self._next_step = 0
+        self._step_waiters: list[asyncio.Future[None]] = []
+        self._prev_end_ns: int | None = None  # end of the last step, unless the thread idled since
+        self.error: BaseException | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Bind to the running (or given) event loop and start the engine thread."""
+        self._loop = loop or asyncio.get_running_loop()
+        self._next_step = self.engine.step_log.last_step + 1
+        self._thread = threading.Thread(target=self._run, name="itlbench-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the thread after its current step; in-flight requests fail with EngineDeadError."""
+        with self._shared.cond:
+            self._shared.stopping = True
+            self._shared.cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def is_alive(self) -> bool:
+        return (self._thread is not None and self._thread.is_alive()
+                and not self._shared.stopping and self.error is None)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests not yet running: queued commands plus the scheduler's waiting queue."""
+        return self._shared.pending_adds + int(self.engine.num_waiting)
+
+    # ---- request API (event loop) -------------------------------------------------------------
+    async def add(self, prompt: str | Sequence[int], sampling: SamplingParams,
+                  request_id: str | None = None, arrival_ns: int | None = None) -> RequestStream:
+        """Admit a request; raises the engine's ConfigError for bad input, QueueFullError when full."""
+        if not self.is_alive:
+            raise EngineDeadError("engine loop is not running")
+        if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
+            raise QueueFullError(f"{self.num_waiting} requests waiting (max_waiting={self.max_waiting})")
+        admitted: asyncio.Future[Request] = asyncio.get_running_loop().create_future()
+        stream = RequestStream(self, admitted)
+        cmd = _Add(prompt, sampling, request_id, arrival_ns or time.perf_counter_ns(), stream)
+        with self._shared.cond:
+            self._shared.commands.append(cmd)
+            self._shared.pending_adds += 1
+            self._shared.cond.notify()
+        try:
+            stream.request = await admitted
+        except asyncio.CancelledError:
+            stream.finished = True  # `_register` sees this and aborts the late admission
+            raise
+        return stream
+
+    async def generate(self, prompt: str | Sequence[int], sampling: SamplingParams,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Convenience: add, then yield outputs until finished (abort if the caller stops early)."""
+        stream = await self.add(prompt, sampling, request_id)
+        async for out in stream:
+            yield out
+
+    def abort(self, request_id: str) -> None:
+        with self._shared.cond:
+            self._shared.commands.append(_Abort(request_id))
+            self._shared.cond.notify()
+
+    async def wait_for_step(self, step: int, timeout: float) -> bool:
+        """Wait on the event loop until step record `step` exists (or timeout)."""
+        if self.engine.step_log.last_step >= step:
+            return True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._step_waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            if fut in self._step_waiters:
+                self._step_waiters.remove(fut)
+        return self.engine.step_log.last_step >= step
+
+    # ---- engine thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while self._wait_for_work():
+                self._drain_commands()
+                if self.engine.has_unfinished():
+                    self._step()
+        except BaseException as exc:  # noqa: BLE001 - the loop must report, never die silently
+            log.exception("engine loop crashed")
+            self.error = exc
+        finally:
+            self._fail_all(EngineDeadError(f"engine stopped: {self.error or 'shutdown'}"))
+
+    def _wait_for_work(self) -> bool:
+        sh = self._shared
+        with sh.cond:
+            if not (sh.stopping or sh.commands or self.engine.has_unfinished()):
+                self._prev_end_ns = None  # an idle wait is not hand-off time
+                sh.cond.wait_for(lambda: sh.stopping or sh.commands or self.engine.has_unfinished())
+            return not sh.stopping
+
+    def _drain_commands(self) -> None:
+        sh = self._shared
+        with sh.cond:
+            commands = list(sh.commands)
+            sh.commands.clear()
+        for cmd in commands:
+            if isinstance(cmd, _Add):
+                self._do_add(cmd)
+            else:
+                self._do_abort(cmd.request_id)
+
+    def _do_add(self, cmd: _Add) -> None:
+        fut = cmd.stream._admitted
+        try:
+            req = self.engine.add_request(cmd.prompt, cmd.sampling, request_id=cmd.request_id,
+                                          arrival_ns=cmd.arrival_ns)
+        except Exception as exc:  # noqa: BLE001 - handed back to the caller as its error
+            self._call(_settle, fut, None, exc)
+        else:
+            self._requests[req.request_id] = req
+            self._call(self._register, cmd.stream, req)
+            self._call(_settle, fut, req, None)
+        finally:
+            with self._shared.cond:
+                self._shared.pending_adds -= 1
+
+    def _do_abort(self, request_id: str) -> None:
+        req = self._requests.get(request_id)
+        if req is None:
+            return
+        self.engine.abort(request_id)
+        out = RequestOutput(request_id, (), True, "abort", req.num_prompt_tokens, req.num_output_tokens,
+                            req.num_cached_tokens, time.perf_counter_ns())
+        self._observe([], [out])
+        del self._requests[request_id]
+        self._call(self._unregister, request_id)
+
+    def _step(self) -> None:
+        if self._prev_end_ns is not None:
+            self.engine.note_handoff(time.perf_counter_ns() - self._prev_end_ns)
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving if the engine recovers
+            log.exception("engine step failed; failing %d in-flight requests", len(self._requests))
+            self._prev_end_ns = None
+            self._recover(exc)
+            return
+        records = self._new_records()
+        self._prev_end_ns = records[-1].end_ns if records else None
+        if not records and not outputs:
+            self._idle_pause()
+        self._observe(records, outputs)
+        for out in outputs:
+            if out.finished:
+                self._requests.pop(out.request_id, None)
+        self._call(self._dispatch, outputs)
+
+    def _idle_pause(self) -> None:
+        """An empty step (nothing schedulable yet) must not spin the CPU the model needs."""
+        with self._shared.cond:
+            self._shared.cond.wait(_EMPTY_STEP_PAUSE_S)
+
+    def _new_records(self) -> list[StepRecord]:
+        log_ = self.engine.step_log
+        if log_.last_step < self._next_step:
+            return []
+        records = log_.since(self._next_step)
+        self._next_step = log_.last_step + 1
+        return records
+
+    def _observe(self, records: Sequence[StepRecord], outputs: Sequence[RequestOutput]) -> None:
+        if self.observer is None:
+            return
+        try:
+            self.observer.on_step(records, self.engine)
+            if outputs:
+                self.observer.on_outputs(outputs, self._requests)
+        except Exception:  # noqa: BLE001 - metrics must never take the engine down
+            log.exception("engine observer failed")
+
+    def _recover(self, exc: Exception) -> None:
+        """Abort every in-flight request so its blocks are freed; a failed abort kills the loop."""
+        ids = list(self._requests)
+        self._requests.clear()
+        err = EngineDeadError(f"engine step failed: {exc!r}")
+        for rid in ids:
+            self.engine.abort(rid)
+        self._call(self._fail_ids, ids, err)
+
+    def _fail_all(self, err: BaseException) -> None:
+        self._requests.clear()
+        sh = self._shared
+        with sh.cond:
+            pending = [c for c in sh.commands if isinstance(c, _Add)]
+            sh.commands.clear()
+            sh.pending_adds = 0
+        for cmd in pending:
+            self._call(_settle, cmd.stream._admitted, None, err)
+        self._call(self._fail_ids, None, err)
+
+    def _call(self, fn: Callable[..., None], *args: Any) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(fn, *args)
+            except RuntimeError:  # the loop closed between the check and the call
+                pass
+
+    # ---- event-loop callbacks ----------------------------------------------------------------
+    def _register(self, stream: RequestStream, req: Request) -> None:
+        if stream.finished:  # the caller gave up while the add was queued
+            self.abort(req.request_id)
+        else:
+            self._streams[req.request_id] = stream
+
+    def _unregister(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        streams = self._streams
+        for out in outputs:
+            stream = streams.get(out.request_id)
+            if stream is not None:
+                stream._put(out)
+                if out.finished:
+                    del streams[out.request_id]
+        waiters, self._step_waiters = self._step_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _fail_ids(self, ids: list[str] | None, err: BaseException) -> None:
+        targets = list(self._streams) if ids is None else ids
+        for rid in targets:
+            stream = self._streams.pop(rid, None)
+            if stream is not None:
+                stream._put(err)
+
+
+def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)

@@ -1,0 +1,47 @@
+"""Build the engine a config asks for: the torch runner or the simulator under one `Engine`, or
+simulated prefill and decode pools (`DisaggEngine`, the same `SteppedEngine` surface).
+
+This is the one place that knows every runner; the engine core takes whichever it is given.
+The torch runner is imported only when asked for, so the simulator runs where torch is not installed.
+"""
+
+from __future__ import annotations
+
+from itlbench.core.engine import Engine, SteppedEngine, resolve_max_model_len
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.model_config import ModelConfig
+from itlbench.core.presets import load_model_config
+from itlbench.errors import ConfigError
+
+ENGINE_EXTRA = "install the bundled engine with `pip install 'itlbench[engine]'` (brings torch), or use --engine sim"
+
+
+def create_engine(config: EngineConfig, model_config: ModelConfig | None = None,
+                  attention_backend: str | None = None) -> SteppedEngine:
+    model_config = model_config or load_model_config(config.model)
+    if config.engine == "sim":
+        if config.disaggregate:
+            from itlbench.sim.disagg import DisaggEngine, KvLink
+
+            return DisaggEngine(config, model_config, link=KvLink(config.kv_link_gbps * 1e9 / 8),
+                                prefill_gpu=config.prefill_gpu)
+        from itlbench.sim.runner import SimRunner
+
+        return Engine(config, model_config, SimRunner(config, model_config, resolve_max_model_len(config, model_config)))
+    require_torch_engine()
+    from itlbench.engine.runner import ModelRunner
+
+    runner = ModelRunner(config, model_config, resolve_max_model_len(config, model_config), attention_backend)
+    return Engine(config, model_config, runner)
+
+
+def torch_engine_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+def require_torch_engine() -> None:
+    """The bundled torch engine needs the `engine` extra; say so in one line instead of an ImportError."""
+    if not torch_engine_available():
+        raise ConfigError("engine", "the bundled torch engine needs PyTorch, which is not installed", ENGINE_EXTRA)

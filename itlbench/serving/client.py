@@ -1,0 +1,127 @@
+"""What the HTTP server drives: an `EngineClient`, in-process (`AsyncEngine`) or over a socket to an
+engine process (`EngineProcessClient`); both hand out `RequestStream`s and expose the engine's
+state (`EngineState`) for the handlers and metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.model_config import ModelConfig
+from itlbench.core.request import Request, RequestOutput, SamplingParams
+from itlbench.core.steps import StepLog, StepRecord
+from itlbench.core.tokenizer import Tokenizer
+from itlbench.errors import ItlbenchError
+
+
+class EngineDeadError(ItlbenchError):
+    """The engine loop is not running (stopped, or a step failed) so the request cannot finish."""
+
+
+class QueueFullError(ItlbenchError):
+    """More requests are waiting than the server admits; the client should back off and retry."""
+
+
+class EngineObserver(Protocol):
+    """Hooks called on the engine thread after each step; metrics live behind this."""
+
+    def on_step(self, records: Sequence[StepRecord], engine: EngineState) -> None: ...
+
+    def on_outputs(self, outputs: Sequence[RequestOutput], requests: dict[str, Request]) -> None: ...
+
+
+class _Aborts(Protocol):
+    def abort(self, request_id: str) -> None: ...
+
+
+class RequestStream:
+    """Outputs of one request as an async iterator; leaving the iteration early aborts it."""
+
+    def __init__(self, owner: _Aborts, admitted: asyncio.Future[Request]) -> None:
+        self._owner = owner
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._admitted = admitted
+        self.request: Request | None = None
+        self.finished = False
+
+    @property
+    def request_id(self) -> str:
+        assert self.request is not None
+        return self.request.request_id
+
+    def _put(self, item: RequestOutput | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        try:
+            while not self.finished:
+                item = await self._queue.get()
+                if isinstance(item, BaseException):
+                    self.finished = True
+                    raise item
+                self.finished = item.finished
+                yield item
+        finally:
+            if not self.finished:
+                self.abort()
+
+    def abort(self) -> None:
+        """Free the request's KV blocks; safe to call from the event loop at any time."""
+        if not self.finished and self.request is not None:
+            self.finished = True
+            self._owner.abort(self.request.request_id)
+
+
+class BlockUsage(Protocol):
+    num_blocks: int
+    block_size: int
+
+    @property
+    def usage(self) -> float: ...
+
+
+class EngineState(Protocol):
+    """The engine as handlers and metrics read it: the engine itself in-process, a mirror of it
+    (`EngineView`) beside an engine process."""
+
+    config: EngineConfig
+    model_config: ModelConfig
+    max_model_len: int
+    device: str
+    dtype: str
+    tokenizer: Tokenizer
+    block_manager: BlockUsage
+    step_log: StepLog
+
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+
+class EngineClient(Protocol):
+    """Admit, stream and abort requests; wait for step records; report liveness."""
+
+    error: BaseException | None
+
+    @property
+    def engine(self) -> EngineState: ...
+
+    @property
+    def is_alive(self) -> bool: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    async def add(self, prompt: str | Sequence[int], sampling: SamplingParams,
+                  request_id: str | None = None, arrival_ns: int | None = None) -> RequestStream: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    async def wait_for_step(self, step: int, timeout: float) -> bool: ...
+
+    def shutdown(self, timeout: float = 10.0) -> None: ...

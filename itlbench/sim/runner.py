@@ -1,0 +1,194 @@
+"""Simulated runner: the real scheduler and block manager, with model execution replaced by the
+roofline cost model (sim/roofline.py) on a virtual clock.
+
+`Engine(config.with_(engine="sim", gpu="h100"))` builds the same engine the torch runner gets, minus
+the model: no weights, no KV tensors, no torch. Each step's cost comes from its chunks' token counts
+(rows, rows that sample, cached context, causal pairs) on the chosen hardware, and the tokens are
+made up (seeded, never EOS, so lengths are the requested ones).
+
+Two clocks. Served (`PacedClock`), a step ends `cost / sim_time_scale` after it started on the
+perf_counter clock: the engine thread sleeps until then, so streams are paced exactly as the
+simulated GPU would pace them and the harness measures a sim like any engine (at a time scale s,
+every time it sees is 1/s of the simulated one). Offline (`VirtualClock`), time is just the sum of
+step costs: nothing sleeps, and a run of minutes of simulated time takes milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Iterable, Sequence
+
+from itlbench.core.engine import Engine, RunnerInfo, SteppedEngine, StepRun, resolve_max_model_len
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.model_config import ModelConfig
+from itlbench.core.presets import load_model_config
+from itlbench.core.request import SamplingParams
+from itlbench.core.scheduler_output import ScheduledChunk, SchedulerOutput
+from itlbench.errors import ConfigError
+from itlbench.sim.roofline import CostModel, Hardware, StepShape, StepTime, load_hardware
+
+DEFAULT_GPU = "h100"
+GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of device memory for weights + KV cache
+
+
+class PacedClock:
+    """perf_counter_ns time; a step lasts exactly its charged cost divided by the time scale."""
+
+    def __init__(self, time_scale: float = 1.0) -> None:
+        self.time_scale = time_scale
+        self._charged_s = 0.0
+
+    def now_ns(self) -> int:
+        return time.perf_counter_ns()
+
+    def charge(self, seconds: float) -> None:
+        self._charged_s += seconds
+
+    def end_step(self, start_ns: int) -> int:
+        end_ns = start_ns + round(self._charged_s / self.time_scale * 1e9)
+        self._charged_s = 0.0
+        remaining = (end_ns - time.perf_counter_ns()) / 1e9
+        if remaining > 0:
+            time.sleep(remaining)  # the GIL is free meanwhile: the server streams, the client reads
+        return end_ns
+
+
+class VirtualClock:
+    """Simulated time only: starts at `start_ns`, advances by charged step costs (divided by
+    `time_scale`) and by `advance_to`."""
+
+    def __init__(self, start_ns: int = 0, time_scale: float = 1.0) -> None:
+        self._now_ns = start_ns
+        self.time_scale = time_scale
+        self._charged_s = 0.0
+
+    def now_ns(self) -> int:
+        return self._now_ns
+
+    def advance_to(self, t_ns: int) -> None:
+        """Idle until `t_ns` (e.g. the next arrival); never moves backwards."""
+        self._now_ns = max(self._now_ns, t_ns)
+
+    def charge(self, seconds: float) -> None:
+        self._charged_s += seconds
+
+    def end_step(self, start_ns: int) -> int:
+        self._now_ns = start_ns + round(self._charged_s / self.time_scale * 1e9)
+        self._charged_s = 0.0
+        return self._now_ns
+
+
+def chunk_shape(chunks: Iterable[ScheduledChunk]) -> StepShape:
+    return StepShape.of((c.num_new_tokens, c.start, c.samples) for c in chunks)
+
+
+def sim_kv_blocks(config: EngineConfig, cost: CostModel, hw: Hardware, max_model_len: int) -> int:
+    """KV blocks the simulated device holds: an explicit kv_blocks, else what 90 % of its memory holds
+    beside the weights (capped at what max_num_seqs full-length requests could use). Errors, as
+    vLLM does, when the weights or one full-length request do not fit."""
+    if config.kv_blocks is not None:
+        return config.kv_blocks
+    tokens = cost.kv_capacity_tokens(hw, GPU_MEMORY_UTILIZATION)
+    if tokens <= 0:
+        raise ConfigError("gpu", f"{cost.model.name}'s weights ({cost.weight_bytes / 1e9:.1f} GB) do not fit in "
+                          f"{GPU_MEMORY_UTILIZATION:.0%} of the {hw.label}'s {hw.memory_bytes / 1e9:.0f} GB",
+                          "choose a larger GPU or a smaller model")
+    if tokens < max_model_len:
+        raise ConfigError("max_model_len", f"{max_model_len} tokens of KV cache do not fit on the {hw.label} "
+                          f"(room for {tokens} beside the weights)", f"use --max-model-len {tokens} or less")
+    per_request = math.ceil(max_model_len / config.block_size)
+    return min(tokens // config.block_size, config.max_num_seqs * per_request)
+
+
+def _check_dtype(config: EngineConfig, hw: Hardware) -> None:
+    if config.dtype not in ("auto", hw.dtype):
+        raise ConfigError("dtype", f"the simulated {hw.label} runs {hw.dtype}, not {config.dtype}",
+                          "leave --dtype auto, or calibrate a profile in that dtype")
+
+
+def check_sim_config(config: EngineConfig) -> None:
+    """Refuse, before any server starts, what a simulated engine would refuse at start-up."""
+    model = load_model_config(config.model)
+    max_len = config.max_model_len or model.max_position_embeddings
+    gpus = [config.gpu or DEFAULT_GPU]
+    if config.disaggregate and config.prefill_gpu:
+        gpus.append(config.prefill_gpu)
+    for gpu in gpus:
+        if gpu.strip().lower() == "cpu":
+            continue  # measured at start-up; its memory is the machine's
+        hw = load_hardware(gpu)
+        _check_dtype(config, hw)
+        sim_kv_blocks(config, CostModel.for_hardware(model, hw), hw, max_len)
+
+
+class SimRunner:
+    """The simulated `Runner`: stands where the torch `ModelRunner` stands; `run` replaces flatten →
+    execute → sample with a charge to the clock."""
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, max_model_len: int,
+                 hardware: Hardware | None = None, clock: PacedClock | VirtualClock | None = None) -> None:
+        self.hardware = hardware or load_hardware(config.gpu or DEFAULT_GPU)
+        _check_dtype(config, self.hardware)
+        self.cost_model = CostModel.for_hardware(model_config, self.hardware)
+        self.num_blocks = sim_kv_blocks(config, self.cost_model, self.hardware, max_model_len)
+        self.clock = clock or PacedClock(config.sim_time_scale)
+        self.block_size = config.block_size
+        self._info = RunnerInfo(device=f"sim:{self.hardware.name}", dtype=self.hardware.dtype,
+                                attention=config.attention, block_size=config.block_size)
+        self.last: StepTime | None = None
+        self._vocab = model_config.vocab_size
+        self._stop_ids = model_config.eos_token_ids
+        self._rng = random.Random(config.seed)
+
+    def step_time(self, output: SchedulerOutput) -> StepTime:
+        return self.cost_model.time(chunk_shape(output.chunks), self.hardware)
+
+    @property
+    def info(self) -> RunnerInfo:
+        return self._info
+
+    def run(self, output: SchedulerOutput, label: str = "step") -> StepRun:
+        """Charge the step's cost to the clock; a made-up token for every chunk that samples."""
+        self.last = self.step_time(output)
+        self.clock.charge(self.last.total_s)
+        return StepRun({c.request.request_id: self._token() for c in output.chunks if c.samples})
+
+    def _token(self) -> int:
+        token = self._rng.randrange(self._vocab)
+        while token in self._stop_ids:  # never end a stream early: lengths are the requested ones
+            token = (token + 1) % self._vocab
+        return token
+
+
+def offline_engine(config: EngineConfig, model_config: ModelConfig | None = None, start_ns: int = 0,
+                   time_scale: float = 1.0) -> Engine:
+    """A simulated `Engine` on a `VirtualClock`: steps cost no wall time (what-ifs, tests)."""
+    config = config.with_(engine="sim")
+    model_config = model_config or load_model_config(config.model)
+    runner = SimRunner(config, model_config, resolve_max_model_len(config, model_config),
+                       clock=VirtualClock(start_ns, time_scale))
+    return Engine(config, model_config, runner)
+
+
+def run_offline(engine: SteppedEngine, arrivals: Sequence[tuple[int, Sequence[int], SamplingParams]]) -> dict[str, list[int]]:  # noqa: ANN001
+    """Feed (arrival ns, prompt, sampling) to an engine on a virtual clock (an `offline_engine` or an
+    unpaced `DisaggEngine`) and run it dry; token times (ns) per request id, ids "r0", "r1", ... in
+    arrival order."""
+    pending = sorted(enumerate(arrivals), key=lambda a: a[1][0])
+    times: dict[str, list[int]] = {}
+    i = 0
+    while i < len(pending) or engine.has_unfinished():
+        now = engine.clock.now_ns()
+        while i < len(pending) and pending[i][1][0] <= now:
+            idx, (t, prompt, sp) = pending[i]
+            engine.add_request(prompt, sp, f"r{idx}", t)
+            i += 1
+        if not engine.has_unfinished():
+            engine.clock.advance_to(pending[i][1][0])
+            continue
+        for out in engine.step():
+            if out.new_token_ids:
+                times.setdefault(out.request_id, []).append(out.time_ns)
+    return times
