@@ -361,7 +361,7 @@ def section_scenario(s: Setup, out_dir: Path) -> dict:
     rows = []
     for budget in ("none", "2048"):
         run_dir = out_dir / f"scenario-{budget}"
-        cmd = [sys.executable, "-m", "itlbench.cli", "run", "--model", model, "--workload", "chat",
+        cmd = [sys.executable, "-m", "itlbench", "run", "--model", model, "--workload", "chat",
                "--chunk-budget", budget, "--out", str(run_dir), "--no-live", "--seed", "1", *extra]
         print("$ " + " ".join(cmd), flush=True)
         t = time.perf_counter()

@@ -31,7 +31,7 @@ RUNS = {
 
 def record(name: str, model: str, duration: float, out: Path, threads: int) -> Path:
     run_dir = out / name
-    cmd = [sys.executable, "-m", "itlbench.cli", "run", *RUNS[name], "--model", model, "--device", "cpu",
+    cmd = [sys.executable, "-m", "itlbench", "run", *RUNS[name], "--model", model, "--device", "cpu",
            "--duration", str(duration), "--warmup", "3", "--seed", "1", "--no-live", "--out", str(run_dir)]
     print(f"recording {name}: {' '.join(RUNS[name])}", flush=True)
     env = os.environ | {"OMP_NUM_THREADS": str(threads)}  # the engine server inherits it

@@ -134,7 +134,7 @@ def test_kv_pool_sized_from_free_device_memory() -> None:
 def test_nvtx_step_ranges_name_the_phase(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every step is an NVTX range `step/<phase>` with a mark carrying its token counts (recorded
     here by a stand-in for torch.cuda.nvtx, which needs CUDA)."""
-    from itlbench.engine import instrument
+    from itlbench.core import nvtx as instrument
 
     events: list[tuple[str, str]] = []
     nv = instrument._Nvtx()

@@ -130,7 +130,7 @@ def _alive(pid: int) -> bool:
 def test_killed_run_takes_its_engine_server_down(tmp_path: Path, sig: signal.Signals) -> None:
     """SIGTERM ends the run cleanly (records and summary written); even SIGKILL leaves no server."""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "itlbench.cli", "run", "--model", "tiny", "--workload", "chat-short",
+    cmd = [sys.executable, "-m", "itlbench", "run", "--model", "tiny", "--workload", "chat-short",
            "--streams", "2", "--duration", "60", "--warmup", "0.5", "--no-live", "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120

@@ -17,7 +17,8 @@ import pytest
 
 from itlbench.errors import ConfigError
 from itlbench.load.clients.kclock import kernel_stamps_available
-from itlbench.load.clients.kernel import KernelStreamClient, _Conn, make_stream_client, select_reader
+from itlbench.load.clients.kernel import KernelStreamClient, make_stream_client, select_reader
+from itlbench.load.clients.kernel_conn import KernelConnection
 from itlbench.load.clients.sse import StreamClient, _Exchange
 from itlbench.load.target import Target
 from itlbench.rundir.reader import read_table
@@ -326,7 +327,7 @@ def _feed_all(reads: list[bytes], fast: bool) -> tuple[list[int], list[int], str
     """Feed reads (read k stamped k) to a connection's parser; (stamps, counts, finish, done, error)."""
     client = KernelStreamClient(Target("http://127.0.0.1:9/v1", "m"), _Rows())
     with socket.socket() as s:
-        c = _Conn(s, client, True)
+        c = KernelConnection(s, client, True)
         ex = _Exchange(_plan(0), 0, None)
         c.begin(ex, None)
         for k, data in enumerate(reads, start=1):
@@ -353,8 +354,8 @@ TRICKY = [" b", "", 'say \\"x\\"', "ends\\\\", " c", "two\\nlines", " d"]
 ])
 def test_fast_path_records_what_the_general_path_records(extra: list[bytes], monkeypatch: Any) -> None:
     taken = []
-    fast_path = _Conn._fast
-    monkeypatch.setattr(_Conn, "_fast", lambda self, *a: taken.append(fast_path(self, *a)) or taken[-1])
+    fast_path = KernelConnection._fast
+    monkeypatch.setattr(KernelConnection, "_fast", lambda self, *a: taken.append(fast_path(self, *a)) or taken[-1])
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     reads = [head + _chunk(_event("")), _chunk(_event(" a"))]
     reads += [_chunk(_event(t)) for t in TRICKY] + extra + [_chunk(_event(" z"))]

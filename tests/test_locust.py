@@ -253,7 +253,7 @@ def test_printed_worker_command_joins_a_bound_master_and_an_interrupt_keeps_ever
         await _wait_for(lambda: any("locust-worker" in s for s in statuses))
         command = next(s for s in statuses if "locust-worker" in s).split("`")[1].split()
         assert command[:2] == ["itlbench", "locust-worker"]
-        started.append(subprocess.Popen([sys.executable, "-m", "itlbench.cli", *command[1:]],
+        started.append(subprocess.Popen([sys.executable, "-m", "itlbench", *command[1:]],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         await _wait_for(lambda: bool(list((tmp_path / "workers" / "0" / "chunks").glob("*.parquet"))))
         ui = next(s for s in statuses if s.startswith("Locust web UI: ")).split()[-1]

@@ -25,7 +25,7 @@ def _flat(text: str) -> str:
 
 
 def _start_run(out: Path, duration: float) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "itlbench.cli", "run", "--model", "tiny", "--workload", "chat-short",
+    cmd = [sys.executable, "-m", "itlbench", "run", "--model", "tiny", "--workload", "chat-short",
            "--streams", "2", "--inject", "1024@1s", "--duration", str(duration), "--warmup", "0.5", "--no-live",
            "--out", str(out)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

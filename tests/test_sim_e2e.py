@@ -20,7 +20,7 @@ SCALE = 2.0  # simulated seconds per wall second: every measured time is half th
 
 
 def sim_run(out: Path, budget: str) -> dict:
-    cmd = [sys.executable, "-m", "itlbench.cli", "run", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
+    cmd = [sys.executable, "-m", "itlbench", "run", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
            "--inject", "32k", "--chunk-budget", budget, "--workload", "chat-short", "--streams", "16",
            "--duration", "4", "--warmup", "1", "--sim-time-scale", str(SCALE), "--seed", "3", "--no-live",
            "--out", str(out)]

@@ -134,7 +134,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
                              f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
                             stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "wb"))  # noqa: SIM115
     server = subprocess.Popen(
-        [sys.executable, "-m", "itlbench.cli", "serve", "--model", "cpu-small", "--chunk-budget", str(BUDGET),
+        [sys.executable, "-m", "itlbench", "serve", "--model", "cpu-small", "--chunk-budget", str(BUDGET),
          "--kv-memory-gib", "0.5", "--max-num-seqs", "16", "--port", str(server_port), "--otlp-endpoint", rx.endpoint],
         stdout=open(tmp / "server.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
     try:
@@ -144,7 +144,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         _wait_scraping(prom_url, prom, {"itlbench-engine", "itlbench-client"}, 60)
         start = time.time()
         run = subprocess.run(
-            [sys.executable, "-m", "itlbench.cli", "run", "--endpoint", f"http://127.0.0.1:{server_port}/v1",
+            [sys.executable, "-m", "itlbench", "run", "--endpoint", f"http://127.0.0.1:{server_port}/v1",
              "--model", "cpu-small", "--workload", "chat-short", "--streams", "4", "--inject", f"{INJECT_TOKENS}@1s",
              "--duration", "5", "--warmup", "1", "--seed", "1", "--no-live", "--out", str(tmp / "run"),
              "--metrics-port", f"127.0.0.1:{metrics_port}", "--otlp-endpoint", rx.endpoint],

@@ -45,7 +45,7 @@ def loadavg() -> str:
 
 
 def _itlbench(args: list[str], out: Path, env: dict[str, str] | None = None, nice: int | None = None) -> dict[str, Any]:
-    cmd = with_cpu_weight([sys.executable, "-m", "itlbench.cli", "run", *args, *LOAD, "--out", str(out),
+    cmd = with_cpu_weight([sys.executable, "-m", "itlbench", "run", *args, *LOAD, "--out", str(out),
                            "--no-live"], nice)
     before = loadavg()
     proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True,

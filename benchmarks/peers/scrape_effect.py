@@ -58,7 +58,7 @@ def with_cpu_weight(cmd: list[str], nice: int | None) -> list[str]:
 def run_once(variant: str, tree: Path, base_url: str, model: str, out: Path,
              nice: int | None = None) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    cmd = with_cpu_weight([sys.executable, "-m", "itlbench.cli", "run", "--endpoint", base_url, "--model", model,
+    cmd = with_cpu_weight([sys.executable, "-m", "itlbench", "run", "--endpoint", base_url, "--model", model,
                            *LOAD, *VARIANTS[variant], "--out", str(out), "--no-live"], nice)
     before = loadavg()
     proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)

@@ -19,17 +19,24 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import shlex
 import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from itlbench.core.engine_config import EngineConfig
 from itlbench.errors import ConfigError
-from itlbench.experiments.phases_report import DECODE_PROMPT, LINEAR_SLACK, SATURATION_SHARE, phases_document
+from itlbench.experiments.phases_report import (
+    DECODE_PROMPT,
+    LINEAR_SLACK,
+    SATURATION_SHARE,
+    PhasesResult,
+    phases_document,
+)
 from itlbench.load.clients.sse import StreamClient
 from itlbench.load.observers.steps_follower import StepsFollower
 from itlbench.report.document import Written, write_document
@@ -80,19 +87,6 @@ class Sample:
     ttft_s: float
     decode_gap_s: float | None  # mean gap after the first token
     engine_prefill_s: float | None = None
-
-
-@dataclass
-class PhasesResult:
-    engine: str
-    source: str
-    context: int
-    lengths: list[int]
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    decode: list[dict[str, Any]] = field(default_factory=list)
-    saturation_tokens: int | None = None
-    linear_until_tokens: int | None = None
-    superlinear_from_tokens: int | None = None
 
 
 class _Rows:
@@ -264,6 +258,19 @@ def knees(rows: list[dict[str, Any]]) -> tuple[int | None, int | None, int | Non
     return saturation, linear_until, superlinear
 
 
+def phases_command(cfg: PhasesConfig, lengths: list[int]) -> str:
+    args = ["itlbench", "phases"]
+    if cfg.endpoint:
+        args += ["--endpoint", cfg.endpoint, "--model", str(cfg.model)]
+    elif cfg.engine is not None:
+        budget = cfg.engine.chunk_budget
+        args += ["--model", cfg.engine.model, "--chunk-budget", "none" if budget is None else str(budget),
+                 "--device", cfg.engine.device]
+    args += ["--lengths", ",".join(fmt_tokens(n) for n in lengths), "--concurrency", str(cfg.concurrency),
+             "--output-tokens", str(cfg.output_tokens), "--repeats", str(cfg.repeats), "--seed", str(cfg.seed)]
+    return shlex.join(args)
+
+
 def _out_dir(cfg: PhasesConfig) -> Path:
     out = cfg.out or Path("reports") / (dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S") + "-phases")
     if out.exists() and any(out.iterdir()):
@@ -309,4 +316,4 @@ def run_phases(cfg: PhasesConfig, on_status: Callable[[str], None] = lambda s: N
            **asdict(result)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "phases.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    return write_document(phases_document(result, cfg), out)
+    return write_document(phases_document(result, cfg.output_tokens, phases_command(cfg, lengths)), out)

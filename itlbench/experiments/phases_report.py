@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-import shlex
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -12,12 +12,23 @@ from itlbench.report.document import Callout, Document, Section, Table
 from itlbench.report.figures import FigureSpec
 from itlbench.report.style import DECODE, PREFILL, fmt_s, fmt_tokens, new_figure, tidy
 
-if TYPE_CHECKING:
-    from itlbench.experiments.phases import PhasesConfig, PhasesResult
-
 SATURATION_SHARE = 0.9  # throughput within 10 % of its best: saturated
 LINEAR_SLACK = 1.25  # per-token cost 25 % above its best: no longer linear
 DECODE_PROMPT = 128  # prompt length of the batched decode requests
+
+
+@dataclass
+class PhasesResult:
+    engine: str
+    source: str
+    context: int
+    lengths: list[int]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    decode: list[dict[str, Any]] = field(default_factory=list)
+    saturation_tokens: int | None = None
+    linear_until_tokens: int | None = None
+    superlinear_from_tokens: int | None = None
+
 
 
 def phases_figure(result: PhasesResult) -> FigureSpec:
@@ -65,7 +76,7 @@ def phases_figure(result: PhasesResult) -> FigureSpec:
     return spec
 
 
-def phases_document(result: PhasesResult, cfg: PhasesConfig) -> Document:
+def phases_document(result: PhasesResult, output_tokens: int, command: str) -> Document:
     table = Table(["prompt tokens", "requests", "client TTFT", "engine prefill", "prefill tok/s",
                    "decode step (batch 1)", "decode tok/s (batch 1)"],
                   [[fmt_tokens(r["prompt_tokens"]), str(r["requests"]), fmt_s(r["client_ttft_s"]),
@@ -76,7 +87,7 @@ def phases_document(result: PhasesResult, cfg: PhasesConfig) -> Document:
                    [[f"{d['batch']} ({d['batch_measured']})", fmt_s(d["client_gap_s"]), fmt_s(d["engine_step_s"]),
                      f"{d['tokens_per_s_per_stream']:,.0f}" if d["tokens_per_s_per_stream"] else "—",
                      f"{d['tokens_per_s_total']:,.0f}" if d["tokens_per_s_total"] else "—"] for d in result.decode],
-                   f"Decode ({DECODE_PROMPT}-token prompts, {cfg.output_tokens} output tokens each)")
+                   f"Decode ({DECODE_PROMPT}-token prompts, {output_tokens} output tokens each)")
     lines = []
     if result.saturation_tokens:
         lines.append(f"Prefill throughput saturates at about {fmt_tokens(result.saturation_tokens)} tokens "
@@ -98,17 +109,4 @@ def phases_document(result: PhasesResult, cfg: PhasesConfig) -> Document:
                                       decode)]
     return Document("Prefill vs decode, measured apart", f"{result.engine} · "
                     f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}", callouts, sections,
-                    phases_command(cfg, result.lengths))
-
-
-def phases_command(cfg: PhasesConfig, lengths: list[int]) -> str:
-    args = ["itlbench", "phases"]
-    if cfg.endpoint:
-        args += ["--endpoint", cfg.endpoint, "--model", str(cfg.model)]
-    elif cfg.engine is not None:
-        budget = cfg.engine.chunk_budget
-        args += ["--model", cfg.engine.model, "--chunk-budget", "none" if budget is None else str(budget),
-                 "--device", cfg.engine.device]
-    args += ["--lengths", ",".join(fmt_tokens(n) for n in lengths), "--concurrency", str(cfg.concurrency),
-             "--output-tokens", str(cfg.output_tokens), "--repeats", str(cfg.repeats), "--seed", str(cfg.seed)]
-    return shlex.join(args)
+                    command)
