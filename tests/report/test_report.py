@@ -1,0 +1,170 @@
+"""Reports from hand-built run directories: every kind of run renders, and says what happened."""
+
+from __future__ import annotations
+
+import base64
+import re
+from pathlib import Path
+
+import polars as pl
+from typer.testing import CliRunner
+
+from itlbench.analysis.goodput import parse_slo
+from itlbench.cli import app
+from itlbench.report.compare import differing_settings, load_runs, make_rows, verdict
+from itlbench.report.data import load_run
+from itlbench.report.run_report import write_run_report
+from itlbench.report.timeline import _segments, injected_spans
+from itlbench.units import parse_duration_s
+from tests.support.report_runs import PAUSE, build_run
+
+runner = CliRunner()
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _check_written(run_dir: Path) -> tuple[str, str]:
+    """Every figure a non-empty PNG, linked from the Markdown and embedded in the HTML; no network."""
+    html = (run_dir / "report.html").read_text()
+    md = (run_dir / "report.md").read_text()
+    figures = sorted((run_dir / "figures").glob("*.png"))
+    assert figures, "a report without figures"
+    embedded = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
+    assert len(embedded) == len(figures)
+    for fig in figures:
+        data = fig.read_bytes()
+        assert data.startswith(PNG) and len(data) > 5_000, f"{fig.name} is empty"
+        assert f"](figures/{fig.name})" in md
+    assert {base64.b64decode(e) for e in embedded} == {f.read_bytes() for f in figures}
+    assert not re.search(r'(src|href)="https?:', html), "the HTML must not load anything from the network"
+    assert "<script" not in html
+    return _flat(html), md
+
+
+def test_injected_run_shows_the_stall_its_cause_and_the_prefill(tmp_path: Path) -> None:
+    run = build_run(tmp_path / "run")
+    write_run_report(run)
+    html, md = _check_written(run)
+    assert {p.stem for p in (run / "figures").glob("*.png")} == {
+        "stalls", "engine_steps", "ttft", "itl_cdf", "throughput", "split", "goodput"}
+    assert "While inj-000 (8k tokens) was prefilled in 4 engine steps over 1.50 s, all 4 steady streams froze" in html
+    assert "the worst 1.52 s. Its own first token came after 1.51 s." in html
+    assert "Valid run" in html and "cut short" not in html
+    assert "itlbench run --workload chat --inject 8k@4s --streams 4 --duration 10" in html
+    assert "TTFT: " not in md  # definitions are given by name, one sentence each
+    assert "**TTFT**: first generated token's arrival at the client − the request's scheduled send time." in md
+
+
+def test_stall_picture_data_locates_the_freeze(tmp_path: Path) -> None:
+    data = load_run(build_run(tmp_path / "run"))
+    [span] = injected_spans(data)
+    assert (span.start_s, span.end_s, span.steps) == (4.0, 5.5, 4), "the span comes from the engine's steps"
+    stalled = _segments(data).filter(pl.col("cause") != "streaming")
+    assert stalled.height == 4 and set(stalled["cause"]) == {"prefill"}
+    for lo, hi in stalled.select("lo_ns", "hi_ns").iter_rows():
+        assert lo <= PAUSE[0] and hi >= PAUSE[1], "each stream's stall covers the whole prefill"
+
+
+def test_zero_stall_run_says_so(tmp_path: Path) -> None:
+    run = build_run(tmp_path / "calm", inject=False)
+    write_run_report(run)
+    html, _ = _check_written(run)
+    assert load_run(run).stalls.is_empty()
+    assert "No stream stalled and no prompt was injected." in html
+
+
+def test_run_killed_before_writing_its_window_is_reported_cut_short(tmp_path: Path) -> None:
+    run = build_run(tmp_path / "killed", window=False)
+    result = runner.invoke(app, ["report", str(run)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    html, md = _check_written(run)
+    assert "This run was cut short: the run was killed before it wrote its end time" in html
+    assert "cut short" in md
+
+
+def test_run_stopped_early_is_reported_cut_short(tmp_path: Path) -> None:
+    run = build_run(tmp_path / "short", duration_s=60.0)
+    write_run_report(run)
+    html, _ = _check_written(run)
+    assert "This run was cut short: it measured 10.0 s of the planned 60 s" in html
+
+
+def test_external_engine_run_names_the_engine_and_the_source(tmp_path: Path) -> None:
+    run = build_run(tmp_path / "vllm", external=True)
+    data = load_run(run)
+    assert data.engine.name == "vLLM" and data.engine.external
+    assert data.engine.source.startswith("server counters")
+    write_run_report(run)
+    html, _ = _check_written(run)
+    assert "External engine: vLLM (identified by /metrics series prefix vllm:)" in html
+    assert "vLLM's own counters" in html or "engine_steps" in {p.stem for p in (run / "figures").glob("*.png")}
+    assert "while inj-000" in html.lower() and "(client view)" in html
+
+
+def test_report_cli_rejects_a_directory_without_run_json(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["report", str(tmp_path)], terminal_width=300)
+    assert result.exit_code == 2
+    assert "error: RUN_DIR" in _flat(result.output) and "Traceback" not in result.output
+
+
+def test_reproduce_command_parses_back_to_the_run_settings(tmp_path: Path) -> None:
+    import typer.main
+
+    from itlbench.report.reproduce import reproduce_command
+
+    data = load_run(build_run(tmp_path / "run"))
+    args = reproduce_command(data.doc).split()[2:]
+    command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    params = command.make_context("run", args).params
+    cfg = data.config
+    assert params["workload"] == cfg["workload"] and params["inject"] == cfg["inject"]
+    assert params["streams"] == cfg["streams"]
+    assert parse_duration_s(params["duration"], "--duration") == cfg["duration_s"]
+    assert params["seed"] == cfg["seed"] and params["chunk_budget"] == "2048" and params["model"] == "cpu-small"
+
+
+def test_compare_refuses_runs_of_different_workloads_naming_the_settings(tmp_path: Path) -> None:
+    a = build_run(tmp_path / "a")
+    b = build_run(tmp_path / "b", seed=7, inject=False)
+    result = runner.invoke(app, ["compare", str(a), str(b), "--out", str(tmp_path / "cmp")], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    out = _flat(result.output)
+    assert "error: DIR: the runs differ in seed (a: 0, b: 7); inject (a: 8k@4s, b: None)" in out
+    assert "--force" in out and "Traceback" not in out
+    assert not (tmp_path / "cmp").exists()
+    forced = runner.invoke(app, ["compare", str(a), str(b), "--force", "--out", str(tmp_path / "cmp")],
+                           terminal_width=200)
+    assert forced.exit_code == 0, forced.output
+    assert "Compared with --force although the runs differ in seed" in _flat((tmp_path / "cmp/report.html").read_text())
+
+
+def test_compare_ranks_the_shorter_stall_smoother_and_judges_slos(tmp_path: Path) -> None:
+    long_ = build_run(tmp_path / "long")
+    short = build_run(tmp_path / "short", stall_scale=0.1)
+    runs = load_runs([long_, short])
+    assert differing_settings(runs) == []
+    rows = make_rows(runs)
+    assert rows[1].worst_s < 0.2 < 1.4 < rows[0].worst_s
+    lines = verdict(rows, parse_slo("itl_max=500ms,injected/ttft=off"))
+    assert lines[0].startswith("Meets every SLO (itl_max=500ms,injected/ttft=off): ")
+    assert "(short)" in lines[0] and "(long)" not in lines[0], "same setting twice: labelled by directory"
+    assert any(line.startswith("budget 2048 (long) misses: ITL max 1.52 s > 500 ms") for line in lines)
+    assert any(line.startswith("Smoothest streams: budget 2048 (short)") for line in lines)
+    result = runner.invoke(app, ["compare", str(long_), str(short), "--out", str(tmp_path / "cmp"),
+                                 "--slo", "itl_max=500ms"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    html, md = _check_written(tmp_path / "cmp")
+    assert {p.stem for p in (tmp_path / "cmp/figures").glob("*.png")} == {
+        "compare_stalls", "compare_gaps", "compare_itl_cdf", "compare_tradeoff"}
+    assert "engine step log" in html and "itlbench bundled (cpu-small)" in html
+
+
+def test_compare_labels_an_external_engine_row_and_its_source(tmp_path: Path) -> None:
+    runs = load_runs([build_run(tmp_path / "ours"), build_run(tmp_path / "theirs", external=True)], force=True)
+    rows = make_rows(runs)
+    assert [r.label for r in rows] == ["budget 2048", "vLLM"]
+    assert rows[1].run.engine.source.startswith("server counters (vllm:* from /metrics)")
+    assert rows[0].run.engine.source == "engine step log"

@@ -1,0 +1,259 @@
+"""The bundled server on loopback, driven by the official `openai` SDK and raw aiohttp/httpx clients."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import urllib.error
+import urllib.request
+
+import aiohttp
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from itlbench.core.request import SamplingParams
+from itlbench.serving.build import create_engine
+from tests.support.servers import TINY_ENGINE as ENGINE
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+class Reply:
+    """Status, headers and body of one plain HTTP exchange."""
+
+    def __init__(self, status: int, headers, body: bytes) -> None:
+        self.status_code, self.headers, self.text = status, headers, body.decode()
+
+    def json(self):
+        return json.loads(self.text)
+
+
+def http(url: str, params: dict | None = None) -> Reply:
+    if params:
+        url += "?" + "&".join(f"{k}={v}" for k, v in params.items())
+    try:
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            return Reply(resp.status, resp.headers, resp.read())
+    except urllib.error.HTTPError as err:
+        return Reply(err.code, err.headers, err.read())
+
+
+def scrape(server) -> dict[tuple[str, tuple], float]:
+    text = http(f"{server.url}/metrics").text
+    out: dict[tuple[str, tuple], float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def metric(samples: dict, name: str, **labels: str) -> float:
+    labels.setdefault("model_name", "tiny")
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def wait_idle(server, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        info = http(f"{server.base_url}/engine").json()
+        if info["num_running"] == 0 and info["num_waiting"] == 0:
+            return info
+        assert time.monotonic() < deadline, info
+        time.sleep(0.05)
+
+
+def wait_metric(server, value: float, name: str, **labels: str) -> None:
+    deadline = time.monotonic() + 20
+    while metric(scrape(server), name, **labels) < value:
+        assert time.monotonic() < deadline, (name, labels, value)
+        time.sleep(0.05)
+
+
+def token_ids(choice) -> list[int]:
+    return list(choice.model_extra["token_ids"])
+
+
+def test_completion_non_streaming(client):
+    r = client.completions.create(model="tiny", prompt="The quick brown fox", max_tokens=7,
+                                  extra_body={"ignore_eos": True})
+    assert r.id.startswith("cmpl-")
+    assert r.object == "text_completion" and r.model == "tiny"
+    choice = r.choices[0]
+    assert choice.finish_reason == "length"
+    assert len(token_ids(choice)) == 7
+    assert r.usage.prompt_tokens == len(b"The quick brown fox")
+    assert r.usage.completion_tokens == 7 and r.usage.total_tokens == r.usage.prompt_tokens + 7
+
+
+def test_completion_streaming_exact_length_and_usage(client):
+    stream = client.completions.create(model="tiny", prompt=[5, 6, 7, 8, 9], max_tokens=12, stream=True,
+                                       stream_options={"include_usage": True},
+                                       extra_body={"ignore_eos": True, "min_tokens": 12})
+    chunks = list(stream)
+    content = [c for c in chunks if c.choices]
+    ids = [t for c in content for t in token_ids(c.choices[0])]
+    assert len(ids) == 12
+    assert all(len(token_ids(c.choices[0])) == 1 for c in content)  # one chunk per step
+    assert content[-1].choices[0].finish_reason == "length"
+    assert all(c.choices[0].finish_reason is None for c in content[:-1])
+    assert len({c.id for c in chunks}) == 1
+    usage = chunks[-1]
+    assert usage.choices == [] and usage.usage.completion_tokens == 12 and usage.usage.prompt_tokens == 5
+
+
+def test_chat_non_streaming(client):
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                       max_completion_tokens=5, extra_body={"ignore_eos": True})
+    assert r.id.startswith("chatcmpl-") and r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 5
+    assert r.usage.prompt_tokens == len(b"<|user|>\nhi\n<|assistant|>\n")
+
+
+def test_chat_streaming_role_first_then_content(client):
+    stream = client.chat.completions.create(model="tiny", messages=[{"role": "system", "content": "be brief"},
+                                                                    {"role": "user", "content": "hello"}],
+                                            max_tokens=6, stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    first = chunks[0].choices[0]
+    assert first.delta.role == "assistant" and not first.delta.content
+    content = [c for c in chunks[1:] if c.choices]
+    assert sum(len(token_ids(c.choices[0])) for c in content) == 6
+    assert content[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].usage.completion_tokens == 6
+
+
+def test_greedy_stream_matches_direct_engine(client):
+    prompt = [11, 42, 99, 7, 300, 123, 64, 5]
+    stream = client.completions.create(model="tiny", prompt=prompt, max_tokens=20, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    served = [t for c in stream for t in token_ids(c.choices[0])]
+    reference = create_engine(ENGINE).generate([prompt], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))
+    assert served == reference[0]
+
+
+def test_token_counters_move_by_tokens_served(server, client):
+    before = scrape(server)
+    served = 0
+    for n in (3, 9):
+        r = client.completions.create(model="tiny", prompt="count me", max_tokens=n, extra_body={"ignore_eos": True})
+        served += r.usage.completion_tokens
+    after = scrape(server)
+    gen = metric(after, "itlbench_generation_tokens_total") - metric(before, "itlbench_generation_tokens_total")
+    prompt = metric(after, "itlbench_prompt_tokens_total") - metric(before, "itlbench_prompt_tokens_total")
+    assert gen == served == 12
+    assert prompt == 2 * len(b"count me")
+    ok = "itlbench_request_success_total"
+    assert metric(after, ok, finished_reason="length") - metric(before, ok, finished_reason="length") == 2
+    assert metric(after, "itlbench_time_to_first_token_seconds_count") >= 2
+    assert metric(after, "itlbench_engine_config_info", chunk_budget="64", policy="budget", mixed="false",
+                  max_num_seqs="64", block_size="16", kv_blocks="256", device="cpu", dtype="float32",
+                  model="tiny") == 1.0
+
+
+async def _stream_lines(url: str, body: dict, keep: int | None = None,
+                        started: asyncio.Event | None = None) -> list[dict]:
+    """Stream a completion; with `keep`, close the connection after that many data events."""
+    events: list[dict] = []
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url, json=body) as resp:
+            assert resp.status == 200
+            async for raw in resp.content:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                events.append(json.loads(line[6:]))
+                if started is not None:
+                    started.set()
+                if keep is not None and len(events) >= keep:
+                    break
+    return events
+
+
+def test_mixed_step_counted_in_phase_histograms(server):
+    before = scrape(server)
+    url = f"{server.base_url}/completions"
+    long_decode = {"prompt": "a", "max_tokens": 900, "ignore_eos": True, "stream": True}
+    newcomer = {"prompt": "x" * 150, "max_tokens": 2, "ignore_eos": True, "stream": True}
+
+    async def scenario() -> None:
+        decoding = asyncio.Event()
+        decode = asyncio.create_task(_stream_lines(url, long_decode, started=decoding))
+        await decoding.wait()
+        await _stream_lines(url, newcomer)  # its prefill chunks share steps with the decode
+        decode.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await decode
+
+    aborts = metric(before, "itlbench_request_success_total", finished_reason="abort")
+    asyncio.run(scenario())
+    wait_metric(server, aborts + 1, "itlbench_request_success_total", finished_reason="abort")
+    after = scrape(server)
+    for phase in ("prefill", "decode", "mixed"):
+        name = "itlbench_engine_step_duration_seconds_count"
+        assert metric(after, name, phase=phase) > metric(before, name, phase=phase), phase
+        steps = "itlbench_engine_steps_total"
+        assert metric(after, steps, phase=phase) > metric(before, steps, phase=phase), phase
+    assert metric(after, "itlbench_engine_step_budget_used_ratio_count") > 0
+    assert metric(after, "itlbench_engine_step_prefill_tokens_sum") > metric(before, "itlbench_engine_step_prefill_tokens_sum")
+
+
+def test_client_disconnect_frees_kv_blocks(server):
+    url = f"{server.base_url}/completions"
+    body = {"prompt": "y" * 100, "max_tokens": 800, "ignore_eos": True, "stream": True}
+    aborts = metric(scrape(server), "itlbench_request_success_total", finished_reason="abort")
+    events = asyncio.run(_stream_lines(url, body, keep=2))
+    assert len(events) == 2
+    wait_metric(server, aborts + 1, "itlbench_request_success_total", finished_reason="abort")
+    info = wait_idle(server)
+    assert info["kv_usage"] == 0.0 and info["kv_free_blocks"] == info["kv_blocks"]
+    assert metric(scrape(server), "itlbench_request_success_total", finished_reason="abort") == aborts + 1
+    assert http(f"{server.url}/health").status_code == 200
+
+
+def test_steps_endpoint_ndjson(server, client):
+    last = http(f"{server.base_url}/engine").json()["last_step"]
+    client.completions.create(model="tiny", prompt="steps", max_tokens=3, extra_body={"ignore_eos": True})
+    resp = http(f"{server.base_url}/steps", params={"since": last + 1, "follow": 0})
+    assert resp.status_code == 200 and resp.headers["Content-Type"].startswith("application/x-ndjson")
+    records = [json.loads(line) for line in resp.text.splitlines()]
+    assert [r["step"] for r in records] == list(range(last + 1, last + 1 + len(records)))
+    assert len(records) == 3 and records[0]["phase"] == "prefill"
+    assert {"phase", "prefill_tokens", "decode_tokens", "start_ns", "end_ns", "kv_usage"} <= set(records[0])
+
+
+def test_steps_follow_streams_live_records(server, client):
+    since = http(f"{server.base_url}/engine").json()["last_step"] + 1
+
+    async def follow() -> list[dict]:
+        got: list[dict] = []
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{server.base_url}/steps", params={"since": since}) as resp:
+                gen = asyncio.create_task(asyncio.to_thread(
+                    client.completions.create, model="tiny", prompt="live", max_tokens=4,
+                    extra_body={"ignore_eos": True}))
+                async for line in resp.content:
+                    got.append(json.loads(line))
+                    if len(got) == 4:
+                        break
+                await gen
+        return got
+
+    records = asyncio.run(asyncio.wait_for(follow(), 20))
+    assert [r["step"] for r in records] == list(range(since, since + 4))
+
+
+def test_models_engine_and_health(server):
+    models = http(f"{server.base_url}/models").json()
+    assert [m["id"] for m in models["data"]] == ["tiny"]
+    info = http(f"{server.base_url}/engine").json()
+    assert info["engine"]["chunk_budget"] == 64 and info["model"]["name"] == "tiny"
+    assert info["device"] == "cpu" and info["max_model_len"] == 1024
+    assert http(f"{server.url}/health").json() == {"status": "ok"}
