@@ -51,7 +51,7 @@ for mod in triton flash_attn nvtx; do
   fi
 done
 # env, kernels, decode and prefill need torch and numpy only; the scenario drives `itlbench run`
-if ! "$PYTHON" -c "import aiohttp, polars, pyarrow, typer, rich, psutil" >/dev/null 2>&1; then
+if ! "$PYTHON" -c "import aiohttp, polars, typer, rich, psutil" >/dev/null 2>&1; then
   if [[ "${GPU_CHECK_INSTALL:-0}" == "1" && -z "$DRY_RUN" ]]; then
     echo "itlbench's dependencies missing: pip install -e . (at most 180 s)"
     timeout 180 "$PYTHON" -m pip install -e . >"$OUT_DIR/pip-itlbench.log" 2>&1 \

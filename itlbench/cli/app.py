@@ -7,6 +7,7 @@ from typing import NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from itlbench.cli.engine_options import ENGINE_FIELDS, flag_of
 from itlbench.errors import ConfigError
@@ -21,7 +22,7 @@ def fail(exc: Exception) -> NoReturn:
     """One line naming the flag or field and the fix, exit 2 (never a traceback)."""
     if isinstance(exc, ConfigError) and exc.field in ENGINE_FIELDS:
         exc = ConfigError(flag_of(exc.field), exc.problem, exc.fix)
-    console.print(f"[bold red]error:[/] {exc}", highlight=False)
+    console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)  # one line, at any width
     raise typer.Exit(2)
 
 

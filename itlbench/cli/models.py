@@ -12,6 +12,7 @@ from rich.console import Console
 
 from itlbench.cli.app import app, console, fail, finite
 from itlbench.errors import ConfigError, ItlbenchError
+from itlbench.serving.build import require_torch_engine
 
 
 @app.command()
@@ -41,6 +42,7 @@ def export_model_command(
     """Write a preset with the bundled engine's seeded weights and tokenizer, so the same model runs in
     the bundled engine, transformers, vLLM (hf) and llama.cpp (gguf)."""
     try:
+        require_torch_engine()  # the seeded weights are drawn by the torch model
         if format == "hf":
             from itlbench.export.hf import export_model
 

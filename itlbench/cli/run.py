@@ -11,7 +11,7 @@ from itlbench.cli.app import app, console, fail, write_report
 from itlbench.cli.engine_options import engine_config_from_flags, engine_options
 from itlbench.core.engine_config import EngineConfig
 from itlbench.errors import ItlbenchError
-from itlbench.serving.build import require_torch_engine
+from itlbench.serving.build import require_engine_for
 from itlbench.units import parse_duration_s
 
 OtlpEndpoint = Annotated[str | None, typer.Option(help="Export OpenTelemetry spans and GenAI metrics over OTLP/HTTP "
@@ -83,9 +83,9 @@ def run(
     from itlbench.report.terminal import LiveProgress, print_summary
 
     try:
-        if endpoint is None and engine_flags["engine"] == "torch":
-            require_torch_engine()
         engine = engine_config_from_flags(engine_flags, model=None if endpoint else model)
+        if endpoint is None:
+            require_engine_for(engine)
         seed = engine.seed
         check_sim(engine)
         cfg = RunConfig(workload=workload, inject=inject, inject_max_tokens=inject_max_tokens, streams=streams,

@@ -18,6 +18,7 @@ from itlbench.cli.engine_options import (
 from itlbench.cli.run import OtlpEndpoint, check_sim
 from itlbench.core.engine_config import EngineConfig
 from itlbench.errors import ConfigError, ItlbenchError
+from itlbench.serving.build import require_engine_for
 
 
 @app.command()
@@ -45,6 +46,7 @@ def serve(
         else:
             engine = engine_config_from_flags(engine_flags)
         check_sim(engine)
+        require_engine_for(engine)
         if max_body_mib <= 0:
             raise ConfigError("--max-body-mib", f"must be > 0, got {max_body_mib}")
         if otlp_endpoint is not None:

@@ -11,6 +11,7 @@ import typer
 from itlbench.cli.app import app, console, fail
 from itlbench.cli.engine_options import engine_config_from_flags, engine_options
 from itlbench.errors import ItlbenchError
+from itlbench.serving.build import require_engine_for
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -80,9 +81,12 @@ def phases(
     from itlbench.experiments.phases import PhasesConfig, run_phases
 
     try:
+        engine = None if endpoint else engine_config_from_flags(engine_flags, model=model)
+        if engine is not None:
+            require_engine_for(engine)
         cfg = PhasesConfig(endpoint=endpoint, model=model, api_key=api_key, lengths=lengths, max_prompt=max_prompt,
                            concurrency=concurrency, output_tokens=output_tokens, repeats=repeats,
-                           engine=None if endpoint else engine_config_from_flags(engine_flags, model=model),
+                           engine=engine,
                            out=out, seed=engine_flags["seed"])
         written = run_phases(cfg, on_status=lambda s: console.print(f"[dim]{s}[/]"))
     except ItlbenchError as exc:

@@ -81,7 +81,7 @@ def _hardware() -> dict[str, Any]:
     return info
 
 
-VERSIONED = ("itlbench", "torch", "aiohttp", "polars", "pyarrow", "numpy", "prometheus-client", "uvloop")
+VERSIONED = ("itlbench", "torch", "aiohttp", "polars", "numpy", "prometheus-client", "uvloop")
 
 
 def _versions() -> dict[str, str | None]:
@@ -323,9 +323,10 @@ def _preflight(cfg: RunConfig) -> None:
                           f"max_position_embeddings={model.max_position_embeddings}",
                           f"use at most {model.max_position_embeddings}")
     max_len = cfg.engine.max_model_len or model.max_position_embeddings
-    from itlbench.engine.attention import preflight as attention_preflight
+    if cfg.engine.engine != "sim":  # the simulator has no kernels to check, and may run without torch
+        from itlbench.engine.attention import preflight as attention_preflight
 
-    attention_preflight(cfg.engine)  # e.g. --attention flash where flash-attn is missing
+        attention_preflight(cfg.engine)  # e.g. --attention flash where flash-attn is missing
     conn = Connection(target=None, max_model_len=max_len, vocab_size=model.vocab_size,  # type: ignore[arg-type]
                       steps_url=None, metrics_url=None)
     build_load_plan(_load_spec(cfg, conn))

@@ -41,6 +41,12 @@ def torch_engine_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
+def require_engine_for(config: EngineConfig) -> None:
+    """Refuse up front, in one line, a config whose engine is not installed (the simulator always is)."""
+    if config.engine != "sim":
+        require_torch_engine()
+
+
 def require_torch_engine() -> None:
     """The bundled torch engine needs the `engine` extra; say so in one line instead of an ImportError."""
     if not torch_engine_available():
