@@ -23,7 +23,7 @@ from typing import Any
 DS = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
 RI = "$__rate_interval"
 SCHEMA_VERSION = 39
-OUT_DIR = Path(__file__).resolve().parents[2] / "dashboards"
+OUT_DIR = Path("dashboards")  # relative to where it runs (the repository root), never inside the installed package
 PREFIXES = ("itlbench_", "vllm:", "sglang:")
 ENGINE = 'model_name=~"$model_name"'
 TOKS = "suffix: tok/s"
@@ -338,7 +338,7 @@ def generate() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=OUT_DIR)
+    p.add_argument("--out", type=Path, default=OUT_DIR, help="directory to write (default: ./dashboards)")
     p.add_argument("--check", action="store_true", help="fail if the files differ from what would be written")
     a = p.parse_args(argv)
     stale = []

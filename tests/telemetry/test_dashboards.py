@@ -15,15 +15,22 @@ from typing import Any
 
 import yaml
 
-from itlbench.telemetry.dashboards import OUT_DIR, PREFIXES, generate
+from itlbench.telemetry.dashboards import PREFIXES, generate, main
 from tests.support.dashboards import BUILTIN_VARIABLES, ROOT, VAR_RE, dashboards, substitute, targets
 
 
 def test_committed_dashboards_are_what_the_generator_writes() -> None:
-    assert OUT_DIR == ROOT / "dashboards"
     for name, text in generate().items():
         assert (ROOT / "dashboards" / name).read_text() == text, \
             f"dashboards/{name} is stale: run `python -m itlbench.telemetry.dashboards`"
+
+
+def test_the_generator_writes_where_it_runs_and_checks_staleness(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["--check"]) == 1  # nothing written here yet
+    assert main([]) == 0
+    assert sorted(p.name for p in (tmp_path / "dashboards").iterdir()) == sorted(generate())
+    assert main(["--check"]) == 0
 
 
 def test_structure_uids_ids_targets_units() -> None:
