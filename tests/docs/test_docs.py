@@ -125,6 +125,21 @@ def test_every_documented_command_is_one_the_cli_accepts() -> None:
         assert result.exit_code == 0, f"itlbench {name} --help: {result.output}"
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "itlbench/cli/engine_options.py replaces a command's signature with inspect.signature(fn) (no eval_str), "
+    "so under `from __future__ import annotations` typer sees the command's own options as strings and drops "
+    "their typer.Option: run, serve and phases lose every own option's help (and ITLBENCH_API_KEY). "
+    "Fix: inspect.signature(fn, eval_str=True); then remove this marker."))
+def test_every_option_in_the_reference_says_what_it_does() -> None:
+    """The generated CLI reference is only as good as the help texts: none may be empty."""
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    missing = {name: [p.opts[0] for p in cmd.params if not getattr(p, "help", None)] for name, cmd in commands.items()}
+    assert not {k: v for k, v in missing.items() if v}, f"options without help: {missing}"
+    for name in ("run", "serve", "phases"):
+        key = next(p for p in commands[name].params if p.name == "api_key")
+        assert key.envvar == "ITLBENCH_API_KEY", f"itlbench {name} --api-key does not read ITLBENCH_API_KEY"
+
+
 def test_every_flag_named_in_prose_exists() -> None:
     """An inline span that starts with a flag (`--torch-threads N`) names an itlbench flag."""
     known = set().union(*cli_options().values())
