@@ -68,7 +68,7 @@ def engine_options(*, exclude: Iterable[str] = (), only: Iterable[str] | None = 
     overrides = defaults or {}
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        sig = inspect.signature(fn)
+        sig = inspect.signature(fn, eval_str=True)
         own = [p for p in sig.parameters.values() if p.name != "engine_flags"]
         extra = [_parameter(n, overrides.get(n, _field_default(n))) for n in names]
 

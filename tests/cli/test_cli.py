@@ -83,3 +83,15 @@ def test_analyze_rejects_a_directory_without_run_json(tmp_path):
 def test_frame_keeps_the_schema_for_partial_rows():
     df = frame("requests", [{"request_id": "a"}])
     assert df["status"].to_list() == [None] and df.schema["scheduled_ns"].is_integer()
+
+
+def test_commands_keep_their_own_options_settings_beside_the_engine_flags():
+    """engine_options rewrites a command's signature; its own typer.Option settings (help, envvar) survive."""
+    import typer as _typer
+
+    from itlbench.cli import app as _app
+
+    commands = _typer.main.get_command(_app).commands  # type: ignore[attr-defined]
+    for name in ("run", "phases"):
+        key = next(p for p in commands[name].params if p.name == "api_key")
+        assert key.envvar == "ITLBENCH_API_KEY" and key.help, name

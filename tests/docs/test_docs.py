@@ -125,11 +125,6 @@ def test_every_documented_command_is_one_the_cli_accepts() -> None:
         assert result.exit_code == 0, f"itlbench {name} --help: {result.output}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "itlbench/cli/engine_options.py replaces a command's signature with inspect.signature(fn) (no eval_str), "
-    "so under `from __future__ import annotations` typer sees the command's own options as strings and drops "
-    "their typer.Option: run, serve and phases lose every own option's help (and ITLBENCH_API_KEY). "
-    "Fix: inspect.signature(fn, eval_str=True); then remove this marker."))
 def test_every_option_in_the_reference_says_what_it_does() -> None:
     """The generated CLI reference is only as good as the help texts: none may be empty."""
     commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
