@@ -15,7 +15,7 @@ Client CPU per chunk is measured in a steady window (the middle 80 % of sends af
 started) from CPU samples of the client process every 20 ms, the same way for itlbench's readers
 and for `vllm bench serve` (run from the peer venv when present) on the same load.
 
-    flock /work/wt/bench.lock python benchmarks/client_fidelity.py --concurrency 100,500 --duration 6
+    flock /tmp/itlbench-bench.lock python benchmarks/client_fidelity.py --concurrency 100,500 --duration 6
     python benchmarks/client_fidelity.py --driver locust --workers 2   # Locust too, same streams
 
 With `--driver locust` every concurrency also runs through Locust (master + `--workers` worker
@@ -57,8 +57,8 @@ from itlbench.rundir.store import RunStore  # noqa: E402
 from itlbench.testing.paced_server import PacedConfig, spawn  # noqa: E402
 from itlbench.workloads.plan import LoadPlan, RequestPlan  # noqa: E402
 
-VLLM_VENV = Path(os.environ.get("ITLBENCH_VLLM_VENV", "/work/peers/vllm-venv"))
-VLLM_TOKENIZER = Path(os.environ.get("ITLBENCH_VLLM_TOKENIZER", "/work/peers/models/cpu-small"))
+VLLM_VENV = Path(os.environ.get("ITLBENCH_VLLM_VENV", "~/peers/vllm-venv")).expanduser()
+VLLM_TOKENIZER = Path(os.environ.get("ITLBENCH_VLLM_TOKENIZER", "~/peers/models/cpu-small")).expanduser()
 
 
 def _stream(k: int, tokens: int):

@@ -48,7 +48,7 @@ from itlbench.harness.orchestrate import run_load_test  # noqa: E402
 from itlbench.harness.run_config import RunConfig  # noqa: E402
 from itlbench.system.malloc import reexec_with_malloc_tunables  # noqa: E402
 
-DEFAULT_MODEL_DIR = Path("/work/peers/models/cpu-small")
+DEFAULT_MODEL_DIR = (Path.home() / "peers/models/cpu-small")
 PREFILL_PROBE_TOKENS = 4096
 
 

@@ -6,7 +6,7 @@ Sections:
   (decode, prefill, chunk after a prefix, mixed; GQA 1/4/8; blocks 16 and 256), plus a timing each.
 - decode: Llama-3.1-8B (dummy weights, bf16) decode steps at batch 1 and 32, context 2048, per
   backend with and without CUDA graphs, against the HBM floor (weights + K/V read once per step).
-- prefill: one unchunked prefill of 2k and of 32k tokens per backend; MFU from the seeds' FLOP count.
+- prefill: one unchunked prefill of 2k and of 32k tokens per backend; MFU from the source documents' FLOP count.
 - scenario: `itlbench run`, 32 chat streams, one 32k injection, unchunked vs budget 2048: ITL p99 and
   worst gap, the stall, the injected TTFT.
 
@@ -47,7 +47,7 @@ from itlbench.engine.attention import flash, make_backend, triton_backend  # noq
 from itlbench.engine.attention.cases import make_case, run_backend  # noqa: E402
 from itlbench.serving.build import create_engine  # noqa: E402
 
-# Dense bf16 tensor-core peak and HBM bandwidth by device name (vendor data sheets; the seeds use H100 SXM).
+# Dense bf16 tensor-core peak and HBM bandwidth by device name (vendor data sheets; the source documents use H100 SXM).
 GPU_SPECS = {  # substring of torch.cuda.get_device_name() -> (FLOP/s, bytes/s)
     "H200": (989e12, 4.8e12),
     "H100 PCIe": (756e12, 2.0e12),
@@ -278,7 +278,7 @@ def run_decode(s: Setup, engine: Engine, batch: int) -> tuple[float, bool, list[
 
 
 def section_decode(s: Setup, nominal_bandwidth: float | None) -> dict:
-    """The floor uses the data-sheet bandwidth as the seeds do (weights / 3.35 TB/s = 4.8 ms on H100);
+    """The floor uses the data-sheet bandwidth as the source documents do (weights / 3.35 TB/s = 4.8 ms on H100);
     where the device is not in GPU_SPECS, the measured copy bandwidth."""
     measured = measured_bandwidth(s.device, 0.25 if s.dry_run else 2.0)
     bw = nominal_bandwidth or measured
@@ -315,7 +315,7 @@ def section_decode(s: Setup, nominal_bandwidth: float | None) -> dict:
 
 
 def prefill_flops(m: ModelConfig, tokens: int) -> float:
-    """The seeds' count: 2·P·T for the weight GEMMs plus 2·L·d·T² for causal attention (QKᵀ and PV)."""
+    """The source documents' count: 2·P·T for the weight GEMMs plus 2·L·d·T² for causal attention (QKᵀ and PV)."""
     return 2 * m.num_params * tokens + 2 * m.num_layers * m.num_heads * m.head_dim * tokens ** 2
 
 
@@ -348,7 +348,7 @@ def section_prefill(s: Setup, peak: float | None) -> dict:
     return {"peak_flops": peak, "rows": rows}
 
 
-# ----------------------------------------------------------------- the seeds' scenario
+# ----------------------------------------------------------------- the source documents' scenario
 
 
 def section_scenario(s: Setup, out_dir: Path) -> dict:

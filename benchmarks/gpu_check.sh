@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA engine's check on one GPU (H100/H200; about 5 minutes, at most 7.6): kernel correctness vs
-# SDPA, Llama-3.1-8B decode steps vs the HBM floor, prefill MFU at 2k and 32k, and the seeds'
+# SDPA, Llama-3.1-8B decode steps vs the HBM floor, prefill MFU at 2k and 32k, and the source documents'
 # scenario (32 streams, one 32k injection, unchunked vs budget 2048). Prints each section and writes
 # every figure to $OUT_DIR/gpu_check.json.
 #

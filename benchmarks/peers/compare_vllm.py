@@ -8,14 +8,14 @@ thread is bound to core 0) and keeps the other for its API server and the client
 engine is given one torch thread too (OMP_NUM_THREADS=1). Each run gets a fresh prompt salt, so the
 repeats against one long-lived vLLM server measure prefill, not its prefix cache.
 
-    python -m benchmarks.peers.compare_vllm /work/peers/models/cpu-small --out /work/peers/runs/compare \\
+    python -m benchmarks.peers.compare_vllm ~/peers/models/cpu-small --out ~/peers/runs/compare \\
         --report reports/vllm-cpu/README.md
-    python -m benchmarks.peers.compare_vllm --render /work/peers/runs/compare --report ...  # table only
+    python -m benchmarks.peers.compare_vllm --render ~/peers/runs/compare --report ...  # table only
 
 `--client-nice -10` gives each client (not the engines: vLLM and the bundled server run in sessions of
 their own) ten times the CPU weight, so that the client's loop is not starved of a CPU by the engine
 it measures (see benchmarks/peers/scrape_effect.py). Take it under the bench lock
-(`flock /work/wt/bench.lock ...`); each row records the load average.
+(`flock /tmp/itlbench-bench.lock ...`); each row records the load average.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Both servers load one `itlbench export-model` directory; the same token-id prompts go through each
 server's /v1/completions (temperature 0, ignore_eos), and the generated ids are compared.
 
-    python -m benchmarks.peers.greedy_parity /work/peers/models/cpu-small --lens 6,100,1000,5000
+    python -m benchmarks.peers.greedy_parity ~/peers/models/cpu-small --lens 6,100,1000,5000
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ cache, token ids returned) and the bundled engine's /v1/completions, and the gen
 With --logprobs, llama.cpp's top-5 logprobs at each generated position are also checked against
 transformers' LlamaForCausalLM on the export directory (teacher-forced on llama.cpp's tokens).
 
-    python -m benchmarks.peers.greedy_parity_llamacpp /work/peers/models/cpu-small.gguf \
-        /work/peers/models/cpu-small --lens 6,100,1000,3000
+    python -m benchmarks.peers.greedy_parity_llamacpp ~/peers/models/cpu-small.gguf \
+        ~/peers/models/cpu-small --lens 6,100,1000,3000
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@
 # - AIPerf does not need torch.
 set -euo pipefail
 
-ROOT=${1:-/work/peers}
+ROOT=${1:-$HOME/peers}
 PYTHON=${PYTHON:-python3}
 AIPERF_VERSION=${AIPERF_VERSION:-0.13.0}
 GUIDELLM_VERSION=${GUIDELLM_VERSION:-0.8.1}

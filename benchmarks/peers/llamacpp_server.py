@@ -7,7 +7,7 @@ same shape, weights and tokenizer:
 
     from benchmarks.peers.llamacpp_server import LlamaCppConfig, LlamaCppServer
 
-    with LlamaCppServer(LlamaCppConfig(model_path=Path("/work/peers/models/cpu-small.gguf"))) as srv:
+    with LlamaCppServer(LlamaCppConfig(model_path=(Path.home() / "peers/models/cpu-small.gguf"))) as srv:
         srv.base_url     # "http://127.0.0.1:PORT/v1", for `itlbench run --endpoint`
         srv.model        # served model name (default: the file's stem), for `--model`
         srv.startup_s    # seconds from launch until /health answered 200
@@ -49,12 +49,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DEFAULT_CACHE = Path("/work/peers/llama.cpp")
+DEFAULT_CACHE = (Path.home() / "peers/llama.cpp")
 BIN_ENV = "ITLBENCH_LLAMACPP_BIN"
 
 
 def default_binary() -> Path:
-    """$ITLBENCH_LLAMACPP_BIN, else /work/peers/llama.cpp/bin/llama-server."""
+    """$ITLBENCH_LLAMACPP_BIN, else ~/peers/llama.cpp/bin/llama-server."""
     return Path(os.environ.get(BIN_ENV) or DEFAULT_CACHE / "bin" / "llama-server")
 
 

@@ -8,7 +8,7 @@
 #   HARNESSES      any of "vllm aiperf guidellm" (default: all three)
 # Results: OUT_DIR/vllm-bench/result.json, OUT_DIR/aiperf/ (profile_export*.json[l]),
 # OUT_DIR/guidellm/benchmarks.json; each harness's console output in OUT_DIR/<harness>.log.
-# Venvs: $VLLM_VENV, $AIPERF_VENV, $GUIDELLM_VENV (defaults under /work/peers; see
+# Venvs: $VLLM_VENV, $AIPERF_VENV, $GUIDELLM_VENV (defaults under $HOME/peers; see
 # install_vllm.sh and install_harnesses.sh).
 set -euo pipefail
 
@@ -19,9 +19,9 @@ fi
 URL=$1 MODEL=$2 TOK=$3 OUT=$4
 STREAMS=${5:-4} ISL=${6:-128} OSL=${7:-64} N=${8:-16}
 HARNESSES=${9:-"vllm aiperf guidellm"}
-VLLM_VENV=${VLLM_VENV:-/work/peers/vllm-venv}
-AIPERF_VENV=${AIPERF_VENV:-/work/peers/aiperf-venv}
-GUIDELLM_VENV=${GUIDELLM_VENV:-/work/peers/guidellm-venv}
+VLLM_VENV=${VLLM_VENV:-$HOME/peers/vllm-venv}
+AIPERF_VENV=${AIPERF_VENV:-$HOME/peers/aiperf-venv}
+GUIDELLM_VENV=${GUIDELLM_VENV:-$HOME/peers/guidellm-venv}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 

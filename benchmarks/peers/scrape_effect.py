@@ -11,12 +11,12 @@ Linux the loop thread's run-queue wait in them), the pause time that falls withi
 scrape began against what the run's overall pause rate predicts for that much time, and ITL p99;
 and draws the pauses of one run of each client on one time axis with the scrapes marked.
 
-    python -m benchmarks.peers.scrape_effect /work/peers/models/cpu-small --old-tree /tmp/old \\
-        --out /work/peers/runs/scrape-effect --figure reports/vllm-cpu/scrape-effect.png
+    python -m benchmarks.peers.scrape_effect ~/peers/models/cpu-small --old-tree /tmp/old \\
+        --out ~/peers/runs/scrape-effect --figure docs/img/scrape-effect.png
 
 `--client-nice -10` runs each client in a scheduler autogroup of its own with ten times the CPU weight
 (root only): the pauses are then the ones the client or the scrapes cause, not the ones it suffers
-waiting for a CPU. Take it under the bench lock (`flock /work/wt/bench.lock ...`); it says how busy
+waiting for a CPU. Take it under the bench lock (`flock /tmp/itlbench-bench.lock ...`); it says how busy
 the box was.
 """
 

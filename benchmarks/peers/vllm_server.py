@@ -6,7 +6,7 @@ engine serve the same shape, weights and tokenizer:
 
     from benchmarks.peers.vllm_server import VllmConfig, VllmServer
 
-    with VllmServer(VllmConfig(model_dir=Path("/work/peers/models/cpu-small"), chunk_budget=2048)) as srv:
+    with VllmServer(VllmConfig(model_dir=(Path.home() / "peers/models/cpu-small"), chunk_budget=2048)) as srv:
         srv.base_url     # "http://127.0.0.1:PORT/v1", for `itlbench run --endpoint`
         srv.model        # served model name (default: the directory's name), for `--model`
         srv.startup_s    # seconds from launch until /health answered 200
@@ -15,7 +15,7 @@ engine serve the same shape, weights and tokenizer:
 `chunk_budget` maps to `--max-num-batched-tokens N`; None serves unchunked
 (`--no-enable-chunked-prefill`, with the step budget raised to max_model_len so a whole prompt fits).
 The server loads the exported safetensors (load_format "auto"); "dummy" gives vLLM's own random
-weights. The venv comes from `VllmConfig.venv`, else $ITLBENCH_VLLM_VENV, else /work/peers/vllm-venv.
+weights. The venv comes from `VllmConfig.venv`, else $ITLBENCH_VLLM_VENV, else ~/peers/vllm-venv.
 Start-up takes 1-2 minutes on a 2-core box (model compile and warmup); the engine process busy-polls
 a core while it runs. The server's output goes to `log_path` (a temporary file unless given).
 
@@ -37,7 +37,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DEFAULT_VENV = Path("/work/peers/vllm-venv")
+DEFAULT_VENV = (Path.home() / "peers/vllm-venv")
 VENV_ENV = "ITLBENCH_VLLM_VENV"
 
 

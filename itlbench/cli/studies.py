@@ -77,7 +77,7 @@ def phases(
     out: Annotated[Path | None, typer.Option(help="Output directory (default reports/<time>-phases).")] = None,
     engine_flags: dict | None = None,
 ) -> None:
-    """Prefill and decode measured apart (the seeds' exercise A): time and tokens/s per prompt length."""
+    """Prefill and decode measured apart (the source documents' exercise A): time and tokens/s per prompt length."""
     from itlbench.experiments.phases import PhasesConfig, run_phases
 
     try:

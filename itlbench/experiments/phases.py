@@ -1,10 +1,10 @@
-"""`itlbench phases`: prefill and decode measured apart, the seeds' exercise A as one command.
+"""`itlbench phases`: prefill and decode measured apart, the source documents' exercise A as one command.
 
 For each prompt length (1, 16, 128, 512, 2k, 8k, … ×4 up to the context) a few requests are sent one
 at a time: TTFT ≈ the prefill of the whole prompt, the gaps after it ≈ one decode step at batch 1.
 Then `concurrency` requests decode together for the batched step time. Against an itlbench engine
 (the bundled one by default) the engine's own step log gives the prefill and decode step times
-besides the client's; an external endpoint gets the client's view only, as in the seeds' Go program.
+besides the client's; an external endpoint gets the client's view only, as in the source documents' Go program.
 Prefill is unchunked by default so one prompt is one forward pass.
 
 Two lengths are read off the table: where prefill throughput saturates (tokens/s reaches 90 % of its

@@ -16,7 +16,7 @@ Llama graph:
   special tokens marked as control tokens, and neither BOS nor EOS added to prompts (as the
   exported tokenizer_config.json says).
 
-    python -m itlbench.export_gguf cpu-small /work/peers/models/cpu-small.gguf
+    itlbench export-model --format gguf cpu-small ~/peers/models/cpu-small.gguf
 """
 
 from __future__ import annotations

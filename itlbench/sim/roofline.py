@@ -4,20 +4,20 @@ A step is summarised by four token counts (`StepShape`) that the scheduler's chu
 rows computed, rows that sample (go through the LM head), cached context tokens read, and causal
 query-key pairs attended. Every cost term is linear in them:
 
-- weight GEMMs: 2 FLOPs per weight per row (the seeds' "2P per token");
+- weight GEMMs: 2 FLOPs per weight per row (the source documents' "2P per token");
 - attention: QKᵀ and PV cost 4 · L · h · d_h FLOPs per query-key pair; a chunk of n rows after a
   prefix of p cached tokens attends n·p + n(n+1)/2 pairs (quadratic in prefill, linear in decode);
 - bytes: the weights once per step, the K/V of every cached context token read, the new rows' K/V
-  written (activations are ignored, as in the seeds' whole-model arithmetic).
+  written (activations are ignored, as in the source documents' whole-model arithmetic).
 
 Step time = max(compute / (peak × efficiency), bytes / (bandwidth × efficiency)) + a fixed
 per-step overhead (plus one per scheduled sequence), with separate efficiencies for GEMMs and
 attention.
 
-Two counting conventions: "textbook" is the seeds' (2P per row with P including both embedding
+Two counting conventions: "textbook" is the source documents' (2P per row with P including both embedding
 tables, the LM head applied to every row); "executed" is what the bundled engine runs (embedding
 rows gathered, not multiplied; the LM head only on rows that sample). Calibrated profiles use
-"executed"; the GPU presets use "textbook" so the seeds' figures come out of them unchanged.
+"executed"; the GPU presets use "textbook" so the source documents' figures come out of them unchanged.
 Torch-free on purpose: the simulator and the CLI import it.
 """
 
@@ -111,31 +111,31 @@ class Hardware:
 
 
 # Vendor datasheet figures: dense (non-sparse) BF16 tensor-core rate, memory bandwidth, capacity.
-# Efficiencies are the seeds' illustrative ones (40 % of peak in compute, 80 % of bandwidth): they
+# Efficiencies are the source documents' illustrative ones (40 % of peak in compute, 80 % of bandwidth): they
 # give their 2.04 s for a 32k prefill and 9.2 ms for a batch-32 decode step of Llama-3-8B on an H100.
 # `itlbench calibrate` replaces them with fitted ones.
-_SEEDS_EFF = "efficiencies: the seeds' illustrative 40 % of peak compute, 80 % of bandwidth"
+_SOURCE_EFF = "efficiencies: the source documents' illustrative 40 % of peak compute, 80 % of bandwidth"
 GPUS: dict[str, Hardware] = {
     "h100": Hardware(
         "h100", "H100 SXM", 989e12, 3.35e12, 80e9,
         source="NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 1,979 TFLOPS with sparsity "
-               "(989 dense), 3.35 TB/s HBM3, 80 GB; " + _SEEDS_EFF),
+               "(989 dense), 3.35 TB/s HBM3, 80 GB; " + _SOURCE_EFF),
     "h200": Hardware(
         "h200", "H200 SXM", 989e12, 4.8e12, 141e9,
         source="NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 TFLOPS with sparsity "
-               "(989 dense), 4.8 TB/s HBM3e, 141 GB; " + _SEEDS_EFF),
+               "(989 dense), 4.8 TB/s HBM3e, 141 GB; " + _SOURCE_EFF),
     "a100": Hardware(
         "a100", "A100 80GB SXM", 312e12, 2.039e12, 80e9,
         source="NVIDIA A100 Tensor Core GPU datasheet (80GB SXM): BF16 312 TFLOPS dense "
-               "(624 with sparsity), 2,039 GB/s HBM2e, 80 GB; " + _SEEDS_EFF),
+               "(624 with sparsity), 2,039 GB/s HBM2e, 80 GB; " + _SOURCE_EFF),
     "l40s": Hardware(
         "l40s", "L40S", 362.05e12, 864e9, 48e9,
         source="NVIDIA L40S datasheet: BF16 362.05 TFLOPS dense (733 with sparsity), "
-               "864 GB/s GDDR6, 48 GB; " + _SEEDS_EFF),
+               "864 GB/s GDDR6, 48 GB; " + _SOURCE_EFF),
     "rtx4090": Hardware(
         "rtx4090", "RTX 4090", 165.2e12, 1.008e12, 24e9,
         source="NVIDIA Ada Lovelace architecture whitepaper (GeForce RTX 4090): BF16 tensor with FP32 "
-               "accumulate 165.2 TFLOPS dense (330.4 with sparsity), 1,008 GB/s GDDR6X, 24 GB; " + _SEEDS_EFF),
+               "accumulate 165.2 TFLOPS dense (330.4 with sparsity), 1,008 GB/s GDDR6X, 24 GB; " + _SOURCE_EFF),
 }
 _ALIASES = {"h100-sxm": "h100", "h100sxm": "h100", "h200-sxm": "h200", "a100-80gb": "a100", "a100-80g": "a100",
             "4090": "rtx4090", "rtx-4090": "rtx4090"}

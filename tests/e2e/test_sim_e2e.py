@@ -1,4 +1,4 @@
-"""The seeds' scenario end to end on any box: `itlbench run --engine sim` on a simulated H100."""
+"""The source documents' scenario end to end on any box: `itlbench run --engine sim` on a simulated H100."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_unchunked_32k_prefill_stalls_every_stream_for_seconds(runs: dict) -> No
     worst = summary["stalls"]["worst_s"] * SCALE
     prefill = CostModel.for_hardware(PRESETS["llama-3.1-8b"], GPUS["h100"]).step_seconds(StepShape.prefill(32768),
                                                                                          GPUS["h100"])
-    assert prefill > 2.0 and worst >= 0.95 * prefill  # the seeds' ≈ 2 s stall, multi-second
+    assert prefill > 2.0 and worst >= 0.95 * prefill  # the source documents' ≈ 2 s stall, multi-second
     steps = pl.read_parquet(run_dir / "steps/*.parquet")
     biggest = steps.sort("prefill_tokens").tail(1)
     assert biggest["prefill_tokens"][0] >= 32768 and biggest["attention_pairs"][0] >= 32768 * 32769 // 2

@@ -118,7 +118,7 @@ def test_kv_pool_sized_from_free_device_memory() -> None:
     cfg = EngineConfig(model=model.name, chunk_budget=2048, max_num_seqs=64, gpu_memory_fraction=0.9)
     free = 120 * GIB
     block_bytes = model.kv_bytes_per_token(2) * 16
-    assert block_bytes == 131_072 * 16  # the seeds' 128 KiB per token
+    assert block_bytes == 131_072 * 16  # the source documents' 128 KiB per token
     want = int((free * 0.9 - CUDA_RESERVE_BYTES - activation_bytes(model, 2048, 2)) // block_bytes)
     assert num_kv_blocks(cfg, model, 131_072, 2, 16, free) == want
     # unchunked: one step may carry a whole max_model_len prompt, so more is held back

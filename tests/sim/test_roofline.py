@@ -1,4 +1,4 @@
-"""Roofline cost model: the seeds' arithmetic from the config, executed FLOPs against torch's counter."""
+"""Roofline cost model: the source documents' arithmetic from the config, executed FLOPs against torch's counter."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ H100 = GPUS["h100"]
 
 
 def sig3(x: float) -> float:
-    """Round to three significant digits, the precision the seeds quote."""
+    """Round to three significant digits, the precision the source documents quote."""
     return float(f"{x:.3g}")
 
 
@@ -31,7 +31,7 @@ def cm() -> CostModel:
 
 def test_model_size_and_kv_bytes_come_from_the_config(cm: CostModel) -> None:
     assert sig3(cm.params) == 8.03e9
-    assert sig3(cm.weight_bytes) == 16.1e9  # the seeds' 16.06 GB
+    assert sig3(cm.weight_bytes) == 16.1e9  # the source documents' 16.06 GB
     assert cm.kv_bytes_per_token == 131_072  # 2 · 32 layers · 8 KV heads · 128 · 2 bytes = 128 KiB
 
 
@@ -48,11 +48,11 @@ def test_ridge_and_weight_gemm_ridge() -> None:
 def test_prefill_2k_and_32k(cm: CostModel) -> None:
     c = cm.cost(StepShape.prefill(2048))
     assert (sig3(c.flops / 1e12), sig3(c.gemm_flops / 1e12), sig3(c.attn_flops / 1e12)) == (34.0, 32.9, 1.10)
-    assert sig3(c.intensity) == 2080  # the seeds' 2,082 to three digits
+    assert sig3(c.intensity) == 2080  # the source documents' 2,082 to three digits
     assert round(c.intensity) == 2082
     c = cm.cost(StepShape.prefill(32768))
     assert sig3(c.flops / 1e12) == 808
-    assert c.attn_flops / 1e12 == pytest.approx(282, abs=0.55)  # 281.5: the seeds' 808 − 526 = 282
+    assert c.attn_flops / 1e12 == pytest.approx(282, abs=0.55)  # 281.5: the source documents' 808 − 526 = 282
     assert cm.time(StepShape.prefill(32768), H100).bound == "compute"
 
 
@@ -60,29 +60,29 @@ def test_decode_batch_32_and_batch_1(cm: CostModel) -> None:
     c = cm.cost(StepShape.decode(32, 2048))
     assert sig3(c.intensity) == 22.2
     achievable = min(H100.peak_flops, H100.mem_bw * c.intensity)
-    assert achievable == pytest.approx(74e12, rel=0.01)  # the seeds' 74 TFLOP/s
+    assert achievable == pytest.approx(74e12, rel=0.01)  # the source documents' 74 TFLOP/s
     assert achievable / H100.peak_flops == pytest.approx(0.075, abs=0.0005)  # 7.5 % of peak
     one = StepShape.decode(1, 2048)
     assert sig3(cm.cost(one).flops / 1e9) == 17.1
     at_peak = H100.with_(gemm_eff=1.0, attn_eff=1.0, mem_eff=1.0)
-    assert sig3(cm.step_seconds(one, at_peak) * 1e3) == 4.87  # the seeds' 4.9 ms
+    assert sig3(cm.step_seconds(one, at_peak) * 1e3) == 4.87  # the source documents' 4.9 ms
     assert cm.time(one, at_peak).bound == "memory"
 
 
 def test_itl_floor_and_crossover(cm: CostModel) -> None:
-    assert sig3(cm.weight_bytes / H100.mem_bw * 1e3) == 4.79  # the seeds' 4.8 ms
+    assert sig3(cm.weight_bytes / H100.mem_bw * 1e3) == 4.79  # the source documents' 4.8 ms
     crossover = cm.crossover_tokens(H100.ridge)
     assert cm.cost(StepShape.prefill(math.ceil(crossover))).intensity >= H100.ridge
     assert cm.cost(StepShape.prefill(math.floor(crossover))).intensity < H100.ridge
-    assert 290 < crossover < 300  # the seeds' ≈ 296 (which ignores attention and KV writes)
+    assert 290 < crossover < 300  # the source documents' ≈ 296 (which ignores attention and KV writes)
 
 
-def test_the_seeds_stall_and_decode_step_at_their_efficiencies(cm: CostModel) -> None:
+def test_the_source_documents_stall_and_decode_step_at_their_efficiencies(cm: CostModel) -> None:
     """40 % of peak compute, 80 % of bandwidth: a 32k prefill of ≈ 2.04 s against 9.2 ms decode steps."""
     stall = cm.step_seconds(StepShape.prefill(32768), H100)
     step = cm.step_seconds(StepShape.decode(32, 2048), H100)
     assert (sig3(stall), sig3(step * 1e3)) == (2.04, 9.20)
-    assert round(stall / step) == 222  # the seeds' "222-fold"
+    assert round(stall / step) == 222  # the source documents' "222-fold"
 
 
 def test_gqa_tied_embeddings_and_executed_counting() -> None:

@@ -118,7 +118,7 @@ def test_sim_engine_needs_no_torch_and_allocates_no_weights() -> None:
             "r = e.step_log.since(0)[0]\n"
             "print(round(r.duration_s, 2), 'torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["2.04", "False"]  # the seeds' 32k prefill on an H100, computed without torch
+    assert out == ["2.04", "False"]  # the source documents' 32k prefill on an H100, computed without torch
 
 
 def test_sim_sizes_the_kv_cache_from_device_memory() -> None:

@@ -17,7 +17,7 @@ H100 = GPUS["h100"]
 
 
 def scenario(streams: int = 32, long_prompt: int = 32768) -> list[tuple[int, list[int], SamplingParams]]:
-    """The seeds' scenario: `streams` decoding, then one long prompt (last in the list) arrives."""
+    """The source documents' scenario: `streams` decoding, then one long prompt (last in the list) arrives."""
     rng = np.random.default_rng(0)
     sp = SamplingParams(max_tokens=300, ignore_eos=True)
     out = [(i * 100_000_000, rng.integers(3, 100_000, 2048).tolist(), sp) for i in range(streams)]
