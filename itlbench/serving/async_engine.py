@@ -19,7 +19,13 @@ from typing import Any
 from itlbench.core.engine import SteppedEngine
 from itlbench.core.request import Request, RequestOutput, SamplingParams
 from itlbench.core.steps import StepRecord
-from itlbench.serving.client import EngineDeadError, EngineObserver, QueueFullError, RequestStream
+from itlbench.serving.client import (
+    EngineDeadError,
+    EngineObserver,
+    QueueFullError,
+    RequestStream,
+    StepWaiters,
+)
 
 log = logging.getLogger("itlbench.engine.async")
 
@@ -65,7 +71,7 @@ class AsyncEngine:
         self._streams: dict[str, RequestStream] = {}  # event-loop side
         self._requests: dict[str, Request] = {}  # engine-thread side
         self._next_step = 0
-        self._step_waiters: list[asyncio.Future[None]] = []
+        self._step_waiters = StepWaiters()
         self._prev_end_ns: int | None = None  # end of the last step, unless the thread idled since
         self.error: BaseException | None = None
 
@@ -131,16 +137,7 @@ class AsyncEngine:
 
     async def wait_for_step(self, step: int, timeout: float) -> bool:
         """Wait on the event loop until step record `step` exists (or timeout)."""
-        if self.engine.step_log.last_step >= step:
-            return True
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._step_waiters.append(fut)
-        try:
-            await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            if fut in self._step_waiters:
-                self._step_waiters.remove(fut)
-        return self.engine.step_log.last_step >= step
+        return await self._step_waiters.wait(lambda: self.engine.step_log.last_step, step, timeout)
 
     # ---- engine thread -----------------------------------------------------------------------
     def _run(self) -> None:
@@ -289,10 +286,7 @@ class AsyncEngine:
                 stream._put(out)
                 if out.finished:
                     del streams[out.request_id]
-        waiters, self._step_waiters = self._step_waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
+        self._step_waiters.wake()
 
     def _fail_ids(self, ids: list[str] | None, err: BaseException) -> None:
         targets = list(self._streams) if ids is None else ids

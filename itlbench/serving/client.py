@@ -6,7 +6,7 @@ state (`EngineState`) for the handlers and metrics.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 from itlbench.core.engine_config import EngineConfig
@@ -73,6 +73,32 @@ class RequestStream:
         if not self.finished and self.request is not None:
             self.finished = True
             self._owner.abort(self.request.request_id)
+
+
+class StepWaiters:
+    """Coroutines waiting on the event loop for a step record to exist; both engine clients wake them
+    whenever new records arrive (or the engine dies, so no waiter outlives it)."""
+
+    def __init__(self) -> None:
+        self._futures: list[asyncio.Future[None]] = []
+
+    async def wait(self, last_step: Callable[[], int], step: int, timeout: float) -> bool:
+        if last_step() >= step:
+            return True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._futures.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            if fut in self._futures:
+                self._futures.remove(fut)
+        return last_step() >= step
+
+    def wake(self) -> None:
+        futures, self._futures = self._futures, []
+        for fut in futures:
+            if not fut.done():
+                fut.set_result(None)
 
 
 class BlockUsage(Protocol):

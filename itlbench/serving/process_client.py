@@ -27,7 +27,13 @@ from itlbench.core.request import RequestOutput, SamplingParams
 from itlbench.core.steps import StepLog, StepRecord
 from itlbench.core.tokenizer import load_tokenizer
 from itlbench.errors import ConfigError, ItlbenchError
-from itlbench.serving.client import EngineDeadError, EngineObserver, QueueFullError, RequestStream
+from itlbench.serving.client import (
+    EngineDeadError,
+    EngineObserver,
+    QueueFullError,
+    RequestStream,
+    StepWaiters,
+)
 from itlbench.serving.wire import error_from, frame, read_frame
 from itlbench.system.malloc import env_with_malloc_tunables
 
@@ -101,7 +107,7 @@ class EngineProcessClient:
         self._pending: dict[str, tuple[asyncio.Future[Any], RequestStream, int]] = {}
         self._streams: dict[str, RequestStream] = {}
         self._times: dict[str, RequestTimes] = {}
-        self._step_waiters: list[asyncio.Future[None]] = []
+        self._step_waiters = StepWaiters()
 
     @property
     def engine(self) -> EngineView:
@@ -207,16 +213,8 @@ class EngineProcessClient:
         self._write(("abort", request_id))
 
     async def wait_for_step(self, step: int, timeout: float) -> bool:
-        if self.engine.step_log.last_step >= step:
-            return True
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._step_waiters.append(fut)
-        try:
-            await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            if fut in self._step_waiters:
-                self._step_waiters.remove(fut)
-        return self.engine.step_log.last_step >= step
+        """Wait on the event loop until step record `step` exists (or timeout)."""
+        return await self._step_waiters.wait(lambda: self.engine.step_log.last_step, step, timeout)
 
     def _write(self, message: object) -> None:
         if self._writer is not None and not self._writer.is_closing():
@@ -277,10 +275,7 @@ class EngineProcessClient:
                     del streams[out.request_id]
             if out.finished:
                 self._times.pop(out.request_id, None)
-        waiters, self._step_waiters = self._step_waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
+        self._step_waiters.wake()
 
     def _on_reply(self, reply: tuple[Any, ...]) -> None:
         kind, rid = reply[0], reply[1]
@@ -318,10 +313,7 @@ class EngineProcessClient:
             stream._put(err)
         self._streams.clear()
         self._times.clear()
-        waiters, self._step_waiters = self._step_waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
+        self._step_waiters.wake()
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
