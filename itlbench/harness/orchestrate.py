@@ -50,7 +50,7 @@ ProgressFn = Callable[[ProgressSnapshot], None]
 def default_run_dir(cfg: RunConfig) -> Path:
     """reports/<UTC time>-<workload>[-inj<spec>]-<budget> — sortable and self-describing."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
-    parts = [stamp, cfg.workload]
+    parts = [stamp, re.sub(r"[^0-9a-zA-Z-]+", "_", cfg.workload)]  # fixed:IN:OUT → fixed_IN_OUT
     if cfg.inject:
         parts.append("inj" + re.sub(r"[^0-9a-zA-Z]+", "_", cfg.inject))
     if cfg.endpoint is None:
