@@ -401,6 +401,11 @@ def write_compare_report(dirs: list[Path], out_dir: Path, slo: str | None = None
     return written, rows, lines
 
 
+def comparison_doc(rows: list[Row], lines: list[str], html: Path) -> dict[str, Any]:
+    """What `print_comparison` shows, for `--json`: compare.json's rows and verdict, and the report."""
+    return {"report": str(html), "rows": rows_as_dicts(rows), "verdict": lines}
+
+
 def rows_as_dicts(rows: list[Row]) -> list[dict[str, Any]]:
     return [{"setting": r.label, "run_dir": str(r.run.run_dir), "worst_gap_s": r.worst_s, "itl_p50_s": r.p50_s,
              "itl_p99_s": r.p99_s, "itl_p999_s": r.p999_s, "injected_ttft_s": r.injected_ttft_s,
