@@ -85,9 +85,6 @@ class BundledServer:
         raise ItlbenchError(f"the bundled engine server did not become healthy within {self.start_timeout_s:.0f} s; "
                             f"its log:\n{self.tail_log()}")
 
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
     def tail_log(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

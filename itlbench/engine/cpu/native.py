@@ -191,4 +191,4 @@ def fallback_warning() -> str | None:
     if load() is not None:
         return None
     return ("native CPU library unavailable, so this CPU engine runs its slower torch path (gathered SDPA, "
-            f"torch row ops); its timings are not the native kernels': {_reason}")
+            f"torch row ops); its timings are not the native kernels': {unavailable_reason()}")
