@@ -17,7 +17,7 @@ def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory writte
             as_json: AsJson = False) -> None:
     """Recompute summary.json from a run directory's records (e.g. after an interrupted run)."""
     from itlbench.analysis.summary import analyze_run
-    from itlbench.report.terminal import print_summary
+    from itlbench.report.terminal import engine_warnings, print_summary
     from itlbench.rundir.store import RunStore
 
     if not (run_dir / "run.json").is_file():
@@ -32,7 +32,7 @@ def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory writte
         print_summary(console, summary, run_dir)
     write_report(run_dir)
     if as_json:
-        print_json({"run_dir": str(run_dir), "summary": summary})
+        print_json({"run_dir": str(run_dir), "summary": summary, "warnings": engine_warnings(run_dir)})
     else:
         print(run_dir)
 

@@ -81,7 +81,7 @@ def run(
 ) -> None:
     """Drive a workload (and injected long prompts) against the bundled engine or --endpoint."""
     from itlbench.harness.run_config import RunConfig
-    from itlbench.report.terminal import LiveProgress, print_summary
+    from itlbench.report.terminal import LiveProgress, engine_warnings, print_summary
 
     try:
         if endpoint is None and engine_flags["engine"] == "torch":
@@ -117,6 +117,6 @@ def run(
                       f"{engine.sim_time_scale:g} of the simulated GPU's[/]", highlight=False)
     write_report(run_dir)
     if as_json:
-        print_json({"run_dir": str(run_dir), "summary": summary})
+        print_json({"run_dir": str(run_dir), "summary": summary, "warnings": engine_warnings(run_dir)})
     else:
         print(run_dir)

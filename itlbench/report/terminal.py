@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,24 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
         console.print(f"[bold]Engine check[/] worst client gap {_s(check.get('worst_client_gap_s'))} s vs longest "
                       f"engine step {_s(check.get('longest_step_s'))} s")
     _print_validity(console, summary)
+    print_engine_warnings(console, run_dir)
+
+
+def engine_warnings(run_dir: Path) -> list[str]:
+    """What the engine warned of in run.json (e.g. a CPU engine on its slow path without the native
+    library): figures that do not mean what they seem, so the terminal repeats them after the tables."""
+    try:
+        run = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return []
+    engine = run.get("engine") or {}
+    engine = engine.get("itlbench", engine)  # an external itlbench server nests its /v1/engine
+    return [str(w) for w in ((engine.get("serving") or {}).get("warnings") or [])]
+
+
+def print_engine_warnings(console: Console, run_dir: Path) -> None:
+    for warning in engine_warnings(run_dir):
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
 
 
 def _print_goodput(console: Console, good: dict[str, Any]) -> None:

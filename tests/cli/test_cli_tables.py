@@ -110,3 +110,11 @@ def test_a_table_that_fits_no_way_folds_instead_of_cutting() -> None:
 def test_a_row_of_the_wrong_length_is_refused() -> None:
     with pytest.raises(ValueError, match="2 cells for 3 columns"):
         TextTable("t", ["a", "b", "c"]).add_row("1", "2")
+
+
+@pytest.mark.parametrize("command", ["run", "analyze", "compare", "sweep", "workloads", "calibrate", "roofline"])
+def test_every_command_that_prints_a_table_takes_json(command: str) -> None:
+    shown = " ".join(_invoke(command, "--help").split())
+    assert "--json" in shown and "--as-json" not in shown
+    if command == "run":  # an Annotated alias beside the engine options keeps its help
+        assert "OpenTelemetry" in shown

@@ -19,19 +19,18 @@ from tests.support.servers import TINY_ENGINE
 pytestmark = pytest.mark.e2e
 
 
-def _tiny_run(out: Path, *extra: str, native_env: str) -> dict:
+def test_run_json_records_the_slow_path_warning_and_the_terminal_repeats_it(tmp_path: Path) -> None:
+    out = tmp_path / "slow"
     cmd = [sys.executable, "-m", "itlbench", "run", "--model", "tiny", "--device", "cpu", "--workload", "chat-short",
-           "--streams", "2", "--duration", "2", "--warmup", "0.5", "--no-live", "--out", str(out), *extra]
-    env = {**os.environ, "ITLBENCH_NATIVE": native_env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+           "--streams", "2", "--duration", "2", "--warmup", "0.5", "--no-live", "--out", str(out), "--json"]
+    env = {**os.environ, "ITLBENCH_NATIVE": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads((out / "run.json").read_text())
-
-
-def test_run_json_records_the_slow_path_warning(tmp_path: Path) -> None:
-    run = _tiny_run(tmp_path / "slow", native_env="0")
-    warnings = run["engine"]["serving"]["warnings"]
+    warnings = json.loads((out / "run.json").read_text())["engine"]["serving"]["warnings"]
     assert len(warnings) == 1 and "slower torch path" in warnings[0] and "ITLBENCH_NATIVE=0" in warnings[0]
+    doc = json.loads(done.stdout)  # --json: stdout is one document, the summary and the warnings
+    assert doc["warnings"] == warnings and doc["run_dir"] == str(out)
+    assert doc["summary"] == json.loads((out / "summary.json").read_text())
 
 
 def test_runner_info_warns_only_without_the_library(monkeypatch: pytest.MonkeyPatch) -> None:
