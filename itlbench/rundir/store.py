@@ -29,7 +29,6 @@ class RunStore:
         self._buffers: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
         self._frames: dict[str, list[pl.DataFrame]] = {name: [] for name in TABLES}  # column-built batches
         self._parts: dict[str, int] = {name: 0 for name in TABLES}
-        self._rows_written: dict[str, int] = {name: 0 for name in TABLES}
         self._lock = threading.Lock()
         self._last_flush = time.monotonic()
 
@@ -82,12 +81,6 @@ class RunStore:
             df = pl.concat([df, *frames]) if rows else pl.concat(frames)
         df.write_parquet(tmp)
         os.replace(tmp, folder / f"part-{part:05d}.parquet")
-        with self._lock:
-            self._rows_written[table] += df.height
-
-    def rows_written(self, table: str) -> int:
-        with self._lock:
-            return self._rows_written[table]
 
     def write_json(self, name: str, obj: Any) -> Path:
         """Atomically (tmp + rename) write `name` (e.g. "run.json") so readers never see half a file."""

@@ -74,6 +74,7 @@ class EngineView:
         self.torch_threads: int = info["torch_threads"]
         self.decode_kernel: str = info["decode_kernel"]
         self.weight_layout: str | None = info["weight_layout"]
+        self.warnings: tuple[str, ...] = tuple(info.get("warnings", ()))
         self.gc_frozen_objects: int = info["gc_frozen_objects"]
         self.pid: int = info["pid"]
         self.tokenizer = load_tokenizer(self.model_config)

@@ -39,8 +39,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict
 def test_unchunked_32k_prefill_stalls_every_stream_for_seconds(runs: dict) -> None:
     run_dir, summary = runs["none"]
     worst = summary["stalls"]["worst_s"] * SCALE
-    prefill = CostModel.for_hardware(PRESETS["llama-3.1-8b"], GPUS["h100"]).step_seconds(StepShape.prefill(32768),
-                                                                                         GPUS["h100"])
+    cm = CostModel.for_hardware(PRESETS["llama-3.1-8b"], GPUS["h100"])
+    prefill = cm.time(StepShape.prefill(32768), GPUS["h100"]).total_s
     assert prefill > 2.0 and worst >= 0.95 * prefill  # the source documents' ≈ 2 s stall, multi-second
     steps = pl.read_parquet(run_dir / "steps/*.parquet")
     biggest = steps.sort("prefill_tokens").tail(1)
