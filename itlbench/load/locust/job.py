@@ -17,6 +17,7 @@ from typing import Any
 
 from itlbench.errors import ConfigError
 from itlbench.load.driver import Warmup
+from itlbench.load.locust.auth import WORKER_KEY_ENV, check_factory
 from itlbench.load.target import Target
 from itlbench.workloads.build import LoadSpec, build_load_plan
 from itlbench.workloads.plan import LoadPlan
@@ -37,7 +38,7 @@ MSG_ROWS = "itlbench_rows"  # {k, tables: {table: {column: [values]}}, progress?
 MSG_DONE = "itlbench_done"  # {k, result}
 MSG_FAILED = "itlbench_failed"  # {k, error}: the worker could not take its share (e.g. no trace file there)
 
-API_KEY_ENV = "ITLBENCH_LOCUST_API_KEY"  # how the launcher hands the master a bearer key (kept off disk)
+API_KEY_ENV = WORKER_KEY_ENV  # how the launcher hands local workers the bearer key (off disk, off the wire)
 RESULT_FILE = "locust_result.json"  # what the master leaves in the run directory
 LOG_FILE = "locust.log"  # master and local workers' output
 DEFAULT_FACTORY = "itlbench.load.locust.job:plan_from_spec"
@@ -102,6 +103,7 @@ class LocustJob:
             raise ConfigError("--duration", f"must be > 0 seconds, got {self.duration_s}")
         if self.master_bind is not None:
             parse_host_port(self.master_bind, "--master-bind")
+        check_factory(self.plan_factory)
 
     @classmethod
     def for_plan(cls, target: Target, run_dir: str | Path, *, duration_s: float, warmup: Warmup | None = None,
@@ -127,7 +129,9 @@ class LocustJob:
         return Warmup(**self.warmup)
 
     def build_plan(self) -> LoadPlan:
-        """Call the factory (`module:function`); every worker gets the same seeded plan."""
+        """Call the factory (`module:function`, one of `auth.ALLOWED_FACTORIES`: the name may come from
+        the wire); every worker gets the same seeded plan."""
+        check_factory(self.plan_factory)
         module, _, name = self.plan_factory.partition(":")
         factory = getattr(importlib.import_module(module), name)
         return factory(**json.loads(json.dumps(self.plan_kwargs)))
