@@ -19,6 +19,7 @@ from itlbench.errors import ConfigError
 from itlbench.load.driver import Warmup
 from itlbench.load.locust.auth import WORKER_KEY_ENV, check_factory
 from itlbench.load.target import Target
+from itlbench.rundir.schema import TABLES, coerce_row
 from itlbench.workloads.build import LoadSpec, build_load_plan
 from itlbench.workloads.plan import LoadPlan
 
@@ -73,6 +74,20 @@ def parse_host_port(text: str, flag: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ConfigError(flag, f"{text!r} is not HOST:PORT", "e.g. 0.0.0.0:5557")
     return host, int(port)
+
+
+def rows_from_columns(table: object, cols: object) -> list[dict[str, Any]] | None:
+    """A worker's column-wise batch as rows of `table`, every value coerced (a worker is a peer:
+    strings str, counts non-negative int64, else null). None: not a batch of a known table (not a
+    dict of equal-length lists), to be counted as dropped by the caller."""
+    if not isinstance(table, str) or table not in TABLES or not isinstance(cols, dict) or not cols:
+        return None
+    columns = [v for v in cols.values()]
+    if not all(isinstance(v, list) for v in columns) or len({len(v) for v in columns}) != 1:
+        return None
+    keys = [str(k) for k in cols]
+    rows = [coerce_row(table, dict(zip(keys, values, strict=True))) for values in zip(*columns, strict=True)]
+    return [r for r in rows if r is not None]
 
 
 @dataclass

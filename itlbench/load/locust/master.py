@@ -19,6 +19,7 @@ from __future__ import annotations
 import locust  # noqa: F401 - first: locust monkey-patches the process with gevent at import
 # isort: on
 
+import contextlib
 import json
 import logging
 import signal
@@ -58,11 +59,11 @@ from itlbench.load.locust.job import (
     WarmupGate,
     boot_id,
     parse_host_port,
+    rows_from_columns,
 )
 from itlbench.load.multiproc import combine_results, merge_progress, worker_dir
 from itlbench.load.observers.client_monitor import ClientStats
 from itlbench.load.progress import ProgressSnapshot
-from itlbench.rundir.schema import TABLES
 from itlbench.rundir.store import RunStore
 
 _now = time.perf_counter_ns
@@ -91,11 +92,13 @@ class WorkerInfo:
     result: dict[str, Any] | None = None
     last_seen: float = field(default_factory=time.monotonic)  # any message from it (rows come every 0.2 s)
     revived: bool = False  # declared dead, then reported done after all (a starved, not a dead, worker)
+    batches_dropped: int = 0  # row batches that were not a known table's equal-length columns
 
     def doc(self) -> dict[str, Any]:
         return {"k": self.k, "client_id": self.client_id, "host": self.host, "pid": self.pid,
                 "clock_offset_ns": self.offset_ns, "state": self.state, "died_ns": self.died_ns,
-                "died_reason": self.died_reason, "rows": self.rows, "revived": self.revived}
+                "died_reason": self.died_reason, "rows": self.rows, "revived": self.revived,
+                "batches_dropped": self.batches_dropped}
 
 
 class Master:
@@ -194,15 +197,19 @@ class Master:
         if w is None:
             return
         store = self.stores[w.k]
-        for table, cols in msg.data["tables"].items():
-            if table not in TABLES or not cols:
+        data = msg.data if isinstance(msg.data, dict) else {}
+        tables = data.get("tables")
+        for table, cols in (tables.items() if isinstance(tables, dict) else []):
+            rows = rows_from_columns(table, cols)
+            if rows is None:  # not a batch of a known table: counted, never a crash
+                w.batches_dropped += 1
                 continue
-            keys = list(cols)
-            rows = [dict(zip(keys, values, strict=True)) for values in zip(*cols.values(), strict=True)]
             store.add_many(table, rows)
             w.rows[table] = w.rows.get(table, 0) + len(rows)
-        if msg.data.get("progress"):
-            self.progress[w.k] = ProgressSnapshot(**msg.data["progress"])
+        progress = data.get("progress")
+        if isinstance(progress, dict):
+            with contextlib.suppress(TypeError, ValueError):
+                self.progress[w.k] = ProgressSnapshot(**progress)
 
     def _on_done(self, msg: Any, **kw: Any) -> None:
         w = self._info(msg)
