@@ -46,6 +46,8 @@ class RunStore:
         self.coerced: dict[str, int] = {}  # cells coerced or nulled to fit their column, per table
         self.quarantined: dict[str, int] = {}  # rows written as JSON lines instead of parquet, per table
         self._quarantine_doc: dict[str, Any] = {}
+        self._on_flush: Any = None  # keep_doc_current's update
+        self._json_lock = threading.Lock()
         self._lock = threading.Lock()
         self._last_flush = time.monotonic()
 
@@ -87,6 +89,31 @@ class RunStore:
             if rows or frames:
                 self._write_part(name, part, rows, frames)
         self._last_flush = time.monotonic()
+        hook = self._on_flush
+        if hook is not None:
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - a document that cannot be refreshed must not stop the records
+                log.exception("refreshing the run document")
+
+    def keep_doc_current(self, name: str, doc: dict[str, Any], *, run_start_ns: int, measure_start_ns: int,
+                         planned_end_ns: int) -> None:
+        """Write `name` (run.json) now with the run's window, and again after every flush with `end_ns`
+        at that flush (never past the planned end), marked `"provisional": true`: a run killed with
+        SIGKILL leaves a document `itlbench analyze` can read. The final document replaces it."""
+        snap = json.loads(json.dumps(doc, default=str))  # a copy: the caller keeps changing `doc`
+        snap.update(run_start_ns=run_start_ns, measure_start_ns=measure_start_ns, end_ns=measure_start_ns,
+                    provisional=True)
+
+        def update() -> None:
+            snap["end_ns"] = max(measure_start_ns, min(planned_end_ns, time.perf_counter_ns()))
+            self.write_json(name, snap)
+
+        self.write_json(name, snap)
+        self._on_flush = update
+
+    def stop_keeping_doc(self) -> None:
+        self._on_flush = None
 
     def _write_part(self, table: str, part: int, rows: list[dict[str, Any]],
                     frames: list[pl.DataFrame] | None = None) -> None:
@@ -149,9 +176,11 @@ class RunStore:
     def write_json(self, name: str, obj: Any) -> Path:
         """Atomically (tmp + rename) write `name` (e.g. "run.json") so readers never see half a file."""
         target = self.path / name
-        tmp = target.with_suffix(target.suffix + ".tmp")
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str, allow_nan=False) + "\n")
-        os.replace(tmp, target)
+        text = json.dumps(obj, indent=2, sort_keys=False, default=str, allow_nan=False) + "\n"
+        with self._json_lock:  # the flush thread refreshes run.json while the run's thread may write it
+            tmp = target.with_suffix(target.suffix + ".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, target)
         return target
 
     def unwritten(self) -> dict[str, int]:
@@ -162,6 +191,7 @@ class RunStore:
 
     def close(self) -> None:
         self.flush()
+        self._on_flush = None
         left = self.unwritten()
         if left:
             raise ItlbenchError(f"could not write {', '.join(f'{n} {t} rows' for t, n in left.items())} "
