@@ -199,3 +199,24 @@ def test_native_build_reports_every_line_of_the_compilers_error(tmp_path: Path,
     kernel, why = native.build(variants=[["-fno-such-option-a", "-fno-such-option-b"]])
     assert kernel is None and why is not None
     assert "-fno-such-option-a" in why and "-fno-such-option-b" in why, why
+
+
+def test_the_real_library_is_compiled_once_by_processes_started_at_once(tmp_path: Path) -> None:
+    """Two processes load the native library from an empty cache at the same moment: one compile,
+    and both load the same file."""
+    log = tmp_path / "compiles"
+    cc = tmp_path / "gcc-counting"
+    cc.write_text(f'#!/bin/sh\n[ "$1" = --version ] || echo "$@" >> {log}\nexec gcc "$@"\n')
+    cc.chmod(0o755)
+    env = {**os.environ, "CC": str(cc), build.CACHE_ENV: str(tmp_path / "cache"), "ITLBENCH_NATIVE": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env.pop("ITLBENCH_NATIVE_ARCH", None)
+    code = ("from itlbench.engine.cpu import native\n"
+            "k = native.load()\n"
+            "print(k.path if k else 'NONE ' + str(native.unavailable_reason()))")
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    paths = {out.strip() for out, _ in outs}
+    assert len(paths) == 1 and not paths.pop().startswith("NONE"), outs
+    assert len(log.read_text().splitlines()) == 1, "the second process waited and loaded the first one's build"

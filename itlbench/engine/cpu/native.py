@@ -6,7 +6,8 @@ machine's GCC and loaded with ctypes (how it is built safely: build.py).
 Why native: gathering paged K/V into a contiguous copy for SDPA reads the cache three times and pads
 every row to its group's longest context; the kernel walks block tables in place, so decode reads
 what its memory floor counts. Why at first use: `-march=native` code cannot ship in a wheel, and a
-plain C file needs no torch headers, so it builds in about a second. The library is cached under
+plain C file needs no torch headers, so GCC alone builds it, once per machine and source (tens of
+seconds of one core: a build lock makes processes that start together share one). Cached under
 `$ITLBENCH_CACHE_DIR` (default `$XDG_CACHE_HOME/itlbench` or `~/.cache/itlbench`, else a private
 directory under the system's temporary one), keyed by source, flags, compiler and CPU.
 
