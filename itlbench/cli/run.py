@@ -76,11 +76,14 @@ def run(
     metrics_port: Annotated[str | None, typer.Option(help="Serve live itlbench_client_* metrics for Prometheus on "
                                                           "this port (PORT or HOST:PORT; loopback by default).")] = None,
     otlp_endpoint: OtlpEndpoint = None,
+    limits: Annotated[str | None, typer.Option(help="Caps on what a server may make the client hold, e.g. "
+                                               "event=4MiB,head=64KiB,control=8MiB,metrics=64MiB (the defaults).")] = None,
     as_json: AsJson = False,
     engine_flags: dict | None = None,
 ) -> None:
     """Drive a workload (and injected long prompts) against the bundled engine or --endpoint."""
     from itlbench.harness.run_config import RunConfig
+    from itlbench.load.clients.limits import Limits
     from itlbench.report.terminal import LiveProgress, engine_warnings, print_summary
 
     try:
@@ -101,7 +104,7 @@ def run(
                         drain_timeout_s=parse_duration_s(drain_timeout, "--drain-timeout"), out=out,
                         workers=workers, live=live, metrics_port=metrics_port, otlp_endpoint=otlp_endpoint,
                         driver=driver, master_bind=master_bind, locust_ui=locust_ui, locust_ui_port=locust_ui_port,
-                        stream_reader=stream_reader)
+                        stream_reader=stream_reader, limits=Limits.parse(limits))
         cfg.validate()
         from itlbench.harness.orchestrate import run_load_test
 

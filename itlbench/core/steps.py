@@ -6,6 +6,7 @@ driver stamps chunks with, so step and chunk times line up without conversion on
 
 from __future__ import annotations
 
+import itertools
 import operator
 import threading
 from collections import deque
@@ -106,17 +107,25 @@ class StepLog:
         with self._cond:
             return self._rows[-1][0] if self._rows else -1
 
-    def since(self, step: int) -> list[StepRecord]:
-        """Records with index >= step that are still held."""
+    def since(self, step: int, limit: int | None = None) -> list[StepRecord]:
+        """Records with index >= step that are still held (at most `limit`, the oldest first)."""
         with self._cond:
             if not self._rows or self._rows[-1][0] < step:
                 return []
-            rows: list[tuple[object, ...]] = []
-            for row in reversed(self._rows):  # newest first: O(records returned)
-                if row[0] < step:
-                    break
-                rows.append(row)
-        return [StepRecord(*row) for row in reversed(rows)]
+            first = self._rows[0][0]
+            start = step - first  # type: ignore[operator]
+            if limit is not None and 0 <= start < len(self._rows) and self._rows[start][0] == step:  # steps are consecutive
+                rows = list(itertools.islice(self._rows, start, start + limit))
+            else:
+                rows = []
+                for row in reversed(self._rows):  # newest first: O(records returned)
+                    if row[0] < step:
+                        break
+                    rows.append(row)
+                rows.reverse()
+                if limit is not None:
+                    rows = rows[:limit]
+        return [StepRecord(*row) for row in rows]
 
 
 def step_tokens_note(prefill_tokens: int, decode_tokens: int) -> str:

@@ -18,10 +18,11 @@ from typing import Any
 
 from itlbench.errors import ConfigError
 from itlbench.harness.bundled_server import BundledServer
-from itlbench.harness.http_json import request_json
+from itlbench.harness.http_json import CONTROL_REPLY_BYTES, request_json
 from itlbench.harness.run_config import RunConfig
 from itlbench.harness.token_probe import PROBE_LOW, probe_token_ids
 from itlbench.load.target import Target
+from itlbench.rundir.coerce import as_count
 from itlbench.workloads.prompts import PromptBuilder
 
 CALIBRATION_TOKENS = 512
@@ -57,7 +58,8 @@ def _bundled(cfg: RunConfig, run_dir: Path) -> Connection:
     info = server.engine_info
     target = Target(base_url=server.base_url, model=str(info["served_model_name"]), api=cfg.api,
                     accepts_token_ids=True, forced_lengths=True, timeout_s=cfg.request_timeout_s,
-                    stream_reader=cfg.stream_reader)
+                    stream_reader=cfg.stream_reader, max_event_bytes=cfg.limits.event_bytes,
+                    max_head_bytes=cfg.limits.head_bytes)
     doc = {"engine": info, "target": {"kind": "bundled", "base_url": server.base_url,
                                       "server_pid": server.process.pid if server.process else None}}
     return Connection(target, int(info["max_model_len"]), int(info["model"]["vocab_size"]),
@@ -68,15 +70,17 @@ def _external(cfg: RunConfig) -> Connection:
     assert cfg.endpoint is not None
     base = cfg.endpoint.rstrip("/")
     models = _probe_models(cfg, base)
-    engine = _get_json(f"{base}/engine", cfg.api_key)  # only itlbench servers answer this
+    engine = _get_json(f"{base}/engine", cfg.api_key, max_bytes=cfg.limits.control_bytes)  # only itlbench servers
     same_clock = engine is not None and _is_loopback(base)
-    max_len = int((engine or {}).get("max_model_len") or models.get("max_model_len") or DEFAULT_EXTERNAL_CONTEXT)
+    max_len = (as_count((engine or {}).get("max_model_len")) or models.get("max_model_len")
+               or DEFAULT_EXTERNAL_CONTEXT)
     doc: dict[str, Any] = {"engine": {"external": True, **models, **({"itlbench": engine} if engine else {})},
                            "target": {"kind": "external", "base_url": base}}
     vocab = _token_id_vocab(cfg, base, engine if same_clock else None, doc)
     target = Target(base_url=base, model=cfg.model or "", api=cfg.api, api_key=cfg.api_key,
                     accepts_token_ids=vocab is not None, forced_lengths=cfg.forced_lengths,
-                    timeout_s=cfg.request_timeout_s, stream_reader=cfg.stream_reader)
+                    timeout_s=cfg.request_timeout_s, stream_reader=cfg.stream_reader,
+                    max_event_bytes=cfg.limits.event_bytes, max_head_bytes=cfg.limits.head_bytes)
     steps_url = base if same_clock else None
     if vocab is not None:
         return Connection(target, max_len, vocab, steps_url=steps_url, metrics_url=base, doc=doc)
@@ -125,16 +129,17 @@ def calibrate_text(target: Target) -> float:
 def _probe_models(cfg: RunConfig, base: str) -> dict[str, Any]:
     """GET /v1/models: fail early, naming the flag, when the endpoint or the model is wrong."""
     try:
-        models = _get_json(f"{base}/models", cfg.api_key, raise_errors=True) or {}
+        models = _get_json(f"{base}/models", cfg.api_key, raise_errors=True, max_bytes=cfg.limits.control_bytes) or {}
     except Exception as exc:  # noqa: BLE001 - any failure means the endpoint is unusable
         raise ConfigError("--endpoint", f"GET {base}/models failed: {exc}",
                           "check the URL ends in /v1, the server is up and --api-key is right") from None
-    entries = models.get("data", [])
-    ids = [m.get("id") for m in entries]
+    data = models.get("data")  # the reply is untrusted: entries that are not objects with a str id are skipped
+    entries = [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)] if isinstance(data, list) else []
+    ids = [m["id"] for m in entries]
     if ids and cfg.model not in ids:
         raise ConfigError("--model", f"{cfg.model!r} is not served at {base}", f"served: {', '.join(ids)}")
     entry = next((m for m in entries if m.get("id") == cfg.model), {})
-    return {"models": ids, "max_model_len": entry.get("max_model_len")}
+    return {"models": ids, "max_model_len": as_count(entry.get("max_model_len")) or None}
 
 
 def _is_loopback(url: str) -> bool:
@@ -147,9 +152,10 @@ def _is_loopback(url: str) -> bool:
         return False
 
 
-def _get_json(url: str, api_key: str | None, raise_errors: bool = False) -> dict[str, Any] | None:
+def _get_json(url: str, api_key: str | None, raise_errors: bool = False,
+              max_bytes: int = CONTROL_REPLY_BYTES) -> dict[str, Any] | None:
     try:
-        return request_json(url, api_key=api_key)
+        return request_json(url, api_key=api_key, max_bytes=max_bytes)
     except (urllib.error.URLError, OSError, json.JSONDecodeError, ValueError):
         if raise_errors:
             raise

@@ -152,7 +152,8 @@ async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection
                                 notes: dict[str, Any] | None = None) -> DriveResult:
     """Drive the load; an external engine's /metrics is read just before the window opens and as
     soon as sending stops (and every `--scrape-interval` when given). `notes` gets the scrape counts."""
-    sampler = (MetricsSampler(conn.metrics_url, store, api_key=cfg.api_key, interval_s=cfg.scrape_interval_s)
+    sampler = (MetricsSampler(conn.metrics_url, store, api_key=cfg.api_key, interval_s=cfg.scrape_interval_s,
+                              max_bytes=cfg.limits.metrics_bytes)
                if conn.metrics_url else None)
     async with contextlib.AsyncExitStack() as stack:
         if sampler is not None:
@@ -347,4 +348,5 @@ def _config_doc(cfg: RunConfig) -> dict[str, Any]:
     doc = {k: v for k, v in vars(cfg).items() if k not in ("engine", "api_key")}
     doc["engine"] = cfg.engine.as_dict() if cfg.endpoint is None else None
     doc["api_key_set"] = bool(cfg.api_key)
+    doc["limits"] = vars(cfg.limits)
     return json.loads(json.dumps(doc, default=str))

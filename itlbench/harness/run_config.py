@@ -7,6 +7,7 @@ from pathlib import Path
 
 from itlbench.core.engine_config import EngineConfig
 from itlbench.errors import ConfigError
+from itlbench.load.clients.limits import Limits
 from itlbench.workloads.build import check_load_shape
 
 PROMPT_FORMATS = ("auto", "ids", "text")
@@ -53,6 +54,7 @@ class RunConfig:
     locust_ui_port: int = 8089
     metrics_port: str | None = None  # serve itlbench_client_* for Prometheus: "9464" or "HOST:9464"
     otlp_endpoint: str | None = None  # OTLP/HTTP base URL for spans and GenAI metrics (client and bundled server)
+    limits: Limits = field(default_factory=Limits)  # caps on what a server may make the client hold (--limits)
 
     def validate(self) -> None:
         check_load_shape(self.streams, self.rate, self.burstiness, self.duration_s)

@@ -65,7 +65,8 @@ REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "http_status": pl.Int64(),
     "error": pl.Utf8(),
     "error_kind": pl.Utf8(),            # http_status | not_sse | bad_json | truncated | closed | no_headers |
-                                        # timeout | connection | server_error | cancelled | other; null if ok
+                                        # timeout | connection | server_error | cancelled | event_too_large |
+                                        # head_too_large | other; null if ok
     "finish_reason": pl.Utf8(),
 }
 

@@ -31,7 +31,7 @@ from itlbench.server.protocol import (
     parse_json,
 )
 from itlbench.server.responses import SSE_DONE, ResponseBuilder, sse
-from itlbench.server.steps import stream_steps
+from itlbench.server.steps import STEPS_FOLLOWERS, stream_steps
 from itlbench.serving.client import EngineClient, EngineDeadError, QueueFullError, RequestStream
 
 log = logging.getLogger("itlbench.server")
@@ -60,6 +60,7 @@ STATE: web.AppKey[ServerState] = web.AppKey("itlbench_state", ServerState)
 def build_app(state: ServerState) -> web.Application:
     app = web.Application(middlewares=[_errors, _auth], client_max_size=state.max_body_bytes)
     app[STATE] = state
+    app[STEPS_FOLLOWERS] = [0]
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_get("/v1/models", _models)

@@ -7,7 +7,9 @@ embedding and tests start byte-identical servers.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -170,8 +172,24 @@ def serve(config: ServerConfig) -> None:
     asyncio.run(_serve_forever(config))
 
 
+PORT_FILE_ENV = "ITLBENCH_PORT_FILE"  # set by the parent (harness.bundled_server): where to say the bound port
+
+
+def report_port(port: int, path: str | None = None) -> None:
+    """Tell the parent which port this server bound (JSON {port, pid}, written atomically), so it
+    never has to guess a free port in advance and then trust whatever answers there."""
+    path = path or os.environ.get(PORT_FILE_ENV)
+    if not path:
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"port": port, "pid": os.getpid()}, f)
+    os.replace(tmp, path)
+
+
 async def _serve_forever(config: ServerConfig) -> None:
     server = await start_server(config, standalone=True)
+    report_port(server.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -13,6 +13,10 @@ Modes:
   trickle           a well-formed stream written one byte at a time
   cut_mid_chunk     three chunks, half of a fourth, then the connection is cut
   huge_usage        a usage chunk with 2**70 tokens and a string that is megabytes long
+  huge_head         a response head of 200 KiB (one endless header line)
+
+`control` makes `GET /v1/models` misbehave: "huge" (a 16 MiB reply), "trickle" (a byte every 50 ms),
+"odd" (`data` a list of numbers, `max_model_len` a string); "sane" (the default) answers properly.
 
 `GET /_log` returns what was sent: per request its mode, the `id` it carried and how many content
 chunks were fully written, so a test can check that each sane request's rows are intact.
@@ -32,7 +36,7 @@ from aiohttp import web
 from itlbench.testing.openai_peer import OpenAIPeer, PeerConfig, serve_in_thread
 
 MODES = ("sane", "wrong_types", "null_choices", "choices_not_list", "html_5xx", "never_ending", "trickle",
-         "cut_mid_chunk", "huge_usage")
+         "cut_mid_chunk", "huge_usage", "huge_head")
 
 
 @dataclass
@@ -41,6 +45,7 @@ class HostileConfig(PeerConfig):
     endless_piece: int = 64 * 1024  # bytes per write of a never-ending event
     endless_limit: int = 1 << 30  # the server gives up after this many bytes of it (a test's safety net)
     trickle_s: float = 0.0005  # between bytes of a trickled stream
+    control: str = "sane"  # how GET /v1/models answers: sane | huge | trickle | odd
 
 
 @dataclass
@@ -70,6 +75,22 @@ class HostilePeer(OpenAIPeer):
         app.router.add_get("/_log", self._log)
         return app
 
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        mode = self.hcfg.control
+        if mode == "huge":
+            return web.json_response({"object": "list", "data": [], "pad": "z" * (16 << 20)})
+        if mode == "odd":
+            return web.json_response({"object": "list", "data": [1, 2], "max_model_len": "lots"})
+        if mode == "trickle":
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            await resp.prepare(request)
+            with contextlib.suppress(ConnectionResetError, RuntimeError):
+                for b in b'{"object": "list", "data": []}' * 1000:
+                    await resp.write(bytes([b]))
+                    await asyncio.sleep(0.05)
+            return resp
+        return await super()._models(request)
+
     async def _log(self, request: web.Request) -> web.Response:
         return web.json_response({"sent": [vars(s) for s in self.log.sent]})
 
@@ -84,7 +105,10 @@ class HostilePeer(OpenAIPeer):
         if mode == "html_5xx":
             return web.Response(status=503, text="<html><body><h1>503 Service Unavailable</h1></body></html>",
                                 content_type="text/html")
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        headers = {"Content-Type": "text/event-stream"}
+        if mode == "huge_head":
+            headers["X-Padding"] = "p" * (200 << 10)
+        resp = web.StreamResponse(headers=headers)
         await resp.prepare(request)
         n_out = int(body.get("max_tokens") or 16)
         chat = request.path.endswith("/chat/completions")

@@ -11,6 +11,7 @@ import time
 from typing import Protocol
 
 from itlbench.load.clients.http1 import (
+    MAX_HEAD_BYTES,
     ChunkedDecoder,
     ProtocolError,
     ResponseHead,
@@ -23,8 +24,10 @@ from itlbench.load.clients.kclock import (
 )
 from itlbench.load.clients.sse import (
     CHUNK_ROWS_PER_HANDOFF,
+    DEFAULT_MAX_EVENT_BYTES,
     HEAD_BYTES,
     SseEvents,
+    StreamError,
     _Exchange,
     error_text,
 )
@@ -71,7 +74,8 @@ class KernelConnection:
         self.body = False
         self.decoder: ChunkedDecoder | None = None
         self.left = -1  # Content-Length bytes still due; -1: none (chunked or close-delimited)
-        self.sse = SseEvents()  # the SSE splitter the aiohttp reader uses: the same events from the same bytes
+        # the SSE splitter the aiohttp reader uses: the same events from the same bytes, the same cap
+        self.sse = SseEvents(getattr(getattr(self.client, "target", None), "max_event_bytes", DEFAULT_MAX_EVENT_BYTES))
         self.error_body: list[bytes] | None = None
         self.got_bytes = False
         self.shape: Shape | None = None  # the learnt content chunk of this response (sse_scan.Shape)
@@ -162,9 +166,10 @@ class KernelConnection:
         self.got_bytes = True  # (the body's reads need not say it again)
         raw = self.raw + data if self.raw else data
         end = raw.find(b"\r\n\r\n")
-        if end < 0:
-            if len(raw) > 64 * 1024:
-                raise ProtocolError("response head longer than 64 KiB")
+        cap = getattr(getattr(self.client, "target", None), "max_head_bytes", MAX_HEAD_BYTES)
+        if end < 0 or end > cap:
+            if len(raw) > cap:
+                raise StreamError("head_too_large", f"response head longer than {cap} bytes")
             self.raw = raw
             return
         head = parse_head(raw[:end])

@@ -40,6 +40,7 @@ CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, 
 # under 5 s keeps the client the side that closes.
 IDLE_CONNECTION_S = 2.0
 HEAD_BYTES = 160  # of a body kept to explain a response that was not an event stream
+HEAD_LIMIT_WORDS = ("Got more than", "Too many headers", "too long", "Header value too long")
 ID_CHARS = 256  # of a server's `id` and `finish_reason` kept (they are labels, not content)
 
 
@@ -170,7 +171,10 @@ class StreamClient:
         connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=0, ttl_dns_cache=300,
                                          keepalive_timeout=self.idle_connection_s)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+        # a response head is bounded: lines of 8 KiB at most (aiohttp's own limit), and a header count
+        # that keeps the whole head near `max_head_bytes`
+        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
+                                              max_headers=max(16, self.target.max_head_bytes // 512))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -201,6 +205,9 @@ class StreamClient:
                 ex.error = f"no end of stream within {self.target.timeout_s} s"
         except StreamError as e:
             ex.status, ex.error, ex.error_kind = "error", str(e), e.kind
+        except aiohttp.ClientResponseError as e:  # aiohttp could not parse the response head
+            ex.status, ex.error = "error", f"bad response head: {str(e.message)[:200]}"
+            ex.error_kind = "head_too_large" if any(w in str(e.message) for w in HEAD_LIMIT_WORDS) else "other"
         except CONNECTION_ERRORS as e:
             ex.status, ex.error, ex.connection_error = "error", f"{type(e).__name__}: {e}", True
             if ex.http_status is None:  # no answer at all
@@ -239,7 +246,7 @@ class StreamClient:
             ex.error_kind = "server_error"
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, ex: _Exchange) -> None:
-        events = SseEvents()
+        events = SseEvents(self.target.max_event_bytes)
         content = resp.content
         while True:
             data = await content.readany()
@@ -357,40 +364,73 @@ def _unfinished(ex: _Exchange) -> tuple[str, str]:
     return "truncated", f"stream ended before [DONE] after {ex.events} data events{cut}"
 
 
+DEFAULT_MAX_EVENT_BYTES = Target.max_event_bytes  # a pending (unfinished) event larger than this fails the request
+
+
 class SseEvents:
     """Splits a server-sent-event byte stream, fed in whatever pieces the network gives, into the
     data payloads of its events (the WHATWG event-stream rules that OpenAI-style servers use):
     events end at a blank line; CRLF, CR and LF all end lines; an event's `data:` lines are joined
     with newlines (one optional space after the colon is dropped); comments (`:`) and other fields
     are ignored; an event whose data is empty is not dispatched. The common one-line `data: {...}`
-    event takes the fast path."""
+    event takes the fast path.
 
-    __slots__ = ("_buf",)
+    Linear in the bytes fed, whatever the pieces: line ends are normalised per piece (a CR ending
+    one piece swallows an LF starting the next), the pending bytes live in one growing buffer, and
+    the search for the blank line resumes where the last one stopped, so an event that never ends
+    costs O(its size), not O(size²). An unfinished event larger than `max_event_bytes` (the server
+    never ends it) raises StreamError("event_too_large") instead of growing without bound."""
 
-    def __init__(self) -> None:
-        self._buf = b""
+    __slots__ = ("_buf", "_scan", "_cr", "max_event_bytes")
+
+    def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+        self._buf = bytearray()
+        self._scan = 0  # no blank line starts before this index of _buf
+        self._cr = False  # the last piece ended with a CR (already taken as a line end)
+        self.max_event_bytes = max_event_bytes
 
     @property
     def pending(self) -> int:
-        """Bytes of an event not yet ended (at the end of a body: an event cut short)."""
-        return len(self._buf.strip())
+        """Bytes of an event not yet ended (at the end of a body: an event cut short). Cheap: a long
+        buffer is counted as it is, a short one without its surrounding whitespace."""
+        n = len(self._buf)
+        return n if n > 4096 else len(bytes(self._buf).strip())
 
     def feed(self, data: bytes) -> list[bytes]:
-        buf = self._buf + data
-        if b"\r" in buf:
-            # a CR at the very end may be the first half of a CRLF: keep it for the next piece
-            keep = buf.endswith(b"\r")
-            buf = (buf[:-1] if keep else buf).replace(b"\r\n", b"\n").replace(b"\r", b"\n") + (b"\r" if keep else b"")
+        if self._cr:
+            self._cr = False
+            if data[:1] == b"\n":
+                data = data[1:]
+        if b"\r" in data:
+            self._cr = data.endswith(b"\r")
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        buf = self._buf
+        if not buf and data.endswith(b"\n\n") and data.find(b"\n\n") == len(data) - 2:
+            # the common read: exactly one whole event
+            return [p] if (p := _payload(data[:-2])) else []
+        buf += data
         out: list[bytes] = []
         start = 0
-        while (end := buf.find(b"\n\n", start)) >= 0:
-            event = buf[start:end]
-            start = end + 2
-            payload = event[6:] if event.startswith(b"data: ") and b"\n" not in event else _data_of(event)
+        pos = self._scan
+        while (end := buf.find(b"\n\n", pos)) >= 0:
+            payload = _payload(bytes(buf[start:end]))
+            start = pos = end + 2
             if payload:  # an event without data (or with empty data) is not dispatched
                 out.append(payload)
-        self._buf = buf[start:]
+        if start:
+            del buf[:start]
+        self._scan = max(0, len(buf) - 1)  # a LF at the end may be the first of a blank line
+        if len(buf) > self.max_event_bytes:
+            size = len(buf)
+            buf.clear()
+            self._scan = 0
+            raise StreamError("event_too_large", f"an SSE event grew past {self.max_event_bytes} bytes "
+                                                 f"({size} pending) without ending")
         return out
+
+
+def _payload(event: bytes) -> bytes | None:
+    return event[6:] if event.startswith(b"data: ") and b"\n" not in event else _data_of(event)
 
 
 def _data_of(event: bytes) -> bytes | None:

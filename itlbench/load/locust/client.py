@@ -106,7 +106,7 @@ class GeventStreamClient(StreamClient):
     def _read_lines(self, raw: Any, ex: _Exchange) -> None:
         """Wait for the next line, take with it everything that read brought, and stamp it all with
         the time the read returned (the aiohttp client's `readany` semantics), then parse."""
-        events = SseEvents()
+        events = SseEvents(self.target.max_event_bytes)
         readline = raw.readline
         t = _now()
         while True:

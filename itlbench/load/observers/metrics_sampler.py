@@ -78,8 +78,9 @@ class MetricsSampler:
     """
 
     def __init__(self, base_url: str, writer: RowWriter, *, api_key: str | None = None,
-                 interval_s: float = 0.0, timeout_s: float = SCRAPE_TIMEOUT_S) -> None:
+                 interval_s: float = 0.0, timeout_s: float = SCRAPE_TIMEOUT_S, max_bytes: int = 64 << 20) -> None:
         self.url = metrics_url(base_url)
+        self.max_bytes = max_bytes  # a bigger body is not kept (the `metrics` limit of load.clients.limits)
         self.writer = writer
         self.interval_s = interval_s
         self.timeout_s = timeout_s
@@ -113,10 +114,12 @@ class MetricsSampler:
         try:
             async with self._session.get(self.url, headers=self.headers) as resp:
                 row["http_status"] = resp.status
-                raw = await resp.read()
+                raw = await _read_capped(resp, self.max_bytes)
             end = time.perf_counter_ns()
-            row["bytes"] = len(raw)
-            if resp.status != 200:
+            row["bytes"] = len(raw) if raw is not None else None
+            if raw is None:
+                row["error"] = f"body_too_large: {self.url} sent more than {self.max_bytes} bytes (--limits metrics=...)"
+            elif resp.status != 200:
                 row["error"] = f"HTTP {resp.status}: {raw[:200].decode(errors='replace').strip()}"
             else:
                 self._bodies.append(_Body(start, end, reason, resp.status, raw.decode(errors="replace"), row))
@@ -168,3 +171,14 @@ class MetricsSampler:
             self.writer.add("scrapes", row)
         return n
 
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes | None:
+    """The body, or None once it passes `max_bytes` (the rest is never read)."""
+    pieces, size = [], 0
+    async for piece in resp.content.iter_chunked(64 << 10):
+        size += len(piece)
+        if size > max_bytes:
+            return None
+        pieces.append(piece)
+    return b"".join(pieces)
