@@ -65,6 +65,7 @@ class Hardware:
     gemm_m_half: float = 0.0  # rows at which a GEMM reaches half its large-M efficiency (operators)
     attn_mem_eff: float = 0.0  # share of bandwidth attention reaches reading K/V (0: mem_eff)
     kernel_s: float = 0.0  # least time of one kernel (operators)
+    roof_blend: float = 0.0  # GEMM time = p-norm of its two roofs with this p (0: their max) (operators)
     graph_overhead_s: float | None = None  # per decode-only step replayed as a CUDA graph (None: step_overhead_s)
     interconnect: str = ""
     link_bw: float = 0.0
@@ -78,7 +79,7 @@ class Hardware:
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ConfigError(f"gpu.{name}", f"must be a positive number, got {value!r}")
         for name in ("step_overhead_s", "seq_overhead_s", "peak_flops_fp8", "fp8_gemm_eff", "gemm_m_half",
-                     "attn_mem_eff", "kernel_s", "link_bw", "link_latency_s"):
+                     "attn_mem_eff", "kernel_s", "roof_blend", "link_bw", "link_latency_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value >= 0):
                 raise ConfigError(f"gpu.{name}", f"must be >= 0, got {value!r}")
@@ -188,8 +189,8 @@ _DATASHEETS: dict[str, Hardware] = {
                  bf16_src="BF16 312 TFLOPS dense (624 with sparsity)", fp8_src="no FP8 tensor cores",
                  bw_src="2,039 GB/s HBM2e (SXM)", mem_src="80 GB", link_src="NVLink 600 GB/s (300 GB/s each way)"),
     "a100-pcie": _gpu("a100-pcie", "A100 80GB PCIe", 312e12, 0.0, 1.935e12, 80e9, "NVLink bridge", 300e9, 8e-6,
-                      _A100_DS, bf16_src="BF16 312 TFLOPS dense; 300 W board power (400 W SXM): the fit gives it "
-                      "its own GEMM efficiency", fp8_src="no FP8 tensor cores", bw_src="1,935 GB/s HBM2e (PCIe)",
+                      _A100_DS, bf16_src="BF16 312 TFLOPS dense (300 W board; the fit "
+                      "gives it its own GEMM efficiency)", fp8_src="no FP8 tensor cores", bw_src="1,935 GB/s HBM2e (PCIe)",
                       mem_src="80 GB", link_src="NVLink bridge for 2 GPUs 600 GB/s (300 GB/s each way); "
                       "Sarathi-Serve's Azure NC A100 v4 pairs"),
     "l40s": _gpu("l40s", "L40S", 362.05e12, 733e12, 864e9, 48e9, "PCIe Gen4 x16", 32e9, 15e-6, _L40S_DS,
@@ -211,9 +212,11 @@ _DATASHEETS: dict[str, Hardware] = {
 # on A100 SXM (Vidur, TensorRT-LLM), A100 PCIe (Sarathi-Serve) and H100 FP8 (TensorRT-LLM); the other GPUs
 # take the A100 SXM's (an assumption, marked in their sources). The step overheads are a vLLM-like engine's.
 FIT: dict[str, float] = {
-    "gemm_eff_a100": 0.72, "gemm_eff_a100_pcie": 0.55, "fp8_gemm_eff_h100": 0.45,
-    "gemm_m_half": 40.0, "attn_eff": 0.50, "mem_eff": 0.85, "attn_mem_eff": 0.70, "kernel_s": 5e-6,
-    "link_eff": 0.70, "step_overhead_s": 0.004, "graph_overhead_s": 0.0015, "seq_overhead_s": 20e-6,
+    "gemm_eff_a100": 0.744, "gemm_eff_a100_pcie": 0.848, "fp8_gemm_eff_h100": 0.508, "gemm_m_half": 20.2,
+    "attn_eff": 0.361, "mem_eff": 0.833, "attn_mem_eff": 0.934, "kernel_s": 5.12e-6, "link_eff": 0.502,
+    "roof_blend": 2.93,
+    # not fitted (no published vLLM step overheads): a vLLM-like engine's fixed costs, stated as assumptions
+    "step_overhead_s": 0.004, "graph_overhead_s": 0.0015, "seq_overhead_s": 20e-6,
 }
 
 
@@ -225,7 +228,7 @@ def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
         "gemm_eff": FITTED if own else f"assumed: the A100 SXM's fitted value ({FITTED})",
         "fp8_gemm_eff": f"fitted on H100 (TensorRT-LLM TTFT), assumed elsewhere; {FITTED}" if fp8 else "",
         "gemm_m_half": FITTED, "attn_eff": FITTED, "mem_eff": FITTED, "attn_mem_eff": FITTED,
-        "kernel_s": FITTED, "link_eff": FITTED,
+        "kernel_s": FITTED, "link_eff": FITTED, "roof_blend": FITTED,
         "step_overhead_s": "assumed: a vLLM-like engine's eager per-step cost (Sarathi-Serve's prototype, fitted "
                            "separately in sim/published.py, costs more)",
         "graph_overhead_s": "assumed: per-step cost with CUDA graphs replaying decode steps",
@@ -234,6 +237,7 @@ def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
     return hw.with_(cost_model="operators", counting="executed", gemm_eff=gemm, fp8_gemm_eff=fp8,
                     gemm_m_half=fit["gemm_m_half"], attn_eff=fit["attn_eff"], mem_eff=fit["mem_eff"],
                     attn_mem_eff=fit["attn_mem_eff"], kernel_s=fit["kernel_s"], link_eff=fit["link_eff"],
+                    roof_blend=fit["roof_blend"],
                     step_overhead_s=fit["step_overhead_s"], graph_overhead_s=fit["graph_overhead_s"],
                     seq_overhead_s=fit["seq_overhead_s"], sources=sources)
 

@@ -5,7 +5,8 @@ A decoder step runs, per layer, the QKV projection, attention, the output projec
 then the LM head on the rows that sample. The kernels run one after another, so each meets its own
 roof and the step is their sum, not one whole-step max(compute, memory):
 
-- a weight GEMM of M rows: max(FLOPs / (peak · e(M)), bytes / (bandwidth · mem_eff)) + kernel_s, with
+- a weight GEMM of M rows: the larger of FLOPs / (peak · e(M)) and bytes / (bandwidth · mem_eff), or
+  their roof_blend-norm (a kernel near the ridge overlaps loads and math imperfectly), + kernel_s, with
   e(M) = gemm_eff · M / (M + gemm_m_half): few-row products fill few tiles of the GPU and run far from
   peak (Vidur's A100 profiles: a 128-row QKV at ~45 % of peak where 8,192 rows reach ~70 %);
 - attention: compute over the causal query-key pairs at attn_eff (prefill), or the K/V read at
@@ -52,7 +53,17 @@ def gemm_parts(cm: CostModel, rows: int, d_in: int, d_out: int, hw: Hardware) ->
 def gemm_seconds(cm: CostModel, name: str, rows: int, hw: Hardware) -> float:
     """One layer GEMM ('qkv', 'o', 'gate_up', 'down') of `rows` rows: what an operator profile records."""
     d_in, d_out = layer_gemm_shapes(cm)[name]
-    return max(gemm_parts(cm, rows, d_in, d_out, hw)) + hw.kernel_s
+    return blend(*gemm_parts(cm, rows, d_in, d_out, hw), hw) + hw.kernel_s
+
+
+def blend(compute: float, memory: float, hw: Hardware) -> float:
+    """A kernel's time from its two roofs: the larger (roof_blend 0), or their `roof_blend`-norm, which
+    charges a kernel near the ridge for overlapping its loads and its math imperfectly."""
+    k = hw.roof_blend
+    if k <= 0 or compute == 0 or memory == 0:
+        return max(compute, memory)
+    hi = max(compute, memory)
+    return hi * ((compute / hi) ** k + (memory / hi) ** k) ** (1 / k)
 
 
 def attention_parts(cm: CostModel, shape: StepShape, hw: Hardware) -> tuple[float, float]:
@@ -82,7 +93,8 @@ def operator_time(cm: CostModel, shape: StepShape, hw: Hardware) -> StepTime:
     kernels = 0
     for d_in, d_out in layer_gemm_shapes(cm).values():
         c, mem = gemm_parts(cm, rows, d_in, d_out, hw)
-        compute, memory = (compute + c, memory) if c >= mem else (compute, memory + mem)
+        t = blend(c, mem, hw)
+        compute, memory = (compute + t, memory) if c >= mem else (compute, memory + t)
         kernels += 1
     c, mem = attention_parts(cm, shape, hw)
     compute, memory = (compute + c, memory) if c >= mem else (compute, memory + mem)
@@ -92,7 +104,8 @@ def operator_time(cm: CostModel, shape: StepShape, hw: Hardware) -> StepTime:
     kernels *= layers
     if shape.sampled:
         c, mem = gemm_parts(cm, shape.sampled, cm.model.hidden_size, cm.model.vocab_size // cm.tp, hw)
-        compute, memory = (compute + c, memory) if c >= mem else (compute, memory + mem)
+        t = blend(c, mem, hw)
+        compute, memory = (compute + t, memory) if c >= mem else (compute, memory + t)
         kernels += 1
     memory += cm.act_bytes * rows * cm.model.hidden_size / (hw.mem_bw * hw.mem_eff)  # embedding gather
     comm = 2 * layers * cm.allreduce_s(rows, hw)
