@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
-from typing import NoReturn
+import sys
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -35,6 +37,16 @@ def finite(value: object) -> object:
     if isinstance(value, list):
         return [finite(v) for v in value]
     return value
+
+
+AsJson = Annotated[bool, typer.Option("--json", help="Print the figures of the table(s) as JSON on stdout (SI "
+                                            "units), instead of the tables.")]
+
+
+def print_json(doc: Any) -> None:
+    """`--json`: the document the tables are drawn from, on stdout, parseable (infinities as null)."""
+    json.dump(finite(doc), sys.stdout, indent=2, default=str)
+    print()
 
 
 def write_report(run_dir: object) -> None:

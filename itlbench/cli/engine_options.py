@@ -68,8 +68,12 @@ def engine_options(*, exclude: Iterable[str] = (), only: Iterable[str] | None = 
     overrides = defaults or {}
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        sig = inspect.signature(fn, eval_str=True)
-        own = [p for p in sig.parameters.values() if p.name != "engine_flags"]
+        sig = inspect.signature(fn)
+        # resolved here, in the command's own module: typer would resolve the string annotations in this
+        # module's namespace and miss the command's Annotated aliases (their flag name and help)
+        hints = typing.get_type_hints(fn, include_extras=True)
+        own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values()
+               if p.name != "engine_flags"]
         extra = [_parameter(n, overrides.get(n, _field_default(n))) for n in names]
 
         @functools.wraps(fn)

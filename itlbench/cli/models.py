@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from itlbench.cli.app import app, console, fail, finite
+from itlbench.cli.app import AsJson, app, console, fail, print_json
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.serving.build import require_torch_engine
 
 
 @app.command()
-def workloads(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+def workloads(as_json: AsJson = False) -> None:
     """List the workload catalog with its prompt and output lengths."""
     from itlbench.report.terminal import print_catalog
     from itlbench.workloads import catalog_table
@@ -24,8 +22,7 @@ def workloads(as_json: Annotated[bool, typer.Option("--json", help="Print JSON."
     keys = ("name", "mean_in", "mean_out", "in_out", "notes")
     rows = [dict(zip(keys, row, strict=True)) for row in catalog_table()]
     if as_json:
-        json.dump(rows, sys.stdout, indent=2)
-        print()
+        print_json(rows)
         return
     print_catalog(Console(), rows)
 
@@ -74,7 +71,7 @@ def calibrate(
     seed: Annotated[int, typer.Option(help="Seed of the held-out split.")] = 0,
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree the runs used: step costs are per GPU, 1/tp "
                                     "of the model.")] = 1,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the profile and errors as JSON.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Fit the simulator's efficiencies and per-step overhead to real step logs; save a --gpu profile."""
     from itlbench.sim.calibrate import calibrate as fit
@@ -93,8 +90,7 @@ def calibrate(
         fail(exc)
         return
     if as_json:
-        json.dump(finite(result.to_dict() | {"profile_path": str(out)}), sys.stdout, indent=2)
-        print()
+        print_json(result.to_dict() | {"profile_path": str(out)})
         return
     from itlbench.report.roofline import print_calibration
 
@@ -132,7 +128,7 @@ def roofline(
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree: costs per GPU, two all-reduces per layer.")] = 1,
     dtype: Annotated[str, typer.Option(help="auto (the profile's), bfloat16, float16 or fp8 (one-byte weights and "
                                        "K/V, the FP8 tensor rate).")] = "auto",
-    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON (SI units).")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Roofline tables: GEMM and step intensity, prefill vs decode cost, ITL floor, crossover, GPUs side by side."""
     from itlbench.core.presets import load_model_config
@@ -155,7 +151,6 @@ def roofline(
         fail(exc)
         return
     if as_json:
-        json.dump(finite(doc), sys.stdout, indent=2)
-        print()
+        print_json(doc)
         return
     print_roofline(Console(), doc)

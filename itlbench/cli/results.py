@@ -8,15 +8,16 @@ from typing import Annotated
 
 import typer
 
-from itlbench.cli.app import app, console, fail, write_report
+from itlbench.cli.app import AsJson, app, console, fail, print_json, write_report
 from itlbench.errors import ConfigError, ItlbenchError
 
 
 @app.command()
-def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory written by `itlbench run`.")]) -> None:
+def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory written by `itlbench run`.")],
+            as_json: AsJson = False) -> None:
     """Recompute summary.json from a run directory's records (e.g. after an interrupted run)."""
     from itlbench.analysis.summary import analyze_run
-    from itlbench.report.terminal import print_summary
+    from itlbench.report.terminal import engine_warnings, print_summary
     from itlbench.rundir.store import RunStore
 
     if not (run_dir / "run.json").is_file():
@@ -27,9 +28,13 @@ def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory writte
         fail(exc)
         return
     RunStore(run_dir).write_json("summary.json", summary)
-    print_summary(console, summary, run_dir)
+    if not as_json:
+        print_summary(console, summary, run_dir)
     write_report(run_dir)
-    print(run_dir)
+    if as_json:
+        print_json({"run_dir": str(run_dir), "summary": summary, "warnings": engine_warnings(run_dir)})
+    else:
+        print(run_dir)
 
 
 @app.command()
@@ -55,11 +60,12 @@ def compare(
     out: Annotated[Path | None, typer.Option(help="Report directory (default reports/<time>-compare).")] = None,
     slo: Annotated[str | None, typer.Option(help="SLOs to judge the runs by, e.g. 'ttft:le2k=2s,itl_p99=150ms'.")] = None,
     force: Annotated[bool, typer.Option(help="Compare runs whose workload, seed or injection differ.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Compare finished runs: one row each, overlaid figures and a verdict per SLO."""
     import datetime as dt
 
-    from itlbench.report.compare import print_comparison, write_compare_report
+    from itlbench.report.compare import comparison_doc, print_comparison, write_compare_report
 
     for d in run_dirs:
         if not (d / "run.json").is_file():
@@ -71,6 +77,9 @@ def compare(
         written, rows, verdict = write_compare_report(run_dirs, target, slo, force, command=command)
     except ItlbenchError as exc:
         fail(exc)
+        return
+    if as_json:
+        print_json(comparison_doc(rows, verdict, written.html))
         return
     print_comparison(console, rows, verdict, written.html)
     print(written.html)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from itlbench.cli.app import app, console, fail, write_report
+from itlbench.cli.app import AsJson, app, console, fail, print_json, write_report
 from itlbench.cli.engine_options import engine_config_from_flags, engine_options
 from itlbench.core.engine_config import EngineConfig
 from itlbench.errors import ItlbenchError
@@ -76,11 +76,12 @@ def run(
     metrics_port: Annotated[str | None, typer.Option(help="Serve live itlbench_client_* metrics for Prometheus on "
                                                           "this port (PORT or HOST:PORT; loopback by default).")] = None,
     otlp_endpoint: OtlpEndpoint = None,
+    as_json: AsJson = False,
     engine_flags: dict | None = None,
 ) -> None:
     """Drive a workload (and injected long prompts) against the bundled engine or --endpoint."""
     from itlbench.harness.run_config import RunConfig
-    from itlbench.report.terminal import LiveProgress, print_summary
+    from itlbench.report.terminal import LiveProgress, engine_warnings, print_summary
 
     try:
         engine = engine_config_from_flags(engine_flags, model=None if endpoint else model)
@@ -109,9 +110,13 @@ def run(
     except ItlbenchError as exc:
         fail(exc)
         return
-    print_summary(console, summary, run_dir)
+    if not as_json:
+        print_summary(console, summary, run_dir)
     if engine.engine == "sim" and engine.sim_time_scale != 1:
         console.print(f"[yellow]simulated at {engine.sim_time_scale:g}× speed: every time above is 1/"
                       f"{engine.sim_time_scale:g} of the simulated GPU's[/]", highlight=False)
     write_report(run_dir)
-    print(run_dir)
+    if as_json:
+        print_json({"run_dir": str(run_dir), "summary": summary, "warnings": engine_warnings(run_dir)})
+    else:
+        print(run_dir)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from itlbench.cli.app import app, console, fail
+from itlbench.cli.app import AsJson, app, console, fail, print_json
 from itlbench.cli.engine_options import engine_config_from_flags, engine_options
 from itlbench.errors import ItlbenchError
 from itlbench.serving.build import require_engine_for
@@ -22,13 +24,14 @@ def sweep(
     policy: Annotated[str, typer.Option("--policy", help="budget, prefill-first, or both comma-separated.")] = "budget",
     out: Annotated[Path | None, typer.Option(help="Sweep directory (default reports/<time>-sweep-…).")] = None,
     slo: Annotated[str | None, typer.Option(help="SLOs for each run and the verdict.")] = None,
+    as_json: AsJson = False,
 ) -> None:
     """Run the same seeded workload once per chunk budget (any `itlbench run` option after these), then compare.
 
     Example: itlbench sweep --chunk-budget 512,2048,none --workload rag --inject 32k --duration 30
     """
     from itlbench.experiments.sweep import SweepAborted, default_sweep_dir, parse_settings, run_sweep
-    from itlbench.report.compare import print_comparison, write_compare_report
+    from itlbench.report.compare import comparison_doc, print_comparison, write_compare_report
 
     run_args = list(ctx.args) + (["--slo", slo] if slo else [])
     command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
@@ -46,7 +49,10 @@ def sweep(
     try:
         settings = parse_settings(chunk_budget, policy)
         target = out or default_sweep_dir(run_args)
-        done = run_sweep(settings, run_args, target, invoke_run, on_status=lambda s: console.print(f"[dim]{s}[/]"))
+        # with --json, stdout carries one document: each run's own stdout line goes to stderr
+        with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+            done = run_sweep(settings, run_args, target, invoke_run,
+                             on_status=lambda s: console.print(f"[dim]{s}[/]"))
         if not done:
             fail(ItlbenchError("sweep: no run finished; nothing to compare"))
             return
@@ -57,6 +63,9 @@ def sweep(
         raise typer.Exit(exc.code) from None
     except ItlbenchError as exc:
         fail(exc)
+        return
+    if as_json:
+        print_json(comparison_doc(rows, verdict, written.html) | {"sweep_dir": str(target)})
         return
     print_comparison(console, rows, verdict, written.html)
     print(target)

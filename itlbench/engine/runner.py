@@ -26,6 +26,7 @@ from itlbench.core.scheduler_output import SchedulerOutput
 from itlbench.core.steps import step_tokens_note
 from itlbench.engine.attention import choose, make_backend
 from itlbench.engine.batch import FlatBatch, Flattener
+from itlbench.engine.cpu import native
 from itlbench.engine.cpu import weights as cpu_weights
 from itlbench.engine.cpu.decode_forward import NativeDecodeForward
 from itlbench.engine.cuda_graph import DecodeGraphs, graph_buckets
@@ -133,6 +134,9 @@ class ModelRunner:
         else:
             load_weights(self.model, model_config, config.seed)
         self.weight_layout = "as loaded"
+        # a CPU engine without its native library measures the slow path: run.json must say so
+        fallback = native.fallback_warning() if self.device.type == "cpu" else None
+        self.warnings: tuple[str, ...] = (fallback,) if fallback else ()
         if self.device.type == "cpu":
             gemm = cpu_weights.panel_gemm() if self.dtype == torch.float32 else None
             self.weight_layout = cpu_weights.pack_projections(self.model, gemm)
@@ -173,7 +177,7 @@ class ModelRunner:
         return RunnerInfo(device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
                           attention=self.attention, block_size=self.block_size,
                           decode_kernel=getattr(self.backend, "decode_kernel", getattr(self.backend, "name", None)),
-                          weight_layout=self.weight_layout)
+                          weight_layout=self.weight_layout, warnings=self.warnings)
 
     def run(self, output: SchedulerOutput, label: str = "step") -> StepRun:
         """Flatten the chunks into one row batch, run the model, sample the rows that yield a token."""

@@ -20,6 +20,7 @@ from itlbench.core.engine_config import EngineConfig
 from itlbench.errors import ItlbenchError
 from itlbench.harness.http_json import request_json
 from itlbench.system.malloc import env_with_malloc_tunables
+from itlbench.system.parent import PARENT_PID_ENV
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -60,7 +61,7 @@ class BundledServer:
         self.port = self.port or free_port(self.host)
         cmd = server_command(self.engine, self.host, self.port, self.otlp_endpoint)
         env = env_with_malloc_tunables()
-        env["ITLBENCH_PARENT_PID"] = str(os.getpid())  # the server exits when this process dies
+        env[PARENT_PID_ENV] = str(os.getpid())  # the server exits when this process dies
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child for its lifetime
         self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -84,9 +85,6 @@ class BundledServer:
         self.stop()
         raise ItlbenchError(f"the bundled engine server did not become healthy within {self.start_timeout_s:.0f} s; "
                             f"its log:\n{self.tail_log()}")
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
 
     def tail_log(self, lines: int = 30) -> str:
         try:

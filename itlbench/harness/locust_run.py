@@ -29,6 +29,7 @@ from itlbench.errors import ItlbenchError
 from itlbench.harness.run_config import RunConfig
 from itlbench.load.driver import DriveResult, Warmup
 from itlbench.load.locust import require_locust
+from itlbench.load.locust.auth import TOKEN_ENV, USER_KEY_ENV, new_token
 from itlbench.load.locust.job import (
     API_KEY_ENV,
     LOG_FILE,
@@ -56,11 +57,12 @@ def job_for_run(cfg: RunConfig, spec: LoadSpec, target: Target, run_dir: Path) -
                               worker_wait_s=120.0 if cfg.master_bind is None else 900.0)
 
 
-def worker_command(master_bind: str, port: int) -> str:
+def worker_command(master_bind: str, port: int, token: str) -> str:
+    """What starts a worker by hand: the run's token in its environment (off the process list)."""
     host, _ = parse_host_port(master_bind, "--master-bind")
     if host in ("0.0.0.0", "*", "::"):
         host = socket.gethostname()
-    return f"itlbench locust-worker --master {host}:{port}"
+    return f"{TOKEN_ENV}={token} itlbench locust-worker --master {host}:{port}"
 
 
 class _Procs:
@@ -68,25 +70,28 @@ class _Procs:
 
     def __init__(self, job: LocustJob, log_path: Path) -> None:
         self.job = job
+        self.token = new_token()  # this run's: only workers holding it get a share
         self.log_path = log_path
         self.log = open(log_path, "ab")  # noqa: SIM115 - closed in close()
         self.master: asyncio.subprocess.Process | None = None
         self.workers: list[asyncio.subprocess.Process] = []
 
-    async def start_master(self, job_file: Path, api_key: str | None) -> None:
-        env = dict(os.environ)
-        env.pop(API_KEY_ENV, None)
-        if api_key:  # never written into the run directory; the master hands it to its workers
-            env[API_KEY_ENV] = api_key
+    async def start_master(self, job_file: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, USER_KEY_ENV)}  # the master sends no load
+        env[TOKEN_ENV] = self.token
         self.master = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "itlbench.load.locust.master", str(job_file),
             stdout=asyncio.subprocess.PIPE, stderr=self.log, start_new_session=True, env=env)
 
-    async def start_workers(self, port: int) -> None:
+    async def start_workers(self, port: int, api_key: str | None) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, USER_KEY_ENV)}
+        env[TOKEN_ENV] = self.token
+        if api_key:  # never written into the run directory nor sent over Locust's channel
+            env[API_KEY_ENV] = api_key
         for _ in range(self.job.workers):
             self.workers.append(await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "itlbench.load.locust.worker", "--master", f"127.0.0.1:{port}",
-                stdout=self.log, stderr=self.log, start_new_session=True))
+                stdout=self.log, stderr=self.log, start_new_session=True, env=env))
 
     def signal_master(self, sig: int) -> None:
         if self.master is not None and self.master.returncode is None:
@@ -152,15 +157,17 @@ async def drive_locust(job: LocustJob, store: RunStore, *, on_progress: Callable
 
     exit_codes: dict[int, int | None] = {}
     try:
-        await procs.start_master(job_file, api_key)
+        await procs.start_master(job_file)
         assert procs.master is not None
         reader = asyncio.create_task(_read_events(procs.master, handle))
         port = await _first_port(listening, reader, procs)
         doc["master_port"] = port
         if job.master_bind is None:
-            await procs.start_workers(port)
+            await procs.start_workers(port, api_key)
         else:
-            on_status(f"waiting for {job.workers} worker(s): start each with `{worker_command(job.master_bind, port)}`")
+            key = f" with {USER_KEY_ENV} set there" if api_key else ""
+            on_status(f"waiting for {job.workers} worker(s): start each{key} with "
+                      f"`{worker_command(job.master_bind, port, procs.token)}`")
         watcher = asyncio.create_task(_forward_stop(stop_event, procs)) if stop_event is not None else None
         await reader
         if watcher is not None:

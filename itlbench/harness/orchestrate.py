@@ -50,7 +50,7 @@ ProgressFn = Callable[[ProgressSnapshot], None]
 def default_run_dir(cfg: RunConfig) -> Path:
     """reports/<UTC time>-<workload>[-inj<spec>]-<budget> — sortable and self-describing."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
-    parts = [stamp, cfg.workload]
+    parts = [stamp, re.sub(r"[^0-9a-zA-Z-]+", "_", cfg.workload)]  # fixed:IN:OUT → fixed_IN_OUT
     if cfg.inject:
         parts.append("inj" + re.sub(r"[^0-9a-zA-Z]+", "_", cfg.inject))
     if cfg.endpoint is None:
@@ -257,7 +257,10 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         _connect_telemetry(telemetry, cfg, conn, run_dir, run_doc)
         spec = _load_spec(cfg, conn)
         run_doc["plan"] = build_load_plan(spec).description
-        store.write_json("run.json", run_doc)
+        t0 = time.perf_counter_ns()  # a provisional window, kept current at every flush (a SIGKILLed run)
+        measure = t0 + int(cfg.warmup_s * 1e9)
+        store.keep_doc_current("run.json", run_doc, run_start_ns=t0, measure_start_ns=measure,
+                               planned_end_ns=measure + int(cfg.duration_s * 1e9))
         on_status("running")
         result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress, telemetry, on_status,
                                                    driver_doc, run_doc))

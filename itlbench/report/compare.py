@@ -21,7 +21,6 @@ import polars as pl
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 from rich.console import Console
-from rich.table import Table as RichTable
 
 from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.analysis.goodput import SloSet, parse_slo
@@ -32,6 +31,7 @@ from itlbench.report.document import Callout, Document, Links, Section, Table, W
 from itlbench.report.figures import FigureSpec
 from itlbench.report.reproduce import reproduce_command
 from itlbench.report.style import RUN_COLORS, fmt_s, new_figure, tidy
+from itlbench.report.tables import TextTable, print_table
 from itlbench.report.timeline import draw_rows, injected_spans
 
 # Settings that define the question a run answers; runs that differ in one answer different ones.
@@ -401,6 +401,11 @@ def write_compare_report(dirs: list[Path], out_dir: Path, slo: str | None = None
     return written, rows, lines
 
 
+def comparison_doc(rows: list[Row], lines: list[str], html: Path) -> dict[str, Any]:
+    """What `print_comparison` shows, for `--json`: compare.json's rows and verdict, and the report."""
+    return {"report": str(html), "rows": rows_as_dicts(rows), "verdict": lines}
+
+
 def rows_as_dicts(rows: list[Row]) -> list[dict[str, Any]]:
     return [{"setting": r.label, "run_dir": str(r.run.run_dir), "worst_gap_s": r.worst_s, "itl_p50_s": r.p50_s,
              "itl_p99_s": r.p99_s, "itl_p999_s": r.p999_s, "injected_ttft_s": r.injected_ttft_s,
@@ -411,14 +416,13 @@ def rows_as_dicts(rows: list[Row]) -> list[dict[str, Any]]:
 
 def print_comparison(console: Console, rows: list[Row], lines: list[str], html: Path) -> None:
     """The comparison table and verdict on the terminal, then where the report is."""
-    table = RichTable(title="Comparison (steady streams)")
-    for col in ("setting", "worst gap", "ITL p99", "p99.9", "injected TTFT", "output tok/s", "stalls", "valid"):
-        table.add_column(col, justify="left" if col == "setting" else "right")
+    table = TextTable("Comparison (steady streams)",
+                      ("setting", "worst gap", "ITL p99", "p99.9", "injected TTFT", "output tok/s", "stalls", "valid"))
     for r in rows:
         table.add_row(r.label, fmt_s(r.worst_s), fmt_s(r.p99_s), fmt_s(r.p999_s), fmt_s(r.injected_ttft_s),
                       "—" if r.out_tps is None else f"{r.out_tps:,.0f}", f"{r.stalls:,}",
                       {True: "yes", False: "NO", None: "?"}[r.valid])
-    console.print(table)
+    print_table(console, table)
     for line in lines:
         console.print(f"  {line}", highlight=False)
     console.print(f"[bold]Report[/] {html}", highlight=False)

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from itlbench.core.model_config import ModelConfig
+from itlbench.report.tables import TextTable, print_table
 from itlbench.sim.roofline import CostModel, Gemm, Hardware, StepShape
 from itlbench.units import format_tokens
 
@@ -115,27 +115,22 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
                   f"ridge {hw['ridge_flop_per_byte']:.0f} FLOP/B, {hw['dtype']}", highlight=False)
     console.print(f"[dim]{hw['source']}[/]", highlight=False)
 
-    t = Table(title="Weight GEMMs: intensity (FLOP/B) by token rows, and the rows at the ridge")
-    t.add_column("GEMM")
-    t.add_column("d_in × d_out", justify="right")
     counts = list(doc["gemms"][0]["intensity_flop_per_byte"])
-    for n in counts:
-        t.add_column(f"T={n}", justify="right")
-    t.add_column("T at ridge", justify="right")
+    t = TextTable("Weight GEMMs: intensity (FLOP/B) by token rows, and the rows at the ridge",
+                  ["GEMM", "d_in × d_out", *(f"T={n}" for n in counts), "T at ridge"])
     for g in doc["gemms"]:
         t.add_row(g["name"], f"{g['d_in']} × {g['d_out']}", *(_num(g["intensity_flop_per_byte"][n]) for n in counts),
                   _num(g["ridge_tokens"]))
-    console.print(t)
+    print_table(console, t)
 
-    t = Table(title="Steps: FLOPs, bytes, intensity; achievable = min(peak, bandwidth × intensity)")
-    for col in ("case", "GEMM", "attention", "total", "bytes", "FLOP/B", "bound", "achievable", "roofline",
-                "estimated"):
-        t.add_column(col, justify="left" if col == "case" else "right")
+    t = TextTable("Steps: FLOPs, bytes, intensity; achievable = min(peak, bandwidth × intensity)",
+                  ["case", "GEMM", "attention", "total", "bytes", "FLOP/B", "bound", "achievable", "roofline",
+                   "estimated"])
     for p in doc["phases"]:
         t.add_row(p["case"], _si(p["gemm_flops"], "FLOP"), _si(p["attention_flops"], "FLOP"), _si(p["flops"], "FLOP"),
                   _si(p["bytes"], "B"), _num(p["intensity_flop_per_byte"]), p["bound"],
                   _si(p["achievable_flop_per_s"], "FLOP/s"), _time(p["roofline_time_s"]), _time(p["estimated_time_s"]))
-    console.print(t)
+    print_table(console, t)
     console.print(f"weights {_si(doc['weight_bytes'], 'B')} · KV {doc['kv_bytes_per_token']:,} B/token · ITL floor "
                   f"(weights / bandwidth) {_time(doc['itl_floor_s'])} · crossover prompt length "
                   f"{doc['crossover_prompt_tokens']:,.0f} tokens · KV room {doc['kv_capacity_tokens']:,} tokens "
@@ -149,11 +144,10 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
     if not doc["gpus"]:
         return
     case = doc["gpu_table_case"]
-    t = Table(title=f"GPUs side by side (estimated prefill of {format_tokens(case['prefill_tokens'])} tokens; "
-                    f"decode batch {case['decode_batch']} at {format_tokens(case['decode_context'])} context)")
-    for col in ("GPU", "peak", "bandwidth", "ridge", "GEMM ridge T", "crossover", "ITL floor", "decode step",
-                "prefill", "stall ÷ step", "KV room"):
-        t.add_column(col, justify="left" if col == "GPU" else "right")
+    t = TextTable(f"GPUs side by side (estimated prefill of {format_tokens(case['prefill_tokens'])} tokens; "
+                  f"decode batch {case['decode_batch']} at {format_tokens(case['decode_context'])} context)",
+                  ["GPU", "peak", "bandwidth", "ridge", "GEMM ridge T", "crossover", "ITL floor", "decode step",
+                   "prefill", "stall ÷ step", "KV room"])
     for g in doc["gpus"]:
         ratio = g["stall_to_step_ratio"]
         t.add_row(g["label"], _si(g["peak_flop_per_s"], "FLOP/s"), _si(g["bandwidth_bytes_per_s"], "B/s"),
@@ -161,7 +155,7 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
                   _time(g["itl_floor_s"]), _time(g["decode_step_s"]), _time(g["prefill_s"]),
                   "—" if ratio is None else f"{ratio:,.0f}×",
                   "does not fit" if g["kv_capacity_tokens"] <= 0 else f"{g['kv_capacity_tokens']:,}")
-    console.print(t)
+    print_table(console, t)
 
 
 def print_calibration(console: Console, result: Any, path: Any) -> None:
@@ -169,12 +163,10 @@ def print_calibration(console: Console, result: Any, path: Any) -> None:
     console.print(f"[bold]{hw.name}[/]: GEMM {hw.gemm_eff:.1%} of {_si(hw.peak_flops, 'FLOP/s')}, attention "
                   f"{hw.attn_eff:.1%}, bandwidth {hw.mem_eff:.1%} of {_si(hw.mem_bw, 'B/s')}, "
                   f"{hw.step_overhead_s * 1e3:.2f} ms per step (fit on {result.fit_steps} steps)", highlight=False)
-    t = Table(title="Prediction error on held-out steps")
-    for col in ("phase", "steps", "median step", "MAPE", "median APE"):
-        t.add_column(col, justify="left" if col == "phase" else "right")
+    t = TextTable("Prediction error on held-out steps", ["phase", "steps", "median step", "MAPE", "median APE"])
     for phase, e in result.errors.items():
         t.add_row(phase, f"{e['steps']:,}", _time(e["median_s"]), f"{e['mape']:.1%}", f"{e['median_ape']:.1%}")
-    console.print(t)
+    print_table(console, t)
     if max(hw.gemm_eff, hw.attn_eff, hw.mem_eff) > 1:
         console.print("[yellow]an efficiency above 100 % means the roofs it is relative to (measured now, or "
                       "--base) are below what the run reached: a busier machine now, or the wrong --base[/]",

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from itlbench.load.progress import ProgressSnapshot
+from itlbench.report.tables import TextTable, print_table
 
 BUCKET_ORDER = ("le128", "le512", "le2k", "le8k", "le32k", "gt32k")
 
@@ -80,24 +81,21 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
     console.print(f"\n[bold]Run[/] {run_dir}  requests: {reqs.get('total', 0)} "
                   f"(ok {reqs.get('ok', 0)}, errors {reqs.get('error', 0)}, timeouts {reqs.get('timeout', 0)}, "
                   f"cancelled {reqs.get('cancelled', 0)}, injected {reqs.get('injected', 0)})")
-    ttft = Table(title="TTFT by prompt bucket (s)", show_lines=False,
-                 caption="— : too few requests for that percentile (p90 needs 10, p99 needs 100)")
-    for col in ("bucket", "count", "p50", "p90", "p99", "max"):
-        ttft.add_column(col, justify="right")
+    ttft = TextTable("TTFT by prompt bucket (s)", ("bucket", "count", "p50", "p90", "p99", "max"),
+                     caption="— : too few requests for that percentile (p90 needs 10, p99 needs 100)")
     buckets = summary.get("ttft_s", {})
     for name in (*BUCKET_ORDER, "all"):
         b = buckets.get(name)
         if b and b.get("count"):
             ttft.add_row(name, str(b.get("count")), *_stat_row(b, ("p50", "p90", "p99", "max"), _s))
-    console.print(ttft)
+    print_table(console, ttft)
     _print_injected(console, summary)
     itl = summary.get("itl_s", {})
-    itl_t = Table(title="Inter-token latency, pooled per gap, steady streams (ms)",
-                  caption=None if (itl.get("count") or 0) >= 1000 else "— : too few gaps for that percentile")
-    for col in ("gaps", "p50", "p90", "p95", "p99", "p99.9", "max"):
-        itl_t.add_column(col, justify="right")
+    itl_t = TextTable("Inter-token latency, pooled per gap, steady streams (ms)",
+                      ("gaps", "p50", "p90", "p95", "p99", "p99.9", "max"), labels=0,
+                      caption=None if (itl.get("count") or 0) >= 1000 else "— : too few gaps for that percentile")
     itl_t.add_row(str(itl.get("count", 0)), *_stat_row(itl, ("p50", "p90", "p95", "p99", "p999", "max")))
-    console.print(itl_t)
+    print_table(console, itl_t)
     stalls = summary.get("stalls", {})
     split = summary.get("split", {})
     thr = summary.get("throughput", {})
@@ -126,6 +124,24 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
         console.print(f"[bold]Engine check[/] worst client gap {_s(check.get('worst_client_gap_s'))} s vs longest "
                       f"engine step {_s(check.get('longest_step_s'))} s")
     _print_validity(console, summary)
+    print_engine_warnings(console, run_dir)
+
+
+def engine_warnings(run_dir: Path) -> list[str]:
+    """What the engine warned of in run.json (e.g. a CPU engine on its slow path without the native
+    library): figures that do not mean what they seem, so the terminal repeats them after the tables."""
+    try:
+        run = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return []
+    engine = run.get("engine") or {}
+    engine = engine.get("itlbench", engine)  # an external itlbench server nests its /v1/engine
+    return [str(w) for w in ((engine.get("serving") or {}).get("warnings") or [])]
+
+
+def print_engine_warnings(console: Console, run_dir: Path) -> None:
+    for warning in engine_warnings(run_dir):
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
 
 
 def _print_goodput(console: Console, good: dict[str, Any]) -> None:
@@ -221,12 +237,14 @@ def _event_line(ev: dict[str, Any]) -> str:
 
 
 def print_catalog(console: Console, rows: list[dict[str, Any]]) -> None:
-    table = Table(title="Workloads (prompt:output tokens, lognormal around the means)")
+    """The workload catalog; its notes are prose, so they wrap instead of the table turning."""
     if not rows:
         console.print("(empty catalog)")
         return
-    for col in rows[0]:
-        table.add_column(col.replace("_", " "), justify="right" if col.startswith("mean") else "left")
+    columns = list(rows[0])
+    table = TextTable("Workloads (prompt:output tokens, lognormal around the means)",
+                      [col.replace("_", " ") for col in columns], turnable=False,
+                      left=tuple(i for i, col in enumerate(columns) if not col.startswith("mean")))
     for row in rows:
         table.add_row(*[str(v) for v in row.values()])
-    console.print(table)
+    print_table(console, table)

@@ -14,6 +14,7 @@ import typing
 import polars as pl
 
 from itlbench.core.steps import StepRecord
+from itlbench.rundir.coerce import as_count, as_int64, coercer, typed_series
 
 _POLARS_OF: dict[object, pl.DataType] = {
     int: pl.Int64(), float: pl.Float64(), str: pl.Utf8(), bool: pl.Boolean(),
@@ -136,17 +137,53 @@ def empty(table: str) -> pl.DataFrame:
     return pl.DataFrame(schema=TABLES[table])
 
 
-def columns_frame(table: str, columns: dict[str, list[object]]) -> pl.DataFrame:
-    """Columns (missing ones become null) as a frame with the table's exact schema."""
+def typed_frame(table: str, columns: dict[str, list[object]]) -> tuple[pl.DataFrame, int]:
+    """(frame with the table's exact schema, cells coerced). The fast path builds it strictly; a batch
+    holding a cell of the wrong type (a peer's doing) is rebuilt column by column, and the cells that
+    cannot be made their column's type become null (`coerce.typed_series`) instead of failing the batch."""
     schema = TABLES[table]
     n = len(next(iter(columns.values()), []))
-    return pl.DataFrame({k: columns.get(k, [None] * n) for k in schema}, schema=schema)
+    data = {k: columns.get(k, [None] * n) for k in schema}
+    try:
+        return pl.DataFrame(data, schema=schema), 0
+    except Exception:  # noqa: BLE001 - polars raises several types for one bad cell
+        pass
+    if any(len(v) != n for v in data.values()):
+        raise ValueError(f"{table}: columns of different lengths ({sorted({len(v) for v in data.values()})})")
+    built = [typed_series(k, list(data[k]), dtype) for k, dtype in schema.items()]
+    return pl.DataFrame([s for s, _ in built]), sum(c for _, c in built)
+
+
+def columns_frame(table: str, columns: dict[str, list[object]]) -> pl.DataFrame:
+    """Columns (missing ones become null) as a frame with the table's exact schema."""
+    return typed_frame(table, columns)[0]
+
+
+def rows_columns(table: str, rows: list[dict[str, object]]) -> dict[str, list[object]]:
+    return {k: [r.get(k) for r in rows] for k in TABLES[table]}
 
 
 def frame(table: str, rows: list[dict[str, object]]) -> pl.DataFrame:
     """Rows (dicts, missing keys become null) as a frame with the table's exact schema."""
-    schema = TABLES[table]
     if not rows:
         return empty(table)
     # column-wise construction: ~3x faster than row dicts, and it runs while the load is live
-    return pl.DataFrame({k: [r.get(k) for r in rows] for k in schema}, schema=schema)
+    return typed_frame(table, rows_columns(table, rows))[0]
+
+
+def coerce_row(table: str, row: object) -> dict[str, object] | None:
+    """A row from an untrusted peer (a /v1/steps line, a Locust worker's batch) fit for `table`:
+    only its columns; strings str; times (`*_ns`) int64; every other integer a non-negative int64
+    count; anything else null. None when the row is not an object at all."""
+    if not isinstance(row, dict):
+        return None
+    out: dict[str, object] = {}
+    for name, dtype in TABLES[table].items():
+        value = row.get(name)
+        if value is None:
+            out[name] = None
+        elif dtype == pl.Int64():
+            out[name] = as_int64(value) if name.endswith("_ns") else as_count(value)
+        else:
+            out[name] = coercer(dtype)(value)
+    return out

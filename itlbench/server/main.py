@@ -106,7 +106,8 @@ async def start_server(config: ServerConfig, engine: SteppedEngine | None = None
         driver.start()
         info = engine.runner_info
         layout = {"engine_process": False, "torch_threads": _torch_threads(),
-                  "decode_kernel": info.decode_kernel, "weight_layout": info.weight_layout}
+                  "decode_kernel": info.decode_kernel, "weight_layout": info.weight_layout,
+                  "warnings": list(info.warnings)}
     else:
         proc = EngineProcessClient(ecfg, threads or serving_threads(None), max_waiting=config.max_waiting,
                                    observer=observer)
@@ -116,7 +117,7 @@ async def start_server(config: ServerConfig, engine: SteppedEngine | None = None
         metrics.set_config(view)
         driver = proc
         layout = {"engine_process": True, "torch_threads": view.torch_threads, "decode_kernel": view.decode_kernel,
-                  "weight_layout": view.weight_layout, "engine_pid": view.pid,
+                  "weight_layout": view.weight_layout, "warnings": list(view.warnings), "engine_pid": view.pid,
                   "engine_gc_frozen_objects": view.gc_frozen_objects}
     if standalone:  # this process only serves from here on: its startup heap stays put (itlbench/heap.py)
         layout["gc_frozen_objects"] = freeze_heap()
@@ -159,6 +160,8 @@ def _log_startup(server: RunningServer, engine: object, layout: dict[str, object
              getattr(engine, "dtype", "?"), budget, cfg.policy, " mixed" if cfg.mixed else "",
              "yes" if layout["engine_process"] else "no", layout["torch_threads"], layout["decode_kernel"],
              layout["weight_layout"], server.base_url)
+    for warning in layout.get("warnings") or ():  # also in GET /v1/engine (serving.warnings), so in run.json
+        log.warning("%s", warning)
 
 
 def serve(config: ServerConfig) -> None:

@@ -25,6 +25,7 @@ from itlbench.serving.client import (
     QueueFullError,
     RequestStream,
     StepWaiters,
+    generate,
 )
 
 log = logging.getLogger("itlbench.engine.async")
@@ -116,19 +117,11 @@ class AsyncEngine:
             self._shared.commands.append(cmd)
             self._shared.pending_adds += 1
             self._shared.cond.notify()
-        try:
-            stream.request = await admitted
-        except asyncio.CancelledError:
-            stream.finished = True  # `_register` sees this and aborts the late admission
-            raise
-        return stream
+        return await stream.admitted()
 
-    async def generate(self, prompt: str | Sequence[int], sampling: SamplingParams,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Convenience: add, then yield outputs until finished (abort if the caller stops early)."""
-        stream = await self.add(prompt, sampling, request_id)
-        async for out in stream:
-            yield out
+    def generate(self, prompt: str | Sequence[int], sampling: SamplingParams,
+                 request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        return generate(self, prompt, sampling, request_id)
 
     def abort(self, request_id: str) -> None:
         with self._shared.cond:

@@ -55,6 +55,16 @@ class RequestStream:
     def _put(self, item: RequestOutput | BaseException) -> None:
         self._queue.put_nowait(item)
 
+    async def admitted(self) -> RequestStream:
+        """Wait for the engine to admit the request; a caller cancelled meanwhile marks the stream
+        finished, so whoever admits it late aborts it instead of streaming to nobody."""
+        try:
+            self.request = await self._admitted
+        except asyncio.CancelledError:
+            self.finished = True
+            raise
+        return self
+
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
         try:
             while not self.finished:
@@ -73,6 +83,14 @@ class RequestStream:
         if not self.finished and self.request is not None:
             self.finished = True
             self._owner.abort(self.request.request_id)
+
+
+async def generate(client: EngineClient, prompt: str | Sequence[int], sampling: SamplingParams,
+                   request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+    """Add, then yield outputs until finished (leaving early aborts): `generate` of both clients."""
+    stream = await client.add(prompt, sampling, request_id)
+    async for out in stream:
+        yield out
 
 
 class StepWaiters:

@@ -153,7 +153,7 @@ def core_main(fd: int) -> int:
         "config": engine.config, "model_config": engine.model_config, "max_model_len": engine.max_model_len,
         "num_blocks": engine.block_manager.num_blocks, "block_size": engine.block_manager.block_size,
         "device": engine.device, "dtype": engine.dtype, "torch_threads": threads, "pid": os.getpid(),
-        "decode_kernel": info.decode_kernel, "weight_layout": info.weight_layout,
+        "decode_kernel": info.decode_kernel, "weight_layout": info.weight_layout, "warnings": info.warnings,
         "gc_frozen_objects": frozen, "last_step": engine.step_log.last_step}))
     try:
         EngineCore(engine, chan).run()

@@ -33,6 +33,7 @@ from itlbench.serving.client import (
     QueueFullError,
     RequestStream,
     StepWaiters,
+    generate,
 )
 from itlbench.serving.wire import error_from, frame, read_frame
 from itlbench.system.malloc import env_with_malloc_tunables
@@ -74,6 +75,7 @@ class EngineView:
         self.torch_threads: int = info["torch_threads"]
         self.decode_kernel: str = info["decode_kernel"]
         self.weight_layout: str | None = info["weight_layout"]
+        self.warnings: tuple[str, ...] = tuple(info.get("warnings", ()))
         self.gc_frozen_objects: int = info["gc_frozen_objects"]
         self.pid: int = info["pid"]
         self.tokenizer = load_tokenizer(self.model_config)
@@ -196,18 +198,11 @@ class EngineProcessClient:
         stream = RequestStream(self, admitted)  # type: ignore[arg-type]
         self._pending[rid] = (admitted, stream, arrival)
         self._write(("add", rid, prompt if isinstance(prompt, str) else list(prompt), sampling, arrival))
-        try:
-            stream.request = await admitted
-        except asyncio.CancelledError:
-            stream.finished = True  # the admission handler sees this and aborts the late admission
-            raise
-        return stream
+        return await stream.admitted()
 
-    async def generate(self, prompt: str | Sequence[int], sampling: SamplingParams,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        stream = await self.add(prompt, sampling, request_id)
-        async for out in stream:
-            yield out
+    def generate(self, prompt: str | Sequence[int], sampling: SamplingParams,
+                 request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        return generate(self, prompt, sampling, request_id)
 
     def abort(self, request_id: str) -> None:
         self._write(("abort", request_id))

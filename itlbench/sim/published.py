@@ -75,7 +75,7 @@ def _sarathi_steps(params: dict[str, float], shapes: list[StepShape]) -> float:
     hw = _sarathi_hw(params)
     fresh = hw.with_(attn_eff=params["sarathi_attn_eff"])
     cm = CostModel.for_hardware(PRESETS["yi-34b"], hw, tp=2, cuda_graphs=False)
-    return sum(cm.step_seconds(s, fresh if s.context_tokens == 0 else hw) for s in shapes)
+    return sum(cm.time(s, fresh if s.context_tokens == 0 else hw).total_s for s in shapes)
 
 
 def _chunks(length: int, chunk: int) -> list[StepShape]:
@@ -93,7 +93,7 @@ def _vidur(name: str, rows: int, tp: int) -> Callable[[dict[str, float]], float]
 def _ttft(model: str, gpu: str, dtype: str, tp: int, prompt: int) -> Callable[[dict[str, float]], float]:
     def predict(params: dict[str, float]) -> float:
         hw = _gpus(params)[gpu].for_dtype(dtype).with_(step_overhead_s=params["trtllm_step_s"], seq_overhead_s=0.0)
-        return CostModel.for_hardware(PRESETS[model], hw, tp=tp).step_seconds(StepShape.prefill(prompt), hw)
+        return CostModel.for_hardware(PRESETS[model], hw, tp=tp).time(StepShape.prefill(prompt), hw).total_s
     return predict
 
 

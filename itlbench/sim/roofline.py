@@ -271,17 +271,6 @@ class CostModel:
         comm = 2 * self.model.num_layers * self.allreduce_s(shape.tokens, hw)
         return StepTime(compute, memory, self.overhead_s(shape, hw), comm)
 
-    def step_seconds(self, shape: StepShape, hw: Hardware) -> float:
-        return self.time(shape, hw).total_s
-
-    def prefill_share(self, prefill: StepShape, decode: StepShape, hw: Hardware) -> float:
-        """The prefill part's share of a mixed step's time: each part's roofline time alone (overheads
-        aside), so a 2,000-row chunk beside 32 decode rows takes most of the step, as its FLOPs do."""
-        bare = hw.with_(step_overhead_s=0.0, graph_overhead_s=None)
-        t_p = self.time(prefill, bare).total_s
-        t_d = self.time(decode, bare).total_s
-        return t_p / (t_p + t_d) if t_p + t_d > 0 else 0.0
-
     def crossover_tokens(self, ridge: float) -> float:
         """Prompt length at which a whole-prompt prefill's intensity reaches `ridge`: below it the
         prefill is bandwidth-bound like decode, above it compute-bound."""

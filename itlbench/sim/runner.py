@@ -18,13 +18,12 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
-from itlbench.core.engine import Engine, RunnerInfo, SteppedEngine, StepRun, resolve_max_model_len
+from itlbench.core.engine import Engine, RunnerInfo, StepRun, resolve_max_model_len
 from itlbench.core.engine_config import EngineConfig
 from itlbench.core.model_config import ModelConfig
 from itlbench.core.presets import load_model_config
-from itlbench.core.request import SamplingParams
 from itlbench.core.scheduler_output import ScheduledChunk, SchedulerOutput
 from itlbench.errors import ConfigError
 from itlbench.sim.roofline import CostModel, Hardware, StepShape, StepTime, load_hardware
@@ -173,25 +172,3 @@ def offline_engine(config: EngineConfig, model_config: ModelConfig | None = None
     runner = SimRunner(config, model_config, resolve_max_model_len(config, model_config),
                        clock=VirtualClock(start_ns, time_scale))
     return Engine(config, model_config, runner)
-
-
-def run_offline(engine: SteppedEngine, arrivals: Sequence[tuple[int, Sequence[int], SamplingParams]]) -> dict[str, list[int]]:  # noqa: ANN001
-    """Feed (arrival ns, prompt, sampling) to an engine on a virtual clock (an `offline_engine` or an
-    unpaced `DisaggEngine`) and run it dry; token times (ns) per request id, ids "r0", "r1", ... in
-    arrival order."""
-    pending = sorted(enumerate(arrivals), key=lambda a: a[1][0])
-    times: dict[str, list[int]] = {}
-    i = 0
-    while i < len(pending) or engine.has_unfinished():
-        now = engine.clock.now_ns()
-        while i < len(pending) and pending[i][1][0] <= now:
-            idx, (t, prompt, sp) = pending[i]
-            engine.add_request(prompt, sp, f"r{idx}", t)
-            i += 1
-        if not engine.has_unfinished():
-            engine.clock.advance_to(pending[i][1][0])
-            continue
-        for out in engine.step():
-            if out.new_token_ids:
-                times.setdefault(out.request_id, []).append(out.time_ns)
-    return times

@@ -225,10 +225,12 @@ def _error(status: int, message: str) -> web.Response:
 
 
 @contextlib.contextmanager
-def serve_in_thread(cfg: PeerConfig | None = None) -> Iterator[tuple[OpenAIPeer, str]]:
-    """Run a peer on its own event loop in a thread; yields (peer, base_url ending in /v1)."""
+def serve_in_thread(cfg: PeerConfig | None = None, peer_cls: type[OpenAIPeer] | None = None,
+                    ) -> Iterator[tuple[OpenAIPeer, str]]:
+    """Run a peer (an `OpenAIPeer`, or `peer_cls`) on its own event loop in a thread; yields (peer,
+    base_url ending in /v1)."""
     loop = asyncio.new_event_loop()
-    peer = OpenAIPeer(cfg)
+    peer = (peer_cls or OpenAIPeer)(cfg)
     port: list[int] = []
     started = threading.Event()
 

@@ -42,6 +42,7 @@ class PacedConfig:
     pause_at_s: float = -1.0
     pause_s: float = 0.0
     steps_per_connection: int = 0  # >0: close the steps stream after that many lines
+    api_key: str = ""  # non-empty: generation needs `Authorization: Bearer <api_key>` (else 401)
 
 
 @dataclass
@@ -95,6 +96,8 @@ class PacedServer:
             await self._runner.cleanup()
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
+        if self.cfg.api_key and request.headers.get("Authorization") != f"Bearer {self.cfg.api_key}":
+            return web.json_response({"error": {"message": "bad key", "code": 401}}, status=401)
         body = await request.json()
         if self.cfg.status != 200:
             return web.json_response({"error": {"message": "paced server set to fail", "code": self.cfg.status}},
@@ -272,7 +275,7 @@ def _parse(argv: list[str] | None) -> tuple[PacedConfig, str, int]:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     for f in fields(PacedConfig):
-        kind = (lambda s: s == "True") if f.type == "bool" else {"float": float, "int": int}[str(f.type)]
+        kind = (lambda s: s == "True") if f.type == "bool" else {"float": float, "int": int, "str": str}[str(f.type)]
         p.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default)
     a = vars(p.parse_args(argv))
     host, port = a.pop("host"), a.pop("port")

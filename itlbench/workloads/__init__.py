@@ -1,6 +1,6 @@
 """Workloads: what to send (catalog, prompts, traces, injections) and when (arrivals)."""
 
-from itlbench.workloads.arrivals import arrival_times, gamma_gaps, poisson_times
+from itlbench.workloads.arrivals import arrival_times, gamma_gaps
 from itlbench.workloads.build import DEFAULT_STREAMS, LoadSpec, build_load_plan
 from itlbench.workloads.catalog import (
     CATALOG,
@@ -21,5 +21,5 @@ __all__ = [
     "PromptBuilder", "RequestPlan", "Sessions", "SharedPrefix", "Trace", "TraceReplay",
     "WorkloadSpec", "arrival_times", "build_load_plan", "catalog_table", "gamma_gaps",
     "get_workload", "injection_times", "lognormal_mu", "load_trace", "parse_injections",
-    "poisson_times", "replay", "sample_length", "sample_lengths",
+    "replay", "sample_length", "sample_lengths",
 ]

@@ -33,8 +33,3 @@ def _times(rng: np.random.Generator, rate: float, burstiness: float,
             if t >= duration_s:
                 return
             yield t
-
-
-def poisson_times(rate: float, duration_s: float, seed: int = 0) -> Iterator[float]:
-    """Poisson arrivals: exponential gaps with mean 1/rate."""
-    return arrival_times(rate, duration_s, 1.0, seed)

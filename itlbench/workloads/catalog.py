@@ -65,13 +65,29 @@ def _entries() -> list[WorkloadSpec]:
 CATALOG: dict[str, WorkloadSpec] = {spec.name: spec for spec in _entries()}
 
 
+FIXED_PREFIX = "fixed:"
+
+
+def fixed_workload(name: str) -> WorkloadSpec:
+    """`fixed:IN:OUT`: every prompt exactly IN tokens and every output exactly OUT (with forced lengths),
+    the shape of `vllm bench`'s random dataset at zero range, for reproducing published latency tables."""
+    parts = name[len(FIXED_PREFIX):].split(":")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ConfigError("--workload", f"'{name}' is not fixed:IN:OUT with two positive token counts",
+                          "e.g. --workload fixed:2048:128")
+    mean_in, mean_out = int(parts[0]), int(parts[1])
+    return WorkloadSpec(name, mean_in, mean_out, 0.0, f"every prompt {mean_in} tokens, every output {mean_out}")
+
+
 def get_workload(name: str) -> WorkloadSpec:
-    """Look a workload up by name; unknown names get the list of valid ones."""
+    """Look a workload up by name (or `fixed:IN:OUT`); unknown names get the list of valid ones."""
+    if name.startswith(FIXED_PREFIX):
+        return fixed_workload(name)
     try:
         return CATALOG[name]
     except KeyError:
         raise ConfigError("--workload", f"unknown workload '{name}'",
-                          f"use one of {', '.join(CATALOG)}") from None
+                          f"use one of {', '.join(CATALOG)}, or fixed:IN:OUT") from None
 
 
 def _notes(spec: WorkloadSpec) -> str:

@@ -81,9 +81,11 @@ def test_sweep_orders_worst_gap_and_injected_ttft_as_the_physics_says(tmp_path: 
     out = tmp_path / "sweep"
     result = runner.invoke(app, ["sweep", "--chunk-budget", "16,none", "--out", str(out), "--model", "cpu-small",
                                  "--workload", "chat-short", "--streams", "4", "--inject", "4096@1s", "--duration", "6",
-                                 "--warmup", "1", "--no-live"], terminal_width=200)
+                                 "--warmup", "1", "--no-live", "--json"], terminal_width=200)
     assert result.exit_code == 0, result.output
     rows = json.loads((out / "compare.json").read_text())["rows"]
+    shown = json.loads(result.stdout)  # --json: stdout is one document (each run's own line went to stderr)
+    assert shown["rows"] == rows and shown["sweep_dir"] == str(out)
     assert [r["setting"] for r in rows] == ["budget 16", "unchunked"]
     small, whole = rows
     assert small["worst_gap_s"] < whole["worst_gap_s"], rows

@@ -40,7 +40,7 @@ def test_unchunked_32k_prefill_stalls_every_stream_for_seconds(runs: dict) -> No
     run_dir, summary = runs["none"]
     worst = summary["stalls"]["worst_s"] * SCALE
     seeds = load_hardware("h100-seeds")  # the source documents' arithmetic
-    prefill = CostModel.for_hardware(PRESETS["llama-3.1-8b"], seeds).step_seconds(StepShape.prefill(32768), seeds)
+    prefill = CostModel.for_hardware(PRESETS["llama-3.1-8b"], seeds).time(StepShape.prefill(32768), seeds).total_s
     assert prefill > 2.0 and worst >= 0.95 * prefill  # the source documents' ≈ 2 s stall, multi-second
     steps = pl.read_parquet(run_dir / "steps/*.parquet")
     biggest = steps.sort("prefill_tokens").tail(1)

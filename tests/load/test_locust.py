@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -252,9 +253,10 @@ def test_printed_worker_command_joins_a_bound_master_and_an_interrupt_keeps_ever
     async def start_worker_then_stop(stop: asyncio.Event) -> None:
         await _wait_for(lambda: any("locust-worker" in s for s in statuses))
         command = next(s for s in statuses if "locust-worker" in s).split("`")[1].split()
-        assert command[:2] == ["itlbench", "locust-worker"]
-        started.append(subprocess.Popen([sys.executable, "-m", "itlbench", *command[1:]],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        assert command[0].startswith("ITLBENCH_LOCUST_TOKEN=") and command[1:3] == ["itlbench", "locust-worker"]
+        env = {**os.environ, "ITLBENCH_LOCUST_TOKEN": command[0].partition("=")[2]}
+        started.append(subprocess.Popen([sys.executable, "-m", "itlbench", *command[2:]],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
         await _wait_for(lambda: bool(list((tmp_path / "workers" / "0" / "chunks").glob("*.parquet"))))
         ui = next(s for s in statuses if s.startswith("Locust web UI: ")).split()[-1]
         await _wait_for(lambda: "POST" in {e["method"] for e in _ui_stats(ui)})  # Locust's own view, live
@@ -280,7 +282,7 @@ def test_printed_worker_command_joins_a_bound_master_and_an_interrupt_keeps_ever
 
 def test_a_worker_that_cannot_build_the_plan_fails_the_run_with_its_reason(tmp_path: Path):
     job = LocustJob.for_plan(Target("http://127.0.0.1:9/v1", "none"), tmp_path, duration_s=1.0,
-                             factory="itlbench.testing.plans:no_such_plan", workers=1)
-    with pytest.raises(ItlbenchError, match="worker 0 on .*AttributeError.*no_such_plan"):
+                             factory=FIXED, plan_kwargs={"streams": 2, "tokens": 3, "no_such_arg": 1}, workers=1)
+    with pytest.raises(ItlbenchError, match="worker 0 on .*TypeError.*no_such_arg"):
         asyncio.run(drive_locust(job, RunStore(tmp_path)))
 

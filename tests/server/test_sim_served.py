@@ -64,7 +64,7 @@ def test_served_sim_stalls_decoders_for_an_unchunked_prefill(sim_server: Backgro
         t.join()
     assert long['usage']['prompt_tokens'] == 16384
     cm = CostModel.for_hardware(PRESETS["llama-3.1-8b"], GPUS["h100"])
-    stall = cm.step_seconds(StepShape.prefill(16384) + StepShape.decode(4, 600), GPUS["h100"]) / SCALE
+    stall = cm.time(StepShape.prefill(16384) + StepShape.decode(4, 600), GPUS["h100"]).total_s / SCALE
     worst = [max(g) for g in gaps]
     assert min(worst) > 0.9 * stall  # every stream waited for the prefill step
     median = sorted(x for g in gaps for x in g)[len(gaps) * 200]
@@ -75,7 +75,7 @@ def test_served_sim_stalls_decoders_for_an_unchunked_prefill(sim_server: Backgro
     assert big["prefill_tokens"] == 16384
     shape = StepShape(big["prefill_tokens"] + big["decode_tokens"], big["num_sampled"], big["context_tokens"],
                       big["attention_pairs"], big["num_prefill_reqs"] + big["num_decode_reqs"])
-    assert (big["end_ns"] - big["start_ns"]) / 1e9 == pytest.approx(cm.step_seconds(shape, GPUS["h100"]) / SCALE,
+    assert (big["end_ns"] - big["start_ns"]) / 1e9 == pytest.approx(cm.time(shape, GPUS["h100"]).total_s / SCALE,
                                                                     abs=1e-6)
 
 
@@ -99,5 +99,5 @@ def test_served_disaggregated_pools_keep_decoders_streaming() -> None:
     assert long['usage']['completion_tokens'] == 3 and long['usage']['prompt_tokens'] == 16384
     assert [len(g) for g in gaps] == [299] * 4
     h200 = CostModel.for_hardware(PRESETS["llama-3.1-8b"], GPUS["h200"])
-    prefill = h200.step_seconds(StepShape.prefill(16384), GPUS["h200"]) / SCALE
+    prefill = h200.time(StepShape.prefill(16384), GPUS["h200"]).total_s / SCALE
     assert max(max(g) for g in gaps) < prefill / 2  # decode steps never waited for the prefill

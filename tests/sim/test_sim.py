@@ -85,7 +85,7 @@ def test_step_records_carry_the_cost_models_durations() -> None:
     for rec in recs:
         shape = StepShape(rec.scheduled_tokens, rec.num_sampled, rec.context_tokens, rec.attention_pairs,
                           rec.num_prefill_reqs + rec.num_decode_reqs)
-        assert rec.duration_s == pytest.approx(cm.step_seconds(shape, GPUS["h100"]), abs=1e-9)
+        assert rec.duration_s == pytest.approx(cm.time(shape, GPUS["h100"]).total_s, abs=1e-9)
     decode = [r for r in recs if r.phase == "decode" and r.num_decode_reqs == 8]
     assert decode and all(0.004 < r.duration_s < 0.01 for r in decode)  # ~ weights / (0.8 × 3.35 TB/s)
 
@@ -158,7 +158,7 @@ def test_paced_sim_engine_streams_in_simulated_time() -> None:
         engine.step()
     recs = engine.step_log.since(0)
     cm = CostModel.for_hardware(PRESETS["llama-3.1-8b"], GPUS["h100"])
-    prefill = cm.step_seconds(StepShape.prefill(8192), GPUS["h100"])
+    prefill = cm.time(StepShape.prefill(8192), GPUS["h100"]).total_s
     assert recs[0].duration_s == pytest.approx(prefill / 10.0, abs=1e-9)
     assert time.perf_counter_ns() - t0 >= sum(r.end_ns - r.start_ns for r in recs)
 

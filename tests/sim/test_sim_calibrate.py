@@ -19,7 +19,8 @@ from itlbench.core.request import SamplingParams
 from itlbench.serving.build import create_engine
 from itlbench.sim.calibrate import StepData, calibrate, fit_params, mape, params_of, predict
 from itlbench.sim.roofline import CostModel, Hardware, StepShape, load_hardware
-from itlbench.sim.runner import offline_engine, run_offline
+from itlbench.sim.runner import offline_engine
+from tests.support.sim import run_offline
 
 KNOWN = Hardware("known", "a made-up CPU", 100e9, 10e9, 8e9, dtype="float32", gemm_eff=0.55, attn_eff=0.2,
                  mem_eff=0.7, step_overhead_s=0.004, seq_overhead_s=0.0002, counting="executed")
@@ -41,7 +42,7 @@ def as_data(records: list, hw: Hardware, noise: float, seed: int) -> StepData:
     shapes = [StepShape(r.scheduled_tokens, r.num_sampled, r.context_tokens, r.attention_pairs,
                         r.num_prefill_reqs + r.num_decode_reqs) for r in records]
     costs = [cm.cost(s) for s in shapes]
-    true = np.array([cm.step_seconds(s, hw) for s in shapes])
+    true = np.array([cm.time(s, hw).total_s for s in shapes])
     rng = np.random.default_rng(seed)
     return StepData(np.array([c.gemm_flops for c in costs]), np.array([c.attn_flops for c in costs]),
                     np.array([c.bytes for c in costs]), np.array([float(s.sequences) for s in shapes]),
@@ -98,6 +99,9 @@ def test_calibrate_command_writes_a_profile_the_sim_can_use(tmp_path: Path) -> N
     assert doc["held_out"]["all"]["mape"] < 1.0  # a real fit, not a guess (tight bounds live in benchmarks/)
     hw = load_hardware(str(profile))
     assert hw.counting == "executed" and hw.dtype == "float32" and hw.peak_flops == 989e12
+    table = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["calibrate", str(run), "--out", str(profile), "--base", "h100"])
+    assert table.exit_code == 0 and "…" not in table.output, table.output  # piped: the table stays whole
+    assert f"{doc['held_out']['all']['mape']:.1%}" in table.output
     # the profile drives the simulator like any GPU preset
     sim = offline_engine(EngineConfig(model="tiny", engine="sim", gpu=str(profile), kv_blocks=512,
                                       max_model_len=2048))
@@ -105,7 +109,7 @@ def test_calibrate_command_writes_a_profile_the_sim_can_use(tmp_path: Path) -> N
     while sim.has_unfinished():
         sim.step()
     first = sim.step_log.since(0)[0]
-    expected = CostModel.for_hardware(PRESETS["tiny"], hw).step_seconds(StepShape.prefill(197), hw)
+    expected = CostModel.for_hardware(PRESETS["tiny"], hw).time(StepShape.prefill(197), hw).total_s
     assert first.duration_s == pytest.approx(expected, abs=1e-9)
     # the fit is deterministic for a given split
     again = calibrate([run], base=load_hardware("h100"))

@@ -10,7 +10,8 @@ from itlbench.core.presets import PRESETS
 from itlbench.core.request import SamplingParams
 from itlbench.sim.disagg import DisaggEngine, KvLink
 from itlbench.sim.roofline import GPUS, CostModel, StepShape
-from itlbench.sim.runner import offline_engine, run_offline
+from itlbench.sim.runner import offline_engine
+from tests.support.sim import run_offline
 
 MODEL = PRESETS["llama-3.1-8b"]
 H100 = GPUS["h100"]
@@ -35,7 +36,7 @@ def test_disaggregation_removes_the_prefill_stall() -> None:
     work = scenario()
     colocated = run_offline(offline_engine(cfg), work)
     disagg = run_offline(DisaggEngine(cfg, paced=False), work)
-    prefill_32k = CostModel.for_hardware(MODEL, H100).step_seconds(StepShape.prefill(32768), H100)
+    prefill_32k = CostModel.for_hardware(MODEL, H100).time(StepShape.prefill(32768), H100).total_s
     assert worst_gap_s(colocated, "r32") > 0.9 * prefill_32k  # every stream waits for the 32k prefill
     assert worst_gap_s(disagg, "r32") < 0.05  # decode pool: batch-32 steps only
     for times in (colocated, disagg):  # every request got exactly what it asked for
@@ -70,7 +71,7 @@ def test_disaggregated_outputs_count_the_clients_tokens_and_gpus_differ() -> Non
     assert len(prefill_steps) == 3  # chunked on the prefill pool: 2048 + 2048 + 904
     a100 = CostModel.for_hardware(MODEL, GPUS["a100"])
     first_chunk = StepShape.of([(2048, 0, False)])  # the first of three chunks: no token sampled yet
-    assert prefill_steps[0].duration_s == pytest.approx(a100.step_seconds(first_chunk, GPUS["a100"]),
+    assert prefill_steps[0].duration_s == pytest.approx(a100.time(first_chunk, GPUS["a100"]).total_s,
                                                          abs=1e-9)
 
 

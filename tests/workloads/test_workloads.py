@@ -243,3 +243,18 @@ def test_validation_names_the_flag(spec: LoadSpec, flag: str) -> None:
 def test_output_override_applies_to_workload_requests() -> None:
     plan = build_load_plan(LoadSpec(workload="chat", streams=1, output_tokens=7))
     assert {r.max_tokens for r in _take(plan.streams[0], 20)} == {7}
+
+
+def test_fixed_shape_workload_has_exact_lengths_and_distinct_prompts() -> None:
+    plan = build_load_plan(LoadSpec(workload="fixed:300:40", streams=3, max_model_len=4096, seed=5))
+    reqs = [r for s in plan.streams for r in _take(s, 10)]
+    assert {(r.prompt_tokens, r.max_tokens) for r in reqs} == {(300, 40)}
+    assert all(len(r.prompt_token_ids) == 300 for r in reqs)
+    assert len({tuple(r.prompt_token_ids) for r in reqs}) == len(reqs)  # never re-hits a prefix cache
+
+
+@pytest.mark.parametrize("name", ["fixed:", "fixed:10", "fixed:0:5", "fixed:a:5", "fixed:5:5:5"])
+def test_a_malformed_fixed_shape_names_the_flag_and_the_form(name: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        get_workload(name)
+    assert err.value.field == "--workload" and "fixed:IN:OUT" in str(err.value)

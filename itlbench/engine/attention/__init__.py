@@ -15,7 +15,6 @@ a multiple is an error under `--attention flash` and skips flash under `auto`.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,8 +25,6 @@ from itlbench.engine.attention import flash, triton_backend
 from itlbench.engine.attention.sdpa import SdpaBackend
 from itlbench.engine.batch import FlatBatch
 from itlbench.errors import ConfigError
-
-log = logging.getLogger("itlbench.engine")
 
 BACKENDS = ATTENTION_BACKENDS
 DEFAULT_BLOCK_SIZE = 16  # EngineConfig.block_size's default; the one block size flash may replace
@@ -121,13 +118,5 @@ def make_backend(name: str, device: torch.device | str) -> AttentionBackend:
     raise ConfigError("attention", f"unknown backend {name!r}", f"use one of {', '.join(BACKENDS)}")
 
 
-def select_backend(device: torch.device | str, requested: str = "auto", block_size: int = DEFAULT_BLOCK_SIZE,
-                   dtype: torch.dtype | None = None) -> AttentionBackend:
-    """Choose, log the choice in one line, and build the backend."""
-    choice = choose(requested, device, block_size, dtype)
-    log.info(choice.note)
-    return make_backend(choice.backend, device)
-
-
 __all__ = ["AttentionBackend", "AttentionChoice", "BACKENDS", "DEFAULT_BLOCK_SIZE", "FLASH_BLOCK_SIZE",
-           "SdpaBackend", "choose", "make_backend", "preflight", "select_backend"]
+           "SdpaBackend", "choose", "make_backend", "preflight"]

@@ -1,16 +1,19 @@
 """The CPU decode-attention kernel (`csrc/paged_decode.c`), the fused row operators (`row_ops.c`), the
 decode-sized matrix product (`panel_gemm.c`) and a decode step's whole decoder stack over them
 (`decode_forward.c`), compiled at first use into one library with this
-machine's C compiler and loaded with ctypes.
+machine's GCC and loaded with ctypes (how it is built safely: build.py).
 
 Why native: gathering paged K/V into a contiguous copy for SDPA reads the cache three times and pads
 every row to its group's longest context; the kernel walks block tables in place, so decode reads
 what its memory floor counts. Why at first use: `-march=native` code cannot ship in a wheel, and a
-plain C file needs no torch headers, so it builds in about a second. The library is cached under
-`$ITLBENCH_CACHE_DIR` (default `~/.cache/itlbench`), keyed by source, flags, compiler and CPU.
+plain C file needs no torch headers, so GCC alone builds it, once per machine and source (tens of
+seconds of one core: a build lock makes processes that start together share one). Cached under
+`$ITLBENCH_CACHE_DIR` (default `$XDG_CACHE_HOME/itlbench` or `~/.cache/itlbench`, else a private
+directory under the system's temporary one), keyed by source, flags, compiler and CPU.
 
 Without a compiler (or with `ITLBENCH_NATIVE=0`) `load()` returns None and says why in
-`unavailable_reason()`; attention then gathers and runs SDPA, which is correct, only slower.
+`unavailable_reason()`; attention then gathers and runs SDPA, which is correct, only slower, and
+`fallback_warning()` says so for run.json (the runner's `RunnerInfo.warnings`).
 `ITLBENCH_NATIVE_ARCH=haswell` (any `-march` value) builds for another target than this CPU's own,
 for a cache directory shared by machines of different kinds.
 Built with OpenMP, the library shares torch's own `libgomp` (already loaded, same soname), so its
@@ -20,19 +23,18 @@ threads are torch's intra-op threads and `torch.set_num_threads` governs both.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
 import platform
-import shutil
-import subprocess
 import sys
-import sysconfig
-import tempfile
 import threading
 from pathlib import Path
 
 import torch
+
+from itlbench.engine.cpu.build import BuildError, Compiler, build_library, cache_dir, find_compiler
 
 log = logging.getLogger("itlbench.engine")
 
@@ -117,21 +119,6 @@ def grown(scratch: torch.Tensor, floats: int) -> torch.Tensor:
     return scratch if scratch.numel() >= floats else torch.empty(int(floats * 1.25) + 1024)
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("ITLBENCH_CACHE_DIR")
-    if root:
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "itlbench"
-
-
-def _compiler() -> str | None:
-    for cand in (os.environ.get("CC"), (sysconfig.get_config_var("CC") or "").split(" ")[0], "cc", "gcc", "clang"):
-        if cand and shutil.which(cand):
-            return shutil.which(cand)
-    return None
-
-
 def _cpu_identity() -> str:
     """What `-march=native` depends on: the CPU model and its feature flags."""
     try:
@@ -142,34 +129,16 @@ def _cpu_identity() -> str:
         return platform.processor() or platform.machine()
 
 
-def _compiler_version(cc: str) -> str:
-    try:
-        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
+def _compile_argv(cc: str, all_flags: list[str], out: str) -> list[str]:
+    return [cc, *all_flags, "-o", out, *map(str, SOURCES), "-lm"]
 
 
-def _build(cc: str, flags: list[str], key_extra: str) -> Path:
+def _build(cc: Compiler, flags: list[str], key_extra: str) -> Path:
     sources = [src.read_bytes() for src in (*SOURCES, *HEADERS)]
     all_flags = _BASE_FLAGS + flags
     key = hashlib.sha256(b"\0".join([*sources, " ".join(all_flags).encode(), key_extra.encode()])).hexdigest()[:16]
-    out_dir = cache_dir() / "kernels"
-    target = out_dir / f"paged_decode-{key}.so"
-    if target.exists():
-        return target
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-    os.close(fd)
-    try:
-        proc = subprocess.run([cc, *all_flags, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True,
-                              timeout=120)
-        if proc.returncode != 0:
-            raise OSError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "compile failed")
-        os.replace(tmp, target)  # atomic: concurrent builders never load a half-written file
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    target = cache_dir() / "kernels" / f"paged_decode-{key}.so"
+    return build_library(target, functools.partial(_compile_argv, cc.path, all_flags))
 
 
 def build(arch: str = "native", variants: list[list[str]] | None = None) -> tuple[PagedDecodeKernel | None, str | None]:
@@ -177,18 +146,20 @@ def build(arch: str = "native", variants: list[list[str]] | None = None) -> tupl
     (None, why not). Tests build other targets than this CPU's own with it (`haswell`: AVX2)."""
     if not sys.platform.startswith("linux"):
         return None, f"native kernels are built on Linux only, not {sys.platform}"
-    cc = _compiler()
-    if cc is None:
-        return None, "no C compiler found (set CC, or install gcc)"
-    extra = "\n".join([_compiler_version(cc), _cpu_identity(), torch.__version__])
+    try:
+        cc = find_compiler()
+        cache_dir()  # a cache directory to build in, before any compile
+    except BuildError as exc:
+        return None, str(exc)
+    extra = "\n".join([cc.version, _cpu_identity(), torch.__version__])
     errors = []
     for flags in variants if variants is not None else _variants(arch):
         try:
             path = _build(cc, flags, extra)
             return PagedDecodeKernel(ctypes.CDLL(str(path)), path, flags), None
-        except (OSError, subprocess.SubprocessError) as exc:
-            errors.append(f"{' '.join(flags) or 'plain'}: {exc}")
-    return None, "the kernel did not build: " + "; ".join(errors)
+        except OSError as exc:  # BuildError (the compiler's whole stderr), or a library that does not load
+            errors.append(f"[{' '.join(flags) or 'plain'}] {exc}")
+    return None, "the library did not build with " + cc.path + ":\n" + "\n".join(errors)
 
 
 def _load() -> tuple[PagedDecodeKernel | None, str | None]:
@@ -206,10 +177,19 @@ def load() -> PagedDecodeKernel | None:
             if _kernel is not None:
                 log.info("decode attention: native kernel %s (%s)", _kernel.path.name, " ".join(_kernel.flags))
             else:
-                log.info("decode attention: gathered SDPA (%s)", _reason)
+                log.warning("decode attention: gathered SDPA, the slow path (%s)", _reason)
         return _kernel
 
 
 def unavailable_reason() -> str | None:
     load()
     return _reason
+
+
+def fallback_warning() -> str | None:
+    """The warning a CPU engine records without the library (None with it): its timings are the
+    slow path's (gathered SDPA, torch row operators and products), not what this engine can do."""
+    if load() is not None:
+        return None
+    return ("native CPU library unavailable, so this CPU engine runs its slower torch path (gathered SDPA, "
+            f"torch row ops); its timings are not the native kernels': {unavailable_reason()}")

@@ -10,11 +10,7 @@ from __future__ import annotations
 
 from itertools import islice
 from operator import eq, ne
-from typing import Any, Protocol
-
-
-class ColumnWriter(Protocol):
-    def add_columns(self, table: str, columns: dict[str, list[Any]]) -> None: ...
+from typing import Any
 
 
 def settled_end(times: list[int], start: int, final: bool) -> int:

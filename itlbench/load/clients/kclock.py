@@ -61,15 +61,6 @@ def kernel_stamps_available() -> str | None:
     return None
 
 
-def stamp_of(ancdata: list[tuple[int, int, bytes]]) -> int | None:
-    """The CLOCK_REALTIME stamp (ns) in recvmsg ancillary data, or None when there is none."""
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS and len(data) >= TIMESPEC.size:
-            sec, nsec = TIMESPEC.unpack_from(data)
-            return sec * 1_000_000_000 + nsec
-    return None
-
-
 @dataclass(frozen=True)
 class ClockOffset:
     """CLOCK_REALTIME − run clock, from the tightest sandwich; `width_ns` bounds its error."""
@@ -118,9 +109,6 @@ class KernelClock:
         self.offset_ns = o.offset_ns
         self.report = ClockReport(o.offset_ns, o.width_ns)
         return self.report
-
-    def to_run_ns(self, realtime_stamp_ns: int) -> int:
-        return realtime_stamp_ns - self.offset_ns
 
     def check(self) -> ClockReport:
         """Measure again and record how far the offset moved since `start()` (a wall-clock step)."""

@@ -23,6 +23,7 @@ import aiohttp
 from itlbench.load.clients.chunk_rows import chunk_columns, hand_over, settled_end
 from itlbench.load.sink import RowWriter
 from itlbench.load.target import Target
+from itlbench.rundir.coerce import as_count, as_str
 from itlbench.workloads.plan import RequestPlan
 
 try:
@@ -38,6 +39,7 @@ CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, 
 # under 5 s keeps the client the side that closes.
 IDLE_CONNECTION_S = 2.0
 HEAD_BYTES = 160  # of a body kept to explain a response that was not an event stream
+ID_CHARS = 256  # of a server's `id` and `finish_reason` kept (they are labels, not content)
 
 
 class StreamError(Exception):
@@ -260,35 +262,38 @@ class StreamClient:
             raise StreamError("bad_json", f"SSE data line {ex.events} is not a JSON object: {_clip(payload)}")
         choices = obj.get("choices")
         if choices:
+            if not isinstance(choices, list) or not isinstance(choices[0], dict):
+                raise StreamError("bad_json", f"SSE data line {ex.events}: `choices` is not a list of objects: "
+                                              f"{_clip(payload)}")
             self._on_choice(choices[0], t, ex)
-        if ex.server_id is None:
-            ex.server_id = obj.get("id")
+        if ex.server_id is None:  # untrusted: a string (a number written out), else null
+            ex.server_id = as_str(obj.get("id"), ID_CHARS)
         usage = obj.get("usage")
-        if usage:
-            ex.prompt_reported = usage.get("prompt_tokens")
-            ex.completion_reported = usage.get("completion_tokens")
+        if isinstance(usage, dict) and usage:  # counts: non-negative int64, else null
+            ex.prompt_reported = as_count(usage.get("prompt_tokens"))
+            ex.completion_reported = as_count(usage.get("completion_tokens"))
             details = usage.get("prompt_tokens_details")
             if isinstance(details, dict):
-                ex.cached_reported = details.get("cached_tokens")
+                ex.cached_reported = as_count(details.get("cached_tokens"))
         if "error" in obj or obj.get("object") == "error":
             err = obj.get("error", obj)
-            ex.error = str(err.get("message", err) if isinstance(err, dict) else err)
+            ex.error = as_str(err.get("message", err) if isinstance(err, dict) else err) or _clip(payload)
 
     def _on_choice(self, c: dict[str, Any], t: int, ex: _Exchange) -> None:
         ids = c.get("token_ids")
-        if ids:
+        if ids and isinstance(ids, list):
             n = len(ids)
         else:
             text = c.get("text")
             if text is None:
                 delta = c.get("delta")
-                text = (delta.get("content") or delta.get("reasoning_content")) if delta else None
+                text = (delta.get("content") or delta.get("reasoning_content")) if isinstance(delta, dict) else None
             n = 1 if text else 0
         if n:
             self._add_chunk(ex, t, n)
         fr = c.get("finish_reason")
         if fr:
-            ex.finish_reason = fr
+            ex.finish_reason = as_str(fr, ID_CHARS) or "unknown"
 
     def _add_chunk(self, ex: _Exchange, t: int, n: int) -> None:
         """One content chunk of `n` tokens stamped `t`."""

@@ -136,7 +136,7 @@ def json_count(obj: Any) -> tuple[int, bool]:
         return 0, plain
     c = choices[0]
     ids = c.get("token_ids")
-    if ids:
+    if ids and isinstance(ids, list):
         return len(ids), plain
     text = c.get("text")
     if text is None:

@@ -17,7 +17,9 @@ from typing import Any
 
 from itlbench.errors import ConfigError
 from itlbench.load.driver import Warmup
+from itlbench.load.locust.auth import WORKER_KEY_ENV, check_factory
 from itlbench.load.target import Target
+from itlbench.rundir.schema import TABLES, coerce_row
 from itlbench.workloads.build import LoadSpec, build_load_plan
 from itlbench.workloads.plan import LoadPlan
 
@@ -37,7 +39,7 @@ MSG_ROWS = "itlbench_rows"  # {k, tables: {table: {column: [values]}}, progress?
 MSG_DONE = "itlbench_done"  # {k, result}
 MSG_FAILED = "itlbench_failed"  # {k, error}: the worker could not take its share (e.g. no trace file there)
 
-API_KEY_ENV = "ITLBENCH_LOCUST_API_KEY"  # how the launcher hands the master a bearer key (kept off disk)
+API_KEY_ENV = WORKER_KEY_ENV  # how the launcher hands local workers the bearer key (off disk, off the wire)
 RESULT_FILE = "locust_result.json"  # what the master leaves in the run directory
 LOG_FILE = "locust.log"  # master and local workers' output
 DEFAULT_FACTORY = "itlbench.load.locust.job:plan_from_spec"
@@ -74,6 +76,20 @@ def parse_host_port(text: str, flag: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def rows_from_columns(table: object, cols: object) -> list[dict[str, Any]] | None:
+    """A worker's column-wise batch as rows of `table`, every value coerced (a worker is a peer:
+    strings str, counts non-negative int64, else null). None: not a batch of a known table (not a
+    dict of equal-length lists), to be counted as dropped by the caller."""
+    if not isinstance(table, str) or table not in TABLES or not isinstance(cols, dict) or not cols:
+        return None
+    columns = [v for v in cols.values()]
+    if not all(isinstance(v, list) for v in columns) or len({len(v) for v in columns}) != 1:
+        return None
+    keys = [str(k) for k in cols]
+    rows = [coerce_row(table, dict(zip(keys, values, strict=True))) for values in zip(*columns, strict=True)]
+    return [r for r in rows if r is not None]
+
+
 @dataclass
 class LocustJob:
     """One distributed run. `master_bind` None: master on loopback with `workers` local processes;
@@ -102,6 +118,7 @@ class LocustJob:
             raise ConfigError("--duration", f"must be > 0 seconds, got {self.duration_s}")
         if self.master_bind is not None:
             parse_host_port(self.master_bind, "--master-bind")
+        check_factory(self.plan_factory)
 
     @classmethod
     def for_plan(cls, target: Target, run_dir: str | Path, *, duration_s: float, warmup: Warmup | None = None,
@@ -127,7 +144,9 @@ class LocustJob:
         return Warmup(**self.warmup)
 
     def build_plan(self) -> LoadPlan:
-        """Call the factory (`module:function`); every worker gets the same seeded plan."""
+        """Call the factory (`module:function`, one of `auth.ALLOWED_FACTORIES`: the name may come from
+        the wire); every worker gets the same seeded plan."""
+        check_factory(self.plan_factory)
         module, _, name = self.plan_factory.partition(":")
         factory = getattr(importlib.import_module(module), name)
         return factory(**json.loads(json.dumps(self.plan_kwargs)))

@@ -2,7 +2,8 @@
 
     python -m itlbench.load.locust.master JOB.json
 
-It binds Locust's master port, waits for its workers, hands each its share (`locust_job.MSG_JOB`),
+It binds Locust's master port, waits for workers that prove they hold the run's token (`auth`: a
+worker that does not is ignored: no job, no users, its messages dropped), hands each its share (`locust_job.MSG_JOB`),
 starts one Locust user per closed-loop stream and grants each user a stream index, announces the
 start instant and the measurement window (deciding the adaptive warmup from the workers' first-token
 reports), and writes the rows the workers ship into one RunStore per worker
@@ -18,9 +19,9 @@ from __future__ import annotations
 import locust  # noqa: F401 - first: locust monkey-patches the process with gevent at import
 # isort: on
 
+import contextlib
 import json
 import logging
-import os
 import signal
 import socket
 import sys
@@ -36,9 +37,10 @@ from locust.dispatch import UsersDispatcher
 from locust.env import Environment
 from locust.runners import STATE_MISSING
 
+from itlbench.errors import ItlbenchError
 from itlbench.load.driver import DriveResult
+from itlbench.load.locust import auth
 from itlbench.load.locust.job import (
-    API_KEY_ENV,
     MSG_CLAIM,
     MSG_DONE,
     MSG_FAILED,
@@ -57,11 +59,11 @@ from itlbench.load.locust.job import (
     WarmupGate,
     boot_id,
     parse_host_port,
+    rows_from_columns,
 )
 from itlbench.load.multiproc import combine_results, merge_progress, worker_dir
 from itlbench.load.observers.client_monitor import ClientStats
 from itlbench.load.progress import ProgressSnapshot
-from itlbench.rundir.schema import TABLES
 from itlbench.rundir.store import RunStore
 
 _now = time.perf_counter_ns
@@ -90,17 +92,22 @@ class WorkerInfo:
     result: dict[str, Any] | None = None
     last_seen: float = field(default_factory=time.monotonic)  # any message from it (rows come every 0.2 s)
     revived: bool = False  # declared dead, then reported done after all (a starved, not a dead, worker)
+    batches_dropped: int = 0  # row batches that were not a known table's equal-length columns
 
     def doc(self) -> dict[str, Any]:
         return {"k": self.k, "client_id": self.client_id, "host": self.host, "pid": self.pid,
                 "clock_offset_ns": self.offset_ns, "state": self.state, "died_ns": self.died_ns,
-                "died_reason": self.died_reason, "rows": self.rows, "revived": self.revived}
+                "died_reason": self.died_reason, "rows": self.rows, "revived": self.revived,
+                "batches_dropped": self.batches_dropped}
 
 
 class Master:
-    def __init__(self, env: Environment, job: LocustJob, bind: tuple[str, int]) -> None:
-        self.env, self.job = env, job
+    def __init__(self, env: Environment, job: LocustJob, bind: tuple[str, int], token: str) -> None:
+        self.env, self.job, self.token = env, job, token
         self.runner = env.create_master_runner(*bind)
+        self.hello: dict[str, tuple[str, str]] = {}  # client id -> (its nonce, ours) until it proves the token
+        self.trusted: dict[str, str] = {}  # client id -> its nonce: workers that proved the token
+        self.refused: set[str] = set()
         self.workers: dict[str, WorkerInfo] = {}
         self.by_k: dict[int, WorkerInfo] = {}
         self.stores: dict[int, RunStore] = {}
@@ -116,6 +123,8 @@ class Master:
         self.failure: str | None = None  # a worker could not take its share
         self.cpu_at_go = _cpu_s()  # the master's CPU is counted from the start of the load
         r = self.runner
+        r.register_message(auth.MSG_HELLO, self._on_hello)
+        r.register_message(auth.MSG_PROOF, self._on_proof)
         r.register_message(MSG_READY, self._on_ready)
         r.register_message(MSG_CLAIM, self._on_claim)
         r.register_message(MSG_PING, self._on_ping)
@@ -130,6 +139,32 @@ class Master:
         return int(self.runner.server.port)
 
     # --- messages -------------------------------------------------------------------------------
+    def _on_hello(self, msg: Any, **kw: Any) -> None:
+        d = msg.data if isinstance(msg.data, dict) else {}
+        nonce, cid = d.get("nonce"), msg.node_id
+        if not isinstance(nonce, str) or not 16 <= len(nonce) <= 128 or cid in self.trusted:
+            return
+        ours = auth.new_nonce()
+        self.hello[cid] = (nonce, ours)
+        self.runner.send_message(auth.MSG_CHALLENGE, {"nonce": ours, "mac": auth.master_proof(self.token, nonce, cid)},
+                                 client_id=cid)
+
+    def _on_proof(self, msg: Any, **kw: Any) -> None:
+        cid = msg.node_id
+        pending = self.hello.pop(cid, None)
+        d = msg.data if isinstance(msg.data, dict) else {}
+        if pending is not None and auth.verify(self.token, d.get("mac"), "worker", pending[1], cid):
+            self.trusted[cid] = pending[0]
+        elif cid not in self.refused:
+            self.refused.add(cid)
+            log.warning("worker %s does not hold this run's token: ignored", cid)
+            emit("status", text=f"refused a Locust worker without this run's token ({cid.rpartition('_')[0]})")
+
+    def trusted_ready(self) -> list[Any]:
+        """Connected workers that proved the token, in Locust's index order."""
+        nodes = [c for c in self.runner.clients.ready if c.id in self.trusted]
+        return sorted(nodes, key=lambda c: self.runner.get_worker_index(c.id))
+
     def _info(self, msg: Any) -> WorkerInfo | None:
         w = self.workers.get(msg.node_id)
         if w is not None:
@@ -142,15 +177,19 @@ class Master:
             w.host, w.pid, w.offset_ns, w.state = msg.data["host"], msg.data["pid"], msg.data["offset_ns"], "ready"
 
     def _on_claim(self, msg: Any, **kw: Any) -> None:
+        if self._info(msg) is None:
+            return
         stream = self.free_streams.popleft() if self.free_streams else None
         self.granted += stream is not None
         self.runner.send_message(MSG_GRANT, {"nonce": msg.data["nonce"], "stream": stream}, client_id=msg.node_id)
 
     def _on_ping(self, msg: Any, **kw: Any) -> None:
+        if self._info(msg) is None:
+            return
         self.runner.send_message(MSG_PONG, {"t0": msg.data["t0"], "t_master": _now()}, client_id=msg.node_id)
 
     def _on_first_token(self, msg: Any, **kw: Any) -> None:
-        if self.gate is not None:
+        if self.gate is not None and self._info(msg) is not None:
             self.gate.with_tokens.add(int(msg.data["stream"]))
 
     def _on_rows(self, msg: Any, **kw: Any) -> None:
@@ -158,15 +197,19 @@ class Master:
         if w is None:
             return
         store = self.stores[w.k]
-        for table, cols in msg.data["tables"].items():
-            if table not in TABLES or not cols:
+        data = msg.data if isinstance(msg.data, dict) else {}
+        tables = data.get("tables")
+        for table, cols in (tables.items() if isinstance(tables, dict) else []):
+            rows = rows_from_columns(table, cols)
+            if rows is None:  # not a batch of a known table: counted, never a crash
+                w.batches_dropped += 1
                 continue
-            keys = list(cols)
-            rows = [dict(zip(keys, values, strict=True)) for values in zip(*cols.values(), strict=True)]
             store.add_many(table, rows)
             w.rows[table] = w.rows.get(table, 0) + len(rows)
-        if msg.data.get("progress"):
-            self.progress[w.k] = ProgressSnapshot(**msg.data["progress"])
+        progress = data.get("progress")
+        if isinstance(progress, dict):
+            with contextlib.suppress(TypeError, ValueError):
+                self.progress[w.k] = ProgressSnapshot(**progress)
 
     def _on_done(self, msg: Any, **kw: Any) -> None:
         w = self._info(msg)
@@ -177,6 +220,8 @@ class Master:
                 self.request_stop("aborted")
 
     def _on_failed(self, msg: Any, **kw: Any) -> None:
+        if self._info(msg) is None:
+            return
         self.failure = f"worker {msg.data['k']} on {msg.node_id.rpartition('_')[0]}: {msg.data['error']}"
         self.request_stop("aborted")
 
@@ -191,15 +236,17 @@ class Master:
     # --- the run -------------------------------------------------------------------------------
     def wait_for_workers(self) -> None:
         n, deadline = self.job.workers, time.monotonic() + self.job.worker_wait_s
-        while len(self.runner.clients.ready) < n:
+        while len(self.trusted_ready()) < n:
             if self.stop_reason or time.monotonic() > deadline:
-                raise RuntimeError(f"{len(self.runner.clients.ready)} of {n} workers connected within "
-                                   f"{self.job.worker_wait_s:.0f} s")
+                strangers = len(self.refused | set(self.hello))
+                refused = f" ({strangers} connected without this run's token: ignored)" if strangers else ""
+                raise RuntimeError(f"{len(self.trusted_ready())} of {n} workers connected within "
+                                   f"{self.job.worker_wait_s:.0f} s{refused}")
             gevent.sleep(0.05)
 
     def assign(self) -> None:
-        """Give the first `workers` connected workers their index and the job."""
-        ids = sorted(self.runner.clients.ready, key=lambda c: self.runner.get_worker_index(c.id))
+        """Give the first `workers` trusted workers their index and the job (with its MAC)."""
+        ids = self.trusted_ready()
         AssignedWorkersDispatcher.assigned = {node.id for node in ids[: self.job.workers]}
         for node in ids[self.job.workers:]:  # more workers than asked for: send the extra ones home
             log.warning("worker %s is not needed (--workers %d); asking it to quit", node.id, self.job.workers)
@@ -209,7 +256,8 @@ class Master:
             w = WorkerInfo(k, node.id)
             self.workers[node.id], self.by_k[k] = w, w
             self.stores[k] = RunStore(worker_dir(self.job.run_dir, k))
-            self.runner.send_message(MSG_JOB, {"k": k, "n": self.job.workers, "job": payload,
+            mac = auth.job_mac(self.token, self.trusted[node.id], node.id, k, self.job.workers, payload)
+            self.runner.send_message(MSG_JOB, {"k": k, "n": self.job.workers, "job": payload, "mac": mac,
                                                "master_host": socket.gethostname(), "master_boot": boot_id()},
                                      client_id=node.id)
 
@@ -360,16 +408,20 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s [master] %(levelname)s %(name)s: %(message)s")
-    with open(argv[0]) as f:
-        job = LocustJob.from_json(f.read())
-    if os.environ.get(API_KEY_ENV):
-        job.target["api_key"] = os.environ[API_KEY_ENV]
+    try:
+        token = auth.token_from_env()
+        with open(argv[0]) as f:
+            job = LocustJob.from_json(f.read())
+    except (ItlbenchError, OSError, ValueError) as exc:
+        emit("error", text=str(exc))
+        return 2
+    job.target["api_key"] = None  # workers read the key from their own environment: it never crosses the wire
     bind = parse_host_port(job.master_bind, "--master-bind") if job.master_bind else ("127.0.0.1", 0)
     from itlbench.load.locust.user import ItlbenchUser
 
     env = Environment(user_classes=[ItlbenchUser], events=events, host=job.build_target().base_url,
                       dispatcher_class=AssignedWorkersDispatcher)
-    master = Master(env, job, bind)
+    master = Master(env, job, bind, token)
     for sig in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(sig, master.request_stop, "interrupted")
     emit("listening", port=master.port)

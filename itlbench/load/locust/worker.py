@@ -1,6 +1,8 @@
-"""A Locust worker process: connects to the master, takes the job, runs its `WorkerRun`.
+"""A Locust worker process: connects to the master, proves it holds the run's token, takes the job
+(only from a master that proves the same, only an allowed plan factory: see `auth`), runs its `WorkerRun`.
 
-    python -m itlbench.load.locust.worker --master HOST:PORT     (or: itlbench locust-worker ...)
+    ITLBENCH_LOCUST_TOKEN=... python -m itlbench.load.locust.worker --master HOST:PORT
+    (or: itlbench locust-worker ...; the bearer key comes from this process's ITLBENCH_API_KEY)
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ import argparse
 import logging
 import os
 import socket
+import sys
 from typing import Any
 
 import gevent.event
 from locust import events
 from locust.env import Environment
 
+from itlbench.errors import ItlbenchError
+from itlbench.load.locust import auth
 from itlbench.load.locust.job import (
     MSG_FAILED,
     MSG_GO,
@@ -42,9 +47,12 @@ log = logging.getLogger("itlbench.locust.worker")
 class Worker:
     """Wires a Locust WorkerRunner to a WorkerRun (created when the master sends the job)."""
 
-    def __init__(self, env: Environment) -> None:
+    def __init__(self, env: Environment, token: str) -> None:
         self.env = env
         self.runner = env.runner
+        self.token = token
+        self.nonce = auth.new_nonce()  # ours: the master's proof and the job's MAC are bound to it
+        self.master_ok = False
         self.run: WorkerRun | None = None
         self.pongs: dict[int, gevent.event.AsyncResult] = {}
         r = self.runner
@@ -54,7 +62,19 @@ class Worker:
         r.register_message(MSG_WINDOW, lambda msg, **kw: self.run and self.run.on_window(msg.data))
         r.register_message(MSG_STOP, lambda msg, **kw: self.run and self.run.stop(msg.data["reason"]))
         r.register_message(MSG_PONG, self._on_pong)
+        r.register_message(auth.MSG_CHALLENGE, self._on_challenge)
         env.events.test_stop.add_listener(self._on_locust_stop)
+        r.send_message(auth.MSG_HELLO, {"nonce": self.nonce})
+
+    def _on_challenge(self, msg: Any, **kw: Any) -> None:
+        """The master proves it knows the token; we prove it back over its nonce."""
+        d = msg.data if isinstance(msg.data, dict) else {}
+        cid = self.runner.client_id
+        if not auth.verify(self.token, d.get("mac"), "master", self.nonce, cid) or not isinstance(d.get("nonce"), str):
+            log.error("the master at --master does not hold this run's token (%s): ignoring it", auth.TOKEN_ENV)
+            return
+        self.master_ok = True
+        self.runner.send_message(auth.MSG_PROOF, {"mac": auth.worker_proof(self.token, d["nonce"], cid)})
 
     def _on_locust_stop(self, **kw: Any) -> None:
         """Locust stopped the users (its web UI's stop button): finish the run, records kept."""
@@ -86,6 +106,12 @@ class Worker:
         return best[1]
 
     def _on_job(self, msg: Any, **kw: Any) -> None:
+        d = msg.data if isinstance(msg.data, dict) else {}
+        if not self.master_ok or self.run is not None or not auth.verify(
+                self.token, d.get("mac"), "job", self.nonce, self.runner.client_id, str(d.get("k")), str(d.get("n")),
+                str(d.get("job"))):
+            log.error("refused a job that does not carry this run's MAC (or a second job)")
+            return
         try:
             self._take_job(msg.data)
         except Exception as exc:  # noqa: BLE001 - the master stops the run and says why
@@ -93,7 +119,8 @@ class Worker:
             self.runner.send_message(MSG_FAILED, {"k": msg.data["k"], "error": f"{type(exc).__name__}: {exc}"})
 
     def _take_job(self, d: dict[str, Any]) -> None:
-        job = LocustJob.from_json(d["job"])
+        job = LocustJob.from_json(d["job"])  # checks the plan factory against the allow-list
+        job.target["api_key"] = auth.worker_api_key()  # ours, whatever the job says
         offset = self.clock_offset(d["master_host"], d.get("master_boot"), d["k"])
         ItlbenchUser.host = job.build_target().base_url
         ItlbenchUser.network_timeout = job.build_target().timeout_s or 1e9
@@ -108,11 +135,16 @@ def main(argv: list[str] | None = None) -> None:
                                             "--driver locust` and runs its share of the load.")
     p.add_argument("--master", required=True, help="HOST:PORT the master binds (printed by itlbench run).")
     args = p.parse_args(argv)
-    host, port = parse_host_port(args.master, "--master")
+    try:
+        host, port = parse_host_port(args.master, "--master")
+        token = auth.token_from_env()
+    except ItlbenchError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        sys.exit(2)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [worker {os.getpid()}] %(levelname)s %(name)s: %(message)s")
     env = Environment(user_classes=[ItlbenchUser], events=events)
     env.create_worker_runner(host, port)
-    Worker(env)
+    Worker(env, token)
     env.runner.greenlet.join()
 
 

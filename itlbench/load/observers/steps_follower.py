@@ -13,12 +13,15 @@ import json
 import aiohttp
 
 from itlbench.load.sink import RowWriter
-from itlbench.rundir.schema import STEP_SCHEMA
+from itlbench.rundir.schema import coerce_row
 
 
-def step_row(d: dict[str, object]) -> dict[str, object]:
-    row = {k: d.get(k) for k in STEP_SCHEMA}
-    row["prefill_request_ids"] = list(d.get("prefill_request_ids") or [])  # type: ignore[call-overload]
+def step_row(d: object) -> dict[str, object] | None:
+    """A step line as a `steps` row, its values coerced (the server is untrusted); None: not a step."""
+    row = coerce_row("steps", d)
+    if row is None or row["step"] is None:
+        return None
+    row["prefill_request_ids"] = row["prefill_request_ids"] or []
     return row
 
 
@@ -32,6 +35,7 @@ class StepsFollower:
         self.next_step = 0
         self.rows = 0
         self.reconnects = 0
+        self.bad_lines = 0  # lines that were not a step object with a non-negative integer `step`
 
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
@@ -50,10 +54,16 @@ class StepsFollower:
                     self._on_line(line)
 
     def _on_line(self, line: bytes) -> None:
-        d = json.loads(line)
-        step = int(d["step"])
+        try:
+            row = step_row(json.loads(line))
+        except ValueError:
+            row = None
+        if row is None:
+            self.bad_lines += 1
+            return
+        step = int(row["step"])  # type: ignore[call-overload]
         if step < self.next_step:  # a server that ignored `since`
             return
-        self.writer.add("steps", step_row(d))
+        self.writer.add("steps", row)
         self.next_step = step + 1
         self.rows += 1

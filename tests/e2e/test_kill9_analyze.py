@@ -1,0 +1,66 @@
+"""`itlbench analyze` works on a run directory left by `kill -9` after the first flush: run.json holds
+the window from the start (kept current at every flush), and every flushed part is read."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from itlbench.rundir.reader import read_table
+from itlbench.testing.openai_peer import PeerConfig, serve_in_thread
+
+
+def _kill9_after_first_flush(cmd: list[str], out: Path) -> None:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    try:
+        while not list(out.glob("requests/part-*.parquet")):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run never flushed a request"
+            time.sleep(0.05)
+        time.sleep(0.5)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL and not (out / "summary.json").exists()
+
+
+def _analyze(out: Path) -> dict[str, object]:
+    doc = json.loads((out / "run.json").read_text())
+    assert doc["provisional"] is True and doc["end_ns"] > doc["measure_start_ns"] >= doc["run_start_ns"]
+    p = subprocess.run([sys.executable, "-m", "itlbench", "analyze", str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["requests"]["total"] > 0
+    return summary
+
+
+def test_a_run_killed_with_sigkill_against_an_endpoint_can_be_analysed(tmp_path: Path):
+    out = tmp_path / "run"
+    with serve_in_thread(PeerConfig(tick_s=0.005)) as (_, url):
+        _kill9_after_first_flush([sys.executable, "-m", "itlbench", "run", "--endpoint", url, "--model", "peer",
+                                  "--workload", "chat-short", "--streams", "4", "--duration", "60",
+                                  "--warmup", "0.2", "--no-adaptive-warmup", "--no-live", "--out", str(out)], out)
+    _analyze(out)
+
+
+@pytest.mark.e2e
+def test_a_run_killed_with_sigkill_on_the_bundled_engine_can_be_analysed_and_leaves_no_server(tmp_path: Path):
+    out = tmp_path / "run"
+    _kill9_after_first_flush([sys.executable, "-m", "itlbench", "run", "--model", "tiny", "--workload", "chat-short",
+                              "--streams", "2", "--duration", "60", "--warmup", "0.5", "--no-live",
+                              "--out", str(out)], out)
+    pid = json.loads((out / "run.json").read_text())["target"]["server_pid"]
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the engine server outlived its run"
+        time.sleep(0.2)
+    summary = _analyze(out)
+    assert read_table(out, "steps").height > 0 and summary["requests"]["total"] > 0
