@@ -39,11 +39,11 @@ def _gpu_row(cm: CostModel, hw: Hardware, prompt: int, batch: int, context: int)
     prefill = cm.time(StepShape.prefill(prompt), hw).total_s
     decode = cm.time(StepShape.decode(batch, context), hw).total_s
     return {
-        "gpu": hw.name, "label": hw.label, "peak_flop_per_s": hw.peak_flops, "bandwidth_bytes_per_s": hw.mem_bw,
+        "gpu": hw.name, "label": hw.label, "peak_flop_per_s": hw.gemm_peak, "bandwidth_bytes_per_s": hw.mem_bw,
         "memory_bytes": hw.memory_bytes, "ridge_flop_per_byte": hw.ridge,
         "gemm_ridge_tokens": square.ridge_tokens(hw.ridge, cm.b),
         "crossover_prompt_tokens": cm.crossover_tokens(hw.ridge),
-        "itl_floor_s": cm.weight_bytes / hw.mem_bw,
+        "itl_floor_s": cm.weight_bytes_per_gpu / hw.mem_bw,
         "decode_step_s": decode, "prefill_s": prefill, "stall_to_step_ratio": prefill / decode if decode else None,
         "kv_capacity_tokens": cm.kv_capacity_tokens(hw),
     }
@@ -63,11 +63,11 @@ def roofline_doc(model: ModelConfig, hw: Hardware, compare: Sequence[Hardware], 
         "model": {"name": model.name, "params": cm.params, "layers": model.num_layers, "hidden": model.hidden_size,
                   "heads": model.num_heads, "kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
                   "vocab": model.vocab_size, "tied_embeddings": model.tie_word_embeddings},
-        "hardware": hw.to_dict() | {"ridge_flop_per_byte": hw.ridge},
+        "hardware": hw.to_dict() | {"ridge_flop_per_byte": hw.ridge, "gemm_peak_flop_per_s": hw.gemm_peak},
         "counting": cm.counting,
         "weight_bytes": cm.weight_bytes,
         "kv_bytes_per_token": cm.kv_bytes_per_token,
-        "itl_floor_s": cm.weight_bytes / hw.mem_bw,
+        "itl_floor_s": cm.weight_bytes_per_gpu / hw.mem_bw,  # each GPU streams its shard
         "crossover_prompt_tokens": cm.crossover_tokens(hw.ridge),
         "kv_capacity_tokens": cm.kv_capacity_tokens(hw),
         "gemms": gemms,
@@ -111,7 +111,7 @@ def _num(v: float) -> str:
 def print_roofline(console: Console, doc: dict[str, Any]) -> None:
     m, hw = doc["model"], doc["hardware"]
     console.print(f"[bold]{m['name']}[/] ({_si(m['params'], '')}params, {doc['counting']} counting) on "
-                  f"[bold]{hw['label']}[/]: {_si(hw['peak_flops'], 'FLOP/s')}, {_si(hw['mem_bw'], 'B/s')}, "
+                  f"[bold]{hw['label']}[/]: {_si(hw['gemm_peak_flop_per_s'], 'FLOP/s')}, {_si(hw['mem_bw'], 'B/s')}, "
                   f"ridge {hw['ridge_flop_per_byte']:.0f} FLOP/B, {hw['dtype']}", highlight=False)
     console.print(f"[dim]{hw['source']}[/]", highlight=False)
 

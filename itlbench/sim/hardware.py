@@ -94,8 +94,8 @@ class Hardware:
 
     @property
     def ridge(self) -> float:
-        """FLOP per byte where the compute and bandwidth roofs meet (π / β)."""
-        return self.peak_flops / self.mem_bw
+        """FLOP per byte where the GEMMs' compute roof meets the bandwidth roof (π / β; FP8's π under fp8)."""
+        return self.gemm_peak / self.mem_bw
 
     @property
     def dtype_bytes(self) -> int:
