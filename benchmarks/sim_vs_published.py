@@ -8,7 +8,8 @@ prints the measured time, the simulator's prediction with the stored fitted para
 `FIT` and the engines' `ENGINE_PARAMS`), the signed error, and whether the figure is in the fit set or
 held out; then MAPE, median and worst error per set. `--refit` first fits the parameters again on the
 fit set (Nelder-Mead, about 20 s of one core) and prints them beside the stored ones; the table then
-uses the refitted ones. `--markdown` also writes the table as markdown (docs/perf/sim-vs-published.md).
+uses the refitted ones. `--markdown FILE` also writes the table as markdown, between the marker
+comments when FILE already has them (docs/perf/sim-vs-published.md keeps its prose).
 Computed, not measured: every machine prints the same figures.
 """
 
@@ -24,6 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from itlbench.sim.published import default_params, errors, fit
+
+BEGIN, END = "<!-- sim-vs-published table: begin -->", "<!-- sim-vs-published table: end -->"
 
 
 def summary(rows: list) -> str:
@@ -70,7 +73,11 @@ def main() -> None:
                 "prints the same) |", f"| command | `python benchmarks/sim_vs_published.py{' --refit' * args.refit}"
                 f" --markdown {args.markdown}` |", ""]
         sums = ["| set | summary |", "|---|---|", *(f"| {k} | {summary(v)} |" for k, v in sets.items())]
-        args.markdown.write_text("\n".join([*head, *sums, "", *table(rows)]) + "\n")
+        block = "\n".join([BEGIN, "", *head, *sums, "", *table(rows), "", END])
+        old = args.markdown.read_text() if args.markdown.is_file() else ""
+        if BEGIN in old and END in old:  # a page with prose around the table: replace the table only
+            block = old[:old.index(BEGIN)] + block + old[old.index(END) + len(END):]
+        args.markdown.write_text(block.rstrip("\n") + "\n")
         print(f"wrote {args.markdown}", file=sys.stderr)
 
 
