@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import threading
 import time
-from itertools import pairwise
 from dataclasses import dataclass, field
+from itertools import pairwise
 from types import ModuleType
 from typing import Any
 
