@@ -212,9 +212,9 @@ _DATASHEETS: dict[str, Hardware] = {
 # on A100 SXM (Vidur, TensorRT-LLM), A100 PCIe (Sarathi-Serve) and H100 FP8 (TensorRT-LLM); the other GPUs
 # take the A100 SXM's (an assumption, marked in their sources). The step overheads are a vLLM-like engine's.
 FIT: dict[str, float] = {
-    "gemm_eff_a100": 0.744, "gemm_eff_a100_pcie": 0.848, "fp8_gemm_eff_h100": 0.508, "gemm_m_half": 20.2,
-    "attn_eff": 0.361, "mem_eff": 0.833, "attn_mem_eff": 0.934, "kernel_s": 5.12e-6, "link_eff": 0.502,
-    "roof_blend": 2.93,
+    "gemm_eff_a100": 0.742, "gemm_eff_a100_pcie": 0.839, "fp8_gemm_eff_h100": 0.503, "gemm_m_half": 19.4,
+    "attn_eff": 0.361, "mem_eff": 0.843, "attn_mem_eff": 0.884, "kernel_s": 5.13e-06, "link_eff": 0.581,
+    "roof_blend": 2.84, "link_latency_s": 7.21e-05,
     # not fitted (no published vLLM step overheads): a vLLM-like engine's fixed costs, stated as assumptions
     "step_overhead_s": 0.004, "graph_overhead_s": 0.0015, "seq_overhead_s": 20e-6,
 }
@@ -229,6 +229,7 @@ def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
         "fp8_gemm_eff": f"fitted on H100 (TensorRT-LLM TTFT), assumed elsewhere; {FITTED}" if fp8 else "",
         "gemm_m_half": FITTED, "attn_eff": FITTED, "mem_eff": FITTED, "attn_mem_eff": FITTED,
         "kernel_s": FITTED, "link_eff": FITTED, "roof_blend": FITTED,
+        "link_latency_s": f"{FITTED} (NVLink; PCIe links keep the larger of it and their assumed cost)",
         "step_overhead_s": "assumed: a vLLM-like engine's eager per-step cost (Sarathi-Serve's prototype, fitted "
                            "separately in sim/published.py, costs more)",
         "graph_overhead_s": "assumed: per-step cost with CUDA graphs replaying decode steps",
@@ -237,7 +238,8 @@ def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
     return hw.with_(cost_model="operators", counting="executed", gemm_eff=gemm, fp8_gemm_eff=fp8,
                     gemm_m_half=fit["gemm_m_half"], attn_eff=fit["attn_eff"], mem_eff=fit["mem_eff"],
                     attn_mem_eff=fit["attn_mem_eff"], kernel_s=fit["kernel_s"], link_eff=fit["link_eff"],
-                    roof_blend=fit["roof_blend"],
+                    roof_blend=fit["roof_blend"], link_latency_s=fit["link_latency_s"] if hw.link_bw >= 300e9 else
+                    max(fit["link_latency_s"], hw.link_latency_s),
                     step_overhead_s=fit["step_overhead_s"], graph_overhead_s=fit["graph_overhead_s"],
                     seq_overhead_s=fit["seq_overhead_s"], sources=sources)
 

@@ -43,10 +43,10 @@ T_PERF = "docs/source/performance.md"
 DECODE_CONTEXT = 1022  # 1,020-token prompts (prefill_to_decode_ratio 255 of 1,024) plus the tokens decoded
 
 # Engine fixed costs: fitted alongside the kernel efficiencies, one set per source's engine.
-ENGINE_PARAMS = {"sarathi_step_s": 0.0209, "sarathi_seq_s": 1.00e-3, "sarathi_attn_eff": 0.143,
-                 "trtllm_step_s": 0.000803}
+ENGINE_PARAMS = {"sarathi_step_s": 0.0135, "sarathi_seq_s": 0.000991, "sarathi_attn_eff": 0.143,
+                 "trtllm_step_s": 0.000584}
 KERNEL_PARAMS = ("gemm_eff_a100", "gemm_eff_a100_pcie", "fp8_gemm_eff_h100", "gemm_m_half", "attn_eff",
-                 "mem_eff", "attn_mem_eff", "kernel_s", "link_eff", "roof_blend")
+                 "mem_eff", "attn_mem_eff", "kernel_s", "link_eff", "roof_blend", "link_latency_s")
 
 
 @dataclass(frozen=True)
@@ -92,9 +92,49 @@ def _vidur(name: str, rows: int, tp: int) -> Callable[[dict[str, float]], float]
 
 def _ttft(model: str, gpu: str, dtype: str, tp: int, prompt: int) -> Callable[[dict[str, float]], float]:
     def predict(params: dict[str, float]) -> float:
-        hw = _gpus(params)[gpu].for_dtype(dtype).with_(step_overhead_s=params["trtllm_step_s"], seq_overhead_s=0.0)
+        hw = _trt_hw(params, gpu, dtype)
         return CostModel.for_hardware(PRESETS[model], hw, tp=tp).time(StepShape.prefill(prompt), hw).total_s
     return predict
+
+
+def _trt_hw(params: dict[str, float], gpu: str, dtype: str) -> Hardware:
+    """TensorRT-LLM (v0.5 / v0.6): the presets' kernels, its own fitted step cost, no per-sequence cost."""
+    return _gpus(params)[gpu].for_dtype(dtype).with_(step_overhead_s=params["trtllm_step_s"], graph_overhead_s=None,
+                                                     seq_overhead_s=0.0)
+
+
+def _static_batch(model: str, gpu: str, dtype: str, tp: int, batch: int, isl: int,
+                  osl: int) -> Callable[[dict[str, float]], float]:
+    """gptSessionBenchmark's static batch: every prompt prefilled in one step, then osl - 1 decode steps."""
+    def predict(params: dict[str, float]) -> float:
+        hw = _trt_hw(params, gpu, dtype)
+        cm = CostModel.for_hardware(PRESETS[model], hw, tp=tp)
+        prefill = cm.time(StepShape.of([(isl, 0, True)] * batch), hw).total_s
+        return prefill + sum(cm.time(StepShape.decode(batch, isl + i), hw).total_s for i in range(1, osl))
+    return predict
+
+
+# TensorRT-LLM docs/source/performance.md: "Peak Throughput" (v0.6.1; L40S v0.5), out tok/s per GPU
+# (L40S: per deployment, TP1), and "Low Latency" first-token latencies (v0.5), batch 1.
+TRT_THROUGHPUT = (  # gpu, dtype, model, batch, tp, isl, osl, output tokens/s (per GPU)
+    ("h100", "fp8", "llama-2-7b", 768, 1, 128, 128, 19_694), ("h100", "fp8", "llama-2-7b", 112, 1, 128, 2048, 6_818),
+    ("h100", "fp8", "llama-2-7b", 80, 1, 2048, 128, 2_244), ("h100", "fp8", "llama-2-7b", 48, 1, 2048, 2048, 2_740),
+    ("h100", "fp8", "llama-2-70b", 1024, 2, 128, 128, 2_657), ("h100", "fp8", "llama-2-70b", 480, 4, 128, 2048, 1_486),
+    ("h100", "fp8", "llama-2-70b", 96, 2, 2048, 128, 306), ("h100", "fp8", "llama-2-70b", 64, 2, 2048, 2048, 547),
+    ("l40s", "fp8", "llama-2-7b", 64, 1, 128, 128, 3_240), ("l40s", "fp8", "llama-2-7b", 64, 1, 128, 2048, 1_622),
+    ("l40s", "fp8", "llama-2-7b", 32, 1, 2048, 128, 581), ("l40s", "fp8", "llama-2-7b", 16, 1, 2048, 2048, 531),
+    ("a100", "float16", "llama-2-7b", 384, 1, 128, 128, 5_586), ("a100", "float16", "llama-2-7b", 60, 1, 128, 2048, 1_928),
+    ("a100", "float16", "llama-2-7b", 52, 1, 2048, 128, 591), ("a100", "float16", "llama-2-7b", 64, 2, 2048, 2048, 782),
+    ("a100", "float16", "llama-2-70b", 1280, 4, 128, 128, 670), ("a100", "float16", "llama-2-70b", 240, 4, 128, 2048, 525),
+    ("a100", "float16", "llama-2-70b", 120, 4, 2048, 128, 79),
+)
+TRT_TTFT = (  # gpu, dtype, model, tp, input, ms, in the fit set
+    ("a100", "float16", "llama-2-7b", 1, 2048, 133.0, True), ("h100", "fp8", "llama-2-7b", 1, 2048, 36.0, True),
+    ("a100", "float16", "llama-2-70b", 4, 2048, 377.0, False), ("a100", "float16", "llama-2-7b", 1, 128, 16.0, False),
+    ("a100", "float16", "llama-2-70b", 4, 128, 47.0, True), ("h100", "fp8", "llama-2-7b", 1, 128, 7.0, False),
+    ("h100", "fp8", "llama-2-70b", 4, 128, 26.0, False), ("h100", "fp8", "llama-2-70b", 4, 2048, 109.0, False),
+    ("l40s", "fp8", "llama-2-7b", 1, 128, 14.0, False), ("l40s", "fp8", "llama-2-7b", 1, 2048, 73.0, False),
+)
 
 
 def _figures() -> list[Figure]:
@@ -124,12 +164,17 @@ def _figures() -> list[Figure]:
             out.append(Figure(f"vidur {name} {rows}" + (f" tp{tp}" if tp > 1 else ""), VIDUR, V_MLP,
                               f"Llama-3-8B layer GEMM {name}, {rows} rows, A100, TP{tp}", ms / 1e3,
                               rows in (1, 128, 32768) and tp == 1, _vidur(name, rows, tp)))
-    for key, model, gpu, dtype, tp, ms, fit in (
-            ("trtllm ttft llama-2-7b a100", "llama-2-7b", "a100", "float16", 1, 133.0, True),
-            ("trtllm ttft llama-2-7b h100 fp8", "llama-2-7b", "h100", "fp8", 1, 36.0, True),
-            ("trtllm ttft llama-2-70b a100 tp4", "llama-2-70b", "a100", "float16", 4, 377.0, False)):
-        out.append(Figure(key, TRTLLM, T_PERF, f"{model} TTFT, batch 1, 2,048 input, {gpu} {dtype} TP{tp}",
-                          ms / 1e3, fit, _ttft(model, gpu, dtype, tp, 2048)))
+    for gpu, dtype, model, tp, isl, ms, fit in TRT_TTFT:
+        out.append(Figure(f"trtllm ttft {model} {gpu} {dtype} tp{tp} {isl}", TRTLLM, T_PERF,
+                          f"TensorRT-LLM {model} TTFT, batch 1, {isl} input, {gpu} {dtype} TP{tp}", ms / 1e3, fit,
+                          _ttft(model, gpu, dtype, tp, isl)))
+    for gpu, dtype, model, batch, tp, isl, osl, tok_s in TRT_THROUGHPUT:
+        per_gpu = gpu != "l40s"
+        seconds = batch * osl / (tok_s * (tp if per_gpu else 1))
+        out.append(Figure(f"trtllm batch {model} {gpu} {dtype} tp{tp} {batch}x{isl}/{osl}", TRTLLM, T_PERF,
+                          f"TensorRT-LLM {model} static batch {batch} x {isl}/{osl} on {gpu} {dtype} TP{tp} "
+                          f"({tok_s:,} out tok/s{'/GPU' if per_gpu else ''})", seconds, False,
+                          _static_batch(model, gpu, dtype, tp, batch, isl, osl)))
     return out
 
 
