@@ -167,3 +167,19 @@ def test_roofline_command_takes_tp_and_dtype() -> None:
     assert doc["hardware"]["dtype"] == "fp8" and [g["gpu"] for g in doc["gpus"]] == ["h100", "a100", "b200"]
     result = runner.invoke(app, ["roofline", "--model", "llama-2-70b", "--tp", "3"])
     assert result.exit_code == 2 and "tp" in result.output and "divide" in result.output
+
+
+def test_calibrate_at_tp_fits_per_gpu_costs(tmp_path: Path) -> None:
+    import polars as pl
+
+    from itlbench.sim.calibrate import RunSteps, step_data
+
+    steps = pl.DataFrame({"prefill_tokens": [512, 0], "decode_tokens": [0, 8], "num_sampled": [1, 8],
+                          "context_tokens": [0, 8 * 600], "attention_pairs": [512 * 513 // 2, 8 * 601],
+                          "num_prefill_reqs": [1, 0], "num_decode_reqs": [0, 8], "start_ns": [0, 10],
+                          "end_ns": [5, 12], "phase": ["prefill", "decode"]})
+    run = RunSteps(tmp_path, L70, "bfloat16", "cuda", steps)
+    one, two = step_data(run), step_data(run, tp=2)
+    assert two.gemm_flops == pytest.approx(one.gemm_flops / 2) and two.attn_flops == pytest.approx(one.attn_flops / 2)
+    result = CliRunner().invoke(app, ["calibrate", str(tmp_path), "--tp", "0"])
+    assert result.exit_code == 2 and "--tp" in result.output
