@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import os
 import shutil
 import subprocess
@@ -38,7 +37,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,27 +47,23 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from itlbench.analysis.stalls import StallParams, find_stalls  # noqa: E402
+from itlbench.experiments.selftest import compare as stamp_errors  # noqa: E402
+from itlbench.experiments.selftest import server_log  # noqa: E402
 from itlbench.load.driver import DriveResult, drive, install_uvloop  # noqa: E402
 from itlbench.load.multiproc import drive_workers  # noqa: E402
 from itlbench.load.target import Target  # noqa: E402
 from itlbench.rundir.reader import read_table  # noqa: E402
 from itlbench.rundir.store import RunStore  # noqa: E402
 from itlbench.testing.paced_server import PacedConfig, spawn  # noqa: E402
-from itlbench.workloads.plan import LoadPlan, RequestPlan  # noqa: E402
+from itlbench.testing.plans import fixed_streams  # noqa: E402
+from itlbench.workloads.plan import LoadPlan  # noqa: E402
 
 VLLM_VENV = Path(os.environ.get("ITLBENCH_VLLM_VENV", "~/peers/vllm-venv")).expanduser()
 VLLM_TOKENIZER = Path(os.environ.get("ITLBENCH_VLLM_TOKENIZER", "~/peers/models/cpu-small")).expanduser()
 
 
-def _stream(k: int, tokens: int):
-    i = 0
-    while True:
-        yield RequestPlan(f"s{k}-{i}", "fidelity", "fidelity", 4, tokens, prompt_token_ids=(1, 2, 3, 4))
-        i += 1
-
-
 def make_plan(streams: int, tokens: int) -> LoadPlan:
-    return LoadPlan(streams=[_stream(k, tokens) for k in range(streams)])
+    return fixed_streams(streams, tokens)
 
 
 async def _run_locust(args: argparse.Namespace, c: int, url: str, run_dir: Path) -> tuple[DriveResult, dict]:
@@ -87,11 +81,6 @@ async def _run_locust(args: argparse.Namespace, c: int, url: str, run_dir: Path)
         return await drive_locust(job, store, driver_doc=doc), doc
     finally:
         store.close()
-
-
-def _server_log(base_url: str) -> dict:
-    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/_log", timeout=60) as r:
-        return json.loads(r.read())
 
 
 class CpuSampler:
@@ -185,19 +174,14 @@ def _stalls(times: dict[str, list[int]]) -> pl.DataFrame:
 
 def compare(client: dict[str, list[int]], server: dict[str, list[int]]) -> Fidelity:
     """Per request, the client's chunk times against the server's sends (same count, same order)."""
-    itl, ttft, compared = [], [], 0
+    base = stamp_errors(client, server)
+    f = Fidelity(base.itl_ns, base.ttft_ns, base.compared)
     cl_times, sv_times = {}, {}
     for rid, c in client.items():
         s = server.get(rid)
-        if not c or not s:
-            continue
-        n = min(len(c), len(s))
-        cl, sv = np.asarray(c[:n], dtype=np.int64), np.asarray(s[:n], dtype=np.int64)
-        ttft.append(cl[0] - sv[0])
-        itl.append(np.diff(cl) - np.diff(sv))
-        compared += n
-        cl_times[rid], sv_times[rid] = c[:n], s[:n]
-    f = Fidelity(np.concatenate(itl) if itl else np.zeros(0), np.asarray(ttft), compared)
+        if c and s:
+            n = min(len(c), len(s))
+            cl_times[rid], sv_times[rid] = c[:n], s[:n]
     truth, seen = _stalls(sv_times), _stalls(cl_times)
     both = truth.join(seen, on=["request_id", "index"], how="inner", suffix="_client")
     f.stall_truth, f.stall_found = truth.height, both.height
@@ -266,7 +250,7 @@ def measure(args: argparse.Namespace, c: int, reader: str) -> Row:
                 locust_cpu_s = res.client.cpu_seconds + float(doc.get("master_cpu_s") or 0.0)
             else:
                 res = asyncio.run(_run_client(args, c, url, Path(tmp), reader, otlp))
-            log = _server_log(url)
+            log = server_log(url)
             req = read_table(tmp, "requests").select("request_id", "server_request_id")
             chunks = read_table(tmp, "chunks").sort("request_id", "index")
             pauses = read_table(tmp, "client_pauses")
@@ -325,7 +309,7 @@ def measure_vllm(args: argparse.Namespace, c: int) -> Row:
                                     env=env)
             with CpuSampler(peer.pid) as cpu:
                 out, _ = peer.communicate(timeout=900)
-        log = _server_log(url)
+        log = server_log(url)
     finally:
         proc.kill()
         proc.wait()

@@ -1,0 +1,63 @@
+"""`itlbench selftest`: this machine's client against a paced server's truth."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from itlbench.cli.app import AsJson, app, console, fail, print_json
+from itlbench.errors import ConfigError, ItlbenchError
+from itlbench.units import parse_duration_s
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError("--streams", f"{text!r} is not a comma-separated list of counts", "e.g. 10,50,100") from None
+
+
+@app.command()
+def selftest(
+    streams: Annotated[str, typer.Option(help="Stream counts to try, rising (comma-separated).")] = "10,50,100,200",
+    readers: Annotated[str, typer.Option(help="Stream readers to test: kernel (kernel receive stamps) and/or "
+                                              "aiohttp (user-space stamps).")] = "kernel,aiohttp",
+    duration: Annotated[str, typer.Option(help="Load per point (e.g. 4s).")] = "4s",
+    bound_ms: Annotated[float, typer.Option(help="ITL error p99 a stream count must stay within (ms).")] = 1.0,
+    as_json: AsJson = False,
+) -> None:
+    """Measure this machine's client: ITL and TTFT error against a paced server's send log, per stream
+    count and reader, and the largest stream count whose ITL p99 error stays within --bound-ms."""
+    from itlbench.experiments.selftest import SelftestConfig, run_selftest
+    try:
+        cfg = SelftestConfig(streams=_counts(streams), readers=tuple(r.strip() for r in readers.split(",") if r),
+                             duration_s=parse_duration_s(duration, "--duration"), bound_ms=bound_ms)
+    except ItlbenchError as exc:
+        fail(exc)
+    result = run_selftest(cfg, on_row=None if as_json else
+                          lambda r: console.print(f"[dim]{r.reader} × {r.streams} streams: {r.chunks} chunks[/]"))
+    if as_json:
+        print_json(result.to_json())
+    else:
+        _print(result)
+
+
+def _ms(v: float | None) -> str:
+    return "—" if v is None else f"{v:.3f}"
+
+
+def _print(result) -> None:  # noqa: ANN001 - SelftestResult, imported lazily
+    from itlbench.report.tables import TextTable, print_table
+
+    table = TextTable("Client error against the paced server's send log (ms, absolute)",
+                      ["reader", "streams", "chunks", "ITL p50", "ITL p99", "ITL max", "TTFT p50", "TTFT p99",
+                       "TTFT max", f"≤ {result.config.bound_ms:g} ms"], labels=2)
+    for r in result.rows:
+        table.add_row(r.reader, str(r.streams), f"{r.chunks:,}", _ms(r.itl.p50_ms), _ms(r.itl.p99_ms),
+                      _ms(r.itl.max_ms), _ms(r.ttft.p50_ms), _ms(r.ttft.p99_ms), _ms(r.ttft.max_ms),
+                      "yes" if r.holds else "no")
+    print_table(console, table)
+    for reader, n in result.max_streams_within().items():
+        held = f"up to {n} streams" if n is not None else "not even the smallest count"
+        console.print(f"{reader}: ITL error p99 within {result.config.bound_ms:g} ms for {held}", highlight=False)
