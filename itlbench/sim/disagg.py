@@ -87,7 +87,8 @@ class DisaggEngine:
         self.max_model_len = self.decode.max_model_len
         self.tokenizer = self.decode.tokenizer
         self.block_manager = self.decode.block_manager
-        self.device = f"sim:{self.prefill.runner.hardware.name}->{self.decode.runner.hardware.name}"
+        pools = (self.prefill.runner.info.device, self.decode.runner.info.device)  # "sim:h100", "sim:h100x2" (--tp)
+        self.device = "sim:" + "->".join(d.removeprefix("sim:") for d in pools)
         self.dtype = self.decode.dtype
         self.step_log = StepLog()
         # under --tp each GPU sends its heads' share over its own port, in parallel: one GPU's share is the time
