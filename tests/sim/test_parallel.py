@@ -183,3 +183,13 @@ def test_calibrate_at_tp_fits_per_gpu_costs(tmp_path: Path) -> None:
     assert two.gemm_flops == pytest.approx(one.gemm_flops / 2) and two.attn_flops == pytest.approx(one.attn_flops / 2)
     result = CliRunner().invoke(app, ["calibrate", str(tmp_path), "--tp", "0"])
     assert result.exit_code == 2 and "--tp" in result.output
+
+
+def test_a_fitted_preset_round_trips_through_a_profile_file(tmp_path: Path) -> None:
+    path = tmp_path / "b200.json"
+    GPUS["b200"].save(path)
+    assert load_hardware(str(path)) == GPUS["b200"]  # sources, link, fp8 rate and operator fields included
+    mine = GPUS["h100"].with_(name="nvlink-switch", link_latency_s=10e-6)
+    mine.save(path)
+    cm = CostModel.for_hardware(L70, mine, tp=4)
+    assert cm.allreduce_s(1, load_hardware(str(path))) < cm.allreduce_s(1, GPUS["h100"])
