@@ -55,6 +55,8 @@ REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "sent_ns": pl.Int64(),              # when the request was actually written
     "first_token_ns": pl.Int64(),       # first chunk that carried tokens
     "last_token_ns": pl.Int64(),
+    "first_answer_ns": pl.Int64(),      # first chunk after any reasoning (content or tool call); null if none
+    "reasoning_chunks": pl.Int64(),     # chunks that carried reasoning text (delta.reasoning[_content])
     "done_ns": pl.Int64(),              # stream ended ([DONE], error or timeout)
     "output_tokens": pl.Int64(),        # tokens counted from content chunks
     "output_tokens_reported": pl.Int64(),  # usage.completion_tokens; null if absent

@@ -46,6 +46,12 @@ class PeerConfig:
     fail_after: int = 0
     prefill_s_per_token: float = 1e-5  # what /metrics reports as prefill time (no real compute)
     keepalive_s: float = 75.0  # idle keep-alive connections are closed after this (uvicorn: 5 s)
+    # chat streams of other shapes: the first `reasoning_chunks` chunks carry reasoning in
+    # `reasoning_field` (vLLM ≥ 0.10: reasoning; older vLLM, SGLang: reasoning_content), the rest the
+    # answer as `answer_shape`: content (a string), parts (a list of text parts) or tool_calls fragments
+    reasoning_chunks: int = 0
+    reasoning_field: str = "reasoning_content"
+    answer_shape: str = "content"
 
 
 @dataclass
@@ -182,7 +188,7 @@ class OpenAIPeer:
             await asyncio.sleep(self.cfg.tick_s)
             self.counters.decode_s += self.cfg.tick_s
             choice = {"index": 0, "finish_reason": "length" if i == n_out - 1 else None}
-            choice.update({"delta": {"content": " x"}} if chat else {"text": " x"})
+            choice.update({"delta": self._delta(i)} if chat else {"text": " x"})
             await resp.write(_sse({"id": rid, "object": obj, "model": self.cfg.model, "choices": [choice]}))
             if fault == "bad_json":
                 await resp.write(b'data: {"id": "' + rid.encode() + b'", "choices": [{"text": oops}\n\n')
@@ -197,6 +203,20 @@ class OpenAIPeer:
         await resp.write(_sse({"id": rid, "object": obj, "model": self.cfg.model, "choices": [], "usage": usage}))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
+
+    def _delta(self, i: int) -> dict[str, object]:
+        cfg = self.cfg
+        if i < cfg.reasoning_chunks:
+            return {"role": "assistant", "content": None, cfg.reasoning_field: " think"} if i == 0 else \
+                {cfg.reasoning_field: " think"}
+        if cfg.answer_shape == "parts":
+            return {"content": [{"type": "text", "text": " x"}]}
+        if cfg.answer_shape == "tool_calls":
+            call: dict[str, object] = {"index": 0, "function": {"arguments": '{"q": 1'}}
+            if i == cfg.reasoning_chunks:
+                call.update(id="call_0", type="function", function={"name": "lookup", "arguments": ""})
+            return {"content": None, "tool_calls": [call]}
+        return {"content": " x"}
 
     async def _metrics(self, request: web.Request) -> web.Response:
         c, label = self.counters, f'{{engine="0",model_name="{self.cfg.model}"}}'

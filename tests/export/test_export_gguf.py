@@ -7,6 +7,7 @@ import json
 import urllib.request
 from pathlib import Path
 
+import gguf  # in the test extra: these tests never skip in CI
 import numpy as np
 import pytest
 import torch
@@ -14,8 +15,6 @@ import torch
 from itlbench.core.presets import PRESETS
 from itlbench.engine.model.rope import inv_frequencies
 from itlbench.export.gguf import export_gguf, llama3_rope_factors, permute_rope_rows
-
-gguf = pytest.importorskip("gguf")
 
 
 def rope_half(x: np.ndarray, ang: np.ndarray) -> np.ndarray:

@@ -28,7 +28,7 @@ from tests.support.load import plans, run
 
 pytestmark = pytest.mark.skipif(kernel_stamps_available() is not None, reason=str(kernel_stamps_available()))
 
-TIMES = ("scheduled_ns", "sent_ns", "first_token_ns", "last_token_ns", "done_ns")
+TIMES = ("scheduled_ns", "sent_ns", "first_token_ns", "last_token_ns", "done_ns", "first_answer_ns")
 
 
 def _records(run_dir: Path) -> tuple[list[dict[str, Any]], pl.DataFrame]:

@@ -150,6 +150,8 @@ class KernelConnection:
         ex.counts.append(1)
         ex.tokens += 1
         ex.events += 1
+        if ex.first_answer_ns is None:  # the learnt shape is an answer chunk's; reasoning came before it
+            ex.first_answer_ns = t
         if len(times) - ex.chunks_written >= CHUNK_ROWS_PER_HANDOFF:
             client._write_chunks(ex, final=False)
         if client.observer is not None:
@@ -232,7 +234,9 @@ class KernelConnection:
                 shape = self.shape
             else:
                 ex.events += 1
-            if n > 0:
+            if n > 0:  # counted by the scan: an answer chunk (the scan leaves reasoning to the JSON path)
+                if ex.first_answer_ns is None:
+                    ex.first_answer_ns = t
                 client._add_chunk(ex, t, n)
 
     def _slow_count(self, payload: bytes, t: int, ex: _Exchange) -> int:

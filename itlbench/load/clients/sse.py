@@ -3,7 +3,7 @@
 Each network read is stamped with `time.perf_counter_ns()` before any parsing, and that time is
 given to every SSE event in the read. Events are split by hand (no SSE library) and each JSON body is
 decoded once. Tokens per event: `len(token_ids)` when the server sends ids, else 1 when text or
-`delta.content` is non-empty, else 0 (role-only, finish-only and usage chunks carry none).
+`delta.content` (or reasoning, a tool call: `deltas.py`) is non-empty, else 0 (role-only, finish-only and usage chunks carry none).
 A response that is not a well-formed event stream (HTML, a plain JSON body, a `data:` line that is not
 JSON, a stream cut before `[DONE]`, headers that never come) becomes a failed request row whose
 `error_kind` says which, never an exception out of `run`.
@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from itlbench.load.clients.chunk_rows import chunk_columns, hand_over, settled_end
+from itlbench.load.clients.deltas import choice_kind
 from itlbench.load.sink import RowWriter
 from itlbench.load.target import Target
 from itlbench.rundir.coerce import as_count, as_str
@@ -61,6 +62,8 @@ class _Exchange:
     times: list[int] = field(default_factory=list)
     counts: list[int] = field(default_factory=list)
     tokens: int = 0
+    first_answer_ns: int | None = None  # first chunk that is not reasoning (content or a tool call)
+    reasoning_chunks: int = 0
     server_id: str | None = None
     finish_reason: str | None = None
     prompt_reported: int | None = None
@@ -281,15 +284,13 @@ class StreamClient:
 
     def _on_choice(self, c: dict[str, Any], t: int, ex: _Exchange) -> None:
         ids = c.get("token_ids")
-        if ids and isinstance(ids, list):
-            n = len(ids)
-        else:
-            text = c.get("text")
-            if text is None:
-                delta = c.get("delta")
-                text = (delta.get("content") or delta.get("reasoning_content")) if isinstance(delta, dict) else None
-            n = 1 if text else 0
+        kind = choice_kind(c)
+        n = len(ids) if ids and isinstance(ids, list) else 1 if kind else 0
         if n:
+            if kind == "reasoning":
+                ex.reasoning_chunks += 1
+            elif ex.first_answer_ns is None:
+                ex.first_answer_ns = t
             self._add_chunk(ex, t, n)
         fr = c.get("finish_reason")
         if fr:
@@ -323,6 +324,7 @@ class StreamClient:
             "max_tokens": p.max_tokens, "scheduled_ns": ex.scheduled_ns, "sent_ns": ex.sent_ns,
             "first_token_ns": ex.times[0] if ex.times else None,
             "last_token_ns": ex.times[-1] if ex.times else None, "done_ns": done_ns,
+            "first_answer_ns": ex.first_answer_ns, "reasoning_chunks": ex.reasoning_chunks,
             "output_tokens": ex.tokens, "output_tokens_reported": ex.completion_reported,
             "num_chunks": len(ex.times), "status": ex.status, "http_status": ex.http_status,
             "error": ex.error, "error_kind": ex.error_kind if ex.status != "ok" else None,

@@ -1,8 +1,7 @@
 """Token count of one streamed OpenAI chunk by byte scan, without decoding its JSON.
 
-Gives exactly what the JSON path in `sse_client` counts (`len(token_ids)` when non-empty, else 1 when
-`text`, or with no `text` key the delta's `content` / `reasoning_content`, is a non-empty string, else
-0) for the chunks that carry nothing else the record needs: one choice, `finish_reason` null, no
+Gives exactly what the JSON path in `sse` counts (`len(token_ids)` when non-empty, else 1 when `text`
+or the delta's `content` is a non-empty string, else 0) for the chunks that carry nothing else the record needs: one choice, `finish_reason` null, no
 `usage` object, no `error`. Anything else (a finish, usage, an error, several choices, a shape it does
 not know) returns -1 and the caller decodes the JSON. Keys are matched with their quotes, and a quote
 inside a JSON string is always escaped, so `"text":` can only match a key.
@@ -16,6 +15,8 @@ from __future__ import annotations
 
 import json
 from typing import Any
+
+from itlbench.load.clients.deltas import choice_kind
 
 try:
     from orjson import loads as _loads
@@ -54,7 +55,10 @@ def _string_state(p: bytes, key: bytes, start: int = 0) -> int:
 
 
 def count_tokens(p: bytes) -> int:
-    """Tokens the JSON path would count for this chunk, or DECODE."""
+    """Tokens the JSON path would count for this chunk, or DECODE. Reasoning and tool-call chunks are
+    always DECODE: the JSON path labels them (`deltas.py`), so a count from here is an answer chunk."""
+    if b'"reasoning' in p or b'"tool_calls"' in p:
+        return DECODE
     # compact JSON (vLLM, SGLang, itlbench, OpenAI): a handful of C-level searches
     if (b'"finish_reason":null' in p and p.count(b'"finish_reason"') == 1 and b'"usage"' not in p
             and b'"error"' not in p):
@@ -117,10 +121,7 @@ def _count_general(p: bytes) -> int:
     i = p.find(b'"delta"')
     if i < 0:
         return DECODE
-    content = _string_state(p, b'"content"', i)
-    if content:
-        return content
-    return _string_state(p, b'"reasoning_content"', i)
+    return _string_state(p, b'"content"', i)
 
 
 def json_count(obj: Any) -> tuple[int, bool]:
@@ -138,11 +139,7 @@ def json_count(obj: Any) -> tuple[int, bool]:
     ids = c.get("token_ids")
     if ids and isinstance(ids, list):
         return len(ids), plain
-    text = c.get("text")
-    if text is None:
-        delta = c.get("delta")
-        text = (delta.get("content") or delta.get("reasoning_content")) if isinstance(delta, dict) else None
-    return (1 if text else 0), plain
+    return (1 if choice_kind(c) else 0), plain
 
 
 def _string_end(p: bytes, i: int) -> int:
