@@ -69,6 +69,8 @@ def calibrate(
                                              "h100, … (default: cpu for CPU runs, else h100).")] = None,
     holdout: Annotated[float, typer.Option(help="Share of steps held out to report prediction error.")] = 0.25,
     seed: Annotated[int, typer.Option(help="Seed of the held-out split.")] = 0,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel degree the runs used: step costs are per GPU, 1/tp "
+                                    "of the model.")] = 1,
     as_json: AsJson = False,
 ) -> None:
     """Fit the simulator's efficiencies and per-step overhead to real step logs; save a --gpu profile."""
@@ -78,7 +80,10 @@ def calibrate(
     try:
         if not 0 < holdout < 1:
             raise ConfigError("--holdout", f"must be between 0 and 1, got {holdout}")
-        result = fit(run_dirs, base=load_hardware(base) if base else None, holdout=holdout, seed=seed, name=name)
+        if tp < 1:
+            raise ConfigError("--tp", f"must be >= 1, got {tp}")
+        result = fit(run_dirs, base=load_hardware(base) if base else None, holdout=holdout, seed=seed, name=name,
+                     tp=tp)
         out.parent.mkdir(parents=True, exist_ok=True)
         result.profile.save(out)
     except ItlbenchError as exc:
@@ -90,6 +95,14 @@ def calibrate(
     from itlbench.report.roofline import print_calibration
 
     print_calibration(Console(), result, out)
+
+
+def _for_dtype(hw: object, dtype: str) -> object:
+    """A compared GPU in --dtype, or in its own where it has no such rate (fp8 on an A100)."""
+    try:
+        return hw.for_dtype(dtype)  # type: ignore[attr-defined]
+    except ConfigError:
+        return hw
 
 
 def _token_list(text: str, flag: str) -> list[int]:
@@ -105,11 +118,16 @@ def _token_list(text: str, flag: str) -> list[int]:
 @app.command()
 def roofline(
     model: Annotated[str, typer.Option(help="Preset, local HF directory or config.json of a Llama-like model.")] = "llama-3-8b",
-    gpu: Annotated[str, typer.Option(help="h100, h200, a100, l40s, rtx4090, cpu (measured now) or a profile JSON.")] = "h100",
+    gpu: Annotated[str, typer.Option(help="h100, h200, a100, a100-pcie, l40s, rtx4090, b200, any of them with -seeds "
+                                     "(the source documents' 40 %/80 % arithmetic), cpu (measured now) or a profile "
+                                     "JSON.")] = "h100",
     compare: Annotated[str, typer.Option(help="GPUs for the side-by-side table, comma-separated, or 'none'.")] = "h100,h200,a100,l40s,rtx4090",
     prompt: Annotated[str, typer.Option(help="Prefill lengths to tabulate (k = 1024 tokens).")] = "2k,32k",
     batch: Annotated[str, typer.Option(help="Decode batch sizes to tabulate.")] = "1,32",
     context: Annotated[str, typer.Option(help="Cached context of each decoding sequence.")] = "2k",
+    tp: Annotated[int, typer.Option(help="Tensor-parallel degree: costs per GPU, two all-reduces per layer.")] = 1,
+    dtype: Annotated[str, typer.Option(help="auto (the profile's), bfloat16, float16 or fp8 (one-byte weights and "
+                                       "K/V, the FP8 tensor rate).")] = "auto",
     as_json: AsJson = False,
 ) -> None:
     """Roofline tables: GEMM and step intensity, prefill vs decode cost, ITL floor, crossover, GPUs side by side."""
@@ -119,12 +137,16 @@ def roofline(
 
     try:
         model_cfg = load_model_config(model)
-        hw = load_hardware(gpu)
-        others = [] if compare.strip().lower() == "none" else [load_hardware(g) for g in compare.split(",") if g.strip()]
+        if tp < 1:
+            raise ConfigError("--tp", f"must be >= 1, got {tp}")
+        hw = load_hardware(gpu).for_dtype(dtype)
+        others = [] if compare.strip().lower() == "none" else [
+            _for_dtype(load_hardware(g), dtype) for g in compare.split(",") if g.strip()]
         ctx = _token_list(context, "--context")
         if len(ctx) != 1:
             raise ConfigError("--context", f"takes one length, got {context!r}", "e.g. --context 2k")
-        doc = roofline_doc(model_cfg, hw, others, _token_list(prompt, "--prompt"), _token_list(batch, "--batch"), ctx[0])
+        doc = roofline_doc(model_cfg, hw, others, _token_list(prompt, "--prompt"), _token_list(batch, "--batch"), ctx[0],
+                           tp=tp)
     except ItlbenchError as exc:
         fail(exc)
         return

@@ -58,7 +58,8 @@ class EngineConfig:
     max_model_len: int | None = option(None, "Context limit (default: the model's).")
     prefix_caching: bool = option(True, "Reuse KV blocks of identical prompt prefixes.")
     device: str = option("auto", "auto, cpu or cuda.")
-    dtype: str = option("auto", "auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16 or float16.")
+    dtype: str = option("auto", "auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16, or fp8 (--engine sim: "
+                        "weights and K/V at one byte, the FP8 tensor rate).")
     attention: str = option("auto", "Attention kernels: auto (flash, triton, then sdpa, whichever runs here), sdpa, "
                             "flash or triton.")
     cuda_graphs: bool = option(True, "CUDA: replay captured graphs for decode-only steps.")
@@ -67,6 +68,8 @@ class EngineConfig:
                                 "driven by the roofline cost model; no weights, no torch).")
     gpu: str | None = option(None, "--engine sim: h100, h200, a100, l40s, rtx4090, cpu or a profile from "
                              "`itlbench calibrate` (default h100).")
+    tp: int = option(1, "--engine sim: tensor-parallel degree: weights, heads, K/V and FLOPs split over this many "
+                     "GPUs, two all-reduces per layer over the profile's link.")
     sim_time_scale: float = option(1.0, "--engine sim: run this many times faster than the simulated GPU (every "
                                    "measured time shrinks by the same factor).")
     disaggregate: bool = option(False, "--engine sim: prefill and decode on separate GPUs, K/V sent over a link.")
@@ -108,8 +111,8 @@ class EngineConfig:
             raise ConfigError("max_model_len", f"must be > 0, got {self.max_model_len}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError("device", f"unknown device {self.device!r}", "use auto, cpu or cuda")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ConfigError("dtype", f"unknown dtype {self.dtype!r}", "use auto, float32, bfloat16 or float16")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16", "fp8"):
+            raise ConfigError("dtype", f"unknown dtype {self.dtype!r}", "use auto, float32, bfloat16, float16 or fp8")
         self._validate_sim()
 
     def _validate_sim(self) -> None:
@@ -117,6 +120,12 @@ class EngineConfig:
             raise ConfigError("engine", f"unknown engine {self.engine!r}", f"use one of {', '.join(ENGINE_KINDS)}")
         if self.engine != "sim" and self.gpu is not None:
             raise ConfigError("gpu", "only applies to the simulated engine", "add --engine sim")
+        if self.dtype == "fp8" and self.engine != "sim":
+            raise ConfigError("dtype", "fp8 is simulated only", "add --engine sim, or use bfloat16")
+        if not (isinstance(self.tp, int) and self.tp >= 1):
+            raise ConfigError("tp", f"must be a whole number >= 1, got {self.tp!r}", "e.g. --tp 2")
+        if self.tp > 1 and self.engine != "sim":
+            raise ConfigError("tp", "tensor parallelism is simulated only", "add --engine sim, or use --tp 1")
         if not self.sim_time_scale > 0:
             raise ConfigError("sim_time_scale", f"must be > 0, got {self.sim_time_scale}",
                               "e.g. 4 runs the simulation four times faster than the simulated GPU")

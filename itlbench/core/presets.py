@@ -25,6 +25,16 @@ PRESETS: dict[str, ModelConfig] = {
         num_layers=16, num_heads=32, num_kv_heads=8, head_dim=64, max_position_embeddings=131_072,
         rope_scaling=RopeScaling(factor=32.0), tie_word_embeddings=True,
         bos_token_id=128_000, eos_token_id=128_001),
+    # Shapes for the simulator's published comparisons (sim/published.py), from the models' config.json.
+    "llama-2-7b": ModelConfig(
+        name="llama-2-7b", vocab_size=32_000, hidden_size=4096, intermediate_size=11_008,
+        num_layers=32, num_heads=32, num_kv_heads=32, max_position_embeddings=4096, rope_theta=10_000.0),
+    "llama-2-70b": ModelConfig(
+        name="llama-2-70b", vocab_size=32_000, hidden_size=8192, intermediate_size=28_672,
+        num_layers=80, num_heads=64, num_kv_heads=8, max_position_embeddings=4096, rope_theta=10_000.0),
+    "yi-34b": ModelConfig(
+        name="yi-34b", vocab_size=64_000, hidden_size=7168, intermediate_size=20_480,
+        num_layers=60, num_heads=56, num_kv_heads=8, max_position_embeddings=200_000, rope_theta=5_000_000.0),
     # CPU presets: Llama-3 shapes scaled down so a 2-core box shows the phase fight in seconds.
     # cpu-small: 32-stream decode steps of ~10-20 ms and a 16k prefill of a few seconds on 2 cores;
     # narrow heads (4 x 32) keep the quadratic attention term of long prompts in check.

@@ -20,14 +20,16 @@ from itlbench.units import format_tokens
 
 def _phase_row(cm: CostModel, hw: Hardware, label: str, kind: str, shape: StepShape) -> dict[str, Any]:
     c = cm.cost(shape)
-    roof = cm.time(shape, hw.with_(gemm_eff=1.0, attn_eff=1.0, mem_eff=1.0, step_overhead_s=0.0))
+    roof = cm.time(shape, hw.with_(gemm_eff=1.0, fp8_gemm_eff=0.0, attn_eff=1.0, mem_eff=1.0, attn_mem_eff=0.0,
+                                   link_eff=1.0, step_overhead_s=0.0, graph_overhead_s=None, seq_overhead_s=0.0,
+                                   kernel_s=0.0, gemm_m_half=0.0, cost_model="roofline"))
     est = cm.time(shape, hw)
     return {
         "case": label, "kind": kind, "tokens": shape.tokens, "context_tokens": shape.context_tokens,
         "gemm_flops": c.gemm_flops, "attention_flops": c.attn_flops, "flops": c.flops,
         "weight_bytes": c.weight_bytes, "kv_read_bytes": c.kv_read_bytes, "kv_write_bytes": c.kv_write_bytes,
         "bytes": c.bytes, "intensity_flop_per_byte": c.intensity, "bound": roof.bound,
-        "achievable_flop_per_s": min(hw.peak_flops, hw.mem_bw * c.intensity),
+        "achievable_flop_per_s": min(hw.gemm_peak, hw.mem_bw * c.intensity),
         "roofline_time_s": roof.total_s, "estimated_time_s": est.total_s,
     }
 
@@ -37,19 +39,19 @@ def _gpu_row(cm: CostModel, hw: Hardware, prompt: int, batch: int, context: int)
     prefill = cm.time(StepShape.prefill(prompt), hw).total_s
     decode = cm.time(StepShape.decode(batch, context), hw).total_s
     return {
-        "gpu": hw.name, "label": hw.label, "peak_flop_per_s": hw.peak_flops, "bandwidth_bytes_per_s": hw.mem_bw,
+        "gpu": hw.name, "label": hw.label, "peak_flop_per_s": hw.gemm_peak, "bandwidth_bytes_per_s": hw.mem_bw,
         "memory_bytes": hw.memory_bytes, "ridge_flop_per_byte": hw.ridge,
         "gemm_ridge_tokens": square.ridge_tokens(hw.ridge, cm.b),
         "crossover_prompt_tokens": cm.crossover_tokens(hw.ridge),
-        "itl_floor_s": cm.weight_bytes / hw.mem_bw,
+        "itl_floor_s": cm.weight_bytes_per_gpu / hw.mem_bw,
         "decode_step_s": decode, "prefill_s": prefill, "stall_to_step_ratio": prefill / decode if decode else None,
         "kv_capacity_tokens": cm.kv_capacity_tokens(hw),
     }
 
 
 def roofline_doc(model: ModelConfig, hw: Hardware, compare: Sequence[Hardware], prompts: Sequence[int],
-                 batches: Sequence[int], context: int) -> dict[str, Any]:
-    cm = CostModel.for_hardware(model, hw)
+                 batches: Sequence[int], context: int, tp: int = 1) -> dict[str, Any]:
+    cm = CostModel.for_hardware(model, hw, tp=tp)
     gemms = [{"name": g.name, "d_in": g.d_in, "d_out": g.d_out,
               "intensity_flop_per_byte": {str(t): g.intensity(t, cm.b) for t in (1, *batches, *prompts)},
               "ridge_tokens": g.ridge_tokens(hw.ridge, cm.b)} for g in cm.gemms()]
@@ -61,16 +63,19 @@ def roofline_doc(model: ModelConfig, hw: Hardware, compare: Sequence[Hardware], 
         "model": {"name": model.name, "params": cm.params, "layers": model.num_layers, "hidden": model.hidden_size,
                   "heads": model.num_heads, "kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
                   "vocab": model.vocab_size, "tied_embeddings": model.tie_word_embeddings},
-        "hardware": hw.to_dict() | {"ridge_flop_per_byte": hw.ridge},
+        "hardware": hw.to_dict() | {"ridge_flop_per_byte": hw.ridge, "gemm_peak_flop_per_s": hw.gemm_peak},
         "counting": cm.counting,
         "weight_bytes": cm.weight_bytes,
         "kv_bytes_per_token": cm.kv_bytes_per_token,
-        "itl_floor_s": cm.weight_bytes / hw.mem_bw,
+        "itl_floor_s": cm.weight_bytes_per_gpu / hw.mem_bw,  # each GPU streams its shard
         "crossover_prompt_tokens": cm.crossover_tokens(hw.ridge),
         "kv_capacity_tokens": cm.kv_capacity_tokens(hw),
         "gemms": gemms,
         "phases": phases,
-        "gpus": [_gpu_row(CostModel.for_hardware(model, g), g, worst_prompt, big_batch, context) for g in compare],
+        "tp": tp,
+        "weight_bytes_per_gpu": cm.weight_bytes_per_gpu,
+        "gpus": [_gpu_row(CostModel.for_hardware(model, g, tp=tp), g, worst_prompt, big_batch, context)
+                 for g in compare],
         "gpu_table_case": {"prefill_tokens": worst_prompt, "decode_batch": big_batch, "decode_context": context},
     }
 
@@ -106,7 +111,7 @@ def _num(v: float) -> str:
 def print_roofline(console: Console, doc: dict[str, Any]) -> None:
     m, hw = doc["model"], doc["hardware"]
     console.print(f"[bold]{m['name']}[/] ({_si(m['params'], '')}params, {doc['counting']} counting) on "
-                  f"[bold]{hw['label']}[/]: {_si(hw['peak_flops'], 'FLOP/s')}, {_si(hw['mem_bw'], 'B/s')}, "
+                  f"[bold]{hw['label']}[/]: {_si(hw['gemm_peak_flop_per_s'], 'FLOP/s')}, {_si(hw['mem_bw'], 'B/s')}, "
                   f"ridge {hw['ridge_flop_per_byte']:.0f} FLOP/B, {hw['dtype']}", highlight=False)
     console.print(f"[dim]{hw['source']}[/]", highlight=False)
 
@@ -130,9 +135,11 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
                   f"(weights / bandwidth) {_time(doc['itl_floor_s'])} · crossover prompt length "
                   f"{doc['crossover_prompt_tokens']:,.0f} tokens · KV room {doc['kv_capacity_tokens']:,} tokens "
                   f"(90 % of memory less weights)", highlight=False)
-    console.print("[dim]roofline = at peak; estimated = at the profile's efficiencies "
+    per_kernel = ", kernel by kernel" if hw["cost_model"] == "operators" else ""
+    tp = f" · TP {doc['tp']}: {_si(doc['weight_bytes_per_gpu'], 'B')} of weights per GPU" if doc["tp"] > 1 else ""
+    console.print(f"[dim]roofline = at peak; estimated = at the profile's efficiencies{per_kernel} "
                   f"(GEMM {hw['gemm_eff']:.0%}, attention {hw['attn_eff']:.0%}, bandwidth {hw['mem_eff']:.0%}) "
-                  f"+ {hw['step_overhead_s'] * 1e3:g} ms per step[/]", highlight=False)
+                  f"+ {hw['step_overhead_s'] * 1e3:g} ms per step{tp}[/]", highlight=False)
 
     if not doc["gpus"]:
         return

@@ -107,8 +107,8 @@ def read_run_steps(run_dir: str | Path) -> RunSteps:
     return RunSteps(run_dir, model, dtype, str(info.get("device", engine_cfg.get("device", "?"))), steps)
 
 
-def step_data(run: RunSteps) -> StepData:
-    cm = CostModel(run.model, DTYPE_BYTES.get(run.dtype, 4), "executed")
+def step_data(run: RunSteps, tp: int = 1) -> StepData:
+    cm = CostModel(run.model, DTYPE_BYTES.get(run.dtype, 4), "executed", tp=tp)
     s = run.steps
     tokens = (s["prefill_tokens"] + s["decode_tokens"]).to_numpy()
     cols = [s[c].fill_null(0).to_numpy() for c in SHAPE_COLUMNS]
@@ -202,9 +202,13 @@ def fit_params(d: StepData) -> np.ndarray:
 
 def profile_from_params(params: np.ndarray, base: Hardware, name: str, source: str) -> Hardware:
     x_g, x_a, x_m, c, c_seq = (float(v) for v in params)
+    # the fitted formula is the whole-step roofline: the profile says so, whatever the base's cost model
     return base.with_(name=name, label=f"{base.label}, calibrated", gemm_eff=1.0 / (x_g * base.peak_flops),
                       attn_eff=1.0 / (x_a * base.peak_flops), mem_eff=1.0 / (x_m * base.mem_bw),
-                      step_overhead_s=c, seq_overhead_s=c_seq, counting="executed", source=source)
+                      step_overhead_s=c, seq_overhead_s=c_seq, counting="executed", source=source,
+                      cost_model="roofline", graph_overhead_s=None, fp8_gemm_eff=0.0, peak_flops_fp8=0.0,
+                      gemm_m_half=0.0, attn_mem_eff=0.0, kernel_s=0.0,
+                      sources={"efficiencies": source})
 
 
 def params_of(hw: Hardware) -> np.ndarray:
@@ -250,12 +254,12 @@ def base_hardware(runs: Sequence[RunSteps]) -> Hardware:
 
 
 def calibrate(run_dirs: Sequence[str | Path], base: Hardware | None = None, holdout: float = 0.25,
-              seed: int = 0, name: str = "calibrated") -> Calibration:
+              seed: int = 0, name: str = "calibrated", tp: int = 1) -> Calibration:
     runs = [read_run_steps(r) for r in run_dirs]
     models = {(r.model.name, r.dtype) for r in runs}
     if len(models) > 1:
         raise ConfigError("RUN_DIR", f"runs mix models/dtypes {sorted(models)}", "calibrate one model at a time")
-    data = StepData.concat([step_data(r) for r in runs])
+    data = StepData.concat([step_data(r, tp) for r in runs])
     held = split(len(data), holdout, seed)
     params = fit_params(data.subset(~held))
     base = base or base_hardware(runs)

@@ -87,10 +87,12 @@ class DisaggEngine:
         self.max_model_len = self.decode.max_model_len
         self.tokenizer = self.decode.tokenizer
         self.block_manager = self.decode.block_manager
-        self.device = f"sim:{self.prefill.runner.hardware.name}->{self.decode.runner.hardware.name}"
+        pools = (self.prefill.runner.info.device, self.decode.runner.info.device)  # "sim:h100", "sim:h100x2" (--tp)
+        self.device = "sim:" + "->".join(d.removeprefix("sim:") for d in pools)
         self.dtype = self.decode.dtype
         self.step_log = StepLog()
-        self.kv_bytes_per_token = self.decode.runner.cost_model.kv_bytes_per_token
+        # under --tp each GPU sends its heads' share over its own port, in parallel: one GPU's share is the time
+        self.kv_bytes_per_token = self.decode.runner.cost_model.kv_bytes_per_token_per_gpu
         self.clock = _WallNow() if paced else VirtualClock(start_ns)
         self._free_at = {name: 0 for name in self.pools}
         self._held: list[tuple[int, int, _Held]] = []  # heap by end time

@@ -16,202 +16,34 @@ attention.
 
 Two counting conventions: "textbook" is the source documents' (2P per row with P including both embedding
 tables, the LM head applied to every row); "executed" is what the bundled engine runs (embedding
-rows gathered, not multiplied; the LM head only on rows that sample). Calibrated profiles use
-"executed"; the GPU presets use "textbook" so the source documents' figures come out of them unchanged.
+rows gathered, not multiplied; the LM head only on rows that sample). Calibrated profiles and the
+GPU presets use "executed"; the `-seeds` profiles use "textbook" so the source documents' figures come
+out of them unchanged. Profiles with cost_model "operators" are timed kernel by kernel (sim/operators.py).
+Tensor parallelism divides the costs by `tp` and adds two all-reduces per layer (`CostModel`).
 Torch-free on purpose: the simulator and the CLI import it.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, fields, replace
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 from itlbench.core.model_config import ModelConfig
 from itlbench.errors import ConfigError
-
-Counting = Literal["textbook", "executed"]
-COUNTINGS: tuple[str, ...] = ("textbook", "executed")
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-# ---------------------------------------------------------------------------------------- hardware
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """An accelerator's roofs, the efficiencies a real engine reaches on them, and a per-step cost.
-
-    `peak_flops` is the dense rate for `dtype` (no sparsity); `mem_bw` the memory bandwidth in
-    bytes/s; `memory_bytes` what holds weights and the KV cache.
-    """
-
-    name: str
-    label: str
-    peak_flops: float
-    mem_bw: float
-    memory_bytes: float
-    dtype: str = "bfloat16"
-    gemm_eff: float = 0.40
-    attn_eff: float = 0.40
-    mem_eff: float = 0.80
-    step_overhead_s: float = 0.0
-    seq_overhead_s: float = 0.0  # per sequence (chunk) in the step: per-request launches, gathers, sampling
-    counting: Counting = "textbook"
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        for name in ("peak_flops", "mem_bw", "memory_bytes", "gemm_eff", "attn_eff", "mem_eff"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ConfigError(f"gpu.{name}", f"must be a positive number, got {value!r}")
-        for name in ("step_overhead_s", "seq_overhead_s"):
-            if not getattr(self, name) >= 0:
-                raise ConfigError(f"gpu.{name}", f"must be >= 0, got {getattr(self, name)}")
-        if self.dtype not in DTYPE_BYTES:
-            raise ConfigError("gpu.dtype", f"unknown dtype {self.dtype!r}", f"use one of {', '.join(DTYPE_BYTES)}")
-        if self.counting not in COUNTINGS:
-            raise ConfigError("gpu.counting", f"unknown counting {self.counting!r}", "use textbook or executed")
-
-    @property
-    def ridge(self) -> float:
-        """FLOP per byte where the compute and bandwidth roofs meet (π / β)."""
-        return self.peak_flops / self.mem_bw
-
-    @property
-    def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
-
-    def with_(self, **changes: object) -> Hardware:
-        return replace(self, **changes)
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, object], origin: str = "profile") -> Hardware:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ConfigError("--gpu", f"{origin} has unknown keys {', '.join(unknown)}",
-                              f"a hardware profile holds {', '.join(sorted(known))}")
-        missing = [k for k in ("name", "peak_flops", "mem_bw", "memory_bytes") if k not in raw]
-        if missing:
-            raise ConfigError("--gpu", f"{origin} lacks {', '.join(missing)}")
-        raw = dict(raw)
-        raw.setdefault("label", raw["name"])
-        return cls(**raw)  # type: ignore[arg-type]
-
-    def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-
-
-# Vendor datasheet figures: dense (non-sparse) BF16 tensor-core rate, memory bandwidth, capacity.
-# Efficiencies are the source documents' illustrative ones (40 % of peak in compute, 80 % of bandwidth): they
-# give their 2.04 s for a 32k prefill and 9.2 ms for a batch-32 decode step of Llama-3-8B on an H100.
-# `itlbench calibrate` replaces them with fitted ones.
-_SOURCE_EFF = "efficiencies: the source documents' illustrative 40 % of peak compute, 80 % of bandwidth"
-GPUS: dict[str, Hardware] = {
-    "h100": Hardware(
-        "h100", "H100 SXM", 989e12, 3.35e12, 80e9,
-        source="NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 1,979 TFLOPS with sparsity "
-               "(989 dense), 3.35 TB/s HBM3, 80 GB; " + _SOURCE_EFF),
-    "h200": Hardware(
-        "h200", "H200 SXM", 989e12, 4.8e12, 141e9,
-        source="NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 TFLOPS with sparsity "
-               "(989 dense), 4.8 TB/s HBM3e, 141 GB; " + _SOURCE_EFF),
-    "a100": Hardware(
-        "a100", "A100 80GB SXM", 312e12, 2.039e12, 80e9,
-        source="NVIDIA A100 Tensor Core GPU datasheet (80GB SXM): BF16 312 TFLOPS dense "
-               "(624 with sparsity), 2,039 GB/s HBM2e, 80 GB; " + _SOURCE_EFF),
-    "l40s": Hardware(
-        "l40s", "L40S", 362.05e12, 864e9, 48e9,
-        source="NVIDIA L40S datasheet: BF16 362.05 TFLOPS dense (733 with sparsity), "
-               "864 GB/s GDDR6, 48 GB; " + _SOURCE_EFF),
-    "rtx4090": Hardware(
-        "rtx4090", "RTX 4090", 165.2e12, 1.008e12, 24e9,
-        source="NVIDIA Ada Lovelace architecture whitepaper (GeForce RTX 4090): BF16 tensor with FP32 "
-               "accumulate 165.2 TFLOPS dense (330.4 with sparsity), 1,008 GB/s GDDR6X, 24 GB; " + _SOURCE_EFF),
-}
-_ALIASES = {"h100-sxm": "h100", "h100sxm": "h100", "h200-sxm": "h200", "a100-80gb": "a100", "a100-80g": "a100",
-            "4090": "rtx4090", "rtx-4090": "rtx4090"}
-GPU_CHOICES = (*GPUS, "cpu")
-
-
-def measure_cpu(seconds: float = 1.0) -> Hardware:
-    """'This CPU': its measured read bandwidth and fp32 matmul rate as the roofs, efficiency 1.
-
-    Measured, not specified, so the roofs are what this machine reaches, not what it could.
-    Uses torch when installed (the engine's own kernels), numpy otherwise.
-    """
-    import os
-
-    import numpy as np
-    import psutil
-
-    try:
-        import torch
-
-        def matmul_rate(n: int) -> float:
-            a, b = torch.randn(n, n), torch.randn(n, n)
-            return _best_rate(lambda: a @ b, 2.0 * n**3, seconds / 4)
-
-        def read_bw(n_bytes: int) -> float:
-            x = torch.ones(n_bytes // 4)
-            return _best_rate(x.sum, float(x.nbytes), seconds / 4)
-    except ImportError:
-        def matmul_rate(n: int) -> float:
-            a, b = np.random.rand(n, n).astype(np.float32), np.random.rand(n, n).astype(np.float32)
-            return _best_rate(lambda: a @ b, 2.0 * n**3, seconds / 4)
-
-        def read_bw(n_bytes: int) -> float:
-            x = np.ones(n_bytes // 4, np.float32)
-            return _best_rate(x.sum, float(x.nbytes), seconds / 4)
-
-    flops = max(matmul_rate(512), matmul_rate(1024))
-    bw = read_bw(512 << 20)
-    return Hardware("cpu", f"this CPU ({os.cpu_count()} cores, measured)", flops, bw,
-                    float(psutil.virtual_memory().total), dtype="float32", gemm_eff=1.0, attn_eff=1.0,
-                    mem_eff=1.0, counting="executed",
-                    source="measured: best fp32 matmul rate (n = 512, 1024) and best read bandwidth (512 MiB sum)")
-
-
-def _best_rate(fn: object, work: float, budget_s: float) -> float:
-    best = math.inf
-    deadline = time.perf_counter() + budget_s
-    for i in range(50):
-        t0 = time.perf_counter()
-        fn()  # type: ignore[operator]
-        best = min(best, time.perf_counter() - t0)
-        if i >= 2 and time.perf_counter() > deadline:
-            break
-    return work / best
-
-
-def load_hardware(spec: str) -> Hardware:
-    """A preset name (h100, h200, a100, l40s, rtx4090), 'cpu' (measured now), or a profile JSON path."""
-    key = spec.strip().lower()
-    key = _ALIASES.get(key, key)
-    if key in GPUS:
-        return GPUS[key]
-    if key == "cpu":
-        return measure_cpu()
-    path = Path(spec).expanduser()
-    if path.is_file():
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError("--gpu", f"{path} is not valid JSON: {exc}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError("--gpu", f"{path} does not hold a JSON object")
-        return Hardware.from_dict(raw, str(path))
-    raise ConfigError("--gpu", f"unknown GPU or profile {spec!r}",
-                      f"use one of {', '.join(GPU_CHOICES)} or a profile written by `itlbench calibrate`")
-
+from itlbench.sim.hardware import (  # noqa: F401  (re-exported: the simulator's public names)
+    COUNTINGS,
+    DTYPE_BYTES,
+    GPU_CHOICES,
+    GPUS,
+    SEEDS,
+    Counting,
+    Hardware,
+    load_hardware,
+    measure_cpu,
+    seeds_profile,
+)
 
 # ---------------------------------------------------------------------------------------- step shape
 
@@ -290,13 +122,20 @@ class StepCost:
 
 @dataclass(frozen=True)
 class StepTime:
+    """A step's time in parts. Roofline profiles: max(compute, memory) + comm + overhead. Operator
+    profiles: `kernels_s` (each kernel at its own roof, run one after another) + comm + overhead, with
+    compute_s / memory_s the kernel time spent compute- and bandwidth-bound."""
+
     compute_s: float
     memory_s: float
     overhead_s: float
+    comm_s: float = 0.0
+    kernels_s: float | None = None
 
     @property
     def total_s(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.overhead_s
+        body = max(self.compute_s, self.memory_s) if self.kernels_s is None else self.kernels_s
+        return body + self.comm_s + self.overhead_s
 
     @property
     def bound(self) -> str:
@@ -327,12 +166,28 @@ class Gemm:
 
 
 class CostModel:
-    """Costs of steps of one model in one dtype under one counting convention."""
+    """Costs of steps of one model in one dtype under one counting convention, on `tp` GPUs.
 
-    def __init__(self, model: ModelConfig, dtype_bytes: int = 2, counting: Counting = "textbook") -> None:
+    Tensor parallelism (Megatron-style) splits every weight GEMM, the attention heads, the K/V and the
+    LM head `tp` ways; each layer adds two all-reduces of the step's activations (after the attention
+    output projection and after the MLP). Costs (`cost`) are per GPU; the K/V room is per GPU memory.
+    Pipeline parallelism is not modelled: it changes the schedule (micro-batches in flight, bubbles),
+    not one step's cost, so it does not fall out of a per-step model.
+    """
+
+    def __init__(self, model: ModelConfig, dtype_bytes: int = 2, counting: Counting = "textbook", tp: int = 1,
+                 cuda_graphs: bool = True) -> None:
         if counting not in COUNTINGS:
             raise ConfigError("counting", f"unknown counting {counting!r}", "use textbook or executed")
-        self.model, self.b, self.counting = model, dtype_bytes, counting
+        if not (isinstance(tp, int) and tp >= 1):
+            raise ConfigError("tp", f"must be a whole number >= 1, got {tp!r}")
+        if model.num_heads % tp:
+            raise ConfigError("tp", f"{tp} does not divide {model.name}'s {model.num_heads} attention heads",
+                              "use a tensor-parallel degree that divides the head count (1, 2, 4, 8, ...)")
+        if model.num_kv_heads % tp and tp % model.num_kv_heads:
+            raise ConfigError("tp", f"{tp} and {model.name}'s {model.num_kv_heads} K/V heads do not divide each "
+                              "other", "use a degree that divides the K/V heads or is a multiple of them")
+        self.model, self.b, self.counting, self.tp, self.cuda_graphs = model, dtype_bytes, counting, tp, cuda_graphs
         m = model
         q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
         self.layer_linear_params = m.num_layers * (m.hidden_size * (q + 2 * kv) + q * m.hidden_size
@@ -341,11 +196,21 @@ class CostModel:
         self.table_params = m.vocab_size * m.hidden_size  # one embedding table (or LM head)
         self.params = m.num_params
         self.kv_bytes_per_token = m.kv_bytes_per_token(dtype_bytes)
+        # K/V heads per GPU: split when tp divides them, replicated when there are fewer heads than GPUs
+        self.kv_heads_per_gpu = max(1, m.num_kv_heads // tp)
+        self.kv_bytes_per_token_per_gpu = self.kv_bytes_per_token * self.kv_heads_per_gpu // m.num_kv_heads
         self.attn_flops_per_pair = 4 * m.num_layers * m.num_heads * m.head_dim
+        self.act_bytes = 4 if dtype_bytes == 4 else 2  # activations stay 16-bit under fp8 weights
 
     @classmethod
-    def for_hardware(cls, model: ModelConfig, hw: Hardware) -> CostModel:
-        return cls(model, hw.dtype_bytes, hw.counting)
+    def for_hardware(cls, model: ModelConfig, hw: Hardware, tp: int = 1, cuda_graphs: bool = True) -> CostModel:
+        return cls(model, hw.dtype_bytes, hw.counting, tp, cuda_graphs)
+
+    @property
+    def weight_bytes_per_gpu(self) -> float:
+        """What one GPU holds: its shard of the layers and of both tables, the norms whole."""
+        tables = self.params - self.layer_linear_params - self.norm_params
+        return ((self.layer_linear_params + tables) / self.tp + self.norm_params) * self.b
 
     @property
     def weight_bytes(self) -> int:
@@ -361,25 +226,50 @@ class CostModel:
                 Gemm("lm_head", d, m.vocab_size)]
 
     def cost(self, shape: StepShape) -> StepCost:
-        attn = float(self.attn_flops_per_pair) * shape.attention_pairs
-        kv_read = float(self.kv_bytes_per_token) * shape.context_tokens
-        kv_write = float(self.kv_bytes_per_token) * shape.tokens
+        """FLOPs and bytes of one GPU's share of the step (the whole step at tp = 1)."""
+        t = self.tp
+        attn = float(self.attn_flops_per_pair) * shape.attention_pairs / t
+        kv_read = float(self.kv_bytes_per_token_per_gpu) * shape.context_tokens
+        kv_write = float(self.kv_bytes_per_token_per_gpu) * shape.tokens
         if shape.tokens == 0:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0)
         if self.counting == "textbook":
-            return StepCost(2.0 * self.params * shape.tokens, attn, float(self.params * self.b), kv_read, kv_write)
-        gemm = 2.0 * (self.layer_linear_params * shape.tokens + self.table_params * shape.sampled)
-        weights = self.layer_linear_params + self.norm_params + (self.table_params if shape.sampled else 0)
+            return StepCost(2.0 * self.params * shape.tokens / t, attn, float(self.params * self.b) / t, kv_read,
+                            kv_write)
+        gemm = 2.0 * (self.layer_linear_params * shape.tokens + self.table_params * shape.sampled) / t
+        weights = (self.layer_linear_params + (self.table_params if shape.sampled else 0)) / t + self.norm_params
         gathered = shape.tokens * self.model.hidden_size  # embedding rows looked up
         return StepCost(gemm, attn, float((weights + gathered) * self.b), kv_read, kv_write)
 
+    def allreduce_s(self, rows: int, hw: Hardware) -> float:
+        """One all-reduce of `rows` activations across the tp GPUs: a ring moves 2(t-1)/t of the message
+        each way over one GPU's link, plus the link's fixed cost."""
+        if self.tp == 1 or rows == 0:
+            return 0.0
+        if not hw.link_bw > 0:
+            raise ConfigError("tp", f"the {hw.label} profile has no GPU-to-GPU link (link_bw)",
+                              "use --tp 1, or a profile with link_bw and link_latency_s")
+        message = rows * self.model.hidden_size * self.act_bytes
+        return 2 * (self.tp - 1) / self.tp * message / (hw.link_bw * hw.link_eff) + hw.link_latency_s
+
+    def overhead_s(self, shape: StepShape, hw: Hardware) -> float:
+        """Fixed costs: per step (smaller when a decode-only step replays a CUDA graph) and per sequence."""
+        graphed = self.cuda_graphs and shape.tokens == shape.sequences  # every chunk one row: decode only
+        step = hw.graph_step_overhead_s if graphed else hw.step_overhead_s
+        return step + hw.seq_overhead_s * shape.sequences
+
     def time(self, shape: StepShape, hw: Hardware) -> StepTime:
-        c = self.cost(shape)
         if shape.tokens == 0:
             return StepTime(0.0, 0.0, 0.0)
-        compute = c.gemm_flops / (hw.peak_flops * hw.gemm_eff) + c.attn_flops / (hw.peak_flops * hw.attn_eff)
+        if hw.cost_model == "operators":
+            from itlbench.sim.operators import operator_time
+
+            return operator_time(self, shape, hw)
+        c = self.cost(shape)
+        compute = c.gemm_flops / (hw.gemm_peak * hw.gemm_efficiency) + c.attn_flops / (hw.peak_flops * hw.attn_eff)
         memory = c.bytes / (hw.mem_bw * hw.mem_eff)
-        return StepTime(compute, memory, hw.step_overhead_s + hw.seq_overhead_s * shape.sequences)
+        comm = 2 * self.model.num_layers * self.allreduce_s(shape.tokens, hw)
+        return StepTime(compute, memory, self.overhead_s(shape, hw), comm)
 
     def crossover_tokens(self, ridge: float) -> float:
         """Prompt length at which a whole-prompt prefill's intensity reaches `ridge`: below it the
@@ -403,6 +293,7 @@ class CostModel:
         return lo + (ridge - i_lo) / (i_hi - i_lo) if i_hi > i_lo else float(hi)
 
     def kv_capacity_tokens(self, hw: Hardware, utilization: float = 0.9) -> int:
-        """Tokens of K/V that fit beside the weights in `utilization` of the device memory."""
-        free = hw.memory_bytes * utilization - self.weight_bytes
-        return max(0, int(free // self.kv_bytes_per_token))
+        """Tokens of K/V that fit beside one GPU's weight shard in `utilization` of its memory (each GPU
+        holds its heads' share of every token, so this is the whole deployment's room too)."""
+        free = hw.memory_bytes * utilization - self.weight_bytes_per_gpu
+        return max(0, int(free // self.kv_bytes_per_token_per_gpu))

@@ -91,9 +91,10 @@ def sim_kv_blocks(config: EngineConfig, cost: CostModel, hw: Hardware, max_model
         return config.kv_blocks
     tokens = cost.kv_capacity_tokens(hw, GPU_MEMORY_UTILIZATION)
     if tokens <= 0:
-        raise ConfigError("gpu", f"{cost.model.name}'s weights ({cost.weight_bytes / 1e9:.1f} GB) do not fit in "
+        shard = f" ({cost.weight_bytes_per_gpu / 1e9:.1f} GB per GPU at --tp {cost.tp})" if cost.tp > 1 else ""
+        raise ConfigError("gpu", f"{cost.model.name}'s weights ({cost.weight_bytes / 1e9:.1f} GB){shard} do not fit in "
                           f"{GPU_MEMORY_UTILIZATION:.0%} of the {hw.label}'s {hw.memory_bytes / 1e9:.0f} GB",
-                          "choose a larger GPU or a smaller model")
+                          "choose a larger GPU, a higher --tp, --dtype fp8, or a smaller model")
     if tokens < max_model_len:
         raise ConfigError("max_model_len", f"{max_model_len} tokens of KV cache do not fit on the {hw.label} "
                           f"(room for {tokens} beside the weights)", f"use --max-model-len {tokens} or less")
@@ -101,10 +102,13 @@ def sim_kv_blocks(config: EngineConfig, cost: CostModel, hw: Hardware, max_model
     return min(tokens // config.block_size, config.max_num_seqs * per_request)
 
 
-def _check_dtype(config: EngineConfig, hw: Hardware) -> None:
-    if config.dtype not in ("auto", hw.dtype):
-        raise ConfigError("dtype", f"the simulated {hw.label} runs {hw.dtype}, not {config.dtype}",
-                          "leave --dtype auto, or calibrate a profile in that dtype")
+def sim_hardware(config: EngineConfig, gpu: str | None = None) -> Hardware:
+    """The profile `--gpu` names, serving `--dtype` (fp8: the FP8 rate, one-byte weights and K/V)."""
+    return load_hardware(gpu or config.gpu or DEFAULT_GPU).for_dtype(config.dtype)
+
+
+def sim_cost_model(config: EngineConfig, model: ModelConfig, hw: Hardware) -> CostModel:
+    return CostModel.for_hardware(model, hw, tp=config.tp, cuda_graphs=config.cuda_graphs)
 
 
 def check_sim_config(config: EngineConfig) -> None:
@@ -117,9 +121,8 @@ def check_sim_config(config: EngineConfig) -> None:
     for gpu in gpus:
         if gpu.strip().lower() == "cpu":
             continue  # measured at start-up; its memory is the machine's
-        hw = load_hardware(gpu)
-        _check_dtype(config, hw)
-        sim_kv_blocks(config, CostModel.for_hardware(model, hw), hw, max_len)
+        hw = sim_hardware(config, gpu)
+        sim_kv_blocks(config, sim_cost_model(config, model, hw), hw, max_len)
 
 
 class SimRunner:
@@ -128,13 +131,13 @@ class SimRunner:
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, max_model_len: int,
                  hardware: Hardware | None = None, clock: PacedClock | VirtualClock | None = None) -> None:
-        self.hardware = hardware or load_hardware(config.gpu or DEFAULT_GPU)
-        _check_dtype(config, self.hardware)
-        self.cost_model = CostModel.for_hardware(model_config, self.hardware)
+        self.hardware = (hardware or load_hardware(config.gpu or DEFAULT_GPU)).for_dtype(config.dtype)
+        self.cost_model = sim_cost_model(config, model_config, self.hardware)
         self.num_blocks = sim_kv_blocks(config, self.cost_model, self.hardware, max_model_len)
         self.clock = clock or PacedClock(config.sim_time_scale)
         self.block_size = config.block_size
-        self._info = RunnerInfo(device=f"sim:{self.hardware.name}", dtype=self.hardware.dtype,
+        tp = f"x{config.tp}" if config.tp > 1 else ""
+        self._info = RunnerInfo(device=f"sim:{self.hardware.name}{tp}", dtype=self.hardware.dtype,
                                 attention=config.attention, block_size=config.block_size)
         self.last: StepTime | None = None
         self._vocab = model_config.vocab_size

@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from itlbench.core.presets import PRESETS
-from itlbench.sim.roofline import GPUS, CostModel, StepShape
+from itlbench.sim.roofline import CostModel, StepShape, load_hardware
 
 pytestmark = pytest.mark.e2e
 
@@ -20,7 +20,7 @@ SCALE = 2.0  # simulated seconds per wall second: every measured time is half th
 
 
 def sim_run(out: Path, budget: str) -> dict:
-    cmd = [sys.executable, "-m", "itlbench", "run", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
+    cmd = [sys.executable, "-m", "itlbench", "run", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100-seeds",
            "--inject", "32k", "--chunk-budget", budget, "--workload", "chat-short", "--streams", "16",
            "--duration", "4", "--warmup", "1", "--sim-time-scale", str(SCALE), "--seed", "3", "--no-live",
            "--out", str(out)]
@@ -39,14 +39,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict
 def test_unchunked_32k_prefill_stalls_every_stream_for_seconds(runs: dict) -> None:
     run_dir, summary = runs["none"]
     worst = summary["stalls"]["worst_s"] * SCALE
-    cm = CostModel.for_hardware(PRESETS["llama-3.1-8b"], GPUS["h100"])
-    prefill = cm.time(StepShape.prefill(32768), GPUS["h100"]).total_s
+    seeds = load_hardware("h100-seeds")  # the source documents' arithmetic
+    prefill = CostModel.for_hardware(PRESETS["llama-3.1-8b"], seeds).time(StepShape.prefill(32768), seeds).total_s
     assert prefill > 2.0 and worst >= 0.95 * prefill  # the source documents' ≈ 2 s stall, multi-second
     steps = pl.read_parquet(run_dir / "steps/*.parquet")
     biggest = steps.sort("prefill_tokens").tail(1)
     assert biggest["prefill_tokens"][0] >= 32768 and biggest["attention_pairs"][0] >= 32768 * 32769 // 2
     run = json.loads((run_dir / "run.json").read_text())
-    assert run["config"]["engine"]["engine"] == "sim" and run["engine"]["device"] == "sim:h100"
+    assert run["config"]["engine"]["engine"] == "sim" and run["engine"]["device"] == "sim:h100-seeds"
 
 
 def test_budget_2048_makes_the_worst_gap_far_smaller(runs: dict) -> None:

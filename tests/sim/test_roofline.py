@@ -16,7 +16,7 @@ from itlbench.errors import ConfigError
 from itlbench.sim.roofline import GPUS, CostModel, Gemm, StepShape, load_hardware, measure_cpu
 
 LLAMA3_8B = PRESETS["llama-3-8b"]
-H100 = GPUS["h100"]
+H100 = load_hardware("h100-seeds")  # the source documents' arithmetic: 40 % of peak compute, 80 % of bandwidth
 
 
 def sig3(x: float) -> float:
@@ -136,7 +136,7 @@ def test_hardware_profiles_round_trip_and_errors(tmp_path: Path) -> None:
     tuned = H100.with_(name="my-h100", gemm_eff=0.61, step_overhead_s=0.002)
     tuned.save(path)
     assert load_hardware(str(path)) == tuned
-    assert load_hardware("H100-SXM") == H100 and load_hardware("4090") == GPUS["rtx4090"]
+    assert load_hardware("H100-SXM") == GPUS["h100"] and load_hardware("4090") == GPUS["rtx4090"]
     path.write_text(json.dumps({"name": "x", "peak_flops": 1e12, "mem_bw": 1e11, "memory_bytes": 1e9, "speed": 3}))
     with pytest.raises(ConfigError, match="unknown keys speed") as err:
         load_hardware(str(path))
@@ -157,7 +157,7 @@ def test_measured_cpu_roofs_are_plausible() -> None:
 
 def test_roofline_command_json_and_tables(tmp_path: Path) -> None:
     runner = CliRunner()
-    result = runner.invoke(app, ["roofline", "--json"])
+    result = runner.invoke(app, ["roofline", "--gpu", "h100-seeds", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["kv_bytes_per_token"] == 131_072 and sig3(doc["hardware"]["ridge_flop_per_byte"]) == 295
@@ -177,7 +177,8 @@ def test_roofline_command_json_and_tables(tmp_path: Path) -> None:
     expected = ModelConfig("x", 32000, 2048, 5632, 22, 32, 4, 2048)
     assert doc["model"]["params"] == expected.num_params
     assert doc["kv_bytes_per_token"] == 2 * 22 * 4 * 64 * 2 and doc["gpus"] == []
-    result = runner.invoke(app, ["roofline", "--compare", "h100,l40s"], env={"COLUMNS": "220"})
+    result = runner.invoke(app, ["roofline", "--gpu", "h100-seeds", "--compare", "h100-seeds,l40s-seeds"],
+                           env={"COLUMNS": "220"})
     assert result.exit_code == 0, result.output
     for text in ("crossover prompt length 295 tokens", "131,072 B/token", "L40S", "222×", "34.0 TFLOP", "808 TFLOP"):
         assert text in result.stdout

@@ -112,7 +112,7 @@ def test_sim_engine_needs_no_torch_and_allocates_no_weights() -> None:
             "from itlbench.core.engine_config import EngineConfig\n"
             "from itlbench.sim.runner import offline_engine\n"
             "from itlbench.core.request import SamplingParams\n"
-            "e = offline_engine(EngineConfig(model='llama-3.1-8b', engine='sim', gpu='h100', chunk_budget=None))\n"
+            "e = offline_engine(EngineConfig(model='llama-3.1-8b', engine='sim', gpu='h100-seeds', chunk_budget=None))\n"
             "e.add_request(list(range(3, 32771)), SamplingParams(max_tokens=2, ignore_eos=True))\n"
             "while e.has_unfinished(): e.step()\n"
             "r = e.step_log.since(0)[0]\n"
@@ -144,7 +144,7 @@ def test_sim_options_are_validated() -> None:
         EngineConfig(engine="sim", sim_time_scale=0)
     assert err.value.field == "sim_time_scale"
     with pytest.raises(ConfigError) as err:
-        offline_engine(EngineConfig(model="tiny", engine="sim", gpu="b200"))
+        offline_engine(EngineConfig(model="tiny", engine="sim", gpu="tpu-v5"))  # not a preset
     assert err.value.field == "--gpu"
 
 

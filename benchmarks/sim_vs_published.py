@@ -1,0 +1,85 @@
+"""The simulator beside every published GPU measurement it is checked against.
+
+    python benchmarks/sim_vs_published.py [--refit] [--markdown FILE]
+
+For each figure in itlbench/sim/published.py (Sarathi-Serve's Yi-34B TP2 batches on A100 PCIe, Vidur's
+Llama-3-8B GEMM profiles on A100, TensorRT-LLM's Llama-2 first-token latencies on A100 and H100 FP8)
+prints the measured time, the simulator's prediction with the stored fitted parameters (the presets'
+`FIT` and the engines' `ENGINE_PARAMS`), the signed error, and whether the figure is in the fit set or
+held out; then MAPE, median and worst error per set. `--refit` first fits the parameters again on the
+fit set (Nelder-Mead, about 20 s of one core) and prints them beside the stored ones; the table then
+uses the refitted ones. `--markdown FILE` also writes the table as markdown, between the marker
+comments when FILE already has them (docs/perf/sim-vs-published.md keeps its prose).
+Computed, not measured: every machine prints the same figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from itlbench.sim.published import default_params, errors, fit
+
+BEGIN, END = "<!-- sim-vs-published table: begin -->", "<!-- sim-vs-published table: end -->"
+
+
+def summary(rows: list) -> str:
+    a = [abs(e) for *_, e in rows]
+    return (f"{len(rows)} figures: MAPE {np.mean(a):.1%}, median {np.median(a):.1%}, worst {max(a):.1%}, "
+            f"{sum(x > 0.15 for x in a)} over 15 %")
+
+
+def _ms(s: float) -> str:
+    ms = s * 1e3
+    return f"{ms:,.1f}" if ms >= 10 else f"{ms:.3f}"
+
+
+def table(rows: list) -> list[str]:
+    lines = ["| figure | source | measured ms | simulated ms | error | set |", "|---|---|---:|---:|---:|---|"]
+    for f, pred, err in rows:
+        lines.append(f"| {f.what} | `{f.repo}` `{f.path}` | {_ms(f.measured_s)} | {_ms(pred)} | {err:+.1%} | "
+                     f"{'fit' if f.fit else 'held out'} |")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--refit", action="store_true", help="fit the parameters again on the fit set first")
+    ap.add_argument("--markdown", type=Path, help="also write the table as markdown here")
+    args = ap.parse_args()
+    params = default_params()
+    if args.refit:
+        fitted = fit(params)
+        print(f"{'parameter':22s} {'stored':>12s} {'refitted':>12s}")
+        for k, v in params.items():
+            print(f"{k:22s} {v:12.4g} {fitted[k]:12.4g}")
+        params = fitted
+    rows = errors(params)
+    for f, pred, err in rows:
+        print(f"{f.key:36s} {_ms(f.measured_s):>10s} {_ms(pred):>10s} {err:+7.1%}  {'fit' if f.fit else 'held out'}")
+    sets = {"fit": [r for r in rows if r[0].fit], "held out": [r for r in rows if not r[0].fit], "all": rows}
+    for name, rs in sets.items():
+        print(f"{name:9s} {summary(rs)}")
+    if args.markdown:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        head = ["| | |", "|---|---|", f"| date | {datetime.now(UTC):%Y-%m-%d} |", f"| commit | `{commit}` |",
+                f"| machine | {platform.machine()}, Python {platform.python_version()} (computed: any machine "
+                "prints the same) |", f"| command | `python benchmarks/sim_vs_published.py{' --refit' * args.refit}"
+                f" --markdown {args.markdown}` |", ""]
+        sums = ["| set | summary |", "|---|---|", *(f"| {k} | {summary(v)} |" for k, v in sets.items())]
+        block = "\n".join([BEGIN, "", *head, *sums, "", *table(rows), "", END])
+        old = args.markdown.read_text() if args.markdown.is_file() else ""
+        if BEGIN in old and END in old:  # a page with prose around the table: replace the table only
+            block = old[:old.index(BEGIN)] + block + old[old.index(END) + len(END):]
+        args.markdown.write_text(block.rstrip("\n") + "\n")
+        print(f"wrote {args.markdown}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Tensor parallelism, FP8 and the presets: shards, all-reduces, per-GPU K/V room, unchanged decisions."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from itlbench.cli import app
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.presets import PRESETS, load_model_config
+from itlbench.core.request import SamplingParams
+from itlbench.errors import ConfigError
+from itlbench.sim.hardware import FIT
+from itlbench.sim.operators import gemm_seconds
+from itlbench.sim.roofline import GPUS, SEEDS, CostModel, StepShape, load_hardware
+from itlbench.sim.runner import offline_engine
+
+L70 = PRESETS["llama-2-70b"]
+H100 = GPUS["h100"]
+
+
+def test_tp_splits_weights_flops_and_kv_and_adds_two_allreduces_per_layer() -> None:
+    one, two = CostModel.for_hardware(L70, H100), CostModel.for_hardware(L70, H100, tp=2)
+    shape = StepShape.prefill(2048)
+    c1, c2 = one.cost(shape), two.cost(shape)
+    assert c2.gemm_flops == pytest.approx(c1.gemm_flops / 2) and c2.attn_flops == pytest.approx(c1.attn_flops / 2)
+    assert two.kv_bytes_per_token_per_gpu == one.kv_bytes_per_token // 2  # 8 K/V heads: 4 per GPU
+    norms = one.norm_params * one.b
+    assert two.weight_bytes_per_gpu == pytest.approx((one.weight_bytes - norms) / 2 + norms)
+    # a ring all-reduce of 2,048 rows of 8,192 bf16 activations over one NVLink direction, plus its fixed cost
+    message = 2048 * 8192 * 2
+    expected = 2 * (2 - 1) / 2 * message / (H100.link_bw * H100.link_eff) + H100.link_latency_s
+    assert two.allreduce_s(2048, H100) == pytest.approx(expected) and one.allreduce_s(2048, H100) == 0.0
+    t2 = two.time(shape, H100)
+    assert t2.comm_s == pytest.approx(2 * L70.num_layers * expected)
+    assert t2.total_s < one.time(shape, H100).total_s  # half the work per GPU, even paying for the all-reduces
+    # the roofline (seeds) profile pays its all-reduces too, at the full link rate (no fitted link efficiency)
+    seeds = load_hardware("h100-seeds")
+    at_link = 2 * L70.num_layers * (message / seeds.link_bw + seeds.link_latency_s)
+    assert CostModel.for_hardware(L70, seeds, tp=2).time(shape, seeds).comm_s == pytest.approx(at_link)
+
+
+def test_tp_with_fewer_kv_heads_than_gpus_replicates_them_and_bad_degrees_are_refused() -> None:
+    cm = CostModel(L70, 2, tp=16)  # 8 K/V heads on 16 GPUs: one head each, replicated
+    assert cm.kv_heads_per_gpu == 1 and cm.kv_bytes_per_token_per_gpu == cm.kv_bytes_per_token // 8
+    for tp, field in ((3, "tp"), (0, "tp")):
+        with pytest.raises(ConfigError) as err:
+            CostModel(L70, 2, tp=tp)
+        assert err.value.field == field
+    with pytest.raises(ConfigError) as err:  # no link in the profile: TP cannot be priced
+        CostModel(L70, 2, tp=2).time(StepShape.prefill(16), H100.with_(link_bw=0.0))
+    assert err.value.field == "tp"
+    for bad in (dict(tp=2), dict(dtype="fp8")):  # simulated only
+        with pytest.raises(ConfigError) as err:
+            EngineConfig(**bad)
+        assert err.value.field in bad
+
+
+def test_kv_room_is_per_gpu_memory_and_70b_fits_only_sharded_or_in_fp8() -> None:
+    with pytest.raises(ConfigError) as err:  # 138 GB of bf16 weights on one 80 GB H100
+        offline_engine(EngineConfig(model="llama-2-70b", engine="sim", gpu="h100"))
+    assert err.value.field == "gpu" and "do not fit" in str(err.value)
+    cfg = EngineConfig(model="llama-2-70b", engine="sim", gpu="h100", tp=2, dtype="fp8")
+    engine = offline_engine(cfg)
+    cm = CostModel.for_hardware(L70, H100.for_dtype("fp8"), tp=2)
+    room = (0.9 * 80e9 - cm.weight_bytes_per_gpu) / cm.kv_bytes_per_token_per_gpu
+    assert cm.kv_bytes_per_token_per_gpu == 80 * 4 * 128 * 2  # K and V, 80 layers, 4 heads of 128, one byte
+    assert engine.block_manager.num_blocks == min(int(room) // 16, 64 * 4096 // 16)
+    assert engine.runner.info.device == "sim:h100x2" and engine.runner.info.dtype == "fp8"
+
+
+def test_fp8_uses_the_fp8_rate_and_one_byte_weights_only_where_the_gpu_has_it() -> None:
+    fp8 = H100.for_dtype("fp8")
+    assert fp8.gemm_peak == 1979e12 and fp8.peak_flops == 989e12  # attention stays at the half rate
+    assert fp8.gemm_efficiency == FIT["fp8_gemm_eff_h100"] and H100.for_dtype("float16").dtype == "float16"
+    m = PRESETS["llama-3-8b"]
+    bf16, f8 = CostModel.for_hardware(m, H100), CostModel.for_hardware(m, fp8)
+    assert f8.weight_bytes * 2 == bf16.weight_bytes and f8.kv_bytes_per_token * 2 == bf16.kv_bytes_per_token
+    decode = StepShape.decode(32, 2048)
+    assert f8.time(decode, fp8).total_s < bf16.time(decode, H100).total_s
+    with pytest.raises(ConfigError) as err:
+        GPUS["a100"].for_dtype("fp8")
+    assert err.value.field == "dtype" and "no FP8" in str(err.value)
+
+
+def test_presets_carry_their_sources_and_b200_is_one() -> None:
+    b200 = load_hardware("b200")
+    assert (b200.peak_flops, b200.peak_flops_fp8, b200.mem_bw) == (2250e12, 4500e12, 8e12)
+    for hw in (*GPUS.values(), *SEEDS.values()):
+        for name in ("peak_flops", "peak_flops_fp8", "mem_bw", "memory_bytes", "link_bw", "gemm_eff", "mem_eff"):
+            assert hw.sources.get(name), (hw.name, name)
+    assert "datasheet" in GPUS["h200"].sources["mem_bw"] and "4.8 TB/s" in GPUS["h200"].sources["mem_bw"]
+    assert "fitted" in GPUS["a100"].sources["gemm_eff"] and "assumed" in GPUS["h100"].sources["gemm_eff"]
+    seeds = load_hardware("h100-seeds")
+    assert (seeds.gemm_eff, seeds.mem_eff, seeds.cost_model, seeds.counting) == (0.4, 0.8, "roofline", "textbook")
+
+
+def test_gemm_time_falls_from_peak_at_few_rows_and_cuda_graphs_cut_the_decode_step_overhead() -> None:
+    a100 = GPUS["a100"]
+    cm = CostModel.for_hardware(PRESETS["llama-3-8b"], a100)
+    weights = 4096 * 28672 * 2
+    one_row = gemm_seconds(cm, "gate_up", 1, a100)
+    assert weights / a100.mem_bw < one_row < 1.5 * weights / a100.mem_bw  # a bandwidth-bound weight stream
+    flops = 2 * 28672 * 4096
+
+    def share_of_peak(rows: int) -> float:
+        return rows * flops / gemm_seconds(cm, "gate_up", rows, a100) / a100.peak_flops
+
+    assert share_of_peak(64) < 0.7 * share_of_peak(32768) and share_of_peak(32768) > 0.6
+    eager = CostModel.for_hardware(PRESETS["llama-3-8b"], a100, cuda_graphs=False)
+    decode, chunk = StepShape.decode(8, 512), StepShape.prefill(64)
+    saved = eager.time(decode, a100).total_s - cm.time(decode, a100).total_s
+    assert saved == pytest.approx(a100.step_overhead_s - a100.graph_step_overhead_s)
+    assert eager.time(chunk, a100).total_s == cm.time(chunk, a100).total_s  # prefill steps run eagerly anyway
+
+
+def test_tp_leaves_the_schedulers_decisions_unchanged() -> None:
+    """Same K/V blocks, same requests: the step sequence is identical at tp 1 and 2; only durations move."""
+    def steps(tp: int) -> tuple[list[tuple], list[float]]:
+        engine = offline_engine(EngineConfig(model="llama-3.1-8b", engine="sim", gpu="h100", tp=tp, kv_blocks=400,
+                                             chunk_budget=512, max_model_len=4096))
+        for i in range(6):
+            engine.add_request(list(range(3 + i, 3 + i + 300 * (i + 1))), SamplingParams(max_tokens=20, ignore_eos=True))
+        while engine.has_unfinished():
+            engine.step()
+        recs = engine.step_log.since(0)
+        keys = ("phase", "prefill_tokens", "decode_tokens", "num_running", "num_waiting", "num_preemptions")
+        return [tuple(getattr(r, k) for k in keys) for r in recs], [r.duration_s for r in recs]
+
+    (d1, t1), (d2, t2) = steps(1), steps(2)
+    assert d1 == d2 and any(r[5] for r in d1)  # preemptions included
+    assert t1 != t2  # the durations are TP's: half the work per GPU, plus 64 all-reduces a step
+
+
+def test_70b_tp2_fp8_five_thousand_token_prompts_simulate_in_seconds(tmp_path: Path) -> None:
+    cfg = {"vocab_size": 128256, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+           "num_attention_heads": 64, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+           "rope_theta": 500000.0}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    model = str(tmp_path / "config.json")
+    assert load_model_config(model).num_layers == 80
+    t0 = time.perf_counter()
+    engine = offline_engine(EngineConfig(model=model, engine="sim", gpu="h100", tp=2, dtype="fp8"))
+    for i in range(8):
+        engine.add_request([5 + (i * 7 + j) % 1000 for j in range(5000)], SamplingParams(max_tokens=50, ignore_eos=True))
+    first: dict[str, int] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            first.setdefault(out.request_id, out.time_ns)
+    assert len(first) == 8 and time.perf_counter() - t0 < 20
+    decode = [r.duration_s for r in engine.step_log.since(0) if r.phase == "decode"]
+    assert 0.005 < min(decode) < 0.05  # an ITL of milliseconds to tens: 70 GB of fp8 weights over 2 GPUs
+
+
+def test_roofline_command_takes_tp_and_dtype() -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["roofline", "--model", "llama-2-70b", "--gpu", "h100", "--tp", "2", "--dtype", "fp8",
+                                 "--compare", "h100,a100,b200", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    cm = CostModel.for_hardware(L70, H100.for_dtype("fp8"), tp=2)
+    assert doc["tp"] == 2 and doc["weight_bytes_per_gpu"] == pytest.approx(cm.weight_bytes_per_gpu)
+    assert doc["hardware"]["dtype"] == "fp8" and [g["gpu"] for g in doc["gpus"]] == ["h100", "a100", "b200"]
+    result = runner.invoke(app, ["roofline", "--model", "llama-2-70b", "--tp", "3"])
+    assert result.exit_code == 2 and "tp" in result.output and "divide" in result.output
+
+
+def test_calibrate_at_tp_fits_per_gpu_costs(tmp_path: Path) -> None:
+    import polars as pl
+
+    from itlbench.sim.calibrate import RunSteps, step_data
+
+    steps = pl.DataFrame({"prefill_tokens": [512, 0], "decode_tokens": [0, 8], "num_sampled": [1, 8],
+                          "context_tokens": [0, 8 * 600], "attention_pairs": [512 * 513 // 2, 8 * 601],
+                          "num_prefill_reqs": [1, 0], "num_decode_reqs": [0, 8], "start_ns": [0, 10],
+                          "end_ns": [5, 12], "phase": ["prefill", "decode"]})
+    run = RunSteps(tmp_path, L70, "bfloat16", "cuda", steps)
+    one, two = step_data(run), step_data(run, tp=2)
+    assert two.gemm_flops == pytest.approx(one.gemm_flops / 2) and two.attn_flops == pytest.approx(one.attn_flops / 2)
+    result = CliRunner().invoke(app, ["calibrate", str(tmp_path), "--tp", "0"])
+    assert result.exit_code == 2 and "--tp" in result.output
+
+
+def test_a_fitted_preset_round_trips_through_a_profile_file(tmp_path: Path) -> None:
+    path = tmp_path / "b200.json"
+    GPUS["b200"].save(path)
+    assert load_hardware(str(path)) == GPUS["b200"]  # sources, link, fp8 rate and operator fields included
+    mine = GPUS["h100"].with_(name="nvlink-switch", link_latency_s=10e-6)
+    mine.save(path)
+    cm = CostModel.for_hardware(L70, mine, tp=4)
+    assert cm.allreduce_s(1, load_hardware(str(path))) < cm.allreduce_s(1, GPUS["h100"])
