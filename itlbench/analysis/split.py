@@ -14,6 +14,8 @@ the window's edges, resets handled; `counters_read` gives how far those reads li
   vLLM   vllm:request_prefill_time_seconds_sum / vllm:request_decode_time_seconds_sum
          (per-request phase times summed over requests, so concurrent requests add up)
   SGLang sglang:gpu_execution_seconds_total{category}: categories naming extend/prefill vs decode
+  llama.cpp llamacpp:prompt_seconds_total / llamacpp:tokens_predicted_seconds_total (`--metrics`;
+         per-request prompt and generation times, added when a request ends, so concurrent slots add up)
 Otherwise the source is "unavailable".
 """
 
@@ -31,6 +33,8 @@ from itlbench.analysis.window import RunWindow
 VLLM_PREFILL = "vllm:request_prefill_time_seconds_sum"
 VLLM_DECODE = "vllm:request_decode_time_seconds_sum"
 SGLANG_GPU = ("sglang:gpu_execution_seconds_total", "sglang:gpu_execution_seconds")
+LLAMACPP_PREFILL = "llamacpp:prompt_seconds_total"
+LLAMACPP_DECODE = "llamacpp:tokens_predicted_seconds_total"
 
 
 @dataclass(frozen=True)
@@ -163,10 +167,12 @@ def split_from_metrics(server_metrics: pl.DataFrame, window: RunWindow) -> dict[
 
 def _split_from_counters(server_metrics: pl.DataFrame, window: RunWindow) -> dict[str, object] | None:
     inc = counter_increase(server_metrics, window)
-    if inc.filter(pl.col("name").is_in([VLLM_PREFILL, VLLM_DECODE])).height:
-        p = inc.filter(pl.col("name") == VLLM_PREFILL)["increase"].sum()
-        d = inc.filter(pl.col("name") == VLLM_DECODE)["increase"].sum()
-        return _result(float(p), float(d), f"server_metrics:vllm ({VLLM_PREFILL}, {VLLM_DECODE})")
+    for engine, prefill, decode in (("vllm", VLLM_PREFILL, VLLM_DECODE),
+                                    ("llamacpp", LLAMACPP_PREFILL, LLAMACPP_DECODE)):
+        if inc.filter(pl.col("name").is_in([prefill, decode])).height:
+            p = inc.filter(pl.col("name") == prefill)["increase"].sum()
+            d = inc.filter(pl.col("name") == decode)["increase"].sum()
+            return _result(float(p), float(d), f"server_metrics:{engine} ({prefill}, {decode})")
     gpu = inc.filter(pl.col("name").is_in(SGLANG_GPU)).with_columns(
         pl.col("labels").str.json_path_match("$.category").fill_null("").alias("category")
     )

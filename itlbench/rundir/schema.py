@@ -57,6 +57,9 @@ REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "last_token_ns": pl.Int64(),
     "first_answer_ns": pl.Int64(),      # first chunk after any reasoning (content or tool call); null if none
     "reasoning_chunks": pl.Int64(),     # chunks that carried reasoning text (delta.reasoning[_content])
+    "server_prompt_ms": pl.Float64(),   # the server's own prompt time (llama.cpp `timings.prompt_ms`); null if absent
+    "server_decode_ms": pl.Float64(),   # its generation time (`timings.predicted_ms`)
+    "server_decode_tokens": pl.Int64(), # tokens that generation time covers (`timings.predicted_n`)
     "done_ns": pl.Int64(),              # stream ended ([DONE], error or timeout)
     "output_tokens": pl.Int64(),        # tokens counted from content chunks
     "output_tokens_reported": pl.Int64(),  # usage.completion_tokens; null if absent

@@ -135,3 +135,12 @@ def test_unavailable_without_steps_or_known_counters():
     metrics = frame("server_metrics", [_metric(1100, "other_total", 1.0)])
     out = time_split(frame("steps", []), metrics, WINDOW)
     assert out == {"prefill_s": None, "decode_s": None, "prefill_frac": None, "source": "unavailable"}
+
+
+def test_llamacpp_counters_split_prompt_and_generation_time():
+    p, d = "llamacpp:prompt_seconds_total", "llamacpp:tokens_predicted_seconds_total"
+    metrics = frame("server_metrics", [_metric(900, p, 1.0), _metric(1900, p, 3.5), _metric(900, d, 10.0),
+                                       _metric(1900, d, 17.5)])
+    out = time_split(frame("steps", []), metrics, WINDOW)
+    assert (out["prefill_s"], out["decode_s"]) == pytest.approx((2.5, 7.5))
+    assert out["source"].startswith("server_metrics:llamacpp")

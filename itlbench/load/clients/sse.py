@@ -24,7 +24,7 @@ from itlbench.load.clients.chunk_rows import chunk_columns, hand_over, settled_e
 from itlbench.load.clients.deltas import choice_kind
 from itlbench.load.sink import RowWriter
 from itlbench.load.target import Target
-from itlbench.rundir.coerce import as_count, as_str
+from itlbench.rundir.coerce import as_count, as_float, as_str
 from itlbench.workloads.plan import RequestPlan
 
 try:
@@ -65,6 +65,9 @@ class _Exchange:
     tokens: int = 0
     first_answer_ns: int | None = None  # first chunk that is not reasoning (content or a tool call)
     reasoning_chunks: int = 0
+    server_prompt_ms: float | None = None  # server-side timings where the server reports them (llama.cpp)
+    server_decode_ms: float | None = None
+    server_decode_tokens: int | None = None
     server_id: str | None = None
     finish_reason: str | None = None
     prompt_reported: int | None = None
@@ -285,6 +288,11 @@ class StreamClient:
             details = usage.get("prompt_tokens_details")
             if isinstance(details, dict):
                 ex.cached_reported = as_count(details.get("cached_tokens"))
+        timings = obj.get("timings")  # llama.cpp's own clock for this request, on its final chunk
+        if isinstance(timings, dict) and timings:
+            ex.server_prompt_ms = _ms(timings.get("prompt_ms"))
+            ex.server_decode_ms = _ms(timings.get("predicted_ms"))
+            ex.server_decode_tokens = as_count(timings.get("predicted_n"))
         if "error" in obj or obj.get("object") == "error":
             err = obj.get("error", obj)
             ex.error = as_str(err.get("message", err) if isinstance(err, dict) else err) or _clip(payload)
@@ -332,6 +340,8 @@ class StreamClient:
             "first_token_ns": ex.times[0] if ex.times else None,
             "last_token_ns": ex.times[-1] if ex.times else None, "done_ns": done_ns,
             "first_answer_ns": ex.first_answer_ns, "reasoning_chunks": ex.reasoning_chunks,
+            "server_prompt_ms": ex.server_prompt_ms, "server_decode_ms": ex.server_decode_ms,
+            "server_decode_tokens": ex.server_decode_tokens,
             "output_tokens": ex.tokens, "output_tokens_reported": ex.completion_reported,
             "num_chunks": len(ex.times), "status": ex.status, "http_status": ex.http_status,
             "error": ex.error, "error_kind": ex.error_kind if ex.status != "ok" else None,
@@ -353,6 +363,12 @@ class StreamClient:
 def _clip(data: bytes) -> str:
     text = data[:HEAD_BYTES].decode(errors="replace")
     return repr(text + ("…" if len(data) > HEAD_BYTES else ""))
+
+
+def _ms(value: Any) -> float | None:
+    """A server's duration in ms: finite and non-negative, else null (untrusted)."""
+    v = as_float(value)
+    return v if v is not None and 0 <= v < 1e12 else None
 
 
 def _unfinished(ex: _Exchange) -> tuple[str, str]:

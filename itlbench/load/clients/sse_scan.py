@@ -56,8 +56,9 @@ def _string_state(p: bytes, key: bytes, start: int = 0) -> int:
 
 def count_tokens(p: bytes) -> int:
     """Tokens the JSON path would count for this chunk, or DECODE. Reasoning and tool-call chunks are
-    always DECODE: the JSON path labels them (`deltas.py`), so a count from here is an answer chunk."""
-    if b'"reasoning' in p or b'"tool_calls"' in p:
+    always DECODE: the JSON path labels them (`deltas.py`), so a count from here is an answer chunk; so
+    are chunks with a server's `timings` (llama.cpp), which the JSON path records."""
+    if b'"reasoning' in p or b'"tool_calls"' in p or b'"timings"' in p:
         return DECODE
     # compact JSON (vLLM, SGLang, itlbench, OpenAI): a handful of C-level searches
     if (b'"finish_reason":null' in p and p.count(b'"finish_reason"') == 1 and b'"usage"' not in p

@@ -14,7 +14,7 @@ nothing but one HTTP GET per scrape while the load runs: bodies are kept as rece
 only in `finish()`, after the load. Each scrape's start and end go to the `scrapes` table, so the
 analysis can attribute a gap overlapping one to it (stall cause `scrape`).
 
-Only engine series are kept: names starting `vllm:`, `sglang:` or `itlbench_`. Histograms are kept
+Only engine series are kept: names starting `vllm:`, `sglang:`, `llamacpp:` or `itlbench_`. Histograms are kept
 as their `_bucket`/`_sum`/`_count` samples. The prefix present tells which engine is behind the URL.
 Every scrape uses a fresh connection: an idle keep-alive connection between two scrapes a minute
 apart would be closed by the server (uvicorn's idle limit is 5 s) and race with reuse.
@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from itlbench.load.sink import RowWriter
 
-PREFIXES = ("vllm:", "sglang:", "itlbench_")
+PREFIXES = ("vllm:", "sglang:", "llamacpp:", "itlbench_")
 SCRAPE_TIMEOUT_S = 10.0
 
 

@@ -1,0 +1,50 @@
+"""Measuring a real llama.cpp server (`llama-server`, built by `benchmarks/peers/install_llamacpp.sh`)
+serving the bundled engine's seeded weights as GGUF; runs where the binary is built (else skipped with
+that reason, like the vLLM peer tests).
+
+What must hold: every request completes; the tokens the client counted equal llama.cpp's own
+`timings.predicted_n` and `usage.completion_tokens`; the client's TTFT is never shorter than llama.cpp's
+prompt evaluation and its decode span agrees with llama.cpp's generation time within what the loopback
+path explains; the prefill:decode split comes from llama.cpp's `/metrics`; the engine is named.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.peers.llamacpp_server import LlamaCppConfig, LlamaCppServer, llamacpp_executable
+from itlbench.export.gguf import export_gguf
+from itlbench.harness.orchestrate import run_load_test
+from itlbench.harness.run_config import RunConfig
+from itlbench.rundir.reader import read_table
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(llamacpp_executable() is None,
+                       reason="llama-server not built (benchmarks/peers/install_llamacpp.sh ~/peers/llama.cpp)"),
+]
+
+# the loopback path's share of a decode span: the first and last chunks' delivery (well under a ms each
+# on an idle box) plus scheduling jitter of two processes on a loaded 2-core box
+DECODE_BOUND_MS = 5.0
+
+
+def test_a_run_against_llamacpp_agrees_with_its_own_timings(tmp_path: Path) -> None:
+    gguf = export_gguf("cpu-small", tmp_path / "cpu-small.gguf").path
+    cfg = LlamaCppConfig(model_path=gguf, chunk_budget=512, n_parallel=8, log_path=tmp_path / "llama.log")
+    with LlamaCppServer(cfg) as srv:
+        run = RunConfig(endpoint=srv.base_url, model=srv.model, workload="chat-short", streams=4,
+                        duration_s=8.0, warmup_s=1.0, inject="2k@3s", seed=3, scrape_interval_s=1.0,
+                        out=tmp_path / "run")
+        summary = run_load_test(run)[1]
+    req = read_table(tmp_path / "run", "requests")
+    assert req.height >= 8 and (req["status"] == "ok").all(), req.filter(req["status"] != "ok")
+    assert (req["output_tokens"] == req["output_tokens_reported"]).all()
+    timings = summary["crosscheck"]["server_timings"]
+    assert timings["requests"] == req.height and timings["tokens_agree"] == 1.0
+    assert timings["ttft_below_server_prompt"] == 0
+    assert abs(timings["decode_minus_server_ms"]["p50"]) < DECODE_BOUND_MS
+    assert summary["split"]["source"].startswith("server_metrics:llamacpp")
+    assert summary["split"]["prefill_s"] > 0 and summary["split"]["decode_s"] > 0
