@@ -107,6 +107,7 @@ class Synth:
         self.inj_chunks: list[tuple[str, int, int]] = []
         self.next_inject = T0 + int(WARMUP_S * S) + 5 * S
         self.chunk_rows = 0
+        self.injections = 0
 
     def _one_step(self) -> None:
         rng, n = self.rng, self.shape.streams
@@ -114,8 +115,9 @@ class Synth:
         prefill = start >= self.next_inject
         if prefill:
             dur = int(1.2 * S + rng.normal(0, 20 * MS))
-            sid = f"cmpl-inj-{len(self.inj):04d}"
-            rid = f"inj-{len(self.inj):04d}"
+            self.injections += 1
+            sid = f"cmpl-inj-{self.injections:04d}"
+            rid = f"inj-{self.injections:04d}"
             self.inj.append({"request_id": rid, "server_request_id": sid, "workload": "injected", "cls": "injected",
                              "injected": True, "prompt_tokens": 16384, "max_tokens": 16, "scheduled_ns": start - MS,
                              "sent_ns": start - MS + 50_000, "status": "ok", "http_status": 200,
@@ -224,11 +226,15 @@ def synthesise(shape: Shape, root: Path) -> dict[str, object]:
     return info
 
 
+CODE = Path(__file__).resolve().parents[1]
+
+
 def measure(argv: list[str]) -> tuple[float, float, int]:
     """(wall seconds, peak RSS MiB, exit code) of one child process."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "MPLBACKEND": "Agg"}
+    env = {**os.environ, "PYTHONPATH": str(CODE), "MPLBACKEND": "Agg"}
     t = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # cwd too: `python -m` and `-c` put the working directory first on sys.path, before PYTHONPATH
+    proc = subprocess.Popen(argv, env=env, cwd=CODE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t
     err = proc.stderr.read().decode() if proc.stderr else ""
@@ -271,7 +277,11 @@ def main() -> None:
     p.add_argument("--summary-only", action="store_true", help="time analyze_run alone (no report)")
     p.add_argument("--exact", action="store_true", help="compare with the in-memory reference summary")
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--code", type=Path, help="itlbench source tree to measure (default: this checkout), "
+                   "e.g. an older commit's `git archive` for a before/after table")
     a = p.parse_args()
+    global CODE
+    CODE = a.code or CODE
     print(f"{'chunk rows':>12} {'streams':>7} {'parts':>6} {'MB':>7} {'time s':>8} {'peak RSS MiB':>13}"
           + ("  reference s  ref RSS MiB  max rel diff" if a.exact else ""))
     for text in a.rows.split(","):
