@@ -31,7 +31,6 @@ import numpy as np
 import polars as pl
 
 from itlbench.analysis import itl
-from itlbench.analysis.crosscheck import worst_gap_ns
 from itlbench.analysis.goodput import request_itl
 from itlbench.analysis.partitions import chunk_rows, partitions
 from itlbench.analysis.pooled import Pooled, Selection
@@ -102,6 +101,19 @@ def _gap_values(gaps: pl.DataFrame) -> pl.DataFrame:
                        .then(pl.col("late_bound_ns").cast(pl.Float64) / 1e9).alias("late_s"))
 
 
+def _tpot_rows(chunks: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame:
+    """itl.tpot_table without its sort (a sum, a min and a max per request need no order)."""
+    tags = requests.select("request_id", "cls", pl.col("injected").fill_null(False))
+    return (chunks.group_by("request_id")
+            .agg(pl.col("n_tokens").fill_null(1).clip(lower_bound=1).sum().alias("tokens"),
+                 (pl.col("t_ns").max() - pl.col("t_ns").min()).alias("span_ns"))
+            .join(tags, on="request_id", how="left")
+            .with_columns(pl.col("injected").fill_null(False))
+            .filter(pl.col("tokens") >= 2)
+            .with_columns((pl.col("span_ns").cast(pl.Float64) / 1e9 / (pl.col("tokens") - 1)).alias("tpot_s"))
+            .select("request_id", "cls", "injected", "tokens", "tpot_s"))
+
+
 def _spans(gaps: pl.DataFrame) -> pl.DataFrame:
     return gaps.group_by("request_id").agg(
         pl.col("injected").first(),
@@ -130,11 +142,12 @@ def _one(chunks: pl.DataFrame, ctx: Context, acc: ChunkFigures, parts: dict[str,
                               .select("request_id", "t_prev_ns"))
     parts["sample"].append(steady.gather_every(ctx.every).select("request_id", "t_prev_ns", "t_ns", "gap_s"))
     mine = chunks.join(ctx.window_ids, on="request_id", how="semi")
-    parts["tpot"].append(itl.tpot_table(mine, ctx.requests))
+    parts["tpot"].append(_tpot_rows(mine, ctx.requests))
     acc.chunks += mine.height
     acc.bundled += mine.filter(pl.col("n_tokens") > 1).height
     acc.tokens += int(mine["n_tokens"].fill_null(1).sum()) if mine.height else 0
-    worst = worst_gap_ns(mine)
+    mine_gaps = every.join(ctx.window_ids, on="request_id", how="semi")  # crosscheck.worst_gap_ns, unsorted
+    worst = int(mine_gaps.select((pl.col("t_ns") - pl.col("t_prev_ns")).max()).item()) if mine_gaps.height else None
     if worst is not None:
         acc.worst_gap_ns = worst if acc.worst_gap_ns is None else max(acc.worst_gap_ns, worst)
     arrived = chunks.filter((pl.col("t_ns") >= lo) & (pl.col("t_ns") < hi))
