@@ -43,23 +43,12 @@ def _tagged_chunks(chunks: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame
     )
 
 
-# Rows sorted by request are contiguous per request, so "the previous chunk of this request" is the
-# previous row when it has the same request_id: a shift and a mask, not a window over groups (`over`),
-# which costs a grouping of the string column each time (the gap table of 1M chunks: 1.8 s -> 0.5 s).
-_SAME_AS_PREV = pl.col("request_id").eq_missing(pl.col("request_id").shift(1))
-_SAME_AS_NEXT = pl.col("request_id").eq_missing(pl.col("request_id").shift(-1))
-
-
-def _prev(col: str) -> pl.Expr:
-    return pl.when(_SAME_AS_PREV).then(pl.col(col).shift(1))
-
-
 def _late_bound(requests: pl.DataFrame) -> pl.Expr:
     """Per chunk: 0 for an exact kernel stamp, the bound for one shared with later bytes, null for user."""
-    prev_read = _prev("t_read_ns")
+    prev_read = pl.col("t_read_ns").shift(1).over("request_id")
     if "sent_ns" in requests.columns:
         prev_read = prev_read.fill_null(pl.col("sent_ns"))
-    last_of_read = pl.col("t_ns") != pl.when(_SAME_AS_NEXT).then(pl.col("t_ns").shift(-1))
+    last_of_read = pl.col("t_ns") != pl.col("t_ns").shift(-1).over("request_id")
     return (
         pl.when(pl.col("stamp") != "kernel").then(pl.lit(None, dtype=pl.Int64))
         .when(last_of_read.fill_null(True) | (pl.col("read_chunks").fill_null(1) <= 1)).then(pl.lit(0))
@@ -78,8 +67,9 @@ def gap_table(chunks: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame:
     return (
         tagged.with_columns(_late_bound(requests if sent is not None else pl.DataFrame()).alias("late_ns"),
                             kernel.alias("kernel"))
-        .with_columns(_prev("t_ns").alias("t_prev_ns"), _prev("late_ns").alias("prev_late_ns"),
-                      _prev("kernel").alias("prev_kernel"))
+        .with_columns(pl.col("t_ns").shift(1).over("request_id").alias("t_prev_ns"),
+                      pl.col("late_ns").shift(1).over("request_id").alias("prev_late_ns"),
+                      pl.col("kernel").shift(1).over("request_id").alias("prev_kernel"))
         .drop_nulls("t_prev_ns")
         .with_columns(ns_to_s(pl.col("t_ns") - pl.col("t_prev_ns")).alias("gap_s"),
                       pl.when(pl.col("kernel") & pl.col("prev_kernel")).then(pl.lit("kernel"))

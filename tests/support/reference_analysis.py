@@ -1,8 +1,8 @@
 """The summary as it was computed before analysis scaled out of core (commit 08b491e): every chunk
-row in memory, one polars frame of every gap (its gap table frozen here as it was, `over` windows and
-all). Kept as the reference the out-of-core path (itlbench.analysis.summary.summarize_dir) must equal
-on runs that fit in memory; it reuses the per-request functions, which the out-of-core path runs
-partition by partition, and computes every pooled figure over the whole table at once.
+row in memory, one polars frame of every gap. Kept as the reference the out-of-core path
+(itlbench.analysis.summary.summarize_dir) must equal on runs that fit in memory; it reuses the
+per-request functions, which the out-of-core path runs partition by partition, and computes every
+pooled figure over the whole table at once.
 """
 
 from __future__ import annotations
@@ -31,48 +31,6 @@ from itlbench.analysis.window import RunWindow, select_window
 from itlbench.rundir import load_tables
 
 
-def _late_bound(requests: pl.DataFrame) -> pl.Expr:
-    prev_read = pl.col("t_read_ns").shift(1).over("request_id")
-    if "sent_ns" in requests.columns:
-        prev_read = prev_read.fill_null(pl.col("sent_ns"))
-    last_of_read = pl.col("t_ns") != pl.col("t_ns").shift(-1).over("request_id")
-    return (
-        pl.when(pl.col("stamp") != "kernel").then(pl.lit(None, dtype=pl.Int64))
-        .when(last_of_read.fill_null(True) | (pl.col("read_chunks").fill_null(1) <= 1)).then(pl.lit(0))
-        .otherwise((pl.col("t_ns") - prev_read).clip(lower_bound=0).fill_null(0))
-    )
-
-
-def gap_table(chunks: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame:
-    """itl.gap_table as it was: windows over request_id (`over`) for every previous-chunk value."""
-    sent = requests.select("request_id", "sent_ns") if "sent_ns" in requests.columns else None
-    tags = requests.select("request_id", "cls", pl.col("injected").fill_null(False))
-    missing = [pl.lit(None, dtype=t).alias(c) for c, t in
-               {"stamp": pl.Utf8, "t_read_ns": pl.Int64, "read_chunks": pl.Int64}.items() if c not in chunks.columns]
-    tagged = (chunks.with_columns(missing).join(tags, on="request_id", how="left")
-              .with_columns(pl.col("injected").fill_null(False), pl.col("n_tokens").fill_null(1).clip(lower_bound=1))
-              .sort("request_id", "index", "t_ns"))
-    if sent is not None:
-        tagged = tagged.join(sent, on="request_id", how="left")
-    kernel = (pl.col("stamp") == "kernel").fill_null(False)
-    return (
-        tagged.with_columns(_late_bound(requests if sent is not None else pl.DataFrame()).alias("late_ns"),
-                            kernel.alias("kernel"))
-        .with_columns(pl.col("t_ns").shift(1).over("request_id").alias("t_prev_ns"),
-                      pl.col("late_ns").shift(1).over("request_id").alias("prev_late_ns"),
-                      pl.col("kernel").shift(1).over("request_id").alias("prev_kernel"))
-        .drop_nulls("t_prev_ns")
-        .with_columns((pl.col("t_ns") - pl.col("t_prev_ns")).cast(pl.Float64).truediv(1e9).alias("gap_s"),
-                      pl.when(pl.col("kernel") & pl.col("prev_kernel")).then(pl.lit("kernel"))
-                      .otherwise(pl.lit("user")).alias("stamp"))
-        .with_columns(pl.when(pl.col("stamp") == "kernel")
-                      .then(pl.max_horizontal("late_ns", "prev_late_ns"))
-                      .otherwise(pl.lit(None, dtype=pl.Int64)).alias("late_bound_ns"))
-        .select("request_id", "cls", "injected", "t_prev_ns", "t_ns", "gap_s", "n_tokens", "stamp",
-                "late_bound_ns")
-    )
-
-
 def reference_summary(tables: Mapping[str, pl.DataFrame], window: RunWindow, slos: SloSet | None = None,
                       stall_params: StallParams | None = None) -> dict[str, object]:
     """Today's exact in-memory computation, verbatim in its figures."""
@@ -82,7 +40,7 @@ def reference_summary(tables: Mapping[str, pl.DataFrame], window: RunWindow, slo
     requests, chunks, steps = t["requests"], t["chunks"], t["steps"]
     ttft_rows = ttft.ttft_table(requests, steps)
     all_requests = t["all_requests"]
-    gaps = gap_table(t["all_chunks"], all_requests).filter(
+    gaps = itl.gap_table(t["all_chunks"], all_requests).filter(
         (pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
     stalls = analyze_stalls(itl.steady(gaps), steps, all_requests, stall_params, window.measure_start_ns,
                             t["client_pauses"], t["scrapes"])
