@@ -196,12 +196,17 @@ def draw_rows(ax: Axes, data: RunData, spans: list[InjectedSpan], compact: bool 
     by_cause: dict[str, dict[int, list[tuple[float, float]]]] = defaultdict(dict)
     for (row, cause), xs in bars.items():
         by_cause[cause][row] = merge_close(xs, tol) if len(xs) > 64 else xs
+    # Hundreds of rows in a few hundred pixels: rows touch (a gap between them would alias into bands)
+    # and a stall is at least a pixel wide (a 1 s stall in an hour is a third of one, and would vanish).
+    half = 0.5 if total > 150 else 0.4
+    pixel = data.window.seconds / 1000
     for cause, rows in by_cause.items():
         if cause == "streaming":
-            add_bars(ax, rows, 0.4, facecolors=STREAMING, linewidths=0)
+            add_bars(ax, rows, half, facecolors=STREAMING, linewidths=0)
         else:
-            add_bars(ax, rows, 0.4, facecolors=CAUSE_COLORS.get(None if cause == "unknown" else cause),
-                     edgecolors="white", linewidths=0.4 if data.window.seconds <= 120 else 0.0)
+            rows = {r: [(x, max(w, pixel)) for x, w in xs] for r, xs in rows.items()}
+            add_bars(ax, rows, half, facecolors=CAUSE_COLORS.get(None if cause == "unknown" else cause),
+                     edgecolors="white", linewidths=0.4 if data.window.seconds <= 120 and total <= 150 else 0.0)
     for rid, lo, prefill in open_stalls(data, spans):
         if rid in mapping:
             ax.broken_barh([((lo - t0) / 1e9, data.window.seconds - (lo - t0) / 1e9)], (mapping[rid] - 0.4, 0.8),
