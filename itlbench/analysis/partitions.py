@@ -84,7 +84,7 @@ def partitions(run_dir: str | Path, count: int | None = None, streaming: bool = 
     tmp = Path(tempfile.mkdtemp(prefix="itlbench-chunks-"))
     try:
         split = _split_streaming if streaming and hasattr(pl, "PartitionBy") else _split_by_part
-        yield [Partition(files=f) for f in split(parts, n, tmp)]
+        yield [Partition(files=f, index=i, count=n) for i, f in enumerate(split(parts, n, tmp))]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -92,9 +92,19 @@ def partitions(run_dir: str | Path, count: int | None = None, streaming: bool = 
 class Partition:
     """One piece of the chunks table: whole requests only."""
 
-    def __init__(self, files: list[Path] | None = None, run_dir: Path | None = None) -> None:
+    def __init__(self, files: list[Path] | None = None, run_dir: Path | None = None, index: int = 0,
+                 count: int = 1) -> None:
         self.files = files or []
         self.run_dir = run_dir
+        self.index, self.count = index, count
+
+    def own(self, rows: pl.DataFrame) -> pl.DataFrame:
+        """The rows (of a table keyed by request_id) whose requests fall in this partition: joining a
+        partition's chunks with only its own requests keeps the work per partition from growing with
+        the whole run's request count."""
+        if self.count == 1:
+            return rows
+        return rows.filter(_key(self.count) == self.index)
 
     def read(self) -> pl.DataFrame:
         if self.run_dir is not None:

@@ -233,7 +233,9 @@ def chunk_figures(run_dir: str | Path, window: RunWindow, all_requests: pl.DataF
             replay: list[pl.DataFrame | Path] = []
             for i, piece in enumerate(pieces):
                 path = keep / f"gaps-{i:04d}.ipc" if keep is not None else None
-                values = _one(piece.read(), ctx, acc, parts, path)
+                mine = Context(window, piece.own(all_requests), piece.own(ctx.window_ids), piece.own(requests),
+                               params, ctx.every)
+                values = _one(piece.read(), mine, acc, parts, path)
                 replay.append(path if path is not None else values)
             _select(acc, replay)
         finally:
