@@ -235,7 +235,10 @@ def chunk_figures(run_dir: str | Path, window: RunWindow, all_requests: pl.DataF
                 path = keep / f"gaps-{i:04d}.ipc" if keep is not None else None
                 mine = Context(window, piece.own(all_requests), piece.own(ctx.window_ids), piece.own(requests),
                                params, ctx.every)
-                values = _one(piece.read(), mine, acc, parts, path)
+                chunks = piece.read()
+                piece.release()
+                values = _one(chunks, mine, acc, parts, path)
+                del chunks
                 replay.append(path if path is not None else values)
             _select(acc, replay)
         finally:

@@ -242,7 +242,10 @@ def _stall_params(meta: dict[str, object]) -> StallParams:
 
 
 def analyze_run(run_dir: str | Path) -> dict[str, object]:
-    """Summarize a stored run (reads run.json and the table directories; writes nothing)."""
+    """Summarize a stored run (reads run.json and the table directories; writes nothing into the run
+    directory). Runs of any size: the chunks are read a partition of whole requests at a time
+    (summarize_dir, analysis/scale.py), through temporary files in TMPDIR when the run has more than
+    analysis.partitions.ROWS_PER_PARTITION chunk rows."""
     path = Path(run_dir, "run.json")
     if not path.is_file():
         raise ConfigError("run_dir", f"{path} not found", "pass a directory written by `itlbench run`")
