@@ -15,13 +15,21 @@ import polars as pl
 from itlbench.analysis.stats import ns_to_s
 
 
-def engine_check(requests: pl.DataFrame, chunks: pl.DataFrame, steps: pl.DataFrame) -> dict[str, object]:
+def worst_gap_ns(chunks: pl.DataFrame) -> int | None:
+    """The longest gap between consecutive chunks (index order) of one request."""
+    gaps = (chunks.sort("request_id", "index")
+            .select((pl.col("t_ns").diff().over("request_id")).alias("gap")).drop_nulls())
+    return int(gaps["gap"].max()) if gaps.height else None  # type: ignore[arg-type]
+
+
+def engine_check(requests: pl.DataFrame, chunks: pl.DataFrame | None, steps: pl.DataFrame,
+                 worst_ns: int | None = None) -> dict[str, object]:
+    """`worst_ns` stands in for the chunks (None: read off them) when a large run's chunks are not in memory."""
     if steps.is_empty():
         return {"source": "unavailable"}
     durations = steps.select(ns_to_s(pl.col("end_ns") - pl.col("start_ns")).alias("d"))["d"]
-    gaps = (chunks.sort("request_id", "index")
-            .select((pl.col("t_ns").diff().over("request_id")).alias("gap")).drop_nulls())
-    worst_gap = float(gaps["gap"].max()) / 1e9 if gaps.height else None
+    worst = worst_gap_ns(chunks) if chunks is not None else worst_ns
+    worst_gap = float(worst) / 1e9 if worst is not None else None
     longest = float(durations.max()) if durations.len() else None
     return {
         "source": "engine_steps",

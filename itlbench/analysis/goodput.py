@@ -142,14 +142,16 @@ def _targets(slos: SloSet, classes: list[str | None]) -> tuple[pl.DataFrame, pl.
     return ttft, itl
 
 
-def judge(ttft: pl.DataFrame, gaps: pl.DataFrame, slos: SloSet) -> pl.DataFrame:
-    """Per request (rows of ttft.ttft_table): ttft_ok, itl_ok, good."""
+def judge(ttft: pl.DataFrame, gaps: pl.DataFrame | None, slos: SloSet,
+          itl_rows: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Per request (rows of ttft.ttft_table): ttft_ok, itl_ok, good. `itl_rows` (request_itl rows) stands
+    in for the gaps when a large run computed them request by request."""
     ttft_targets, itl_targets = _targets(slos, ttft["cls"].unique().to_list())
     itl_value = pl.when(pl.col("itl_stat") == "max").then(pl.col("itl_max_s")).otherwise(pl.col("itl_p99_s"))
     return (
         ttft.join(ttft_targets, on=["cls", "bucket"], how="left", nulls_equal=True)
         .join(itl_targets, on="cls", how="left", nulls_equal=True)
-        .join(request_itl(gaps), on="request_id", how="left")
+        .join(request_itl(gaps) if gaps is not None else itl_rows, on="request_id", how="left")
         .with_columns(
             (
                 pl.col("ttft_target_s").is_null()

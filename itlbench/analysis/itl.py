@@ -130,8 +130,13 @@ def bundling(chunks: pl.DataFrame, warn_fraction: float = BUNDLING_WARN_FRACTION
     so pooled gaps undercount tokens and per-token gaps are an even split, not a measurement."""
     n = chunks.height
     bundled = chunks.filter(pl.col("n_tokens") > 1).height if n else 0
-    fraction = bundled / n if n else 0.0
     tokens = int(chunks["n_tokens"].fill_null(1).sum()) if n else 0
+    return bundling_of(n, bundled, tokens, warn_fraction)
+
+
+def bundling_of(n: int, bundled: int, tokens: int, warn_fraction: float = BUNDLING_WARN_FRACTION) -> dict[str, object]:
+    """`bundling` from its counts: chunks, chunks with more than one token, tokens."""
+    fraction = bundled / n if n else 0.0
     warning = None
     if fraction > warn_fraction:
         warning = (

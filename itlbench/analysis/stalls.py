@@ -222,9 +222,18 @@ def analyze_stalls(
     """Stalls and events with attribution, plus the summary dict (times in events relative to origin_ns).
     `pauses` (client_pauses rows) lets a gap the client itself caused be told apart, `scrapes`
     (scrapes rows) one that a /metrics scrape was under way for."""
+    return analyze_found_stalls(find_stalls(gaps, params), steps, requests, params, origin_ns, pauses, scrapes)
+
+
+def analyze_found_stalls(
+    found: pl.DataFrame, steps: pl.DataFrame, requests: pl.DataFrame, params: StallParams, origin_ns: int = 0,
+    pauses: pl.DataFrame | None = None, scrapes: pl.DataFrame | None = None,
+) -> StallReport:
+    """`analyze_stalls` from stalls already found (find_stalls rows, in its order): a stall needs only its
+    own stream's gaps, so a large run finds them request by request (analysis/scale.py)."""
     pauses = pauses if pauses is not None else pl.DataFrame(schema=_NO_INTERVALS)
     scrapes = scrapes if scrapes is not None else pl.DataFrame(schema=_NO_INTERVALS)
-    stalls, events = cluster_events(find_stalls(gaps, params).with_row_index("stall"))
+    stalls, events = cluster_events(found.with_row_index("stall"))
     stalls = _attach(
         stalls.with_columns(pl.col("stall").cast(pl.Int64)), "stall", "t_prev_ns", "t_ns", steps, requests
     )

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
@@ -52,15 +53,17 @@ from itlbench.analysis.crosscheck import engine_check, prompt_token_check
 from itlbench.analysis.definitions import DEFINITIONS
 from itlbench.analysis.failures import failure_summary
 from itlbench.analysis.goodput import SloSet, goodput, judge, parse_slo
+from itlbench.analysis.pooled import describe_pooled
+from itlbench.analysis.scale import ChunkFigures, chunk_figures
 from itlbench.analysis.scrapes import scrape_summary
 from itlbench.analysis.split import time_split
-from itlbench.analysis.stalls import StallParams, analyze_stalls
+from itlbench.analysis.stalls import StallParams, StallReport, analyze_found_stalls, analyze_stalls
 from itlbench.analysis.starvation import pause_breakdown
 from itlbench.analysis.stats import json_safe
-from itlbench.analysis.validity import ValidityThresholds, check_validity
+from itlbench.analysis.validity import StampCounts, ValidityThresholds, check_validity
 from itlbench.analysis.window import RunWindow, select_window
 from itlbench.errors import ConfigError
-from itlbench.rundir import load_tables
+from itlbench.rundir import TABLES, read_table
 
 STATUSES = ("ok", "error", "timeout", "cancelled")
 
@@ -73,11 +76,14 @@ def request_counts(requests: pl.DataFrame) -> dict[str, int]:
     return out
 
 
-def throughput(requests: pl.DataFrame, chunks: pl.DataFrame, window_s: float) -> dict[str, float | None]:
+def throughput(requests: pl.DataFrame, chunks: pl.DataFrame | None, window_s: float,
+               out_tokens: int = 0) -> dict[str, float | None]:
+    """`out_tokens` stands in for the window's chunks (None) when a large run summed them part by part."""
     if window_s <= 0:
         return {"requests_per_s": None, "output_tokens_per_s": None, "input_tokens_per_s": None}
     ok = requests.filter(pl.col("status") == "ok")
-    out_tokens = chunks["n_tokens"].fill_null(1).sum() if chunks.height else 0
+    if chunks is not None:
+        out_tokens = chunks["n_tokens"].fill_null(1).sum() if chunks.height else 0
     in_tokens = ok.select(prompt_tokens().sum()).item() if ok.height else 0
     return {
         "requests_per_s": ok.height / window_s,
@@ -129,7 +135,65 @@ def summarize(
     itl_section = _itl_section(chunks, requests, gaps)
     validity = check_validity(ttft_rows, t["client_samples"], itl_section["itl_s"],  # type: ignore[arg-type]
                               thresholds, t["client_pauses"], client_stalls, itl.steady(gaps))
-    out: dict[str, object] = {
+    windowed = t["all_chunks"].filter((pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
+    out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judge(ttft_rows, gaps, slos), slos, validity,
+                    throughput(requests, windowed, window.seconds), engine_check(requests, chunks, steps))
+    return json_safe(out)  # type: ignore[return-value]
+
+
+def summarize_dir(
+    run_dir: str | Path,
+    window: RunWindow,
+    slos: SloSet | None = None,
+    stall_params: StallParams | None = None,
+    thresholds: ValidityThresholds | None = None,
+    partitions: int | None = None,
+) -> tuple[dict[str, object], RunAnalysis]:
+    """`summarize` of a stored run without holding its chunks (analysis/scale.py): the same keys and
+    figures, pooled percentiles selected exactly out of core. Also returns what the report draws."""
+    slos = slos or SloSet()
+    stall_params = stall_params or StallParams()
+    t = select_window({name: read_table(run_dir, name) for name in TABLES if name != "chunks"}, window)
+    requests, steps, all_requests = t["requests"], t["steps"], t["all_requests"]
+    ttft_rows = ttft.ttft_table(requests, steps)
+    c = chunk_figures(run_dir, window, all_requests, requests, stall_params, partitions)
+    stalls = analyze_found_stalls(c.stalls, steps, all_requests, stall_params,  # type: ignore[arg-type]
+                                  window.measure_start_ns, t["client_pauses"], t["scrapes"])
+    client_stalls = int((stalls.summary.get("by_cause") or {}).get("client", {}).get("count", 0))  # type: ignore[union-attr]
+    itl_section: dict[str, object] = {
+        "itl_s": describe_pooled(c.itl, c.quantiles["itl_s"], itl.ITL_KEYS),
+        "itl_all_s": describe_pooled(c.all_gaps(), c.quantiles["itl_all_s"], itl.ITL_KEYS),
+        "itl_per_token_s": describe_pooled(c.per_token, c.quantiles["itl_per_token_s"], itl.ITL_KEYS),
+        "tpot_s": itl.tpot(c.tpot.filter(~pl.col("injected"))),  # type: ignore[union-attr]
+        "bundling": itl.bundling_of(c.chunks, c.bundled, c.tokens),
+    }
+    late = c.quantiles["late_bound_s"]
+    stamps = StampCounts(c.steady_gaps, c.kernel, c.shared, lambda q: late.get(str(q)))
+    validity = check_validity(ttft_rows, t["client_samples"], itl_section["itl_s"],  # type: ignore[arg-type]
+                              thresholds, t["client_pauses"], client_stalls, stamps=stamps)
+    judged = judge(ttft_rows, None, slos, c.request_itl)
+    out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judged, slos, validity,
+                    throughput(requests, None, window.seconds, c.out_tokens),
+                    engine_check(requests, None, steps, c.worst_gap_ns))
+    return json_safe(out), RunAnalysis(c, stalls, ttft_rows, judged)  # type: ignore[return-value]
+
+
+@dataclass
+class RunAnalysis:
+    """What the report draws besides the summary: chunk-level frames, stalls with causes, TTFT rows,
+    goodput's verdict per request."""
+
+    chunks: ChunkFigures
+    stalls: StallReport
+    ttft: pl.DataFrame
+    judged: pl.DataFrame
+
+
+def _assemble(window: RunWindow, ttft_rows: pl.DataFrame, itl_section: dict[str, object],
+              stall_summary: dict[str, object], t: dict[str, pl.DataFrame], judged: pl.DataFrame, slos: SloSet,
+              validity: dict[str, object], thr: dict[str, float | None], engine: dict[str, object]) -> dict[str, object]:
+    requests = t["requests"]
+    return {
         "window": {
             "run_start_ns": window.run_start_ns,
             "measure_start_ns": window.measure_start_ns,
@@ -138,11 +202,10 @@ def summarize(
         },
         **_ttft_section(ttft_rows),
         **itl_section,
-        "stalls": stalls.summary,
-        "split": time_split(steps, t["server_metrics"], window),
-        "throughput": throughput(requests, t["all_chunks"].filter(
-            (pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns)), window.seconds),
-        "goodput": goodput(judge(ttft_rows, gaps, slos), window.seconds, slos),
+        "stalls": stall_summary,
+        "split": time_split(t["steps"], t["server_metrics"], window),
+        "throughput": thr,
+        "goodput": goodput(judged, window.seconds, slos),
         "requests": request_counts(requests),
         "failures": failure_summary(requests),
         "cache": cache_summary(requests, t["server_metrics"], window),
@@ -150,11 +213,9 @@ def summarize(
         "client_pauses": pause_breakdown(t["client_pauses"]),
         "valid": validity["valid"],
         "validity": {k: v for k, v in validity.items() if k != "valid"},
-        "crosscheck": {"engine": engine_check(requests, chunks, steps),
-                       "prompt_tokens": prompt_token_check(requests)},
+        "crosscheck": {"engine": engine, "prompt_tokens": prompt_token_check(requests)},
         "definitions": dict(DEFINITIONS),
     }
-    return json_safe(out)  # type: ignore[return-value]
 
 
 def _window_from(meta: dict[str, object]) -> RunWindow:
@@ -181,15 +242,41 @@ def _stall_params(meta: dict[str, object]) -> StallParams:
 
 
 def analyze_run(run_dir: str | Path) -> dict[str, object]:
-    """Summarize a stored run (reads run.json and the table directories; writes nothing)."""
+    """Summarize a stored run (reads run.json and the table directories; writes nothing into the run
+    directory). Runs of any size: the chunks are read a partition of whole requests at a time
+    (summarize_dir, analysis/scale.py), through temporary files in TMPDIR when the run has more than
+    analysis.partitions.ROWS_PER_PARTITION chunk rows."""
     path = Path(run_dir, "run.json")
     if not path.is_file():
         raise ConfigError("run_dir", f"{path} not found", "pass a directory written by `itlbench run`")
     meta = json.loads(path.read_text())
     slo = meta.get("slo")
-    return summarize(
-        load_tables(run_dir),
-        _window_from(meta),
-        parse_slo(slo if isinstance(slo, str) else None),
-        _stall_params(meta),
-    )
+    summary, analysis = summarize_dir(run_dir, _window_from(meta), parse_slo(slo if isinstance(slo, str) else None),
+                                      _stall_params(meta))
+    remember(run_dir, summary, analysis)
+    return summary
+
+
+_LAST: dict[str, tuple[tuple[object, ...], dict[str, object], RunAnalysis]] = {}
+
+
+def _fingerprint(run_dir: str | Path) -> tuple[object, ...]:
+    """The inputs of an analysis: run.json and every table part (name, size, mtime)."""
+    root = Path(run_dir)
+    files = [root / "run.json", *sorted(root.glob("*/*.parquet"))]
+    return tuple((str(f.relative_to(root)), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file())
+
+
+def remember(run_dir: str | Path, summary: dict[str, object], analysis: RunAnalysis) -> None:
+    """Keep the last analysis in this process, so `itlbench analyze` draws its report without a second
+    pass over the chunks (one run only: the frames are small, the process may analyse many runs)."""
+    _LAST.clear()
+    _LAST[str(Path(run_dir).resolve())] = (_fingerprint(run_dir), summary, analysis)
+
+
+def recall(run_dir: str | Path) -> tuple[dict[str, object], RunAnalysis] | None:
+    """The analysis `remember` kept for this run, if its inputs have not changed since."""
+    hit = _LAST.get(str(Path(run_dir).resolve()))
+    if hit is None or hit[0] != _fingerprint(run_dir):
+        return None
+    return hit[1], hit[2]

@@ -25,6 +25,7 @@ invalidate a run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import polars as pl
@@ -93,14 +94,26 @@ def _loop_lag_vs_itl(samples: pl.DataFrame, itl: dict[str, object]) -> tuple[str
     return None, None, None
 
 
-def _late_bound_vs_itl(kernel_gaps: pl.DataFrame, itl: dict[str, object]) -> tuple[str | None, float | None]:
-    """(quantile key, late bound of kernel stamps in s) at the highest quantile the gaps support."""
-    bounds = ns_to_s(kernel_gaps["late_bound_ns"]) if kernel_gaps.height else pl.Series([], dtype=pl.Float64)
+def _late_bound_vs_itl(bound_at: Callable[[float], float | None],
+                       itl: dict[str, object]) -> tuple[str | None, float | None]:
+    """(quantile key, late bound of kernel stamps in s) at the highest quantile the gaps support;
+    `bound_at(q)` is the supported q-quantile of the kernel-stamped gaps' late bounds (s) or None."""
     for key, q in (("p99", 0.99), ("p90", 0.90)):
-        b = supported_quantile(bounds, q)
+        b = bound_at(q)
         if b is not None and isinstance(itl.get(key), float | int):
             return key, b
     return None, None
+
+
+@dataclass(frozen=True)
+class StampCounts:
+    """What stamp_figures needs of the gaps, so a large run can give it without holding them:
+    gaps, kernel-stamped gaps, those with a late bound > 0, and the late bound's quantiles."""
+
+    gaps: int
+    kernel: int
+    shared: int
+    bound_at: Callable[[float], float | None]
 
 
 def stamp_figures(gaps: pl.DataFrame | None, samples: pl.DataFrame, itl: dict[str, object]) -> dict[str, object]:
@@ -110,12 +123,22 @@ def stamp_figures(gaps: pl.DataFrame | None, samples: pl.DataFrame, itl: dict[st
                 "shared_read_share": None, "stamp_late_bound_s": None, "stamp_late_bound_stat": None,
                 "clock_step_s": None}
     kernel = gaps.filter(pl.col("stamp") == "kernel")
-    key, bound = _late_bound_vs_itl(kernel, itl)
+    bounds = ns_to_s(kernel["late_bound_ns"]) if kernel.height else pl.Series([], dtype=pl.Float64)
+    return stamp_figures_of(StampCounts(gaps.height, kernel.height, int((kernel["late_bound_ns"] > 0).sum()),
+                                        lambda q: supported_quantile(bounds, q)), samples, itl)
+
+
+def stamp_figures_of(c: StampCounts, samples: pl.DataFrame, itl: dict[str, object]) -> dict[str, object]:
+    """`stamp_figures` from the gaps' counts (a run with no gaps: `stamp_figures` of an empty table)."""
+    if not c.gaps:
+        return {"kernel_stamped_share": 0.0, "shared_read_share": None, "stamp_late_bound_s": None,
+                "stamp_late_bound_stat": None, "clock_step_s": None}
+    key, bound = _late_bound_vs_itl(c.bound_at, itl)
     offsets = samples["clock_offset_ns"].drop_nulls() if "clock_offset_ns" in samples.columns else pl.Series([])
-    step = (int(offsets.max()) - int(offsets.min())) / 1e9 if offsets.len() and kernel.height else None  # type: ignore[arg-type]
+    step = (int(offsets.max()) - int(offsets.min())) / 1e9 if offsets.len() and c.kernel else None  # type: ignore[arg-type]
     return json_safe({  # type: ignore[return-value]
-        "kernel_stamped_share": kernel.height / gaps.height,
-        "shared_read_share": float((kernel["late_bound_ns"] > 0).mean()) if kernel.height else None,  # type: ignore[arg-type]
+        "kernel_stamped_share": c.kernel / c.gaps,
+        "shared_read_share": c.shared / c.kernel if c.kernel else None,
         "stamp_late_bound_s": bound,
         "stamp_late_bound_stat": key,
         "clock_step_s": step,
@@ -164,11 +187,14 @@ def _kernel_checks(f: dict[str, object], itl: dict[str, object], th: ValidityThr
 
 def check_validity(ttft: pl.DataFrame, samples: pl.DataFrame, itl: dict[str, object],
                    thresholds: ValidityThresholds | None = None, pauses: pl.DataFrame | None = None,
-                   client_stalls: int = 0, gaps: pl.DataFrame | None = None) -> dict[str, object]:
+                   client_stalls: int = 0, gaps: pl.DataFrame | None = None,
+                   stamps: StampCounts | None = None) -> dict[str, object]:
     """{valid, reasons, affected, standing, figures, thresholds}; `ttft` holds ttft.ttft_table rows,
-    `itl` the pooled ITL statistics being reported, `gaps` the gaps behind them (itl.gap_table)."""
+    `itl` the pooled ITL statistics being reported, `gaps` the gaps behind them (itl.gap_table), or
+    `stamps` their counts when a large run does not hold them."""
     th = thresholds or ValidityThresholds()
-    f = {**figures(ttft, samples, itl), **stamp_figures(gaps, samples, itl), **pause_figures(pauses),
+    stamp = stamp_figures_of(stamps, samples, itl) if stamps is not None else stamp_figures(gaps, samples, itl)
+    f = {**figures(ttft, samples, itl), **stamp, **pause_figures(pauses),
          "client_caused_stalls": client_stalls}
     affected, reasons = _send_lag_check(ttft, th)
     if affected:

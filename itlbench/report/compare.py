@@ -261,6 +261,14 @@ def _worst_in_bins(lo: np.ndarray, hi: np.ndarray, gap: np.ndarray, edges: np.nd
     return worst
 
 
+def _drawn_gaps(run: RunData) -> pl.DataFrame:
+    """Every stall and the background sample of ordinary steady gaps (analysis.scale): the worst gap in
+    a bin is a stall's wherever one was, so the plateaus are exact and the floor between them sampled."""
+    cols = ("t_prev_ns", "t_ns", "gap_s")
+    frames = [f.select(cols) for f in (run.stalls, run.chunks.sample) if f is not None and f.height]
+    return pl.concat(frames) if frames else pl.DataFrame(schema={c: pl.Int64 for c in cols[:2]} | {"gap_s": pl.Float64})
+
+
 def gaps_figure(runs: list[RunData], labels: list[str]) -> FigureSpec:
     zoom = _union_zoom(runs)
     spec = FigureSpec("compare_gaps", "How long the streams froze, over time",
@@ -272,7 +280,7 @@ def gaps_figure(runs: list[RunData], labels: list[str]) -> FigureSpec:
     edges = np.linspace(lo, hi, 301)
     drawn = False
     for i, (run, label) in enumerate(zip(runs, labels, strict=True)):
-        g = run.gaps.filter(~pl.col("injected"))
+        g = _drawn_gaps(run)
         if g.is_empty():
             continue
         worst = _worst_in_bins(((g["t_prev_ns"] - run.t0_ns) / 1e9).to_numpy(),
@@ -302,12 +310,12 @@ def cdf_figure(runs: list[RunData], labels: list[str]) -> FigureSpec:
     ax = fig.subplots()
     n_min = None
     for i, (run, label) in enumerate(zip(runs, labels, strict=True)):
-        gaps = np.sort(run.gaps.filter(~pl.col("injected"))["gap_s"].to_numpy())
-        if len(gaps) < 2:
+        gaps, y = run.chunks.cdf  # fixed quantiles of the pooled steady gaps
+        n = run.chunks.itl.count
+        if n < 2:
             continue
-        y = (np.arange(1, len(gaps) + 1) - 0.5) / len(gaps)
         ax.step(gaps, y, where="post", color=RUN_COLORS[i % len(RUN_COLORS)], linewidth=1.4, label=label)
-        n_min = len(gaps) if n_min is None else min(n_min, len(gaps))
+        n_min = n if n_min is None else min(n_min, n)
     if n_min is None:
         spec.note = "No run has inter-token gaps to compare."
         return spec

@@ -1,9 +1,13 @@
 """One run directory, read once for every figure and table of a report.
 
-The summary's numbers come from `summary.json` (recomputed when it is missing); the per-gap, per-stall
-and per-request frames the figures need are recomputed with the same analysis functions, so a figure
-and the number printed beside it cannot disagree. A run killed before it wrote its window still gets
-one, inferred from its records, and the report says so.
+The summary's numbers come from `summary.json` (recomputed when it is missing); the per-stall and
+per-request frames the figures need come from the same analysis (`summarize_dir`, reused when
+`itlbench analyze` just ran it in this process), so a figure and the number printed beside it cannot
+disagree. No figure holds every gap: a run of 100M chunk rows is drawn from its stalls, its per-request
+spans, a background sample of at most `analysis.scale.SAMPLE_POINTS` gaps, output tokens per second
+and a fixed number of quantiles, so the report's cost and size do not grow with the run. The chunks
+table is therefore not among `tables`. A run killed before it wrote its window still gets one,
+inferred from its records, and the report says so.
 """
 
 from __future__ import annotations
@@ -15,14 +19,16 @@ from typing import Any
 
 import polars as pl
 
-from itlbench.analysis import itl, ttft
-from itlbench.analysis.goodput import judge, parse_slo
-from itlbench.analysis.stalls import StallParams, analyze_stalls
-from itlbench.analysis.summary import summarize
-from itlbench.analysis.window import RunWindow, select_window
+from itlbench.analysis.goodput import parse_slo
+from itlbench.analysis.partitions import chunk_parts
+from itlbench.analysis.scale import ChunkFigures
+from itlbench.analysis.stalls import StallParams
+from itlbench.analysis.summary import recall, summarize_dir
+from itlbench.analysis.window import RunWindow
 from itlbench.errors import ConfigError
 from itlbench.report.engines import EngineLabel, detect_engine
-from itlbench.rundir.reader import load_tables
+from itlbench.rundir.reader import read_table
+from itlbench.rundir.schema import TABLES, empty
 
 CUT_SHORT_FRACTION = 0.95  # a measured window shorter than this share of --duration was cut short
 
@@ -35,8 +41,8 @@ class RunData:
     doc: dict[str, Any]
     summary: dict[str, Any]
     window: RunWindow
-    tables: dict[str, pl.DataFrame]
-    gaps: pl.DataFrame  # every gap that arrived in the window, all streams (itl.gap_table columns)
+    tables: dict[str, pl.DataFrame]  # every table but chunks (empty: see `chunks`)
+    chunks: ChunkFigures  # spans, background sample, open gaps, tokens per second, CDF quantiles
     stalls: pl.DataFrame  # stalled steady gaps with cause
     events: pl.DataFrame
     ttft: pl.DataFrame  # ttft.ttft_table of the window's requests
@@ -94,22 +100,18 @@ def load_run(run_dir: str | Path) -> RunData:
     if doc is None:
         raise ConfigError("RUN_DIR", f"{path} has no readable run.json",
                           "pass a directory written by `itlbench run`")
-    tables = load_tables(path)
-    window, inferred = _window(doc, tables)
+    tables = {name: read_table(path, name) if name != "chunks" else empty(name) for name in TABLES}
+    window, inferred = _window(doc, tables, path)
     params = _stall_params(doc)
     slos = parse_slo(doc.get("slo") if isinstance(doc.get("slo"), str) else None)
     summary = read_json(path / "summary.json")
+    kept = None if inferred else recall(path)
+    computed, analysis = kept or summarize_dir(path, window, slos, params)
     if summary is None or inferred:
-        summary = summarize(tables, window, slos, params)  # type: ignore[assignment]
-    t = select_window(tables, window)
-    gaps = itl.gap_table(t["all_chunks"], t["all_requests"]).filter(
-        (pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
-    report = analyze_stalls(itl.steady(gaps), t["steps"], t["all_requests"], params, window.measure_start_ns,
-                            t["client_pauses"])
-    ttft_rows = ttft.ttft_table(t["requests"], t["steps"])
-    data = RunData(path, doc, summary, window, tables, gaps, report.stalls, report.events, ttft_rows,
-                   judge(ttft_rows, gaps, slos), detect_engine(doc, tables["server_metrics"], tables["steps"]),
-                   window_inferred=inferred)
+        summary = computed  # type: ignore[assignment]
+    data = RunData(path, doc, summary, window, tables, analysis.chunks, analysis.stalls.stalls,
+                   analysis.stalls.events, analysis.ttft, analysis.judged,
+                   detect_engine(doc, tables["server_metrics"], tables["steps"]), window_inferred=inferred)
     data.cut_short = cut_short_reasons(data)
     return data
 
@@ -121,18 +123,29 @@ def _stall_params(doc: dict[str, Any]) -> StallParams:
                        floor_s=float(floor) if floor is not None else d.floor_s)
 
 
-def _window(doc: dict[str, Any], tables: dict[str, pl.DataFrame]) -> tuple[RunWindow, bool]:
+def _chunk_span(path: Path) -> tuple[int | None, int | None]:
+    """First and last chunk arrival, read lazily (the chunks are not held)."""
+    parts = chunk_parts(path)
+    if not parts:
+        return None, None
+    lo, hi = pl.scan_parquet(parts, missing_columns="insert", extra_columns="ignore").select(
+        pl.col("t_ns").min().alias("lo"), pl.col("t_ns").max().alias("hi")).collect().row(0)
+    return lo, hi
+
+
+def _window(doc: dict[str, Any], tables: dict[str, pl.DataFrame], path: Path) -> tuple[RunWindow, bool]:
     """The run's own window, or (killed before it wrote one) the span of its records."""
     if isinstance(doc.get("run_start_ns"), int) and isinstance(doc.get("end_ns"), int):
         start = int(doc["run_start_ns"])
         measure = doc.get("measure_start_ns")
         return RunWindow(start, int(measure) if isinstance(measure, int) else start, int(doc["end_ns"])), False
-    times = [v for v in (tables["requests"]["scheduled_ns"].min(), tables["chunks"]["t_ns"].min()) if v is not None]
+    first, last = _chunk_span(path)
+    times = [v for v in (tables["requests"]["scheduled_ns"].min(), first) if v is not None]
     if not times:
         raise ConfigError("RUN_DIR", "run.json has no window and the run recorded no requests",
                           "nothing to report: the run ended before it sent anything")
     start = int(min(times))  # type: ignore[call-overload]
-    ends = [v for v in (tables["chunks"]["t_ns"].max(), tables["requests"]["done_ns"].max()) if v is not None]
+    ends = [v for v in (last, tables["requests"]["done_ns"].max()) if v is not None]
     end = int(max(ends)) if ends else start  # type: ignore[call-overload]
     warmup = float((doc.get("config") or {}).get("warmup_s") or 0.0)
     measure = min(start + int(warmup * 1e9), end)

@@ -233,20 +233,27 @@ def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return v, (np.arange(1, n + 1) - 0.5) / n
 
 
+def pooled_cdf(data: RunData) -> tuple[np.ndarray, np.ndarray, int]:
+    """The steady streams' pooled gaps as (x, share ≤ x, samples): a fixed number of quantiles
+    (analysis.scale.CDF_POINTS, each within 0.013 % of the exact one), whatever the run's size."""
+    x, y = data.chunks.cdf
+    return x, y, data.chunks.itl.count
+
+
 def itl_figure(data: RunData) -> FigureSpec:
     caption = ("The share of gaps at or below each length (log x; the y axis stretches the tail so "
                "p99 and p99.9 are visible): pooled over every gap, and per request (its mean, TPOT).")
     spec = FigureSpec("itl_cdf", "Inter-token latency distribution", caption)
-    steady = data.gaps.filter(~pl.col("injected"))
-    if steady.height < 2:
+    x, y, n = pooled_cdf(data)
+    if n < 2:
         spec.note = "Fewer than two inter-token gaps in the measured window."
         return spec
     fig = new_figure(3.8)
     ax = fig.subplots()
-    x, y = _cdf(steady["gap_s"].to_numpy())
-    ax.step(x, y, where="post", color=STREAMING, linewidth=1.6, label=f"pooled, every gap (n={len(x):,})")
-    per_req = (steady.group_by("request_id").agg(pl.col("gap_s").mean().alias("m"), pl.col("gap_s").max()
-                                                  .alias("mx")))
+    ax.step(x, y, where="post", color=STREAMING, linewidth=1.6, label=f"pooled, every gap (n={n:,})")
+    spans = data.chunks.spans
+    per_req = (spans.filter(~pl.col("injected")).select(pl.col("mean_s").alias("m"), pl.col("max_s").alias("mx"))
+               if spans is not None and spans.height else pl.DataFrame(schema={"m": pl.Float64, "mx": pl.Float64}))
     if per_req.height >= 2:
         xm, ym = _cdf(per_req["m"].to_numpy())
         ax.step(xm, ym, where="post", color=GOOD, linewidth=1.2, label=f"per request, mean gap (n={len(xm):,})")
@@ -257,7 +264,7 @@ def itl_figure(data: RunData) -> FigureSpec:
     for key, label in (("p50", "p50"), ("p99", "p99"), ("p999", "p99.9"), ("max", "max")):
         v = itl.get(key)
         if v:
-            q = {"p50": 0.5, "p99": 0.99, "p999": 0.999, "max": y[-1]}[key]
+            q = {"p50": 0.5, "p99": 0.99, "p999": 0.999, "max": 1 - 0.5 / n}[key]
             ax.plot([v], [q], marker="o", color="black", markersize=4, zorder=4)
             ax.annotate(f"{label} {fmt_s(v)}", (v, q), xytext=(5, -3), textcoords="offset points", fontsize=8)
     target = _itl_target(data)
@@ -270,7 +277,7 @@ def itl_figure(data: RunData) -> FigureSpec:
     if len(positive):
         ax.set_xlim(left=max(float(positive[0]), float(np.quantile(positive, 0.01)) / 3))
     ax.set_yscale("logit")
-    lo_q, hi_q = max(0.5 / len(x), 0.005), 1 - min(0.5 / len(x), 0.001)
+    lo_q, hi_q = max(0.5 / n, 0.005), 1 - min(0.5 / n, 0.001)
     ax.set_ylim(lo_q, hi_q)
     ticks = [q for q in (0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999) if lo_q <= q <= hi_q]
     ax.set_yticks(ticks, [f"{q * 100:g} %" for q in ticks])
@@ -331,14 +338,13 @@ def throughput_figure(data: RunData) -> FigureSpec:
                "(green); the injected prompt's prefill is shaded.")
     spec = FigureSpec("throughput", "Throughput over time", caption)
     seconds = data.window.seconds
-    chunks = data.tables["chunks"].filter((pl.col("t_ns") >= data.t0_ns) & (pl.col("t_ns") < data.window.end_ns))
-    if chunks.is_empty() or seconds <= 0:
+    toks = data.chunks.token_bins  # output tokens per 1 s bin from measure start (analysis.scale)
+    if not toks.size or not toks.sum() or seconds <= 0:
         spec.note = "No tokens arrived in the measured window."
         return spec
     nbins = max(1, int(np.ceil(seconds)))
     edges = np.arange(nbins + 1, dtype=float)
-    toks, _ = np.histogram((chunks["t_ns"] - data.t0_ns).to_numpy() / 1e9, bins=edges,
-                           weights=chunks["n_tokens"].fill_null(1).to_numpy())
+    toks = np.resize(toks, nbins) if toks.size != nbins else toks
     done = data.tables["requests"].filter(pl.col("status") == "ok").drop_nulls("done_ns")
     reqs, _ = np.histogram((done["done_ns"] - data.t0_ns).to_numpy() / 1e9, bins=edges)
     fig = new_figure(3.2)
