@@ -33,6 +33,8 @@ Percentiles their samples cannot support (fewer than 1/(1−q): 2 for p50, 10 fo
   definitions.{ttft,itl,stall,split,prompt_buckets,goodput,validity,window,percentiles}
   crosscheck.engine.{source,longest_step_s,worst_client_gap_s,worst_gap_over_longest_step,injected[]}
   crosscheck.prompt_tokens.{checked,exact,max_abs_diff,reported_over_planned}
+  crosscheck.server_timings.{source,requests,ttft_minus_prompt_ms,ttft_below_server_prompt,
+    decode_minus_server_ms,tokens_agree} (null unless the server reports per-request timings: llama.cpp)
 Throughput: ok requests scheduled in the window, output tokens that arrived in the window (Σ n_tokens
 of every stream's chunks), prompt tokens of ok requests, each divided by the window's seconds.
 """
@@ -56,6 +58,7 @@ from itlbench.analysis.goodput import SloSet, goodput, judge, parse_slo
 from itlbench.analysis.pooled import describe_pooled
 from itlbench.analysis.scale import ChunkFigures, chunk_figures
 from itlbench.analysis.scrapes import scrape_summary
+from itlbench.analysis.server_timings import server_timings_check
 from itlbench.analysis.split import time_split
 from itlbench.analysis.stalls import StallParams, StallReport, analyze_found_stalls, analyze_stalls
 from itlbench.analysis.starvation import pause_breakdown
@@ -213,7 +216,8 @@ def _assemble(window: RunWindow, ttft_rows: pl.DataFrame, itl_section: dict[str,
         "client_pauses": pause_breakdown(t["client_pauses"]),
         "valid": validity["valid"],
         "validity": {k: v for k, v in validity.items() if k != "valid"},
-        "crosscheck": {"engine": engine, "prompt_tokens": prompt_token_check(requests)},
+        "crosscheck": {"engine": engine, "prompt_tokens": prompt_token_check(requests),
+                       "server_timings": server_timings_check(requests)},
         "definitions": dict(DEFINITIONS),
     }
 
