@@ -63,3 +63,19 @@ def prompt_token_check(requests: pl.DataFrame) -> dict[str, object]:
     ratio = both["prompt_tokens_reported"].sum() / max(1, both["prompt_tokens"].sum())
     return {"checked": both.height, "exact": int((diff == 0).sum()), "max_abs_diff": int(diff.abs().max()),
             "reported_over_planned": float(ratio)}
+
+
+def output_token_check(requests: pl.DataFrame) -> dict[str, object]:
+    """Tokens the client counted from chunks against `usage.completion_tokens`, over finished requests.
+    A server may send a token without a chunk of its own (llama.cpp holds back a token whose bytes end
+    mid-character and sends its text with the next one): `unseen` counts those, which the per-chunk
+    figures (ITL, bundling) cannot see and the token totals then take from the server."""
+    both = requests.filter(pl.col("status") == "ok").drop_nulls(["output_tokens", "output_tokens_reported"])
+    if both.is_empty():
+        return {"checked": 0}
+    diff = both["output_tokens_reported"] - both["output_tokens"]
+    reported = int(both["output_tokens_reported"].sum())
+    unseen = int(diff.clip(lower_bound=0).sum())
+    return {"checked": both.height, "exact": int((diff == 0).sum()), "counted": int(both["output_tokens"].sum()),
+            "reported": reported, "unseen": unseen, "unseen_share": unseen / reported if reported else 0.0,
+            "counted_over_reported": int((diff < 0).sum())}

@@ -33,6 +33,7 @@ Percentiles their samples cannot support (fewer than 1/(1−q): 2 for p50, 10 fo
   definitions.{ttft,itl,stall,split,prompt_buckets,goodput,validity,window,percentiles}
   crosscheck.engine.{source,longest_step_s,worst_client_gap_s,worst_gap_over_longest_step,injected[]}
   crosscheck.prompt_tokens.{checked,exact,max_abs_diff,reported_over_planned}
+  crosscheck.output_tokens.{checked,exact,counted,reported,unseen,unseen_share,counted_over_reported}
   crosscheck.server_timings.{source,requests,ttft_minus_prompt_ms,ttft_below_server_prompt,
     decode_minus_server_ms,tokens_agree} (null unless the server reports per-request timings: llama.cpp)
 Throughput: ok requests scheduled in the window, output tokens that arrived in the window (Σ n_tokens
@@ -51,7 +52,7 @@ import polars as pl
 from itlbench.analysis import itl, ttft
 from itlbench.analysis.buckets import prompt_tokens
 from itlbench.analysis.cache import cache_summary
-from itlbench.analysis.crosscheck import engine_check, prompt_token_check
+from itlbench.analysis.crosscheck import engine_check, output_token_check, prompt_token_check
 from itlbench.analysis.definitions import DEFINITIONS
 from itlbench.analysis.failures import failure_summary
 from itlbench.analysis.goodput import SloSet, goodput, judge, parse_slo
@@ -217,6 +218,7 @@ def _assemble(window: RunWindow, ttft_rows: pl.DataFrame, itl_section: dict[str,
         "valid": validity["valid"],
         "validity": {k: v for k, v in validity.items() if k != "valid"},
         "crosscheck": {"engine": engine, "prompt_tokens": prompt_token_check(requests),
+                       "output_tokens": output_token_check(requests),
                        "server_timings": server_timings_check(requests)},
         "definitions": dict(DEFINITIONS),
     }

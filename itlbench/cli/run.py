@@ -78,11 +78,13 @@ def run(
     otlp_endpoint: OtlpEndpoint = None,
     limits: Annotated[str | None, typer.Option(help="Caps on what a server may make the client hold, e.g. "
                                                "event=4MiB,head=64KiB,control=8MiB,metrics=64MiB (the defaults).")] = None,
+    extra_body: Annotated[str | None, typer.Option(help="JSON object merged into every request's body, e.g. "
+                                                   "'{\"logprobs\": 1}' (llama.cpp: exact token counts per chunk).")] = None,
     as_json: AsJson = False,
     engine_flags: dict | None = None,
 ) -> None:
     """Drive a workload (and injected long prompts) against the bundled engine or --endpoint."""
-    from itlbench.harness.run_config import RunConfig
+    from itlbench.harness.run_config import RunConfig, parse_extra_body
     from itlbench.load.clients.limits import Limits
     from itlbench.report.terminal import LiveProgress, engine_warnings, print_summary
 
@@ -104,7 +106,8 @@ def run(
                         drain_timeout_s=parse_duration_s(drain_timeout, "--drain-timeout"), out=out,
                         workers=workers, live=live, metrics_port=metrics_port, otlp_endpoint=otlp_endpoint,
                         driver=driver, master_bind=master_bind, locust_ui=locust_ui, locust_ui_port=locust_ui_port,
-                        stream_reader=stream_reader, limits=Limits.parse(limits))
+                        stream_reader=stream_reader, limits=Limits.parse(limits),
+                        extra_body=parse_extra_body(extra_body))
         cfg.validate()
         from itlbench.harness.orchestrate import run_load_test
 

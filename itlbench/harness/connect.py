@@ -80,7 +80,8 @@ def _external(cfg: RunConfig) -> Connection:
     target = Target(base_url=base, model=cfg.model or "", api=cfg.api, api_key=cfg.api_key,
                     accepts_token_ids=vocab is not None, forced_lengths=cfg.forced_lengths,
                     timeout_s=cfg.request_timeout_s, stream_reader=cfg.stream_reader,
-                    max_event_bytes=cfg.limits.event_bytes, max_head_bytes=cfg.limits.head_bytes)
+                    max_event_bytes=cfg.limits.event_bytes, max_head_bytes=cfg.limits.head_bytes,
+                    extra_body=dict(cfg.extra_body))
     steps_url = base if same_clock else None
     if vocab is not None:
         return Connection(target, max_len, vocab, steps_url=steps_url, metrics_url=base, doc=doc)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from itlbench.core.engine_config import EngineConfig
 from itlbench.errors import ConfigError
@@ -55,6 +57,7 @@ class RunConfig:
     metrics_port: str | None = None  # serve itlbench_client_* for Prometheus: "9464" or "HOST:9464"
     otlp_endpoint: str | None = None  # OTLP/HTTP base URL for spans and GenAI metrics (client and bundled server)
     limits: Limits = field(default_factory=Limits)  # caps on what a server may make the client hold (--limits)
+    extra_body: dict[str, Any] = field(default_factory=dict)  # fields added to every request (--extra-body)
 
     def validate(self) -> None:
         check_load_shape(self.streams, self.rate, self.burstiness, self.duration_s)
@@ -126,3 +129,24 @@ class RunConfig:
         if not 0 <= self.locust_ui_port < 65536:
             raise ConfigError("--locust-ui-port", f"{self.locust_ui_port} is not a port", "e.g. 8089, or 0 for a free one")
         require_locust()
+
+
+# fields itlbench itself sets on every request: --extra-body may not change what the run means
+_OWN_FIELDS = ("model", "prompt", "messages", "stream", "stream_options", "max_tokens")
+
+
+def parse_extra_body(text: str | None) -> dict[str, Any]:
+    """`--extra-body '{"logprobs": 1}'`: a JSON object merged into each request (like vllm bench's)."""
+    if not text:
+        return {}
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError("--extra-body", f"is not JSON ({exc})", """give a JSON object, e.g. '{"logprobs": 1}'""") from None
+    if not isinstance(doc, dict):
+        raise ConfigError("--extra-body", "must be a JSON object", """e.g. '{"logprobs": 1}'""")
+    own = sorted(set(doc) & set(_OWN_FIELDS))
+    if own:
+        raise ConfigError("--extra-body", f"sets {', '.join(own)}, which the workload decides",
+                          "use --workload, --api and the load flags for those")
+    return doc

@@ -2,8 +2,12 @@
 serving the bundled engine's seeded weights as GGUF; runs where the binary is built (else skipped with
 that reason, like the vLLM peer tests).
 
-What must hold: every request completes; the tokens the client counted equal llama.cpp's own
-`timings.predicted_n` and `usage.completion_tokens`; the client's TTFT is never shorter than llama.cpp's
+llama.cpp holds back a token whose bytes end mid-character and sends its text with the next chunk
+(random weights draw such byte tokens often; even its `logprobs` then list only one token), so the
+chunks undercount and `crosscheck.output_tokens.unseen` says by how much (measured: 5 of 300).
+
+What must hold: every request completes; llama.cpp's `usage.completion_tokens` equals its `timings.predicted_n`
+and the forced length, and the client's count falls short only by the held-back tokens; the client's TTFT is never shorter than llama.cpp's
 prompt evaluation and its decode span agrees with llama.cpp's generation time within what the loopback
 path explains; the prefill:decode split comes from llama.cpp's `/metrics`; the engine is named.
 """
@@ -26,7 +30,7 @@ pytestmark = [
                        reason="llama-server not built (benchmarks/peers/install_llamacpp.sh ~/peers/llama.cpp)"),
 ]
 
-# the loopback path's share of a decode span: the first and last chunks' delivery (well under a ms each
+# the loopback path's share of a decode span (the largest excess seen here: 0.54 ms): the first and last chunks' delivery (well under a ms each
 # on an idle box) plus scheduling jitter of two processes on a loaded 2-core box
 DECODE_BOUND_MS = 5.0
 
@@ -41,10 +45,19 @@ def test_a_run_against_llamacpp_agrees_with_its_own_timings(tmp_path: Path) -> N
         summary = run_load_test(run)[1]
     req = read_table(tmp_path / "run", "requests")
     assert req.height >= 8 and (req["status"] == "ok").all(), req.filter(req["status"] != "ok")
-    assert (req["output_tokens"] == req["output_tokens_reported"]).all()
+    assert (req["output_tokens_reported"] == req["server_decode_tokens"]).all()  # usage and timings agree
+    assert (req["output_tokens_reported"] == req["max_tokens"]).all()  # forced lengths hold
+    out = summary["crosscheck"]["output_tokens"]
+    assert out["counted_over_reported"] == 0 and out["counted"] + out["unseen"] == out["reported"]
+    assert out["unseen_share"] < 0.1, out  # held-back byte tokens only
     timings = summary["crosscheck"]["server_timings"]
-    assert timings["requests"] == req.height and timings["tokens_agree"] == 1.0
+    assert timings["requests"] == summary["crosscheck"]["output_tokens"]["checked"] >= 5  # the window's requests
     assert timings["ttft_below_server_prompt"] == 0
-    assert abs(timings["decode_minus_server_ms"]["p50"]) < DECODE_BOUND_MS
+    # llama.cpp's generation clock starts when the prompt is evaluated, the client's at the first chunk,
+    # one decode step later: the client's span is shorter by up to a step, never longer than the
+    # server's by more than the network's share
+    decode = timings["decode_minus_server_ms"]
+    assert decode["max"] < DECODE_BOUND_MS
+    assert decode["p50"] > -summary["itl_s"]["p99"] * 1e3 - DECODE_BOUND_MS
     assert summary["split"]["source"].startswith("server_metrics:llamacpp")
     assert summary["split"]["prefill_s"] > 0 and summary["split"]["decode_s"] > 0

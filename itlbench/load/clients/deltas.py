@@ -38,6 +38,19 @@ def delta_kind(delta: Any) -> Kind | None:
     return None
 
 
+def logprob_tokens(choice: dict[str, Any]) -> int:
+    """Tokens a choice's `logprobs` lists (chat and llama.cpp: `content` entries; legacy completions:
+    `tokens`), 0 when absent. Servers that hold back a token whose bytes end mid-character (llama.cpp)
+    send it inside the next chunk: only the logprobs say that chunk carried two."""
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict):
+        return 0
+    entries = lp.get("content")
+    if not isinstance(entries, list):
+        entries = lp.get("tokens")
+    return len(entries) if isinstance(entries, list) else 0
+
+
 def choice_kind(choice: dict[str, Any]) -> Kind | None:
     """A completions choice (`text`) or a chat choice (`delta`)."""
     if _has_text(choice.get("text")):

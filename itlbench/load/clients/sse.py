@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from itlbench.load.clients.chunk_rows import chunk_columns, hand_over, settled_end
-from itlbench.load.clients.deltas import choice_kind
+from itlbench.load.clients.deltas import choice_kind, logprob_tokens
 from itlbench.load.sink import RowWriter
 from itlbench.load.target import Target
 from itlbench.rundir.coerce import as_count, as_float, as_str
@@ -300,7 +300,7 @@ class StreamClient:
     def _on_choice(self, c: dict[str, Any], t: int, ex: _Exchange) -> None:
         ids = c.get("token_ids")
         kind = choice_kind(c)
-        n = len(ids) if ids and isinstance(ids, list) else 1 if kind else 0
+        n = len(ids) if ids and isinstance(ids, list) else (logprob_tokens(c) or 1) if kind else 0
         if n:
             if kind == "reasoning":
                 ex.reasoning_chunks += 1

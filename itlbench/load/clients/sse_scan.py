@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from itlbench.load.clients.deltas import choice_kind
+from itlbench.load.clients.deltas import choice_kind, logprob_tokens
 
 try:
     from orjson import loads as _loads
@@ -58,7 +58,8 @@ def count_tokens(p: bytes) -> int:
     """Tokens the JSON path would count for this chunk, or DECODE. Reasoning and tool-call chunks are
     always DECODE: the JSON path labels them (`deltas.py`), so a count from here is an answer chunk; so
     are chunks with a server's `timings` (llama.cpp), which the JSON path records."""
-    if b'"reasoning' in p or b'"tool_calls"' in p or b'"timings"' in p:
+    if (b'"reasoning' in p or b'"tool_calls"' in p or b'"timings"' in p
+            or (b'"logprobs"' in p and b'"logprobs":null' not in p)):
         return DECODE
     # compact JSON (vLLM, SGLang, itlbench, OpenAI): a handful of C-level searches
     if (b'"finish_reason":null' in p and p.count(b'"finish_reason"') == 1 and b'"usage"' not in p
@@ -140,7 +141,7 @@ def json_count(obj: Any) -> tuple[int, bool]:
     ids = c.get("token_ids")
     if ids and isinstance(ids, list):
         return len(ids), plain
-    return (1 if choice_kind(c) else 0), plain
+    return ((logprob_tokens(c) or 1) if choice_kind(c) else 0), plain
 
 
 def _string_end(p: bytes, i: int) -> int:
