@@ -52,6 +52,7 @@ from itlbench.analysis.crosscheck import engine_check, prompt_token_check
 from itlbench.analysis.definitions import DEFINITIONS
 from itlbench.analysis.failures import failure_summary
 from itlbench.analysis.goodput import SloSet, goodput, judge, parse_slo
+from itlbench.analysis.read_together import tag_gaps
 from itlbench.analysis.scrapes import scrape_summary
 from itlbench.analysis.split import time_split
 from itlbench.analysis.stalls import StallParams, analyze_stalls
@@ -128,7 +129,8 @@ def summarize(
     client_stalls = int((stalls.summary.get("by_cause") or {}).get("client", {}).get("count", 0))  # type: ignore[union-attr]
     itl_section = _itl_section(chunks, requests, gaps)
     validity = check_validity(ttft_rows, t["client_samples"], itl_section["itl_s"],  # type: ignore[arg-type]
-                              thresholds, t["client_pauses"], client_stalls, itl.steady(gaps))
+                              thresholds, t["client_pauses"], client_stalls,
+                              tag_gaps(itl.steady(gaps), t["all_chunks"], all_requests, t["client_pauses"]))
     out: dict[str, object] = {
         "window": {
             "run_start_ns": window.run_start_ns,
