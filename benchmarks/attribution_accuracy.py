@@ -16,7 +16,9 @@ Each shape is one real run of the bundled engine; the run is then analysed twice
 
 `--engine torch` (default) runs the cpu-small preset; `--engine sim` the same scheduler on a virtual clock
 (`--gpu cpu`), for boxes where the model is too slow. Shapes are BUDGET:INJECT:STREAMS (budget `none` =
-unchunked, inject `-` = none). Prints a markdown table and writes accuracy.json under --out.
+unchunked, inject `-` = none, STREAMS `8r2` = 8 closed-loop streams plus open-loop arrivals at 2/s: requests
+that arrive during a prefill and queue behind it, which closed-loop streams rarely do — they do not finish
+while an injection slows them). Prints a markdown table and writes accuracy.json under --out.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from itlbench.harness.run_config import RunConfig
 from itlbench.rundir import load_tables
 
 SHAPES = ("512:4k:8", "512:16k:16", "512:32k:32", "none:4k:8", "none:16k:16", "none:32k:32", "512:-:16",
-          "none:-:8")
+          "none:-:8", "512:16k:8r2", "none:16k:8r2")
 
 
 def _engine(budget: str, engine: str, gpu: str) -> EngineConfig:
@@ -49,16 +51,18 @@ def _engine(budget: str, engine: str, gpu: str) -> EngineConfig:
 
 
 def run_shape(shape: str, out: Path, engine: str, gpu: str, duration_s: float, seed: int) -> dict[str, object]:
-    budget, inject, streams = shape.split(":")
+    budget, inject, load = shape.split(":")
+    streams, _, rate = load.partition("r")
     run_dir = out / shape.replace(":", "_").replace("-", "noinj")
     if not (run_dir / "summary.json").is_file():
-        cfg = RunConfig(workload="chat", streams=int(streams), inject=None if inject == "-" else f"{inject}@2s",
+        cfg = RunConfig(workload="chat", streams=int(streams), rate=float(rate) if rate else None,
+                        inject=None if inject == "-" else f"{inject}@2s",
                         duration_s=duration_s, warmup_s=1.0, drain_timeout_s=120.0, seed=seed, out=run_dir,
                         engine=_engine(budget, engine, gpu), live=False)
         run_load_test(cfg)
     meta = json.loads((run_dir / "run.json").read_text())
     result = compare(load_tables(run_dir), _window_from(meta), _stall_params(meta))
-    return {"shape": shape, "budget": budget, "inject": inject, "streams": int(streams), "run_dir": str(run_dir),
+    return {"shape": shape, "budget": budget, "inject": inject, "streams": load, "run_dir": str(run_dir),
             **result}
 
 

@@ -4,7 +4,8 @@ Why: the method (inferred_steps.py, client_attribution.py) is only worth what it
 is known. Both analyses judge the same gaps (same stall rule, same window), so their stalls pair one to one.
   prefill agreement  of the stalled seconds the step log attributes to a prefill (cause prefill), the share
                      whose *dominant* prefilling request (the one whose prefill steps overlap the gap longest)
-                     the client-only analysis names the same (`same_s`), or names among its prefills (`named_s`)
+                     the client-only analysis names the same (`same_s`; a tie between k requests on the
+                     client's side earns 1/k), or names among its prefills (`named_s`)
   false prefill      stalled seconds the client calls prefill and the step log does not
   step error         per inferred step matched to consecutive logged steps: inferred spacing − logged spacing
                      (end to end, what a client can see) and − logged duration (start to end)
@@ -28,7 +29,8 @@ KEY = ["request_id", "t_prev_ns", "t_ns"]
 
 
 def dominant_prefill(stalls: pl.DataFrame, steps: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame:
-    """Per stall (KEY): the client request id whose prefill steps overlap the gap longest (`dominant`)."""
+    """Per stall (KEY): the client request ids whose prefill steps overlap the gap longest (`dominant`, a list:
+those within 1 % of the longest tie)."""
     ids = requests_for_attribution(requests).select("server_request_id", "request_id").unique("server_request_id")
     prefill = (steps.filter(pl.col("prefill_tokens") > 0).select("start_ns", "end_ns", "prefill_request_ids")
                .explode("prefill_request_ids").drop_nulls("prefill_request_ids")
@@ -39,8 +41,8 @@ def dominant_prefill(stalls: pl.DataFrame, steps: pl.DataFrame, requests: pl.Dat
     over = (hits.with_columns((pl.min_horizontal("end_ns", "t_ns") - pl.max_horizontal("start_ns", "t_prev_ns"))
                               .alias("_o"))
             .group_by(*KEY, "rid").agg(pl.col("_o").sum())
-            .sort([*KEY, "_o", "rid"], descending=[False, False, False, True, False])
-            .unique(KEY, keep="first").select(*KEY, pl.col("rid").alias("dominant")))
+            .filter(pl.col("_o") >= 0.99 * pl.col("_o").max().over(KEY))
+            .group_by(KEY).agg(pl.col("rid").sort().alias("dominant")))
     return gaps.join(over, on=KEY, how="left")
 
 
@@ -65,8 +67,12 @@ def compare(tables: Mapping[str, pl.DataFrame], window: RunWindow, params: Stall
                            "unknown_reason").join(cdom.rename({"dominant": "client_dominant"}), on=KEY, how="left"))
     both = truth.join(mine, on=KEY, how="left")
     pre = both.filter(pl.col("cause") == "prefill")
-    same = pre.filter(pl.col("dominant") == pl.col("client_dominant"))
-    named = pre.filter(pl.col("prefill_request_ids").list.contains(pl.col("dominant")).fill_null(False))
+    # a client tie between k requests earns 1/k when the step log's dominant request is among them
+    hit = pl.col("client_dominant").list.set_intersection(pl.col("dominant")).list.len() > 0
+    credit = pl.when(hit.fill_null(False)).then(1.0 / pl.col("client_dominant").list.len()).otherwise(0.0)
+    same = pre.with_columns((pl.col("gap_s") * credit).alias("gap_s")).filter(pl.col("gap_s") > 0)
+    named = pre.filter((pl.col("prefill_request_ids").list.set_intersection(pl.col("dominant")).list.len() > 0)
+                       .fill_null(False))
     false_pre = both.filter((pl.col("client_cause") == "prefill") & (pl.col("cause") != "prefill"))
     total = float(pre["gap_s"].sum()) if pre.height else 0.0
     causes = (both.group_by("cause", "client_cause").agg(pl.len().alias("n"), pl.col("gap_s").sum().alias("s"))
