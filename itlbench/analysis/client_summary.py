@@ -18,6 +18,7 @@ from itlbench.analysis import itl
 from itlbench.analysis.client_attribution import ClientStallReport, client_only, client_stalls
 from itlbench.analysis.goodput import SloSet, parse_slo
 from itlbench.analysis.inferred_steps import InferredSteps
+from itlbench.analysis.split import split_from_metrics
 from itlbench.analysis.stalls import StallParams
 from itlbench.analysis.stats import json_safe
 from itlbench.analysis.summary import _stall_params, _window_from, summarize
@@ -65,7 +66,24 @@ def summarize_client(tables: Mapping[str, pl.DataFrame], window: RunWindow, slos
     out["attribution"] = {"source": "client_inferred", "inputs": ["requests", "chunks", "client_samples",
                                                                    "client_pauses", "scrapes"],
                           "ignored": ["steps", "server_metrics"]}
+    out["crosscheck"] = {**(out.get("crosscheck") or {}),  # type: ignore[dict-item]
+                         "server_counters": server_counter_check(tables, window, out["split"])}  # type: ignore[arg-type]
     return json_safe(out)  # type: ignore[return-value]
+
+
+def server_counter_check(tables: Mapping[str, pl.DataFrame], window: RunWindow,
+                         inferred: dict[str, object]) -> dict[str, object] | None:
+    """Where the server published prefill/decode time counters (vLLM's request_{prefill,decode}_time
+    sums, SGLang's execution seconds), their split beside the inferred one: a second source, not an input
+    (null when the run scraped none)."""
+    metrics = tables.get("server_metrics")
+    if metrics is None or metrics.is_empty():
+        return None
+    found = split_from_metrics(metrics, window)
+    if found is None:
+        return None
+    return {"source": found.get("source"), "prefill_s": found.get("prefill_s"), "decode_s": found.get("decode_s"),
+            "prefill_frac": found.get("prefill_frac"), "inferred_prefill_frac": inferred.get("prefill_frac")}
 
 
 def analyze_run_client(run_dir: str | Path) -> dict[str, object]:

@@ -85,7 +85,10 @@ def test_analyze_attribution_client_writes_summary_client_beside_summary(runs: d
 def test_external_run_without_step_log_gets_its_prefill_named(tmp_path: Path) -> None:
     """The hand-built external run: no step log, user-space stamps, an 8k prompt over [5.0, 6.5] s."""
     run_dir = build_run(tmp_path / "ext", external=True)
-    stalls = analyze_run_client(run_dir)["stalls"]
+    summary = analyze_run_client(run_dir)
+    stalls = summary["stalls"]
+    counters = summary["crosscheck"]["server_counters"]  # the scraped vLLM sums: a second source beside
+    assert counters["source"].startswith("server_metrics:vllm") and counters["prefill_s"] > 0
     assert stalls["count"] == 4
     assert stalls["by_cause"] == {"prefill": {"count": 4, "stalled_s": pytest.approx(stalls["stalled_s"])}}
     assert stalls["attribution"][0]["injected_request_ids"] == ["inj-000"]
