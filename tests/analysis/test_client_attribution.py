@@ -92,3 +92,18 @@ def test_external_run_without_step_log_gets_its_prefill_named(tmp_path: Path) ->
     assert stalls["count"] == 4
     assert stalls["by_cause"] == {"prefill": {"count": 4, "stalled_s": pytest.approx(stalls["stalled_s"])}}
     assert stalls["attribution"][0]["injected_request_ids"] == ["inj-000"]
+
+
+def test_a_silence_no_first_token_ends_stays_unknown_with_its_reason(tmp_path: Path) -> None:
+    """The same external run without the injected request: the streams' silence has nothing to explain it."""
+    from itlbench.analysis.client_summary import summarize_client
+
+    run_dir = build_run(tmp_path / "ext", external=True)
+    meta = json.loads((run_dir / "run.json").read_text())
+    tables = {name: (t.filter(pl.col("request_id") != "inj-000") if name in ("requests", "chunks") else t)
+              for name, t in load_tables(run_dir).items()}
+    stalls = summarize_client(tables, _window_from(meta), None, _stall_params(meta))["stalls"]
+    assert stalls["count"] == 4 and set(stalls["by_cause"]) == {"unknown"}
+    assert stalls["by_unknown_reason"]["silent"]["count"] == 4
+    top = stalls["attribution"][0]
+    assert top["cause"] == "unknown" and top["unknown_reason"] == "silent" and top["prefill_request_ids"] == []
