@@ -16,7 +16,8 @@ Each shape is one real run of the bundled engine; the run is then analysed twice
 
 `--engine torch` (default) runs the cpu-small preset; `--engine sim` the same scheduler on a virtual clock
 (`--gpu cpu`), for boxes where the model is too slow. Shapes are BUDGET:INJECT:STREAMS (budget `none` =
-unchunked, inject `-` = none, STREAMS `8r2` = 8 closed-loop streams plus open-loop arrivals at 2/s: requests
+unchunked, inject `-` = none; unchunked runs measure 0.8 s longer per 1k injected tokens, so that the one
+long step ends inside the window, STREAMS `8r2` = 8 closed-loop streams plus open-loop arrivals at 2/s: requests
 that arrive during a prefill and queue behind it, which closed-loop streams rarely do — they do not finish
 while an injection slows them). Prints a markdown table and writes accuracy.json under --out.
 """
@@ -55,9 +56,11 @@ def run_shape(shape: str, out: Path, engine: str, gpu: str, duration_s: float, s
     streams, _, rate = load.partition("r")
     run_dir = out / shape.replace(":", "_").replace("-", "noinj")
     if not (run_dir / "summary.json").is_file():
+        # an unchunked prompt is one step, which must end inside the window for its stall to count
+        long_step_s = 0.8 * int(inject.rstrip("k")) if budget == "none" and inject != "-" else 0.0
         cfg = RunConfig(workload="chat", streams=int(streams), rate=float(rate) if rate else None,
                         inject=None if inject == "-" else f"{inject}@2s",
-                        duration_s=duration_s, warmup_s=1.0, drain_timeout_s=120.0, seed=seed, out=run_dir,
+                        duration_s=duration_s + long_step_s, warmup_s=1.0, drain_timeout_s=120.0, seed=seed, out=run_dir,
                         engine=_engine(budget, engine, gpu), live=False)
         run_load_test(cfg)
     meta = json.loads((run_dir / "run.json").read_text())
