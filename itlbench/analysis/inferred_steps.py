@@ -22,9 +22,10 @@ unexplained), prefill (a request prefilled in it and no other stream advanced), 
 Prefill of a request R (FCFS, the order vLLM's and the bundled engine's schedulers prefill in): it ends
 with the step whose cluster carries R's first token; it begins with the first step that started after R
 was sent, but no earlier than the step that finished the prefill of the request sent before R (chunked
-prefill runs one prompt after another; R's head may share that step with its predecessor's tail). "After"
-allows one stamp split of slack: the engine starts a step after its hand-off, the client stamps the previous
-step's tokens after their trip, and a request sent in between can still join.
+prefill runs one prompt after another; R's head may share that step with its predecessor's tail). A step's
+start is known only as the arrival of the previous step's tokens, which trails the engine's own start by the
+tokens' trip: a request sent within that trip after a step began is taken to have joined it (an error of one
+step at the head of its span, seen in 1 of 20 benchmark runs, docs/perf/attribution.md).
 Prefill tokens (`usage.prompt_tokens` − cached, else the planned length) are spread over R's steps by
 their excess over the decode cadence (evenly when none exceeds it): an estimate, marked as such.
 """
@@ -111,10 +112,8 @@ def _cluster(exact: pl.DataFrame, split: int) -> pl.DataFrame:
     return occ.with_columns(pl.struct("_c", "_o").rank("dense").cast(pl.Int64).sub(1).alias("step")).drop("_c", "_o")
 
 
-def _prefill_spans(requests: pl.DataFrame, first: pl.DataFrame, steps: pl.DataFrame, slack_ns: int) -> pl.DataFrame:
-    """Per request with a first token: its prefill's first and last inferred step (module docstring). A step
-    whose start stamp precedes the send by less than `slack_ns` may still have taken the request in (the
-    engine starts a step after the hand-off, the client stamps the previous step's tokens after their trip)."""
+def _prefill_spans(requests: pl.DataFrame, first: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """Per request with a first token: its prefill's first and last inferred step (module docstring)."""
     starts = steps["start_ns"].to_numpy()
     reqs = (requests.select("request_id", "server_request_id", "sent_ns", *_token_cols(requests))
             .join(first, on="request_id", how="inner").drop_nulls("sent_ns").sort("sent_ns", "request_id"))
@@ -123,7 +122,7 @@ def _prefill_spans(requests: pl.DataFrame, first: pl.DataFrame, steps: pl.DataFr
                                     "last_step": pl.Int64, "tokens": pl.Int64})
     last = reqs["last_step"].to_numpy()
     ids = steps["step"].to_numpy()
-    after_sent = ids[np.minimum(np.searchsorted(starts, reqs["sent_ns"].to_numpy() - slack_ns, side="left"), ids.size - 1)]
+    after_sent = ids[np.minimum(np.searchsorted(starts, reqs["sent_ns"].to_numpy(), side="left"), ids.size - 1)]
     prev_done = np.concatenate([[-1], np.maximum.accumulate(last)[:-1]])
     first_step = np.minimum(np.maximum(after_sent, np.minimum(prev_done, last)), last)
     return reqs.with_columns(pl.Series("first_step", first_step, dtype=pl.Int64)).select(
@@ -159,7 +158,7 @@ def infer_steps(chunks: pl.DataFrame, requests: pl.DataFrame, params: InferParam
                                             right_on="end_ns", strategy="backward").drop("end_ns"))
     first = (placed.filter(pl.col("index") == 0).drop_nulls("step")
              .group_by("request_id").agg(pl.col("step").min().alias("last_step")))
-    spans = _prefill_spans(requests, first, ends, split)
+    spans = _prefill_spans(requests, first, ends)
     steps = _with_prefills(ends, spans, first, params)
     cadence = _cadence(steps)
     return InferredSteps(steps, placed, spans.join(steps.select("step", "start_ns"), left_on="first_step",

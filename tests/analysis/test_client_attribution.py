@@ -83,9 +83,17 @@ def test_analyze_attribution_client_writes_summary_client_beside_summary(runs: d
 
 
 def test_external_run_without_step_log_gets_its_prefill_named(tmp_path: Path) -> None:
-    """The hand-built external run: no step log, user-space stamps, an 8k prompt over [5.0, 6.5] s."""
+    """The hand-built external run: no step log, user-space stamps, an 8k prompt over [5.0, 6.5] s (sent
+    here 2 ms before the silence began: a request cannot join a step that started before it was sent)."""
+    from itlbench.analysis.client_summary import summarize_client
+
     run_dir = build_run(tmp_path / "ext", external=True)
-    summary = analyze_run_client(run_dir)
+    meta = json.loads((run_dir / "run.json").read_text())
+    tables = load_tables(run_dir)
+    tables["requests"] = tables["requests"].with_columns(
+        pl.when(pl.col("request_id") == "inj-000").then(pl.col("sent_ns") - 3_000_000).otherwise(pl.col("sent_ns"))
+        .alias("sent_ns"))
+    summary = summarize_client(tables, _window_from(meta), None, _stall_params(meta))
     stalls = summary["stalls"]
     counters = summary["crosscheck"]["server_counters"]  # the scraped vLLM sums: a second source beside
     assert counters["source"].startswith("server_metrics:vllm") and counters["prefill_s"] > 0
