@@ -4,8 +4,9 @@ Why: the method (inferred_steps.py, client_attribution.py) is only worth what it
 is known. Both analyses judge the same gaps (same stall rule, same window), so their stalls pair one to one.
   prefill agreement  of the stalled seconds the step log attributes to a prefill (cause prefill), the share
                      whose *dominant* prefilling request (the one whose prefill steps overlap the gap longest)
-                     the client-only analysis names the same (`same_s`; a tie between k requests on the
-                     client's side earns 1/k), or names among its prefills (`named_s`)
+                     the client-only analysis names the same (`same_s`; where either side has a tie, the
+                     share of the client's dominant requests that the step log's include), or names among
+                     its prefills (`named_s`)
   false prefill      stalled seconds the client calls prefill and the step log does not
   step error         per inferred step matched to consecutive logged steps: inferred spacing − logged spacing
                      (end to end, what a client can see) and − logged duration (start to end)
@@ -67,9 +68,10 @@ def compare(tables: Mapping[str, pl.DataFrame], window: RunWindow, params: Stall
                            "unknown_reason").join(cdom.rename({"dominant": "client_dominant"}), on=KEY, how="left"))
     both = truth.join(mine, on=KEY, how="left")
     pre = both.filter(pl.col("cause") == "prefill")
-    # a client tie between k requests earns 1/k when the step log's dominant request is among them
-    hit = pl.col("client_dominant").list.set_intersection(pl.col("dominant")).list.len() > 0
-    credit = pl.when(hit.fill_null(False)).then(1.0 / pl.col("client_dominant").list.len()).otherwise(0.0)
+    # the share of the client's dominant requests (a tie: several) that the step log's dominant ones include:
+    # a tie both sides see (two prompts prefilled in one step) earns it whole, a name too many halves it
+    common = pl.col("client_dominant").list.set_intersection(pl.col("dominant")).list.len()
+    credit = (common / pl.col("client_dominant").list.len()).fill_null(0.0).fill_nan(0.0)
     same = pre.with_columns((pl.col("gap_s") * credit).alias("gap_s")).filter(pl.col("gap_s") > 0)
     named = pre.filter((pl.col("prefill_request_ids").list.set_intersection(pl.col("dominant")).list.len() > 0)
                        .fill_null(False))
