@@ -8,7 +8,8 @@ steps, and the summary has the same fields (cause, prefill_request_ids, injected
 `attribution_source: client_inferred`.
 
 What the client cannot see it does not claim. The step-log causes that need the engine's own account
-are re-read (`unknown_reason` says why a gap stays unknown):
+are re-read (`unknown_reason` says why a gap stays unknown, or, for an inferred preemption, `skipped`: what it rests on;
+summary `by_unknown_reason` counts the unknown ones):
   prefill, scrape, client   kept: a prefill that ended in a request's first token, the client's own
                             scrape log and pause log
   engine                    → unknown / silent: no stream advanced for most of the gap and no first
@@ -129,7 +130,7 @@ def client_stalls(gaps: pl.DataFrame, chunks: pl.DataFrame, requests: pl.DataFra
 def _by_reason(stalls: pl.DataFrame) -> dict[str, dict[str, float | int]]:
     if stalls.is_empty():
         return {}
-    rows = (stalls.drop_nulls("unknown_reason").group_by("unknown_reason")
+    rows = (stalls.filter(pl.col("cause") == "unknown").drop_nulls("unknown_reason").group_by("unknown_reason")
             .agg(pl.len().alias("count"), pl.col("gap_s").sum()))
     return {r["unknown_reason"]: {"count": int(r["count"]), "stalled_s": float(r["gap_s"])} for r in rows.to_dicts()}
 

@@ -82,3 +82,20 @@ def test_gaps_without_shared_reads_carry_no_late_by() -> None:
     gaps = tag_gaps(gap_table(chunks, _requests()), chunks, _requests())
     assert gaps["late_by"].null_count() == gaps.height
     assert _verdict(chunks, _pauses(False))["valid"]
+
+
+def test_a_stream_skipped_while_the_others_advance_is_a_preemption() -> None:
+    """Client-only attribution: stream r3 gets nothing for 20 steps while the rest advance every step."""
+    from itlbench.analysis.client_attribution import client_stalls
+    from itlbench.analysis.stalls import StallParams
+
+    chunks = _chunks(late=set()).filter(~((pl.col("request_id") == "r3") & pl.col("index").is_between(50, 69)))
+    chunks = chunks.with_columns(pl.col("index").rank("ordinal").over("request_id").cast(pl.Int64).sub(1))
+    reqs = _requests()
+    report = client_stalls(steady(gap_table(chunks, reqs)), chunks, reqs, StallParams()).report
+    stalls = report.stalls
+    assert stalls.height == 1 and stalls["request_id"][0] == "r3"
+    assert stalls["cause"][0] == "preemption" and stalls["unknown_reason"][0] == "skipped"  # the basis, stated
+    assert stalls["skipped_steps"][0] >= 18
+    assert report.summary["by_cause"] == {"preemption": {"count": 1, "stalled_s": stalls["gap_s"][0]}}
+    assert report.summary["by_unknown_reason"] == {}
