@@ -57,6 +57,7 @@ from itlbench.analysis.definitions import DEFINITIONS
 from itlbench.analysis.failures import failure_summary
 from itlbench.analysis.goodput import SloSet, goodput, judge, parse_slo
 from itlbench.analysis.pooled import describe_pooled
+from itlbench.analysis.read_together import tag_gaps
 from itlbench.analysis.scale import ChunkFigures, chunk_figures
 from itlbench.analysis.scrapes import scrape_summary
 from itlbench.analysis.server_timings import server_timings_check
@@ -138,7 +139,8 @@ def summarize(
     client_stalls = int((stalls.summary.get("by_cause") or {}).get("client", {}).get("count", 0))  # type: ignore[union-attr]
     itl_section = _itl_section(chunks, requests, gaps)
     validity = check_validity(ttft_rows, t["client_samples"], itl_section["itl_s"],  # type: ignore[arg-type]
-                              thresholds, t["client_pauses"], client_stalls, itl.steady(gaps))
+                              thresholds, t["client_pauses"], client_stalls,
+                              tag_gaps(itl.steady(gaps), t["all_chunks"], all_requests, t["client_pauses"]))
     windowed = t["all_chunks"].filter((pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
     out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judge(ttft_rows, gaps, slos), slos, validity,
                     throughput(requests, windowed, window.seconds), engine_check(requests, chunks, steps))
@@ -171,15 +173,33 @@ def summarize_dir(
         "tpot_s": itl.tpot(c.tpot.filter(~pl.col("injected"))),  # type: ignore[union-attr]
         "bundling": itl.bundling_of(c.chunks, c.bundled, c.tokens),
     }
-    late = c.quantiles["late_bound_s"]
-    stamps = StampCounts(c.steady_gaps, c.kernel, c.shared, lambda q: late.get(str(q)))
-    validity = check_validity(ttft_rows, t["client_samples"], itl_section["itl_s"],  # type: ignore[arg-type]
-                              thresholds, t["client_pauses"], client_stalls, stamps=stamps)
+    tagged = _tagged_gaps(run_dir, window, all_requests, t["client_pauses"]) if c.chunks <= TAG_MAX_CHUNKS else None
+    if tagged is not None:  # who made each shared read late: only the client's lateness withdraws ITL
+        validity = check_validity(ttft_rows, t["client_samples"], itl_section["itl_s"],  # type: ignore[arg-type]
+                                  thresholds, t["client_pauses"], client_stalls, tagged)
+    else:  # too large to hold every read: the counts' rule (shared reads, whoever caused them)
+        late = c.quantiles["late_bound_s"]
+        stamps = StampCounts(c.steady_gaps, c.kernel, c.shared, lambda q: late.get(str(q)))
+        validity = check_validity(ttft_rows, t["client_samples"], itl_section["itl_s"],  # type: ignore[arg-type]
+                                  thresholds, t["client_pauses"], client_stalls, stamps=stamps)
     judged = judge(ttft_rows, None, slos, c.request_itl)
     out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judged, slos, validity,
                     throughput(requests, None, window.seconds, c.out_tokens),
                     engine_check(requests, None, steps, c.worst_gap_ns))
     return json_safe(out), RunAnalysis(c, stalls, ttft_rows, judged)  # type: ignore[return-value]
+
+
+# read_together.tag_gaps needs every read of the run at once (which streams were read while another's
+# bytes were due); up to this many chunk rows (~1 GB) it runs, above it validity uses the counts alone
+TAG_MAX_CHUNKS = 2_000_000
+
+
+def _tagged_gaps(run_dir: str | Path, window: RunWindow, all_requests: pl.DataFrame,
+                 pauses: pl.DataFrame) -> pl.DataFrame:
+    chunks = read_table(run_dir, "chunks")
+    gaps = itl.gap_table(chunks, all_requests).filter(
+        (pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
+    return tag_gaps(itl.steady(gaps), chunks, all_requests, pauses)
 
 
 @dataclass

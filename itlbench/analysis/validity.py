@@ -17,7 +17,9 @@ Kernel receive stamps (chunks.stamp = "kernel", load/kernel_client.py) are taken
 arrive, so a late or busy client no longer bends ITL or stalls: loop lag and CPU then count against
 TTFT's send side only. What can still bend them is a read that returned several chunks (the client
 came late, or the server sent them at once): their stamps' late bound (itl.py, late_bound_ns) is
-judged like the loop lag, its quantile against the pooled ITL's. A wall-clock step during the run
+judged like the loop lag, its quantile against the pooled ITL's — only over the reads the client itself
+got to late, where the gaps say who (`late_by`, analysis/read_together.py): chunks a server sent together
+are the ITL it delivered (figures.shared_read_by gives both shares). A wall-clock step during the run
 (client_samples.clock_offset_ns moving by ≥ `min_delay_s`) shifts every later kernel stamp.
 The verdict names the figures affected and those that still stand. A figure with no data cannot
 invalidate a run.
@@ -114,31 +116,46 @@ class StampCounts:
     kernel: int
     shared: int
     bound_at: Callable[[float], float | None]
+    shared_by: dict[str, float] | None = None  # who made shared reads late, where the gaps say (late_by)
+
+
+def _shared_by(kernel: pl.DataFrame) -> dict[str, float] | None:
+    """Share of kernel-stamped gaps touching a shared read that the client read late / the server sent at once."""
+    if kernel.is_empty():
+        return None
+    shared = kernel["late_bound_ns"].fill_null(0) > 0
+    return {who: float((shared & (kernel["late_by"] == who).fill_null(who == "client")).mean())  # type: ignore[arg-type]
+            for who in ("client", "server")}
 
 
 def stamp_figures(gaps: pl.DataFrame | None, samples: pl.DataFrame, itl: dict[str, object]) -> dict[str, object]:
     """How the gaps were stamped, and what can still bend the kernel-stamped ones."""
     if gaps is None or gaps.is_empty() or "stamp" not in gaps.columns:
         return {"kernel_stamped_share": 0.0 if gaps is not None and "stamp" in gaps.columns else None,
-                "shared_read_share": None, "stamp_late_bound_s": None, "stamp_late_bound_stat": None,
-                "clock_step_s": None}
+                "shared_read_share": None, "shared_read_by": None, "stamp_late_bound_s": None,
+                "stamp_late_bound_stat": None, "clock_step_s": None}
     kernel = gaps.filter(pl.col("stamp") == "kernel")
-    bounds = ns_to_s(kernel["late_bound_ns"]) if kernel.height else pl.Series([], dtype=pl.Float64)
+    # read_together.tag_gaps says who made a shared read late: only the client's lateness bends ITL
+    tagged = "late_by" in kernel.columns
+    late = kernel.filter(pl.col("late_by").fill_null("client") == "client") if tagged else kernel
+    bounds = ns_to_s(late["late_bound_ns"]) if late.height else pl.Series([], dtype=pl.Float64)
     return stamp_figures_of(StampCounts(gaps.height, kernel.height, int((kernel["late_bound_ns"] > 0).sum()),
-                                        lambda q: supported_quantile(bounds, q)), samples, itl)
+                                        lambda q: supported_quantile(bounds, q),
+                                        _shared_by(kernel) if tagged else None), samples, itl)
 
 
 def stamp_figures_of(c: StampCounts, samples: pl.DataFrame, itl: dict[str, object]) -> dict[str, object]:
     """`stamp_figures` from the gaps' counts (a run with no gaps: `stamp_figures` of an empty table)."""
     if not c.gaps:
-        return {"kernel_stamped_share": 0.0, "shared_read_share": None, "stamp_late_bound_s": None,
-                "stamp_late_bound_stat": None, "clock_step_s": None}
+        return {"kernel_stamped_share": 0.0, "shared_read_share": None, "shared_read_by": None,
+                "stamp_late_bound_s": None, "stamp_late_bound_stat": None, "clock_step_s": None}
     key, bound = _late_bound_vs_itl(c.bound_at, itl)
     offsets = samples["clock_offset_ns"].drop_nulls() if "clock_offset_ns" in samples.columns else pl.Series([])
     step = (int(offsets.max()) - int(offsets.min())) / 1e9 if offsets.len() and c.kernel else None  # type: ignore[arg-type]
     return json_safe({  # type: ignore[return-value]
         "kernel_stamped_share": c.kernel / c.gaps,
         "shared_read_share": c.shared / c.kernel if c.kernel else None,
+        "shared_read_by": c.shared_by,
         "stamp_late_bound_s": bound,
         "stamp_late_bound_stat": key,
         "clock_step_s": step,
@@ -172,9 +189,12 @@ def _kernel_checks(f: dict[str, object], itl: dict[str, object], th: ValidityThr
     if isinstance(bound, float) and isinstance(gap, float | int) and bound >= max(th.min_delay_s,
                                                                                   th.max_distortion * gap):
         affected += ["itl_s", "stalls", "goodput"]
-        share = f["shared_read_share"]
-        reasons.append(f"{share:.1%} of kernel-stamped gaps touch a chunk read together with later bytes (a late "
-                       f"client, or a server sending several chunks at once): their stamps may be up to "
+        by = f.get("shared_read_by")
+        share = by["client"] if isinstance(by, dict) else f["shared_read_share"]
+        who = ("the client read them late; the server had sent them apart" if isinstance(by, dict) else
+               "a late client, or a server sending several chunks at once")
+        reasons.append(f"{share:.1%} of kernel-stamped gaps touch a chunk read together with later bytes ({who}): "
+                       f"their stamps may be up to "
                        f"{bound * 1e3:.1f} ms late at {stat}, ≥ {th.max_distortion:.0%} of the ITL {stat} "
                        f"({gap * 1e3:.1f} ms)")
     step = f["clock_step_s"]

@@ -14,7 +14,10 @@ from itlbench.errors import ConfigError, ItlbenchError
 
 @app.command()
 def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory written by `itlbench run`.")],
-            as_json: AsJson = False) -> None:
+            as_json: AsJson = False,
+            attribution: Annotated[str, typer.Option(
+                help="engine (the step log where there is one) or client: recompute from the client's records "
+                     "alone (inferred steps) into summary-client.json.")] = "engine") -> None:
     """Recompute summary.json from a run directory's records (e.g. after an interrupted run)."""
     from itlbench.analysis.summary import analyze_run
     from itlbench.report.terminal import engine_warnings, print_summary
@@ -22,6 +25,11 @@ def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory writte
 
     if not (run_dir / "run.json").is_file():
         fail(ItlbenchError(f"{run_dir} has no run.json: not a run directory"))
+    if attribution not in ("engine", "client"):
+        fail(ConfigError("--attribution", f"{attribution!r} is not a source", "use engine or client"))
+    if attribution == "client":
+        _analyze_client(run_dir, as_json)
+        return
     try:
         summary = analyze_run(run_dir)
     except ItlbenchError as exc:
@@ -35,6 +43,29 @@ def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory writte
         print_json({"run_dir": str(run_dir), "summary": summary, "warnings": engine_warnings(run_dir)})
     else:
         print(run_dir)
+
+
+def _analyze_client(run_dir: Path, as_json: bool) -> None:
+    """`analyze --attribution client`: summary-client.json beside summary.json (which stays as it is)."""
+    from itlbench.analysis.client_summary import analyze_run_client
+    from itlbench.report.terminal import print_summary
+    from itlbench.rundir.store import RunStore
+
+    try:
+        summary = analyze_run_client(run_dir)
+    except ItlbenchError as exc:
+        fail(exc)
+        return
+    RunStore(run_dir).write_json("summary-client.json", summary)
+    if as_json:
+        print_json({"run_dir": str(run_dir), "summary": summary, "attribution": "client_inferred"})
+        return
+    print_summary(console, summary, run_dir)
+    inferred = summary["stalls"].get("inferred") or {}  # type: ignore[union-attr]
+    console.print(f"Stalls and split inferred from client records alone ({inferred.get('steps', 0)} inferred steps, "
+                  "attribution_source client_inferred); unknown causes say why in summary-client.json",
+                  highlight=False)
+    print(run_dir / "summary-client.json")
 
 
 @app.command()

@@ -16,11 +16,13 @@ import polars as pl
 
 from itlbench.analysis import itl, ttft
 from itlbench.analysis.cache import cache_summary
-from itlbench.analysis.crosscheck import engine_check, prompt_token_check
+from itlbench.analysis.crosscheck import engine_check, output_token_check, prompt_token_check
 from itlbench.analysis.definitions import DEFINITIONS
 from itlbench.analysis.failures import failure_summary
 from itlbench.analysis.goodput import SloSet, goodput, judge, parse_slo
+from itlbench.analysis.read_together import tag_gaps
 from itlbench.analysis.scrapes import scrape_summary
+from itlbench.analysis.server_timings import server_timings_check
 from itlbench.analysis.split import time_split
 from itlbench.analysis.stalls import StallParams, analyze_stalls
 from itlbench.analysis.starvation import pause_breakdown
@@ -54,7 +56,8 @@ def reference_summary(tables: Mapping[str, pl.DataFrame], window: RunWindow, slo
         "bundling": itl.bundling(chunks),
     }
     validity = check_validity(ttft_rows, t["client_samples"], itl_section["itl_s"], None,  # type: ignore[arg-type]
-                              t["client_pauses"], client_stalls, steady)
+                              t["client_pauses"], client_stalls,
+                              tag_gaps(steady, t["all_chunks"], t["all_requests"], t["client_pauses"]))
     by_bucket: dict[str, object] = dict(ttft.ttft_by_bucket(ttft_rows))
     by_bucket["all"] = ttft.ttft_all(ttft_rows)
     out: dict[str, object] = {
@@ -77,7 +80,9 @@ def reference_summary(tables: Mapping[str, pl.DataFrame], window: RunWindow, slo
         "valid": validity["valid"],
         "validity": {k: v for k, v in validity.items() if k != "valid"},
         "crosscheck": {"engine": engine_check(requests, chunks, steps),
-                       "prompt_tokens": prompt_token_check(requests)},
+                       "prompt_tokens": prompt_token_check(requests),
+                       "output_tokens": output_token_check(requests),
+                       "server_timings": server_timings_check(requests)},
         "definitions": dict(DEFINITIONS),
     }
     return json_safe(out)  # type: ignore[return-value]
