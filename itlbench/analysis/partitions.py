@@ -89,6 +89,17 @@ def partitions(run_dir: str | Path, count: int | None = None, streaming: bool = 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def by_partition(rows: pl.DataFrame, count: int) -> list[pl.DataFrame]:
+    """A table keyed by request_id split as the chunks are (same hash), hashed once: joining each
+    partition's chunks with only its own requests keeps the work per partition from growing with the
+    whole run's request count."""
+    if count == 1:
+        return [rows]
+    split = rows.with_columns(_key(count)).partition_by(KEY, as_dict=True, include_key=False)
+    empty = rows.clear()
+    return [split.get((i,), empty) for i in range(count)]
+
+
 class Partition:
     """One piece of the chunks table: whole requests only."""
 
@@ -103,14 +114,6 @@ class Partition:
         as the analysis goes, from ~70 bytes per chunk row at the start)."""
         for f in self.files:
             f.unlink(missing_ok=True)
-
-    def own(self, rows: pl.DataFrame) -> pl.DataFrame:
-        """The rows (of a table keyed by request_id) whose requests fall in this partition: joining a
-        partition's chunks with only its own requests keeps the work per partition from growing with
-        the whole run's request count."""
-        if self.count == 1:
-            return rows
-        return rows.filter(_key(self.count) == self.index)
 
     def read(self) -> pl.DataFrame:
         if self.run_dir is not None:

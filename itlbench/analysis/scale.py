@@ -32,7 +32,7 @@ import polars as pl
 
 from itlbench.analysis import itl
 from itlbench.analysis.goodput import request_itl
-from itlbench.analysis.partitions import chunk_rows, partitions
+from itlbench.analysis.partitions import by_partition, chunk_rows, partitions
 from itlbench.analysis.pooled import Pooled, Selection
 from itlbench.analysis.stalls import StallParams, find_stalls
 from itlbench.analysis.stats import QUANTILES, min_samples
@@ -231,10 +231,11 @@ def chunk_figures(run_dir: str | Path, window: RunWindow, all_requests: pl.DataF
         keep = Path(tempfile.mkdtemp(prefix="itlbench-gaps-")) if len(pieces) > 1 else None
         try:
             replay: list[pl.DataFrame | Path] = []
+            n = len(pieces)
+            split = [by_partition(f, n) for f in (all_requests, ctx.window_ids, requests)]
             for i, piece in enumerate(pieces):
                 path = keep / f"gaps-{i:04d}.ipc" if keep is not None else None
-                mine = Context(window, piece.own(all_requests), piece.own(ctx.window_ids), piece.own(requests),
-                               params, ctx.every)
+                mine = Context(window, split[0][i], split[1][i], split[2][i], params, ctx.every)
                 chunks = piece.read()
                 piece.release()
                 values = _one(chunks, mine, acc, parts, path)
