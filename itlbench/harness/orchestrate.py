@@ -36,6 +36,7 @@ from itlbench.load.multiproc import drive_workers
 from itlbench.load.observers.metrics_sampler import MetricsSampler
 from itlbench.load.observers.steps_follower import StepsFollower
 from itlbench.load.target import Target
+from itlbench.rundir.compact import compact_run
 from itlbench.rundir.store import RunStore
 from itlbench.workloads.build import LoadSpec, build_load_plan
 from itlbench.workloads.catalog import get_workload
@@ -278,6 +279,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         if result is not None and result.aborted_reason:
             run_doc["aborted_reason"] = result.aborted_reason
         store.write_json("run.json", run_doc)
+    compact_run(run_dir)  # an hour-long run's thousands of 2 s parts become a few files (crash-safe)
     summary = analyze_run(run_dir)
     store.write_json("summary.json", summary)
     return run_dir, summary
