@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -17,42 +18,69 @@ from itlbench.serving.build import require_engine_for
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def sweep(
     ctx: typer.Context,
-    chunk_budget: Annotated[str, typer.Option("--chunk-budget", help="Budgets to run, comma-separated; 'none' = "
-                                              "unchunked.")] = "256,512,2048,8192,none",
+    chunk_budget: Annotated[str | None, typer.Option("--chunk-budget", help="Budgets to run, comma-separated; "
+                                                     "'none' = unchunked (default 256,512,2048,8192,none when "
+                                                     "nothing else is swept).")] = None,
     policy: Annotated[str, typer.Option("--policy", help="budget, prefill-first, or both comma-separated.")] = "budget",
+    max_num_seqs: Annotated[str | None, typer.Option("--max-num-seqs", help="Running-sequence caps to sweep, "
+                                                     "e.g. 32,64 ({max_num_seqs} in --serve).")] = None,
+    rate: Annotated[str | None, typer.Option(help="Open-loop arrival rates to sweep, e.g. 1,2,4,8.")] = None,
+    streams: Annotated[str | None, typer.Option(help="Closed-loop stream counts to sweep, e.g. 8,16,32.")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="A setting of your own for --serve: "
+                                                   "name=v1,v2 fills {name} in the template (repeatable).")] = None,
+    serve: Annotated[str | None, typer.Option(help="Server command template, run once per point: {port} (a free "
+                                              "loopback port) and every swept setting ({chunk_budget}, …) "
+                                              "are filled in.")] = None,
+    serve_timeout: Annotated[str, typer.Option(help="How long a --serve server may take to answer /health.")] = "600s",
+    model: Annotated[str | None, typer.Option(help="The served model's name (with --serve; also fills {model}), or "
+                                              "the bundled engine's preset.")] = None,
+    repeat: Annotated[int, typer.Option(help="Runs per point (different prompt salts, same seed); ≥ 3 gives each "
+                                        "figure a 95 % interval and a significance verdict.")] = 1,
     out: Annotated[Path | None, typer.Option(help="Sweep directory (default reports/<time>-sweep-…).")] = None,
     slo: Annotated[str | None, typer.Option(help="SLOs for each run and the verdict.")] = None,
 ) -> None:
-    """Run the same seeded workload once per chunk budget (any `itlbench run` option after these), then compare.
+    """Run the same seeded workload once per point (any `itlbench run` option after these), then compare.
 
-    Example: itlbench sweep --chunk-budget 512,2048,none --workload rag --inject 32k --duration 30
+    Examples: itlbench sweep --chunk-budget 512,2048,none --workload rag --inject 32k --duration 30;
+    itlbench sweep --serve 'vllm serve M --port {port} --max-num-batched-tokens {chunk_budget}'
+    --chunk-budget 256,2048,8192 --model M --repeat 3
     """
-    from itlbench.experiments.sweep import SweepAborted, default_sweep_dir, parse_settings, run_sweep
+    from itlbench.experiments.points import parse_axes
+    from itlbench.experiments.sweep import (
+        SweepAborted,
+        SweepPlan,
+        default_sweep_dir,
+        missing_lines,
+        run_sweep,
+    )
     from itlbench.report.compare import print_comparison, write_compare_report
+    from itlbench.units import parse_duration_s
 
-    run_args = list(ctx.args) + (["--slo", slo] if slo else [])
-    command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
-
-    def invoke_run(args: list[str]) -> int:
-        try:
-            code = command.main(args=args, prog_name="itlbench run", standalone_mode=False)
-        except SystemExit as exc:  # click may exit on --help or usage errors
-            code = exc.code if isinstance(exc.code, int) else 2
-        except Exception as exc:  # noqa: BLE001 - click usage errors name the bad option
-            console.print(f"[bold red]error:[/] {exc}", highlight=False)
-            code = 2
-        return int(code or 0)
-
+    run_args = list(ctx.args) + (["--slo", slo] if slo else []) + (["--model", model] if model else [])
+    # one load value is a run option, not an axis (the point directories keep their budget names)
+    if rate is not None and "," not in rate.strip(", "):
+        run_args, rate = [*run_args, "--rate", rate.strip(", ")], None
+    if streams is not None and "," not in streams.strip(", "):
+        run_args, streams = [*run_args, "--streams", streams.strip(", ")], None
     try:
-        settings = parse_settings(chunk_budget, policy)
+        budgets = chunk_budget
+        if budgets is None and not any((max_num_seqs, rate, streams, set_)) and (
+                serve is None or "{chunk_budget}" in serve):
+            budgets = "256,512,2048,8192,none"
+        axes = parse_axes(budgets, policy, max_num_seqs, rate, streams, set_)
+        plan = SweepPlan(axes, repeat=repeat, serve=serve, model=model,
+                         serve_timeout_s=parse_duration_s(serve_timeout, "--serve-timeout"))
         target = out or default_sweep_dir(run_args)
-        done = run_sweep(settings, run_args, target, invoke_run, on_status=lambda s: console.print(f"[dim]{s}[/]"))
-        if not done:
+        result = run_sweep(plan, run_args, target, invoke_run, on_status=lambda s: console.print(f"[dim]{s}[/]"))
+        missing = missing_lines(result)
+        for line in missing:
+            console.print(f"[yellow]{line}[/]", highlight=False)
+        if not result.run_dirs:
             fail(ItlbenchError("sweep: no run finished; nothing to compare"))
             return
-        command = shlex.join(["itlbench", "sweep", "--chunk-budget", chunk_budget, "--policy", policy,
-                              *ctx.args, *(["--slo", slo] if slo else []), "--out", str(target)])
-        written, rows, verdict = write_compare_report(done, target, slo, title="Chunk-budget sweep", command=command)
+        command = shlex.join(["itlbench", *sys.argv[2:]]) if sys.argv[1:2] == ["sweep"] else "itlbench sweep"
+        written, rows, verdict = write_compare_report(result.run_dirs, target, slo, title="Sweep", command=command,
+                                                      missing=missing)
     except SweepAborted as exc:
         raise typer.Exit(exc.code) from None
     except ItlbenchError as exc:
@@ -60,6 +88,23 @@ def sweep(
         return
     print_comparison(console, rows, verdict, written.html)
     print(target)
+    if result.interrupted:
+        raise typer.Exit(130)
+
+
+def invoke_run(args: list[str]) -> int:
+    """`itlbench run ARGS` in this process; its exit code (2 for usage errors, which it has printed)."""
+    command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    try:
+        code = command.main(args=args, prog_name="itlbench run", standalone_mode=False)
+    except SystemExit as exc:  # click may exit on --help or usage errors
+        code = exc.code if isinstance(exc.code, int) else 2
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # noqa: BLE001 - click usage errors name the bad option
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        code = 2
+    return int(code or 0)
 
 
 @app.command()
