@@ -75,9 +75,10 @@ def sweep(
         missing = missing_lines(result)
         for line in missing:
             console.print(f"[yellow]{line}[/]", highlight=False)
-        if not result.run_dirs:
-            fail(ItlbenchError("sweep: no run finished; nothing to compare"))
-            return
+        if not result.run_dirs:  # not a usage error: the points ran and failed (sweep.json says why)
+            console.print(f"[bold red]error:[/] sweep: no run finished; nothing to compare (see {target}/sweep.json)",
+                          highlight=False, soft_wrap=True)
+            raise typer.Exit(130 if result.interrupted else 1)
         command = shlex.join(["itlbench", *sys.argv[2:]]) if sys.argv[1:2] == ["sweep"] else "itlbench sweep"
         written, rows, verdict = write_compare_report(result.run_dirs, target, slo, title="Sweep", command=command,
                                                       missing=missing)
@@ -105,6 +106,39 @@ def invoke_run(args: list[str]) -> int:
         console.print(f"[bold red]error:[/] {exc}", highlight=False)
         code = 2
     return int(code or 0)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def capacity(
+    ctx: typer.Context,
+    slo: Annotated[str | None, typer.Option(help="SLOs every point must meet, e.g. 'ttft=2s,itl_p99=100ms' "
+                                            "(default: the default SLOs).")] = None,
+    stall_budget: Annotated[str | None, typer.Option(help="Freezing a point may show: worst=1s (longest gap), "
+                                                     "stalled=1% (of stream time), victims=10% (of streams).")] = None,
+    axis: Annotated[str, typer.Option(help="rate (open-loop arrivals/s) or streams (closed-loop).")] = "rate",
+    start: Annotated[float, typer.Option(help="First load tried; the search doubles it until a point misses.")] = 1.0,
+    rate_max: Annotated[float | None, typer.Option("--rate-max", help="Highest load to try (rate or streams).")] = None,
+    resolution: Annotated[float, typer.Option(help="Stop bisecting when the bracket is this share of the load "
+                                              "(streams: one apart).")] = 0.1,
+    repeat: Annotated[int, typer.Option(help="Runs per point near the boundary (a point meets only if all do).")] = 2,
+    max_points: Annotated[int, typer.Option(help="Most points the search may run.")] = 14,
+    serve: Annotated[str | None, typer.Option(help="Server command template ({port}, {model}), started once for "
+                                              "the search.")] = None,
+    serve_timeout: Annotated[str, typer.Option(help="How long a --serve server may take to answer /health.")] = "600s",
+    endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (…/v1) of a running server.")] = None,
+    model: Annotated[str | None, typer.Option(help="Served model name, or the bundled engine's preset.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Directory (default reports/<time>-capacity-…).")] = None,
+) -> None:
+    """Search the highest rate (or stream count) at which every SLO and the stall budget hold; any `itlbench run`
+    option after these sets the workload.
+
+    Example: itlbench capacity --workload chat --slo itl_p99=100ms --stall-budget worst=1s,victims=10% --duration 20
+    """
+    from itlbench.experiments.capacity_cli import run_capacity
+
+    run_capacity(ctx.args, slo=slo, stall_budget=stall_budget, axis=axis, start=start, rate_max=rate_max,
+                 resolution=resolution, repeat=repeat, max_points=max_points, serve=serve,
+                 serve_timeout=serve_timeout, endpoint=endpoint, model=model, out=out, invoke_run=invoke_run)
 
 
 @app.command()

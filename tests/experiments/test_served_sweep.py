@@ -38,10 +38,13 @@ def _flat(text: str) -> str:
 
 
 def _alive(marker: str) -> list[psutil.Process]:
+    """Live servers started from a template holding `marker` (the sweep's own command line holds the
+    template, with `{port}` unfilled: not a server)."""
     out = []
     for p in psutil.process_iter(["cmdline", "status"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if marker in cmd and p.info["status"] != psutil.STATUS_ZOMBIE and p.pid != os.getpid():
+        if (marker in cmd and "{port}" not in cmd and p.info["status"] != psutil.STATUS_ZOMBIE
+                and p.pid != os.getpid()):
             out.append(p)
     return out
 
