@@ -80,6 +80,7 @@ class PacedServer:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/_log", self._log)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)  # what `itlbench run --endpoint` probes first
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
@@ -233,6 +234,9 @@ class PacedServer:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "paced", "object": "model", "owned_by": "itlbench"}]})
 
     async def _log(self, request: web.Request) -> web.Response:
         cpu = psutil.Process().cpu_times()
