@@ -4,9 +4,9 @@ How: the runs of a setting are resampled with replacement 10,000 times (fixed se
 reproducible); each resample's mean gives the bootstrap distribution, whose 2.5 and 97.5 percentiles are
 the interval (`ci95`). With few runs that interval can be no wider than the runs' own range, so it is
 optimistic; a difference between two settings is therefore called `significant` only when all of:
-each setting has at least 3 runs, the two intervals do not overlap, the means are more than 4 standard
+each setting has at least 3 runs, the two intervals do not overlap, the means are more than 5 standard
 errors apart (Welch's, from the runs' variances) and at least 5 % apart. Simulated identical settings
-(3 runs each, normal noise) pass all three less than 2 % of the time per figure; a 10× difference with
+(3 runs each, normal noise) pass all three about 1 % of the time per figure; a 10× difference with
 3 runs each always does. Anything else is `within noise`, and the verdict then names no winner.
 """
 
@@ -21,11 +21,11 @@ import numpy as np
 
 RESAMPLES = 10_000
 MIN_RUNS = 3
-MIN_SEPARATION_SE = 4.0
+MIN_SEPARATION_SE = 5.0
 MIN_RELATIVE = 0.05
 METHOD = ("bootstrap over runs: 10,000 resamples of each setting's runs (with replacement, seed 0), 95 % "
           "percentile interval of the resampled means; significant = ≥ 3 runs each, disjoint intervals, means "
-          "> 4 Welch standard errors and ≥ 5 % apart")
+          "> 5 Welch standard errors and ≥ 5 % apart")
 
 # (Row attribute, name in compare.json, what a reader calls it, True when higher is better)
 FIGURES: tuple[tuple[str, str, str, bool], ...] = (
