@@ -27,7 +27,17 @@ from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.analysis.goodput import SloSet, parse_slo
 from itlbench.analysis.stats import supported_quantile
 from itlbench.errors import ConfigError
-from itlbench.report.compare_ci import METHOD, ci_json, ci_table, differences_table, noise_verdict, repeated
+from itlbench.report.compare_ci import (
+    METHOD,
+    ci_json,
+    ci_table,
+    differences_table,
+    noise_verdict,
+    repeat_groups,
+    repeated,
+    run_labels,
+    swept_settings,
+)
 from itlbench.report.data import RunData, load_run
 from itlbench.report.document import Callout, Document, Links, Section, Table, Written, write_document
 from itlbench.report.figures import FigureSpec
@@ -62,11 +72,6 @@ class Row:
     group: str = ""  # the setting (repeats of one sweep point share it); label adds which run
 
 
-def swept_settings(runs: list[RunData]) -> set[str]:
-    """The run settings a sweep varied on purpose (its load axes): they may differ between the runs."""
-    return {k for r in runs for k in ((r.doc.get("sweep") or {}).get("settings") or {})}
-
-
 def differing_settings(runs: list[RunData]) -> list[str]:
     """'seed (a: 0, b: 1)' for every compared setting whose value is not the same in every run."""
     out = []
@@ -92,19 +97,6 @@ def load_runs(dirs: list[Path], force: bool = False) -> list[RunData]:
     return runs
 
 
-def _groups(runs: list[RunData]) -> list[str]:
-    """Each run's setting: its sweep point's label where a sweep wrote one, else what its engine says."""
-    return [(r.doc.get("sweep") or {}).get("label") or r.setting_label() for r in runs]
-
-
-def _labels(runs: list[RunData]) -> list[str]:
-    labels = _groups(runs)
-    if len(set(labels)) < len(labels):  # same setting twice (machines, repeats): add which run
-        labels = [f"{lab} (#{(r.doc.get('sweep') or {}).get('repeat')})" if (r.doc.get("sweep") or {}).get("repeats", 1) > 1
-                  else f"{lab} ({r.name})" for lab, r in zip(labels, runs, strict=True)]
-    return labels
-
-
 def _or_max(stats: dict[str, Any], key: str) -> float | None:
     """A percentile, or where too few samples withheld it, the worst sample (one injected prompt: its TTFT)."""
     if not stats.get("count"):
@@ -115,7 +107,8 @@ def _or_max(stats: dict[str, Any], key: str) -> float | None:
 
 def make_rows(runs: list[RunData]) -> list[Row]:
     rows = []
-    for run, label, group in zip(runs, _labels(runs), _groups(runs), strict=True):
+    labels = run_labels(runs)
+    for run, label, group in zip(runs, labels, repeat_groups(runs, labels), strict=True):
         s = run.summary
         itl, stalls = s.get("itl_s") or {}, s.get("stalls") or {}
         inj = (s.get("ttft_by_class_s") or {}).get("injected") or {}

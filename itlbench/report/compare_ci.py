@@ -15,9 +15,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from itlbench.report.data import RunData
 
 RESAMPLES = 10_000
 MIN_RUNS = 3
@@ -233,3 +236,27 @@ def differences_table(rows: Sequence[Any]) -> Any:
     return Table(["difference", *[name for _, _, name, _ in shown]], body,
                  "Each setting's mean minus the first setting's; 'significant' only where the difference beats "
                  "the run-to-run noise (see the method above)")
+
+
+def swept_settings(runs: list[RunData]) -> set[str]:
+    """The run settings a sweep varied on purpose (its load axes): they may differ between the runs."""
+    return {k for r in runs for k in ((r.doc.get("sweep") or {}).get("settings") or {})}
+
+
+def _groups(runs: list[RunData]) -> list[str]:
+    """Each run's setting: its sweep point's label where a sweep wrote one, else what its engine says."""
+    return [(r.doc.get("sweep") or {}).get("label") or r.setting_label() for r in runs]
+
+
+def repeat_groups(runs: list[RunData], labels: list[str]) -> list[str]:
+    """Runs pool into one setting only as repeats of a sweep point; any other run stands alone."""
+    return [g if (r.doc.get("sweep") or {}).get("repeats", 1) > 1 else lab
+            for r, g, lab in zip(runs, _groups(runs), labels, strict=True)]
+
+
+def run_labels(runs: list[RunData]) -> list[str]:
+    labels = _groups(runs)
+    if len(set(labels)) < len(labels):  # same setting twice (machines, repeats): add which run
+        labels = [f"{lab} (#{(r.doc.get('sweep') or {}).get('repeat')})" if (r.doc.get("sweep") or {}).get("repeats", 1) > 1
+                  else f"{lab} ({r.name})" for lab, r in zip(labels, runs, strict=True)]
+    return labels
