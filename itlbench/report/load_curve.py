@@ -12,7 +12,7 @@ from collections import defaultdict
 from typing import Any
 
 import numpy as np
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.report.data import RunData
@@ -107,8 +107,15 @@ def load_figure(runs: list[RunData], rows: object = None) -> FigureSpec:
         ax.set_xlabel(offered)
         tidy(ax)
     for ax in (ax_itl, ax_ttft):
-        ax.set_yscale("log")
+        lo, hi = ax.get_ylim()
+        if lo > 0 and hi / lo > 20:  # log only where the values span decades (else its ticks say little)
+            ax.set_yscale("log")
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        else:
+            ax.set_ylim(bottom=0)
         ax.yaxis.set_major_formatter(secs)
+    for style, name in (("--", "ITL p50"), ("-", "ITL p99"), (":", "worst gap")):
+        ax_itl.plot([], [], style, color="#555555", label=name)
     ax_itl.legend(fontsize=7, frameon=False)
     ax_ttft.legend(fontsize=7, frameon=False)
     spec.figure = fig
