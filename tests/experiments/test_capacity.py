@@ -138,3 +138,18 @@ def test_the_rate_found_holds_when_rerun_and_twice_it_misses(tmp_path: Path) -> 
     finally:
         proc.kill()
         proc.wait(5)
+
+
+def test_capacity_runs_the_bundled_engine_when_no_server_is_named(tmp_path: Path) -> None:
+    """The simulated engine in-process, a search capped by --rate-max: it holds at every load tried."""
+    out = tmp_path / "cap"
+    result = runner.invoke(app, ["capacity", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
+                                 "--axis", "streams", "--start", "2", "--rate-max", "4", "--slo", "itl_p99=1s",
+                                 "--workload", "chat-short", "--duration", "2", "--warmup", "0.5", "--out", str(out)],
+                           terminal_width=200)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "capacity.json").read_text())
+    assert [p["load"] for p in doc["points"]] == [2, 4] and doc["max_streams"] == 4 and doc["missed_at"] is None
+    assert "Capacity ≥ 4 streams" in " ".join(result.output.split())
+    run = json.loads((out / "streams4" / "run1" / "run.json").read_text())
+    assert run["config"]["endpoint"] is None and run["config"]["engine"]["engine"] == "sim"
