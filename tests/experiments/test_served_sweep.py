@@ -135,3 +135,22 @@ def test_no_server_survives_a_signal_to_the_sweep(tmp_path: Path, sig: signal.Si
     assert manifest["interrupted"] is True
     if during == "run":
         assert (out / "b32" / "server.log").is_file() and (out / "b32" / "run.json").is_file()
+
+
+def test_not_even_a_killed_sweep_leaves_its_server(tmp_path: Path) -> None:
+    """SIGKILL runs no cleanup: the server goes because it asked Linux to signal it when its parent dies."""
+    out = tmp_path / "sweep"
+    serve = SIM_SERVE + " --max-waiting 1002"
+    cmd = [sys.executable, "-m", "itlbench", "sweep", "--serve", serve, "--chunk-budget", "32", "--out", str(out),
+           *RUN[:-5], "--duration", "30", "--warmup", "0.5", "--no-live"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        _wait_for("the server", lambda: _alive("--max-waiting 1002"))
+        servers = _alive("--max-waiting 1002")
+        proc.kill()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    gone, alive = psutil.wait_procs(servers, timeout=15)
+    assert servers and not alive and not _alive("--max-waiting 1002")
