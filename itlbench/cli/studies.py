@@ -79,7 +79,7 @@ def sweep(
             console.print(f"[bold red]error:[/] sweep: no run finished; nothing to compare (see {target}/sweep.json)",
                           highlight=False, soft_wrap=True)
             raise typer.Exit(130 if result.interrupted else 1)
-        command = shlex.join(["itlbench", *sys.argv[2:]]) if sys.argv[1:2] == ["sweep"] else "itlbench sweep"
+        command = shlex.join(["itlbench", *sys.argv[1:]]) if sys.argv[1:2] == ["sweep"] else "itlbench sweep"
         written, rows, verdict = write_compare_report(result.run_dirs, target, slo, title="Sweep", command=command,
                                                       missing=missing)
     except SweepAborted as exc:
@@ -114,7 +114,7 @@ def capacity(
     slo: Annotated[str | None, typer.Option(help="SLOs every point must meet, e.g. 'ttft=2s,itl_p99=100ms' "
                                             "(default: the default SLOs).")] = None,
     stall_budget: Annotated[str | None, typer.Option(help="Freezing a point may show: worst=1s (longest gap), "
-                                                     "stalled=1% (of stream time), victims=10% (of streams).")] = None,
+                                                     "stalled=1% (of stream time), victims=10% (of requests).")] = None,
     axis: Annotated[str, typer.Option(help="rate (open-loop arrivals/s) or streams (closed-loop).")] = "rate",
     start: Annotated[float, typer.Option(help="First load tried; the search doubles it until a point misses.")] = 1.0,
     rate_max: Annotated[float | None, typer.Option("--rate-max", help="Highest load to try (rate or streams).")] = None,

@@ -8,8 +8,8 @@ too before it is reported. Every run is an ordinary `itlbench run` into `<dir>/<
 
 A point meets when: no request failed, every `--slo` target holds (the same checks as `compare`'s
 verdict), and the stall budget holds: the worst gap of any steady stream (`worst=`), the stalled time as
-a share of the steady streams' streaming time (`stalled=`), and the share of streams that stalled
-(`victims=`).
+a share of the steady streams' streaming time (`stalled=`), and the share of the streamed requests
+with at least one stall (`victims=`, the stall analysis's victims).
 """
 
 from __future__ import annotations
@@ -92,14 +92,14 @@ def judge_run(run_dir: Path, slo: str | None, budget: StallBudget) -> RunJudgeme
     itl, stalls = s.get("itl_s") or {}, s.get("stalls") or {}
     steady = run.gaps.filter(~pl.col("injected"))
     stream_s = float(steady["gap_s"].sum()) if steady.height else 0.0
-    streams = run.tables["requests"].filter(~pl.col("injected"))["stream"].n_unique()
+    streamed = run.gaps["request_id"].n_unique()  # requests that streamed; the stall analysis counts victims so
     requests = s.get("requests") or {}
     ttft_all = (s.get("ttft_s") or {}).get("all") or {}
     figures: dict[str, float | None] = {
         "itl_p50_s": itl.get("p50"), "itl_p99_s": itl.get("p99"), "worst_gap_s": itl.get("max"),
         "ttft_p90_s": ttft_all.get("p90") if ttft_all.get("p90") is not None else ttft_all.get("max"),
         "stalled_share": (stalls.get("stalled_s") or 0.0) / stream_s if stream_s else None,
-        "victims_share": (stalls.get("victims") or 0) / streams if streams else None,
+        "victims_share": (stalls.get("victims") or 0) / streamed if streamed else None,
         "achieved_rps": (s.get("throughput") or {}).get("requests_per_s"),
         "output_tokens_per_s": (s.get("throughput") or {}).get("output_tokens_per_s"),
         "failed_requests": float((requests.get("error") or 0) + (requests.get("timeout") or 0)),

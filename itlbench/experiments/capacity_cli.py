@@ -94,7 +94,7 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
 
             result = search(plan, measure, on_status=say)
         write_capacity_json(result, target)
-        command = shlex.join(["itlbench", *sys.argv[2:]]) if sys.argv[1:2] == ["capacity"] else "itlbench capacity"
+        command = shlex.join(["itlbench", *sys.argv[1:]]) if sys.argv[1:2] == ["capacity"] else "itlbench capacity"
         written = write_capacity_report(result, target, command, name)
     except ServerFailed as exc:
         fail(ItlbenchError(f"capacity: {exc}"))
