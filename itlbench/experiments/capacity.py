@@ -175,13 +175,20 @@ class CapacityResult:
     missed_at: float | None  # the lowest load missed (None: held up to load_max)
     interrupted: bool = False
 
+    @property
+    def confirmed(self) -> bool:
+        """The answer ran `repeat` times, every run meeting (False where --max-points cut the search short)."""
+        runs = [r for p in self.points if p.load == self.max_load for r in p.runs]
+        return self.max_load is not None and len(runs) >= self.plan.repeat and all(r.met for r in runs)
+
     def as_dict(self, root: Path) -> dict[str, Any]:
         p = self.plan
         key = "max_rate" if p.axis == "rate" else "max_streams"
         return {key: self.max_load, "axis": p.axis, "missed_at": self.missed_at,
                 "margin": None if self.max_load is None or self.missed_at is None else self.missed_at - self.max_load,
                 "slo": p.slo, "stall_budget": p.budget.as_dict(), "resolution": p.resolution, "repeat": p.repeat,
-                "interrupted": self.interrupted, "points": [pt.as_dict(root) for pt in self.points]}
+                "confirmed": self.confirmed, "interrupted": self.interrupted,
+                "points": [pt.as_dict(root) for pt in self.points]}
 
 
 def _next_down(plan: CapacityPlan, load: float) -> float | None:
@@ -232,8 +239,8 @@ def search(plan: CapacityPlan, measure: Callable[[float, str, int], SearchPoint]
                     break
                 hi = load
                 load = _next_down(plan, load)
-        while lo is not None and hi is not None and len(points) < plan.max_points:  # bisection, then confirm
-            mid = _mid(plan, lo, hi)
+        while lo is not None and len(points) < plan.max_points:  # bisection (within a bracket), then confirm
+            mid = None if hi is None else _mid(plan, lo, hi)
             if mid is not None:
                 if run(mid, "bisect", plan.repeat):
                     lo = mid
@@ -267,8 +274,10 @@ def answer_line(result: CapacityResult) -> str:
     if result.max_load is None:
         return (f"No load tried meets {what}: even {p.fmt(min(pt.load for pt in result.points))} {unit} misses."
                 if result.points else "No point was measured.")
+    caveat = "" if result.confirmed else (f" Not confirmed: the search stopped (--max-points {p.max_points} or an "
+                                          f"interruption) before {p.fmt(result.max_load)} ran {p.repeat} times.")
     if result.missed_at is None:
         return (f"Capacity ≥ {p.fmt(result.max_load)} {unit}: {what} held at every load tried "
-                f"(raise --rate-max to look further).")
+                f"(raise --rate-max to look further).{caveat}")
     return (f"Capacity: {p.fmt(result.max_load)} {unit} ({what} hold; {p.fmt(result.missed_at)} {unit} misses, "
-            f"so the boundary lies within +{p.fmt(result.missed_at - result.max_load)} {unit}).")
+            f"so the boundary lies within +{p.fmt(result.missed_at - result.max_load)} {unit}).{caveat}")

@@ -58,7 +58,10 @@ def test_streams_bisect_to_one_stream_and_a_flaky_answer_is_not_reported() -> No
     assert (result.max_load, result.missed_at) == (6, 7)
     measure, _ = _threshold(6.0, flaky_at={6.0})  # 6 meets once, then misses on its repeat
     result = search(CapacityPlan(axis="streams", start=1, repeat=2), measure)
-    assert (result.max_load, result.missed_at) == (5, 6)
+    assert (result.max_load, result.missed_at) == (5, 6) and result.confirmed
+    measure, _ = _threshold(6.0)
+    result = search(CapacityPlan(axis="streams", start=1, repeat=2, max_points=4), measure)
+    assert not result.confirmed, "cut short by --max-points: the answer is marked unconfirmed"
 
 
 def test_a_start_that_misses_searches_down_and_rate_max_caps_the_search() -> None:
@@ -69,6 +72,7 @@ def test_a_start_that_misses_searches_down_and_rate_max_caps_the_search() -> Non
     measure, calls = _threshold(100.0)
     result = search(CapacityPlan(start=1, load_max=5, repeat=1), measure)
     assert [c[0] for c in calls] == [1, 2, 4, 5] and (result.max_load, result.missed_at) == (5, None)
+    assert result.confirmed
 
 
 @pytest.mark.parametrize(("spec", "says"), [("worst=1x", "--stall-budget"), ("stalled=150%", "share"),
@@ -149,7 +153,8 @@ def test_capacity_runs_the_bundled_engine_when_no_server_is_named(tmp_path: Path
                            terminal_width=200)
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "capacity.json").read_text())
-    assert [p["load"] for p in doc["points"]] == [2, 4] and doc["max_streams"] == 4 and doc["missed_at"] is None
-    assert "Capacity ≥ 4 streams" in " ".join(result.output.split())
-    run = json.loads((out / "streams4" / "run1" / "run.json").read_text())
+    assert [p["load"] for p in doc["points"]] == [2, 4, 4], "the top load is re-run before it is the answer"
+    assert doc["max_streams"] == 4 and doc["missed_at"] is None and doc["confirmed"]
+    assert "Capacity ≥ 4 streams" in " ".join(result.output.split()) and "Not confirmed" not in result.output
+    run = json.loads((out / "streams4" / "run2" / "run.json").read_text())
     assert run["config"]["endpoint"] is None and run["config"]["engine"]["engine"] == "sim"
