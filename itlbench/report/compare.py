@@ -35,7 +35,9 @@ from itlbench.report.compare_ci import (
     noise_verdict,
     repeat_groups,
     repeated,
+    rows_as_dicts,
     run_labels,
+    run_styles,
     swept_settings,
 )
 from itlbench.report.data import RunData, load_run
@@ -273,7 +275,7 @@ def _worst_in_bins(lo: np.ndarray, hi: np.ndarray, gap: np.ndarray, edges: np.nd
     return worst
 
 
-def gaps_figure(runs: list[RunData], labels: list[str]) -> FigureSpec:
+def gaps_figure(runs: list[RunData], labels: list[str], groups: list[str] | None = None) -> FigureSpec:
     zoom = _union_zoom(runs)
     spec = FigureSpec("compare_gaps", "How long the streams froze, over time",
                       "The longest gap any steady stream was in at each moment, one line per run (log y): a "
@@ -283,14 +285,13 @@ def gaps_figure(runs: list[RunData], labels: list[str]) -> FigureSpec:
     lo, hi = zoom or (0.0, max(r.window.seconds for r in runs))
     edges = np.linspace(lo, hi, 301)
     drawn = False
-    for i, (run, label) in enumerate(zip(runs, labels, strict=True)):
+    for run, (color, label) in zip(runs, run_styles(labels, groups), strict=True):
         g = run.gaps.filter(~pl.col("injected"))
         if g.is_empty():
             continue
         worst = _worst_in_bins(((g["t_prev_ns"] - run.t0_ns) / 1e9).to_numpy(),
                                ((g["t_ns"] - run.t0_ns) / 1e9).to_numpy(), g["gap_s"].to_numpy(), edges)
-        ax.step(edges[:-1], worst, where="post", color=RUN_COLORS[i % len(RUN_COLORS)], linewidth=1.2,
-                label=label)
+        ax.step(edges[:-1], worst, where="post", color=color, linewidth=1.2, label=label)
         drawn = True
     if not drawn:
         spec.note = "No run has inter-token gaps to draw."
@@ -306,19 +307,19 @@ def gaps_figure(runs: list[RunData], labels: list[str]) -> FigureSpec:
     return spec
 
 
-def cdf_figure(runs: list[RunData], labels: list[str]) -> FigureSpec:
+def cdf_figure(runs: list[RunData], labels: list[str], groups: list[str] | None = None) -> FigureSpec:
     spec = FigureSpec("compare_itl_cdf", "ITL distributions overlaid",
                       "Pooled steady-stream gaps of every run (log x; the y axis stretches the tail): the "
                       "further left the tail, the smoother the streams.")
     fig = new_figure(4.0)
     ax = fig.subplots()
     n_min = None
-    for i, (run, label) in enumerate(zip(runs, labels, strict=True)):
+    for run, (color, label) in zip(runs, run_styles(labels, groups), strict=True):
         gaps = np.sort(run.gaps.filter(~pl.col("injected"))["gap_s"].to_numpy())
         if len(gaps) < 2:
             continue
         y = (np.arange(1, len(gaps) + 1) - 0.5) / len(gaps)
-        ax.step(gaps, y, where="post", color=RUN_COLORS[i % len(RUN_COLORS)], linewidth=1.4, label=label)
+        ax.step(gaps, y, where="post", color=color, linewidth=1.4, label=label)
         n_min = len(gaps) if n_min is None else min(n_min, len(gaps))
     if n_min is None:
         spec.note = "No run has inter-token gaps to compare."
@@ -376,6 +377,7 @@ def build_compare_document(runs: list[RunData], slos: SloSet, title: str = "Comp
                            command: str = "", out_dir: Path | None = None, missing: list[str] | None = None) -> Document:
     rows = make_rows(runs)
     labels = [r.label for r in rows]
+    groups = [r.group for r in rows]
     lines = verdict(rows, slos) + list(missing or [])
     diffs = differing_settings(runs)
     callouts = [Callout("info", " ".join(line for line in lines if line.startswith(("Meets", "No run", "Smoothest",
@@ -394,8 +396,8 @@ def build_compare_document(runs: list[RunData], slos: SloSet, title: str = "Comp
         *([Section("Repeats: means, intervals, and which differences are real").add(
             ci_table(rows), differences_table(rows))] if repeated(rows) else []),
         *([Section("Latency against load").add(load_figure(runs, rows))] if load_axis(runs) else []),
-        Section("Where the streams froze").add(timelines_figure(runs, labels), gaps_figure(runs, labels)),
-        Section("Inter-token latency").add(cdf_figure(runs, labels), tradeoff_figure(rows)),
+        Section("Where the streams froze").add(timelines_figure(runs, labels), gaps_figure(runs, labels, groups)),
+        Section("Inter-token latency").add(cdf_figure(runs, labels, groups), tradeoff_figure(rows)),
         Section("Runs compared").add(Table(["setting", "directory", "command"],
                                            [[r.label, str(r.run.run_dir), reproduce_command(r.run.doc)]
                                             for r in rows], align_right_from=9)),
@@ -424,14 +426,6 @@ def write_compare_report(dirs: list[Path], out_dir: Path, slo: str | None = None
         "differences": [d.as_dict() for d in all_differences(rows)], "missing": list(missing or [])},
         indent=2, default=str) + "\n")
     return written, rows, lines
-
-
-def rows_as_dicts(rows: list[Row]) -> list[dict[str, Any]]:
-    return [{"setting": r.label, "group": r.group, "run_dir": str(r.run.run_dir), "worst_gap_s": r.worst_s, "itl_p50_s": r.p50_s,
-             "itl_p99_s": r.p99_s, "itl_p999_s": r.p999_s, "injected_ttft_s": r.injected_ttft_s,
-             "output_tokens_per_s": r.out_tps, "stalls": r.stalls, "stalled_s": r.stalled_s,
-             "goodput_rps": r.goodput, "valid": r.valid, "engine": r.run.engine.name,
-             "figures_from": r.run.engine.source} for r in rows]
 
 
 def print_comparison(console: Console, rows: list[Row], lines: list[str], html: Path) -> None:

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from itlbench.report.style import RUN_COLORS
+
 if TYPE_CHECKING:
     from itlbench.report.data import RunData
 
@@ -260,3 +262,24 @@ def run_labels(runs: list[RunData]) -> list[str]:
         labels = [f"{lab} (#{(r.doc.get('sweep') or {}).get('repeat')})" if (r.doc.get("sweep") or {}).get("repeats", 1) > 1
                   else f"{lab} ({r.name})" for lab, r in zip(labels, runs, strict=True)]
     return labels
+
+
+def run_styles(labels: list[str], groups: list[str] | None) -> list[tuple[str, str | None]]:
+    """(colour, legend label) per run: one colour per setting, named once, where repeats share a setting."""
+    if not groups or len(set(groups)) == len(groups):
+        return [(RUN_COLORS[i % len(RUN_COLORS)], lab) for i, lab in enumerate(labels)]
+    order = list(dict.fromkeys(groups))
+    seen: set[str] = set()
+    out = []
+    for g in groups:
+        out.append((RUN_COLORS[order.index(g) % len(RUN_COLORS)], None if g in seen else g))
+        seen.add(g)
+    return out
+
+
+def rows_as_dicts(rows: Sequence[Any]) -> list[dict[str, Any]]:
+    return [{"setting": r.label, "group": r.group, "run_dir": str(r.run.run_dir), "worst_gap_s": r.worst_s, "itl_p50_s": r.p50_s,
+             "itl_p99_s": r.p99_s, "itl_p999_s": r.p999_s, "injected_ttft_s": r.injected_ttft_s,
+             "output_tokens_per_s": r.out_tps, "stalls": r.stalls, "stalled_s": r.stalled_s,
+             "goodput_rps": r.goodput, "valid": r.valid, "engine": r.run.engine.name,
+             "figures_from": r.run.engine.source} for r in rows]
