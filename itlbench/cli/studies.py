@@ -19,46 +19,74 @@ from itlbench.serving.build import require_engine_for
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def sweep(
     ctx: typer.Context,
-    chunk_budget: Annotated[str, typer.Option("--chunk-budget", help="Budgets to run, comma-separated; 'none' = "
-                                              "unchunked.")] = "256,512,2048,8192,none",
+    chunk_budget: Annotated[str | None, typer.Option("--chunk-budget", help="Budgets to run, comma-separated; "
+                                                     "'none' = unchunked (default 256,512,2048,8192,none when "
+                                                     "nothing else is swept).")] = None,
     policy: Annotated[str, typer.Option("--policy", help="budget, prefill-first, or both comma-separated.")] = "budget",
+    max_num_seqs: Annotated[str | None, typer.Option("--max-num-seqs", help="Running-sequence caps to sweep, "
+                                                     "e.g. 32,64 ({max_num_seqs} in --serve).")] = None,
+    rate: Annotated[str | None, typer.Option(help="Open-loop arrival rates to sweep, e.g. 1,2,4,8.")] = None,
+    streams: Annotated[str | None, typer.Option(help="Closed-loop stream counts to sweep, e.g. 8,16,32.")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="A setting of your own for --serve: "
+                                                   "name=v1,v2 fills {name} in the template (repeatable).")] = None,
+    serve: Annotated[str | None, typer.Option(help="Server command template, run once per point: {port} (a free "
+                                              "loopback port) and every swept setting ({chunk_budget}, …) "
+                                              "are filled in.")] = None,
+    serve_timeout: Annotated[str, typer.Option(help="How long a --serve server may take to answer /health.")] = "600s",
+    model: Annotated[str | None, typer.Option(help="The served model's name (with --serve; also fills {model}), or "
+                                              "the bundled engine's preset.")] = None,
+    repeat: Annotated[int, typer.Option(help="Runs per point (different prompt salts, same seed); ≥ 3 gives each "
+                                        "figure a 95 % interval and a significance verdict.")] = 1,
     out: Annotated[Path | None, typer.Option(help="Sweep directory (default reports/<time>-sweep-…).")] = None,
     slo: Annotated[str | None, typer.Option(help="SLOs for each run and the verdict.")] = None,
     as_json: AsJson = False,
 ) -> None:
-    """Run the same seeded workload once per chunk budget (any `itlbench run` option after these), then compare.
+    """Run the same seeded workload once per point (any `itlbench run` option after these), then compare.
 
-    Example: itlbench sweep --chunk-budget 512,2048,none --workload rag --inject 32k --duration 30
+    Examples: itlbench sweep --chunk-budget 512,2048,none --workload rag --inject 32k --duration 30;
+    itlbench sweep --serve 'vllm serve M --port {port} --max-num-batched-tokens {chunk_budget}'
+    --chunk-budget 256,2048,8192 --model M --repeat 3
     """
-    from itlbench.experiments.sweep import SweepAborted, default_sweep_dir, parse_settings, run_sweep
+    from itlbench.experiments.points import parse_axes
+    from itlbench.experiments.sweep import (
+        SweepAborted,
+        SweepPlan,
+        default_sweep_dir,
+        missing_lines,
+        run_sweep,
+    )
     from itlbench.report.compare import comparison_doc, print_comparison, write_compare_report
+    from itlbench.units import parse_duration_s
 
-    run_args = list(ctx.args) + (["--slo", slo] if slo else [])
-    command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
-
-    def invoke_run(args: list[str]) -> int:
-        try:
-            code = command.main(args=args, prog_name="itlbench run", standalone_mode=False)
-        except SystemExit as exc:  # click may exit on --help or usage errors
-            code = exc.code if isinstance(exc.code, int) else 2
-        except Exception as exc:  # noqa: BLE001 - click usage errors name the bad option
-            console.print(f"[bold red]error:[/] {exc}", highlight=False)
-            code = 2
-        return int(code or 0)
-
+    run_args = list(ctx.args) + (["--slo", slo] if slo else []) + (["--model", model] if model else [])
+    # one load value is a run option, not an axis (the point directories keep their budget names)
+    if rate is not None and "," not in rate.strip(", "):
+        run_args, rate = [*run_args, "--rate", rate.strip(", ")], None
+    if streams is not None and "," not in streams.strip(", "):
+        run_args, streams = [*run_args, "--streams", streams.strip(", ")], None
     try:
-        settings = parse_settings(chunk_budget, policy)
+        budgets = chunk_budget
+        if budgets is None and not any((max_num_seqs, rate, streams, set_)) and (
+                serve is None or "{chunk_budget}" in serve):
+            budgets = "256,512,2048,8192,none"
+        axes = parse_axes(budgets, policy, max_num_seqs, rate, streams, set_)
+        plan = SweepPlan(axes, repeat=repeat, serve=serve, model=model,
+                         serve_timeout_s=parse_duration_s(serve_timeout, "--serve-timeout"))
         target = out or default_sweep_dir(run_args)
         # with --json, stdout carries one document: each run's own stdout line goes to stderr
         with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
-            done = run_sweep(settings, run_args, target, invoke_run,
-                             on_status=lambda s: console.print(f"[dim]{s}[/]"))
-        if not done:
-            fail(ItlbenchError("sweep: no run finished; nothing to compare"))
-            return
-        command = shlex.join(["itlbench", "sweep", "--chunk-budget", chunk_budget, "--policy", policy,
-                              *ctx.args, *(["--slo", slo] if slo else []), "--out", str(target)])
-        written, rows, verdict = write_compare_report(done, target, slo, title="Chunk-budget sweep", command=command)
+            result = run_sweep(plan, run_args, target, invoke_run,
+                               on_status=lambda s: console.print(f"[dim]{s}[/]"))
+        missing = missing_lines(result)
+        for line in missing:
+            console.print(f"[yellow]{line}[/]", highlight=False)
+        if not result.run_dirs:  # not a usage error: the points ran and failed (sweep.json says why)
+            console.print(f"[bold red]error:[/] sweep: no run finished; nothing to compare (see {target}/sweep.json)",
+                          highlight=False, soft_wrap=True)
+            raise typer.Exit(130 if result.interrupted else 1)
+        command = shlex.join(["itlbench", *sys.argv[1:]]) if sys.argv[1:2] == ["sweep"] else "itlbench sweep"
+        written, rows, verdict = write_compare_report(result.run_dirs, target, slo, title="Sweep", command=command,
+                                                      missing=missing)
     except SweepAborted as exc:
         raise typer.Exit(exc.code) from None
     except ItlbenchError as exc:
@@ -66,9 +94,59 @@ def sweep(
         return
     if as_json:
         print_json(comparison_doc(rows, verdict, written.html) | {"sweep_dir": str(target)})
-        return
-    print_comparison(console, rows, verdict, written.html)
-    print(target)
+    else:
+        print_comparison(console, rows, verdict, written.html)
+        print(target)
+    if result.interrupted:
+        raise typer.Exit(130)
+
+
+def invoke_run(args: list[str]) -> int:
+    """`itlbench run ARGS` in this process; its exit code (2 for usage errors, which it has printed)."""
+    command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    try:
+        code = command.main(args=args, prog_name="itlbench run", standalone_mode=False)
+    except SystemExit as exc:  # click may exit on --help or usage errors
+        code = exc.code if isinstance(exc.code, int) else 2
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # noqa: BLE001 - click usage errors name the bad option
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        code = 2
+    return int(code or 0)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def capacity(
+    ctx: typer.Context,
+    slo: Annotated[str | None, typer.Option(help="SLOs every point must meet, e.g. 'ttft=2s,itl_p99=100ms' "
+                                            "(default: the default SLOs).")] = None,
+    stall_budget: Annotated[str | None, typer.Option(help="Freezing a point may show: worst=1s (longest gap), "
+                                                     "stalled=1% (of stream time), victims=10% (of requests).")] = None,
+    axis: Annotated[str, typer.Option(help="rate (open-loop arrivals/s) or streams (closed-loop).")] = "rate",
+    start: Annotated[float, typer.Option(help="First load tried; the search doubles it until a point misses.")] = 1.0,
+    rate_max: Annotated[float | None, typer.Option("--rate-max", help="Highest load to try (rate or streams).")] = None,
+    resolution: Annotated[float, typer.Option(help="Stop bisecting when the bracket is this share of the load "
+                                              "(streams: one apart).")] = 0.1,
+    repeat: Annotated[int, typer.Option(help="Runs per point near the boundary (a point meets only if all do).")] = 2,
+    max_points: Annotated[int, typer.Option(help="Most points the search may run.")] = 14,
+    serve: Annotated[str | None, typer.Option(help="Server command template ({port}, {model}), started once for "
+                                              "the search.")] = None,
+    serve_timeout: Annotated[str, typer.Option(help="How long a --serve server may take to answer /health.")] = "600s",
+    endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (…/v1) of a running server.")] = None,
+    model: Annotated[str | None, typer.Option(help="Served model name, or the bundled engine's preset.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Directory (default reports/<time>-capacity-…).")] = None,
+) -> None:
+    """Search the highest rate (or stream count) at which every SLO and the stall budget hold; any `itlbench run`
+    option after these sets the workload.
+
+    Example: itlbench capacity --workload chat --slo itl_p99=100ms --stall-budget worst=1s,victims=10% --duration 20
+    """
+    from itlbench.experiments.capacity_cli import run_capacity
+
+    run_capacity(ctx.args, slo=slo, stall_budget=stall_budget, axis=axis, start=start, rate_max=rate_max,
+                 resolution=resolution, repeat=repeat, max_points=max_points, serve=serve,
+                 serve_timeout=serve_timeout, endpoint=endpoint, model=model, out=out, invoke_run=invoke_run)
 
 
 @app.command()

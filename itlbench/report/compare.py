@@ -26,9 +26,23 @@ from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.analysis.goodput import SloSet, parse_slo
 from itlbench.analysis.stats import supported_quantile
 from itlbench.errors import ConfigError
+from itlbench.report.compare_ci import (
+    METHOD,
+    ci_json,
+    ci_table,
+    differences_table,
+    noise_verdict,
+    repeat_groups,
+    repeated,
+    rows_as_dicts,
+    run_labels,
+    run_styles,
+    swept_settings,
+)
 from itlbench.report.data import RunData, load_run
 from itlbench.report.document import Callout, Document, Links, Section, Table, Written, write_document
 from itlbench.report.figures import FigureSpec
+from itlbench.report.load_curve import load_axis, load_figure
 from itlbench.report.reproduce import reproduce_command
 from itlbench.report.style import RUN_COLORS, fmt_s, new_figure, tidy
 from itlbench.report.tables import TextTable, print_table
@@ -57,12 +71,16 @@ class Row:
     stalled_s: float | None
     goodput: float | None
     valid: bool | None
+    group: str = ""  # the setting (repeats of one sweep point share it); label adds which run
 
 
 def differing_settings(runs: list[RunData]) -> list[str]:
     """'seed (a: 0, b: 1)' for every compared setting whose value is not the same in every run."""
     out = []
+    swept = swept_settings(runs)
     for key, name in COMPARED:
+        if key in swept:
+            continue
         values = [r.config.get(key) for r in runs]
         if any(v != values[0] for v in values[1:]):
             shown = ", ".join(f"{r.name}: {v}" for r, v in zip(runs, values, strict=True))
@@ -81,13 +99,6 @@ def load_runs(dirs: list[Path], force: bool = False) -> list[RunData]:
     return runs
 
 
-def _labels(runs: list[RunData]) -> list[str]:
-    labels = [r.setting_label() for r in runs]
-    if len(set(labels)) < len(labels):  # same setting twice (machines, repeats): add the directory
-        labels = [f"{lab} ({r.name})" for lab, r in zip(labels, runs, strict=True)]
-    return labels
-
-
 def _or_max(stats: dict[str, Any], key: str) -> float | None:
     """A percentile, or where too few samples withheld it, the worst sample (one injected prompt: its TTFT)."""
     if not stats.get("count"):
@@ -98,7 +109,8 @@ def _or_max(stats: dict[str, Any], key: str) -> float | None:
 
 def make_rows(runs: list[RunData]) -> list[Row]:
     rows = []
-    for run, label in zip(runs, _labels(runs), strict=True):
+    labels = run_labels(runs)
+    for run, label, group in zip(runs, labels, repeat_groups(runs, labels), strict=True):
         s = run.summary
         itl, stalls = s.get("itl_s") or {}, s.get("stalls") or {}
         inj = (s.get("ttft_by_class_s") or {}).get("injected") or {}
@@ -106,7 +118,7 @@ def make_rows(runs: list[RunData]) -> list[Row]:
         rows.append(Row(run, label, itl.get("max"), itl.get("p50"), itl.get("p99"), itl.get("p999"),
                         _or_max(inj, "p50"), _or_max(every, "p99"), (s.get("throughput") or {}).get("output_tokens_per_s"),
                         int(stalls.get("count") or 0), stalls.get("stalled_s"),
-                        (s.get("goodput") or {}).get("requests_per_s"), s.get("valid")))
+                        (s.get("goodput") or {}).get("requests_per_s"), s.get("valid"), group))
     return rows
 
 
@@ -185,7 +197,9 @@ def verdict(rows: list[Row], slos: SloSet) -> list[str]:
         lines.append(f"{label} misses: " + "; ".join(_describe_miss(c) for c in failed[:4])
                      + (f" (+{len(failed) - 4} more)" if len(failed) > 4 else "") + ".")
     ranked = [r for r in rows if r.worst_s is not None]
-    if len(ranked) >= 2:
+    if repeated(rows):
+        lines += noise_verdict(rows)
+    elif len(ranked) >= 2:
         best = min(ranked, key=lambda r: (r.worst_s, r.p99_s or 0.0))
         text = f"Smoothest streams: {best.label} (worst gap {fmt_s(best.worst_s)}, ITL p99 {fmt_s(best.p99_s)})."
         ttft_rows = [r for r in rows if r.injected_ttft_s is not None]
@@ -208,7 +222,7 @@ def verdict(rows: list[Row], slos: SloSet) -> list[str]:
                 text += " and loses no output throughput (it has the highest)."
         elif not text.endswith("."):
             text += "."
-        lines.append(text)
+        lines.append(text + " (One run per setting: no noise estimate; --repeat 3 gives one.)")
     invalid = [r.label for r in rows if r.valid is False]
     if invalid:
         lines.append("Treat with care (the client may have been the bottleneck): " + ", ".join(invalid) + ".")
@@ -269,7 +283,7 @@ def _drawn_gaps(run: RunData) -> pl.DataFrame:
     return pl.concat(frames) if frames else pl.DataFrame(schema={c: pl.Int64 for c in cols[:2]} | {"gap_s": pl.Float64})
 
 
-def gaps_figure(runs: list[RunData], labels: list[str]) -> FigureSpec:
+def gaps_figure(runs: list[RunData], labels: list[str], groups: list[str] | None = None) -> FigureSpec:
     zoom = _union_zoom(runs)
     spec = FigureSpec("compare_gaps", "How long the streams froze, over time",
                       "The longest gap any steady stream was in at each moment, one line per run (log y): a "
@@ -279,14 +293,13 @@ def gaps_figure(runs: list[RunData], labels: list[str]) -> FigureSpec:
     lo, hi = zoom or (0.0, max(r.window.seconds for r in runs))
     edges = np.linspace(lo, hi, 301)
     drawn = False
-    for i, (run, label) in enumerate(zip(runs, labels, strict=True)):
+    for run, (color, label) in zip(runs, run_styles(labels, groups), strict=True):
         g = _drawn_gaps(run)
         if g.is_empty():
             continue
         worst = _worst_in_bins(((g["t_prev_ns"] - run.t0_ns) / 1e9).to_numpy(),
                                ((g["t_ns"] - run.t0_ns) / 1e9).to_numpy(), g["gap_s"].to_numpy(), edges)
-        ax.step(edges[:-1], worst, where="post", color=RUN_COLORS[i % len(RUN_COLORS)], linewidth=1.2,
-                label=label)
+        ax.step(edges[:-1], worst, where="post", color=color, linewidth=1.2, label=label)
         drawn = True
     if not drawn:
         spec.note = "No run has inter-token gaps to draw."
@@ -302,19 +315,19 @@ def gaps_figure(runs: list[RunData], labels: list[str]) -> FigureSpec:
     return spec
 
 
-def cdf_figure(runs: list[RunData], labels: list[str]) -> FigureSpec:
+def cdf_figure(runs: list[RunData], labels: list[str], groups: list[str] | None = None) -> FigureSpec:
     spec = FigureSpec("compare_itl_cdf", "ITL distributions overlaid",
                       "Pooled steady-stream gaps of every run (log x; the y axis stretches the tail): the "
                       "further left the tail, the smoother the streams.")
     fig = new_figure(4.0)
     ax = fig.subplots()
     n_min = None
-    for i, (run, label) in enumerate(zip(runs, labels, strict=True)):
+    for run, (color, label) in zip(runs, run_styles(labels, groups), strict=True):
         gaps, y = run.chunks.cdf  # fixed quantiles of the pooled steady gaps
         n = run.chunks.itl.count
         if n < 2:
             continue
-        ax.step(gaps, y, where="post", color=RUN_COLORS[i % len(RUN_COLORS)], linewidth=1.4, label=label)
+        ax.step(gaps, y, where="post", color=color, linewidth=1.4, label=label)
         n_min = n if n_min is None else min(n_min, n)
     if n_min is None:
         spec.note = "No run has inter-token gaps to compare."
@@ -369,12 +382,16 @@ def run_links(rows: list[Row], out_dir: Path) -> Links:
 
 
 def build_compare_document(runs: list[RunData], slos: SloSet, title: str = "Comparison",
-                           command: str = "", out_dir: Path | None = None) -> Document:
+                           command: str = "", out_dir: Path | None = None, missing: list[str] | None = None) -> Document:
     rows = make_rows(runs)
     labels = [r.label for r in rows]
-    lines = verdict(rows, slos)
+    groups = [r.group for r in rows]
+    lines = verdict(rows, slos) + list(missing or [])
     diffs = differing_settings(runs)
-    callouts = [Callout("info", " ".join(line for line in lines if line.startswith(("Meets", "No run", "Smoothest"))))]
+    callouts = [Callout("info", " ".join(line for line in lines if line.startswith(("Meets", "No run", "Smoothest",
+                                                                                 "No setting"))))]
+    if missing:
+        callouts.append(Callout("warn", " ".join(missing)))
     if diffs:
         callouts.insert(0, Callout("warn", "Compared with --force although the runs differ in "
                                    + "; ".join(diffs) + "."))
@@ -384,8 +401,11 @@ def build_compare_document(runs: list[RunData], slos: SloSet, title: str = "Comp
     sections = [
         Section("Verdict").add(*lines),
         Section("The runs").add(comparison_table(rows)),
-        Section("Where the streams froze").add(timelines_figure(runs, labels), gaps_figure(runs, labels)),
-        Section("Inter-token latency").add(cdf_figure(runs, labels), tradeoff_figure(rows)),
+        *([Section("Repeats: means, intervals, and which differences are real").add(
+            ci_table(rows), differences_table(rows))] if repeated(rows) else []),
+        *([Section("Latency against load").add(load_figure(runs, rows))] if load_axis(runs) else []),
+        Section("Where the streams froze").add(timelines_figure(runs, labels), gaps_figure(runs, labels, groups)),
+        Section("Inter-token latency").add(cdf_figure(runs, labels, groups), tradeoff_figure(rows)),
         Section("Runs compared").add(Table(["setting", "directory", "command"],
                                            [[r.label, str(r.run.run_dir), reproduce_command(r.run.doc)]
                                             for r in rows], align_right_from=9)),
@@ -397,29 +417,28 @@ def build_compare_document(runs: list[RunData], slos: SloSet, title: str = "Comp
 
 
 def write_compare_report(dirs: list[Path], out_dir: Path, slo: str | None = None, force: bool = False,
-                         title: str = "Comparison", command: str = "") -> tuple[Written, list[Row], list[str]]:
+                         title: str = "Comparison", command: str = "",
+                         missing: list[str] | None = None) -> tuple[Written, list[Row], list[str]]:
+    """The report and compare.json (rows, verdict, ci95 per setting and figure, every pairwise difference's
+    verdict, and the points a sweep could not measure)."""
     runs = load_runs(dirs, force)
     slos = parse_slo(slo)
-    doc = build_compare_document(runs, slos, title, command, out_dir)
+    doc = build_compare_document(runs, slos, title, command, out_dir, missing)
     rows = make_rows(runs)
     written = write_document(doc, out_dir)
-    lines = verdict(rows, slos)
-    (out_dir / "compare.json").write_text(json.dumps({"rows": rows_as_dicts(rows), "verdict": lines},
-                                                     indent=2, default=str) + "\n")
+    lines = verdict(rows, slos) + list(missing or [])
+    from itlbench.report.compare_ci import all_differences
+
+    (out_dir / "compare.json").write_text(json.dumps({
+        "rows": rows_as_dicts(rows), "verdict": lines, "ci95": ci_json(rows), "ci_method": METHOD,
+        "differences": [d.as_dict() for d in all_differences(rows)], "missing": list(missing or [])},
+        indent=2, default=str) + "\n")
     return written, rows, lines
 
 
 def comparison_doc(rows: list[Row], lines: list[str], html: Path) -> dict[str, Any]:
     """What `print_comparison` shows, for `--json`: compare.json's rows and verdict, and the report."""
     return {"report": str(html), "rows": rows_as_dicts(rows), "verdict": lines}
-
-
-def rows_as_dicts(rows: list[Row]) -> list[dict[str, Any]]:
-    return [{"setting": r.label, "run_dir": str(r.run.run_dir), "worst_gap_s": r.worst_s, "itl_p50_s": r.p50_s,
-             "itl_p99_s": r.p99_s, "itl_p999_s": r.p999_s, "injected_ttft_s": r.injected_ttft_s,
-             "output_tokens_per_s": r.out_tps, "stalls": r.stalls, "stalled_s": r.stalled_s,
-             "goodput_rps": r.goodput, "valid": r.valid, "engine": r.run.engine.name,
-             "figures_from": r.run.engine.source} for r in rows]
 
 
 def print_comparison(console: Console, rows: list[Row], lines: list[str], html: Path) -> None:

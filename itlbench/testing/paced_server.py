@@ -43,6 +43,10 @@ class PacedConfig:
     pause_s: float = 0.0
     steps_per_connection: int = 0  # >0: close the steps stream after that many lines
     api_key: str = ""  # non-empty: generation needs `Authorization: Bearer <api_key>` (else 401)
+    # >0: a server that degrades with load, its capacity known by construction: with more than this many
+    # streams decoding, a tick takes tick_s × decoding / degrade_above (token throughput capped at
+    # degrade_above / tick_s), so N closed-loop streams see an ITL of tick_s × max(1, N / degrade_above)
+    degrade_above: int = 0
 
 
 @dataclass
@@ -76,6 +80,8 @@ class PacedServer:
         app.router.add_get("/v1/steps", self._steps)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/_log", self._log)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)  # what `itlbench run --endpoint` probes first
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
@@ -144,7 +150,7 @@ class PacedServer:
         start = nxt = time.perf_counter()
         paused = self.cfg.pause_at_s < 0
         while True:
-            nxt += self.cfg.tick_s
+            nxt += self._tick_length()
             delay = nxt - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -157,6 +163,13 @@ class PacedServer:
             t0 = _now()
             decoded = await self._step(t0)
             self._add_step(t0, decoded)
+
+    def _tick_length(self) -> float:
+        knee = self.cfg.degrade_above
+        if knee <= 0:
+            return self.cfg.tick_s
+        decoding = sum(1 for st in self.active if st.join_ns <= _now())
+        return self.cfg.tick_s * max(1.0, decoding / knee)
 
     async def _step(self, t0: int) -> int:
         keep: list[_Stream] = []
@@ -221,6 +234,12 @@ class PacedServer:
             f"itlbench_time_to_first_token_seconds_count {self._n}\n"
             "# HELP process_open_fds Open fds.\n# TYPE process_open_fds gauge\nprocess_open_fds 12\n")
         return web.Response(text=text, content_type="text/plain")
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "paced", "object": "model", "owned_by": "itlbench"}]})
 
     async def _log(self, request: web.Request) -> web.Response:
         cpu = psutil.Process().cpu_times()

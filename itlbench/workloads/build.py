@@ -13,7 +13,7 @@ from itlbench.workloads.arrivals import arrival_times
 from itlbench.workloads.catalog import WorkloadSpec, get_workload
 from itlbench.workloads.injection import Injection, injection_times, parse_injections
 from itlbench.workloads.plan import LoadPlan, RequestPlan
-from itlbench.workloads.prompts import PromptBuilder
+from itlbench.workloads.prompts import Prompt, PromptBuilder
 from itlbench.workloads.sources import Context, Ids, requests
 from itlbench.workloads.trace import TraceReplay, load_trace, replay
 
@@ -122,14 +122,28 @@ def _arrivals(ctx: Context, spec: LoadSpec) -> Iterator[RequestPlan]:
 
 def _replayed(ctx: Context, rep: TraceReplay, duration_s: float) -> Iterator[RequestPlan]:
     ids = Ids("t-")
-    for t, n, out in zip(rep.send_at_s, rep.prompt_tokens, rep.output_tokens, strict=True):
+    for i, (t, n, out) in enumerate(zip(rep.send_at_s, rep.prompt_tokens, rep.output_tokens, strict=True)):
         if t >= duration_s:
             return
         rid = ids.next()
-        prompt = ctx.builder.unique(rid, int(n))
+        prompt = _trace_prompt(ctx, rid, int(n), rep.blocks[i] if rep.blocks else (), rep.block_tokens)
         yield RequestPlan(request_id=rid, workload="trace", cls="trace", prompt_tokens=prompt.tokens,
                           max_tokens=int(out), prompt_token_ids=prompt.ids, prompt_text=prompt.text,
                           send_at_s=float(t))
+
+
+def _trace_prompt(ctx: Context, rid: str, n: int, blocks: tuple[int, ...], block_tokens: int) -> Prompt:
+    """A trace row's prompt: its blocks' shared tokens (Mooncake hash ids: equal ids, equal prefix), then
+    tokens of its own for any length the blocks do not cover."""
+    prompt: Prompt | None = None
+    for h in blocks[: -(-n // block_tokens)]:
+        part = ctx.builder.shared(f"trace-block-{h}", block_tokens)
+        prompt = part if prompt is None else prompt + part
+    if prompt is None:
+        return ctx.builder.unique(rid, n)
+    if prompt.tokens < n:
+        prompt = prompt + ctx.builder.unique(rid, n - prompt.tokens)
+    return prompt.head(n)
 
 
 def _injected(ctx: Context, schedule: list[tuple[float, int]], max_tokens: int) -> Iterator[RequestPlan]:

@@ -86,6 +86,7 @@ def cli_options() -> dict[str, set[str]]:
     options = {name: {"--help"} | {o for p in cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
                for name, cmd in commands.items()}
     options["sweep"] |= options["run"]  # sweep hands every option it does not know to `itlbench run`
+    options["capacity"] |= options["run"]  # so does capacity
     return options
 
 

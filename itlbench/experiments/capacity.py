@@ -1,0 +1,285 @@
+"""`itlbench capacity`: the highest load at which every SLO holds and no stream freezes beyond a stall budget.
+
+The search doubles the load from `--start` until a point misses (bracketing), then bisects between the
+highest point met and the lowest missed until they are within `--resolution` of each other (streams:
+one apart). Points inside the bracket are the ones near the boundary, so each runs `--repeat` times and
+counts as met only when every repeat meets (the answer must hold when re-run); the answer is re-run
+too before it is reported. Every run is an ordinary `itlbench run` into `<dir>/<axis><load>[/runN]`.
+
+A point meets when: no request failed, every `--slo` target holds (the same checks as `compare`'s
+verdict), and the stall budget holds: the worst gap of any steady stream (`worst=`), the stalled time as
+a share of the steady streams' streaming time (`stalled=`), and the share of the streamed requests
+with at least one stall (`victims=`, the stall analysis's victims).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from itlbench.analysis.goodput import parse_slo
+from itlbench.errors import ConfigError
+from itlbench.report.data import load_run
+from itlbench.units import parse_duration_s
+
+InvokeRun = Callable[[list[str]], int]
+
+
+@dataclass(frozen=True)
+class StallBudget:
+    """How much freezing a point may show: the worst gap (s), stalled share of stream time, stalled streams."""
+
+    worst_s: float | None = None
+    stalled: float | None = None
+    victims: float | None = None
+    spec: str = ""
+
+    def as_dict(self) -> dict[str, float | str | None]:
+        return {"worst_s": self.worst_s, "stalled": self.stalled, "victims": self.victims, "spec": self.spec}
+
+
+def _share(item: str, text: str) -> float:
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1:
+        raise ConfigError("--stall-budget", f"{item!r}: {text!r} is not a share", "write it as 1% or 0.01")
+    return value
+
+
+def parse_stall_budget(spec: str | None) -> StallBudget:
+    """'worst=1s,stalled=1%,victims=10%' (any subset) → StallBudget; bad items name --stall-budget."""
+    if not spec:
+        return StallBudget()
+    out: dict[str, float] = {}
+    for item in (i.strip() for i in spec.split(",") if i.strip()):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in ("worst", "stalled", "victims"):
+            raise ConfigError("--stall-budget", f"{item!r} is not worst=DUR, stalled=SHARE or victims=SHARE",
+                              "e.g. --stall-budget worst=1s,stalled=1%,victims=10%")
+        out[key] = parse_duration_s(value.strip(), "--stall-budget") if key == "worst" else _share(item, value.strip())
+    return StallBudget(out.get("worst"), out.get("stalled"), out.get("victims"), spec)
+
+
+@dataclass
+class RunJudgement:
+    """One run at one load: its headline figures, whether it met, and what it missed."""
+
+    run_dir: Path
+    figures: dict[str, float | None]
+    misses: list[str]
+
+    @property
+    def met(self) -> bool:
+        return not self.misses
+
+
+def judge_run(run_dir: Path, slo: str | None, budget: StallBudget) -> RunJudgement:
+    """A finished run against the SLOs and the stall budget (the compare verdict's checks, plus stalls)."""
+    from itlbench.report.compare import slo_checks
+    from itlbench.report.style import fmt_s
+
+    run = load_run(run_dir)
+    s = run.summary
+    itl, stalls = s.get("itl_s") or {}, s.get("stalls") or {}
+    spans = run.chunks.spans if run.chunks.spans is not None else pl.DataFrame(
+        schema={"injected": pl.Boolean, "gaps": pl.Int64, "mean_s": pl.Float64})
+    steady = spans.filter(~pl.col("injected"))  # per request: its gaps in the window and their mean
+    stream_s = float((steady["gaps"] * steady["mean_s"]).sum()) if steady.height else 0.0
+    streamed = spans.height  # requests that streamed; the stall analysis counts victims so
+    requests = s.get("requests") or {}
+    ttft_all = (s.get("ttft_s") or {}).get("all") or {}
+    figures: dict[str, float | None] = {
+        "itl_p50_s": itl.get("p50"), "itl_p99_s": itl.get("p99"), "worst_gap_s": itl.get("max"),
+        "ttft_p90_s": ttft_all.get("p90") if ttft_all.get("p90") is not None else ttft_all.get("max"),
+        "stalled_share": (stalls.get("stalled_s") or 0.0) / stream_s if stream_s else None,
+        "victims_share": (stalls.get("victims") or 0) / streamed if streamed else None,
+        "achieved_rps": (s.get("throughput") or {}).get("requests_per_s"),
+        "output_tokens_per_s": (s.get("throughput") or {}).get("output_tokens_per_s"),
+        "failed_requests": float((requests.get("error") or 0) + (requests.get("timeout") or 0)),
+        "requests": float(requests.get("total") or 0)}
+    misses = [f"{c.what} {fmt_s(c.value_s)} > {fmt_s(c.target_s)}" for c in slo_checks(run, parse_slo(slo))
+              if not c.ok]
+    if figures["failed_requests"]:
+        misses.insert(0, f"{figures['failed_requests']:.0f} requests failed")
+    if not figures["requests"]:
+        misses.insert(0, "no request finished")
+    worst = figures["worst_gap_s"]
+    if budget.worst_s is not None and worst is not None and worst > budget.worst_s:
+        misses.append(f"worst gap {fmt_s(worst)} > {fmt_s(budget.worst_s)}")
+    share = figures["stalled_share"]
+    if budget.stalled is not None and share is not None and share > budget.stalled:
+        misses.append(f"stalled {share:.1%} of stream time > {budget.stalled:.1%}")
+    victims = figures["victims_share"]
+    if budget.victims is not None and victims is not None and victims > budget.victims:
+        misses.append(f"{victims:.0%} of streams stalled > {budget.victims:.0%}")
+    return RunJudgement(run_dir, figures, misses)
+
+
+@dataclass
+class SearchPoint:
+    load: float
+    phase: str  # bracket, bisect, confirm
+    runs: list[RunJudgement] = field(default_factory=list)
+
+    @property
+    def met(self) -> bool:
+        return bool(self.runs) and all(r.met for r in self.runs)
+
+    def as_dict(self, root: Path) -> dict[str, Any]:
+        return {"load": self.load, "phase": self.phase, "met": self.met,
+                "runs": [{"run_dir": str(r.run_dir.relative_to(root)), "met": r.met, "misses": r.misses,
+                          "figures": r.figures} for r in self.runs]}
+
+
+@dataclass
+class CapacityPlan:
+    axis: str = "rate"
+    start: float = 1.0
+    load_max: float | None = None
+    resolution: float = 0.1
+    repeat: int = 2
+    max_points: int = 14
+    slo: str | None = None
+    budget: StallBudget = field(default_factory=StallBudget)
+
+    def __post_init__(self) -> None:
+        if self.axis not in ("rate", "streams"):
+            raise ConfigError("--axis", f"unknown axis {self.axis!r}", "use rate or streams")
+        if not self.start > 0 or (self.axis == "streams" and self.start != int(self.start)):
+            raise ConfigError("--start", f"must be a positive {'integer' if self.axis == 'streams' else 'number'}, "
+                              f"got {self.start:g}", "e.g. --start 1")
+        if self.load_max is not None and self.load_max < self.start:
+            raise ConfigError("--rate-max", f"{self.load_max:g} is below --start {self.start:g}", "raise it")
+        if not 0 < self.resolution < 1:
+            raise ConfigError("--resolution", f"must be between 0 and 1, got {self.resolution:g}", "e.g. 0.1")
+        if self.repeat < 1:
+            raise ConfigError("--repeat", f"must be ≥ 1, got {self.repeat}", "e.g. --repeat 2")
+        parse_slo(self.slo)
+
+    def fmt(self, load: float) -> str:
+        return str(int(load)) if self.axis == "streams" else f"{load:.4g}"
+
+
+@dataclass
+class CapacityResult:
+    plan: CapacityPlan
+    points: list[SearchPoint]
+    max_load: float | None  # the highest load met (None: even the lowest tried missed)
+    missed_at: float | None  # the lowest load missed (None: held up to load_max)
+    interrupted: bool = False
+
+    @property
+    def confirmed(self) -> bool:
+        """The answer ran `repeat` times, every run meeting (False where --max-points cut the search short)."""
+        runs = [r for p in self.points if p.load == self.max_load for r in p.runs]
+        return self.max_load is not None and len(runs) >= self.plan.repeat and all(r.met for r in runs)
+
+    def as_dict(self, root: Path) -> dict[str, Any]:
+        p = self.plan
+        key = "max_rate" if p.axis == "rate" else "max_streams"
+        return {key: self.max_load, "axis": p.axis, "missed_at": self.missed_at,
+                "margin": None if self.max_load is None or self.missed_at is None else self.missed_at - self.max_load,
+                "slo": p.slo, "stall_budget": p.budget.as_dict(), "resolution": p.resolution, "repeat": p.repeat,
+                "confirmed": self.confirmed, "interrupted": self.interrupted,
+                "points": [pt.as_dict(root) for pt in self.points]}
+
+
+def _next_down(plan: CapacityPlan, load: float) -> float | None:
+    nxt = load / 2
+    if plan.axis == "streams":
+        nxt = math.floor(nxt)
+    return nxt if nxt >= (1 if plan.axis == "streams" else plan.start / 64) else None
+
+
+def _mid(plan: CapacityPlan, lo: float, hi: float) -> float | None:
+    """The next bisection point, or None once lo and hi are within the resolution."""
+    if plan.axis == "streams":
+        return None if hi - lo <= 1 else float((int(lo) + int(hi)) // 2)
+    return None if (hi - lo) <= plan.resolution * lo else (lo + hi) / 2
+
+
+def search(plan: CapacityPlan, measure: Callable[[float, str, int], SearchPoint],
+           on_status: Callable[[str], None] = lambda s: None) -> CapacityResult:
+    """Bracket, bisect, confirm. `measure(load, phase, repeats)` runs a point and judges it."""
+    points: list[SearchPoint] = []
+    tried: dict[float, SearchPoint] = {}
+    lo: float | None = None
+    hi: float | None = None
+
+    def run(load: float, phase: str, repeats: int) -> bool:
+        pt = measure(load, phase, repeats)
+        points.append(pt)
+        tried[load] = pt
+        word = "met" if pt.met else "missed: " + "; ".join(next((r.misses for r in pt.runs if r.misses), []))[:160]
+        on_status(f"{plan.axis} {plan.fmt(load)} ({phase}): {word}")
+        return pt.met
+
+    load: float | None = plan.start
+    try:
+        while load is not None and len(points) < plan.max_points:  # bracketing: double until a miss
+            if not run(load, "bracket", 1):
+                hi = load
+                break
+            lo = load
+            if plan.load_max is not None and load >= plan.load_max:
+                break
+            load = load * 2 if plan.load_max is None else min(load * 2, plan.load_max)
+        if lo is None and hi is not None:  # even the start missed: halve until a point meets
+            load = _next_down(plan, hi)
+            while load is not None and len(points) < plan.max_points:
+                if run(load, "bracket", 1):
+                    lo = load
+                    break
+                hi = load
+                load = _next_down(plan, load)
+        while lo is not None and len(points) < plan.max_points:  # bisection (within a bracket), then confirm
+            mid = None if hi is None else _mid(plan, lo, hi)
+            if mid is not None:
+                if run(mid, "bisect", plan.repeat):
+                    lo = mid
+                else:
+                    hi = mid
+                continue
+            confirmed = sum(len(p.runs) for p in points if p.load == lo)
+            if confirmed >= plan.repeat:
+                break
+            if run(lo, "confirm", plan.repeat - confirmed) and all(p.met for p in points if p.load == lo):
+                break
+            hi = lo
+            lower = [p.load for p in points if p.met and p.load < lo]
+            lo = max(lower) if lower else None
+    except KeyboardInterrupt:
+        return CapacityResult(plan, points, lo, hi, interrupted=True)
+    return CapacityResult(plan, points, lo, hi)
+
+
+def write_capacity_json(result: CapacityResult, out_dir: Path) -> Path:
+    path = out_dir / "capacity.json"
+    path.write_text(json.dumps(result.as_dict(out_dir), indent=2, default=str) + "\n")
+    return path
+
+
+def answer_line(result: CapacityResult) -> str:
+    """The answer in one sentence, with its margin (where the boundary lies between)."""
+    p = result.plan
+    unit = "requests/s" if p.axis == "rate" else "streams"
+    what = "every SLO" + (" and the stall budget" if p.budget.spec else "")
+    if result.max_load is None:
+        return (f"No load tried meets {what}: even {p.fmt(min(pt.load for pt in result.points))} {unit} misses."
+                if result.points else "No point was measured.")
+    caveat = "" if result.confirmed else (f" Not confirmed: the search stopped (--max-points {p.max_points} or an "
+                                          f"interruption) before {p.fmt(result.max_load)} ran {p.repeat} times.")
+    if result.missed_at is None:
+        return (f"Capacity ≥ {p.fmt(result.max_load)} {unit}: {what} held at every load tried "
+                f"(raise --rate-max to look further).{caveat}")
+    return (f"Capacity: {p.fmt(result.max_load)} {unit} ({what} hold; {p.fmt(result.missed_at)} {unit} misses, "
+            f"so the boundary lies within +{p.fmt(result.missed_at - result.max_load)} {unit}).{caveat}")

@@ -1,0 +1,95 @@
+"""The `itlbench capacity` report: the answer, the search's points in the order run, and the curve."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import numpy as np
+from matplotlib.ticker import FuncFormatter
+
+from itlbench.experiments.capacity import CapacityResult, answer_line
+from itlbench.report.document import Callout, Document, Section, Table, Written, write_document
+from itlbench.report.figures import FigureSpec
+from itlbench.report.style import fmt_s, new_figure, tidy
+
+MET, MISSED = "#2a9d4b", "#c0392b"
+
+
+def _mean(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def _share(v: float | None) -> str:
+    return "—" if v is None else f"{v:.1%}"
+
+
+def points_table(result: CapacityResult) -> Table:
+    rows = []
+    for i, pt in enumerate(result.points, 1):
+        f = [r.figures for r in pt.runs]
+        misses = sorted({m for r in pt.runs for m in r.misses})
+        rows.append([str(i), result.plan.fmt(pt.load), pt.phase, str(len(pt.runs)), "yes" if pt.met else "NO",
+                     fmt_s(_mean([x["itl_p99_s"] for x in f])), fmt_s(_mean([x["worst_gap_s"] for x in f])),
+                     fmt_s(_mean([x["ttft_p90_s"] for x in f])), _share(_mean([x["stalled_share"] for x in f])),
+                     _share(_mean([x["victims_share"] for x in f])),
+                     "—" if _mean([x["achieved_rps"] for x in f]) is None
+                     else f"{_mean([x['achieved_rps'] for x in f]):.2f}",
+                     "; ".join(misses[:3]) + (" …" if len(misses) > 3 else "")])
+    return Table(["#", result.plan.axis, "phase", "runs", "met", "ITL p99", "worst gap", "TTFT p90", "stalled",
+                  "streams stalled", "achieved req/s", "what missed"], rows,
+                 "Every point of the search in the order it ran (figures: mean over the point's runs; a point "
+                 "meets only when every run does)", align_right_from=1)
+
+
+def curve_figure(result: CapacityResult) -> FigureSpec:
+    axis = result.plan.axis
+    spec = FigureSpec("capacity_curve", "The search's curve",
+                      f"Each point the search ran, by {axis}: ITL p99 (circles), worst gap (squares) and TTFT p90 "
+                      "(triangles), green where the point met every target, red where it missed; the dashed line "
+                      "is the answer.")
+    pts = sorted((p for p in result.points if p.runs), key=lambda p: p.load)
+    if not pts:
+        spec.note = "No point finished."
+        return spec
+    fig = new_figure(3.6)
+    ax = fig.subplots()
+    for key, marker in (("itl_p99_s", "o"), ("worst_gap_s", "s"), ("ttft_p90_s", "^")):
+        xs = [p.load for p in pts]
+        ys = [_mean([r.figures[key] for r in p.runs]) for p in pts]
+        ax.plot(xs, [np.nan if y is None else y for y in ys], color="#999999", linewidth=0.8)
+        for p, y in zip(pts, ys, strict=True):
+            if y is not None:
+                ax.scatter([p.load], [y], marker=marker, color=MET if p.met else MISSED, zorder=3, s=28)
+        ax.plot([], [], marker, color="#555555", label=key.replace("_s", "").replace("_", " "))
+    budget = result.plan.budget.worst_s
+    if budget is not None:
+        ax.axhline(budget, color=MISSED, linestyle=":", linewidth=0.8, label="stall budget (worst gap)")
+    if result.max_load is not None:
+        ax.axvline(result.max_load, color=MET, linestyle="--", linewidth=1.0, label="capacity")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_s(v)))
+    ax.set_xlabel("offered rate (requests/s)" if axis == "rate" else "steady streams")
+    ax.legend(fontsize=8, frameon=False)
+    tidy(ax)
+    spec.figure = fig
+    return spec
+
+
+def write_capacity_report(result: CapacityResult, out_dir: Path, command: str, target: str) -> Written:
+    p = result.plan
+    line = answer_line(result)
+    targets = [f"SLOs: {p.slo or 'the defaults'}", f"stall budget: {p.budget.spec or 'none'}",
+               f"resolution {p.resolution:.0%}" if p.axis == "rate" else "resolution: one stream",
+               f"{p.repeat} runs per point near the boundary"]
+    doc = Document(f"Capacity by {p.axis}: {target}",
+                   f"{len(result.points)} points · written {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+                   [Callout("info" if result.max_load is not None else "warn", line)],
+                   [Section("Answer").add(line, "; ".join(targets) + ".",
+                                          "The search doubled the load until a point missed, then bisected "
+                                          "between the highest point met and the lowest missed; points near the "
+                                          "boundary run several times and meet only when every run meets, and "
+                                          "the answer itself is re-run before it is reported."),
+                    Section("The search").add(points_table(result), curve_figure(result))], command)
+    return write_document(doc, out_dir)

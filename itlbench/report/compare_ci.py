@@ -1,0 +1,285 @@
+"""Repeated runs of one setting: each headline figure's mean with a 95 % interval, and which differences are real.
+
+How: the runs of a setting are resampled with replacement 10,000 times (fixed seed, so a report is
+reproducible); each resample's mean gives the bootstrap distribution, whose 2.5 and 97.5 percentiles are
+the interval (`ci95`). With few runs that interval can be no wider than the runs' own range, so it is
+optimistic; a difference between two settings is therefore called `significant` only when all of:
+each setting has at least 3 runs, the two intervals do not overlap, the means are more than 5 standard
+errors apart (Welch's, from the runs' variances) and at least 5 % apart. Simulated identical settings
+(3 runs each, normal noise) pass all three about 1 % of the time per figure; a 10× difference with
+3 runs each always does. Anything else is `within noise`, and the verdict then names no winner.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from itlbench.report.style import RUN_COLORS
+
+if TYPE_CHECKING:
+    from itlbench.report.data import RunData
+
+RESAMPLES = 10_000
+MIN_RUNS = 3
+MIN_SEPARATION_SE = 5.0
+MIN_RELATIVE = 0.05
+METHOD = ("bootstrap over runs: 10,000 resamples of each setting's runs (with replacement, seed 0), 95 % "
+          "percentile interval of the resampled means; significant = ≥ 3 runs each, disjoint intervals, means "
+          "> 5 Welch standard errors and ≥ 5 % apart")
+
+# (Row attribute, name in compare.json, what a reader calls it, True when higher is better)
+FIGURES: tuple[tuple[str, str, str, bool], ...] = (
+    ("worst_s", "worst_gap_s", "worst gap", False),
+    ("p50_s", "itl_p50_s", "ITL p50", False),
+    ("p99_s", "itl_p99_s", "ITL p99", False),
+    ("p999_s", "itl_p999_s", "ITL p99.9", False),
+    ("injected_ttft_s", "injected_ttft_s", "injected TTFT", False),
+    ("ttft_p99_s", "ttft_p99_s", "TTFT p99", False),
+    ("out_tps", "output_tokens_per_s", "output tok/s", True),
+    ("stalled_s", "stalled_s", "stalled time", False),
+    ("goodput", "goodput_rps", "goodput", True),
+)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A figure over a setting's runs: mean, 95 % bootstrap interval, run count, and the runs' std."""
+
+    mean: float
+    lo: float
+    hi: float
+    n: int
+    sd: float
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {"mean": self.mean, "lo": self.lo, "hi": self.hi, "n": self.n}
+
+
+def bootstrap_ci(values: Sequence[float], resamples: int = RESAMPLES, seed: int = 0) -> Interval | None:
+    """The mean and its 95 % percentile-bootstrap interval over `values` (None when there are none)."""
+    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    if x.size == 0:
+        return None
+    sd = float(x.std(ddof=1)) if x.size > 1 else 0.0
+    if x.size == 1:
+        return Interval(float(x[0]), float(x[0]), float(x[0]), 1, 0.0)
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return Interval(float(x.mean()), float(lo), float(hi), int(x.size), sd)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """Setting b against setting a on one figure."""
+
+    a: str
+    b: str
+    figure: str
+    delta: float  # mean(b) - mean(a)
+    significant: bool
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "figure": self.figure, "difference": self.delta,
+                "verdict": "significant" if self.significant else "within noise", "why": self.reason}
+
+
+def judge(a: Interval, b: Interval) -> tuple[bool, str]:
+    """Whether b's figure differs from a's beyond the noise, and in a few words why (not)."""
+    if min(a.n, b.n) < MIN_RUNS:
+        return False, f"too few runs ({min(a.n, b.n)}; --repeat {MIN_RUNS} or more for a verdict)"
+    if a.hi >= b.lo and b.hi >= a.lo:
+        return False, "the 95 % intervals overlap"
+    delta = b.mean - a.mean
+    se = math.sqrt(a.sd ** 2 / a.n + b.sd ** 2 / b.n)
+    if se > 0 and abs(delta) <= MIN_SEPARATION_SE * se:
+        return False, f"only {abs(delta) / se:.1f} standard errors apart"
+    scale = max(abs(a.mean), abs(b.mean))
+    if scale > 0 and abs(delta) < MIN_RELATIVE * scale:
+        return False, f"less than {MIN_RELATIVE:.0%} apart"
+    return True, "disjoint intervals" + (f", {abs(delta) / se:.0f} standard errors apart" if se > 0 else "")
+
+
+def difference(a_label: str, a: Interval, b_label: str, b: Interval, figure: str) -> Difference:
+    significant, why = judge(a, b)
+    return Difference(a_label, b_label, figure, b.mean - a.mean, significant, why)
+
+
+def fmt_interval(iv: Interval | None, fmt: Any) -> str:
+    if iv is None:
+        return "—"
+    if iv.n == 1:
+        return fmt(iv.mean)
+    return f"{fmt(iv.mean)} [{fmt(iv.lo)}, {fmt(iv.hi)}]"
+
+
+def _fmt_figure(attr: str) -> Any:
+    from itlbench.report.style import fmt_s
+
+    if attr in ("out_tps",):
+        return lambda v: f"{v:,.0f}"
+    if attr == "goodput":
+        return lambda v: f"{v:.2f}"
+    return fmt_s
+
+
+def grouped(rows: Sequence[Any]) -> dict[str, list[Any]]:
+    """Rows by setting (a compare Row's `group`), in first-seen order."""
+    out: dict[str, list[Any]] = {}
+    for r in rows:
+        out.setdefault(r.group or r.label, []).append(r)
+    return out
+
+
+def repeated(rows: Sequence[Any]) -> bool:
+    return any(len(g) > 1 for g in grouped(rows).values())
+
+
+def group_intervals(rows: Sequence[Any]) -> dict[str, dict[str, Interval | None]]:
+    """Per setting, per headline figure (compare.json's name): the mean and 95 % interval over its runs."""
+    return {label: {key: bootstrap_ci([getattr(r, attr) for r in group if getattr(r, attr) is not None])
+                    for attr, key, _, _ in FIGURES}
+            for label, group in grouped(rows).items()}
+
+
+def all_differences(rows: Sequence[Any]) -> list[Difference]:
+    """Every pair of settings on every figure both have."""
+    ivs = group_intervals(rows)
+    labels = list(ivs)
+    out = []
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:]:
+            for _, key, _, _ in FIGURES:
+                x, y = ivs[a][key], ivs[b][key]
+                if x is not None and y is not None:
+                    out.append(difference(a, x, b, y, key))
+    return out
+
+
+def ci_json(rows: Sequence[Any]) -> dict[str, dict[str, dict[str, float | int] | None]]:
+    return {label: {k: (iv.as_dict() if iv is not None else None) for k, iv in figs.items()}
+            for label, figs in group_intervals(rows).items()}
+
+
+def _iv(attr: str, iv: Interval | None) -> str:
+    return fmt_interval(iv, _fmt_figure(attr))
+
+
+def noise_verdict(rows: Sequence[Any]) -> list[str]:
+    """The smoothest-setting sentence for repeated runs: a winner only where the difference beats the noise."""
+    ivs = group_intervals(rows)
+    ranked = sorted((lab for lab in ivs if ivs[lab]["worst_gap_s"] is not None),
+                    key=lambda lab: ivs[lab]["worst_gap_s"].mean)  # type: ignore[union-attr]
+    if len(ranked) < 2:
+        return []
+    best, second = ranked[0], ranked[1]
+    b, s = ivs[best]["worst_gap_s"], ivs[second]["worst_gap_s"]
+    assert b is not None and s is not None
+    ok, why = judge(s, b)
+    if not ok:
+        return [f"No setting has significantly smoother streams: {best} (worst gap {_iv('worst_s', b)}) and "
+                f"{second} ({_iv('worst_s', s)}) are within noise ({why}); means and 95 % intervals over "
+                f"{b.n} and {s.n} runs."]
+    text = (f"Smoothest streams: {best} (worst gap {_iv('worst_s', b)} over {b.n} runs), significantly below "
+            f"{second} ({_iv('worst_s', s)}).")
+    for attr, key, name, higher in (("injected_ttft_s", "injected_ttft_s", "injected TTFT", False),
+                                    ("out_tps", "output_tokens_per_s", "output tok/s", True)):
+        mine = ivs[best][key]
+        others = [(lab, ivs[lab][key]) for lab in ivs if lab != best and ivs[lab][key] is not None]
+        if mine is None or not others:
+            continue
+        top_label, top = (max if higher else min)(others, key=lambda t: t[1].mean)  # type: ignore[union-attr]
+        assert top is not None
+        if (top.mean > mine.mean) if higher else (top.mean < mine.mean):
+            ok, why = judge(top, mine)
+            text += (f" Its {name} {_iv(attr, mine)} against {top_label}'s {_iv(attr, top)}: "
+                     + ("significantly worse." if ok else f"within noise ({why})."))
+        else:
+            text += f" Its {name} {_iv(attr, mine)} is also the best."
+    return [text]
+
+
+def ci_table(rows: Sequence[Any]) -> Any:
+    from itlbench.report.document import Table
+
+    ivs = group_intervals(rows)
+    shown = FIGURES[:1] + FIGURES[2:3] + FIGURES[4:5] + FIGURES[6:7] + FIGURES[7:8]
+    body = [[label, str(max((iv.n for iv in figs.values() if iv is not None), default=0)),
+             *[_iv(attr, figs[key]) for attr, key, _, _ in shown]] for label, figs in ivs.items()]
+    return Table(["setting", "runs", *[name for _, _, name, _ in shown]], body,
+                 f"Mean [95 % interval] over each setting's runs ({METHOD})")
+
+
+def differences_table(rows: Sequence[Any]) -> Any:
+    """Each setting against the first, per figure: the difference of the means and whether it is real."""
+    from itlbench.report.document import Table
+
+    diffs = all_differences(rows)
+    first = next(iter(grouped(rows)))
+    shown = [f for f in FIGURES if f[0] in ("worst_s", "p99_s", "injected_ttft_s", "out_tps", "stalled_s")]
+    body = []
+    for label in list(grouped(rows))[1:]:
+        cells = [f"{label} − {first}"]
+        for attr, key, _, _ in shown:
+            d = next((d for d in diffs if d.a == first and d.b == label and d.figure == key), None)
+            if d is None:
+                cells.append("—")
+                continue
+            sign = "+" if d.delta >= 0 else "−"
+            cells.append(f"{sign}{_fmt_figure(attr)(abs(d.delta))} "
+                         + ("significant" if d.significant else "within noise"))
+        body.append(cells)
+    return Table(["difference", *[name for _, _, name, _ in shown]], body,
+                 "Each setting's mean minus the first setting's; 'significant' only where the difference beats "
+                 "the run-to-run noise (see the method above)")
+
+
+def swept_settings(runs: list[RunData]) -> set[str]:
+    """The run settings a sweep varied on purpose (its load axes): they may differ between the runs."""
+    return {k for r in runs for k in ((r.doc.get("sweep") or {}).get("settings") or {})}
+
+
+def _groups(runs: list[RunData]) -> list[str]:
+    """Each run's setting: its sweep point's label where a sweep wrote one, else what its engine says."""
+    return [(r.doc.get("sweep") or {}).get("label") or r.setting_label() for r in runs]
+
+
+def repeat_groups(runs: list[RunData], labels: list[str]) -> list[str]:
+    """Runs pool into one setting only as repeats of a sweep point; any other run stands alone."""
+    return [g if (r.doc.get("sweep") or {}).get("repeats", 1) > 1 else lab
+            for r, g, lab in zip(runs, _groups(runs), labels, strict=True)]
+
+
+def run_labels(runs: list[RunData]) -> list[str]:
+    labels = _groups(runs)
+    if len(set(labels)) < len(labels):  # same setting twice (machines, repeats): add which run
+        labels = [f"{lab} (#{(r.doc.get('sweep') or {}).get('repeat')})" if (r.doc.get("sweep") or {}).get("repeats", 1) > 1
+                  else f"{lab} ({r.name})" for lab, r in zip(labels, runs, strict=True)]
+    return labels
+
+
+def run_styles(labels: list[str], groups: list[str] | None) -> list[tuple[str, str | None]]:
+    """(colour, legend label) per run: one colour per setting, named once, where repeats share a setting."""
+    if not groups or len(set(groups)) == len(groups):
+        return [(RUN_COLORS[i % len(RUN_COLORS)], lab) for i, lab in enumerate(labels)]
+    order = list(dict.fromkeys(groups))
+    seen: set[str] = set()
+    out = []
+    for g in groups:
+        out.append((RUN_COLORS[order.index(g) % len(RUN_COLORS)], None if g in seen else g))
+        seen.add(g)
+    return out
+
+
+def rows_as_dicts(rows: Sequence[Any]) -> list[dict[str, Any]]:
+    return [{"setting": r.label, "group": r.group, "run_dir": str(r.run.run_dir), "worst_gap_s": r.worst_s, "itl_p50_s": r.p50_s,
+             "itl_p99_s": r.p99_s, "itl_p999_s": r.p999_s, "injected_ttft_s": r.injected_ttft_s,
+             "output_tokens_per_s": r.out_tps, "stalls": r.stalls, "stalled_s": r.stalled_s,
+             "goodput_rps": r.goodput, "valid": r.valid, "engine": r.run.engine.name,
+             "figures_from": r.run.engine.source} for r in rows]

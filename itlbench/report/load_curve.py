@@ -1,0 +1,122 @@
+"""Latency against load, for a sweep over `--rate` or `--streams` (and a capacity search's curve).
+
+A load sweep asks where the server starts to suffer. The figure draws, per load point (mean over a
+point's repeats, one line per other setting such as the chunk budget): ITL p50 and p99 and the worst
+gap; TTFT p90 per prompt bucket; and the achieved request rate against the offered one, where a
+server that cannot keep up falls below the diagonal.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+from matplotlib.ticker import FuncFormatter, NullFormatter
+
+from itlbench.analysis.buckets import BUCKET_LABELS
+from itlbench.report.data import RunData
+from itlbench.report.figures import FigureSpec
+from itlbench.report.style import RUN_COLORS, fmt_s, new_figure, tidy
+
+LOAD_KEYS = ("rate", "streams")
+
+
+def load_axis(runs: list[RunData]) -> str | None:
+    """'rate' or 'streams' where the runs differ in it (a load sweep), else None."""
+    for key in LOAD_KEYS:
+        values = {r.config.get(key) for r in runs}
+        if len(values) > 1 and None not in values:
+            return key
+    return None
+
+
+def _series_key(run: RunData, axis: str) -> str:
+    """What else distinguishes the run (the budget, a user setting): one line per value."""
+    settings = dict((run.doc.get("sweep") or {}).get("settings") or {})
+    settings.pop(axis, None)
+    if settings:
+        return ", ".join(f"{k}={v}" for k, v in settings.items())
+    return run.setting_label()
+
+
+def _ttft_p90(summary: dict[str, Any], bucket: str) -> float | None:
+    s = (summary.get("ttft_s") or {}).get(bucket) or {}
+    if not s.get("count"):
+        return None
+    return s.get("p90") if s.get("p90") is not None else s.get("max")
+
+
+def curve_points(runs: list[RunData], axis: str) -> dict[str, list[dict[str, float | None]]]:
+    """Per series, per load value (sorted): the mean of each figure over the repeats at that load."""
+    acc: dict[str, dict[float, list[RunData]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        acc[_series_key(r, axis)][float(r.config.get(axis) or 0)].append(r)
+    out: dict[str, list[dict[str, float | None]]] = {}
+    for series, by_load in acc.items():
+        pts = []
+        for load in sorted(by_load):
+            group = by_load[load]
+
+            def mean(values: list[float | None]) -> float | None:
+                vals = [v for v in values if v is not None]
+                return float(np.mean(vals)) if vals else None
+
+            itl = [(g.summary.get("itl_s") or {}) for g in group]
+            point: dict[str, float | None] = {
+                "load": load, "itl_p50_s": mean([i.get("p50") for i in itl]),
+                "itl_p99_s": mean([i.get("p99") for i in itl]), "worst_gap_s": mean([i.get("max") for i in itl]),
+                "achieved_rps": mean([(g.summary.get("throughput") or {}).get("requests_per_s") for g in group])}
+            for b in (*BUCKET_LABELS, "all"):
+                point[f"ttft_p90_{b}_s"] = mean([_ttft_p90(g.summary, b) for g in group])
+            pts.append(point)
+        out[series] = pts
+    return out
+
+
+def load_figure(runs: list[RunData], rows: object = None) -> FigureSpec:
+    axis = load_axis(runs) or "rate"
+    offered = "offered rate (requests/s)" if axis == "rate" else "steady streams"
+    spec = FigureSpec("compare_load", "Latency against load",
+                      f"Per {offered.split(' (')[0]} (mean over repeats; one colour per other setting): ITL p50 "
+                      "(dashed) and p99 (solid) and the worst gap (dotted); TTFT p90 per prompt bucket; and the "
+                      "achieved request rate — below the diagonal the server no longer keeps up.")
+    curves = curve_points(runs, axis)
+    fig = new_figure(3.6, 11.0)
+    ax_itl, ax_ttft, ax_rate = fig.subplots(1, 3)
+    secs = FuncFormatter(lambda v, _: fmt_s(v))
+    for i, (series, pts) in enumerate(curves.items()):
+        color = RUN_COLORS[i % len(RUN_COLORS)]
+        x = [p["load"] for p in pts]
+        for key, style in (("itl_p50_s", "--"), ("itl_p99_s", "-"), ("worst_gap_s", ":")):
+            ys = [p[key] for p in pts]
+            ax_itl.plot(x, [np.nan if y is None else y for y in ys], style, marker="o", ms=3, color=color,
+                        label=series if key == "itl_p99_s" else None)
+        for j, b in enumerate(b for b in BUCKET_LABELS if any(p[f"ttft_p90_{b}_s"] is not None for p in pts)):
+            ys = [p[f"ttft_p90_{b}_s"] for p in pts]
+            ax_ttft.plot(x, [np.nan if y is None else y for y in ys], marker="os^v<>"[j % 6], ms=3,
+                         color=color, alpha=1.0 - 0.12 * j, label=f"{series} {b}" if len(curves) > 1 else b)
+        ax_rate.plot(x, [np.nan if p["achieved_rps"] is None else p["achieved_rps"] for p in pts], marker="o",
+                     ms=3, color=color, label=series)
+    if axis == "rate":
+        top = max((p["load"] for pts in curves.values() for p in pts), default=1.0)
+        ax_rate.plot([0, top], [0, top], color="#999999", linewidth=0.8, linestyle="--", label="offered")
+    for ax, title in ((ax_itl, "inter-token latency"), (ax_ttft, "TTFT p90 by prompt bucket"),
+                      (ax_rate, "achieved requests/s")):
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.set_xlabel(offered)
+        tidy(ax)
+    for ax in (ax_itl, ax_ttft):
+        lo, hi = ax.get_ylim()
+        if lo > 0 and hi / lo > 20:  # log only where the values span decades (else its ticks say little)
+            ax.set_yscale("log")
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        else:
+            ax.set_ylim(bottom=0)
+        ax.yaxis.set_major_formatter(secs)
+    for style, name in (("--", "ITL p50"), ("-", "ITL p99"), (":", "worst gap")):
+        ax_itl.plot([], [], style, color="#555555", label=name)
+    ax_itl.legend(fontsize=7, frameon=False)
+    ax_ttft.legend(fontsize=7, frameon=False)
+    spec.figure = fig
+    return spec

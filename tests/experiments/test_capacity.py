@@ -1,0 +1,160 @@
+"""`itlbench capacity`: the search's logic on a known threshold, then on a real server whose capacity is built in."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from itlbench.cli import app
+from itlbench.errors import ConfigError
+from itlbench.experiments.capacity import (
+    CapacityPlan,
+    RunJudgement,
+    SearchPoint,
+    parse_stall_budget,
+    search,
+)
+from itlbench.experiments.capacity import judge_run as _judge_run
+from itlbench.testing.paced_server import PacedConfig, spawn
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _threshold(capacity: float, flaky_at: set[float] | None = None):
+    """A measure function: loads up to `capacity` meet; at `flaky_at` the second run misses."""
+    calls: list[tuple[float, str, int]] = []
+
+    def measure(load: float, phase: str, repeats: int) -> SearchPoint:
+        calls.append((load, phase, repeats))
+        pt = SearchPoint(load, phase)
+        for i in range(repeats):
+            miss = load > capacity or (flaky_at is not None and load in flaky_at and i == 1)
+            pt.runs.append(RunJudgement(Path("."), {}, ["missed"] if miss else []))
+        return pt
+
+    return measure, calls
+
+
+def test_bracketing_then_bisection_finds_a_rate_within_the_resolution() -> None:
+    measure, calls = _threshold(13.0)
+    result = search(CapacityPlan(start=1, resolution=0.1, repeat=2), measure)
+    assert [c[0] for c in calls[:5]] == [1, 2, 4, 8, 16], "doubling until the first miss"
+    assert result.missed_at is not None and result.max_load is not None
+    assert result.max_load <= 13.0 < result.missed_at
+    assert result.missed_at - result.max_load <= 0.1 * result.max_load
+    assert all(r == 2 for _, phase, r in calls if phase == "bisect"), "points near the boundary repeat"
+    assert sum(len(p.runs) for p in result.points if p.load == result.max_load) >= 2, "the answer was re-run"
+
+
+def test_streams_bisect_to_one_stream_and_a_flaky_answer_is_not_reported() -> None:
+    measure, _ = _threshold(6.0)
+    result = search(CapacityPlan(axis="streams", start=1, repeat=2), measure)
+    assert (result.max_load, result.missed_at) == (6, 7)
+    measure, _ = _threshold(6.0, flaky_at={6.0})  # 6 meets once, then misses on its repeat
+    result = search(CapacityPlan(axis="streams", start=1, repeat=2), measure)
+    assert (result.max_load, result.missed_at) == (5, 6) and result.confirmed
+    measure, _ = _threshold(6.0)
+    result = search(CapacityPlan(axis="streams", start=1, repeat=2, max_points=4), measure)
+    assert not result.confirmed, "cut short by --max-points: the answer is marked unconfirmed"
+
+
+def test_a_start_that_misses_searches_down_and_rate_max_caps_the_search() -> None:
+    measure, calls = _threshold(0.3)
+    result = search(CapacityPlan(start=4, resolution=0.2, repeat=1), measure)
+    assert [c[0] for c in calls[:5]] == [4, 2, 1, 0.5, 0.25]
+    assert result.max_load is not None and result.max_load <= 0.3 < result.missed_at  # type: ignore[operator]
+    measure, calls = _threshold(100.0)
+    result = search(CapacityPlan(start=1, load_max=5, repeat=1), measure)
+    assert [c[0] for c in calls] == [1, 2, 4, 5] and (result.max_load, result.missed_at) == (5, None)
+    assert result.confirmed
+
+
+@pytest.mark.parametrize(("spec", "says"), [("worst=1x", "--stall-budget"), ("stalled=150%", "share"),
+                                            ("freeze=1s", "worst=DUR")])
+def test_bad_stall_budgets_name_the_flag(spec: str, says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_stall_budget(spec)
+    assert err.value.field == "--stall-budget" and says in str(err.value)
+    b = parse_stall_budget("worst=1s,stalled=1%,victims=0.1")
+    assert (b.worst_s, b.stalled, b.victims) == (1.0, 0.01, 0.1)
+
+
+def test_bad_capacity_options_exit_2_with_one_line(tmp_path: Path) -> None:
+    for args, flag in ((["--axis", "tokens"], "--axis"), (["--rate", "3"], "--rate"),
+                       (["--slo", "itl_p99=fast"], "--slo"), (["--serve", "srv"], "--serve")):
+        result = runner.invoke(app, ["capacity", "--out", str(tmp_path / "c"), *args], terminal_width=300)
+        assert result.exit_code == 2, result.output
+        assert f"error: {flag}" in " ".join(result.output.split()) and "Traceback" not in result.output
+
+
+# --- against a real server: the paced server slows down beyond a known load ---------------------------------
+
+RUN = ["--workload", "fixed:16:40", "--duration", "3", "--warmup", "0.5", "--model", "paced"]
+
+
+def test_the_capacity_of_a_server_built_to_hold_three_streams_is_three(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """ITL = 30 ms × max(1, streams / 2): 45 ms at 3 streams, 60 ms at 4; the SLO (52 ms) sits between."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    out = tmp_path / "cap"
+    serve = (f"{shlex.quote(sys.executable)} -m itlbench.testing.paced_server --port {{port}} --tick-s 0.03 "
+             "--degrade-above 2")
+    result = runner.invoke(app, ["capacity", "--serve", serve, "--axis", "streams", "--slo", "itl_p99=52ms",
+                                 "--stall-budget", "worst=1s", "--out", str(out), *RUN], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "capacity.json").read_text())
+    assert doc["max_streams"] == 3 and doc["missed_at"] == 4, doc
+    assert "Capacity: 3 streams" in " ".join(result.output.split())
+    at = {p["load"]: p for p in doc["points"]}
+    assert at[3]["met"] and not at[4]["met"]
+    assert at[4]["runs"][0]["figures"]["itl_p99_s"] > 0.052
+    assert (out / "report.html").is_file() and (out / "figures" / "capacity_curve.png").is_file()
+    assert (out / "server.log").is_file()
+
+
+def test_the_rate_found_holds_when_rerun_and_twice_it_misses(tmp_path: Path) -> None:
+    """Throughput capped at 8 streams × one token per 20 ms: 20 requests/s of 20 tokens; beyond, the queue grows."""
+    proc, url = spawn(PacedConfig(tick_s=0.02, degrade_above=8))
+    try:
+        out = tmp_path / "cap"
+        run = ["--workload", "fixed:16:20", "--duration", "3", "--warmup", "0.5", "--model", "paced"]
+        result = runner.invoke(app, ["capacity", "--endpoint", url, "--slo", "itl_p99=40ms", "--start", "4",
+                                     "--resolution", "0.25", "--repeat", "1", "--out", str(out), *run],
+                               terminal_width=200)
+        assert result.exit_code == 0, result.output
+        doc = json.loads((out / "capacity.json").read_text())
+        rate = doc["max_rate"]
+        assert rate is not None and 8 <= rate <= 24, doc
+        verdicts = []
+        for r in (rate, 2 * rate):
+            rerun = tmp_path / f"rerun{r:g}"
+            res = runner.invoke(app, ["run", "--endpoint", url, "--rate", f"{r:g}", "--slo", "itl_p99=40ms",
+                                      "--no-live", "--out", str(rerun), *run], terminal_width=200)
+            assert res.exit_code == 0, res.output
+            verdicts.append(_judge_run(rerun, "itl_p99=40ms", parse_stall_budget(None)).met)
+        assert verdicts == [True, False]
+    finally:
+        proc.kill()
+        proc.wait(5)
+
+
+def test_capacity_runs_the_bundled_engine_when_no_server_is_named(tmp_path: Path) -> None:
+    """The simulated engine in-process, a search capped by --rate-max: it holds at every load tried."""
+    out = tmp_path / "cap"
+    result = runner.invoke(app, ["capacity", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
+                                 "--axis", "streams", "--start", "2", "--rate-max", "4", "--slo", "itl_p99=1s",
+                                 "--workload", "chat-short", "--duration", "2", "--warmup", "0.5", "--out", str(out)],
+                           terminal_width=200)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "capacity.json").read_text())
+    assert [p["load"] for p in doc["points"]] == [2, 4, 4], "the top load is re-run before it is the answer"
+    assert doc["max_streams"] == 4 and doc["missed_at"] is None and doc["confirmed"]
+    assert "Capacity ≥ 4 streams" in " ".join(result.output.split()) and "Not confirmed" not in result.output
+    run = json.loads((out / "streams4" / "run2" / "run.json").read_text())
+    assert run["config"]["endpoint"] is None and run["config"]["engine"]["engine"] == "sim"
