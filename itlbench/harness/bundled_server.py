@@ -39,7 +39,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def server_command(cfg: EngineConfig, host: str, port: int, otlp_endpoint: str | None = None) -> list[str]:
     """`itlbench serve` with the whole EngineConfig as JSON: the child runs exactly what run.json records."""
-    cmd = [sys.executable, "-m", "itlbench", "serve", "--engine-config", cfg.to_json(),
+    # -P: the working directory is not put on sys.path (a planted `itlbench/` there is not run)
+    cmd = [sys.executable, "-P", "-m", "itlbench", "serve", "--engine-config", cfg.to_json(),
            "--host", host, "--port", str(port)]
     return cmd + ["--otlp-endpoint", otlp_endpoint] if otlp_endpoint else cmd
 

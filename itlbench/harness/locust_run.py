@@ -80,7 +80,7 @@ class _Procs:
         env = {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, USER_KEY_ENV)}  # the master sends no load
         env[TOKEN_ENV] = self.token
         self.master = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "itlbench.load.locust.master", str(job_file),
+            sys.executable, "-P", "-m", "itlbench.load.locust.master", str(job_file),
             stdout=asyncio.subprocess.PIPE, stderr=self.log, start_new_session=True, env=env)
 
     async def start_workers(self, port: int, api_key: str | None) -> None:
@@ -90,7 +90,7 @@ class _Procs:
             env[API_KEY_ENV] = api_key
         for _ in range(self.job.workers):
             self.workers.append(await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "itlbench.load.locust.worker", "--master", f"127.0.0.1:{port}",
+                sys.executable, "-P", "-m", "itlbench.load.locust.worker", "--master", f"127.0.0.1:{port}",
                 stdout=self.log, stderr=self.log, start_new_session=True, env=env))
 
     def signal_master(self, sig: int) -> None:

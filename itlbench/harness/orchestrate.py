@@ -236,8 +236,11 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
     cfg.validate()
     _preflight(cfg)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError("--out", f"{run_dir} is a file, not a directory", "name a new or empty directory")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError("--out", f"{run_dir} already holds a run", "choose a new directory")
+    created = not run_dir.exists()  # a directory the user made stays, emptied, if nothing is measured
     telemetry = _start_telemetry(cfg)  # before the engine: a port in use fails first
     store = RunStore(run_dir)
     run_doc: dict[str, Any] = {"itlbench_version": __version__, "created": dt.datetime.now(dt.UTC).isoformat(),
@@ -251,7 +254,11 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
     try:
         conn = connect(cfg, run_dir)
     except ItlbenchError:
-        shutil.rmtree(run_dir, ignore_errors=True)  # nothing was measured (the error carries the log tail)
+        if created:  # nothing was measured (the error carries the log tail)
+            shutil.rmtree(run_dir, ignore_errors=True)
+        else:
+            for child in list(run_dir.iterdir()):
+                shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
         _close_telemetry(telemetry)
         raise
     try:

@@ -32,6 +32,7 @@ from itlbench.load.progress import ProgressSnapshot
 from itlbench.load.target import Target
 from itlbench.rundir.schema import TABLES
 from itlbench.rundir.store import RunStore
+from itlbench.system.parent import die_with_parent
 from itlbench.workloads.plan import LoadPlan
 
 MERGED_PART_BASE = 90_000
@@ -49,6 +50,7 @@ def worker_dir(run_dir: str | Path, k: int) -> Path:
 
 def _worker(k: int, n: int, plan_factory: Callable[[], LoadPlan], target: Target, run_dir: str,
             kwargs: dict[str, Any], start_q: Any, out_q: Any) -> None:
+    die_with_parent()  # a run killed with SIGKILL leaves no client process behind (its flushed parts stay)
     install_uvloop()
     store = RunStore(worker_dir(run_dir, k))
     try:

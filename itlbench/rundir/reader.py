@@ -20,9 +20,23 @@ def conform(df: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame:
     )
 
 
-def read_table(run_dir: str | Path, table: str) -> pl.DataFrame:
-    """All part files of one table, or an empty frame of its schema when there are none."""
+WORKER_PART_BASE = 90000  # a worker's parts, merged, become part-<90000+k> (load.multiproc.MERGED_PART_BASE)
+
+
+def table_parts(run_dir: str | Path, table: str) -> list[Path]:
+    """The part files of one table: the run's own, and those still in `workers/<k>/` of a run killed
+    before it merged them (a worker whose merged part exists is not read twice)."""
     parts = sorted(Path(run_dir, table).glob("*.parquet"))
+    names = {p.name for p in parts}
+    for wdir in sorted(Path(run_dir, "workers").glob("*")):
+        if wdir.name.isdigit() and f"part-{WORKER_PART_BASE + int(wdir.name):05d}.parquet" not in names:
+            parts += sorted((wdir / table).glob("part-*.parquet"))
+    return parts
+
+
+def read_table(run_dir: str | Path, table: str) -> pl.DataFrame:
+    """All part files of one table (`table_parts`), or an empty frame of its schema when there are none."""
+    parts = table_parts(run_dir, table)
     frames = [conform(pl.read_parquet(p), TABLES[table]) for p in parts]
     frames = [f for f in frames if f.height]
     return pl.concat(frames) if frames else empty(table)

@@ -47,6 +47,7 @@ class RunStore:
         self.quarantined: dict[str, int] = {}  # rows written as JSON lines instead of parquet, per table
         self._quarantine_doc: dict[str, Any] = {}
         self._on_flush: Any = None  # keep_doc_current's update
+        self._doc_stop: threading.Event | None = None
         self._json_lock = threading.Lock()
         self._lock = threading.Lock()
         self._last_flush = time.monotonic()
@@ -111,9 +112,25 @@ class RunStore:
 
         self.write_json(name, snap)
         self._on_flush = update
+        # also on a clock: with several client processes, the parts are flushed by their stores, not this one
+        self._doc_stop = stop = threading.Event()
+
+        def tick() -> None:
+            while not stop.wait(self.flush_every_s):
+                hook = self._on_flush
+                if hook is None:
+                    return
+                try:
+                    hook()
+                except Exception:  # noqa: BLE001 - the records matter more than the document
+                    log.exception("refreshing the run document")
+
+        threading.Thread(target=tick, name="itlbench-run-doc", daemon=True).start()
 
     def stop_keeping_doc(self) -> None:
         self._on_flush = None
+        if self._doc_stop is not None:
+            self._doc_stop.set()
 
     def _write_part(self, table: str, part: int, rows: list[dict[str, Any]],
                     frames: list[pl.DataFrame] | None = None) -> None:
@@ -191,7 +208,7 @@ class RunStore:
 
     def close(self) -> None:
         self.flush()
-        self._on_flush = None
+        self.stop_keeping_doc()
         left = self.unwritten()
         if left:
             raise ItlbenchError(f"could not write {', '.join(f'{n} {t} rows' for t, n in left.items())} "

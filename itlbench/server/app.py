@@ -105,7 +105,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     key = _state(request).api_key
     if key and request.path.startswith("/v1/"):
-        given = request.headers.get("Authorization", "").encode()
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")  # any bytes: 401
         if not hmac.compare_digest(given, f"Bearer {key}".encode()):  # constant time: no timing oracle
             raise ApiError(401, "Authorization: missing or invalid API key", "Authorization",
                            "authentication_error", "invalid_api_key")
@@ -113,11 +113,24 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 # ---- generation ---------------------------------------------------------------------------
+# Content types a web page may POST cross-origin without a CORS preflight: a page the user visits
+# could otherwise make their browser send load to a server on their loopback.
+_SIMPLE_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def _check_content_type(request: web.Request) -> None:
+    if request.content_type in _SIMPLE_TYPES:
+        raise ApiError(415, f"Content-Type: {request.content_type} is not accepted; send application/json",
+                       "Content-Type")
+
+
 async def _completions(request: web.Request) -> web.StreamResponse:
+    _check_content_type(request)
     return await _generate(request, parse_completion(parse_json(await request.read())))
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
+    _check_content_type(request)
     return await _generate(request, parse_chat(parse_json(await request.read())))
 
 

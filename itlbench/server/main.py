@@ -156,6 +156,9 @@ def _torch_threads() -> int | None:
 
 def _log_startup(server: RunningServer, engine: object, layout: dict[str, object]) -> None:
     cfg = server.config.engine
+    if not server.config.api_key and server.config.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("serving on %s without an API key: anyone who reaches this port can send load and read "
+                    "/v1/steps; set ITLBENCH_API_KEY (or --api-key) or bind 127.0.0.1", server.config.host)
     budget = "none" if cfg.chunk_budget is None else cfg.chunk_budget
     log.info("itlbench serving model=%s device=%s dtype=%s chunk_budget=%s policy=%s%s engine_process=%s "
              "torch_threads=%s decode=%s weights=%s url=%s", server.config.model_name, getattr(engine, "device", "?"),

@@ -11,6 +11,7 @@ and the prompt ends with ``<|assistant|>\\n``; the result is tokenized like a co
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,7 +205,13 @@ def _opt_float(body: dict[str, Any], name: str, default: float) -> float:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise bad(name, f"must be a number, got {json.dumps(value)}")
-    return float(value)
+    try:
+        out = float(value)
+    except OverflowError:
+        out = math.inf
+    if not math.isfinite(out):  # json.loads takes NaN and Infinity; sampling with them is undefined
+        raise bad(name, f"must be a finite number, got {value}")
+    return out
 
 
 def _opt_bool(body: dict[str, Any], name: str, default: bool, prefix: str = "") -> bool:

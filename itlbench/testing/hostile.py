@@ -10,7 +10,7 @@ Modes:
   choices_not_list  `choices` is an object
   html_5xx          503 with an HTML page
   never_ending      `data: ` and then bytes without end, no line break ever (until the client leaves)
-  trickle           a well-formed stream written one byte at a time
+  trickle           a well-formed stream written a few bytes at a time
   cut_mid_chunk     three chunks, half of a fourth, then the connection is cut
   huge_usage        a usage chunk with 2**70 tokens and a string that is megabytes long
   huge_head         a response head of 200 KiB (one endless header line)
@@ -44,7 +44,8 @@ class HostileConfig(PeerConfig):
     modes: tuple[str, ...] = MODES
     endless_piece: int = 64 * 1024  # bytes per write of a never-ending event
     endless_limit: int = 1 << 30  # the server gives up after this many bytes of it (a test's safety net)
-    trickle_s: float = 0.0005  # between bytes of a trickled stream
+    trickle_s: float = 0.0005  # between pieces of a trickled stream
+    trickle_piece: int = 5  # bytes per write of a trickled stream (events and HTTP chunks split anywhere)
     control: str = "sane"  # how GET /v1/models answers: sane | huge | trickle | odd
 
 
@@ -118,8 +119,9 @@ class HostilePeer(OpenAIPeer):
 
     async def _write(self, resp: web.StreamResponse, sent: _Sent, data: bytes) -> None:
         if sent.mode == "trickle":
-            for i in range(len(data)):
-                await resp.write(data[i:i + 1])
+            step = self.hcfg.trickle_piece
+            for i in range(0, len(data), step):
+                await resp.write(data[i:i + step])
                 await asyncio.sleep(self.hcfg.trickle_s)
         else:
             await resp.write(data)

@@ -17,18 +17,32 @@ from itlbench.rundir.reader import read_table
 from itlbench.testing.openai_peer import PeerConfig, serve_in_thread
 
 
-def _kill9_after_first_flush(cmd: list[str], out: Path) -> None:
+def _kill9_after_first_flush(cmd: list[str], out: Path, parts: str = "requests/part-*.parquet") -> list[int]:
+    """SIGKILL the run once a request part is on disk; the pids of its process tree then."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 180
+    tree: list[int] = []
     try:
-        while not list(out.glob("requests/part-*.parquet")):
+        while not list(out.glob(parts)):
             assert proc.poll() is None and time.monotonic() < deadline, "the run never flushed a request"
             time.sleep(0.05)
         time.sleep(0.5)
+        tree = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL and not (out / "summary.json").exists()
+    return tree
+
+
+def _gone(pids: list[int], timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def _analyze(out: Path) -> dict[str, object]:
@@ -49,6 +63,20 @@ def test_a_run_killed_with_sigkill_against_an_endpoint_can_be_analysed(tmp_path:
                                   "--workload", "chat-short", "--streams", "4", "--duration", "60",
                                   "--warmup", "0.2", "--no-adaptive-warmup", "--no-live", "--out", str(out)], out)
     _analyze(out)
+
+
+def test_a_multi_process_run_killed_with_sigkill_is_analysed_from_its_workers_parts(tmp_path: Path):
+    out = tmp_path / "run"
+    with serve_in_thread(PeerConfig(tick_s=0.005)) as (_, url):
+        tree = _kill9_after_first_flush([sys.executable, "-m", "itlbench", "run", "--endpoint", url, "--model", "peer",
+                                         "--workload", "chat-short", "--streams", "4", "--workers", "2",
+                                         "--duration", "60", "--warmup", "0.2", "--no-adaptive-warmup", "--no-live",
+                                         "--out", str(out)], out, parts="workers/*/requests/part-*.parquet")
+        orphans_gone = _gone(tree)
+    assert not list(out.glob("requests/*.parquet")), "nothing was merged: the parts are only in workers/"
+    assert read_table(out, "requests").height > 0
+    _analyze(out)
+    assert orphans_gone, "a worker process outlived its run"
 
 
 @pytest.mark.e2e

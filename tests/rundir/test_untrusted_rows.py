@@ -102,3 +102,22 @@ def test_locust_worker_batches_are_coerced_and_malformed_ones_refused():
                         ("requests", ["a"]), ("requests", {"request_id": "abc"}), (None, {})):
         assert rows_from_columns(table, cols) is None
     assert coerce_row("requests", "not a row") is None
+
+
+def test_worker_parts_of_an_unmerged_run_are_read_once(tmp_path: Path):
+    """A run killed before `merge_worker_parts`: workers/<k>/ parts are read, but not those of a
+    worker whose merged part already exists (killed mid-merge)."""
+    from itlbench.load.multiproc import MERGED_PART_BASE
+    from itlbench.rundir.reader import WORKER_PART_BASE
+
+    assert WORKER_PART_BASE == MERGED_PART_BASE
+    for k in (0, 1):
+        s = RunStore(tmp_path / "workers" / str(k))
+        s.add("requests", {"request_id": f"w{k}"})
+        s.close()
+    assert sorted(read_table(tmp_path, "requests")["request_id"]) == ["w0", "w1"]
+    merged = RunStore(tmp_path)
+    merged.add("requests", {"request_id": "w0"})
+    merged.close()
+    (tmp_path / "requests" / "part-00000.parquet").rename(tmp_path / "requests" / "part-90000.parquet")
+    assert sorted(read_table(tmp_path, "requests")["request_id"]) == ["w0", "w1"]
