@@ -96,7 +96,8 @@ def compare(
     """Compare finished runs: one row each, overlaid figures and a verdict per SLO."""
     import datetime as dt
 
-    from itlbench.report.compare import comparison_doc, print_comparison, write_compare_report
+    from itlbench.report.compare import write_compare_report
+    from itlbench.report.compare_print import comparison_doc, print_comparison
 
     for d in run_dirs:
         if not (d / "run.json").is_file():

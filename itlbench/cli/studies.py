@@ -55,7 +55,8 @@ def sweep(
         missing_lines,
         run_sweep,
     )
-    from itlbench.report.compare import comparison_doc, print_comparison, write_compare_report
+    from itlbench.report.compare import write_compare_report
+    from itlbench.report.compare_print import comparison_doc, print_comparison
     from itlbench.units import parse_duration_s
 
     run_args = list(ctx.args) + (["--slo", slo] if slo else []) + (["--model", model] if model else [])

@@ -20,7 +20,6 @@ import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
-from rich.console import Console
 
 from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.analysis.goodput import SloSet, parse_slo
@@ -45,7 +44,6 @@ from itlbench.report.figures import FigureSpec
 from itlbench.report.load_curve import load_axis, load_figure
 from itlbench.report.reproduce import reproduce_command
 from itlbench.report.style import RUN_COLORS, fmt_s, new_figure, tidy
-from itlbench.report.tables import TextTable, print_table
 from itlbench.report.timeline import draw_rows, injected_spans
 
 # Settings that define the question a run answers; runs that differ in one answer different ones.
@@ -434,22 +432,3 @@ def write_compare_report(dirs: list[Path], out_dir: Path, slo: str | None = None
         "differences": [d.as_dict() for d in all_differences(rows)], "missing": list(missing or [])},
         indent=2, default=str) + "\n")
     return written, rows, lines
-
-
-def comparison_doc(rows: list[Row], lines: list[str], html: Path) -> dict[str, Any]:
-    """What `print_comparison` shows, for `--json`: compare.json's rows and verdict, and the report."""
-    return {"report": str(html), "rows": rows_as_dicts(rows), "verdict": lines}
-
-
-def print_comparison(console: Console, rows: list[Row], lines: list[str], html: Path) -> None:
-    """The comparison table and verdict on the terminal, then where the report is."""
-    table = TextTable("Comparison (steady streams)",
-                      ("setting", "worst gap", "ITL p99", "p99.9", "injected TTFT", "output tok/s", "stalls", "valid"))
-    for r in rows:
-        table.add_row(r.label, fmt_s(r.worst_s), fmt_s(r.p99_s), fmt_s(r.p999_s), fmt_s(r.injected_ttft_s),
-                      "—" if r.out_tps is None else f"{r.out_tps:,.0f}", f"{r.stalls:,}",
-                      {True: "yes", False: "NO", None: "?"}[r.valid])
-    print_table(console, table)
-    for line in lines:
-        console.print(f"  {line}", highlight=False)
-    console.print(f"[bold]Report[/] {html}", highlight=False)

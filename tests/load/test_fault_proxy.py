@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from itlbench.load.clients.http1 import ChunkedDecoder
-from itlbench.load.clients.sse import SseEvents
+from itlbench.load.clients.sse_events import SseEvents
 from itlbench.load.driver import drive
 from itlbench.load.target import Target
 from itlbench.rundir.reader import read_table

@@ -16,7 +16,7 @@ from itlbench.harness.http_json import ReplyTooLarge, request_json
 from itlbench.harness.orchestrate import run_load_test
 from itlbench.harness.run_config import RunConfig
 from itlbench.load.clients.limits import Limits
-from itlbench.load.clients.sse import SseEvents, StreamError
+from itlbench.load.clients.sse_events import SseEvents, StreamError
 from itlbench.load.observers.metrics_sampler import MetricsSampler
 from itlbench.rundir.reader import read_table
 from itlbench.rundir.store import RunStore

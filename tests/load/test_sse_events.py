@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from itlbench.load.clients.sse import SseEvents
+from itlbench.load.clients.sse_events import SseEvents
 
 STREAM = (
     b": keep-alive comment\r\n\r\n"

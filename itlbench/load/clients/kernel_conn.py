@@ -22,15 +22,8 @@ from itlbench.load.clients.kclock import (
     SCM_TIMESTAMPNS,
     TIMESPEC,
 )
-from itlbench.load.clients.sse import (
-    CHUNK_ROWS_PER_HANDOFF,
-    DEFAULT_MAX_EVENT_BYTES,
-    HEAD_BYTES,
-    SseEvents,
-    StreamError,
-    _Exchange,
-    error_text,
-)
+from itlbench.load.clients.sse import CHUNK_ROWS_PER_HANDOFF, HEAD_BYTES, _Exchange, error_text
+from itlbench.load.clients.sse_events import DEFAULT_MAX_EVENT_BYTES, SseEvents, StreamError
 from itlbench.load.clients.sse_scan import DECODE, Shape, count_tokens
 
 _now = time.perf_counter_ns

@@ -22,7 +22,8 @@ from gevent import GreenletExit
 from geventhttpclient.response import HTTPConnectionClosed
 from geventhttpclient.useragent import ConnectionError as GhcConnectionError
 
-from itlbench.load.clients.sse import Outcome, SseEvents, StreamClient, _Exchange, build_body
+from itlbench.load.clients.sse import Outcome, StreamClient, _Exchange, build_body
+from itlbench.load.clients.sse_events import SseEvents
 from itlbench.load.sink import RowWriter
 from itlbench.load.target import Target
 
