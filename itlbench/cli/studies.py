@@ -143,7 +143,7 @@ def capacity(
 
     Example: itlbench capacity --workload chat --slo itl_p99=100ms --stall-budget worst=1s,victims=10% --duration 20
     """
-    from itlbench.experiments.capacity_cli import run_capacity
+    from itlbench.cli.capacity import run_capacity
 
     run_capacity(ctx.args, slo=slo, stall_budget=stall_budget, axis=axis, start=start, rate_max=rate_max,
                  resolution=resolution, repeat=repeat, max_points=max_points, serve=serve,

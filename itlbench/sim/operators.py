@@ -20,12 +20,26 @@ split tp ways). Torch-free.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from itlbench.core.model_config import ModelConfig
 from itlbench.sim.hardware import Hardware
+from itlbench.sim.shapes import StepShape, StepTime
 
-if TYPE_CHECKING:
-    from itlbench.sim.roofline import CostModel, StepShape, StepTime
+
+class CostModel(Protocol):
+    """What the operators read of roofline.CostModel (kept apart so the two do not import each other)."""
+
+    model: ModelConfig
+    tp: int
+    b: float
+    act_bytes: float
+    kv_heads_per_gpu: int
+    kv_bytes_per_token_per_gpu: float
+
+    def overhead_s(self, shape: StepShape, hw: Hardware) -> float: ...
+
+    def allreduce_s(self, rows: int, hw: Hardware) -> float: ...
 
 LAYER_GEMMS = ("qkv", "o", "gate_up", "down")
 ELEMENTWISE_KERNELS = 4  # fused add+norm twice, RoPE, SiLU·mul (vLLM's fused kernels)
@@ -86,8 +100,6 @@ def elementwise_bytes(cm: CostModel, rows: int) -> float:
 
 
 def operator_time(cm: CostModel, shape: StepShape, hw: Hardware) -> StepTime:
-    from itlbench.sim.roofline import StepTime
-
     rows, layers = shape.tokens, cm.model.num_layers
     compute = memory = 0.0
     kernels = 0

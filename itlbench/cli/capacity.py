@@ -1,6 +1,6 @@
 """`itlbench capacity` from the command line: the target (bundled engine, --endpoint or --serve), the runs, the files.
 
-Kept apart from the typer declaration in cli/studies.py so the command's options stay readable there.
+Kept apart from the typer declaration in studies.py so the command's options stay readable there.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from itlbench.cli.app import console, fail
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.experiments.capacity import (
     CapacityPlan,
@@ -49,8 +50,6 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
                  rate_max: float | None, resolution: float, repeat: int, max_points: int, serve: str | None,
                  serve_timeout: str, endpoint: str | None, model: str | None, out: Path | None,
                  invoke_run: Callable[[list[str]], int]) -> None:
-    from itlbench.cli.app import console, fail
-
     def say(text: str) -> None:
         console.print(f"[dim]{text}[/]", highlight=False)
 
