@@ -178,6 +178,13 @@ class CapacityResult:
     interrupted: bool = False
 
     @property
+    def inversions(self) -> list[tuple[float, float]]:
+        """(met, missed) pairs where a load met above one that missed: the noise exceeds the boundary's slope."""
+        met = [p.load for p in self.points if p.met]
+        missed = [p.load for p in self.points if p.runs and not p.met]
+        return sorted({(m, x) for m in met for x in missed if m > x})
+
+    @property
     def confirmed(self) -> bool:
         """The answer ran `repeat` times, every run meeting (False where --max-points cut the search short)."""
         runs = [r for p in self.points if p.load == self.max_load for r in p.runs]
@@ -189,7 +196,7 @@ class CapacityResult:
         return {key: self.max_load, "axis": p.axis, "missed_at": self.missed_at,
                 "margin": None if self.max_load is None or self.missed_at is None else self.missed_at - self.max_load,
                 "slo": p.slo, "stall_budget": p.budget.as_dict(), "resolution": p.resolution, "repeat": p.repeat,
-                "confirmed": self.confirmed, "interrupted": self.interrupted,
+                "confirmed": self.confirmed, "monotone": not self.inversions, "interrupted": self.interrupted,
                 "points": [pt.as_dict(root) for pt in self.points]}
 
 
@@ -278,6 +285,10 @@ def answer_line(result: CapacityResult) -> str:
                 if result.points else "No point was measured.")
     caveat = "" if result.confirmed else (f" Not confirmed: the search stopped (--max-points {p.max_points} or an "
                                           f"interruption) before {p.fmt(result.max_load)} ran {p.repeat} times.")
+    if result.inversions:
+        hi_met, lo_missed = max(result.inversions, key=lambda t: t[0] - t[1])
+        caveat += (f" Not monotone: {p.fmt(hi_met)} {unit} met but {p.fmt(lo_missed)} missed, so the run-to-run "
+                   "noise is larger than the boundary's slope (longer --duration or more --repeat).")
     if result.missed_at is None:
         return (f"Capacity ≥ {p.fmt(result.max_load)} {unit}: {what} held at every load tried "
                 f"(raise --rate-max to look further).{caveat}")

@@ -106,14 +106,16 @@ class RunStore:
         snap.update(run_start_ns=run_start_ns, measure_start_ns=measure_start_ns, end_ns=measure_start_ns,
                     provisional=True)
 
+        stop = threading.Event()  # set before the final document is written: no refresh may follow it
+
         def update() -> None:
             snap["end_ns"] = max(measure_start_ns, min(planned_end_ns, time.perf_counter_ns()))
-            self.write_json(name, snap)
+            self.write_json(name, snap, unless=stop)
 
         self.write_json(name, snap)
         self._on_flush = update
         # also on a clock: with several client processes, the parts are flushed by their stores, not this one
-        self._doc_stop = stop = threading.Event()
+        self._doc_stop = stop
 
         def tick() -> None:
             while not stop.wait(self.flush_every_s):
@@ -190,11 +192,14 @@ class RunStore:
         with self._lock:
             return self._rows_written[table]
 
-    def write_json(self, name: str, obj: Any) -> Path:
-        """Atomically (tmp + rename) write `name` (e.g. "run.json") so readers never see half a file."""
+    def write_json(self, name: str, obj: Any, unless: threading.Event | None = None) -> Path:
+        """Atomically (tmp + rename) write `name` (e.g. "run.json") so readers never see half a file;
+        not at all once `unless` is set (checked under the lock the final write also takes)."""
         target = self.path / name
         text = json.dumps(obj, indent=2, sort_keys=False, default=str, allow_nan=False) + "\n"
         with self._json_lock:  # the flush thread refreshes run.json while the run's thread may write it
+            if unless is not None and unless.is_set():
+                return target
             tmp = target.with_suffix(target.suffix + ".tmp")
             tmp.write_text(text)
             os.replace(tmp, target)

@@ -16,6 +16,7 @@ from itlbench.experiments.capacity import (
     CapacityPlan,
     RunJudgement,
     SearchPoint,
+    answer_line,
     parse_stall_budget,
     search,
 )
@@ -62,6 +63,11 @@ def test_streams_bisect_to_one_stream_and_a_flaky_answer_is_not_reported() -> No
     measure, _ = _threshold(6.0)
     result = search(CapacityPlan(axis="streams", start=1, repeat=2, max_points=4), measure)
     assert not result.confirmed, "cut short by --max-points: the answer is marked unconfirmed"
+    assert not result.inversions
+    measure, _ = _threshold(6.0, flaky_at={2.0})  # 2 misses on its repeat, above 1 and below 4 which meet
+    noisy = search(CapacityPlan(axis="streams", start=1, repeat=2), measure)
+    noisy.points.append(measure(2.0, "bisect", 2))
+    assert (4.0, 2.0) in noisy.inversions and "Not monotone" in answer_line(noisy)
 
 
 def test_a_start_that_misses_searches_down_and_rate_max_caps_the_search() -> None:

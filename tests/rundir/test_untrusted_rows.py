@@ -121,3 +121,14 @@ def test_worker_parts_of_an_unmerged_run_are_read_once(tmp_path: Path):
     merged.close()
     (tmp_path / "requests" / "part-00000.parquet").rename(tmp_path / "requests" / "part-90000.parquet")
     assert sorted(read_table(tmp_path, "requests")["request_id"]) == ["w0", "w1"]
+
+
+def test_no_provisional_refresh_lands_after_the_final_run_document(tmp_path: Path):
+    store = RunStore(tmp_path, flush_every_s=0.01)
+    store.keep_doc_current("run.json", {"a": 1}, run_start_ns=0, measure_start_ns=10, planned_end_ns=20)
+    assert json.loads((tmp_path / "run.json").read_text())["provisional"] is True
+    refresh = store._on_flush
+    store.close()
+    store.write_json("run.json", {"final": True})
+    refresh()  # a refresh that was already under way when the run ended
+    assert json.loads((tmp_path / "run.json").read_text()) == {"final": True}
