@@ -155,7 +155,7 @@ def _window(doc: dict[str, Any], tables: dict[str, pl.DataFrame], path: Path) ->
 def cut_short_reasons(data: RunData) -> list[str]:
     """Plain sentences for every sign that the run did not run its course (empty: it did)."""
     doc, reasons = data.doc, []
-    if data.window_inferred:
+    if data.window_inferred or doc.get("provisional"):
         reasons.append("the run was killed before it wrote its end time; its window is inferred from "
                        "the records it had flushed")
     if doc.get("interrupted"):
