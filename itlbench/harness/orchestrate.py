@@ -286,7 +286,10 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         if result is not None and result.aborted_reason:
             run_doc["aborted_reason"] = result.aborted_reason
         store.write_json("run.json", run_doc)
-    compact_run(run_dir)  # an hour-long run's thousands of 2 s parts become a few files (crash-safe)
+    # an hour-long run's thousands of 2 s parts become a few files (crash-safe); run.json says how many
+    run_doc["compaction"] = {c.table: {"parts_before": c.parts_before, "parts_after": c.parts_after,
+                                       "rows": c.rows} for c in compact_run(run_dir)}
+    store.write_json("run.json", run_doc)
     summary = analyze_run(run_dir)
     store.write_json("summary.json", summary)
     return run_dir, summary

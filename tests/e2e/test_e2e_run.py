@@ -42,8 +42,10 @@ def _assert_complete(run_dir: Path) -> None:
         assert list((run_dir / table).glob("*.parquet")), f"{table} has no parquet parts"
     samples = pl.read_parquet(run_dir / "client_samples/*.parquet")
     assert samples.height >= 10, "the client samples its own lag and CPU every 0.5 s for the whole run"
-    assert len(list((run_dir / "chunks").glob("*.parquet"))) >= 2, "chunks are flushed while the run goes"
     run = json.loads((run_dir / "run.json").read_text())
+    assert run["compaction"]["chunks"]["parts_before"] >= 2, "chunks are flushed while the run goes"
+    assert len(list((run_dir / "chunks").glob("*.parquet"))) == run["compaction"]["chunks"]["parts_after"] == 1, \
+        "and compacted into one file at its end"
     assert run["end_ns"] > run["measure_start_ns"] >= run["run_start_ns"]
     assert run["versions"]["torch"] and run["hardware"]["cpu_count"] >= 1
     assert run["engine"]["engine"]["model"] == "cpu-small" and run["plan"]["workload"]["name"] == "chat-short"

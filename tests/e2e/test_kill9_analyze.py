@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import polars as pl
 import psutil
 import pytest
 
@@ -17,13 +18,22 @@ from itlbench.rundir.reader import read_table
 from itlbench.testing.openai_peer import PeerConfig, serve_in_thread
 
 
+def _measured_request_on_disk(out: Path, parts: str) -> bool:
+    """A flushed part holds a request scheduled inside the measured window (one scheduled in the
+    warmup is, rightly, not counted by the analysis; the first flush may hold only those)."""
+    if not (out / "run.json").is_file():
+        return False
+    measure_start = json.loads((out / "run.json").read_text())["measure_start_ns"]
+    return any((pl.read_parquet(p)["scheduled_ns"] >= measure_start).any() for p in out.glob(parts))
+
+
 def _kill9_after_first_flush(cmd: list[str], out: Path, parts: str = "requests/part-*.parquet") -> list[int]:
-    """SIGKILL the run once a request part is on disk; the pids of its process tree then."""
+    """SIGKILL the run once a measured request is on disk; the pids of its process tree then."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 180
     tree: list[int] = []
     try:
-        while not list(out.glob(parts)):
+        while not _measured_request_on_disk(out, parts):
             assert proc.poll() is None and time.monotonic() < deadline, "the run never flushed a request"
             time.sleep(0.05)
         time.sleep(0.5)

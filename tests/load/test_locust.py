@@ -149,8 +149,9 @@ def test_two_workers_on_the_bundled_engine_write_the_same_run_directory(tmp_path
     assert joined.height == req.height
     assert (joined["n_tokens"] == joined["output_tokens"]).all() and (joined["n"] == joined["num_chunks"]).all()
     # both workers' parts merged; the run says which driver and how many workers made it
-    assert sorted(p.name for p in (run_dir / "requests").glob("*.parquet")) == ["part-90000.parquet",
-                                                                             "part-90001.parquet"]
+    assert run["compaction"]["requests"]["parts_before"] == 2, "one requests part from each worker"
+    assert sorted(p.name for p in (run_dir / "requests").glob("*.parquet")) == ["part-90000.parquet"], \
+        "compacted into the first worker's part at the run's end"
     assert not (run_dir / "workers").exists()
     assert run["driver"]["name"] == "locust" and run["driver"]["workers"] == 2 and not run["driver"]["workers_died"]
     assert [w["state"] for w in run["driver"]["worker_processes"]] == ["done", "done"]
