@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -21,7 +22,6 @@ def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory writte
     """Recompute summary.json from a run directory's records (e.g. after an interrupted run)."""
     from itlbench.analysis.summary import analyze_run
     from itlbench.report.terminal import engine_warnings, print_summary
-    from itlbench.rundir.store import RunStore
 
     if not (run_dir / "run.json").is_file():
         fail(ItlbenchError(f"{run_dir} has no run.json: not a run directory"))
@@ -30,12 +30,7 @@ def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory writte
     if attribution == "client":
         _analyze_client(run_dir, as_json)
         return
-    try:
-        summary = analyze_run(run_dir)
-    except ItlbenchError as exc:
-        fail(exc)
-        return
-    RunStore(run_dir).write_json("summary.json", summary)
+    summary = _summary_written(run_dir, analyze_run, "summary.json")
     if not as_json:
         print_summary(console, summary, run_dir)
     write_report(run_dir)
@@ -49,14 +44,8 @@ def _analyze_client(run_dir: Path, as_json: bool) -> None:
     """`analyze --attribution client`: summary-client.json beside summary.json (which stays as it is)."""
     from itlbench.analysis.client_summary import analyze_run_client
     from itlbench.report.terminal import print_summary
-    from itlbench.rundir.store import RunStore
 
-    try:
-        summary = analyze_run_client(run_dir)
-    except ItlbenchError as exc:
-        fail(exc)
-        return
-    RunStore(run_dir).write_json("summary-client.json", summary)
+    summary = _summary_written(run_dir, analyze_run_client, "summary-client.json")
     if as_json:
         print_json({"run_dir": str(run_dir), "summary": summary, "attribution": "client_inferred"})
         return
@@ -66,6 +55,19 @@ def _analyze_client(run_dir: Path, as_json: bool) -> None:
                   "attribution_source client_inferred); unknown causes say why in summary-client.json",
                   highlight=False)
     print(run_dir / "summary-client.json")
+
+
+def _summary_written(run_dir: Path, compute: Callable[[Path], dict[str, Any]], name: str) -> dict[str, Any]:
+    """The summary `compute` makes of run_dir, written beside its records as `name`; a bad run dir
+    is a one-line error."""
+    from itlbench.rundir.store import RunStore
+
+    try:
+        summary = compute(run_dir)
+    except ItlbenchError as exc:
+        fail(exc)
+    RunStore(run_dir).write_json(name, summary)
+    return summary
 
 
 @app.command()

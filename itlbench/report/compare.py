@@ -43,7 +43,7 @@ from itlbench.report.document import Callout, Document, Links, Section, Table, W
 from itlbench.report.figures import FigureSpec
 from itlbench.report.load_curve import load_axis, load_figure
 from itlbench.report.reproduce import reproduce_command
-from itlbench.report.style import RUN_COLORS, fmt_s, new_figure, tidy
+from itlbench.report.style import RUN_COLORS, fmt_s, gap_cdf_axes, new_figure, tidy
 from itlbench.report.timeline import draw_rows, injected_spans
 
 # Settings that define the question a run answers; runs that differ in one answer different ones.
@@ -331,16 +331,7 @@ def cdf_figure(runs: list[RunData], labels: list[str], groups: list[str] | None 
         spec.note = "No run has inter-token gaps to compare."
         return spec
     ax.set_xscale("log")
-    ax.set_yscale("logit")
-    lo, hi = 0.5 / n_min, 1 - 0.5 / n_min
-    ax.set_ylim(max(lo, 0.01), hi)
-    ticks = [q for q in (0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999) if max(lo, 0.01) <= q <= hi]
-    ax.set_yticks(ticks, [f"{q * 100:g} %" for q in ticks])
-    ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("gap between consecutive tokens of one stream (s)")
-    ax.set_ylabel("share of gaps ≤ x")
-    ax.legend(fontsize=8, frameon=False, loc="upper left")
-    tidy(ax)
+    gap_cdf_axes(ax, max(0.5 / n_min, 0.01), 1 - 0.5 / n_min)
     spec.figure = fig
     return spec
 

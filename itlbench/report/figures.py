@@ -15,7 +15,6 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import NullFormatter
 
 from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.report.data import RunData
@@ -29,6 +28,7 @@ from itlbench.report.style import (
     STREAMING,
     fmt_s,
     fmt_tokens,
+    gap_cdf_axes,
     new_figure,
     tidy,
 )
@@ -276,16 +276,7 @@ def itl_figure(data: RunData) -> FigureSpec:
     positive = x[x > 0]
     if len(positive):
         ax.set_xlim(left=max(float(positive[0]), float(np.quantile(positive, 0.01)) / 3))
-    ax.set_yscale("logit")
-    lo_q, hi_q = max(0.5 / n, 0.005), 1 - min(0.5 / n, 0.001)
-    ax.set_ylim(lo_q, hi_q)
-    ticks = [q for q in (0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999) if lo_q <= q <= hi_q]
-    ax.set_yticks(ticks, [f"{q * 100:g} %" for q in ticks])
-    ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("gap between consecutive tokens of one stream (s)")
-    ax.set_ylabel("share of gaps ≤ x")
-    ax.legend(fontsize=8, frameon=False, loc="upper left")
-    tidy(ax)
+    gap_cdf_axes(ax, max(0.5 / n, 0.005), 1 - min(0.5 / n, 0.001))
     spec.figure = fig
     return spec
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 from itlbench.units import format_tokens
 
@@ -46,6 +47,20 @@ def tidy(ax: Axes) -> None:
     ax.spines["right"].set_visible(False)
     ax.grid(True, axis="y", color="#e6e6e6", linewidth=0.6)
     ax.set_axisbelow(True)
+
+
+def gap_cdf_axes(ax: Axes, lo_q: float, hi_q: float) -> None:
+    """The ITL CDF's logit y axis between lo_q and hi_q (percent ticks, no minor labels), the
+    labels and the legend: one look for the single-run and the comparison figure."""
+    ax.set_yscale("logit")
+    ax.set_ylim(lo_q, hi_q)
+    ticks = [q for q in (0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999) if lo_q <= q <= hi_q]
+    ax.set_yticks(ticks, [f"{q * 100:g} %" for q in ticks])
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("gap between consecutive tokens of one stream (s)")
+    ax.set_ylabel("share of gaps ≤ x")
+    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    tidy(ax)
 
 
 def png_bytes(fig: Figure) -> bytes:
