@@ -23,6 +23,7 @@ from aiohttp import web
 
 from itlbench.errors import ConfigError
 from itlbench.server.detok import IncrementalDetokenizer
+from itlbench.server.guard import DEFAULT_BODY_TIMEOUT_S, guard_middleware
 from itlbench.server.metrics import ServerMetrics
 from itlbench.server.protocol import (
     ApiError,
@@ -60,13 +61,14 @@ class ServerState:
     max_body_bytes: int = DEFAULT_MAX_BODY_MIB << 20
     tracing: Any = None  # telemetry.server_tracing.ServerTracing when --otlp-endpoint is given
     layout: dict[str, object] | None = None  # engine process or thread, torch threads, decode kernel
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # a body trickled slower than this gets 408
 
 
 STATE: web.AppKey[ServerState] = web.AppKey("itlbench_state", ServerState)
 
 
 def build_app(state: ServerState) -> web.Application:
-    app = web.Application(middlewares=[_errors, _auth], client_max_size=state.max_body_bytes)
+    app = web.Application(middlewares=[guard_middleware, _errors, _auth], client_max_size=state.max_body_bytes)
     app[STATE] = state
     app[STEPS_FOLLOWERS] = [0]
     app.router.add_post("/v1/completions", _completions)
@@ -92,7 +94,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as err:
-        return error_response(err)
+        resp = error_response(err)
+        if err.status == 408:  # the rest of the body may never come: do not wait for it
+            resp.force_close()
+        return resp
     except web.HTTPRequestEntityTooLarge:
         limit = _state(request).max_body_bytes
         return error_response(ApiError(413, f"body: larger than this server's limit of {limit / 2**20:g} MiB "
@@ -145,7 +150,7 @@ Parser = Callable[[dict[str, Any]], GenerationRequest]
 
 async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
     _check_content_type(request)
-    raw = await request.read()
+    raw = await _read_body(request)
     arrival_ns = time.perf_counter_ns()
     state = _state(request)
     req, prompt_ids = await _off_loop(len(raw) > OFF_LOOP_BYTES, _prepare, state, raw, parse)
@@ -163,6 +168,16 @@ async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
             return await _collect(stream, out, len(prompt_ids), state.engine.engine.tokenizer)
         finally:
             stream.abort()  # no-op when finished; frees KV blocks when the client went away
+
+
+async def _read_body(request: web.Request) -> bytes:
+    limit = _state(request).body_timeout_s
+    try:
+        async with asyncio.timeout(limit):
+            return await request.read()
+    except TimeoutError:
+        raise ApiError(408, f"body: not received within {limit:g} s (itlbench serve --body-timeout raises it)",
+                       "body") from None
 
 
 async def _off_loop(big: bool, fn: Callable[..., Any], *args: Any) -> Any:
