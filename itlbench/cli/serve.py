@@ -30,7 +30,7 @@ def serve(
              "replaces the engine flags above.")] = None,
     host: Annotated[str, typer.Option(help="Bind address (loopback unless told otherwise).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = 8000,
-    api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY", help="Require this bearer key.")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY", help="Require this bearer key; prefer setting ITLBENCH_API_KEY (a value given here shows in ps).")] = None,
     served_model_name: Annotated[str | None, typer.Option(help="Model name in the API (default: the model).")] = None,
     max_waiting: Annotated[int, typer.Option(help="Waiting requests beyond which new ones get 429.")] = 1024,
     max_body_mib: Annotated[float, typer.Option(help="Largest request body accepted (413 above).")] = 4.0,
