@@ -30,11 +30,18 @@ def serve(
              "replaces the engine flags above.")] = None,
     host: Annotated[str, typer.Option(help="Bind address (loopback unless told otherwise).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = 8000,
-    api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY", help="Require this bearer key.")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY", help="Require this bearer key; prefer setting ITLBENCH_API_KEY (a value given here shows in ps).")] = None,
     served_model_name: Annotated[str | None, typer.Option(help="Model name in the API (default: the model).")] = None,
     max_waiting: Annotated[int, typer.Option(help="Waiting requests beyond which new ones get 429.")] = 1024,
     max_body_mib: Annotated[float, typer.Option(help="Largest request body accepted (413 above).")] = 4.0,
     access_log: Annotated[bool, typer.Option(help="Log every HTTP request.")] = False,
+    max_connections: Annotated[int | None, typer.Option(
+        help="Open connections beyond which new ones get 503 and are closed (default 4096, or fewer when "
+             "the file-descriptor limit is lower).")] = None,
+    head_timeout: Annotated[float, typer.Option(
+        help="Seconds a request's head may take from its first byte (408 and closed after).")] = 10.0,
+    body_timeout: Annotated[float, typer.Option(
+        help="Seconds a request's body may take to arrive (408 and closed after).")] = 60.0,
     otlp_endpoint: OtlpEndpoint = None,
     engine_flags: dict | None = None,
 ) -> None:
@@ -49,6 +56,10 @@ def serve(
         require_engine_for(engine)
         if max_body_mib <= 0:
             raise ConfigError("--max-body-mib", f"must be > 0, got {max_body_mib}")
+        from itlbench.server.guard import ConnectionLimits
+
+        limits = ConnectionLimits(max_connections, head_timeout, body_timeout)
+        limits.check()
         if otlp_endpoint is not None:
             from itlbench.telemetry.otel import check_endpoint
 
@@ -68,7 +79,7 @@ def serve(
         serve_forever(ServerConfig(engine=engine, host=host, port=port, api_key=api_key,
                                    served_model_name=served_model_name, max_waiting=max_waiting,
                                    access_log=access_log, max_body_mib=max_body_mib,
-                                   otlp_endpoint=otlp_endpoint))
+                                   otlp_endpoint=otlp_endpoint, limits=limits))
     except ItlbenchError as exc:
         fail(exc)
 

@@ -7,6 +7,7 @@ are step times, which is what ITL analysis needs.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import hmac
@@ -14,6 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,7 @@ from aiohttp import web
 
 from itlbench.errors import ConfigError
 from itlbench.server.detok import IncrementalDetokenizer
+from itlbench.server.guard import DEFAULT_BODY_TIMEOUT_S, guard_middleware
 from itlbench.server.metrics import ServerMetrics
 from itlbench.server.protocol import (
     ApiError,
@@ -39,6 +42,12 @@ log = logging.getLogger("itlbench.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _UNTRACED = contextlib.nullcontext()
 DEFAULT_MAX_BODY_MIB = 4  # a 128k-token prompt as JSON token ids is under 1 MiB
+# Bodies above this are parsed and tokenised on a worker thread: a 4 MiB prompt takes the byte
+# tokenizer ~0.2 s, which on the event loop would stall every stream; below it a thread costs more
+# than it saves. Outputs longer than DECODE_OFF_LOOP_IDS are decoded there too.
+OFF_LOOP_BYTES = 64 << 10
+DECODE_OFF_LOOP_IDS = 16384
+_pool: ThreadPoolExecutor | None = None
 
 
 @dataclass
@@ -52,13 +61,14 @@ class ServerState:
     max_body_bytes: int = DEFAULT_MAX_BODY_MIB << 20
     tracing: Any = None  # telemetry.server_tracing.ServerTracing when --otlp-endpoint is given
     layout: dict[str, object] | None = None  # engine process or thread, torch threads, decode kernel
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # a body trickled slower than this gets 408
 
 
 STATE: web.AppKey[ServerState] = web.AppKey("itlbench_state", ServerState)
 
 
 def build_app(state: ServerState) -> web.Application:
-    app = web.Application(middlewares=[_errors, _auth], client_max_size=state.max_body_bytes)
+    app = web.Application(middlewares=[guard_middleware, _errors, _auth], client_max_size=state.max_body_bytes)
     app[STATE] = state
     app[STEPS_FOLLOWERS] = [0]
     app.router.add_post("/v1/completions", _completions)
@@ -84,7 +94,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as err:
-        return error_response(err)
+        resp = error_response(err)
+        if err.status == 408:  # the rest of the body may never come: do not wait for it
+            resp.force_close()
+        return resp
     except web.HTTPRequestEntityTooLarge:
         limit = _state(request).max_body_bytes
         return error_response(ApiError(413, f"body: larger than this server's limit of {limit / 2**20:g} MiB "
@@ -125,22 +138,22 @@ def _check_content_type(request: web.Request) -> None:
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
-    _check_content_type(request)
-    return await _generate(request, parse_completion(parse_json(await request.read())))
+    return await _generate(request, parse_completion)
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, parse_chat)
+
+
+Parser = Callable[[dict[str, Any]], GenerationRequest]
+
+
+async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
     _check_content_type(request)
-    return await _generate(request, parse_chat(parse_json(await request.read())))
-
-
-async def _generate(request: web.Request, req: GenerationRequest) -> web.StreamResponse:
+    raw = await _read_body(request)
     arrival_ns = time.perf_counter_ns()
     state = _state(request)
-    if req.model is not None and req.model != state.model_name:
-        raise ApiError(404, f"model: {req.model!r} does not exist; this server serves {state.model_name!r}",
-                       "model", "invalid_request_error", "model_not_found")
-    prompt_ids = _prompt_ids(state.engine.engine, req)
+    req, prompt_ids = await _off_loop(len(raw) > OFF_LOOP_BYTES, _prepare, state, raw, parse)
     max_tokens = _max_tokens(state.engine.engine.max_model_len, req, len(prompt_ids))
     sampling = req.sampling(max_tokens)
     request_id = f"{'chatcmpl' if req.chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -155,6 +168,36 @@ async def _generate(request: web.Request, req: GenerationRequest) -> web.StreamR
             return await _collect(stream, out, len(prompt_ids), state.engine.engine.tokenizer)
         finally:
             stream.abort()  # no-op when finished; frees KV blocks when the client went away
+
+
+async def _read_body(request: web.Request) -> bytes:
+    limit = _state(request).body_timeout_s
+    try:
+        async with asyncio.timeout(limit):
+            return await request.read()
+    except TimeoutError:
+        raise ApiError(408, f"body: not received within {limit:g} s (itlbench serve --body-timeout raises it)",
+                       "body") from None
+
+
+async def _off_loop(big: bool, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`, on the tokenising threads when `big`: those are few, so a flood of huge prompts
+    queues there instead of taking the threads other handlers use."""
+    global _pool
+    if not big:
+        return fn(*args)
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="itlbench-tokenize")
+    return await asyncio.get_running_loop().run_in_executor(_pool, fn, *args)
+
+
+def _prepare(state: ServerState, raw: bytes, parse: Parser) -> tuple[GenerationRequest, list[int]]:
+    """The request and its prompt's token ids, validated; safe to run off the loop (no I/O)."""
+    req = parse(parse_json(raw))
+    if req.model is not None and req.model != state.model_name:
+        raise ApiError(404, f"model: {req.model!r} does not exist; this server serves {state.model_name!r}",
+                       "model", "invalid_request_error", "model_not_found")
+    return req, _prompt_ids(state.engine.engine, req)
 
 
 def _prompt_ids(engine: Any, req: GenerationRequest) -> list[int]:
@@ -233,7 +276,8 @@ async def _collect(stream: RequestStream, out: ResponseBuilder, num_prompt: int,
             reason = o.finish_reason if o.finished else None
     except EngineDeadError as exc:
         raise ApiError(500, str(exc), None, "internal_server_error", "engine_error") from exc
-    return web.json_response(out.full(tokenizer.decode(ids), ids, reason, num_prompt, cached))
+    text = await _off_loop(len(ids) > DECODE_OFF_LOOP_IDS, tokenizer.decode, ids)
+    return web.json_response(out.full(text, ids, reason, num_prompt, cached))
 
 
 # ---- introspection ------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from aiohttp import web
 from itlbench.core.engine import SteppedEngine
 from itlbench.core.engine_config import EngineConfig
 from itlbench.server.app import DEFAULT_MAX_BODY_MIB, ServerState, build_app
+from itlbench.server.guard import ConnectionGuard, ConnectionLimits, GuardedSite
 from itlbench.server.metrics import ServerMetrics
 from itlbench.serving.async_engine import AsyncEngine
 from itlbench.serving.build import create_engine
@@ -46,6 +47,7 @@ class ServerConfig:
     access_log: bool = False
     max_body_mib: float = DEFAULT_MAX_BODY_MIB
     otlp_endpoint: str | None = None  # export SERVER spans and gen_ai.server.* metrics over OTLP/HTTP
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)  # slow clients (server/guard.py)
 
     @property
     def model_name(self) -> str:
@@ -61,6 +63,7 @@ class RunningServer:
     engine: EngineClient
     port: int
     tracing: Any = None
+    guard: ConnectionGuard | None = None
 
     @property
     def url(self) -> str:
@@ -124,14 +127,15 @@ async def start_server(config: ServerConfig, engine: SteppedEngine | None = None
     if standalone:  # this process only serves from here on: its startup heap stays put (itlbench/heap.py)
         layout["gc_frozen_objects"] = freeze_heap()
     app = build_app(ServerState(driver, metrics, config.model_name, config.api_key,
-                                int(config.max_body_mib * 2**20), tracing=tracing, layout=layout))
+                                int(config.max_body_mib * 2**20), tracing=tracing, layout=layout,
+                                body_timeout_s=config.limits.body_timeout_s))
     runner = web.AppRunner(app, access_log=logging.getLogger("aiohttp.access") if config.access_log else None,
                            handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
-    await site.start()
+    guard = ConnectionGuard(config.limits)
+    await GuardedSite(runner, config.host, config.port, guard).start()
     port = runner.addresses[0][1]
-    server = RunningServer(config, runner, driver, port, tracing)
+    server = RunningServer(config, runner, driver, port, tracing, guard)
     _log_startup(server, view, layout)
     return server
 

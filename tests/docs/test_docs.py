@@ -186,3 +186,11 @@ def test_every_measured_table_says_when_where_and_how() -> None:
         text = page.read_text()
         counts = {key: len(re.findall(rf"^\| {key} \|", text, re.M)) for key in ("date", "commit", "machine", "command")}
         assert counts["date"] >= 1 and len(set(counts.values())) == 1, f"{page.name}: provenance rows {counts}"
+
+
+def test_no_page_puts_an_api_key_on_a_command_line() -> None:
+    """A key given as `--api-key VALUE` is readable by every user in `ps` and stays in shell history;
+    the docs show ITLBENCH_API_KEY in the environment instead (docs/security.md, "The API key")."""
+    shown = [f"{page.relative_to(ROOT)}: {line.strip()}" for page in command_pages()
+             for line in code_lines(page.read_text()) if re.search(r"--api-key[ =]\S", line)]
+    assert not shown, "\n".join(shown)

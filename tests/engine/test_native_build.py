@@ -220,3 +220,73 @@ def test_the_real_library_is_compiled_once_by_processes_started_at_once(tmp_path
     paths = {out.strip() for out, _ in outs}
     assert len(paths) == 1 and not paths.pop().startswith("NONE"), outs
     assert len(log.read_text().splitlines()) == 1, "the second process waited and loaded the first one's build"
+
+
+STUB = ("int itl_paged_decode_f32(void) { return 0; }\nvoid itl_write_kv_f32(void) {}\n"
+        "int itl_marker(void) { return MARK; }\n")
+
+
+def _stub_gcc(tmp: Path) -> Path:
+    """A GCC stand-in for native.py: answers `--version` as GCC and "compiles" a stub exporting the
+    kernel's symbols and `itl_marker() == 42` (after $STUB_SLEEP seconds), counting runs in `runs`."""
+    (tmp / "stub.c").write_text(STUB)
+    cc = tmp / "stub-gcc"
+    cc.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        if [ "$1" = --version ]; then echo "gcc (GCC) 99.0 stub"; echo "Free Software Foundation"; exit 0; fi
+        echo run >> {tmp / "runs"}
+        sleep "${{STUB_SLEEP:-0}}"
+        while [ "$1" != -o ]; do shift; done
+        exec gcc -fPIC -shared -DMARK=42 -o "$2" {tmp / "stub.c"}
+        """))
+    cc.chmod(0o755)
+    return cc
+
+
+def _native_in_child(env: dict[str, str]) -> subprocess.Popen[str]:
+    """native.build() in a fresh process (a library already loaded here would be reused by name)."""
+    code = ("from itlbench.engine.cpu import native\n"
+            "k, why = native.build(variants=[[]])\n"
+            "print(k.lib.itl_marker() if k else why)")
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+                            start_new_session=True)
+
+
+def test_a_library_planted_where_native_loads_it_is_compiled_over(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: native.py loaded whatever file had the cache key's name (a group member's would run)."""
+    from itlbench.engine.cpu import native
+
+    monkeypatch.setenv("CC", str(_stub_gcc(tmp_path)))
+    monkeypatch.setenv(build.CACHE_ENV, str(tmp_path / "cache"))
+    kernel, why = native.build(variants=[[]])
+    assert kernel is not None and kernel.lib.itl_marker() == 42, why
+    evil = tmp_path / "evil.so"
+    subprocess.run(["gcc", "-fPIC", "-shared", "-DMARK=666", "-o", str(evil), str(tmp_path / "stub.c")], check=True)
+    os.replace(evil, kernel.path)  # a new inode: the copy mapped here stays intact
+    kernel.path.chmod(0o775)  # as a group member could have left it
+    out, err = _native_in_child(dict(os.environ)).communicate(timeout=120)
+    assert out.strip() == "42", f"the planted library was loaded: {out!r} {err[-500:]}"
+    assert _runs(tmp_path) == 2 and build.untrusted(kernel.path) is None
+
+
+def test_a_killed_native_compile_leaves_nothing_after_the_next_build(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a compile killed with SIGKILL left its `tmp*.so` in the cache for good."""
+    from itlbench.engine.cpu import native
+
+    monkeypatch.setenv("CC", str(_stub_gcc(tmp_path)))
+    monkeypatch.setenv(build.CACHE_ENV, str(tmp_path / "cache"))
+    proc = _native_in_child({**os.environ, "STUB_SLEEP": "30"})
+    deadline = time.monotonic() + 60
+    while _runs(tmp_path) == 0 and time.monotonic() < deadline:  # the compile has started
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    kernels = tmp_path / "cache" / "kernels"
+    assert any(p.suffix == ".so" for p in kernels.iterdir()), "the killed compile left its temp file"
+    kernel, why = native.build(variants=[[]])
+    assert kernel is not None and kernel.lib.itl_marker() == 42, why
+    left = sorted(p.name for p in kernels.iterdir() if p.name != build.LOCK_NAME)
+    assert left == [kernel.path.name], f"a dead compile's leftovers remain: {left}"

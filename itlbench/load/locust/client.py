@@ -1,11 +1,10 @@
 """The streaming client inside a Locust worker: StreamClient's parsing and records over gevent.
 
 Only the transport differs from `sse_client.StreamClient`: requests go through Locust's
-`FastHttpSession` (geventhttpclient), and the body is read with `readline(b"\\n")` on the underlying
-response (private attributes: geventhttpclient is pinned). Locust's own `iter_content`/`iter_lines`
-would not do: they block until 1,024 bytes arrive, which bunches chunks and delays first tokens.
-`readline` returns once a network read completes a line; whatever else that read brought is taken
-from the response's buffer too, and all of it is stamped with that read's `perf_counter_ns`, as the
+`FastHttpSession` (geventhttpclient), and the body is read one network read at a time from the
+underlying response (private attributes: geventhttpclient is pinned). Locust's own
+`iter_content`/`iter_lines` would not do: they block until 1,024 bytes arrive, which bunches chunks
+and delays first tokens. What each read brings is stamped with that read's `perf_counter_ns`, as the
 aiohttp client stamps a `readany`. Event splitting (`SseEvents`), token counting and the request and
 chunk rows are StreamClient's own, so both drivers parse and count tokens identically.
 """
@@ -22,8 +21,8 @@ from gevent import GreenletExit
 from geventhttpclient.response import HTTPConnectionClosed
 from geventhttpclient.useragent import ConnectionError as GhcConnectionError
 
-from itlbench.load.clients.sse import Outcome, StreamClient, _Exchange, build_body
-from itlbench.load.clients.sse_events import SseEvents
+from itlbench.load.clients.sse import HEAD_BYTES, Outcome, StreamClient, _Exchange, _unfinished, build_body
+from itlbench.load.clients.sse_events import SseEvents, StreamError
 from itlbench.load.sink import RowWriter
 from itlbench.load.target import Target
 
@@ -65,22 +64,26 @@ class GeventStreamClient(StreamClient):
         try:
             self._exchange_g(ex, session)
         except GreenletExit:
-            ex.status, ex.error = "cancelled", "cancelled (drain timeout or stop)"
+            ex.status, ex.error, ex.error_kind = "cancelled", "cancelled (drain timeout or stop)", "cancelled"
             raise
         except gevent.Timeout as t:
             if t is not timer:
                 raise
             ex.status, ex.error = "timeout", f"no end of stream within {self.target.timeout_s} s"
+            ex.error_kind = "timeout" if ex.http_status is not None else "no_headers"
+        except StreamError as e:  # the same kinds as the aiohttp reader's (event_too_large, bad_json)
+            ex.status, ex.error, ex.error_kind = "error", str(e), e.kind
         except CONNECTION_ERRORS as e:
             ex.status, ex.error, ex.connection_error = "error", f"{type(e).__name__}: {e}", True
+            ex.error_kind = "connection" if ex.http_status is None else "closed"
         except Exception as e:  # noqa: BLE001 - a bad response must not kill the run
-            ex.status, ex.error = "error", f"{type(e).__name__}: {e}"
+            ex.status, ex.error, ex.error_kind = "error", f"{type(e).__name__}: {e}", "other"
         finally:
             if timer is not None:
                 timer.close()
             self._record(ex, _now())
         return Outcome(ex.status, ex.connection_error, ex.http_status, ex.tokens, ex.sent_ns,
-                       ex.times[0] if ex.times else None)
+                       ex.times[0] if ex.times else None, ex.error_kind if ex.status != "ok" else None)
 
     def _exchange_g(self, ex: _Exchange, session: Any) -> None:
         data = json.dumps(build_body(ex.plan, self.target)).encode()
@@ -91,8 +94,9 @@ class GeventStreamClient(StreamClient):
         if raw is None:  # no response at all: the error geventhttpclient raised (refused, reset, ...)
             raise resp.error
         ex.http_status = resp.status_code
+        ex.content_type = resp.headers.get("Content-Type")
         if ex.http_status != 200:
-            ex.error = _error_message(ex.http_status, raw)
+            ex.error, ex.error_kind = _error_message(ex.http_status, raw), "http_status"
             return
         try:
             self._read_lines(raw, ex)
@@ -102,27 +106,48 @@ class GeventStreamClient(StreamClient):
         if ex.error is None and (ex.saw_done or ex.finish_reason is not None):
             ex.status = "ok"
         elif ex.error is None:
-            ex.error = "stream ended before [DONE]"
+            ex.error_kind, ex.error = _unfinished(ex)
+        elif ex.error_kind is None:
+            ex.error_kind = "server_error"
 
     def _read_lines(self, raw: Any, ex: _Exchange) -> None:
-        """Wait for the next line, take with it everything that read brought, and stamp it all with
-        the time the read returned (the aiohttp client's `readany` semantics), then parse."""
+        """Take what each network read brings, stamp it with the time that read returned (the aiohttp
+        client's `readany` semantics), and parse it. Not `readline`: on an event that never ends it
+        rescans a buffer growing without bound (a worker busy with it missed its heartbeats and was
+        dropped); here every read goes through the splitter, whose `--limits event=` cap fails it."""
         events = SseEvents(self.target.max_event_bytes)
-        readline = raw.readline
         t = _now()
         while True:
-            fresh = raw._body_buffer.find(b"\n") < 0  # the next line needs a network read
-            data = readline(b"\n")
-            if fresh:
-                t = _now()
-            if not data:
-                return
-            rest = raw._body_buffer
-            if rest:
-                data += rest
-                del rest[:]
+            buf = raw._body_buffer
+            if not buf:
+                if raw.message_complete:
+                    ex.leftover = events.pending
+                    return
+                t = _recv(raw)
+                continue
+            data = bytes(buf)
+            del buf[:]
+            if len(ex.head) < HEAD_BYTES:
+                ex.head += data[:HEAD_BYTES - len(ex.head)]
             for payload in events.feed(data):
                 self._on_event(payload, t, ex)
+
+
+def _recv(raw: Any) -> int:
+    """One network read into the response's parser; when it returned."""
+    sock = raw._sock
+    if sock is None:
+        raise HTTPConnectionClosed("connection closed.")
+    try:
+        data = sock.recv(raw.block_size)
+        t = _now()
+        raw.feed(data)
+    except BaseException:
+        raw.release()
+        raise
+    if not data and not raw.message_complete:
+        raise HTTPConnectionClosed("connection closed mid-stream.")
+    return t
 
 
 def _discard(raw: Any) -> None:
