@@ -25,6 +25,8 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
   cache.{requests_reporting,prompt_tokens,cached_tokens,cached_fraction,injected[],server,warnings}
   scrapes.{count,failed,by_reason,in_window,longest_s,total_s}  /metrics reads of an external engine
   client_pauses.{count,wall_s,measured_wall_s,cpu_s,runq_s,starved_fraction,line}  the client's loop pauses
+  gpu.nvml  'NVML', or 'no NVML: <why>' alone; with NVML also gpu.{samples,power_w_mean,sm_util_mean,
+            mem_util_mean,energy_j,energy_per_output_token_j}  (the window's NVML samples, analysis/gpu.py)
   bundling.{fraction,chunks,bundled_chunks,tokens_per_chunk,warn_fraction,warning}
   valid, validity.{reasons,affected,standing,figures,thresholds}  (each client delay judged against the
                     figure it distorts; `affected` names keys, `standing` the headline figures that hold)
@@ -56,6 +58,7 @@ from itlbench.analysis.crosscheck import engine_check, output_token_check, promp
 from itlbench.analysis.definitions import DEFINITIONS
 from itlbench.analysis.failures import failure_summary
 from itlbench.analysis.goodput import SloSet, goodput, judge, parse_slo
+from itlbench.analysis.gpu import gpu_summary
 from itlbench.analysis.pooled import describe_pooled
 from itlbench.analysis.read_together import tag_gaps
 from itlbench.analysis.scale import ChunkFigures, chunk_figures
@@ -124,8 +127,10 @@ def summarize(
     slos: SloSet | None = None,
     stall_params: StallParams | None = None,
     thresholds: ValidityThresholds | None = None,
+    gpu_status: str | None = None,
 ) -> dict[str, object]:
-    """Every metric of one run over its measurement window (see the module docstring for keys)."""
+    """Every metric of one run over its measurement window (see the module docstring for keys);
+    `gpu_status` is run.json's `gpu_telemetry.nvml` (why a run has no GPU samples)."""
     slos = slos or SloSet()
     stall_params = stall_params or StallParams()
     t = select_window(tables, window)
@@ -143,7 +148,7 @@ def summarize(
                               tag_gaps(itl.steady(gaps), t["all_chunks"], all_requests, t["client_pauses"]))
     windowed = t["all_chunks"].filter((pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
     out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judge(ttft_rows, gaps, slos), slos, validity,
-                    throughput(requests, windowed, window.seconds), engine_check(requests, chunks, steps))
+                    throughput(requests, windowed, window.seconds), engine_check(requests, chunks, steps), gpu_status)
     return json_safe(out)  # type: ignore[return-value]
 
 
@@ -154,6 +159,7 @@ def summarize_dir(
     stall_params: StallParams | None = None,
     thresholds: ValidityThresholds | None = None,
     partitions: int | None = None,
+    gpu_status: str | None = None,
 ) -> tuple[dict[str, object], RunAnalysis]:
     """`summarize` of a stored run without holding its chunks (analysis/scale.py): the same keys and
     figures, pooled percentiles selected exactly out of core. Also returns what the report draws."""
@@ -185,7 +191,7 @@ def summarize_dir(
     judged = judge(ttft_rows, None, slos, c.request_itl)
     out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judged, slos, validity,
                     throughput(requests, None, window.seconds, c.out_tokens),
-                    engine_check(requests, None, steps, c.worst_gap_ns))
+                    engine_check(requests, None, steps, c.worst_gap_ns), gpu_status)
     return json_safe(out), RunAnalysis(c, stalls, ttft_rows, judged)  # type: ignore[return-value]
 
 
@@ -215,8 +221,10 @@ class RunAnalysis:
 
 def _assemble(window: RunWindow, ttft_rows: pl.DataFrame, itl_section: dict[str, object],
               stall_summary: dict[str, object], t: dict[str, pl.DataFrame], judged: pl.DataFrame, slos: SloSet,
-              validity: dict[str, object], thr: dict[str, float | None], engine: dict[str, object]) -> dict[str, object]:
+              validity: dict[str, object], thr: dict[str, float | None], engine: dict[str, object],
+              gpu_status: str | None = None) -> dict[str, object]:
     requests = t["requests"]
+    out_tokens = (thr.get("output_tokens_per_s") or 0.0) * window.seconds
     return {
         "window": {
             "run_start_ns": window.run_start_ns,
@@ -235,6 +243,7 @@ def _assemble(window: RunWindow, ttft_rows: pl.DataFrame, itl_section: dict[str,
         "cache": cache_summary(requests, t["server_metrics"], window),
         "scrapes": scrape_summary(t["scrapes"], window),
         "client_pauses": pause_breakdown(t["client_pauses"]),
+        "gpu": gpu_summary(t["gpu_samples"], None, out_tokens, gpu_status),
         "valid": validity["valid"],
         "validity": {k: v for k, v in validity.items() if k != "valid"},
         "crosscheck": {"engine": engine, "prompt_tokens": prompt_token_check(requests),
@@ -277,8 +286,10 @@ def analyze_run(run_dir: str | Path) -> dict[str, object]:
         raise ConfigError("run_dir", f"{path} not found", "pass a directory written by `itlbench run`")
     meta = json.loads(path.read_text())
     slo = meta.get("slo")
+    gpu_doc = meta.get("gpu_telemetry")
+    gpu_status = gpu_doc.get("nvml") if isinstance(gpu_doc, dict) and isinstance(gpu_doc.get("nvml"), str) else None
     summary, analysis = summarize_dir(run_dir, _window_from(meta), parse_slo(slo if isinstance(slo, str) else None),
-                                      _stall_params(meta))
+                                      _stall_params(meta), gpu_status=gpu_status)
     remember(run_dir, summary, analysis)
     return summary
 

@@ -33,7 +33,7 @@ def select_window(tables: Mapping[str, pl.DataFrame], window: RunWindow) -> dict
     """Requests scheduled in [measure start, end) and their chunks (TTFT, TPOT, counts); every
     request and chunk as `all_requests`/`all_chunks` (gaps are windowed by their arrival time, so a
     long stream that began during warmup still counts its in-window gaps); steps overlapping the
-    window; client samples inside it; server metric samples and scrapes whole (counters need a baseline)."""
+    window; client and GPU samples inside it; server metric samples and scrapes whole (counters need a baseline)."""
     t = complete(tables)
     lo, hi = window.measure_start_ns, window.end_ns
     requests = t["requests"].filter((pl.col("scheduled_ns") >= lo) & (pl.col("scheduled_ns") < hi))
@@ -41,6 +41,7 @@ def select_window(tables: Mapping[str, pl.DataFrame], window: RunWindow) -> dict
     steps = t["steps"].filter((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi))
     samples = t["client_samples"].filter((pl.col("t_ns") >= lo) & (pl.col("t_ns") < hi))
     pauses = t["client_pauses"].filter((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi))
+    gpu = t["gpu_samples"].filter((pl.col("t_ns") >= lo) & (pl.col("t_ns") < hi))
     return {
         "requests": requests,
         "chunks": chunks,
@@ -49,6 +50,7 @@ def select_window(tables: Mapping[str, pl.DataFrame], window: RunWindow) -> dict
         "scrapes": t["scrapes"],
         "client_samples": samples,
         "client_pauses": pauses,
+        "gpu_samples": gpu,
         "all_requests": t["requests"],
         "all_chunks": t["chunks"],
     }

@@ -33,6 +33,7 @@ from itlbench.harness.http_json import request_json
 from itlbench.harness.run_config import RunConfig
 from itlbench.load.driver import DriveResult, ProgressSnapshot, Warmup, drive
 from itlbench.load.multiproc import drive_workers
+from itlbench.load.observers.gpu_sampler import GpuSampler, nvml_index, why_not_sampled
 from itlbench.load.observers.metrics_sampler import MetricsSampler
 from itlbench.load.observers.steps_follower import StepsFollower
 from itlbench.load.target import Target
@@ -271,8 +272,14 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         store.keep_doc_current("run.json", run_doc, run_start_ns=t0, measure_start_ns=measure,
                                planned_end_ns=measure + int(cfg.duration_s * 1e9))
         on_status("running")
-        result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress, telemetry, on_status,
-                                                   driver_doc, run_doc))
+        gpu = _start_gpu_sampler(cfg, conn, store, run_doc)
+        try:
+            result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress, telemetry, on_status,
+                                                       driver_doc, run_doc))
+        finally:
+            if gpu is not None:
+                gpu.stop()
+                run_doc["gpu_telemetry"] = gpu.doc()
     except (KeyboardInterrupt, asyncio.CancelledError):
         run_doc["interrupted"] = True
     finally:
@@ -293,6 +300,20 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
     summary = analyze_run(run_dir)
     store.write_json("summary.json", summary)
     return run_dir, summary
+
+
+def _start_gpu_sampler(cfg: RunConfig, conn: Connection, store: RunStore,
+                       run_doc: dict[str, Any]) -> GpuSampler | None:
+    """NVML samples beside the step log when the bundled engine runs on CUDA; run.json's
+    `gpu_telemetry.nvml` says 'NVML' or, starting 'no NVML', why there are none."""
+    device = (conn.doc.get("engine") or {}).get("device")
+    why = why_not_sampled(device if isinstance(device, str) else None, external=cfg.endpoint is not None)
+    if why is not None:
+        run_doc["gpu_telemetry"] = {"nvml": why}
+        return None
+    sampler = GpuSampler(nvml_index(str(device)), sink=lambda row: store.add("gpu_samples", row)).start()
+    run_doc["gpu_telemetry"] = sampler.doc()
+    return sampler
 
 
 def _start_telemetry(cfg: RunConfig) -> LiveTelemetry | None:

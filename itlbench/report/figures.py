@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 from matplotlib.axes import Axes
+from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -84,9 +85,9 @@ def engine_steps_figure(data: RunData) -> FigureSpec:
     ax = fig.subplots()
     x, w = s["t_s"].to_numpy(), s["dur_s"].to_numpy()
     p, d = s["prefill_tokens"].to_numpy(), s["decode_tokens"].to_numpy()
-    ax.bar(x, d, width=w, align="edge", color=DECODE, linewidth=0, label="decode tokens")
-    ax.bar(x, p, width=w, bottom=d, align="edge", color=PREFILL, edgecolor="white",
-           linewidth=np.where(p > 0, 0.5, 0.0), label="prefill tokens")
+    ax.add_collection(_bars(x, w, np.zeros_like(d), d, DECODE, "none", 0.0))
+    ax.add_collection(_bars(x, w, d, d + p, PREFILL, "white", np.where(p > 0, 0.5, 0.0)))
+    ax.autoscale_view()
     if hi > data.window.seconds:
         ax.axvline(data.window.seconds, color="#555555", linestyle=":", linewidth=1)
         ax.text(data.window.seconds, 0.5, " end of the measured window", rotation=90, fontsize=8,
@@ -118,6 +119,16 @@ def engine_steps_figure(data: RunData) -> FigureSpec:
                  fontsize=11, loc="left")
     spec.figure = fig
     return spec
+
+
+def _bars(x: np.ndarray, w: np.ndarray, y0: np.ndarray, y1: np.ndarray, color: str, edge: str,
+          linewidth: float | np.ndarray) -> PolyCollection:
+    """Edge-aligned bars as one collection: thousands of steps as `ax.bar`'s Rectangles took seconds."""
+    verts = np.stack([np.stack([x, y0], 1), np.stack([x + w, y0], 1), np.stack([x + w, y1], 1),
+                      np.stack([x, y1], 1)], 1)
+    bars = PolyCollection(verts, facecolors=color, edgecolors=edge, linewidths=linewidth)
+    bars.sticky_edges.y.append(0.0)  # as ax.bar's: the axis starts at zero tokens
+    return bars
 
 
 def _annotate_chunks(ax: Axes, data: RunData, s: pl.DataFrame, spans: list[InjectedSpan]) -> None:

@@ -15,6 +15,7 @@ import polars as pl
 
 from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.analysis.definitions import DEFINITIONS
+from itlbench.analysis.gpu import gpu_line
 from itlbench.report.data import RunData, load_run
 from itlbench.report.document import (
     Callout,
@@ -183,6 +184,7 @@ def totals_table(data: RunData) -> Table:
              f"{fmt_s(stalls.get('worst_s'))}, {stalls.get('victims', 0)} requests; by cause: {causes}"],
             ["prefill : decode", f"{fmt_s(split.get('prefill_s'))} : {fmt_s(split.get('decode_s'))}"
              + (f" ({frac:.0%} prefill)" if frac is not None else "") + f", source {split.get('source')}"],
+            ["GPU (NVML)", gpu_line(s.get("gpu"))],
             ["measured window", f"{data.window.seconds:.1f} s"]]
     check = (s.get("crosscheck") or {}).get("engine") or {}
     if check.get("longest_step_s") is not None:

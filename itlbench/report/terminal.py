@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from itlbench.analysis.gpu import gpu_line
 from itlbench.load.progress import ProgressSnapshot
 from itlbench.report.tables import TextTable, print_table
 
@@ -114,6 +116,7 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
                   + f"  [dim]source: {split.get('source', 'unavailable')}[/]")
     console.print(f"[bold]Throughput[/] {_s(thr.get('requests_per_s'))} req/s, "
                   f"{_s(thr.get('output_tokens_per_s'))} output tok/s")
+    console.print(f"[bold]GPU[/] {escape(gpu_line(summary.get('gpu')))}", highlight=False)
     _print_goodput(console, summary.get("goodput") or {})
     bundling = summary.get("bundling") or {}
     if bundling.get("warning"):

@@ -128,6 +128,17 @@ CLIENT_PAUSE_SCHEMA: dict[str, pl.DataType] = {
     "runq_s": pl.Float64(),             # ... its time runnable but waiting for a CPU (starved by other processes)
 }
 
+# The GPU beside the step log (bundled engine on CUDA with nvidia-ml-py): NVML read every 0.1 s on the
+# perf_counter clock the steps use. Absent (no folder) where there is no NVML; run.json says why.
+GPU_SAMPLE_SCHEMA: dict[str, pl.DataType] = {
+    "t_ns": pl.Int64(),
+    "device": pl.Int64(),               # NVML index
+    "power_w": pl.Float64(),
+    "sm_util": pl.Float64(),            # % of the sample period a kernel ran
+    "mem_util": pl.Float64(),           # % of the period device memory was read or written
+    "energy_j": pl.Float64(),           # the device's cumulative counter (null before Volta)
+}
+
 TABLES: dict[str, dict[str, pl.DataType]] = {
     "requests": REQUEST_SCHEMA,
     "chunks": CHUNK_SCHEMA,
@@ -136,6 +147,7 @@ TABLES: dict[str, dict[str, pl.DataType]] = {
     "scrapes": SCRAPE_SCHEMA,
     "client_samples": CLIENT_SAMPLE_SCHEMA,
     "client_pauses": CLIENT_PAUSE_SCHEMA,
+    "gpu_samples": GPU_SAMPLE_SCHEMA,
 }
 
 

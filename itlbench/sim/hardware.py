@@ -64,6 +64,7 @@ class Hardware:
     fp8_gemm_eff: float = 0.0  # 0: gemm_eff
     gemm_m_half: float = 0.0  # rows at which a GEMM reaches half its large-M efficiency (operators)
     attn_mem_eff: float = 0.0  # share of bandwidth attention reaches reading K/V (0: mem_eff)
+    gqa_kv_reread: float = 0.0  # share of a GQA group's repeated K/V reads that reach HBM (0: read once per group)
     kernel_s: float = 0.0  # least time of one kernel (operators)
     roof_blend: float = 0.0  # GEMM time = p-norm of its two roofs with this p (0: their max) (operators)
     graph_overhead_s: float | None = None  # per decode-only step replayed as a CUDA graph (None: step_overhead_s)
@@ -79,7 +80,7 @@ class Hardware:
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ConfigError(f"gpu.{name}", f"must be a positive number, got {value!r}")
         for name in ("step_overhead_s", "seq_overhead_s", "peak_flops_fp8", "fp8_gemm_eff", "gemm_m_half",
-                     "attn_mem_eff", "kernel_s", "roof_blend", "link_bw", "link_latency_s"):
+                     "attn_mem_eff", "gqa_kv_reread", "kernel_s", "roof_blend", "link_bw", "link_latency_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value >= 0):
                 raise ConfigError(f"gpu.{name}", f"must be >= 0, got {value!r}")

@@ -10,7 +10,11 @@ roof and the step is their sum, not one whole-step max(compute, memory):
   e(M) = gemm_eff · M / (M + gemm_m_half): few-row products fill few tiles of the GPU and run far from
   peak (Vidur's A100 profiles: a 128-row QKV at ~45 % of peak where 8,192 rows reach ~70 %);
 - attention: compute over the causal query-key pairs at attn_eff (prefill), or the K/V read at
-  attn_mem_eff of the bandwidth (decode), whichever is longer; mixed steps run one kernel over both;
+  attn_mem_eff of the bandwidth (decode), whichever is longer; mixed steps run one kernel over both.
+  Under GQA a kernel that gives each query head its own thread block reads a K/V head once per query
+  head of its group, part of it from L2: `gqa_kv_reread` is the share of those repeated reads that
+  reach HBM (0, the presets: one read per group, as FlashAttention-style kernels do; TensorRT-LLM
+  v0.6's masked-MHA decode kernel: fitted, docs/perf/sim-vs-published.md);
 - element-wise kernels (norms, RoPE, SiLU·mul, residual adds): their activation bytes at mem_eff;
 - all-reduces: `CostModel.allreduce_s` of the step's rows, two per layer when tp > 1.
 
@@ -85,7 +89,9 @@ def attention_parts(cm: CostModel, shape: StepShape, hw: Hardware) -> tuple[floa
     m = cm.model
     flops = 4.0 * (m.num_heads // cm.tp) * m.head_dim * shape.attention_pairs
     kv_token_layer = cm.kv_bytes_per_token_per_gpu / m.num_layers
-    moved = kv_token_layer * (shape.context_tokens + shape.tokens) + 2 * cm.act_bytes * shape.tokens * (
+    group = max(1.0, (m.num_heads // cm.tp) / cm.kv_heads_per_gpu)  # query heads sharing one K/V head
+    reads = 1.0 + (group - 1.0) * hw.gqa_kv_reread
+    moved = kv_token_layer * reads * (shape.context_tokens + shape.tokens) + 2 * cm.act_bytes * shape.tokens * (
         m.num_heads // cm.tp * m.head_dim)
     return flops / (hw.peak_flops * hw.attn_eff), moved / (hw.mem_bw * (hw.attn_mem_eff or hw.mem_eff))
 

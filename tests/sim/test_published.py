@@ -29,7 +29,9 @@ def test_every_figure_cites_its_public_file_and_the_sets_are_split() -> None:
     for source in ("sarathi prefill", "sarathi decode", "sarathi chunked", "vidur", "trtllm ttft", "trtllm batch"):
         assert any(k.startswith(source) for k in held), source  # every source has held-out figures
     assert "trtllm ttft llama-2-70b a100 float16 tp4 2048" in held and "vidur qkv 32768 tp2" in held  # TP predicted
-    assert sum(k.startswith("trtllm batch") for k in held) == 19  # every static-batch throughput held out
+    # every static-batch throughput held out but one, the only figure that fixes trtllm_gqa_reread
+    assert {k for k in fit if k.startswith("trtllm batch")} == {"trtllm batch llama-2-70b h100 fp8 tp2 64x2048/2048"}
+    assert sum(k.startswith("trtllm batch") for k in held) == 18
 
 
 def test_the_stored_parameters_meet_the_error_targets_in_and_out_of_the_fit() -> None:
@@ -38,8 +40,8 @@ def test_the_stored_parameters_meet_the_error_targets_in_and_out_of_the_fit() ->
     for subset in (fit, held):
         assert np.median(_abs(subset)) <= 0.10 and np.mean(_abs(subset)) <= 0.10
     # over 15 %: Sarathi's decode batches of 8 and 16 and 1,024-token chunks; TensorRT-LLM's 128-token TTFTs,
-    # L40S and H100 TP4 TTFTs and 70B long-output batches (docs/perf/sim-vs-published.md)
-    assert sum(e > 0.15 for e in _abs(rows)) <= 11
+    # L40S and H100 TP4 TTFTs and 70B batches of 2,048-token prompts (docs/perf/sim-vs-published.md)
+    assert sum(e > 0.15 for e in _abs(rows)) <= 10
     assert max(_abs(rows)) < 0.40
 
 
