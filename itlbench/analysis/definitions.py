@@ -36,7 +36,9 @@ DEFINITIONS: dict[str, str] = {
     ),
     "validity": (
         "Validity: the run records the client's own lag (send-schedule lag, event-loop lag, CPU) and flags "
-        "itself invalid when the client, not the server, was the bottleneck."
+        "itself invalid when the client, not the server, was the bottleneck, or when the path to the engine "
+        "was disturbed (connections cut or silent; first tokens delivered late after the engine step that "
+        "made them)."
     ),
     "window": (
         "Window: TTFT, goodput and request counts cover requests scheduled in [measure start, end) "

@@ -28,8 +28,10 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
   gpu.nvml  'NVML', or 'no NVML: <why>' alone; with NVML also gpu.{samples,power_w_mean,sm_util_mean,
             mem_util_mean,energy_j,energy_per_output_token_j}  (the window's NVML samples, analysis/gpu.py)
   bundling.{fraction,chunks,bundled_chunks,tokens_per_chunk,warn_fraction,warning}
-  valid, validity.{reasons,affected,standing,figures,thresholds}  (each client delay judged against the
-                    figure it distorts; `affected` names keys, `standing` the headline figures that hold)
+  valid, validity.{reasons,affected,standing,disturbances,figures,thresholds}  (each client delay judged
+                    against the figure it distorts; `affected` names keys, `standing` the headline figures
+                    that hold; `disturbances` the reasons from outside the client: cut connections, late
+                    delivery of first tokens; analysis/disturbance.py)
 Percentiles their samples cannot support (fewer than 1/(1−q): 2 for p50, 10 for p90, 100 for p99,
 1,000 for p99.9) are null beside their `count` (itlbench.analysis.stats).
   definitions.{ttft,itl,stall,split,prompt_buckets,goodput,validity,window,percentiles}
@@ -56,6 +58,7 @@ from itlbench.analysis.buckets import prompt_tokens
 from itlbench.analysis.cache import cache_summary
 from itlbench.analysis.crosscheck import engine_check, output_token_check, prompt_token_check
 from itlbench.analysis.definitions import DEFINITIONS
+from itlbench.analysis.disturbance import live_in
 from itlbench.analysis.failures import failure_summary
 from itlbench.analysis.goodput import SloSet, goodput, judge, parse_slo
 from itlbench.analysis.gpu import gpu_summary
@@ -145,7 +148,8 @@ def summarize(
     itl_section = _itl_section(chunks, requests, gaps)
     validity = check_validity(ttft_rows, t["client_samples"], itl_section["itl_s"],  # type: ignore[arg-type]
                               thresholds, t["client_pauses"], client_stalls,
-                              tag_gaps(itl.steady(gaps), t["all_chunks"], all_requests, t["client_pauses"]))
+                              tag_gaps(itl.steady(gaps), t["all_chunks"], all_requests, t["client_pauses"]),
+                              requests=live_in(all_requests, window.measure_start_ns, window.end_ns), steps=steps)
     windowed = t["all_chunks"].filter((pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
     out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judge(ttft_rows, gaps, slos), slos, validity,
                     throughput(requests, windowed, window.seconds), engine_check(requests, chunks, steps), gpu_status)
@@ -179,15 +183,17 @@ def summarize_dir(
         "tpot_s": itl.tpot(c.tpot.filter(~pl.col("injected"))),  # type: ignore[union-attr]
         "bundling": itl.bundling_of(c.chunks, c.bundled, c.tokens),
     }
+    live = live_in(all_requests, window.measure_start_ns, window.end_ns)  # for what disturbed the window
     tagged = _tagged_gaps(run_dir, window, all_requests, t["client_pauses"]) if c.chunks <= TAG_MAX_CHUNKS else None
     if tagged is not None:  # who made each shared read late: only the client's lateness withdraws ITL
         validity = check_validity(ttft_rows, t["client_samples"], itl_section["itl_s"],  # type: ignore[arg-type]
-                                  thresholds, t["client_pauses"], client_stalls, tagged)
+                                  thresholds, t["client_pauses"], client_stalls, tagged, requests=live, steps=steps)
     else:  # too large to hold every read: the counts' rule (shared reads, whoever caused them)
         late = c.quantiles["late_bound_s"]
         stamps = StampCounts(c.steady_gaps, c.kernel, c.shared, lambda q: late.get(str(q)))
         validity = check_validity(ttft_rows, t["client_samples"], itl_section["itl_s"],  # type: ignore[arg-type]
-                                  thresholds, t["client_pauses"], client_stalls, stamps=stamps)
+                                  thresholds, t["client_pauses"], client_stalls, stamps=stamps, requests=live,
+                                  steps=steps)
     judged = judge(ttft_rows, None, slos, c.request_itl)
     out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judged, slos, validity,
                     throughput(requests, None, window.seconds, c.out_tokens),

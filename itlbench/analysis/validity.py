@@ -21,6 +21,9 @@ judged like the loop lag, its quantile against the pooled ITL's — only over th
 got to late, where the gaps say who (`late_by`, analysis/read_together.py): chunks a server sent together
 are the ITL it delivered (figures.shared_read_by gives both shares). A wall-clock step during the run
 (client_samples.clock_offset_ns moving by ≥ `min_delay_s`) shifts every later kernel stamp.
+Outside the client (analysis/disturbance.py): connections cut, timed out or never made, and first
+tokens delivered late after the engine step that made them (a network delay, seen as a TTFT offset),
+are named too, also in `disturbances`.
 The verdict names the figures affected and those that still stand. A figure with no data cannot
 invalidate a run.
 """
@@ -32,6 +35,7 @@ from dataclasses import asdict, dataclass
 
 import polars as pl
 
+from itlbench.analysis.disturbance import disturbance_checks, disturbance_figures
 from itlbench.analysis.stats import json_safe, ns_to_s, supported_quantile
 
 # The summary's headline figures, in the order a verdict lists them.
@@ -208,14 +212,16 @@ def _kernel_checks(f: dict[str, object], itl: dict[str, object], th: ValidityThr
 def check_validity(ttft: pl.DataFrame, samples: pl.DataFrame, itl: dict[str, object],
                    thresholds: ValidityThresholds | None = None, pauses: pl.DataFrame | None = None,
                    client_stalls: int = 0, gaps: pl.DataFrame | None = None,
-                   stamps: StampCounts | None = None) -> dict[str, object]:
-    """{valid, reasons, affected, standing, figures, thresholds}; `ttft` holds ttft.ttft_table rows,
-    `itl` the pooled ITL statistics being reported, `gaps` the gaps behind them (itl.gap_table), or
-    `stamps` their counts when a large run does not hold them."""
+                   stamps: StampCounts | None = None, requests: pl.DataFrame | None = None,
+                   steps: pl.DataFrame | None = None) -> dict[str, object]:
+    """{valid, reasons, affected, standing, disturbances, figures, thresholds}; `ttft` holds
+    ttft.ttft_table rows, `itl` the pooled ITL statistics being reported, `gaps` the gaps behind them
+    (itl.gap_table), or `stamps` their counts when a large run does not hold them; `requests` and
+    `steps` (the window's) let it name what disturbed the path to the engine."""
     th = thresholds or ValidityThresholds()
     stamp = stamp_figures_of(stamps, samples, itl) if stamps is not None else stamp_figures(gaps, samples, itl)
     f = {**figures(ttft, samples, itl), **stamp, **pause_figures(pauses),
-         "client_caused_stalls": client_stalls}
+         "client_caused_stalls": client_stalls, **disturbance_figures(requests, steps)}
     affected, reasons = _send_lag_check(ttft, th)
     if affected:
         affected.append("goodput")
@@ -240,8 +246,12 @@ def check_validity(ttft: pl.DataFrame, samples: pl.DataFrame, itl: dict[str, obj
         affected += ["stalls", "itl_s.max"]
         reasons.append(f"{client_stalls} stall gaps are the client's own pauses (stalls.by_cause.client): "
                        "the ITL tail overstates the server's")
+    ttft_p50 = ttft["ttft_s"].drop_nulls().median() if "ttft_s" in ttft.columns else None
+    d_affected, disturbances = disturbance_checks(f, ttft_p50, th.max_distortion, th.late_fraction)  # type: ignore[arg-type]
+    affected += d_affected
+    reasons += disturbances
     affected = list(dict.fromkeys(affected))
     touched = {a.split(".")[0] for a in affected} | {"ttft_s" for a in affected if a.startswith("ttft_by_class_s")}
     standing = [name for name in FIGURES if name not in touched]
     return {"valid": not reasons, "reasons": reasons, "affected": affected, "standing": standing,
-            "figures": f, "thresholds": asdict(th)}
+            "disturbances": disturbances, "figures": f, "thresholds": asdict(th)}

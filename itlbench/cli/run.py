@@ -61,6 +61,8 @@ def run(
     trace: Annotated[Path | None, typer.Option(help="Azure-format CSV for --workload trace.")] = None,
     time_scale: Annotated[float, typer.Option(help="Trace replay speed-up (2 = twice as fast).")] = 1.0,
     drain_timeout: Annotated[str, typer.Option(help="How long in-flight requests may finish after the end.")] = "120s",
+    request_timeout: Annotated[str, typer.Option(help="A request not finished by then fails as a timeout (a silent "
+                                                     "connection ends no other way).")] = "600s",
     out: Annotated[Path | None, typer.Option(help="Run directory (default reports/<time>-<workload>-…).")] = None,
     workers: Annotated[int, typer.Option(help="Client processes for very high stream counts (with --driver locust: "
                                                "Locust workers).")] = 1,
@@ -104,6 +106,7 @@ def run(
                         stall_factor=stall_factor, stall_floor_s=parse_duration_s(stall_floor, "--stall-floor"),
                         trace=trace, time_scale=time_scale,
                         drain_timeout_s=parse_duration_s(drain_timeout, "--drain-timeout"), out=out,
+                        request_timeout_s=parse_duration_s(request_timeout, "--request-timeout"),
                         workers=workers, live=live, metrics_port=metrics_port, otlp_endpoint=otlp_endpoint,
                         driver=driver, master_bind=master_bind, locust_ui=locust_ui, locust_ui_port=locust_ui_port,
                         stream_reader=stream_reader, limits=Limits.parse(limits),

@@ -63,6 +63,8 @@ class RunConfig:
         check_load_shape(self.streams, self.rate, self.burstiness, self.duration_s)
         if self.warmup_s < 0:
             raise ConfigError("--warmup", f"must be >= 0 seconds, got {self.warmup_s}")
+        if self.request_timeout_s <= 0:
+            raise ConfigError("--request-timeout", f"must be > 0 seconds, got {self.request_timeout_s}")
         if self.ramp_s < 0:
             raise ConfigError("--ramp", f"must be >= 0 seconds, got {self.ramp_s}")
         if self.streams == 0 and self.rate is None and not self.inject and self.workload != "trace":

@@ -100,8 +100,11 @@ def callouts(data: RunData) -> list[Callout]:
     validity = s.get("validity") or {}
     if s.get("valid") is False:
         standing = validity.get("standing") or []
-        out.append(Callout("bad", "INVALID run: the client may have been the bottleneck: "
-                           + "; ".join(validity.get("reasons") or []) + "."
+        outside = validity.get("disturbances") or []
+        client = [r for r in validity.get("reasons") or [] if r not in outside]
+        said = ([f"the client may have been the bottleneck: {'; '.join(client)}"] if client else []) + \
+            ([f"the path to the engine was disturbed: {'; '.join(outside)}"] if outside else [])
+        out.append(Callout("bad", "INVALID run: " + "; and ".join(said) + "."
                            + (f" Figures that still stand: {', '.join(standing)}." if standing else "")))
     else:
         f = validity.get("figures") or {}

@@ -163,10 +163,15 @@ def _print_validity(console: Console, summary: dict[str, Any]) -> None:
     if summary.get("valid") is not False:
         return
     v = summary.get("validity") or {}
-    console.print("[bold red]Client-distorted figures[/]: " + "; ".join(v.get("reasons") or []))
+    outside = v.get("disturbances") or []
+    client = [r for r in v.get("reasons") or [] if r not in outside]
+    if client:
+        console.print("[bold red]Client-distorted figures[/]: " + "; ".join(client))
+    if outside:
+        console.print("[bold red]Disturbed between client and engine[/]: " + "; ".join(outside))
     console.print(f"  affected: {', '.join(v.get('affected') or [])}; still standing: "
                   f"{', '.join(v.get('standing') or []) or 'none'}"
-                  " (spread the load with --workers N, or run the client on another machine)")
+                  + (" (spread the load with --workers N, or run the client on another machine)" if client else ""))
 
 
 def _cached(entry: dict[str, Any] | None) -> str:

@@ -1,27 +1,40 @@
 """A fault-injecting TCP proxy for tests, on loopback: what a broken network does to a stream.
 
 Every byte from the server to the client can be delayed (`latency_s` plus up to `jitter_s`, order
-kept), rate-limited (`bandwidth_bps`), and, on every `every`-th connection, cut after a number of
-bytes in one of three ways: `reset_after` (an RST to the client, as a dead middlebox sends),
+kept), rate-limited (`bandwidth_bps`), and the response to every `every`-th request (counted over
+all connections, so keep-alive connections are hit too) cut after a number of its bytes in one of
+three ways: `reset_after` (an RST to the client, as a dead middlebox sends),
 `half_close_after` (a FIN to the client while the server thinks the stream is fine) or
 `black_hole_after` (nothing more, ever, with both connections left open: only a timeout ends it).
-The client's bytes reach the server untouched.
+The client's bytes reach the server untouched. `only` limits the cuts to requests whose request line
+holds it (e.g. "/completions": the load's streams, not the run's probes or its step-log follower);
+delays and the bandwidth limit apply to every connection, as a network's would.
 
-`Proxy.delivered` keeps, per connection, exactly the bytes the client was given, so a test can
-check that every chunk the proxy delivered is in the client's records.
+`Proxy.delivered` keeps, per connection, exactly the bytes the client was given (`_Conn.writes`:
+when and how many), so a test can check that every chunk the proxy delivered is in the client's
+records (`delivered_responses` splits a connection's bytes into its responses).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import random
+import signal
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from itlbench.load.clients.deltas import choice_kind
 
 
 @dataclass(frozen=True)
@@ -32,11 +45,12 @@ class Faults:
     reset_after: int = -1  # bytes to the client after which it gets an RST
     half_close_after: int = -1  # ... a FIN (the server side is closed too)
     black_hole_after: int = -1  # ... nothing more, connections kept open
-    every: int = 1  # the cuts hit connections 0, every, 2*every, ... (the others pass clean)
+    every: int = 1  # the cuts hit requests 0, every, 2*every, ... (the others pass clean)
     seed: int = 0
+    only: str = ""  # cut only requests whose request line contains this (counted among them)
 
     def cut(self, n: int) -> tuple[str, int] | None:
-        """(kind, after bytes) of the cut for connection `n`, or None."""
+        """(kind, after bytes) of the cut for request `n`, or None."""
         if n % max(1, self.every):
             return None
         for kind in ("reset", "half_close", "black_hole"):
@@ -51,6 +65,9 @@ class _Conn:
     n: int
     delivered: bytearray = field(default_factory=bytearray)
     cut: str | None = None  # the fault applied, once it was
+    requests: list[bytes] = field(default_factory=list)  # the request lines the client sent
+    cut_at: tuple[str, int] | None = None  # (kind, offset in `delivered`) of the cut to come
+    writes: list[tuple[int, int]] = field(default_factory=list)  # (perf_counter_ns after the write, bytes)
 
 
 class Proxy:
@@ -60,6 +77,7 @@ class Proxy:
         self._rng = random.Random(faults.seed)
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._eligible = 0  # requests the cuts may hit (`Faults.only`)
 
     @property
     def delivered(self) -> list[bytes]:
@@ -86,8 +104,9 @@ class Proxy:
             s_reader, s_writer = await asyncio.open_connection(*self.upstream)
         except OSError:
             c_writer.close()
+            self._tasks.discard(task)
             return
-        up = asyncio.create_task(self._pump_up(c_reader, s_writer))
+        up = asyncio.create_task(self._pump_up(conn, c_reader, s_writer))
         try:
             await self._pump_down(conn, s_reader, c_writer, up)
         except (ConnectionError, asyncio.CancelledError):
@@ -98,9 +117,24 @@ class Proxy:
                 w.close()
             self._tasks.discard(task)
 
-    async def _pump_up(self, c_reader: asyncio.StreamReader, s_writer: asyncio.StreamWriter) -> None:
+    def _on_request(self, conn: _Conn, data: bytes) -> None:
+        """A request starts (HTTP/1.1 without pipelining: its response starts at the next byte down)."""
+        line = data.split(b"\r\n", 1)[0]
+        conn.requests.append(line)
+        if conn.cut is None:
+            conn.cut_at = None  # the previous response ended before its cut: it passed clean
+        if self.faults.only and self.faults.only.encode() not in line:
+            return
+        cut = self.faults.cut(self._eligible)
+        self._eligible += 1
+        if cut is not None and conn.cut_at is None:
+            conn.cut_at = (cut[0], len(conn.delivered) + cut[1])
+
+    async def _pump_up(self, conn: _Conn, c_reader: asyncio.StreamReader, s_writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, asyncio.CancelledError):
             while data := await c_reader.read(65536):
+                if data.startswith((b"GET ", b"POST ", b"PUT ", b"DELETE ", b"HEAD ")):
+                    self._on_request(conn, data)
                 s_writer.write(data)
                 await s_writer.drain()
             s_writer.write_eof()
@@ -108,7 +142,6 @@ class Proxy:
     async def _pump_down(self, conn: _Conn, s_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter,
                          up: asyncio.Task[None]) -> None:
         f = self.faults
-        cut = f.cut(conn.n)
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
         async def read() -> None:
@@ -125,6 +158,7 @@ class Proxy:
                 if not data:
                     c_writer.write_eof()
                     return
+                cut = conn.cut_at
                 if cut is not None and len(conn.delivered) + len(data) > cut[1]:
                     data = data[: max(0, cut[1] - len(conn.delivered))]
                     await self._send(conn, c_writer, data)
@@ -140,6 +174,7 @@ class Proxy:
         c_writer.write(data)
         await c_writer.drain()
         conn.delivered += data
+        conn.writes.append((time.perf_counter_ns(), len(data)))
         if self.faults.bandwidth_bps > 0:
             await asyncio.sleep(len(data) / self.faults.bandwidth_bps)
 
@@ -162,8 +197,6 @@ class Proxy:
 def serve_proxy(upstream_url: str, faults: Faults) -> Iterator[tuple[Proxy, str]]:
     """A proxy in front of `upstream_url` (http://host:port/...), on its own loop in a thread;
     yields (proxy, the same URL through the proxy)."""
-    from urllib.parse import urlsplit
-
     u = urlsplit(upstream_url)
     loop = asyncio.new_event_loop()
     proxy = Proxy((u.hostname or "127.0.0.1", u.port or 80), faults)
@@ -186,3 +219,101 @@ def serve_proxy(upstream_url: str, faults: Faults) -> Iterator[tuple[Proxy, str]
         asyncio.run_coroutine_threadsafe(proxy.stop(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+@contextlib.contextmanager
+def spawn_proxy(upstream_url: str, faults: Faults, log: Path) -> Iterator[tuple[list[_Conn], str]]:
+    """`serve_proxy` in its own process, so it shares no interpreter (and no GIL) with the client
+    under test; yields (the connections, filled in when the block ends, the URL through the proxy)."""
+    u = urlsplit(upstream_url)
+    proc = subprocess.Popen([sys.executable, "-m", "itlbench.testing.proxy", upstream_url,
+                             json.dumps(asdict(faults)), str(log)], stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline() if proc.stdout else ""
+    if not line.startswith("PORT "):
+        proc.kill()
+        raise RuntimeError(f"proxy did not start: {line!r}")
+    conns: list[_Conn] = []
+    try:
+        yield conns, upstream_url.replace(f"{u.hostname}:{u.port}", f"127.0.0.1:{int(line.split()[1])}", 1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    for c in json.loads(log.read_text()):
+        conns.append(_Conn(c["n"], bytearray(base64.b64decode(c["delivered"])), c["cut"],
+                           [r.encode("latin-1") for r in c["requests"]], None, [tuple(w) for w in c["writes"]]))
+
+
+def _main(argv: list[str]) -> None:
+    """python -m itlbench.testing.proxy UPSTREAM_URL FAULTS_JSON LOG: serve until SIGTERM, then write
+    every connection (its bytes base64) to LOG."""
+    url, faults, log = argv
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with serve_proxy(url, Faults(**json.loads(faults))) as (proxy, via):
+        print(f"PORT {urlsplit(via).port}", flush=True)
+        stop.wait()
+    Path(log).write_text(json.dumps([{"n": c.n, "cut": c.cut, "requests": [r.decode("latin-1") for r in c.requests],
+                                      "delivered": base64.b64encode(bytes(c.delivered)).decode(),
+                                      "writes": c.writes} for c in proxy.conns]))
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """One HTTP response as far as the client was given it."""
+
+    server_id: str | None  # the first event's `id`
+    chunks: int  # complete SSE events carrying a token (the client's chunk rows)
+    complete: bool  # the body's end was delivered
+
+
+def delivered_responses(raw: bytes) -> list[Delivered]:
+    """The responses in the bytes one connection delivered (keep-alive: several), each body's
+    content chunks counted as the client counts them (token ids, or any text, reasoning or tool call)."""
+    out: list[Delivered] = []
+    pos = 0
+    while (head_end := raw.find(b"\r\n\r\n", pos)) >= 0:
+        head = raw[pos:head_end].lower()
+        body, pos, complete = _body(raw, head, head_end + 4)
+        out.append(_count(body, complete))
+    return out
+
+
+def _body(raw: bytes, head: bytes, start: int) -> tuple[bytes, int, bool]:
+    """(payload, where the next response starts, whether the body ended) of one response."""
+    if b"transfer-encoding: chunked" not in head:
+        for line in head.split(b"\r\n"):
+            if line.startswith(b"content-length:"):
+                end = start + int(line.split(b":", 1)[1])
+                return raw[start:end], end, end <= len(raw)
+        return raw[start:], len(raw), False
+    parts: list[bytes] = []
+    p = start
+    while (eol := raw.find(b"\r\n", p)) >= 0:
+        size = int(raw[p:eol].split(b";")[0], 16)
+        if size == 0:
+            return b"".join(parts), eol + 4, eol + 4 <= len(raw)
+        parts.append(raw[eol + 2:eol + 2 + size])
+        p = eol + 2 + size + 2
+    return b"".join(parts), len(raw), False
+
+
+def _count(body: bytes, complete: bool) -> Delivered:
+    sid, n = None, 0
+    events = body.replace(b"\r\n", b"\n").split(b"\n\n")
+    for event in events[:-1]:  # the last piece is an event not yet ended (or empty)
+        for line in event.split(b"\n"):
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                continue
+            try:
+                obj = json.loads(line[5:])
+            except ValueError:
+                continue
+            sid = sid or obj.get("id")
+            for c in obj.get("choices") or []:
+                ids = c.get("token_ids")
+                n += bool((isinstance(ids, list) and ids) or choice_kind(c))
+    return Delivered(sid if isinstance(sid, str) else None, n, complete)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

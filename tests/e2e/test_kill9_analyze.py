@@ -102,3 +102,26 @@ def test_a_run_killed_with_sigkill_on_the_bundled_engine_can_be_analysed_and_lea
         time.sleep(0.2)
     summary = _analyze(out)
     assert read_table(out, "steps").height > 0 and summary["requests"]["total"] > 0
+
+
+@pytest.mark.e2e
+def test_a_locust_run_killed_with_sigkill_is_analysed_and_leaves_no_master_or_worker(tmp_path: Path):
+    """The master and both local workers run in their own sessions (a Ctrl-C reaches only the run):
+    they must still die with a run that is SIGKILLed, and the rows the master wrote stay readable."""
+    out = tmp_path / "run"
+    with serve_in_thread(PeerConfig(tick_s=0.005)) as (_, url):
+        tree = _kill9_after_first_flush([sys.executable, "-m", "itlbench", "run", "--endpoint", url, "--model", "peer",
+                                         "--workload", "chat-short", "--streams", "4", "--driver", "locust",
+                                         "--workers", "2", "--duration", "60", "--warmup", "0.2",
+                                         "--no-adaptive-warmup", "--no-live", "--out", str(out)], out,
+                                        parts="workers/*/requests/part-*.parquet")
+        names = [" ".join(psutil.Process(p).cmdline()) for p in tree if psutil.pid_exists(p)]
+        t0 = time.monotonic()
+        orphans_gone = _gone(tree)
+        print(f"{len(tree)} processes of the killed run gone {time.monotonic() - t0:.1f} s after the SIGKILL")
+    assert any("locust.master" in n for n in names) and sum("locust.worker" in n for n in names) == 2, names
+    assert not list(out.glob("requests/*.parquet")), "nothing was merged: the parts are only in workers/"
+    assert read_table(out, "requests").height > 0
+    summary = _analyze(out)
+    assert summary["requests"]["ok"] > 0
+    assert orphans_gone, "a Locust master or worker outlived its run"

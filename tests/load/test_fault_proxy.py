@@ -13,37 +13,15 @@ import numpy as np
 import polars as pl
 import pytest
 
-from itlbench.load.clients.http1 import ChunkedDecoder
-from itlbench.load.clients.sse_events import SseEvents
 from itlbench.load.driver import drive
 from itlbench.load.target import Target
 from itlbench.rundir.reader import read_table
 from itlbench.rundir.store import RunStore
 from itlbench.testing.paced_server import PacedConfig, spawn
 from itlbench.testing.plans import fixed_streams
-from itlbench.testing.proxy import Faults, serve_proxy
+from itlbench.testing.proxy import Faults, delivered_responses, serve_proxy
 
 MS = 1_000_000
-
-
-def _delivered_chunks(raw: bytes) -> tuple[str | None, int]:
-    """(server id, content chunks) in the bytes one connection was given (one response each here)."""
-    head_end = raw.find(b"\r\n\r\n")
-    if head_end < 0:
-        return None, 0
-    dec, events, sid, n = ChunkedDecoder(), SseEvents(), None, 0
-    try:
-        body = dec.feed(raw[head_end + 4:])
-    except ConnectionError:
-        return None, 0
-    for payload in events.feed(body):
-        if payload == b"[DONE]":
-            continue
-        obj = json.loads(payload)
-        sid = sid or obj.get("id")
-        for c in obj.get("choices") or []:
-            n += bool(c.get("text") or (c.get("delta") or {}).get("content"))
-    return sid, n
 
 
 def _run(url: str, tmp: Path, reader: str, faults: Faults, timeout_s: float = 20.0):
@@ -83,18 +61,20 @@ def test_cut_connections_carry_their_error_kind_and_every_delivered_chunk(paced:
     per_req = dict(chunks.group_by("request_id").len().iter_rows())
     cut_ids = set()
     for raw, cut in zip(delivered, cuts, strict=True):
-        sid, n = _delivered_chunks(raw)
-        if sid is None or sid not in rows:
-            continue
-        status, got_kind, num, rid = rows[sid]
-        if status == "cancelled":
-            continue
-        assert num == n == per_req.get(rid, 0), f"{sid}: proxy delivered {n} chunks, recorded {num}"
-        if cut is not None:
-            cut_ids.add(sid)
-            assert got_kind == kind, (sid, cut, got_kind)
-        else:
-            assert status == "ok", (sid, got_kind)
+        for d in delivered_responses(raw):  # keep-alive: a connection may carry several responses
+            if d.server_id not in rows:
+                continue
+            status, got_kind, num, rid = rows[d.server_id]
+            if status == "cancelled":
+                continue
+            assert num == d.chunks == per_req.get(rid, 0), \
+                f"{d.server_id}: proxy delivered {d.chunks} chunks, recorded {num}"
+            if not d.complete:  # the response the proxy cut
+                assert cut is not None, d
+                cut_ids.add(d.server_id)
+                assert got_kind == kind, (d.server_id, cut, got_kind)
+            else:
+                assert status == "ok", (d.server_id, got_kind)
     assert bool(cut_ids) == (kind is not None)
 
 

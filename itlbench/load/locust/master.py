@@ -8,9 +8,9 @@ starts one Locust user per closed-loop stream and grants each user a stream inde
 start instant and the measurement window (deciding the adaptive warmup from the workers' first-token
 reports), and writes the rows the workers ship into one RunStore per worker
 (`<run>/workers/<k>/`, flushed as they come: a worker or master that dies keeps what arrived).
-It notices a worker that stops sending heartbeats and says which one died. It talks to the launcher
-with JSON lines on stdout (listening, status, progress, worker_died, done) and stops cleanly on
-SIGTERM or SIGINT. Its result, with every worker's DriveResult, goes to `<run>/locust_result.json`.
+It notices a worker that stops sending heartbeats and says which one died (all: the run is aborted,
+its result built from what the master holds). It talks to the launcher with JSON lines on stdout
+(listening, status, progress, worker_died, done) and stops cleanly on SIGTERM or SIGINT. Its result, with every worker's DriveResult, goes to `<run>/locust_result.json`.
 """
 
 from __future__ import annotations
@@ -122,6 +122,7 @@ class Master:
         self.progress: dict[int, ProgressSnapshot] = {}
         self._we_stop_locust = False
         self.failure: str | None = None  # a worker could not take its share
+        self.aborted_reason: str | None = None  # every worker died: no worker's own result says why
         self.cpu_at_go = _cpu_s()  # the master's CPU is counted from the start of the load
         r = self.runner
         r.register_message(auth.MSG_HELLO, self._on_hello)
@@ -226,9 +227,13 @@ class Master:
         self.failure = f"worker {msg.data['k']} on {msg.node_id.rpartition('_')[0]}: {msg.data['error']}"
         self.request_stop("aborted")
 
-    def _on_locust_stopping(self, **kw: Any) -> None:
-        if not self._we_stop_locust:  # the web UI's stop button
+    def _on_locust_stopping(self, **kw: Any) -> None:  # the UI's stop button, not Locust's own on a last worker missing
+        if not self._we_stop_locust and not self._all_missing():
             self.request_stop("interrupted")
+
+    def _all_missing(self) -> bool:
+        nodes = [self.runner.clients.get(w.client_id) for w in self.workers.values() if w.state != "done"]
+        return bool(nodes) and all(n is None or n.state == STATE_MISSING for n in nodes)
 
     def request_stop(self, reason: str) -> None:
         if self.stop_reason is None:
@@ -290,6 +295,8 @@ class Master:
                 emit("worker_died", k=w.k, host=w.host, pid=w.pid, reason=w.died_reason)
                 log.warning("worker %d (pid %s on %s) died: %s", w.k, w.pid, w.host, w.died_reason)
                 if all(x.state == "died" for x in self.workers.values()):
+                    self.aborted_reason = "every worker died: " + "; ".join(
+                        f"worker {x.k} (pid {x.pid} on {x.host}) {x.died_reason}" for x in self.workers.values())
                     self.request_stop("aborted")
 
     def start_users(self, streams: int) -> None:
@@ -343,13 +350,24 @@ class Master:
                 d = dict(w.result)
                 d["client"] = ClientStats(**d["client"])
                 results.append(DriveResult(**d))
-        combined = combine_results(results).to_dict() if results else None
+        combined = combine_results(results).to_dict() if results else self._orphaned_result()
         if combined is not None and self.stop_reason and combined["stop_reason"] == "completed":
             combined["stop_reason"] = "interrupted" if self.stop_reason == "interrupted" else self.stop_reason
         return {"result": combined, "workers": [w.doc() for w in self.by_k.values()],
                 "window": list(self.window) if self.window else None, "stop_reason": self.stop_reason,
                 "run_start_ns": self.gate.run_start_ns if self.gate else None,
                 "locust_stats": locust_stats(self.env), "master_cpu_s": _cpu_s() - self.cpu_at_go}
+
+    def _orphaned_result(self) -> dict[str, Any] | None:
+        """A run whose every worker died before reporting: the master's window, ended when the last
+        worker died, the requests it had received counted. None before the start (nothing measured)."""
+        if self.gate is None or self.aborted_reason is None:
+            return None
+        start, died = self.window[0] if self.window else self.gate.run_start_ns, max(
+            (w.died_ns or 0) for w in self.workers.values())
+        return DriveResult(self.gate.run_start_ns, start, max(start, min(self.window[1], died) if self.window else died),
+                           _now(), {"sent": sum(w.rows.get("requests", 0) for w in self.workers.values())},
+                           "aborted", self.aborted_reason).to_dict()
 
     def close(self) -> None:
         self._we_stop_locust = True
