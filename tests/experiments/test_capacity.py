@@ -151,11 +151,12 @@ def test_the_rate_found_holds_when_rerun_and_twice_it_misses(tmp_path: Path) -> 
 
 
 def test_capacity_runs_the_bundled_engine_when_no_server_is_named(tmp_path: Path) -> None:
-    """The simulated engine in-process, a search capped by --rate-max: it holds at every load tried."""
+    """The simulated engine in-process, a search capped by --rate-max: it holds at every load tried
+    (short fixed requests: the simulator runs in real time, and long answers would drain for seconds)."""
     out = tmp_path / "cap"
     result = runner.invoke(app, ["capacity", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
                                  "--axis", "streams", "--start", "2", "--rate-max", "4", "--slo", "itl_p99=1s",
-                                 "--workload", "chat-short", "--duration", "2", "--warmup", "0.5", "--out", str(out)],
+                                 "--workload", "fixed:128:32", "--duration", "2", "--warmup", "0.5", "--out", str(out)],
                            terminal_width=200)
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "capacity.json").read_text())
