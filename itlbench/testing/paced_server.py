@@ -51,6 +51,7 @@ class PacedConfig:
     # the first content chunk's text names the request (` [cmpl-N]`), so a harness that keeps the
     # generated text (but not the response id) can be matched to the send log
     tag_text: bool = False
+    word: str = " tok"  # each token's text (pick one the harness's tokenizer reads as one token)
 
 
 @dataclass
@@ -148,9 +149,9 @@ class PacedServer:
         return _sse({"id": st.sid, "object": obj, "model": st.model, "choices": [choice]})
 
     def _content(self, st: _Stream, k: int) -> bytes:
-        text = " tok" * k
+        text = self.cfg.word * k
         if self.cfg.tag_text and st.sent_tokens == 0:
-            text = f" [{st.sid}]" + " tok" * (k - 1)
+            text = f" [{st.sid}]" + self.cfg.word * (k - 1)
         ids = list(range(st.sent_tokens, st.sent_tokens + k)) if self.cfg.token_ids else None
         return self._event(st, {"content": text} if st.chat else text, ids)
 
@@ -252,7 +253,9 @@ class PacedServer:
 
     async def _log(self, request: web.Request) -> web.Response:
         cpu = psutil.Process().cpu_times()
-        return web.json_response({"sends": self.log, "arrivals": self.arrivals, "cpu_s": cpu.user + cpu.system})
+        # wall_minus_perf_ns maps a harness's wall-clock stamps (time.time) onto the log's perf_counter_ns
+        return web.json_response({"sends": self.log, "arrivals": self.arrivals, "cpu_s": cpu.user + cpu.system,
+                                  "wall_minus_perf_ns": time.time_ns() - _now()})
 
 
 def _sse(obj: dict[str, object]) -> bytes:

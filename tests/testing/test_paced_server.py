@@ -27,7 +27,17 @@ def test_tag_text_names_the_request_and_arrivals_are_logged():
     assert set(log["arrivals"]) == set(log["sends"])
 
 
-def test_untagged_text_is_unchanged():
+def test_untagged_text_is_unchanged_and_the_word_is_configurable():
     with serve_in_thread(PacedConfig(tick_s=0.005, role_chunk=False)) as (_, url):
         events = _stream(url, 2)
     assert [e["choices"][0]["text"] for e in events if e["choices"]][:2] == [" tok", " tok"]
+    with serve_in_thread(PacedConfig(tick_s=0.005, role_chunk=False, word=" the")) as (_, url):
+        events = _stream(url, 2)
+    assert [e["choices"][0]["text"] for e in events if e["choices"]][:2] == [" the", " the"]
+
+
+def test_word_passes_through_the_command_line():
+    from itlbench.testing.paced_server import _parse
+
+    cfg, _, _ = _parse(["--word", " the", "--tag-text", "True"])
+    assert cfg.word == " the" and cfg.tag_text is True
