@@ -382,6 +382,35 @@ def _reconstruction_check(steps: list[dict], tokens: int) -> dict:
     return {"finishes_logged": int(sum(s.get("num_finished", 0) for s in steps)), "finishes_where_predicted": agree}
 
 
+def _fmt(e: dict | None, key: str = "") -> str:
+    if not e:
+        return "—"
+    return " / ".join(f"{e[k]:.3f}" if e[k] < 10 else f"{e[k]:.1f}" for k in ("p50", "p99", "max"))
+
+
+def tables(path: Path) -> str:
+    """Markdown tables (one per server and stream count) from the JSON lines this script appended."""
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    out = []
+    for server, n in sorted({(r["server"], r["streams"]) for r in rows}):
+        out.append(f"\n{server} server, {n} streams\n")
+        out.append("| harness | run | load1 | ITL per gap: abs error p50 / p99 / max (ms) | surplus gaps | "
+                   "per-request mean ITL: abs error p50 / p99 / max | TTFT: abs error p50 / p99 / max (signed median) | "
+                   "first-token stamp − truth p50 / p99 / max | requests matched | client CPU s |")
+        out.append("|---|---:|---:|---|---:|---|---|---|---:|---:|")
+        for r in [r for r in rows if (r["server"], r["streams"]) == (server, n)]:
+            if "error" in r:
+                out.append(f"| {r['harness']} | {r['rep']} | | failed: {r['error'][:120]} | | | | | | |")
+                continue
+            t = r["ttft_error_ms"]
+            ttft = f"{_fmt(t)} ({t['signed_median']:+.2f})" if t else "—"
+            out.append(f"| {r['harness']} | {r['rep']} | {r['load1_at_start']:.1f} | {_fmt(r['itl_gap_error_ms'])} | "
+                       f"{r['surplus_gaps']['n']} | {_fmt(r['itl_mean_error_ms'])} | {ttft} | "
+                       f"{_fmt(r['first_token_stamp_error_ms'])} | {r['matched']}/{r['requests'] + r['unmatched']} | "
+                       f"{r['client_cpu_s']:.1f} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--server", choices=("paced", "bundled"), default="paced")
@@ -392,7 +421,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--harnesses", default=",".join(HARNESSES))
     p.add_argument("--out", type=Path, default=Path("~/peers/runs/harness-truth").expanduser())
     p.add_argument("--json", type=Path, help="append each scored case as a JSON line here")
+    p.add_argument("--table", type=Path, help="print markdown tables from a --json file and exit")
     a = p.parse_args(argv)
+    if a.table:
+        print(tables(a.table))
+        return
     case = paced_case if a.server == "paced" else bundled_case
     for n in [int(x) for x in a.streams.split(",")]:
         for rep in range(a.repeat_100 if n == 100 else 1):
