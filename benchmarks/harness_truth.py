@@ -396,18 +396,22 @@ def tables(path: Path) -> str:
         out.append(f"\n{server} server, {n} streams\n")
         out.append("| harness | run | load1 | ITL per gap: abs error p50 / p99 / max (ms) | surplus gaps | "
                    "per-request mean ITL: abs error p50 / p99 / max | TTFT: abs error p50 / p99 / max (signed median) | "
-                   "first-token stamp − truth p50 / p99 / max | requests matched | client CPU s |")
-        out.append("|---|---:|---:|---|---:|---|---|---|---:|---:|")
+                   "first-token stamp − truth p50 / p99 / max | requests matched | client CPU s | truth's own gaps p50 / p99 |")
+        out.append("|---|---:|---:|---|---:|---|---|---|---:|---:|---|")
         for r in [r for r in rows if (r["server"], r["streams"]) == (server, n)]:
             if "error" in r:
-                out.append(f"| {r['harness']} | {r['rep']} | | failed: {r['error'][:120]} | | | | | | |")
+                out.append(f"| {r['harness']} | {r['rep']} | | failed: {r['error'][:120]} | | | | | | | |")
                 continue
             t = r["ttft_error_ms"]
             ttft = f"{_fmt(t)} ({t['signed_median']:+.2f})" if t else "—"
+            tr = r["truth"]
+            own = (tr.get("gap_p50_ms"), tr.get("gap_p99_ms")) if "gap_p50_ms" in tr else (
+                tr.get("step_interval_p50_ms"), tr.get("step_interval_p99_ms"))
+            own_s = " / ".join(f"{x:.1f}" for x in own) if None not in own else "—"
             out.append(f"| {r['harness']} | {r['rep']} | {r['load1_at_start']:.1f} | {_fmt(r['itl_gap_error_ms'])} | "
                        f"{r['surplus_gaps']['n']} | {_fmt(r['itl_mean_error_ms'])} | {ttft} | "
                        f"{_fmt(r['first_token_stamp_error_ms'])} | {r['matched']}/{r['requests'] + r['unmatched']} | "
-                       f"{r['client_cpu_s']:.1f} |")
+                       f"{r['client_cpu_s']:.1f} | {own_s} |")
     return "\n".join(out)
 
 
