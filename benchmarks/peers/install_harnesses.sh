@@ -3,7 +3,7 @@
 # itlbench's against the same server. Usage: benchmarks/peers/install_harnesses.sh [ROOT]
 #
 #   ROOT/aiperf-venv     AIPerf 0.13.0 (NVIDIA; `aiperf profile`)
-#   ROOT/guidellm-venv   guidellm 0.8.1 (`guidellm benchmark run`)
+#   ROOT/guidellm-venv   guidellm 0.8.1 (`guidellm run`)
 # `vllm bench serve` comes with the vLLM venv (benchmarks/peers/install_vllm.sh).
 #
 # Why each step:

@@ -2,7 +2,8 @@
 
 All streams get their next chunk on one global tick (like a batched engine's decode step) and the
 server logs each content chunk's send time (`perf_counter_ns`, the client's clock on one host);
-`GET /_log` returns that truth. It also serves a fake `/v1/steps` NDJSON step log and `/metrics`.
+`GET /_log` returns that truth
+(`sends`, and `arrivals`: when each request's handler began, on the same clock). It also serves a fake `/v1/steps` NDJSON step log and `/metrics`.
 Run it in its own process (`python -m itlbench.testing.paced_server --port 0`) when measuring
 fidelity, so it does not share the client's event loop.
 """
@@ -47,6 +48,10 @@ class PacedConfig:
     # streams decoding, a tick takes tick_s × decoding / degrade_above (token throughput capped at
     # degrade_above / tick_s), so N closed-loop streams see an ITL of tick_s × max(1, N / degrade_above)
     degrade_above: int = 0
+    # the first content chunk's text names the request (` [cmpl-N]`), so a harness that keeps the
+    # generated text (but not the response id) can be matched to the send log
+    tag_text: bool = False
+    word: str = " tok"  # each token's text (pick one the harness's tokenizer reads as one token)
 
 
 @dataclass
@@ -67,6 +72,7 @@ class PacedServer:
         self.cfg = cfg or PacedConfig()
         self.active: list[_Stream] = []
         self.log: dict[str, list[int]] = {}
+        self.arrivals: dict[str, int] = {}  # server request id -> perf_counter_ns when its handler began
         self.steps: list[dict[str, object]] = []
         self._n = 0
         self._step_added = asyncio.Event()
@@ -102,6 +108,7 @@ class PacedServer:
             await self._runner.cleanup()
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
+        arrival_ns = _now()
         if self.cfg.api_key and request.headers.get("Authorization") != f"Bearer {self.cfg.api_key}":
             return web.json_response({"error": {"message": "bad key", "code": 401}}, status=401)
         body = await request.json()
@@ -117,6 +124,7 @@ class PacedServer:
         if self.cfg.role_chunk:
             await st.resp.write(self._event(st, {"role": "assistant", "content": ""} if st.chat else "", None))
         self.log[st.sid] = st.log
+        self.arrivals[st.sid] = arrival_ns
         self.active.append(st)
         try:
             await st.done
@@ -141,7 +149,9 @@ class PacedServer:
         return _sse({"id": st.sid, "object": obj, "model": st.model, "choices": [choice]})
 
     def _content(self, st: _Stream, k: int) -> bytes:
-        text = " tok" * k
+        text = self.cfg.word * k
+        if self.cfg.tag_text and st.sent_tokens == 0:
+            text = f" [{st.sid}]" + self.cfg.word * (k - 1)
         ids = list(range(st.sent_tokens, st.sent_tokens + k)) if self.cfg.token_ids else None
         return self._event(st, {"content": text} if st.chat else text, ids)
 
@@ -243,7 +253,9 @@ class PacedServer:
 
     async def _log(self, request: web.Request) -> web.Response:
         cpu = psutil.Process().cpu_times()
-        return web.json_response({"sends": self.log, "cpu_s": cpu.user + cpu.system})
+        # wall_minus_perf_ns maps a harness's wall-clock stamps (time.time) onto the log's perf_counter_ns
+        return web.json_response({"sends": self.log, "arrivals": self.arrivals, "cpu_s": cpu.user + cpu.system,
+                                  "wall_minus_perf_ns": time.time_ns() - _now()})
 
 
 def _sse(obj: dict[str, object]) -> bytes:
