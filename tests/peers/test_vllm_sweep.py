@@ -1,0 +1,142 @@
+"""Opt-in: `itlbench sweep --serve` restarting a real vLLM-CPU per `--max-num-batched-tokens`, and the
+injected prompt named as the cause of the largest stall from outside (client records; vLLM's spans).
+
+Runs only when $ITLBENCH_VLLM_VENV names a venv made by `benchmarks/peers/install_vllm.sh` (two vLLM
+start-ups of 1-2 minutes each on 2 cores), so default CI skips it with that reason. One sweep (budgets
+256 and 8192, 8 chat streams, a 4k injection) serves every test of the module; vLLM exports its
+`llm_request` spans over OTLP/HTTP to an in-process receiver (`--otlp-traces-endpoint`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.peers.vllm_server import VENV_ENV, vllm_executable
+from itlbench.analysis.otel_attribution import SPANS_FILE, spans_for_run, write_spans
+from itlbench.export.hf import export_model
+from itlbench.testing.otlp_receiver import OtlpReceiver
+
+_VENV = os.environ.get(VENV_ENV)
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not _VENV or vllm_executable(Path(_VENV)) is None,
+                       reason=f"opt-in: set {VENV_ENV} to a venv made by benchmarks/peers/install_vllm.sh"),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+BUDGETS = ("256", "8192")
+
+
+def serve_template(venv: Path, model_dir: Path, otlp: str | None = None) -> str:
+    """vLLM-CPU as benchmarks/peers/vllm_server.py starts it, as a `--serve` template."""
+    env = "env -u PYTHONPATH VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=2"
+    tracing = ""
+    if otlp:
+        env += " OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf"
+        tracing = f" --otlp-traces-endpoint {otlp}/v1/traces"
+    return (f"{env} {venv}/bin/vllm serve {model_dir} --host 127.0.0.1 --port {{port}} --served-model-name {{model}} "
+            "--dtype float32 --max-model-len 16384 --enable-chunked-prefill --max-num-batched-tokens {chunk_budget} "
+            "--max-num-seqs 64 --enable-prompt-tokens-details --disable-uvicorn-access-log" + tracing)
+
+
+def _itlbench(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "itlbench", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("vllm-sweep")
+    model_dir = export_model("cpu-small", tmp / "cpu-small").path
+    out = tmp / "sweep"
+    with OtlpReceiver() as rx:
+        proc = _itlbench("sweep", "--serve", serve_template(Path(str(_VENV)), model_dir, rx.endpoint),
+                         "--model", "cpu-small", "--chunk-budget", ",".join(BUDGETS), "--workload", "chat",
+                         "--streams", "8", "--inject", "4k@6s", "--duration", "16", "--seed", "7", "--no-live",
+                         "--out", str(out))
+        spans = rx.received.snapshot()[0]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = {}
+    for budget in BUDGETS:
+        run_dir = out / f"b{budget}"
+        write_spans(run_dir / SPANS_FILE, spans_for_run(run_dir, spans))
+        for source in ("client", "otel"):
+            res = _itlbench("analyze", str(run_dir), "--attribution", source, timeout=600)
+            assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        runs[budget] = {name: json.loads((run_dir / f"{name}.json").read_text())
+                        for name in ("run", "summary", "summary-client", "summary-otel")}
+    return {"out": out, "model_dir": model_dir, "runs": runs, "spans": spans}
+
+
+def _largest(summary: dict[str, Any]) -> dict[str, Any]:
+    return max(summary["stalls"]["attribution"], key=lambda e: e["worst_s"])
+
+
+def _injected_id(summary: dict[str, Any]) -> str:
+    (inj,) = summary["cache"]["injected"]
+    return inj["request_id"]
+
+
+def test_one_command_sweeps_vllm_budgets_each_on_its_own_server(sweep: dict[str, Any]) -> None:
+    manifest = json.loads((sweep["out"] / "sweep.json").read_text())
+    assert [p["status"] for p in manifest["points"]] == ["ok", "ok"], manifest
+    for budget, run in sweep["runs"].items():
+        command = run["run"]["sweep"]["serve_command"]
+        assert f"--max-num-batched-tokens {budget} " in command
+        log = (sweep["out"] / f"b{budget}" / "server.log").read_text()
+        assert log.startswith(f"$ {command}") and "Application startup complete" in log
+        s = run["summary"]
+        assert s["failures"]["count"] == 0 and s["split"]["source"].startswith("server_metrics:vllm")
+        inj = s["cache"]["injected"][0]
+        assert inj["prompt_tokens"] == 4096 and inj["cached_tokens"] < 410  # salted: not vLLM's prefix cache
+    assert (sweep["out"] / "compare.json").is_file() and (sweep["out"] / "report.md").is_file()
+    # no vLLM process of this sweep is left: none names the test's model directory
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(sweep["model_dir"]) in
+            (p / "cmdline").read_bytes().decode(errors="replace") if (p / "cmdline").exists()] \
+        if Path("/proc").is_dir() else []
+    assert not left, left
+
+
+def test_a_4k_injection_stalls_longer_in_one_8192_step_than_in_256_chunks(sweep: dict[str, Any]) -> None:
+    worst = {}
+    for budget in BUDGETS:
+        run = sweep["runs"][budget]
+        named = [e for e in run["summary-client"]["stalls"]["attribution"]
+                 if _injected_id(run["summary"]) in e["injected_request_ids"]]
+        worst[budget] = max((e["worst_s"] for e in named), default=0.0)
+    assert worst["8192"] > 2 * worst["256"] > 0, worst
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_the_client_only_attribution_names_the_injection_behind_the_largest_stall(sweep: dict[str, Any],
+                                                                                 budget: str) -> None:
+    run = sweep["runs"][budget]
+    summary = run["summary-client"]
+    assert summary["stalls"]["attribution_source"] == "client_inferred"
+    top = _largest(summary)
+    assert top["cause"] == "prefill", summary["stalls"]["attribution"][:3]
+    assert top["injected_request_ids"] == [_injected_id(run["summary"])], top
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_vllm_spans_name_the_same_prefill_as_the_client(sweep: dict[str, Any], budget: str) -> None:
+    run = sweep["runs"][budget]
+    otel, client = run["summary-otel"]["stalls"], run["summary-client"]["stalls"]
+    assert otel["attribution_source"] == "vllm_otel"
+    spans = otel["spans"]
+    assert spans["matched"] >= 0.9 * spans["with_first_token"] > 0, spans
+    assert abs(spans["arrival_minus_sent_ms_max"]) < 200, spans  # one host, one wall clock
+    top = _largest(run["summary-otel"])
+    assert top["cause"] == "prefill" and top["injected_request_ids"] == [_injected_id(run["summary"])], top
+    assert _largest(run["summary-client"])["injected_request_ids"] == top["injected_request_ids"]
+    (inj,) = otel["injected_prefills"]
+    assert inj["prompt_tokens"] == 4096 and inj["prefill_s"] > 0
+    assert client["count"] > 0
