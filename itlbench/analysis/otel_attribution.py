@@ -64,13 +64,13 @@ def read_spans(path: Path) -> list[dict[str, Any]]:
 
 
 def spans_for_run(run_dir: str | Path, spans: Iterable[Mapping[str, Any]], margin_s: float = 1.0) -> list[dict[str, Any]]:
-    """The spans of requests that arrived during the run (its run.json window, ± `margin_s`), for a
-    receiver that served several runs (a sweep's points)."""
+    """The spans of requests that arrived during the run (from its start, before which only itlbench's
+    start-up probes are sent, to its end + `margin_s`), for a receiver that served several runs (a sweep's points)."""
     from itlbench.rundir import load_tables
 
     meta = json.loads(Path(run_dir, "run.json").read_text())
     offset = clock_offset(load_tables(run_dir))
-    lo = int(meta.get("run_start_ns") or 0) - int(margin_s * 1e9)
+    lo = int(meta.get("run_start_ns") or 0)
     hi = int(meta.get("end_ns") or 2**62) + int(margin_s * 1e9)
     return [dict(s) for s in spans if lo <= int(s.get("start_ns") or 0) - offset <= hi]
 
@@ -169,6 +169,18 @@ def _unexplained(frame: pl.DataFrame) -> pl.DataFrame:
 def otel_stalls(tables: Mapping[str, pl.DataFrame], window: RunWindow, spans: list[dict[str, Any]],
                 params: StallParams | None = None, tolerance_s: float = 1.0) -> dict[str, object]:
     """The `stalls` section from vLLM's spans (module docstring), with what the matching found."""
+    return otel_report(tables, window, spans, params, tolerance_s)[1]
+
+
+def otel_events(tables: Mapping[str, pl.DataFrame], window: RunWindow, spans: list[dict[str, Any]],
+                params: StallParams | None = None, tolerance_s: float = 1.0) -> pl.DataFrame:
+    """Every stall event attributed on vLLM's spans (the summary lists only the top ones)."""
+    return otel_report(tables, window, spans, params, tolerance_s)[0]
+
+
+def otel_report(tables: Mapping[str, pl.DataFrame], window: RunWindow, spans: list[dict[str, Any]],
+                params: StallParams | None = None, tolerance_s: float = 1.0) -> tuple[pl.DataFrame, dict[str, object]]:
+    """(events, the `stalls` summary) from vLLM's spans."""
     params = params or StallParams()
     t = select_window(client_only(tables), window)
     offset = clock_offset(tables)
@@ -195,7 +207,7 @@ def otel_stalls(tables: Mapping[str, pl.DataFrame], window: RunWindow, spans: li
         .select("request_id", "span_id", "prompt_tokens", "queue_s", "prefill_s", "arrival_minus_sent_ms",
                 ((pl.col("start_ns") - window.measure_start_ns) / 1e9).alias("prefill_start_s"),
                 ((pl.col("end_ns") - window.measure_start_ns) / 1e9).alias("prefill_end_s")).to_dicts())
-    return json_safe(summary)  # type: ignore[return-value]
+    return events, json_safe(summary)  # type: ignore[return-value]
 
 
 def analyze_run_otel(run_dir: str | Path, spans_path: Path | None = None) -> dict[str, object]:

@@ -104,3 +104,12 @@ def test_analyze_attribution_otel_writes_summary_otel(tmp_path: Path) -> None:
     missing = CliRunner().invoke(app, ["analyze", str(build_run(tmp_path / "bare", external=True)),
                                        "--attribution", "otel"])
     assert missing.exit_code == 2 and SPANS_FILE in missing.output
+
+
+def test_a_runs_spans_leave_out_those_before_it_started(tmp_path: Path) -> None:
+    from itlbench.analysis.otel_attribution import spans_for_run
+
+    run_dir = _run(tmp_path)  # run clock: start 0, end 11 s; no offset recorded
+    spans = [_span("probe", -5 * MS, -4 * MS, 0.001, 8, 0), *_spans(offset=0), _span("late", 30 * S, 31 * S, 0.1, 9, 0)]
+    kept = [s["attributes"].get("gen_ai.request.id") for s in spans_for_run(run_dir, spans)]
+    assert "probe" not in kept and "late" not in kept and "cmpl-inj-0" in kept

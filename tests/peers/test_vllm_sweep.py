@@ -16,11 +16,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 
 from benchmarks.peers.vllm_server import VENV_ENV, vllm_executable
-from itlbench.analysis.otel_attribution import SPANS_FILE, spans_for_run, write_spans
+from itlbench.analysis.client_summary import windowed_client_stalls
+from itlbench.analysis.otel_attribution import SPANS_FILE, otel_events, read_spans, spans_for_run, write_spans
+from itlbench.analysis.summary import _stall_params, _window_from
 from itlbench.export.hf import export_model
+from itlbench.rundir import load_tables
 from itlbench.testing.otlp_receiver import OtlpReceiver
 
 _VENV = os.environ.get(VENV_ENV)
@@ -76,8 +80,23 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"out": out, "model_dir": model_dir, "runs": runs, "spans": spans}
 
 
-def _largest(summary: dict[str, Any]) -> dict[str, Any]:
-    return max(summary["stalls"]["attribution"], key=lambda e: e["worst_s"])
+OBSERVER = ("client", "scrape")  # the client's own pauses and /metrics reads: the measurement's doing, not vLLM's
+
+
+def _largest(run_dir: Path, source: str) -> dict[str, Any]:
+    """The largest stall event the server caused, in the summary's order (most victims, then the longest
+    worst gap), from every event (the summary lists only the top ones) and leaving out the client's own
+    pauses: on a loaded 2-core box beside vLLM they are the longest gaps of all, and validity says so."""
+    meta = json.loads((run_dir / "run.json").read_text())
+    tables, window, params = load_tables(run_dir), _window_from(meta), _stall_params(meta)
+    if source == "client":
+        events = windowed_client_stalls(tables, window, params).report.events
+    else:
+        events = otel_events(tables, window, read_spans(run_dir / SPANS_FILE), params)
+    top = events.filter(~pl.col("cause").is_in(OBSERVER).fill_null(False)).sort(
+        ["victims", "worst_s"], descending=True)
+    assert top.height, events
+    return top.row(0, named=True)
 
 
 def _injected_id(summary: dict[str, Any]) -> str:
@@ -106,12 +125,7 @@ def test_one_command_sweeps_vllm_budgets_each_on_its_own_server(sweep: dict[str,
 
 
 def test_a_4k_injection_stalls_longer_in_one_8192_step_than_in_256_chunks(sweep: dict[str, Any]) -> None:
-    worst = {}
-    for budget in BUDGETS:
-        run = sweep["runs"][budget]
-        named = [e for e in run["summary-client"]["stalls"]["attribution"]
-                 if _injected_id(run["summary"]) in e["injected_request_ids"]]
-        worst[budget] = max((e["worst_s"] for e in named), default=0.0)
+    worst = {b: _largest(sweep["out"] / f"b{b}", "client")["worst_s"] for b in BUDGETS}
     assert worst["8192"] > 2 * worst["256"] > 0, worst
 
 
@@ -121,8 +135,8 @@ def test_the_client_only_attribution_names_the_injection_behind_the_largest_stal
     run = sweep["runs"][budget]
     summary = run["summary-client"]
     assert summary["stalls"]["attribution_source"] == "client_inferred"
-    top = _largest(summary)
-    assert top["cause"] == "prefill", summary["stalls"]["attribution"][:3]
+    top = _largest(sweep["out"] / f"b{budget}", "client")
+    assert top["cause"] == "prefill", top
     assert top["injected_request_ids"] == [_injected_id(run["summary"])], top
 
 
@@ -132,11 +146,11 @@ def test_vllm_spans_name_the_same_prefill_as_the_client(sweep: dict[str, Any], b
     otel, client = run["summary-otel"]["stalls"], run["summary-client"]["stalls"]
     assert otel["attribution_source"] == "vllm_otel"
     spans = otel["spans"]
-    assert spans["matched"] >= 0.9 * spans["with_first_token"] > 0, spans
+    assert spans["matched"] >= 0.9 * spans["with_first_token"] > 0, spans  # the start-up probes are left out
     assert abs(spans["arrival_minus_sent_ms_max"]) < 200, spans  # one host, one wall clock
-    top = _largest(run["summary-otel"])
+    top = _largest(sweep["out"] / f"b{budget}", "otel")
     assert top["cause"] == "prefill" and top["injected_request_ids"] == [_injected_id(run["summary"])], top
-    assert _largest(run["summary-client"])["injected_request_ids"] == top["injected_request_ids"]
+    assert _largest(sweep["out"] / f"b{budget}", "client")["injected_request_ids"] == top["injected_request_ids"]
     (inj,) = otel["injected_prefills"]
     assert inj["prompt_tokens"] == 4096 and inj["prefill_s"] > 0
     assert client["count"] > 0
