@@ -140,7 +140,9 @@ def _probe_models(cfg: RunConfig, base: str) -> dict[str, Any]:
     if ids and cfg.model not in ids:
         raise ConfigError("--model", f"{cfg.model!r} is not served at {base}", f"served: {', '.join(ids)}")
     entry = next((m for m in entries if m.get("id") == cfg.model), {})
-    return {"models": ids, "max_model_len": entry_max_len(entry)}
+    owner = entry.get("owned_by")
+    return {"models": ids, "max_model_len": entry_max_len(entry),
+            **({"owned_by": owner} if isinstance(owner, str) and owner else {})}
 
 
 def entry_max_len(entry: dict[str, Any]) -> int | None:

@@ -78,5 +78,6 @@ def test_the_context_length_comes_from_llamacpp_meta_n_ctx(tmp_path: Path) -> No
         try:
             assert conn.max_model_len == 2048
             assert conn.doc["engine"]["max_model_len"] == 2048
+            assert conn.doc["engine"]["owned_by"] == "llamacpp"  # the report names the engine from it
         finally:
             conn.close()
