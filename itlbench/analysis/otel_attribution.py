@@ -18,7 +18,8 @@ vLLM's request id where the client recorded the response's id, else by prompt le
 
 What the spans cannot say they do not claim: they carry no engine steps, so a stall that no prefill
 window explains stays `unknown` (reason `no_steps`) unless the client's own records call it `scrape` or
-`client`.
+`client`. An event whose own cause is none of those takes the cause of the stalls that carry most of its
+stalled seconds, as in the client-only attribution (client_attribution.py).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 import polars as pl
 
 from itlbench.analysis import itl
-from itlbench.analysis.client_attribution import client_only, requests_for_attribution
+from itlbench.analysis.client_attribution import _explain_events, client_only, requests_for_attribution
 from itlbench.analysis.stalls import StallParams, analyze_stalls, stall_summary
 from itlbench.analysis.stats import json_safe
 from itlbench.analysis.window import RunWindow, select_window
@@ -191,7 +192,8 @@ def otel_report(tables: Mapping[str, pl.DataFrame], window: RunWindow, spans: li
         (pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
     base = analyze_stalls(itl.steady(gaps), steps, requests_for_attribution(t["all_requests"]), params,
                           window.measure_start_ns, t["client_pauses"], t["scrapes"])
-    stalls, events = _unexplained(base.stalls), _unexplained(base.events)
+    stalls = _unexplained(base.stalls)
+    events = _explain_events(base.events, stalls)  # as the client-only attribution: the stalls' dominant cause
     summary = stall_summary(stalls, events, steps, params, window.measure_start_ns)
     summary["attribution_source"] = SOURCE if steps.height else "unavailable"
     err = matched["arrival_minus_sent_ms"].abs() if matched.height else pl.Series([], dtype=pl.Float64)
