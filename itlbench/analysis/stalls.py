@@ -74,6 +74,7 @@ def cluster_events(stalls: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
             pl.len().cast(pl.Int64).alias("stalls"),
             pl.col("request_id").n_unique().cast(pl.Int64).alias("victims"),
             pl.col("gap_s").max().alias("worst_s"),
+            pl.col("gap_s").sum().alias("stalled_s"),
             *_stamp_aggregates(stalls),
         )
         .sort("event")

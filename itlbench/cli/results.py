@@ -17,16 +17,23 @@ from itlbench.errors import ConfigError, ItlbenchError
 def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory written by `itlbench run`.")],
             as_json: AsJson = False,
             attribution: Annotated[str, typer.Option(
-                help="engine (the step log where there is one) or client: recompute from the client's records "
-                     "alone (inferred steps) into summary-client.json.")] = "engine") -> None:
+                help="engine (the step log where there is one); client: recompute from the client's records "
+                     "alone (inferred steps) into summary-client.json; otel: stalls from vLLM's OpenTelemetry "
+                     "request spans (--spans) into summary-otel.json.")] = "engine",
+            spans: Annotated[Path | None, typer.Option(
+                help="With --attribution otel: the spans, one JSON object a line (default RUN_DIR/otel_spans.jsonl)."
+            )] = None) -> None:
     """Recompute summary.json from a run directory's records (e.g. after an interrupted run)."""
     from itlbench.analysis.summary import analyze_run
     from itlbench.report.terminal import engine_warnings, print_summary
 
     if not (run_dir / "run.json").is_file():
         fail(ItlbenchError(f"{run_dir} has no run.json: not a run directory"))
-    if attribution not in ("engine", "client"):
-        fail(ConfigError("--attribution", f"{attribution!r} is not a source", "use engine or client"))
+    if attribution not in ("engine", "client", "otel"):
+        fail(ConfigError("--attribution", f"{attribution!r} is not a source", "use engine, client or otel"))
+    if attribution == "otel":
+        _analyze_otel(run_dir, spans, as_json)
+        return
     if attribution == "client":
         _analyze_client(run_dir, as_json)
         return
@@ -55,6 +62,22 @@ def _analyze_client(run_dir: Path, as_json: bool) -> None:
                   "attribution_source client_inferred); unknown causes say why in summary-client.json",
                   highlight=False)
     print(run_dir / "summary-client.json")
+
+
+def _analyze_otel(run_dir: Path, spans: Path | None, as_json: bool) -> None:
+    """`analyze --attribution otel`: summary-otel.json, stalls attributed on vLLM's request spans."""
+    from itlbench.analysis.otel_attribution import analyze_run_otel
+    from itlbench.report.terminal import print_summary
+
+    summary = _summary_written(run_dir, lambda d: analyze_run_otel(d, spans), "summary-otel.json")
+    if as_json:
+        print_json({"run_dir": str(run_dir), "summary": summary, "attribution": "vllm_otel"})
+        return
+    print_summary(console, summary, run_dir)
+    found = summary["stalls"].get("spans") or {}  # type: ignore[union-attr]
+    console.print(f"Stalls attributed on vLLM's request spans ({found.get('matched', 0)} of "
+                  f"{found.get('received', 0)} spans matched, attribution_source vllm_otel)", highlight=False)
+    print(run_dir / "summary-otel.json")
 
 
 def _summary_written(run_dir: Path, compute: Callable[[Path], dict[str, Any]], name: str) -> dict[str, Any]:

@@ -140,7 +140,17 @@ def _probe_models(cfg: RunConfig, base: str) -> dict[str, Any]:
     if ids and cfg.model not in ids:
         raise ConfigError("--model", f"{cfg.model!r} is not served at {base}", f"served: {', '.join(ids)}")
     entry = next((m for m in entries if m.get("id") == cfg.model), {})
-    return {"models": ids, "max_model_len": as_count(entry.get("max_model_len")) or None}
+    owner = entry.get("owned_by")
+    return {"models": ids, "max_model_len": entry_max_len(entry),
+            **({"owned_by": owner} if isinstance(owner, str) and owner else {})}
+
+
+def entry_max_len(entry: dict[str, Any]) -> int | None:
+    """A /v1/models entry's context length: vLLM's `max_model_len`, else llama.cpp's `meta.n_ctx` (one
+    slot's context: `-c`, or `-c / -np` without --kv-unified; not `n_ctx_train`, the model's own)."""
+    meta = entry.get("meta")
+    return as_count(entry.get("max_model_len")) or (as_count(meta.get("n_ctx")) if isinstance(meta, dict) else None) \
+        or None
 
 
 def _is_loopback(url: str) -> bool:

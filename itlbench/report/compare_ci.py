@@ -246,8 +246,13 @@ def swept_settings(runs: list[RunData]) -> set[str]:
 
 
 def _groups(runs: list[RunData]) -> list[str]:
-    """Each run's setting: its sweep point's label where a sweep wrote one, else what its engine says."""
-    return [(r.doc.get("sweep") or {}).get("label") or r.setting_label() for r in runs]
+    """Each run's setting: its sweep point's label where a sweep wrote one, else what its engine says.
+    Runs of several engines (sweeps of each, compared together) have their sweep labels prefixed by the
+    engine's name, so "budget 256" of vLLM and of llama.cpp never pool into one setting."""
+    swept = [(r.doc.get("sweep") or {}).get("label") for r in runs]
+    several = len({r.engine.name for r in runs}) > 1
+    return [r.setting_label() if not lab else f"{r.engine.name}: {lab}" if several else lab
+            for r, lab in zip(runs, swept, strict=True)]
 
 
 def repeat_groups(runs: list[RunData], labels: list[str]) -> list[str]:

@@ -1,7 +1,7 @@
 """Which engine a run measured, and where its server-side figures came from.
 
 The bundled engine and any itlbench server give a step log (every step's phase, tokens and time).
-Other servers are recognised by the metric prefix their `/metrics` exposes (`vllm:`, `sglang:`) or,
+Other servers are recognised by the metric prefix their `/metrics` exposes (`vllm:`, `sglang:`, `llamacpp:`) or,
 failing that, by the `owned_by` field of `/v1/models`; their split then comes from server counters,
 or from nothing at all ("client only"), and every report row says which.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import polars as pl
 
-PREFIX_ENGINES = {"vllm:": "vLLM", "sglang:": "SGLang", "itlbench_": "itlbench server"}
+PREFIX_ENGINES = {"vllm:": "vLLM", "sglang:": "SGLang", "llamacpp:": "llama.cpp server", "itlbench_": "itlbench server"}
 OWNED_BY_ENGINES = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp server",
                     "llama.cpp": "llama.cpp server", "library": "Ollama", "ollama": "Ollama"}
 

@@ -29,7 +29,8 @@ DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 INLINE = re.compile(r"`([^`\n]+)`")
 WRAPPERS = {"exec", "nohup", "time", "nsys", "setsid", "flock", "timeout", "taskset", "nice"}  # run a program named later
-FOREIGN_FLAGS = {"--enable-prompt-tokens-details"}  # vLLM's, named where the docs say how to start vLLM
+# other servers' flags, named where the docs say how to start them: vLLM's, llama.cpp's
+FOREIGN_FLAGS = {"--enable-prompt-tokens-details", "--otlp-traces-endpoint", "--kv-unified"}
 CI_TEST_COMMAND = 'pip install -e ".[test]" && python3 -m pytest -q'
 
 

@@ -61,3 +61,23 @@ def test_a_run_against_llamacpp_agrees_with_its_own_timings(tmp_path: Path) -> N
     assert decode["p50"] > -summary["itl_s"]["p99"] * 1e3 - DECODE_BOUND_MS
     assert summary["split"]["source"].startswith("server_metrics:llamacpp")
     assert summary["split"]["prefill_s"] > 0 and summary["split"]["decode_s"] > 0
+
+
+def test_the_context_length_comes_from_llamacpp_meta_n_ctx(tmp_path: Path) -> None:
+    """Without --kv-unified each of the -np slots gets -c / -np tokens, and /v1/models says so in
+    meta.n_ctx: a run must plan its prompts against that, not against the model's n_ctx_train."""
+    from itlbench.harness.connect import connect
+
+    gguf = export_gguf("cpu-small", tmp_path / "cpu-small.gguf").path
+    cfg = LlamaCppConfig(model_path=gguf, chunk_budget=512, n_parallel=4, ctx_size=8192, kv_unified=False,
+                         log_path=tmp_path / "llama.log")
+    with LlamaCppServer(cfg) as srv:
+        run = RunConfig(endpoint=srv.base_url, model=srv.model, workload="chat-short", streams=2, duration_s=2.0,
+                        out=tmp_path / "run")
+        conn = connect(run, tmp_path)
+        try:
+            assert conn.max_model_len == 2048
+            assert conn.doc["engine"]["max_model_len"] == 2048
+            assert conn.doc["engine"]["owned_by"] == "llamacpp"  # the report names the engine from it
+        finally:
+            conn.close()
