@@ -17,11 +17,11 @@ from itlbench.harness.orchestrate import run_load_test
 from itlbench.harness.run_config import RunConfig
 from itlbench.report.run_report import write_run_report
 from itlbench.report.terminal import print_summary
-from tests.load.test_gpu_sampler import fake_nvml
+from tests.support.nvml import fake_nvml
 
 
 def _run(tmp_path: Path, name: str) -> tuple[Path, dict]:
-    cfg = RunConfig(workload="chat-short", streams=2, duration_s=2.0, warmup_s=0.0, live=False, out=tmp_path / name,
+    cfg = RunConfig(workload="fixed:128:32", streams=2, duration_s=2.0, warmup_s=0.0, live=False, out=tmp_path / name,
                     engine=EngineConfig(model="llama-3.1-8b", engine="sim", gpu="h100", max_model_len=8192))
     return run_load_test(cfg)
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from itlbench.load.observers.gpu_sampler import GpuSampler, nvml_index, nvml_status, why_not_sampled
+from tests.support.nvml import fake_nvml
 
 
 def test_without_nvidia_ml_py_the_status_says_so_and_nothing_is_sampled(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -20,37 +21,6 @@ def test_without_nvidia_ml_py_the_status_says_so_and_nothing_is_sampled(monkeypa
         time.sleep(0.01)
     assert sampler.samples == [] and rows == [] and sampler.status.startswith("no NVML")
     assert sampler.doc()["nvml"] == sampler.status and sampler.doc()["samples"] == 0
-
-
-class _Error(Exception):
-    pass
-
-
-def fake_nvml(count: int = 1, fail_init: bool = False, energy: bool = True) -> types.ModuleType:
-    """A stand-in NVML (a test peer): 300 W rising 1 W per read, 50 % SM, 20 % memory, a 1 J/read counter."""
-    m = types.ModuleType("pynvml")
-    state = {"reads": 0}
-
-    def init() -> None:
-        if fail_init:
-            raise _Error("NVML Shared Library Not Found")
-
-    def power(handle: object) -> int:
-        state["reads"] += 1
-        return 300_000 + 1000 * state["reads"]  # mW
-
-    def total_energy(handle: object) -> int:
-        if not energy:
-            raise _Error("Not Supported")
-        return 1000 * state["reads"]  # mJ
-
-    m.nvmlInit = init
-    m.nvmlDeviceGetCount = lambda: count
-    m.nvmlDeviceGetHandleByIndex = lambda i: ("gpu", i)
-    m.nvmlDeviceGetPowerUsage = power
-    m.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=50, memory=20)
-    m.nvmlDeviceGetTotalEnergyConsumption = total_energy
-    return m
 
 
 @pytest.fixture
