@@ -50,34 +50,39 @@ def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory writte
 def _analyze_client(run_dir: Path, as_json: bool) -> None:
     """`analyze --attribution client`: summary-client.json beside summary.json (which stays as it is)."""
     from itlbench.analysis.client_summary import analyze_run_client
-    from itlbench.report.terminal import print_summary
 
-    summary = _summary_written(run_dir, analyze_run_client, "summary-client.json")
-    if as_json:
-        print_json({"run_dir": str(run_dir), "summary": summary, "attribution": "client_inferred"})
-        return
-    print_summary(console, summary, run_dir)
-    inferred = summary["stalls"].get("inferred") or {}  # type: ignore[union-attr]
-    console.print(f"Stalls and split inferred from client records alone ({inferred.get('steps', 0)} inferred steps, "
-                  "attribution_source client_inferred); unknown causes say why in summary-client.json",
-                  highlight=False)
-    print(run_dir / "summary-client.json")
+    def line(summary: dict[str, Any]) -> str:
+        inferred = summary["stalls"].get("inferred") or {}
+        return (f"Stalls and split inferred from client records alone ({inferred.get('steps', 0)} inferred steps, "
+                "attribution_source client_inferred); unknown causes say why in summary-client.json")
+
+    _analyze_beside(run_dir, analyze_run_client, "summary-client.json", "client_inferred", line, as_json)
 
 
 def _analyze_otel(run_dir: Path, spans: Path | None, as_json: bool) -> None:
     """`analyze --attribution otel`: summary-otel.json, stalls attributed on vLLM's request spans."""
     from itlbench.analysis.otel_attribution import analyze_run_otel
+
+    def line(summary: dict[str, Any]) -> str:
+        found = summary["stalls"].get("spans") or {}
+        return (f"Stalls attributed on vLLM's request spans ({found.get('matched', 0)} of "
+                f"{found.get('received', 0)} spans matched, attribution_source vllm_otel)")
+
+    _analyze_beside(run_dir, lambda d: analyze_run_otel(d, spans), "summary-otel.json", "vllm_otel", line, as_json)
+
+
+def _analyze_beside(run_dir: Path, compute: Callable[[Path], dict[str, Any]], name: str, source: str,
+                    line: Callable[[dict[str, Any]], str], as_json: bool) -> None:
+    """A summary from another attribution source, written as `name` beside summary.json (untouched)."""
     from itlbench.report.terminal import print_summary
 
-    summary = _summary_written(run_dir, lambda d: analyze_run_otel(d, spans), "summary-otel.json")
+    summary = _summary_written(run_dir, compute, name)
     if as_json:
-        print_json({"run_dir": str(run_dir), "summary": summary, "attribution": "vllm_otel"})
+        print_json({"run_dir": str(run_dir), "summary": summary, "attribution": source})
         return
     print_summary(console, summary, run_dir)
-    found = summary["stalls"].get("spans") or {}  # type: ignore[union-attr]
-    console.print(f"Stalls attributed on vLLM's request spans ({found.get('matched', 0)} of "
-                  f"{found.get('received', 0)} spans matched, attribution_source vllm_otel)", highlight=False)
-    print(run_dir / "summary-otel.json")
+    console.print(line(summary), highlight=False)
+    print(run_dir / name)
 
 
 def _summary_written(run_dir: Path, compute: Callable[[Path], dict[str, Any]], name: str) -> dict[str, Any]:
