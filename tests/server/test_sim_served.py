@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
@@ -82,6 +83,19 @@ def test_served_sim_stalls_decoders_for_an_unchunked_prefill(sim_server: Backgro
 def test_served_disaggregated_pools_keep_decoders_streaming() -> None:
     """The same load against prefill and decode on separate simulated GPUs: no stall, all tokens arrive."""
     cfg = SIM.with_(disaggregate=True, prefill_gpu="h200-seeds")  # the source documents' slower prefill: a wide margin
+    # Server and client threads share this process, and late in a full test session its heap is large: a
+    # 0.65 s gap was seen there, while alone the test's gaps stay under 0.1 s. The suspect (not yet proven)
+    # is a full collection of that heap pausing every thread; freezing what exists now keeps such a pause
+    # of the test process out of the gaps it measures.
+    gc.collect()
+    gc.freeze()
+    try:
+        _disaggregated_run(cfg)
+    finally:
+        gc.unfreeze()
+
+
+def _disaggregated_run(cfg: EngineConfig) -> None:
     with BackgroundServer(ServerConfig(engine=cfg, port=0)) as srv:
         client = openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0)
         info = json.loads(urllib.request.urlopen(f"{srv.base_url}/engine", timeout=5).read())
