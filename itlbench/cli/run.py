@@ -29,7 +29,8 @@ def check_sim(engine: EngineConfig) -> None:
 @app.command()
 @engine_options(exclude=("model",))
 def run(
-    workload: Annotated[str, typer.Option(help="chat-short, chat, rag, summarization, code, agent or trace.")] = "chat",
+    workload: Annotated[str, typer.Option(help="chat-short, chat, rag, summarization, code, agent, fixed:IN:OUT "
+                                                  "(exact lengths) or trace.")] = "chat",
     inject: Annotated[str | None, typer.Option(help="Long prompts to inject: 32k, 32k@20s, 2x16k@10s,40s, 32k/30s.")] = None,
     streams: Annotated[int | None, typer.Option(help="Closed-loop steady streams (default 32; 0 with --rate or trace).")] = None,
     rate: Annotated[float | None, typer.Option(help="Open-loop arrivals per second (instead of or besides streams).")] = None,
@@ -58,7 +59,8 @@ def run(
     stall_factor: Annotated[float, typer.Option(help="A stall is a gap ≥ factor × the stream's median gap…")] = 5.0,
     stall_floor: Annotated[str, typer.Option(help="…and at least this long.")] = "50ms",
     inject_max_tokens: Annotated[int, typer.Option(help="Output tokens of each injected request.")] = 16,
-    trace: Annotated[Path | None, typer.Option(help="Azure-format CSV for --workload trace.")] = None,
+    trace: Annotated[Path | None, typer.Option(help="Trace for --workload trace: an Azure LLM inference CSV, a "
+                                                             "BurstGPT CSV or a Mooncake JSONL (format detected).")] = None,
     time_scale: Annotated[float, typer.Option(help="Trace replay speed-up (2 = twice as fast).")] = 1.0,
     drain_timeout: Annotated[str, typer.Option(help="How long in-flight requests may finish after the end.")] = "120s",
     request_timeout: Annotated[str, typer.Option(help="A request not finished by then fails as a timeout (a silent "

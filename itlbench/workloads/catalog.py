@@ -57,7 +57,7 @@ def _entries() -> list[WorkloadSpec]:
             sessions=Sessions(min_turns=3, max_turns=8, initial_tokens=2500,
                               tool_result_tokens=500, think_time_mean_s=1.0),
         ),
-        WorkloadSpec("trace", 0, 0, 0.0, "replay of an Azure-format CSV trace, time-scalable",
+        WorkloadSpec("trace", 0, 0, 0.0, "replay of a trace (Azure CSV, BurstGPT CSV, Mooncake JSONL), time-scalable",
                      from_trace=True),
     ]
 
