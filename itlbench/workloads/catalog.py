@@ -108,7 +108,7 @@ def catalog_table() -> list[tuple[str, str, str, str, str]]:
     rows = []
     for spec in CATALOG.values():
         if spec.from_trace:
-            rows.append((spec.name, "from CSV", "from CSV", "from CSV", _notes(spec)))
+            rows.append((spec.name, "from trace", "from trace", "from trace", _notes(spec)))
             continue
         per_turn = " per turn" if spec.sessions else ""
         rows.append((spec.name, str(spec.mean_in), str(spec.mean_out),
