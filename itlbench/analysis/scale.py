@@ -31,6 +31,7 @@ import numpy as np
 import polars as pl
 
 from itlbench.analysis import itl
+from itlbench.analysis.crosscheck import WorstGap, gap_frame_worst
 from itlbench.analysis.goodput import request_itl
 from itlbench.analysis.partitions import by_partition, chunk_rows, partitions
 from itlbench.analysis.pooled import Pooled, Selection
@@ -64,7 +65,7 @@ class ChunkFigures:
     bundled: int = 0
     tokens: int = 0
     out_tokens: int = 0  # every chunk that arrived in the window (throughput)
-    worst_gap_ns: int | None = None
+    worst_gap: WorstGap | None = None
     stalls: pl.DataFrame | None = None  # find_stalls rows, its order
     request_itl: pl.DataFrame | None = None
     tpot: pl.DataFrame | None = None
@@ -146,10 +147,9 @@ def _one(chunks: pl.DataFrame, ctx: Context, acc: ChunkFigures, parts: dict[str,
     acc.chunks += mine.height
     acc.bundled += mine.filter(pl.col("n_tokens") > 1).height
     acc.tokens += int(mine["n_tokens"].fill_null(1).sum()) if mine.height else 0
-    mine_gaps = every.join(ctx.window_ids, on="request_id", how="semi")  # crosscheck.worst_gap_ns, unsorted
-    worst = int(mine_gaps.select((pl.col("t_ns") - pl.col("t_prev_ns")).max()).item()) if mine_gaps.height else None
+    worst = gap_frame_worst(every.join(ctx.window_ids, on="request_id", how="semi"))  # crosscheck.worst_gap
     if worst is not None:
-        acc.worst_gap_ns = worst if acc.worst_gap_ns is None else max(acc.worst_gap_ns, worst)
+        acc.worst_gap = worst.longer(acc.worst_gap)
     arrived = chunks.filter((pl.col("t_ns") >= lo) & (pl.col("t_ns") < hi))
     acc.out_tokens += int(arrived["n_tokens"].fill_null(1).sum()) if arrived.height else 0
     nbins = max(1, math.ceil(ctx.window.seconds))

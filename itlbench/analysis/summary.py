@@ -35,7 +35,8 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
 Percentiles their samples cannot support (fewer than 1/(1−q): 2 for p50, 10 for p90, 100 for p99,
 1,000 for p99.9) are null beside their `count` (itlbench.analysis.stats).
   definitions.{ttft,itl,stall,split,prompt_buckets,goodput,validity,window,percentiles}
-  crosscheck.engine.{source,longest_step_s,worst_client_gap_s,worst_gap_over_longest_step,injected[]}
+  crosscheck.engine.{source,longest_step_s,worst_client_gap_s,worst_gap_over_longest_step,worst_gap_request_id,
+                    worst_gap_steps,worst_gap_engine_busy_s,worst_gap_longest_step_s,worst_gap_unexplained_s,injected[]}
   crosscheck.prompt_tokens.{checked,exact,max_abs_diff,reported_over_planned}
   crosscheck.output_tokens.{checked,exact,counted,reported,unseen,unseen_share,counted_over_reported}
   crosscheck.server_timings.{source,requests,ttft_minus_prompt_ms,ttft_below_server_prompt,
@@ -197,7 +198,7 @@ def summarize_dir(
     judged = judge(ttft_rows, None, slos, c.request_itl)
     out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judged, slos, validity,
                     throughput(requests, None, window.seconds, c.out_tokens),
-                    engine_check(requests, None, steps, c.worst_gap_ns), gpu_status)
+                    engine_check(requests, None, steps, c.worst_gap), gpu_status)
     return json_safe(out), RunAnalysis(c, stalls, ttft_rows, judged)  # type: ignore[return-value]
 
 

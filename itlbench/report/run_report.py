@@ -14,6 +14,7 @@ from typing import Any
 import polars as pl
 
 from itlbench.analysis.buckets import BUCKET_LABELS
+from itlbench.analysis.crosscheck import engine_check_line
 from itlbench.analysis.definitions import DEFINITIONS
 from itlbench.analysis.gpu import gpu_line
 from itlbench.report.data import RunData, load_run
@@ -190,9 +191,8 @@ def totals_table(data: RunData) -> Table:
             ["GPU (NVML)", gpu_line(s.get("gpu"))],
             ["measured window", f"{data.window.seconds:.1f} s"]]
     check = (s.get("crosscheck") or {}).get("engine") or {}
-    if check.get("longest_step_s") is not None:
-        rows.append(["engine cross-check", f"worst client gap {fmt_s(check.get('worst_client_gap_s'))} vs "
-                     f"longest engine step {fmt_s(check.get('longest_step_s'))}"])
+    if (line := engine_check_line(check)) is not None:
+        rows.append(["engine cross-check", line])
     return Table(["", ""], rows, align_right_from=9)
 
 

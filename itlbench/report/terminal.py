@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from itlbench.analysis.crosscheck import engine_check_line
 from itlbench.analysis.gpu import gpu_line
 from itlbench.load.progress import ProgressSnapshot
 from itlbench.report.tables import TextTable, print_table
@@ -123,9 +124,8 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
         console.print(f"[yellow]warning:[/] {bundling['warning']}")
     _print_observer(console, summary)
     check = (summary.get("crosscheck") or {}).get("engine") or {}
-    if check.get("longest_step_s") is not None:
-        console.print(f"[bold]Engine check[/] worst client gap {_s(check.get('worst_client_gap_s'))} s vs longest "
-                      f"engine step {_s(check.get('longest_step_s'))} s")
+    if (line := engine_check_line(check)) is not None:
+        console.print(f"[bold]Engine check[/] {line}")
     _print_validity(console, summary)
     print_engine_warnings(console, run_dir)
 
