@@ -213,8 +213,9 @@ _DATASHEETS: dict[str, Hardware] = {
 
 # Efficiencies and overheads fitted by `sim.published.fit` (run benchmarks/sim_vs_published.py to refit):
 # kernel-level figures are shared by every GPU except the large-M GEMM efficiency, which has measurements
-# on A100 SXM (Vidur, TensorRT-LLM), A100 PCIe (Sarathi-Serve) and H100 FP8 (TensorRT-LLM); the other GPUs
-# take the A100 SXM's (an assumption, marked in their sources). The step overheads are a vLLM-like engine's.
+# on A100 SXM (Vidur, TensorRT-LLM), A100 PCIe (Sarathi-Serve), H100 FP8 and L40S FP8 (TensorRT-LLM); the
+# other GPUs take the A100 SXM's 16-bit one and their generation's FP8 one (H200, B200 the H100's: an
+# assumption, marked in their sources). The step overheads are a vLLM-like engine's.
 FIT: dict[str, float] = {
     "gemm_eff_a100": 0.743, "gemm_eff_a100_pcie": 0.821, "fp8_gemm_eff_h100": 0.54, "fp8_gemm_eff_ada": 0.837,
     "gemm_m_half": 17.1, "attn_eff": 0.361, "mem_eff": 0.836, "attn_mem_eff": 0.834, "kernel_s": 5.11e-06,

@@ -12,7 +12,8 @@ belongs to the engine (fixed costs per step and per sequence, one set per source
 - Vidur's operator profiles (microsoft/vidur, data/profiling/compute/a100/meta-llama/Meta-Llama-3-8B/
   mlp.csv): one layer's GEMMs of Llama-3-8B on an A100 (median ms), kernel times with no engine around.
 - TensorRT-LLM's published first-token latencies (NVIDIA/TensorRT-LLM, docs/source/performance.md):
-  Llama-2 at batch 1, 2,048 input tokens; one fitted fixed cost for that engine.
+  Llama-2 at batch 1, 128 and 2,048 input tokens, and its static-batch throughputs; that engine's fitted
+  fixed costs (per step, and more per step that carries prompt work: its context phase).
 
 `FIGURES` marks each figure fit or held out; `fit` finds the parameters on the fit set alone, so the
 held-out errors are predictions. The 256-token row of prefill.csv (121 ms, slower than 512 tokens; its
