@@ -22,7 +22,7 @@ def _phase_row(cm: CostModel, hw: Hardware, label: str, kind: str, shape: StepSh
     c = cm.cost(shape)
     roof = cm.time(shape, hw.with_(gemm_eff=1.0, fp8_gemm_eff=0.0, attn_eff=1.0, mem_eff=1.0, attn_mem_eff=0.0,
                                    link_eff=1.0, step_overhead_s=0.0, graph_overhead_s=None, seq_overhead_s=0.0,
-                                   kernel_s=0.0, gemm_m_half=0.0, cost_model="roofline"))
+                                   prefill_overhead_s=0.0, kernel_s=0.0, gemm_m_half=0.0, cost_model="roofline"))
     est = cm.time(shape, hw)
     return {
         "case": label, "kind": kind, "tokens": shape.tokens, "context_tokens": shape.context_tokens,

@@ -56,6 +56,7 @@ class Hardware:
     attn_eff: float = 0.40
     mem_eff: float = 0.80
     step_overhead_s: float = 0.0  # per step, eager (no CUDA graphs): launches, Python, scheduling
+    prefill_overhead_s: float = 0.0  # more per step that carries prompt work (an engine's context-phase setup)
     seq_overhead_s: float = 0.0  # per sequence (chunk) in the step: per-request launches, gathers, sampling
     counting: Counting = "textbook"
     source: str = ""
@@ -72,6 +73,7 @@ class Hardware:
     link_bw: float = 0.0
     link_latency_s: float = 0.0
     link_eff: float = 1.0
+    allreduce_in_switch: bool = False  # the switch reduces (NVLink SHARP): each GPU sends and receives the message once
     sources: dict[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -80,7 +82,8 @@ class Hardware:
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ConfigError(f"gpu.{name}", f"must be a positive number, got {value!r}")
         for name in ("step_overhead_s", "seq_overhead_s", "peak_flops_fp8", "fp8_gemm_eff", "gemm_m_half",
-                     "attn_mem_eff", "gqa_kv_reread", "kernel_s", "roof_blend", "link_bw", "link_latency_s"):
+                     "attn_mem_eff", "gqa_kv_reread", "kernel_s", "roof_blend", "link_bw", "link_latency_s",
+                     "prefill_overhead_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value >= 0):
                 raise ConfigError(f"gpu.{name}", f"must be >= 0, got {value!r}")
@@ -210,24 +213,41 @@ _DATASHEETS: dict[str, Hardware] = {
 
 # Efficiencies and overheads fitted by `sim.published.fit` (run benchmarks/sim_vs_published.py to refit):
 # kernel-level figures are shared by every GPU except the large-M GEMM efficiency, which has measurements
-# on A100 SXM (Vidur, TensorRT-LLM), A100 PCIe (Sarathi-Serve) and H100 FP8 (TensorRT-LLM); the other GPUs
-# take the A100 SXM's (an assumption, marked in their sources). The step overheads are a vLLM-like engine's.
+# on A100 SXM (Vidur, TensorRT-LLM), A100 PCIe (Sarathi-Serve), H100 FP8 and L40S FP8 (TensorRT-LLM); the
+# other GPUs take the A100 SXM's 16-bit one and their generation's FP8 one (H200, B200 the H100's: an
+# assumption, marked in their sources). The step overheads are a vLLM-like engine's.
 FIT: dict[str, float] = {
-    "gemm_eff_a100": 0.742, "gemm_eff_a100_pcie": 0.839, "fp8_gemm_eff_h100": 0.503, "gemm_m_half": 19.4,
-    "attn_eff": 0.361, "mem_eff": 0.843, "attn_mem_eff": 0.884, "kernel_s": 5.13e-06, "link_eff": 0.581,
-    "roof_blend": 2.84, "link_latency_s": 7.21e-05,
+    "gemm_eff_a100": 0.743, "gemm_eff_a100_pcie": 0.821, "fp8_gemm_eff_h100": 0.54, "fp8_gemm_eff_ada": 0.837,
+    "gemm_m_half": 17.1, "attn_eff": 0.361, "mem_eff": 0.836, "attn_mem_eff": 0.834, "kernel_s": 5.11e-06,
+    "link_eff": 0.789, "roof_blend": 2.78, "link_latency_s": 6.54e-05,
     # not fitted (no published vLLM step overheads): a vLLM-like engine's fixed costs, stated as assumptions
     "step_overhead_s": 0.004, "graph_overhead_s": 0.0015, "seq_overhead_s": 20e-6,
 }
 
 
+# FP8 GEMM efficiency is the GPU generation's: Ada (L40S) runs FP8 through the same warp-level MMA
+# instructions as its 16-bit types, at twice their rate, where Hopper reaches its FP8 peak only through
+# warpgroup MMA fed by the tensor memory accelerator (NVIDIA H100 Tensor Core GPU Architecture
+# whitepaper, "H100 SM architecture"); the engines of 2023 reached a different share of each.
+ADA = ("l40s", "rtx4090")
+# GPUs on a third- (or later) generation NVSwitch baseboard (HGX/DGX): NCCL (2.17+) runs all-reduces as
+# NVLink SHARP ("NVLS"), the switch summing, so each GPU sends its message and receives the sum once
+# instead of a ring's 2(n-1)/n of it each way. Assumed: the multi-GPU presets are NVSwitch baseboards.
+NVLS = ("h100", "h200", "b200")
+_NVLS = ("NVLink SHARP all-reduce in the NVSwitch (NVIDIA H100 Tensor Core GPU Architecture whitepaper; NCCL 2.17 "
+         "release notes, NVLS algorithm); assumed: an HGX/DGX NVSwitch baseboard")
+
+
 def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
     gemm = fit["gemm_eff_a100_pcie"] if hw.name == "a100-pcie" else fit["gemm_eff_a100"]
-    fp8 = fit["fp8_gemm_eff_h100"] if hw.peak_flops_fp8 else 0.0
+    ada = hw.name in ADA
+    fp8 = (fit["fp8_gemm_eff_ada"] if ada else fit["fp8_gemm_eff_h100"]) if hw.peak_flops_fp8 else 0.0
     own = hw.name in ("a100", "a100-pcie")
     sources = dict(hw.sources) | {
         "gemm_eff": FITTED if own else f"assumed: the A100 SXM's fitted value ({FITTED})",
-        "fp8_gemm_eff": f"fitted on H100 (TensorRT-LLM TTFT), assumed elsewhere; {FITTED}" if fp8 else "",
+        "fp8_gemm_eff": (f"fitted on L40S (TensorRT-LLM TTFT), Ada's own: {FITTED}" if ada else
+                         f"fitted on H100 (TensorRT-LLM TTFT), assumed on other non-Ada GPUs; {FITTED}") if fp8 else "",
+        "allreduce_in_switch": _NVLS if hw.name in NVLS else "ring all-reduce over the GPU's link",
         "gemm_m_half": FITTED, "attn_eff": FITTED, "mem_eff": FITTED, "attn_mem_eff": FITTED,
         "kernel_s": FITTED, "link_eff": FITTED, "roof_blend": FITTED,
         "link_latency_s": f"{FITTED} (NVLink; PCIe links keep the larger of it and their assumed cost)",
@@ -242,7 +262,7 @@ def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
                     roof_blend=fit["roof_blend"], link_latency_s=fit["link_latency_s"] if hw.link_bw >= 300e9 else
                     max(fit["link_latency_s"], hw.link_latency_s),
                     step_overhead_s=fit["step_overhead_s"], graph_overhead_s=fit["graph_overhead_s"],
-                    seq_overhead_s=fit["seq_overhead_s"], sources=sources)
+                    seq_overhead_s=fit["seq_overhead_s"], allreduce_in_switch=hw.name in NVLS, sources=sources)
 
 
 def presets(fit: dict[str, float] | None = None) -> dict[str, Hardware]:

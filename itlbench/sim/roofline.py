@@ -151,13 +151,15 @@ class CostModel:
             raise ConfigError("tp", f"the {hw.label} profile has no GPU-to-GPU link (link_bw)",
                               "use --tp 1, or a profile with link_bw and link_latency_s")
         message = rows * self.model.hidden_size * self.act_bytes
-        return 2 * (self.tp - 1) / self.tp * message / (hw.link_bw * hw.link_eff) + hw.link_latency_s
+        share = 1.0 if hw.allreduce_in_switch else 2 * (self.tp - 1) / self.tp
+        return share * message / (hw.link_bw * hw.link_eff) + hw.link_latency_s
 
     def overhead_s(self, shape: StepShape, hw: Hardware) -> float:
         """Fixed costs: per step (smaller when a decode-only step replays a CUDA graph) and per sequence."""
         graphed = self.cuda_graphs and shape.tokens == shape.sequences  # every chunk one row: decode only
         step = hw.graph_step_overhead_s if graphed else hw.step_overhead_s
-        return step + hw.seq_overhead_s * shape.sequences
+        prompt = hw.prefill_overhead_s if shape.tokens > shape.sequences else 0.0  # a chunk of more than one row
+        return step + prompt + hw.seq_overhead_s * shape.sequences
 
     def time(self, shape: StepShape, hw: Hardware) -> StepTime:
         if shape.tokens == 0:

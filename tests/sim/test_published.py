@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from itlbench.core.presets import PRESETS
 from itlbench.sim.hardware import FIT, presets
 from itlbench.sim.published import ENGINE_PARAMS, FIGURES, default_params, errors
+from itlbench.sim.roofline import CostModel
 
 
 def _abs(rows: list) -> list[float]:
@@ -32,17 +34,41 @@ def test_every_figure_cites_its_public_file_and_the_sets_are_split() -> None:
     # every static-batch throughput held out but one, the only figure that fixes trtllm_gqa_reread
     assert {k for k in fit if k.startswith("trtllm batch")} == {"trtllm batch llama-2-70b h100 fp8 tp2 64x2048/2048"}
     assert sum(k.startswith("trtllm batch") for k in held) == 18
+    # moved into the fit for the terms they alone fix (docs): L40S FP8 efficiency, TensorRT-LLM's context cost
+    assert {"trtllm ttft llama-2-7b l40s fp8 tp1 2048", "trtllm ttft llama-2-7b h100 fp8 tp1 128"} <= fit
 
 
 def test_the_stored_parameters_meet_the_error_targets_in_and_out_of_the_fit() -> None:
     rows = errors(default_params())
     fit, held = [r for r in rows if r[0].fit], [r for r in rows if not r[0].fit]
+    assert len(held) >= 40  # the held-out set stays a substantial share after figures moved into the fit
     for subset in (fit, held):
         assert np.median(_abs(subset)) <= 0.10 and np.mean(_abs(subset)) <= 0.10
-    # over 15 %: Sarathi's decode batches of 8 and 16 and 1,024-token chunks; TensorRT-LLM's 128-token TTFTs,
-    # L40S and H100 TP4 TTFTs and 70B batches of 2,048-token prompts (docs/perf/sim-vs-published.md)
-    assert sum(e > 0.15 for e in _abs(rows)) <= 10
-    assert max(_abs(rows)) < 0.40
+    # over 15 % (docs/perf/sim-vs-published.md, "What the model misses"): Sarathi-Serve's 1,024-token
+    # chunks (2,047 and 4,095 tokens) and TensorRT-LLM's two 70B batches of 2,048-token prompts and 128 outputs
+    over = {r[0].key for r in rows if abs(r[2]) > 0.15}
+    assert over <= {"sarathi chunked 2047/1024", "sarathi chunked 4095/1024",
+                    "trtllm batch llama-2-70b h100 fp8 tp2 96x2048/128",
+                    "trtllm batch llama-2-70b a100 float16 tp4 120x2048/128"}, over
+    assert max(_abs(rows)) < 0.17
+
+
+def test_the_terms_that_brought_figures_within_15_percent() -> None:
+    """Each model term added for issue 29 carries figures that were over 15 % without it."""
+    rows = {f.key: e for f, _, e in errors(default_params())}
+    for key in ("sarathi decode 8", "sarathi decode 16", "trtllm ttft llama-2-7b l40s fp8 tp1 2048",
+                "trtllm ttft llama-2-7b a100 float16 tp1 128", "trtllm ttft llama-2-70b h100 fp8 tp4 2048"):
+        assert abs(rows[key]) <= 0.15, (key, rows[key])
+    without = {f.key: e for f, _, e in errors(default_params() | {"sarathi_decode_switch_s": 0.0,
+                                                                  "trtllm_context_s": 0.0})}
+    assert without["sarathi decode 8"] < -0.15 and without["trtllm ttft llama-2-7b a100 float16 tp1 128"] < -0.15
+    gpus = presets()
+    ring = gpus["h100"].with_(allreduce_in_switch=False)
+    cm = CostModel.for_hardware(PRESETS["llama-2-70b"], gpus["h100"], tp=4)
+    assert cm.allreduce_s(2048, gpus["h100"]) < cm.allreduce_s(2048, ring)  # NVLS: the message once, not 1.5x
+    two = CostModel.for_hardware(PRESETS["llama-2-70b"], gpus["h100"], tp=2)
+    assert two.allreduce_s(2048, gpus["h100"]) == pytest.approx(two.allreduce_s(2048, ring))  # the same at TP2
+    assert not gpus["a100"].allreduce_in_switch and gpus["l40s"].fp8_gemm_eff == FIT["fp8_gemm_eff_ada"]
 
 
 @pytest.mark.parametrize("name", list(default_params()))

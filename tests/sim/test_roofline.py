@@ -214,3 +214,16 @@ def test_a_mixed_step_splits_into_its_prefill_and_decode_parts() -> None:
     assert prefill + decode == StepShape(rec.scheduled_tokens, rec.num_sampled, rec.context_tokens,
                                          rec.attention_pairs, rec.num_prefill_reqs + rec.num_decode_reqs)
     assert decode == StepShape.decode(3, 40) and prefill == StepShape.of([(253, 0, False)])
+
+
+def test_a_context_phase_cost_is_charged_on_steps_with_prompt_work_only() -> None:
+    """prefill_overhead_s (an engine's context-phase setup) lands on a step with a chunk of more than one
+    row, never on a decode-only step; the presets carry none, so their steps cost what they did."""
+    cm = CostModel.for_hardware(PRESETS["llama-3-8b"], GPUS["h100"])
+    hw = GPUS["h100"].with_(prefill_overhead_s=0.002)
+    prompt, decode = StepShape.prefill(512), StepShape.decode(8, 1000)
+    mixed = StepShape.of([(256, 0, True)] + [(1, 1000, True)] * 8)
+    for shape in (prompt, mixed):
+        assert cm.time(shape, hw).total_s - cm.time(shape, GPUS["h100"]).total_s == pytest.approx(0.002)
+    assert cm.time(decode, hw).total_s == cm.time(decode, GPUS["h100"]).total_s
+    assert all(g.prefill_overhead_s == 0.0 for g in GPUS.values())
