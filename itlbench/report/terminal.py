@@ -127,6 +127,9 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
         console.print(f"[bold]Engine check[/] worst client gap {_s(check.get('worst_client_gap_s'))} s vs longest "
                       f"engine step {_s(check.get('longest_step_s'))} s")
     _print_validity(console, summary)
+    clock = summary.get("clock") or {}
+    if clock.get("kind") == "virtual":
+        console.print(f"[bold]Clock[/] virtual: {escape(str(clock.get('note') or 'simulated time'))}", highlight=False)
     print_engine_warnings(console, run_dir)
 
 
