@@ -102,6 +102,7 @@ class VirtualDrive:
         self.truncated = False
         self.steps = 0
         self._failures_in_row = 0
+        self._idle = True
         self.aborted_reason: str | None = None
 
     # ----------------------------------------------------------------- the event loop
@@ -143,7 +144,7 @@ class VirtualDrive:
                 self._close(now)
                 self._cancel_all(now)
                 return self.aborted_reason
-            if self.closed and not self._live:
+            if self.closed and not self._live and not self._sends_left():
                 return None
             if engine.has_unfinished():
                 last = engine.step_log.last_step
@@ -169,6 +170,7 @@ class VirtualDrive:
             if at is not None and at <= now:
                 self.measure_start_ns = at
                 self.end_ns = at + _ns(self.limits.duration_s)
+        self._idle = not self.engine.has_unfinished()  # as of `now`, before this instant's sends
         self._send_closed(now)
         self._send_open(now)
         if self.measure_start_ns is not None and now >= self.end_ns:
@@ -213,15 +215,22 @@ class VirtualDrive:
             due = max(ready_ns + _ns(plan.think_time_s), self._first_at[k])
             heapq.heappush(self._due, (due, next(self._order), k, plan))
 
+    def _arrived(self, due: int, now: int) -> bool:
+        """Whether a send due at `due` reaches the engine before the step about to start at `now`.
+        One due exactly now was caused by what the last step delivered (a closed-loop answer's end):
+        the served engine starts its next step before such a request can reach it, so it waits for
+        the step after, unless the engine was idle (then every send due now starts at once)."""
+        return due < now or (due == now and self._idle)
+
     def _send_closed(self, now: int) -> None:
-        while self._due and self._due[0][0] <= now and self.aborted_reason is None:
+        while self._due and self._arrived(self._due[0][0], now) and self.aborted_reason is None:
             due, _, k, plan = heapq.heappop(self._due)
-            if self.closed or due >= self.end_ns:
+            if due >= self.end_ns:
                 continue  # this stream is done: nothing is sent at or after the window's end
             self._send(plan, due, plan.stream if plan.stream is not None else k, k)
 
     def _send_open(self, now: int) -> None:
-        if self.measure_start_ns is None or self.closed:
+        if self.measure_start_ns is None:
             return
         while self._open_next is not None and self.aborted_reason is None:
             due = self.measure_start_ns + _ns(self._open_next.send_at_s or 0.0)
@@ -229,7 +238,7 @@ class VirtualDrive:
                 self.truncated = True
                 self._open_next = None
                 return
-            if due > now:
+            if not self._arrived(due, now):
                 return
             self._send(self._open_next, due, None, None)
             self._open_next = next(self._feed, None)
@@ -257,13 +266,19 @@ class VirtualDrive:
         if live.k is not None:
             self._queue_next(live.k, live.scheduled_ns)
 
+    def _sends_left(self) -> bool:
+        """A send due before the window's end that has not reached the engine yet (see `_arrived`)."""
+        if self._due and self._due[0][0] < self.end_ns:
+            return True
+        return (self._open_next is not None and self.measure_start_ns is not None
+                and self.measure_start_ns + _ns(self._open_next.send_at_s or 0.0) < self.end_ns)
+
     def _close(self, at_ns: int) -> None:
         if not self.closed:
             self.closed = True
             self.send_end_ns = at_ns
             self.drain_deadline_ns = at_ns + _ns(self.limits.drain_timeout_s)
-            if self._open_next is not None and self.measure_start_ns is not None:
-                self.truncated = True
+            self.end_ns = min(self.end_ns, at_ns)  # stopped early (interrupted, aborted): nothing more goes out
 
     # ----------------------------------------------------------------- receiving
 
