@@ -26,6 +26,7 @@ from itlbench.core.presets import load_model_config
 from itlbench.harness.connect import Connection
 from itlbench.harness.run_config import RunConfig
 from itlbench.load.driver import Warmup
+from itlbench.load.observers.gpu_sampler import why_not_sampled
 from itlbench.rundir.compact import compact_run
 from itlbench.rundir.store import RunStore
 from itlbench.sim.runner import offline_engine
@@ -72,8 +73,7 @@ def run_virtual(cfg: RunConfig, run_dir: Path, created: bool,
         "clock": "virtual", "clock_note": CLOCK_NOTE,
         "driver": {"name": "virtual", "workers": 1},
         "engine": engine_doc(engine, cfg.engine.model), "target": {"kind": "in-process", "base_url": None},
-        "plan": plan.description, "gpu_telemetry": {"nvml": f"no NVML: the simulated engine ({engine.device}) "
-                                                            "runs on no GPU"},
+        "plan": plan.description, "gpu_telemetry": {"nvml": why_not_sampled(str(engine.device), external=False)},
     }
     store = RunStore(run_dir)
     limits = VirtualLimits(duration_s=cfg.duration_s, drain_timeout_s=cfg.drain_timeout_s,
