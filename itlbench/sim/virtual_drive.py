@@ -153,6 +153,9 @@ class VirtualDrive:
                 self._deliver(outputs)
                 if engine.step_log.last_step != last:
                     continue
+                if self._waiting_sends(now):  # nothing was schedulable: sends due now reach the engine now
+                    self._fire(now, idle=True)
+                    continue
             nxt = self._next_event(now)
             if nxt is None:
                 if engine.has_unfinished():
@@ -162,21 +165,22 @@ class VirtualDrive:
                 return None
             self.clock.advance_to(nxt)
 
-    def _fire(self, now: int) -> None:
-        """Everything due by `now`, in the served driver's order: the window opens, sends due before
-        its end go out, sending closes at its end, overdue requests time out, the drain ends."""
+    def _fire(self, now: int, idle: bool = False) -> None:
+        """Everything due by `now`, in the served driver's order: overdue requests time out (their
+        streams' next sends become due), the window opens, sends due before its end go out, sending
+        closes at its end, the drain ends."""
+        for live in [v for v in self._live.values() if v.deadline_ns <= now]:
+            self._end_early(live, "timeout", live.deadline_ns, "no complete answer within --request-timeout")
         if self.measure_start_ns is None:
             at = self._measure_start_at()
             if at is not None and at <= now:
                 self.measure_start_ns = at
                 self.end_ns = at + _ns(self.limits.duration_s)
-        self._idle = not self.engine.has_unfinished()  # as of `now`, before this instant's sends
+        self._idle = idle or not self.engine.has_unfinished()  # as of `now`, before this instant's sends
         self._send_closed(now)
         self._send_open(now)
         if self.measure_start_ns is not None and now >= self.end_ns:
             self._close(self.end_ns)
-        for live in [v for v in self._live.values() if v.deadline_ns <= now]:
-            self._end_early(live, "timeout", live.deadline_ns, "no complete answer within --request-timeout")
         if self.closed and now >= self.drain_deadline_ns:
             self._cancel_all(self.drain_deadline_ns)
 
@@ -265,6 +269,13 @@ class VirtualDrive:
                             error_kind="http_status")
         if live.k is not None:
             self._queue_next(live.k, live.scheduled_ns)
+
+    def _waiting_sends(self, now: int) -> bool:
+        """A send due by `now` that `_arrived` held back for the next step boundary."""
+        if self._due and self._due[0][0] <= now:
+            return True
+        return (self._open_next is not None and self.measure_start_ns is not None
+                and self.measure_start_ns + _ns(self._open_next.send_at_s or 0.0) <= now)
 
     def _sends_left(self) -> bool:
         """A send due before the window's end that has not reached the engine yet (see `_arrived`)."""

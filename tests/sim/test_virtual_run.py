@@ -172,3 +172,21 @@ def test_auto_is_virtual_for_the_simulator_unless_a_flag_needs_the_server() -> N
     assert not RunConfig(engine=ENGINE.with_(sim_time_scale=2.0)).virtual_clock  # pacing is a served thing
     assert not RunConfig(engine=EngineConfig(model="cpu-small")).virtual_clock
     assert not RunConfig(endpoint="http://127.0.0.1:1/v1", model="m").virtual_clock
+
+
+def test_request_timeouts_and_the_drain_end_on_the_virtual_clock(tmp_path: Path) -> None:
+    """Answers of 400 tokens (~3 s at ~8 ms a step) against a 1 s request timeout: each request fails as
+    a timeout at its deadline and its stream sends the next; after the window the drain gives the
+    rest 0.5 s before they are cancelled."""
+    run_dir, summary = _run(tmp_path / "t", workload="fixed:256:400", streams=2, duration_s=2.0, warmup_s=0.0,
+                            request_timeout_s=1.0, drain_timeout_s=0.5)
+    run = json.loads((run_dir / "run.json").read_text())
+    reqs = _table(run_dir, "requests").sort("sent_ns")
+    timeouts = reqs.filter(pl.col("status") == "timeout")
+    assert timeouts.height >= 2 and (timeouts["done_ns"] - timeouts["sent_ns"] == 1_000_000_000).all()
+    assert (timeouts["error_kind"] == "timeout").all() and (timeouts["num_chunks"] > 0).all()
+    for (_,), group in reqs.group_by("stream"):
+        assert group["sent_ns"].to_list()[1:] == group["done_ns"].to_list()[:-1]  # the stream carries on
+    cancelled = reqs.filter(pl.col("status") == "cancelled")
+    assert cancelled.height == 2 and (cancelled["done_ns"] == run["end_ns"] + 500_000_000).all()
+    assert reqs.filter(pl.col("status") == "ok").height == 0 and summary["requests"]["timeout"] >= 2
