@@ -84,6 +84,9 @@ def run(
                                                "event=4MiB,head=64KiB,control=8MiB,metrics=64MiB (the defaults).")] = None,
     extra_body: Annotated[str | None, typer.Option(help="JSON object merged into every request's body, e.g. "
                                                    "'{\"logprobs\": 1}' (llama.cpp: exact token counts per chunk).")] = None,
+    clock: Annotated[str, typer.Option(help="--engine sim: virtual (in-process, each step advances a simulated "
+                                            "clock; seconds of wall time), real (served over HTTP in real time) "
+                                            "or auto (virtual unless a flag needs the server).")] = "auto",
     as_json: AsJson = False,
     engine_flags: dict | None = None,
 ) -> None:
@@ -112,7 +115,7 @@ def run(
                         workers=workers, live=live, metrics_port=metrics_port, otlp_endpoint=otlp_endpoint,
                         driver=driver, master_bind=master_bind, locust_ui=locust_ui, locust_ui_port=locust_ui_port,
                         stream_reader=stream_reader, limits=Limits.parse(limits),
-                        extra_body=parse_extra_body(extra_body))
+                        extra_body=parse_extra_body(extra_body), clock=clock)
         cfg.validate()
         from itlbench.harness.orchestrate import run_load_test
 

@@ -242,6 +242,10 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError("--out", f"{run_dir} already holds a run", "choose a new directory")
     created = not run_dir.exists()  # a directory the user made stays, emptied, if nothing is measured
+    if cfg.virtual_clock:  # the simulator in-process on a discrete-event clock: no server, no sleeping
+        from itlbench.sim.virtual_run import run_virtual
+
+        return run_virtual(cfg, run_dir, created, on_status)
     telemetry = _start_telemetry(cfg)  # before the engine: a port in use fails first
     store = RunStore(run_dir)
     run_doc: dict[str, Any] = {"itlbench_version": __version__, "created": dt.datetime.now(dt.UTC).isoformat(),

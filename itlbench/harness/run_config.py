@@ -58,6 +58,14 @@ class RunConfig:
     otlp_endpoint: str | None = None  # OTLP/HTTP base URL for spans and GenAI metrics (client and bundled server)
     limits: Limits = field(default_factory=Limits)  # caps on what a server may make the client hold (--limits)
     extra_body: dict[str, Any] = field(default_factory=dict)  # fields added to every request (--extra-body)
+    clock: str = "auto"  # auto | virtual | real: the simulator in-process on a virtual clock, or served (harness/clock.py)
+
+    @property
+    def virtual_clock(self) -> bool:
+        """True when the run drives the simulator in-process on a virtual clock (harness/clock.py)."""
+        from itlbench.harness.clock import resolve_clock
+
+        return resolve_clock(self) == "virtual"
 
     def validate(self) -> None:
         check_load_shape(self.streams, self.rate, self.burstiness, self.duration_s)
@@ -110,6 +118,7 @@ class RunConfig:
 
             check_run_options(self.metrics_port, self.otlp_endpoint, self.workers)
         self._validate_driver()
+        _ = self.virtual_clock  # an impossible --clock fails here, before anything starts
 
     def _validate_driver(self) -> None:
         if self.driver not in ("aiohttp", "locust"):

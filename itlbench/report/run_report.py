@@ -107,6 +107,10 @@ def callouts(data: RunData) -> list[Callout]:
             ([f"the path to the engine was disturbed: {'; '.join(outside)}"] if outside else [])
         out.append(Callout("bad", "INVALID run: " + "; and ".join(said) + "."
                            + (f" Figures that still stand: {', '.join(standing)}." if standing else "")))
+    elif (s.get("clock") or {}).get("kind") == "virtual":
+        out.append(Callout("info", "Simulated time (virtual clock): every figure is the simulated engine's, with no "
+                                   "client, network or server in it; the client-side checks (send lag, event-loop "
+                                   "lag, client CPU) do not apply."))
     else:
         f = validity.get("figures") or {}
         out.append(Callout("ok", "Valid run: the client kept up (send lag p99 "

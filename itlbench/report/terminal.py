@@ -127,6 +127,9 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
     if (line := engine_check_line(check)) is not None:
         console.print(f"[bold]Engine check[/] {line}")
     _print_validity(console, summary)
+    clock = summary.get("clock") or {}
+    if clock.get("kind") == "virtual":
+        console.print(f"[bold]Clock[/] virtual: {escape(str(clock.get('note') or 'simulated time'))}", highlight=False)
     print_engine_warnings(console, run_dir)
 
 

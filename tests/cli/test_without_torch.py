@@ -40,14 +40,16 @@ def test_the_block_really_hides_torch(tmp_path: Path) -> None:
     assert done.stdout.strip() == "None" and "ModuleNotFoundError" in done.stderr
 
 
-def test_roofline_and_a_simulated_run_need_no_torch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("clock", ["virtual", "real"])  # in-process, and served by a child process
+def test_roofline_and_a_simulated_run_need_no_torch(tmp_path: Path, clock: str) -> None:
     roof = itlbench(tmp_path, "roofline", "--json")
     assert roof.returncode == 0, roof.stderr
     json.loads(roof.stdout)
     out = tmp_path / "sim-run"
     run = itlbench(tmp_path, "run", "--engine", "sim", "--workload", "chat", "--streams", "4", "--duration", "3s",
-                   "--warmup", "0s", "--out", str(out))
+                   "--warmup", "0s", "--clock", clock, "--out", str(out))
     assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads((out / "run.json").read_text()).get("clock", "real") == clock
     summary = json.loads((out / "summary.json").read_text())
     assert summary["requests"]["ok"] > 0
     assert (out / "report.html").exists()

@@ -151,8 +151,8 @@ def test_the_rate_found_holds_when_rerun_and_twice_it_misses(tmp_path: Path) -> 
 
 
 def test_capacity_runs_the_bundled_engine_when_no_server_is_named(tmp_path: Path) -> None:
-    """The simulated engine in-process, a search capped by --rate-max: it holds at every load tried
-    (short fixed requests: the simulator runs in real time, and long answers would drain for seconds)."""
+    """The simulated engine in-process on its virtual clock, a search capped by --rate-max: it holds
+    at every load tried (short fixed requests keep each run's analysis small)."""
     out = tmp_path / "cap"
     result = runner.invoke(app, ["capacity", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
                                  "--axis", "streams", "--start", "2", "--rate-max", "4", "--slo", "itl_p99=1s",

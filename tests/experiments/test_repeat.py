@@ -17,7 +17,8 @@ runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
 # an RTX 4090's pacing for an 8B model: a 2k prompt's prefill is ~0.3 s, a decode step ~20 ms. Short
 # fixed requests (48 tokens, ~1 s) keep every stream decoding through the injection and keep the drain
-# after the window short (the simulator runs in real time: chat-short's long answers drained for ~18 s).
+# after the window short (a served simulator runs in real time: chat-short's long answers drained for ~18 s;
+# the sweep of the bundled simulator below runs on its virtual clock).
 SIM = ["--model", "llama-3.1-8b", "--workload", "fixed:256:48", "--streams", "8", "--inject", "2k@1s",
        "--duration", "3", "--warmup", "0.5", "--no-live"]
 

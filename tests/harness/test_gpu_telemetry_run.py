@@ -20,9 +20,12 @@ from itlbench.report.terminal import print_summary
 from tests.support.nvml import fake_nvml
 
 
-def _run(tmp_path: Path, name: str) -> tuple[Path, dict]:
+def _run(tmp_path: Path, name: str, clock: str = "auto") -> tuple[Path, dict]:
+    """A simulated run; `clock="real"` serves it in real time, as a CUDA engine is served, so the
+    sampler runs beside a live step log (a virtual-clock run samples nothing: no time passes)."""
     cfg = RunConfig(workload="fixed:128:32", streams=2, duration_s=2.0, warmup_s=0.0, live=False, out=tmp_path / name,
-                    engine=EngineConfig(model="llama-3.1-8b", engine="sim", gpu="h100", max_model_len=8192))
+                    engine=EngineConfig(model="llama-3.1-8b", engine="sim", gpu="h100", max_model_len=8192),
+                    clock=clock)
     return run_load_test(cfg)
 
 
@@ -32,8 +35,9 @@ def _printed(summary: dict, run_dir: Path) -> str:
     return buf.getvalue()
 
 
-def test_a_simulated_run_says_no_nvml_and_why_in_summary_terminal_and_report(tmp_path: Path) -> None:
-    run_dir, summary = _run(tmp_path, "sim")
+@pytest.mark.parametrize("clock", ["virtual", "real"])
+def test_a_simulated_run_says_no_nvml_and_why_in_summary_terminal_and_report(tmp_path: Path, clock: str) -> None:
+    run_dir, summary = _run(tmp_path, "sim", clock=clock)
     why = "no NVML: the simulated engine (sim:h100) runs on no GPU"
     assert summary["gpu"] == {"nvml": why}
     assert json.loads((run_dir / "run.json").read_text())["gpu_telemetry"] == {"nvml": why}
@@ -46,7 +50,7 @@ def test_a_simulated_run_says_no_nvml_and_why_in_summary_terminal_and_report(tmp
 def test_a_cuda_run_without_nvidia_ml_py_names_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed, as on this machine
     monkeypatch.setattr(orchestrate, "why_not_sampled", lambda device, external: None)  # as if on cuda:0
-    run_dir, summary = _run(tmp_path, "no-nvml")
+    run_dir, summary = _run(tmp_path, "no-nvml", clock="real")
     assert summary["gpu"] == {"nvml": "no NVML: nvidia-ml-py is not installed (pip install nvidia-ml-py)"}
     write_run_report(run_dir)
     assert "nvidia-ml-py is not installed" in (run_dir / "report.md").read_text()
@@ -56,7 +60,7 @@ def test_with_nvml_the_samples_sit_beside_the_steps_and_give_energy_per_token(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml())
     monkeypatch.setattr(orchestrate, "why_not_sampled", lambda device, external: None)
-    run_dir, summary = _run(tmp_path, "nvml")
+    run_dir, summary = _run(tmp_path, "nvml", clock="real")
     doc = json.loads((run_dir / "run.json").read_text())
     assert doc["gpu_telemetry"]["nvml"] == "NVML" and doc["gpu_telemetry"]["samples"] >= 10
     g = summary["gpu"]

@@ -1,0 +1,192 @@
+"""Virtual-time runs (`itlbench run --engine sim`, clock auto/virtual): the simulator in-process on a
+discrete-event clock writes the tables a served run writes, keeps the load's timeline (closed-loop
+sends at the previous answer's end, injections at their scheduled time, open-loop arrivals), and
+agrees with the served, real-time run of the same load on every engine decision."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from itlbench.cli import app
+from itlbench.core.engine_config import EngineConfig
+from itlbench.errors import ConfigError
+from itlbench.harness.orchestrate import run_load_test
+from itlbench.harness.run_config import RunConfig
+from itlbench.rundir.reader import read_table, table_parts
+from itlbench.rundir.schema import TABLES
+from itlbench.workloads.arrivals import arrival_times
+
+ENGINE = EngineConfig(model="llama-3.1-8b", engine="sim", gpu="h100", max_model_len=8192)
+LLAMA_31_70B = {"vocab_size": 128256, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                "num_attention_heads": 64, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+                "rope_theta": 500000.0}  # Llama-3.1-70B's published architecture
+
+
+def _run(out: Path, **kw: object) -> tuple[Path, dict]:
+    args: dict = {"workload": "fixed:256:16", "streams": 3, "duration_s": 2.0, "warmup_s": 0.2, "live": False,
+                  "out": out, "engine": ENGINE, "seed": 5}
+    args.update(kw)
+    return run_load_test(RunConfig(**args))
+
+
+def _table(run_dir: Path, name: str) -> pl.DataFrame:
+    return read_table(run_dir, name)
+
+
+@pytest.fixture(scope="module")
+def virtual(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    return _run(tmp_path_factory.mktemp("virtual") / "run", inject="1k@0.5s", ramp_s=0.1)
+
+
+def test_a_virtual_run_writes_the_tables_the_analysis_reads_and_says_its_clock(virtual: tuple[Path, dict]) -> None:
+    run_dir, summary = virtual
+    for name in ("requests", "chunks", "steps"):  # the files as written, before any reader conforms them
+        frame = pl.concat([pl.read_parquet(part) for part in table_parts(run_dir, name)])
+        assert frame.height > 0 and dict(frame.schema) == TABLES[name], name
+    assert not (run_dir / "client_samples").exists() and not (run_dir / "server.log").exists()  # no client, no server
+    chunks = _table(run_dir, "chunks")
+    assert chunks["stamp"].unique().to_list() == ["virtual"] and (chunks["t_read_ns"] == chunks["t_ns"]).all()
+    steps = _table(run_dir, "steps")
+    # every token arrives at the end of the step that sampled it
+    assert set(chunks["t_ns"].to_list()) <= set(steps["end_ns"].to_list())
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["clock"] == "virtual" and run["driver"]["name"] == "virtual" and run["engine"]["device"] == "sim:h100"
+    assert summary["clock"]["kind"] == "virtual" and "not applicable" in summary["validity"]["client_checks"]
+    assert summary["requests"]["ok"] > 0 and summary["itl_s"]["count"] > 0 and summary["ttft_s"]["all"]["count"] > 0
+    # the window is virtual time: two seconds measured, after the warm-up
+    assert run["end_ns"] - run["measure_start_ns"] == 2_000_000_000 and run["measure_start_ns"] >= 200_000_000
+    html = (run_dir / "report.html").read_text() if (run_dir / "report.html").exists() else None
+    from itlbench.report.run_report import write_run_report
+
+    write_run_report(run_dir)
+    assert "Simulated time (virtual clock)" in (run_dir / "report.md").read_text()
+    assert html is None or "Valid run: the client kept up" not in html
+
+
+def test_closed_loop_streams_send_the_next_request_at_the_previous_ones_end(virtual: tuple[Path, dict]) -> None:
+    run_dir, _ = virtual
+    reqs = _table(run_dir, "requests").filter(~pl.col("injected")).sort("sent_ns")
+    run = json.loads((run_dir / "run.json").read_text())
+    firsts = []
+    for (stream,), group in reqs.group_by("stream", maintain_order=True):
+        sent, done = group["sent_ns"].to_list(), group["done_ns"].to_list()
+        assert len(sent) >= 3, stream
+        assert sent[1:] == done[:-1], f"stream {stream} waited or overlapped"
+        assert (group["scheduled_ns"] == group["sent_ns"]).all()
+        firsts.append((stream, sent[0]))
+    ramp = 100_000_000  # --ramp 0.1s over 3 streams: stream k starts at k/3 of it
+    assert sorted(firsts) == [(k, run["run_start_ns"] + ramp * k // 3) for k in range(3)]
+    assert reqs.filter(pl.col("sent_ns") >= run["end_ns"]).height == 0, "nothing is sent after the window"
+
+
+def test_an_injection_lands_at_its_scheduled_virtual_time(virtual: tuple[Path, dict]) -> None:
+    run_dir, _ = virtual
+    run = json.loads((run_dir / "run.json").read_text())
+    inj = _table(run_dir, "requests").filter(pl.col("injected")).row(0, named=True)
+    assert inj["sent_ns"] == run["measure_start_ns"] + 500_000_000 and inj["prompt_tokens"] == 1024
+    steps = _table(run_dir, "steps").sort("step")
+    first = steps.filter(pl.col("prefill_request_ids").list.contains(inj["server_request_id"])).row(0, named=True)
+    before = steps.filter(pl.col("step") == first["step"] - 1).row(0, named=True)
+    # admitted at the first step boundary after it arrived (the engine was busy: steps back to back), as
+    # the served engine thread admits it
+    assert before["start_ns"] <= inj["sent_ns"] <= first["start_ns"] == before["end_ns"]
+    assert inj["first_token_ns"] > inj["sent_ns"] and inj["status"] == "ok"
+
+
+def test_open_loop_arrivals_are_sent_at_their_seeded_times(tmp_path: Path) -> None:
+    run_dir, _ = _run(tmp_path / "rate", streams=0, rate=20.0, adaptive_warmup=False)
+    run = json.loads((run_dir / "run.json").read_text())
+    sent = sorted(t - run["measure_start_ns"] for t in _table(run_dir, "requests")["sent_ns"].to_list())
+    expected = [int(t * 1e9) for t in arrival_times(20.0, 2.0, 1.0, [5, 4]) if t < 2.0]
+    assert sent == expected and len(sent) > 20
+
+
+def _decisions(run_dir: Path) -> list[tuple]:
+    steps = _table(run_dir, "steps").sort("step")
+    keys = ("phase", "prefill_tokens", "decode_tokens", "num_prefill_reqs", "num_decode_reqs", "num_running",
+            "num_waiting", "num_preemptions", "context_tokens")
+    return [(*(r[k] for k in keys), r["end_ns"] - r["start_ns"]) for r in steps.iter_rows(named=True)]
+
+
+@pytest.mark.e2e
+def test_virtual_and_served_real_time_runs_agree_on_steps_ttft_and_itl(tmp_path: Path) -> None:
+    """One stream, so each request runs alone in both (the served one's next request reaches the engine
+    after an idle gap, a virtual one's at once: neither meets another request). Tolerance: the served
+    TTFT and ITL medians include the HTTP request and SSE delivery, so they may exceed the virtual
+    ones by up to 10 ms + 10 %, and never fall below them by more than 1 ms."""
+    kw = {"workload": "fixed:512:32", "streams": 1, "duration_s": 2.0, "warmup_s": 0.0}
+    virt, vs = _run(tmp_path / "virtual", **kw)
+    real, rs = _run(tmp_path / "real", clock="real", **kw)
+    assert json.loads((real / "run.json").read_text()).get("clock") is None and (real / "client_samples").exists()
+    v, r = _decisions(virt), _decisions(real)
+    n = 3 * 32  # the first three requests: a prefill step and 31 decode steps each
+    assert len(v) >= n and len(r) >= n and v[:n] == r[:n], "the same decisions and the same step costs"
+    for fig in (("ttft_s", "all", "p50"), ("itl_s", "p50")):
+        vv, rv = vs, rs
+        for k in fig:
+            vv, rv = vv[k], rv[k]
+        assert vv - 1e-3 <= rv <= vv * 1.1 + 10e-3, (fig, vv, rv)
+
+
+def test_the_70b_tp2_fp8_command_runs_in_virtual_time_and_prints_ttft_and_itl(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_31_70B))
+    out = tmp_path / "run"
+    t0 = time.perf_counter()
+    result = CliRunner().invoke(app, ["run", "--engine", "sim", "--model", str(tmp_path / "config.json"), "--gpu", "h100",
+                                      "--tp", "2", "--dtype", "fp8", "--workload", "fixed:5000:500", "--duration", "5s",
+                                      "--no-live", "--out", str(out)], terminal_width=200)
+    wall = time.perf_counter() - t0
+    assert result.exit_code == 0, result.output
+    assert "TTFT by prompt bucket" in result.output and "Inter-token latency" in result.output
+    assert "Clock virtual" in result.output
+    run = json.loads((out / "run.json").read_text())
+    assert run["clock"] == "virtual" and run["engine"]["device"] == "sim:h100x2"
+    assert run["simulation"]["simulated_s"] > 20 and wall < 60  # a warm-up of ~17 s and 17 s answers, in seconds
+    summary = json.loads((out / "summary.json").read_text())
+    assert 0.005 < summary["itl_s"]["p50"] < 0.1
+
+
+@pytest.mark.parametrize(("kw", "needle"), [
+    ({"clock": "sometimes"}, "unknown clock"),
+    ({"clock": "virtual", "engine": EngineConfig(model="llama-3.1-8b", engine="sim", disaggregate=True)},
+     "--disaggregate"),
+    ({"clock": "virtual", "workers": 2}, "--workers"),
+    ({"clock": "virtual", "engine": EngineConfig(model="cpu-small")}, "needs the bundled simulator"),
+])
+def test_a_clock_the_run_cannot_have_is_a_one_line_error_naming_the_flag(kw: dict, needle: str) -> None:
+    args = {"workload": "fixed:64:8", "streams": 1, "engine": ENGINE, **kw}
+    with pytest.raises(ConfigError) as err:
+        RunConfig(**args).validate()
+    assert err.value.field == "--clock" and needle in str(err.value)
+
+
+def test_auto_is_virtual_for_the_simulator_unless_a_flag_needs_the_server() -> None:
+    assert RunConfig(engine=ENGINE).virtual_clock
+    assert not RunConfig(engine=ENGINE, clock="real").virtual_clock
+    assert not RunConfig(engine=ENGINE.with_(sim_time_scale=2.0)).virtual_clock  # pacing is a served thing
+    assert not RunConfig(engine=EngineConfig(model="cpu-small")).virtual_clock
+    assert not RunConfig(endpoint="http://127.0.0.1:1/v1", model="m").virtual_clock
+
+
+def test_request_timeouts_and_the_drain_end_on_the_virtual_clock(tmp_path: Path) -> None:
+    """Answers of 400 tokens (~3 s at ~8 ms a step) against a 1 s request timeout: each request fails as
+    a timeout at its deadline and its stream sends the next; after the window the drain gives the
+    rest 0.5 s before they are cancelled."""
+    run_dir, summary = _run(tmp_path / "t", workload="fixed:256:400", streams=2, duration_s=2.0, warmup_s=0.0,
+                            request_timeout_s=1.0, drain_timeout_s=0.5)
+    run = json.loads((run_dir / "run.json").read_text())
+    reqs = _table(run_dir, "requests").sort("sent_ns")
+    timeouts = reqs.filter(pl.col("status") == "timeout")
+    assert timeouts.height >= 2 and (timeouts["done_ns"] - timeouts["sent_ns"] == 1_000_000_000).all()
+    assert (timeouts["error_kind"] == "timeout").all() and (timeouts["num_chunks"] > 0).all()
+    for (_,), group in reqs.group_by("stream"):
+        assert group["sent_ns"].to_list()[1:] == group["done_ns"].to_list()[:-1]  # the stream carries on
+    cancelled = reqs.filter(pl.col("status") == "cancelled")
+    assert cancelled.height == 2 and (cancelled["done_ns"] == run["end_ns"] + 500_000_000).all()
+    assert reqs.filter(pl.col("status") == "ok").height == 0 and summary["requests"]["timeout"] >= 2
