@@ -29,7 +29,7 @@ from itlbench.analysis.partitions import chunk_parts
 if TYPE_CHECKING:
     from itlbench.report.data import RunData
 
-MAX_ROWS = 2_000_000  # chunk rows read for the figure (~0.1 KB each while steps are inferred: ~200 MB)
+MAX_ROWS = 1_000_000  # chunk rows read for the figure: 2M took 8.7 s and 1.3 GB peak (docs/reports.md)
 MARGIN_NS = 2_000_000_000  # chunks read before the span: a prefill drawn at its start began earlier
 _COLUMNS = ("request_id", "index", "t_ns", "stamp", "read_chunks")
 
