@@ -1,4 +1,5 @@
-"""A test peer that exports vLLM-shaped request spans through the real OpenTelemetry OTLP/HTTP exporter.
+"""A test peer that exports vLLM-shaped request spans through the real OpenTelemetry OTLP/HTTP exporter
+(`traces_url`), and/or writes SGLang-shaped scheduler log lines (`sglang_log`).
 
 Why: `--receive-otlp` must be tested with what a server really sends (protobuf over HTTP, batched by the
 SDK's BatchSpanProcessor, arriving after the responses), not with hand-made dicts. The peer is the
@@ -6,7 +7,9 @@ OpenAIPeer with one engine: a streaming request's prefill holds the engine for
 `prefill_s_per_token` × its prompt tokens, during which no stream gets a token (as a prefill does in an
 unchunked engine), so an injected long prompt stalls every stream by a known amount. Each finished request
 ends one `llm_request` span with the attributes vLLM sets (arrival as the span's start, wall clock; time
-to first token; time in queue; time in model prefill; prompt tokens; request id).
+to first token; time in queue; time in model prefill; prompt tokens; request id). With `sglang_log`, each
+prefill also appends a `[YYYY-MM-DD HH:MM:SS] Prefill batch. #new-seq: 1, #new-token: N, ...` line (local
+time, whole seconds, as SGLang's scheduler logs it) and every 40th token a `Decode batch.` line.
 
 `python -m tests.support.traced_peer --port P --otlp-traces-endpoint URL` runs it as a server command
 (for `sweep --serve`).
@@ -36,6 +39,7 @@ class TracedConfig(PeerConfig):
     traces_url: str = ""
     prefill_s_per_token: float = 5e-5  # held, not only reported: the engine is busy this long
     export_delay_ms: int = 1000  # BatchSpanProcessor's schedule delay (vLLM keeps the SDK's 5000)
+    sglang_log: str = ""  # a file to append SGLang-style scheduler lines to
 
 
 class TracedPeer(OpenAIPeer):
@@ -44,10 +48,17 @@ class TracedPeer(OpenAIPeer):
     def __init__(self, cfg: TracedConfig | None = None) -> None:
         super().__init__(cfg or TracedConfig())
         self._engine = asyncio.Lock()
+        self._tokens_out = 0
         self.provider = TracerProvider(resource=Resource.create({"service.name": "vllm"}))
-        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=self.cfg.traces_url),
-                                                            schedule_delay_millis=self.cfg.export_delay_ms))
+        if self.cfg.traces_url:
+            self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=self.cfg.traces_url),
+                                                                schedule_delay_millis=self.cfg.export_delay_ms))
         self.tracer = self.provider.get_tracer("vllm.llm_engine")
+
+    def _log(self, text: str) -> None:
+        if self.cfg.sglang_log:
+            with open(self.cfg.sglang_log, "a") as f:
+                f.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {text}\n")
 
     async def stop(self) -> None:
         await super().stop()
@@ -60,6 +71,11 @@ class TracedPeer(OpenAIPeer):
         if body.get("stream") and isinstance(tokens, list):
             async with self._engine:  # the prefill: every stream waits for it
                 scheduled = time.time_ns()
+                blocks = set(self._blocks)
+                cached = self._cached(tokens)  # what the base class will report; its blocks are added there
+                self._blocks = blocks
+                self._log(f"Prefill batch. #new-seq: 1, #new-token: {len(tokens) - cached}, #cached-token: {cached}, "
+                          f"token usage: 0.01, #running-req: {self.counters.running}, #queue-req: 0, ")
                 await asyncio.sleep(len(tokens) * self.cfg.prefill_s_per_token)
             request[_KEY] = (arrival, scheduled, len(tokens))
         return await super()._generate(request)
@@ -76,10 +92,15 @@ class TracedPeer(OpenAIPeer):
             choice.update({"delta": {"content": " x"}} if chat else {"text": " x"})
             await resp.write(_sse({"id": rid, "object": obj, "model": self.cfg.model, "choices": [choice]}))
             first = first or time.time_ns()
+            self._tokens_out += 1
+            if self._tokens_out % 40 == 0:
+                self._log(f"Decode batch. #running-req: {self.counters.running}, #token: {self._tokens_out}, "
+                          "token usage: 0.01, cuda graph: False, gen throughput (token/s): 100.00, #queue-req: 0, ")
         await resp.write(_sse({"id": rid, "object": obj, "model": self.cfg.model, "choices": [], "usage": usage}))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
-        self._span(rid, first, *request[_KEY])
+        if self.cfg.traces_url:
+            self._span(rid, first, *request[_KEY])
 
     def _span(self, rid: str, first_ns: int, arrival: int, scheduled: int, prompt: int) -> None:
         span = self.tracer.start_span("llm_request", kind=SpanKind.SERVER, start_time=arrival, attributes={
