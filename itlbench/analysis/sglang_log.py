@@ -1,7 +1,7 @@
 """SGLang's scheduler log as a further, coarse source on a run's stall events (`analyze --server-log FILE`).
 
 Why: SGLang publishes no step log and no per-request spans, but its scheduler logs one line per prefill
-batch it schedules and one per `--decode-log-interval` decode steps (40 by default):
+batch it schedules and one per `--decode-log-interval` decode steps (40 by default in recent versions):
 
     [2025-07-18 15:32:52 TP0] Prefill batch. #new-seq: 1, #new-token: 2192, #cached-token: 35, token usage: 0.00,
         #running-req: 0, #queue-req: 0

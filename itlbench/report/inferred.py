@@ -9,7 +9,7 @@ command: the report (and so the end of every run) infers them itself.
 Cost: inference holds the chunks it reads in memory, and a report must not grow with the run
 (docs/perf/analysis-scale.md). So only the chunks of the span the figure shows are read (a lazy,
 filtered scan of the parquet parts: the zoom around the first injected prefill, else the measured
-window), and at most `MAX_ROWS` of them; past that the span is cut to its first `MAX_ROWS` rows' worth
+window), and at most `MAX_ROWS` of them (1M: 6.8 s, 0.7 GB); past that the span is cut to its first `MAX_ROWS` rows' worth
 and the caption says how much is drawn. The prefill:decode split needs the whole run: it is taken
 from summary-client.json where `analyze --attribution client` wrote one, else estimated here when the
 whole run fits in `MAX_ROWS`, else left out with the command that computes it.
@@ -29,7 +29,7 @@ from itlbench.analysis.partitions import chunk_parts
 if TYPE_CHECKING:
     from itlbench.report.data import RunData
 
-MAX_ROWS = 1_000_000  # chunk rows read for the figure: 2M took 8.7 s and 1.3 GB peak (docs/reports.md)
+MAX_ROWS = 1_000_000  # chunk rows inferred for the report: 6.8 s, 0.7 GB peak on 2 cores (docs/reports.md)
 MARGIN_NS = 2_000_000_000  # chunks read before the span: a prefill drawn at its start began earlier
 _COLUMNS = ("request_id", "index", "t_ns", "stamp", "read_chunks")
 
