@@ -129,3 +129,23 @@ def test_run_refuses_a_bad_receive_otlp_in_one_line(tmp_path: Path) -> None:
     res = runner.invoke(app, ["run", "--endpoint", "http://127.0.0.1:9/v1", "--model", "m", "--receive-otlp", "nope",
                               "--out", str(tmp_path / "r"), "--no-live"], terminal_width=200)
     assert res.exit_code == 2 and "--receive-otlp" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.e2e
+def test_a_capacity_search_keeps_each_runs_spans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    serve = f"{shlex.quote(sys.executable)} -m tests.support.traced_peer --port {{port}} --otlp-traces-endpoint {{otlp_endpoint}}"
+    out = tmp_path / "cap"
+    res = runner.invoke(app, ["capacity", "--serve", serve, "--receive-otlp", "auto", "--model", "peer",
+                              "--axis", "streams", "--start", "2", "--rate-max", "4", "--repeat", "1",
+                              "--slo", "itl_p99=1s", "--workload", "fixed:64:20", "--duration", "1.5",
+                              "--warmup", "0.5", "--out", str(out)], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    runs = sorted(out.glob("*/run*/run.json"))
+    assert len(runs) >= 2, res.output
+    for doc_path in runs:
+        record = json.loads(doc_path.read_text())["otel_spans"]
+        ids = _request_ids(doc_path.parent)
+        spans = read_spans(doc_path.parent / SPANS_FILE)
+        assert record["request_spans"] == len(spans) == len(ids) > 0, record
+        assert {s["attributes"]["gen_ai.request.id"] for s in spans} == ids
