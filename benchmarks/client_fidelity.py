@@ -211,7 +211,7 @@ def _telemetry(args: argparse.Namespace, target: Target, otlp: str | None):  # n
 
 def _spawn_receiver() -> tuple[subprocess.Popen[str], str]:
     """An OTLP/HTTP receiver in its own process, so its CPU is not the client's."""
-    proc = subprocess.Popen([sys.executable, "-m", "itlbench.testing.otlp_receiver", "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "itlbench.telemetry.otlp_receiver", "--port", "0"],
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     return proc, proc.stdout.readline().strip()

@@ -20,8 +20,8 @@ summary `by_unknown_reason` counts the unknown ones):
                             in ≥ `min_skipped` inferred steps while this one did not (a preemption, or
                             the server held this stream alone: the same from outside)
   no overlapping step       → unknown / no_steps (no other stream to infer steps from)
-An event whose own cause is none of prefill, scrape, client takes the cause (and reason) of the stalls
-that carry most of its stalled seconds.
+An event whose own cause is none of prefill, scrape, client takes the cause that carries most of its
+stalled seconds over all reasons, then that cause's main reason (event_cause.py: the rule every source shares).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from itlbench.analysis.event_cause import KEPT, event_causes
 from itlbench.analysis.inferred_steps import InferParams, InferredSteps, infer_steps
 from itlbench.analysis.stalls import StallParams, StallReport, analyze_stalls, stall_summary
 from itlbench.analysis.stats import json_safe
@@ -44,7 +45,6 @@ REASONS: dict[str, str] = {
                "held this stream alone)",
     "no_steps": "no inferred step overlaps it (no other stream to infer steps from)",
 }
-KEPT = ("prefill", "scrape", "client")
 
 
 @dataclass(frozen=True)
@@ -89,20 +89,6 @@ def _explain_stalls(stalls: pl.DataFrame, inferred: InferredSteps, min_skipped: 
         .otherwise(pl.col("unknown_reason").fill_null("skipped")).alias("unknown_reason"))
 
 
-def _explain_events(events: pl.DataFrame, stalls: pl.DataFrame) -> pl.DataFrame:
-    if events.is_empty():
-        return events.with_columns(pl.lit(None, dtype=pl.Utf8).alias("unknown_reason"))
-    dominant = (stalls.group_by("event", "cause", "unknown_reason").agg(pl.col("gap_s").sum().alias("_s"))
-                .sort(["event", "_s"], descending=[False, True]).unique("event", keep="first")
-                .select("event", pl.col("cause").alias("_cause"), pl.col("unknown_reason").alias("_reason")))
-    kept = pl.col("cause").is_in(KEPT).fill_null(False)
-    return (events.join(dominant, on="event", how="left")
-            .with_columns(pl.when(kept).then(pl.col("cause")).otherwise(pl.col("_cause")).alias("cause"),
-                          pl.when(kept).then(pl.lit(None, dtype=pl.Utf8)).otherwise(pl.col("_reason"))
-                          .alias("unknown_reason"))
-            .drop("_cause", "_reason"))
-
-
 def client_stalls(gaps: pl.DataFrame, chunks: pl.DataFrame, requests: pl.DataFrame, params: StallParams,
                   origin_ns: int = 0, pauses: pl.DataFrame | None = None, scrapes: pl.DataFrame | None = None,
                   infer: InferParams | None = None, min_skipped: int = 2) -> ClientStallReport:
@@ -112,7 +98,7 @@ def client_stalls(gaps: pl.DataFrame, chunks: pl.DataFrame, requests: pl.DataFra
     named = requests_for_attribution(requests)
     base = analyze_stalls(gaps, inferred.steps, named, params, origin_ns, pauses, scrapes)
     stalls = _explain_stalls(base.stalls, inferred, min_skipped)
-    events = _explain_events(base.events, stalls)
+    events = event_causes(base.events, stalls)
     summary = stall_summary(stalls, events, inferred.steps, params, origin_ns)
     summary["attribution_source"] = SOURCE if inferred.steps.height else "unavailable"
     reasons = dict(zip(events["event"].to_list(), events["unknown_reason"].to_list(), strict=True)) \

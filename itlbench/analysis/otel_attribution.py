@@ -18,8 +18,8 @@ vLLM's request id where the client recorded the response's id, else by prompt le
 
 What the spans cannot say they do not claim: they carry no engine steps, so a stall that no prefill
 window explains stays `unknown` (reason `no_steps`) unless the client's own records call it `scrape` or
-`client`. An event whose own cause is none of those takes the cause of the stalls that carry most of its
-stalled seconds, as in the client-only attribution (client_attribution.py).
+`client`. An event whose own cause is none of those takes the cause that carries most of its stalled
+seconds, by the rule the client-only attribution uses too (event_cause.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from typing import Any
 import polars as pl
 
 from itlbench.analysis import itl
-from itlbench.analysis.client_attribution import _explain_events, client_only, requests_for_attribution
+from itlbench.analysis.client_attribution import client_only, requests_for_attribution
+from itlbench.analysis.event_cause import KEPT, event_causes
 from itlbench.analysis.stalls import StallParams, analyze_stalls, stall_summary
 from itlbench.analysis.stats import json_safe
 from itlbench.analysis.window import RunWindow, select_window
@@ -40,7 +41,6 @@ from itlbench.analysis.window import RunWindow, select_window
 SOURCE = "vllm_otel"
 SPANS_FILE = "otel_spans.jsonl"
 SPAN_NAME = "llm_request"
-KEPT = ("prefill", "scrape", "client")
 _TTFT = "gen_ai.latency.time_to_first_token"
 _PREFILL = "gen_ai.latency.time_in_model_prefill"
 _QUEUE = "gen_ai.latency.time_in_queue"
@@ -64,16 +64,22 @@ def read_spans(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def run_bounds(run_dir: str | Path, margin_s: float = 1.0) -> tuple[int, int]:
+    """The wall-clock span [run start, run end + `margin_s`] in which the run's requests arrived (ns)."""
+    from itlbench.rundir.reader import read_table
+
+    meta = json.loads(Path(run_dir, "run.json").read_text())
+    offset = clock_offset({"client_samples": read_table(run_dir, "client_samples")})
+    lo = int(meta.get("run_start_ns") or 0)
+    hi = int(meta.get("end_ns") or 2**62) + int(margin_s * 1e9)
+    return lo + offset, hi + offset
+
+
 def spans_for_run(run_dir: str | Path, spans: Iterable[Mapping[str, Any]], margin_s: float = 1.0) -> list[dict[str, Any]]:
     """The spans of requests that arrived during the run (from its start, before which only itlbench's
     start-up probes are sent, to its end + `margin_s`), for a receiver that served several runs (a sweep's points)."""
-    from itlbench.rundir import load_tables
-
-    meta = json.loads(Path(run_dir, "run.json").read_text())
-    offset = clock_offset(load_tables(run_dir))
-    lo = int(meta.get("run_start_ns") or 0)
-    hi = int(meta.get("end_ns") or 2**62) + int(margin_s * 1e9)
-    return [dict(s) for s in spans if lo <= int(s.get("start_ns") or 0) - offset <= hi]
+    lo, hi = run_bounds(run_dir, margin_s)
+    return [dict(s) for s in spans if lo <= int(s.get("start_ns") or 0) <= hi]
 
 
 def clock_offset(tables: Mapping[str, pl.DataFrame]) -> int:
@@ -193,7 +199,7 @@ def otel_report(tables: Mapping[str, pl.DataFrame], window: RunWindow, spans: li
     base = analyze_stalls(itl.steady(gaps), steps, requests_for_attribution(t["all_requests"]), params,
                           window.measure_start_ns, t["client_pauses"], t["scrapes"])
     stalls = _unexplained(base.stalls)
-    events = _explain_events(base.events, stalls)  # as the client-only attribution: the stalls' dominant cause
+    events = event_causes(base.events, stalls)  # the rule every source shares (event_cause.py)
     summary = stall_summary(stalls, events, steps, params, window.measure_start_ns)
     summary["attribution_source"] = SOURCE if steps.height else "unavailable"
     err = matched["arrival_minus_sent_ms"].abs() if matched.height else pl.Series([], dtype=pl.Float64)

@@ -25,8 +25,16 @@ from itlbench.experiments.capacity import (
     write_capacity_json,
 )
 from itlbench.experiments.capacity_report import write_capacity_report
-from itlbench.experiments.served import ServedServer, ServerFailed, check_template, free_port, substitute
+from itlbench.experiments.served import (
+    OTLP_FIELD,
+    ServedServer,
+    ServerFailed,
+    check_template,
+    free_port,
+    substitute,
+)
 from itlbench.experiments.sweep import default_sweep_dir, stopped_early, terminate_as_interrupt
+from itlbench.telemetry.span_capture import SpanCapture, capture, save_and_warn
 from itlbench.units import parse_duration_s
 
 OWNED = ("--rate", "--streams", "--out", "--endpoint", "--repeat")
@@ -34,13 +42,15 @@ OWNED = ("--rate", "--streams", "--out", "--endpoint", "--repeat")
 
 @contextlib.contextmanager
 def _target(serve: str | None, endpoint: str | None, model: str | None, out: Path,
-            timeout_s: float, say: Callable[[str], None]) -> Iterator[tuple[list[str], str]]:
+            timeout_s: float, say: Callable[[str], None],
+            spans: SpanCapture | None = None) -> Iterator[tuple[list[str], str]]:
     """The run flags that point at the server under test, and its name for the report."""
     if serve is None:
         yield ([] if endpoint is None else ["--endpoint", endpoint]), endpoint or "the bundled engine"
         return
     port = free_port()
-    command = substitute(serve, {"port": str(port), **({"model": model} if model else {})})
+    command = substitute(serve, {"port": str(port), **({"model": model} if model else {}),
+                                 **({OTLP_FIELD: spans.traces_url} if spans else {})})
     say(f"server: {command}")
     with ServedServer(command, port, out / "server.log", timeout_s) as server:
         yield ["--endpoint", server.base_url], command
@@ -49,7 +59,7 @@ def _target(serve: str | None, endpoint: str | None, model: str | None, out: Pat
 def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | None, axis: str, start: float,
                  rate_max: float | None, resolution: float, repeat: int, max_points: int, serve: str | None,
                  serve_timeout: str, endpoint: str | None, model: str | None, out: Path | None,
-                 invoke_run: Callable[[list[str]], int]) -> None:
+                 invoke_run: Callable[[list[str]], int], receive_otlp: str | None = None) -> None:
     def say(text: str) -> None:
         console.print(f"[dim]{text}[/]", highlight=False)
 
@@ -61,7 +71,7 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
         if serve is not None and endpoint is not None:
             raise ConfigError("--serve", "given together with --endpoint", "use one: a command to start, or a URL")
         if serve is not None:
-            check_template(serve, [])
+            check_template(serve, [], otlp=receive_otlp is not None)
         plan = CapacityPlan(axis=axis, start=start, load_max=rate_max, resolution=resolution, repeat=repeat,
                             max_points=max_points, slo=slo, budget=parse_stall_budget(stall_budget))
         timeout_s = parse_duration_s(serve_timeout, "--serve-timeout")
@@ -71,7 +81,8 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
         target.mkdir(parents=True, exist_ok=True)
         extra = [*run_args, *(["--slo", slo] if slo else []), *(["--model", model] if model else [])]
         counts: dict[float, int] = {}
-        with terminate_as_interrupt() as arm, _target(serve, endpoint, model, target, timeout_s, say) as (flags, name):
+        with terminate_as_interrupt() as arm, capture(receive_otlp, say) as spans, \
+                _target(serve, endpoint, model, target, timeout_s, say, spans) as (flags, name):
 
             def measure(load: float, phase: str, repeats: int) -> SearchPoint:
                 pt = SearchPoint(load, phase)
@@ -86,6 +97,7 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
                     if not (run_dir / "run.json").is_file():
                         raise ItlbenchError(f"capacity: the run at {axis} {plan.fmt(load)} wrote nothing "
                                             f"(exit {code})")
+                    save_and_warn(spans, run_dir, say)
                     pt.runs.append(judge_run(run_dir, slo, plan.budget))
                     if stopped_early(run_dir):  # Ctrl-C or SIGTERM ended the run: end the search
                         raise KeyboardInterrupt

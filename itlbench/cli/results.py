@@ -22,13 +22,19 @@ def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory writte
                      "request spans (--spans) into summary-otel.json.")] = "engine",
             spans: Annotated[Path | None, typer.Option(
                 help="With --attribution otel: the spans, one JSON object a line (default RUN_DIR/otel_spans.jsonl)."
-            )] = None) -> None:
+            )] = None,
+            server_log: Annotated[Path | None, typer.Option(
+                help="SGLang's server log: its prefill batches (second-resolution stamps) laid beside the "
+                     "client-only attribution's events, into server-log.json.")] = None) -> None:
     """Recompute summary.json from a run directory's records (e.g. after an interrupted run)."""
     from itlbench.analysis.summary import analyze_run
     from itlbench.report.terminal import engine_warnings, print_summary
 
     if not (run_dir / "run.json").is_file():
         fail(ItlbenchError(f"{run_dir} has no run.json: not a run directory"))
+    if server_log is not None:
+        _analyze_server_log(run_dir, server_log, as_json)
+        return
     if attribution not in ("engine", "client", "otel"):
         fail(ConfigError("--attribution", f"{attribution!r} is not a source", "use engine, client or otel"))
     if attribution == "otel":
@@ -69,6 +75,18 @@ def _analyze_otel(run_dir: Path, spans: Path | None, as_json: bool) -> None:
                 f"{found.get('received', 0)} spans matched, attribution_source vllm_otel)")
 
     _analyze_beside(run_dir, lambda d: analyze_run_otel(d, spans), "summary-otel.json", "vllm_otel", line, as_json)
+
+
+def _analyze_server_log(run_dir: Path, log: Path, as_json: bool) -> None:
+    """`analyze --server-log FILE`: server-log.json, SGLang's logged prefill batches beside the events."""
+    from itlbench.analysis.sglang_log import analyze_server_log, summary_line
+
+    doc = _summary_written(run_dir, lambda d: analyze_server_log(d, log), "server-log.json")
+    if as_json:
+        print_json({"run_dir": str(run_dir), "server_log": doc})
+        return
+    console.print(summary_line(doc), highlight=False)
+    print(run_dir / "server-log.json")
 
 
 def _analyze_beside(run_dir: Path, compute: Callable[[Path], dict[str, Any]], name: str, source: str,

@@ -16,6 +16,9 @@ from itlbench.units import parse_duration_s
 
 OtlpEndpoint = Annotated[str | None, typer.Option(help="Export OpenTelemetry spans and GenAI metrics over OTLP/HTTP "
                                                   "to this base URL (e.g. http://127.0.0.1:4318).")]
+ReceiveOtlp = Annotated[str | None, typer.Option(help="Receive the server's OTLP/HTTP request spans on [HOST:]PORT (or "
+                                                 "auto) and save each run's to RUN/otel_spans.jsonl (vLLM: "
+                                                 "--otlp-traces-endpoint http://HOST:PORT/v1/traces).")]
 
 
 def check_sim(engine: EngineConfig) -> None:
@@ -80,6 +83,7 @@ def run(
     metrics_port: Annotated[str | None, typer.Option(help="Serve live itlbench_client_* metrics for Prometheus on "
                                                           "this port (PORT or HOST:PORT; loopback by default).")] = None,
     otlp_endpoint: OtlpEndpoint = None,
+    receive_otlp: ReceiveOtlp = None,
     limits: Annotated[str | None, typer.Option(help="Caps on what a server may make the client hold, e.g. "
                                                "event=4MiB,head=64KiB,control=8MiB,metrics=64MiB (the defaults).")] = None,
     extra_body: Annotated[str | None, typer.Option(help="JSON object merged into every request's body, e.g. "
@@ -118,9 +122,13 @@ def run(
                         extra_body=parse_extra_body(extra_body), clock=clock)
         cfg.validate()
         from itlbench.harness.orchestrate import run_load_test
+        from itlbench.telemetry.span_capture import capture, save_and_warn
 
-        with LiveProgress(console, total_s=cfg.duration_s, enabled=live) as progress:
-            run_dir, summary = run_load_test(cfg, progress=progress.update, on_status=progress.status)
+        say = lambda s: console.print(f"[dim]{s}[/]", highlight=False)  # noqa: E731
+        with capture(receive_otlp, say) as spans:
+            with LiveProgress(console, total_s=cfg.duration_s, enabled=live) as progress:
+                run_dir, summary = run_load_test(cfg, progress=progress.update, on_status=progress.status)
+            save_and_warn(spans, run_dir, say)
     except ItlbenchError as exc:
         fail(exc)
         return

@@ -12,6 +12,7 @@ import typer
 
 from itlbench.cli.app import AsJson, app, console, fail, print_json
 from itlbench.cli.engine_options import engine_config_from_flags, engine_options
+from itlbench.cli.run import ReceiveOtlp
 from itlbench.errors import ItlbenchError
 from itlbench.serving.build import require_engine_for
 
@@ -30,8 +31,8 @@ def sweep(
     set_: Annotated[list[str] | None, typer.Option("--set", help="A setting of your own for --serve: "
                                                    "name=v1,v2 fills {name} in the template (repeatable).")] = None,
     serve: Annotated[str | None, typer.Option(help="Server command template, run once per point: {port} (a free "
-                                              "loopback port) and every swept setting ({chunk_budget}, …) "
-                                              "are filled in.")] = None,
+                                              "loopback port), every swept setting ({chunk_budget}, …) "
+                                              "and, with --receive-otlp, {otlp_endpoint} are filled in.")] = None,
     serve_timeout: Annotated[str, typer.Option(help="How long a --serve server may take to answer /health.")] = "600s",
     model: Annotated[str | None, typer.Option(help="The served model's name (with --serve; also fills {model}), or "
                                               "the bundled engine's preset.")] = None,
@@ -39,6 +40,7 @@ def sweep(
                                         "figure a 95 % interval and a significance verdict.")] = 1,
     out: Annotated[Path | None, typer.Option(help="Sweep directory (default reports/<time>-sweep-…).")] = None,
     slo: Annotated[str | None, typer.Option(help="SLOs for each run and the verdict.")] = None,
+    receive_otlp: ReceiveOtlp = None,
     as_json: AsJson = False,
 ) -> None:
     """Run the same seeded workload once per point (any `itlbench run` option after these), then compare.
@@ -57,6 +59,7 @@ def sweep(
     )
     from itlbench.report.compare import write_compare_report
     from itlbench.report.compare_print import comparison_doc, print_comparison
+    from itlbench.telemetry.span_capture import capture
     from itlbench.units import parse_duration_s
 
     run_args = list(ctx.args) + (["--slo", slo] if slo else []) + (["--model", model] if model else [])
@@ -72,12 +75,17 @@ def sweep(
             budgets = "256,512,2048,8192,none"
         axes = parse_axes(budgets, policy, max_num_seqs, rate, streams, set_)
         plan = SweepPlan(axes, repeat=repeat, serve=serve, model=model,
-                         serve_timeout_s=parse_duration_s(serve_timeout, "--serve-timeout"))
+                         serve_timeout_s=parse_duration_s(serve_timeout, "--serve-timeout"),
+                         otlp=receive_otlp is not None)
         target = out or default_sweep_dir(run_args)
+
+        def say(s: str) -> None:
+            console.print(f"[dim]{s}[/]", highlight=False)
+
         # with --json, stdout carries one document: each run's own stdout line goes to stderr
-        with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
-            result = run_sweep(plan, run_args, target, invoke_run,
-                               on_status=lambda s: console.print(f"[dim]{s}[/]"))
+        with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext(), \
+                capture(receive_otlp, say) as spans:
+            result = run_sweep(plan, run_args, target, invoke_run, on_status=say, spans=spans)
         missing = missing_lines(result)
         for line in missing:
             console.print(f"[yellow]{line}[/]", highlight=False)
@@ -131,12 +139,13 @@ def capacity(
                                               "(streams: one apart).")] = 0.1,
     repeat: Annotated[int, typer.Option(help="Runs per point near the boundary (a point meets only if all do).")] = 2,
     max_points: Annotated[int, typer.Option(help="Most points the search may run.")] = 14,
-    serve: Annotated[str | None, typer.Option(help="Server command template ({port}, {model}), started once for "
-                                              "the search.")] = None,
+    serve: Annotated[str | None, typer.Option(help="Server command template ({port}, {model}; {otlp_endpoint} with "
+                                              "--receive-otlp), started once for the search.")] = None,
     serve_timeout: Annotated[str, typer.Option(help="How long a --serve server may take to answer /health.")] = "600s",
     endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (…/v1) of a running server.")] = None,
     model: Annotated[str | None, typer.Option(help="Served model name, or the bundled engine's preset.")] = None,
     out: Annotated[Path | None, typer.Option(help="Directory (default reports/<time>-capacity-…).")] = None,
+    receive_otlp: ReceiveOtlp = None,
 ) -> None:
     """Search the highest rate (or stream count) at which every SLO and the stall budget hold; any `itlbench run`
     option after these sets the workload.
@@ -147,7 +156,8 @@ def capacity(
 
     run_capacity(ctx.args, slo=slo, stall_budget=stall_budget, axis=axis, start=start, rate_max=rate_max,
                  resolution=resolution, repeat=repeat, max_points=max_points, serve=serve,
-                 serve_timeout=serve_timeout, endpoint=endpoint, model=model, out=out, invoke_run=invoke_run)
+                 serve_timeout=serve_timeout, endpoint=endpoint, model=model, out=out, invoke_run=invoke_run,
+                 receive_otlp=receive_otlp)
 
 
 @app.command()

@@ -2,7 +2,7 @@
 
 The engines people run take their chunk budget as a start-up flag, so a sweep over it must restart
 the server. itlbench fills the template (`{port}`: a free loopback port; every swept setting by its
-name), starts it in its own session (its own process group), waits until `/health` or `/v1/models`
+name; `{otlp_endpoint}`: with --receive-otlp, the traces URL of itlbench's span receiver), starts it in its own session (its own process group), waits until `/health` or `/v1/models`
 answers, and afterwards stops the whole group: SIGTERM, then SIGKILL after a grace period. Its
 output goes to a log file that the sweep keeps beside the run. The child also asks Linux to SIGTERM it
 if itlbench dies (and `itlbench serve` dies with its parent by ITLBENCH_PARENT_PID), so not even a
@@ -50,9 +50,17 @@ def template_fields(template: str) -> set[str]:
                           "write placeholders as {port}, {chunk_budget}; double a literal brace: {{") from None
 
 
-def check_template(template: str, swept: list[str]) -> None:
-    """{port} must be there (itlbench chooses it) and every swept setting too (else the sweep changes nothing)."""
+OTLP_FIELD = "otlp_endpoint"  # filled with the traces URL of the command's --receive-otlp receiver
+
+
+def check_template(template: str, swept: list[str], otlp: bool = False) -> None:
+    """{port} must be there (itlbench chooses it) and every swept setting too (else the sweep changes nothing);
+    {otlp_endpoint} only where the command receives spans (`otlp`)."""
     names = template_fields(template)
+    if OTLP_FIELD in names and not otlp:
+        raise ConfigError("--serve", "the template has {otlp_endpoint} but nothing receives spans",
+                          "add --receive-otlp auto (itlbench then fills in its receiver's traces URL)")
+    names.discard(OTLP_FIELD)
     if "port" not in names:
         raise ConfigError("--serve", "the template has no {port}", "add e.g. --port {port}: itlbench picks a free one")
     missing = [n for n in swept if n not in names]

@@ -23,6 +23,7 @@ from typing import Any
 from itlbench.errors import ConfigError
 from itlbench.experiments.points import Axis, Point, grid
 from itlbench.experiments.served import (
+    OTLP_FIELD,
     ServedServer,
     ServerFailed,
     check_template,
@@ -31,6 +32,7 @@ from itlbench.experiments.served import (
     tail,
 )
 from itlbench.report.data import read_json
+from itlbench.telemetry.span_capture import SpanCapture, save_and_warn
 
 OWNED_FLAGS = ("--chunk-budget", "--policy", "--out", "--max-num-seqs")
 InvokeRun = Callable[[list[str]], int]
@@ -45,12 +47,13 @@ class SweepPlan:
     serve: str | None = None
     serve_timeout_s: float = 600.0
     model: str | None = None
+    otlp: bool = False  # --receive-otlp: {otlp_endpoint} may appear in the template
 
     def __post_init__(self) -> None:
         if self.repeat < 1:
             raise ConfigError("--repeat", f"must be ≥ 1, got {self.repeat}", "e.g. --repeat 3")
         if self.serve is not None:
-            check_template(self.serve, [a.name for a in self.axes if a.name not in ("rate", "streams")])
+            check_template(self.serve, [a.name for a in self.axes if a.name not in ("rate", "streams")], self.otlp)
         elif any(a.user for a in self.axes):
             raise ConfigError("--set", "only a --serve template knows what a setting of your own means",
                               "add --serve 'CMD … {name} …', or sweep an itlbench flag")
@@ -164,7 +167,7 @@ def annotate_run(run_dir: Path, point: Point, repeat: int, of: int, command: str
 
 def _runs_of_point(plan: SweepPlan, point: Point, point_dir: Path, args: list[str], invoke_run: InvokeRun,
                    result: PointResult, server: ServedServer | None, on_status: Callable[[str], None],
-                   arm: Callable[[], None]) -> bool:
+                   arm: Callable[[], None], spans: SpanCapture | None = None) -> bool:
     """The point's repeats; False when the sweep must stop (a run was interrupted or refused its options)."""
     for i in range(1, plan.repeat + 1):
         run_dir = point_dir if plan.repeat == 1 else point_dir / f"run{i}"
@@ -174,6 +177,7 @@ def _runs_of_point(plan: SweepPlan, point: Point, point_dir: Path, args: list[st
         arm()
         if (run_dir / "run.json").is_file():
             annotate_run(run_dir, point, i, plan.repeat, result.command)
+            save_and_warn(spans, run_dir, on_status)
             result.runs.append(run_dir)
         if server is not None and server.died() is not None:
             result.failed = f"the server exited with code {server.died()} during the run"
@@ -186,9 +190,10 @@ def _runs_of_point(plan: SweepPlan, point: Point, point_dir: Path, args: list[st
 
 
 def run_sweep(plan: SweepPlan, run_args: list[str], out_dir: Path, invoke_run: InvokeRun,
-              on_status: Callable[[str], None] = lambda s: None) -> SweepResult:
+              on_status: Callable[[str], None] = lambda s: None, spans: SpanCapture | None = None) -> SweepResult:
     """Run every point (in order) into out_dir/<point>; writes sweep.json as it goes.
-    `invoke_run(args)` runs `itlbench run args` and returns its exit code."""
+    `invoke_run(args)` runs `itlbench run args` and returns its exit code; `spans` (--receive-otlp) fills
+    {otlp_endpoint} and takes each run's spans into its directory."""
     check_run_args(run_args, plan.serve is not None)
     points = plan.points
     if out_dir.exists() and any(out_dir.iterdir()):
@@ -204,9 +209,10 @@ def run_sweep(plan: SweepPlan, run_args: list[str], out_dir: Path, invoke_run: I
                 args = [*run_args, *point.run_args(served=plan.serve is not None)]
                 try:
                     if plan.serve is None:
-                        go_on = _runs_of_point(plan, point, point_dir, args, invoke_run, pr, None, on_status, arm)
+                        go_on = _runs_of_point(plan, point, point_dir, args, invoke_run, pr, None, on_status, arm,
+                                               spans)
                     else:
-                        go_on = _served_point(plan, point, point_dir, args, invoke_run, pr, on_status, arm)
+                        go_on = _served_point(plan, point, point_dir, args, invoke_run, pr, on_status, arm, spans)
                 except SweepAborted:
                     if n == 1:
                         _remove_if_empty(out_dir)
@@ -226,10 +232,12 @@ def run_sweep(plan: SweepPlan, run_args: list[str], out_dir: Path, invoke_run: I
 
 
 def _served_point(plan: SweepPlan, point: Point, point_dir: Path, args: list[str], invoke_run: InvokeRun,
-                  pr: PointResult, on_status: Callable[[str], None], arm: Callable[[], None]) -> bool:
+                  pr: PointResult, on_status: Callable[[str], None], arm: Callable[[], None],
+                  spans: SpanCapture | None) -> bool:
     assert plan.serve is not None
     port = free_port()
-    values = {"port": str(port), **({"model": plan.model} if plan.model else {}), **point.placeholders()}
+    values = {"port": str(port), **({"model": plan.model} if plan.model else {}), **point.placeholders(),
+              **({OTLP_FIELD: spans.traces_url} if spans else {})}
     pr.command = substitute(plan.serve, values)
     # `itlbench run` wants an empty run directory: the log waits beside it and moves in when the server stops
     server = ServedServer(pr.command, port, point_dir.parent / f".{point.dirname}.server.log", plan.serve_timeout_s)
@@ -237,7 +245,7 @@ def _served_point(plan: SweepPlan, point: Point, point_dir: Path, args: list[str
     try:
         with server:
             return _runs_of_point(plan, point, point_dir, [*args, "--endpoint", server.base_url], invoke_run, pr,
-                                  server, on_status, arm)
+                                  server, on_status, arm, spans)
     except ServerFailed as exc:
         pr.failed = exc.reason
         on_status(f"  point {point.dirname} failed: {exc.reason}; its log: {point_dir / 'server.log'}")

@@ -50,6 +50,7 @@ class RunData:
     engine: EngineLabel
     cut_short: list[str] = field(default_factory=list)
     window_inferred: bool = False
+    inferred_cache: dict[str, Any] = field(default_factory=dict)  # report/inferred.py's steps, computed once
 
     @property
     def t0_ns(self) -> int:

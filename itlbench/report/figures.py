@@ -19,6 +19,7 @@ from matplotlib.patches import Patch
 
 from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.report.data import RunData
+from itlbench.report.inferred import InferredView, inferred_view
 from itlbench.report.style import (
     DECODE,
     GOOD,
@@ -45,13 +46,14 @@ class FigureSpec:
     caption: str
     figure: Figure | None = None
     note: str | None = None
+    inferred: bool = False  # drawn from steps inferred from the client's stamps, not from a step log
 
 
-def _steps_s(data: RunData, whole_run: bool = False) -> pl.DataFrame:
+def _steps_s(data: RunData, whole_run: bool = False, steps: pl.DataFrame | None = None) -> pl.DataFrame:
     """Steps in the window (or all of them) with seconds since measure start and durations."""
     t0 = data.t0_ns
-    steps = data.steps if whole_run else data.steps.filter((pl.col("end_ns") > t0) &
-                                                           (pl.col("start_ns") < data.window.end_ns))
+    steps = data.steps if steps is None else steps
+    steps = steps if whole_run else steps.filter((pl.col("end_ns") > t0) & (pl.col("start_ns") < data.window.end_ns))
     return (steps
             .with_columns(((pl.col("start_ns") - t0) / 1e9).alias("t_s"),
                           ((pl.col("end_ns") - pl.col("start_ns")) / 1e9).alias("dur_s"),
@@ -70,16 +72,41 @@ def _zoom(data: RunData, spans: list[InjectedSpan]) -> tuple[float, float, str]:
     return 0.0, data.window.seconds, "the whole measured window"
 
 
+INFERRED_CAPTION = ("Inferred, not logged: {engine} publishes no step log, so each step is reconstructed from the "
+                    "client's kernel receive stamps (one cluster of chunks across streams per step; a step's width "
+                    "is its spacing, step plus hand-off) and its prefill tokens are estimated from "
+                    "usage.prompt_tokens.{cut}")
+
+
+def inferred_for(data: RunData) -> InferredView | None:
+    """The inferred steps of a run without a step log, over the engine-steps figure's span (computed once)."""
+    if "view" not in data.inferred_cache:
+        lo, hi, _ = _zoom(data, injected_spans(data, whole_run=True))
+        data.inferred_cache["view"] = inferred_view(data, lo, hi)
+    return data.inferred_cache["view"]  # type: ignore[no-any-return]
+
+
 def engine_steps_figure(data: RunData) -> FigureSpec:
     caption = ("Each bar is one engine step, as wide as it took, its tokens stacked: all red is a prefill step, "
                "red on blue a mixed step, blue a decode step; the token budget is dashed and the black line "
                "is each step's duration.")
     spec = FigureSpec("engine_steps", "The engine's steps", caption)
     steps = _steps_s(data, whole_run=True)
+    view = None
     if steps.is_empty():
-        return _engine_metrics(data, spec)
+        view = inferred_for(data)
+        if view is None or view.steps.is_empty():
+            return _engine_metrics(data, spec)
+        steps = _steps_s(data, whole_run=True, steps=view.steps)
+        cut = (f" Only the first {(view.hi_ns - view.lo_ns) / 1e9:.1f} s of the span are drawn (the run is large)."
+               if view.cut else "")
+        spec.title, spec.inferred = "The engine's steps (inferred from the client's stamps)", True
+        spec.caption = caption.replace("; the token budget is dashed", "") + " " + \
+            INFERRED_CAPTION.format(engine=data.engine.name, cut=cut)
     spans = injected_spans(data, whole_run=True)
     lo, hi, where = _zoom(data, spans)
+    if view is not None and view.cut:
+        hi = min(hi, (view.hi_ns - data.t0_ns) / 1e9)
     s = steps.filter((pl.col("t_s") + pl.col("dur_s") > lo) & (pl.col("t_s") < hi))
     fig = new_figure(4.6)
     ax = fig.subplots()
@@ -92,8 +119,10 @@ def engine_steps_figure(data: RunData) -> FigureSpec:
         ax.axvline(data.window.seconds, color="#555555", linestyle=":", linewidth=1)
         ax.text(data.window.seconds, 0.5, " end of the measured window", rotation=90, fontsize=8,
                 transform=ax.get_xaxis_transform(), va="center")
-    budgets = s["token_budget"].drop_nulls()
-    if budgets.len():
+    budgets = s["token_budget"].drop_nulls() if "token_budget" in s.columns else None
+    if budgets is None:
+        pass  # inferred steps: the client cannot see the engine's budget
+    elif budgets.len():
         b = int(budgets.max())  # type: ignore[arg-type]
         ax.axhline(b, color="black", linestyle="--", linewidth=1)
         ax.text(lo, b, f" token budget {b:,}", va="bottom", fontsize=8)
@@ -115,7 +144,8 @@ def engine_steps_figure(data: RunData) -> FigureSpec:
     handles = [Patch(color=DECODE, label="decode tokens"), Patch(color=PREFILL, label="prefill tokens"),
                Line2D([], [], color="black", linewidth=2, label="step duration (right axis)")]
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
-    ax.set_title(f"Engine steps {where}: {s.height:,} steps, longest {fmt_s(float(w.max()) if len(w) else None)}",
+    kind = "Inferred engine steps" if view is not None else "Engine steps"
+    ax.set_title(f"{kind} {where}: {s.height:,} steps, longest {fmt_s(float(w.max()) if len(w) else None)}",
                  fontsize=11, loc="left")
     spec.figure = fig
     return spec
@@ -306,10 +336,22 @@ def split_figure(data: RunData) -> FigureSpec:
     spec = FigureSpec("split", "Prefill : decode split", caption)
     split = data.summary.get("split") or {}
     p, d = split.get("prefill_s"), split.get("decode_s")
+    inferred = False
+    if (p is None or d is None) and data.steps.is_empty() and (view := inferred_for(data)) is not None:
+        if view.split is None:
+            spec.note = f"No prefill:decode split: {view.split_note}."
+            return spec
+        split, inferred = view.split, True
+        p, d = split.get("prefill_s"), split.get("decode_s")
+        spec.title, spec.inferred = "Prefill : decode split (estimated from inferred steps)", True
+        spec.caption = ("Estimated, not measured: engine time in prefill vs decode over the measured window from the "
+                        f"steps inferred from the client's stamps ({data.engine.name} publishes no step log and no "
+                        "prefill/decode counters itlbench reads): a prefill step counts whole, a mixed one by its "
+                        "spacing beyond the decode cadence, the rest as decode.")
     if p is None or d is None or (p + d) <= 0:
         spec.note = f"No prefill:decode split: {split.get('source', 'unavailable')} ({data.engine.source})."
         return spec
-    rows = [("engine time", p, d, fmt_s)]
+    rows = [("engine time" if not inferred else "inferred engine time", p, d, fmt_s)]
     steps = _steps_s(data)
     if steps.height:
         rows.append(("tokens", float(steps["prefill_tokens"].sum()), float(steps["decode_tokens"].sum()),

@@ -295,7 +295,21 @@ def build_document(data: RunData) -> Document:
     ]
     subtitle = (f"{data.name} · {data.engine.name} · measured {data.window.seconds:.1f} s · "
                 f"{_hardware_line(data.doc)}")
-    return Document(title_of(data), subtitle, callouts(data), sections, reproduce_command(data.doc))
+    return Document(title_of(data), subtitle, callouts(data) + inferred_callout(data, list(figs.values())), sections,
+                    reproduce_command(data.doc))
+
+
+def inferred_callout(data: RunData, figs: list[Any]) -> list[Callout]:
+    """Which figures are inferred rather than logged (a run without a step log), said once at the top."""
+    names = [f.title for f in figs if getattr(f, "inferred", False)]
+    if not names:
+        return []
+    return [Callout("info", f"Inferred, not logged: {data.engine.name} publishes no step log, so "
+                            f"{' and '.join(repr(n) for n in names)} {'are' if len(names) > 1 else 'is'} drawn from "
+                            "engine steps reconstructed from the client's kernel receive stamps (accuracy against a "
+                            "real step log: docs/perf/attribution.md). The stall causes here are the step-log "
+                            f"attribution's; `itlbench analyze {data.run_dir} --attribution client` attributes them "
+                            "on the inferred steps.")]
 
 
 def _hardware_line(doc: dict[str, Any]) -> str:

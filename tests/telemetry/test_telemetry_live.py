@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from itlbench.harness.bundled_server import free_port
-from itlbench.testing.otlp_receiver import OtlpReceiver
+from itlbench.telemetry.otlp_receiver import OtlpReceiver
 from tests.support.dashboards import ROOT, dashboards, substitute, targets
 
 pytestmark = pytest.mark.e2e
