@@ -17,6 +17,13 @@ DEFINITIONS: dict[str, str] = {
         "(last − first chunk) / (tokens − 1)), and per-token (a chunk carrying k tokens splits its gap into k). "
         "Token bundling is detected and warned about. Steady views exclude injected requests' own gaps."
     ),
+    "reasoning": (
+        "Reasoning streams: TTFA (time to first answer token) = the first chunk after the reasoning (content or "
+        "a tool call) − the scheduled send time, beside TTFT, which counts the first reasoning token. "
+        "A chunk that arrives before the request's first answer chunk is reasoning; a gap takes the phase of "
+        "the chunk that closes it, so the gap into the answer is the answer phase's first (also shown alone). "
+        "Phase ITL pools the steady gaps of requests that reasoned; the section appears only when one did."
+    ),
     "stall": (
         "Stall: a gap ≥ max(stall_factor × the stream's median gap, stall_floor). Reported: count, total "
         "stalled seconds (sum of the stalled gaps), worst gap, victim streams, and attribution: which "

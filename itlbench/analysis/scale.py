@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from itlbench.analysis import itl
+from itlbench.analysis import itl, reasoning
 from itlbench.analysis.crosscheck import WorstGap, gap_frame_worst
 from itlbench.analysis.goodput import request_itl
 from itlbench.analysis.partitions import by_partition, chunk_rows, partitions
@@ -58,6 +58,8 @@ class ChunkFigures:
     injected: Pooled = field(default_factory=Pooled)  # injected requests' gaps (itl_all = both)
     per_token: Pooled = field(default_factory=Pooled)  # steady gap / k, weight k
     late: Pooled = field(default_factory=Pooled)  # kernel-stamped steady gaps' late bound (s)
+    reasoning_itl: Pooled = field(default_factory=Pooled)  # steady gaps of requests that reasoned, by phase
+    answer_itl: Pooled = field(default_factory=Pooled)
     steady_gaps: int = 0
     kernel: int = 0
     shared: int = 0
@@ -68,6 +70,7 @@ class ChunkFigures:
     worst_gap: WorstGap | None = None
     stalls: pl.DataFrame | None = None  # find_stalls rows, its order
     request_itl: pl.DataFrame | None = None
+    handoff: pl.DataFrame | None = None  # per request that reasoned: the gap into its answer (reasoning.handoff_rows)
     tpot: pl.DataFrame | None = None
     spans: pl.DataFrame | None = None  # per request with gaps in the window: request_id, injected, lo_ns, hi_ns,
     # gaps, mean_s, max_s, median_s
@@ -96,10 +99,15 @@ class Context:
 
 
 def _gap_values(gaps: pl.DataFrame) -> pl.DataFrame:
-    """What pass 2 replays: each windowed gap, whether it is injected, its tokens, its late bound."""
+    """What pass 2 replays: each windowed gap, whether it is injected, its tokens, its late bound, and
+    its phase (`reasoning.gap_phase`) as 1 reasoning, 2 answer, 0 a request that did not reason."""
     return gaps.select("gap_s", "injected", "n_tokens",
                        pl.when((pl.col("stamp") == "kernel") & ~pl.col("injected"))
-                       .then(pl.col("late_bound_ns").cast(pl.Float64) / 1e9).alias("late_s"))
+                       .then(pl.col("late_bound_ns").cast(pl.Float64) / 1e9).alias("late_s"),
+                       pl.col("phase").replace_strict(_PHASE_CODES, default=0, return_dtype=pl.Int8).alias("phase"))
+
+
+_PHASE_CODES = {"reasoning": 1, "answer": 2}
 
 
 def _tpot_rows(chunks: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame:
@@ -129,9 +137,12 @@ def _one(chunks: pl.DataFrame, ctx: Context, acc: ChunkFigures, parts: dict[str,
     lo, hi = ctx.window.measure_start_ns, ctx.window.end_ns
     every = itl.gap_table(chunks, ctx.all_requests)
     gaps = every.filter((pl.col("t_ns") >= lo) & (pl.col("t_ns") < hi))
+    gaps = reasoning.gap_phase(gaps, ctx.all_requests)
     steady = itl.steady(gaps)
     values = _gap_values(gaps)
     _pass(values, acc.itl, acc.injected, acc.per_token, acc.late)
+    _phase_pass(values, acc.reasoning_itl, acc.answer_itl)
+    parts["handoff"].append(reasoning.handoff_rows(gaps))
     kernel = steady.filter(pl.col("stamp") == "kernel")
     acc.steady_gaps += steady.height
     acc.kernel += kernel.height
@@ -179,6 +190,15 @@ def _pass(values: pl.DataFrame, steady: Pooled | Selection, injected: Pooled | S
     late.add(values["late_s"].drop_nulls().to_numpy())
 
 
+def _phase_pass(values: pl.DataFrame, reasoning_slot: Pooled | Selection, answer_slot: Pooled | Selection) -> None:
+    """Feed the steady gaps of requests that reasoned to their phase's pooled figure."""
+    steady = ~values["injected"].to_numpy()
+    phase = values["phase"].to_numpy()
+    gap = values["gap_s"].to_numpy()
+    reasoning_slot.add(gap[steady & (phase == _PHASE_CODES["reasoning"])])
+    answer_slot.add(gap[steady & (phase == _PHASE_CODES["answer"])])
+
+
 _ITL_QS = tuple(QUANTILES.values())
 _LATE_QS = (0.99, 0.90)
 
@@ -188,12 +208,15 @@ def _select(acc: ChunkFigures, replay: list[pl.DataFrame | Path]) -> None:
     all_gaps = acc.all_gaps()
     sels = {"itl_s": acc.itl.selection(_ITL_QS), "itl_all_s": all_gaps.selection(_ITL_QS),
             "itl_per_token_s": acc.per_token.selection(_ITL_QS),
-            "late_bound_s": acc.late.selection(_LATE_QS)}
+            "late_bound_s": acc.late.selection(_LATE_QS),
+            "itl_reasoning_s": acc.reasoning_itl.selection(_ITL_QS), "itl_answer_s": acc.answer_itl.selection(_ITL_QS)}
     for item in replay:
         values = pl.read_ipc(item) if isinstance(item, Path) else item
         _pass(values, sels["itl_s"], _Nowhere(), sels["itl_per_token_s"], sels["late_bound_s"])
         _pass(values, sels["itl_all_s"], None, _Nowhere(), _Nowhere())
-    pooled = {"itl_s": acc.itl, "itl_all_s": all_gaps, "itl_per_token_s": acc.per_token, "late_bound_s": acc.late}
+        _phase_pass(values, sels["itl_reasoning_s"], sels["itl_answer_s"])
+    pooled = {"itl_s": acc.itl, "itl_all_s": all_gaps, "itl_per_token_s": acc.per_token, "late_bound_s": acc.late,
+              "itl_reasoning_s": acc.reasoning_itl, "itl_answer_s": acc.answer_itl}
     for name, sel in sels.items():
         n = pooled[name].count
         acc.quantiles[name] = {k: (sel.quantile(q) if n >= min_samples(q) else None)
@@ -225,7 +248,7 @@ def chunk_figures(run_dir: str | Path, window: RunWindow, all_requests: pl.DataF
                   max(1, math.ceil(rows / SAMPLE_POINTS)))
     acc = ChunkFigures(token_bins=np.zeros(max(1, math.ceil(window.seconds))))
     parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("stalls", "request_itl", "spans", "open_gaps",
-                                                            "sample", "tpot")}
+                                                            "sample", "tpot", "handoff")}
     with partitions(run_dir, count) as pieces:
         acc.partitions = len(pieces)
         keep = Path(tempfile.mkdtemp(prefix="itlbench-gaps-")) if len(pieces) > 1 else None
@@ -248,5 +271,6 @@ def chunk_figures(run_dir: str | Path, window: RunWindow, all_requests: pl.DataF
     stalls = _concat(parts["stalls"])
     acc.stalls = stalls.sort("t_prev_ns", "request_id") if stalls.height else parts["stalls"][0]
     acc.request_itl, acc.tpot = _concat(parts["request_itl"]), _concat(parts["tpot"]).sort("request_id")
+    acc.handoff = _concat(parts["handoff"])
     acc.spans, acc.open_gaps, acc.sample = (_concat(parts[k]) for k in ("spans", "open_gaps", "sample"))
     return acc

@@ -28,6 +28,10 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
   gpu.nvml  'NVML', or 'no NVML: <why>' alone; with NVML also gpu.{samples,power_w_mean,sm_util_mean,
             mem_util_mean,energy_j,energy_per_output_token_j}  (the window's NVML samples, analysis/gpu.py)
   bundling.{fraction,chunks,bundled_chunks,tokens_per_chunk,warn_fraction,warning}
+  reasoning  null unless some request of the window reasoned (streamed delta.reasoning[_content]); then
+             {requests,answered,request_share,chunk_share,ttfa_s.<bucket|all>.{TTFT keys},ttfa_by_class_s.<cls>,
+             reasoning_s.{TTFT keys},itl_reasoning_s.{ITL keys},itl_answer_s.{ITL keys},handoff_s.{TTFT keys}}
+             (analysis/reasoning.py: TTFT to the first answer token, each phase's pooled steady gaps)
   valid, validity.{reasons,affected,standing,disturbances,figures,thresholds}  (each client delay judged
                     against the figure it distorts; `affected` names keys, `standing` the headline figures
                     that hold; `disturbances` the reasons from outside the client: cut connections, late
@@ -54,7 +58,7 @@ from pathlib import Path
 
 import polars as pl
 
-from itlbench.analysis import itl, ttft
+from itlbench.analysis import itl, reasoning, ttft
 from itlbench.analysis.buckets import prompt_tokens
 from itlbench.analysis.cache import cache_summary
 from itlbench.analysis.crosscheck import engine_check, output_token_check, prompt_token_check
@@ -152,6 +156,10 @@ def summarize(
                               tag_gaps(itl.steady(gaps), t["all_chunks"], all_requests, t["client_pauses"]),
                               requests=live_in(all_requests, window.measure_start_ns, window.end_ns), steps=steps)
     windowed = t["all_chunks"].filter((pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
+    phased = reasoning.gap_phase(gaps, all_requests)
+    itl_section["reasoning"] = reasoning.section(
+        reasoning.request_table(ttft_rows, requests), requests, reasoning.pooled_phase(phased, "reasoning"),
+        reasoning.pooled_phase(phased, "answer"), reasoning.handoff_rows(phased))
     out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judge(ttft_rows, gaps, slos), slos, validity,
                     throughput(requests, windowed, window.seconds), engine_check(requests, chunks, steps), gpu_status)
     return json_safe(out)  # type: ignore[return-value]
@@ -183,6 +191,10 @@ def summarize_dir(
         "itl_per_token_s": describe_pooled(c.per_token, c.quantiles["itl_per_token_s"], itl.ITL_KEYS),
         "tpot_s": itl.tpot(c.tpot.filter(~pl.col("injected"))),  # type: ignore[union-attr]
         "bundling": itl.bundling_of(c.chunks, c.bundled, c.tokens),
+        "reasoning": reasoning.section(
+            reasoning.request_table(ttft_rows, requests), requests,
+            describe_pooled(c.reasoning_itl, c.quantiles["itl_reasoning_s"], itl.ITL_KEYS),
+            describe_pooled(c.answer_itl, c.quantiles["itl_answer_s"], itl.ITL_KEYS), c.handoff),  # type: ignore[arg-type]
     }
     live = live_in(all_requests, window.measure_start_ns, window.end_ns)  # for what disturbed the window
     tagged = _tagged_gaps(run_dir, window, all_requests, t["client_pauses"]) if c.chunks <= TAG_MAX_CHUNKS else None

@@ -47,16 +47,22 @@ def _ms(v: float | None) -> str:
     return "—" if v is None else f"{v:.3f}"
 
 
+def _ms1(v: float | None) -> str:
+    return "—" if v is None else f"{v:.1f}"
+
+
 def _print(result) -> None:  # noqa: ANN001 - SelftestResult, imported lazily
     from itlbench.report.tables import TextTable, print_table
 
     table = TextTable("Client error against the paced server's send log (ms, absolute)",
                       ["reader", "streams", "chunks", "ITL p50", "ITL p99", "ITL max", "TTFT p50", "TTFT p99",
-                       "TTFT max", f"≤ {result.config.bound_ms:g} ms"], labels=2)
+                       "TTFT max", f"≤ {result.config.bound_ms:g} ms", "CPU wait ms/s", "load"], labels=2,
+                      caption="CPU wait: the client's loop thread runnable without a CPU (what makes user "
+                              "stamps late); load: 1-minute load average at the point's start")
     for r in result.rows:
         table.add_row(r.reader, str(r.streams), f"{r.chunks:,}", _ms(r.itl.p50_ms), _ms(r.itl.p99_ms),
                       _ms(r.itl.max_ms), _ms(r.ttft.p50_ms), _ms(r.ttft.p99_ms), _ms(r.ttft.max_ms),
-                      "yes" if r.holds else "no")
+                      "yes" if r.holds else "no", _ms1(r.cpu_wait_ms_per_s), _ms1(r.load1))
     print_table(console, table)
     for reader, n in result.max_streams_within().items():
         held = f"up to {n} streams" if n is not None else "not even the smallest count"

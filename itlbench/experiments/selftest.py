@@ -6,7 +6,13 @@ with each stream reader; per (N, reader) the errors against that log are
 ITL error = client gap − server gap (consecutive chunks of one stream) and
 TTFT error = client first token − server first send. The answer is the largest stream count whose ITL
 error stays within `bound_ms` at p99 for each reader: above it, this client bends the tails it reports,
-and a run's report can cite that figure. `benchmarks/client_fidelity.py` is the long form (CPU per chunk,
+and a run's report can cite that figure.
+
+User-space stamps (the aiohttp reader, the kernel reader's own read times) are late by however long
+the client waited for a CPU once the bytes were in: on a shared machine that wait, not the reader,
+makes their tail. So each row also says how long the client's loop thread sat runnable without a CPU
+(`cpu_wait_ms_per_s`, Linux schedstat) and the 1-minute load when it began: a user-stamp row is this
+machine's figure at that load, comparable with another only at a like wait. `benchmarks/client_fidelity.py` is the long form (CPU per chunk,
 Locust, peers' clients) built on the same comparison.
 """
 
@@ -14,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import tempfile
+import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -103,6 +111,8 @@ class SelftestRow:
     itl: Errors
     ttft: Errors
     holds: bool  # ITL error p99 within the bound
+    cpu_wait_ms_per_s: float | None = None  # the loop thread's run-queue wait per second of the drive (Linux)
+    load1: float | None = None  # 1-minute load average when the point began
 
 
 @dataclass
@@ -136,11 +146,23 @@ async def _drive(cfg: SelftestConfig, streams: int, url: str, run_dir: Path, rea
         store.close()
 
 
+def run_delay_ns() -> int | None:
+    """This thread's time runnable but waiting for a CPU so far (schedstat's second field), None off Linux."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def measure(cfg: SelftestConfig, streams: int, reader: str) -> SelftestRow:
     proc, url = spawn(PacedConfig(tick_s=cfg.tick_s))
+    load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            asyncio.run(_drive(cfg, streams, url, Path(tmp), reader))
+            wait0, t0 = run_delay_ns(), time.perf_counter_ns()
+            asyncio.run(_drive(cfg, streams, url, Path(tmp), reader))  # the loop runs on this thread
+            wait1, t1 = run_delay_ns(), time.perf_counter_ns()
             log = server_log(url)
             req = read_table(tmp, "requests").select("request_id", "server_request_id")
             chunks = read_table(tmp, "chunks").sort("request_id", "index")
@@ -152,8 +174,9 @@ def measure(cfg: SelftestConfig, streams: int, reader: str) -> SelftestRow:
     by_req = chunks.group_by("request_id", maintain_order=True).agg("t_ns")
     fid = compare(dict(zip(by_req["request_id"].to_list(), by_req["t_ns"].to_list(), strict=True)), server)
     itl = Errors.of(fid.itl_ns)
+    wait = (wait1 - wait0) / 1e6 / ((t1 - t0) / 1e9) if wait0 is not None and wait1 is not None else None
     return SelftestRow(streams, reader, chunks.height, itl, Errors.of(fid.ttft_ns),
-                       itl.p99_ms is not None and itl.p99_ms <= cfg.bound_ms)
+                       itl.p99_ms is not None and itl.p99_ms <= cfg.bound_ms, wait, load1)
 
 
 def run_selftest(cfg: SelftestConfig, on_row: Callable[[SelftestRow], None] | None = None) -> SelftestResult:

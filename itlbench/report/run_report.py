@@ -33,7 +33,7 @@ from itlbench.report.reproduce import reproduce_command
 from itlbench.report.style import fmt_s, fmt_tokens
 from itlbench.report.timeline import injected_spans, layout
 
-DEFINITION_NAMES = {"ttft": "TTFT", "itl": "ITL", "stall": "Stall", "split": "Prefill:decode split",
+DEFINITION_NAMES = {"ttft": "TTFT", "itl": "ITL", "reasoning": "Reasoning streams", "stall": "Stall", "split": "Prefill:decode split",
                     "prompt_buckets": "Prompt buckets", "goodput": "Goodput", "validity": "Validity",
                     "window": "Window", "percentiles": "Percentiles"}
 
@@ -176,6 +176,37 @@ def itl_table(data: RunData) -> Table:
     return Table(["view", "samples", "p50", "p90", "p99", "p99.9", "max"], rows, "Inter-token latency")
 
 
+def reasoning_section(data: RunData) -> Section | None:
+    """TTFT to the first answer token and each phase's ITL, for runs where some request reasoned."""
+    r = data.summary.get("reasoning")
+    if not r:
+        return None
+    share, chunk = r.get("request_share"), r.get("chunk_share")
+    lead = (f"{r.get('requests', 0)} requests streamed reasoning before their answer"
+            + (f" ({share:.0%} of the requests with a first token)" if share is not None else "")
+            + (f"; {chunk:.0%} of their chunks were reasoning" if chunk is not None else "")
+            + f"; {r.get('answered', 0)} reached an answer. TTFT above counts the first reasoning token; "
+            "TTFA counts the first answer token. The gap into the answer is counted in the answer phase.")
+    ttfa = r.get("ttfa_s") or {}
+    rows = []
+    for b in (*BUCKET_LABELS, "all"):
+        d = ttfa.get(b) or {}
+        if d.get("count"):
+            rows.append([b, str(d["count"]), fmt_s(d.get("p50")), fmt_s(d.get("p90")), fmt_s(d.get("p99")),
+                         fmt_s(d.get("max"))])
+    by_bucket = Table(["bucket", "requests", "p50", "p90", "p99", "max"], rows,
+                      "Time to first answer token (TTFA) by prompt bucket")
+    phases = []
+    for key, name in (("reasoning_s", "reasoning time (first token → first answer)"),
+                      ("itl_reasoning_s", "ITL, reasoning phase"), ("itl_answer_s", "ITL, answer phase"),
+                      ("handoff_s", "gap into the answer (one per request)")):
+        d = r.get(key) or {}
+        phases.append([name, f"{d.get('count') or 0:,}", fmt_s(d.get("p50")), fmt_s(d.get("p90")),
+                       fmt_s(d.get("p99")), fmt_s(d.get("max"))])
+    by_phase = Table(["figure", "samples", "p50", "p90", "p99", "max"], phases, "Reasoning and answer phases")
+    return Section("Reasoning and answer").add(lead, by_bucket, by_phase)
+
+
 def totals_table(data: RunData) -> Table:
     s = data.summary
     thr, good, req = s.get("throughput") or {}, s.get("goodput") or {}, s.get("requests") or {}
@@ -287,6 +318,7 @@ def build_document(data: RunData) -> Document:
         story, why,
         Section("Time to first token").add(figs["ttft"], ttft_table(data)),
         Section("Inter-token latency").add(figs["itl_cdf"], itl_table(data)),
+        *([r] if (r := reasoning_section(data)) is not None else []),
         Section("Throughput, split and goodput").add(figs["throughput"], figs["split"], figs["goodput"],
                                                      *goodput_misses(data)),
         reproduce_section(data),

@@ -99,6 +99,7 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
                       caption=None if (itl.get("count") or 0) >= 1000 else "— : too few gaps for that percentile")
     itl_t.add_row(str(itl.get("count", 0)), *_stat_row(itl, ("p50", "p90", "p95", "p99", "p999", "max")))
     print_table(console, itl_t)
+    _print_reasoning(console, summary.get("reasoning"))
     stalls = summary.get("stalls", {})
     split = summary.get("split", {})
     thr = summary.get("throughput", {})
@@ -131,6 +132,32 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
     if clock.get("kind") == "virtual":
         console.print(f"[bold]Clock[/] virtual: {escape(str(clock.get('note') or 'simulated time'))}", highlight=False)
     print_engine_warnings(console, run_dir)
+
+
+def _print_reasoning(console: Console, r: dict[str, Any] | None) -> None:
+    """Only for runs where some request reasoned: TTFT to the first answer token beside TTFT, and the
+    reasoning and answer phases' ITL apart (the gap into the answer counts as the answer's)."""
+    if not r:
+        return
+    share = r.get("request_share")
+    chunk = r.get("chunk_share")
+    console.print(f"[bold]Reasoning[/] {r.get('requests', 0)} requests reasoned"
+                  + (f" ({share:.0%} of those with a first token)" if share is not None else "")
+                  + (f", {chunk:.0%} of their chunks reasoning" if chunk is not None else "")
+                  + f"; {r.get('answered', 0)} reached an answer", highlight=False)
+    table = TextTable("Reasoning streams: first answer token (s) and ITL by phase (ms)",
+                      ("figure", "count", "p50", "p90", "p99", "max"),
+                      caption="ITL answer includes the gap into the answer (also alone as 'gap into answer')")
+    ttfa = (r.get("ttfa_s") or {}).get("all") or {}
+    keys = ("p50", "p90", "p99", "max")
+    table.add_row("TTFA (s)", str(ttfa.get("count", 0)), *_stat_row(ttfa, keys, _s))
+    reason = r.get("reasoning_s") or {}
+    table.add_row("reasoning time (s)", str(reason.get("count", 0)), *_stat_row(reason, keys, _s))
+    for label, key in (("ITL reasoning (ms)", "itl_reasoning_s"), ("ITL answer (ms)", "itl_answer_s"),
+                       ("gap into answer (ms)", "handoff_s")):
+        d = r.get(key) or {}
+        table.add_row(label, str(d.get("count", 0)), *_stat_row(d, keys))
+    print_table(console, table)
 
 
 def engine_warnings(run_dir: Path) -> list[str]:

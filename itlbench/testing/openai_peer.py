@@ -52,6 +52,8 @@ class PeerConfig:
     reasoning_chunks: int = 0
     reasoning_field: str = "reasoning_content"
     answer_shape: str = "content"
+    # the wait before each reasoning chunk (None: tick_s), so the two phases' ITL differ by construction
+    reasoning_tick_s: float | None = None
 
 
 @dataclass
@@ -185,8 +187,11 @@ class OpenAIPeer:
                       usage: dict[str, object], fault: str | None) -> None:
         obj = "chat.completion.chunk" if chat else "text_completion"
         for i in range(n_out):
-            await asyncio.sleep(self.cfg.tick_s)
-            self.counters.decode_s += self.cfg.tick_s
+            tick = self.cfg.tick_s
+            if i < self.cfg.reasoning_chunks and self.cfg.reasoning_tick_s is not None:
+                tick = self.cfg.reasoning_tick_s
+            await asyncio.sleep(tick)
+            self.counters.decode_s += tick
             choice = {"index": 0, "finish_reason": "length" if i == n_out - 1 else None}
             choice.update({"delta": self._delta(i)} if chat else {"text": " x"})
             await resp.write(_sse({"id": rid, "object": obj, "model": self.cfg.model, "choices": [choice]}))

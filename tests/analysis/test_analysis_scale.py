@@ -51,12 +51,15 @@ def random_run(path: Path, seed: int, streams: int = 12) -> Path:
                            "read_chunks": 2 if shared else 1})
         if i == streams - 1:
             continue  # a stream whose request row was never written (a killed run)
+        think = int(rng.integers(1, n + 1)) if i % 3 == 1 else 0  # reasoning chunks first; = n: never answered
+        answer_ns = None if think == n else int(t[think])
         store.add("requests", {"request_id": rid, "server_request_id": f"srv-{i}", "workload": "chat",
                                "cls": "injected" if injected else "chat", "injected": injected,
                                "stream": None if injected else i, "prompt_tokens": int(rng.integers(10, 9000)),
                                "max_tokens": n, "scheduled_ns": t0 - 5 * MS, "sent_ns": t0 - 4 * MS,
                                "first_token_ns": int(t[0]), "last_token_ns": int(t[-1]), "done_ns": int(t[-1]) + MS,
                                "output_tokens": n, "num_chunks": n, "status": "ok" if i % 5 else "error",
+                               "reasoning_chunks": think, "first_answer_ns": answer_ns,
                                "http_status": 200})
     order = rng.permutation(len(chunks))
     for batch in np.array_split(order, 7):  # parts hold interleaved pieces of every stream
@@ -92,6 +95,7 @@ def test_every_figure_equals_the_reference_on_random_runs(tmp_path: Path, seed: 
     ref = reference_of_dir(run)
     assert ref["itl_s"]["count"] > 0 and ref["stalls"]["count"] > 0  # type: ignore[index]
     assert ref["validity"]["figures"]["kernel_stamped_share"] > 0  # type: ignore[index]
+    assert ref["reasoning"]["itl_reasoning_s"]["count"] > 0  # type: ignore[index]
     for count in (1, 2, 5):
         assert differences(_ours(run, count), ref) == [], f"{count} partitions"
 

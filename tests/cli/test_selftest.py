@@ -56,6 +56,10 @@ def test_a_real_point_sees_every_send_after_it_was_sent() -> None:
     # 4 streams at one chunk per 20 ms tick for 1.5 s: about 300 chunks (startup and drain take some)
     assert 150 <= row.chunks <= 320
     assert row.ttft.p50_ms is not None and row.itl.p99_ms is not None and row.itl.max_ms >= row.itl.p99_ms
+    # the loop thread's run-queue wait per second: a share of each second, read from schedstat on Linux
+    assert row.cpu_wait_ms_per_s is not None and 0.0 <= row.cpu_wait_ms_per_s <= 1000.0
+    assert row.load1 is not None and row.load1 >= 0.0
+
 
 
 def test_the_command_prints_json_and_refuses_bad_flags() -> None:
