@@ -10,11 +10,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import functools
-import importlib.metadata
-import json
-import platform
 import re
-import secrets
 import shutil
 import signal
 import time
@@ -25,19 +21,19 @@ from typing import TYPE_CHECKING, Any
 
 from itlbench import __version__
 from itlbench.analysis.goodput import parse_slo
-from itlbench.analysis.summary import analyze_run
 from itlbench.core.presets import load_model_config
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.harness.connect import Connection, connect
+from itlbench.harness.finish import finish_run_dir
 from itlbench.harness.http_json import request_json
 from itlbench.harness.run_config import RunConfig
+from itlbench.harness.run_doc import config_doc, hardware, load_spec, versions
 from itlbench.load.driver import DriveResult, ProgressSnapshot, Warmup, drive
 from itlbench.load.multiproc import drive_workers
 from itlbench.load.observers.gpu_sampler import GpuSampler, nvml_index, why_not_sampled
 from itlbench.load.observers.metrics_sampler import MetricsSampler
 from itlbench.load.observers.steps_follower import StepsFollower
 from itlbench.load.target import Target
-from itlbench.rundir.compact import compact_run
 from itlbench.rundir.store import RunStore
 from itlbench.workloads.build import LoadSpec, build_load_plan
 from itlbench.workloads.catalog import get_workload
@@ -65,46 +61,12 @@ def default_run_dir(cfg: RunConfig) -> Path:
     return cfg.reports_dir / "-".join(parts)
 
 
-def _hardware() -> dict[str, Any]:
-    import os
-
-    import psutil
-
-    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
-                            "cpu_count": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-                            "processor": platform.processor()}
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-        info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:
-        info["torch"] = None
-    return info
 
 
-VERSIONED = ("itlbench", "torch", "aiohttp", "polars", "numpy", "prometheus-client", "uvloop")
 
 
-def _versions() -> dict[str, str | None]:
-    """Installed versions of what shapes a measurement (client stack and analysis)."""
-    out: dict[str, str | None] = {}
-    for name in VERSIONED:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
 
 
-def _load_spec(cfg: RunConfig, conn: Connection) -> LoadSpec:
-    """The run's load. Unless `--reuse-prompts`, a fresh salt makes every prompt new to the server."""
-    return LoadSpec(
-        workload=cfg.workload, streams=cfg.streams, rate=cfg.rate, burstiness=cfg.burstiness,
-        duration_s=cfg.duration_s, inject=cfg.inject, inject_max_tokens=cfg.inject_max_tokens,
-        seed=cfg.seed, max_model_len=conn.max_model_len, trace_path=cfg.trace, trace_time_scale=cfg.time_scale,
-        token_ids=conn.vocab_size is not None, vocab_size=conn.vocab_size or 0,
-        tokens_per_word=conn.tokens_per_word, prompt_salt=None if cfg.reuse_prompts else secrets.token_hex(4))
 
 
 @dataclass
@@ -243,13 +205,13 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         raise ConfigError("--out", f"{run_dir} already holds a run", "choose a new directory")
     created = not run_dir.exists()  # a directory the user made stays, emptied, if nothing is measured
     if cfg.virtual_clock:  # the simulator in-process on a discrete-event clock: no server, no sleeping
-        from itlbench.sim.virtual_run import run_virtual
+        from itlbench.harness.virtual_run import run_virtual
 
         return run_virtual(cfg, run_dir, created, on_status)
     telemetry = _start_telemetry(cfg)  # before the engine: a port in use fails first
     store = RunStore(run_dir)
     run_doc: dict[str, Any] = {"itlbench_version": __version__, "created": dt.datetime.now(dt.UTC).isoformat(),
-                               "config": _config_doc(cfg), "hardware": _hardware(), "versions": _versions(),
+                               "config": config_doc(cfg), "hardware": hardware(), "versions": versions(),
                                "stall_factor": cfg.stall_factor, "stall_floor_s": cfg.stall_floor_s, "slo": cfg.slo}
     result: DriveResult | None = None
     run_doc["driver"] = driver_doc = {"name": cfg.driver, "workers": cfg.workers}
@@ -269,7 +231,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
     try:
         run_doc.update(conn.doc)
         _connect_telemetry(telemetry, cfg, conn, run_dir, run_doc)
-        spec = _load_spec(cfg, conn)
+        spec = load_spec(cfg, conn)
         run_doc["plan"] = build_load_plan(spec).description
         t0 = time.perf_counter_ns()  # a provisional window, kept current at every flush (a SIGKILLed run)
         measure = t0 + int(cfg.warmup_s * 1e9)
@@ -296,14 +258,8 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
             run_doc["stop_reason"] = result.stop_reason
         if result is not None and result.aborted_reason:
             run_doc["aborted_reason"] = result.aborted_reason
-        store.write_json("run.json", run_doc)
-    # an hour-long run's thousands of 2 s parts become a few files (crash-safe); run.json says how many
-    run_doc["compaction"] = {c.table: {"parts_before": c.parts_before, "parts_after": c.parts_after,
-                                       "rows": c.rows} for c in compact_run(run_dir)}
-    store.write_json("run.json", run_doc)
-    summary = analyze_run(run_dir)
-    store.write_json("summary.json", summary)
-    return run_dir, summary
+        store.write_json("run.json", run_doc)  # also when the run raised: its records stay readable
+    return finish_run_dir(run_dir, store, run_doc)
 
 
 def _start_gpu_sampler(cfg: RunConfig, conn: Connection, store: RunStore,
@@ -370,7 +326,7 @@ def _preflight(cfg: RunConfig) -> None:
         attention_preflight(cfg.engine)  # e.g. --attention flash where flash-attn is missing
     conn = Connection(target=None, max_model_len=max_len, vocab_size=model.vocab_size,  # type: ignore[arg-type]
                       steps_url=None, metrics_url=None)
-    build_load_plan(_load_spec(cfg, conn))
+    build_load_plan(load_spec(cfg, conn))
 
 
 def _window(result: DriveResult | None, started_ns: int, cfg: RunConfig) -> dict[str, int]:
@@ -380,10 +336,3 @@ def _window(result: DriveResult | None, started_ns: int, cfg: RunConfig) -> dict
     return {"run_start_ns": result.run_start_ns, "measure_start_ns": result.measure_start_ns,
             "end_ns": result.end_ns}
 
-
-def _config_doc(cfg: RunConfig) -> dict[str, Any]:
-    doc = {k: v for k, v in vars(cfg).items() if k not in ("engine", "api_key")}
-    doc["engine"] = cfg.engine.as_dict() if cfg.endpoint is None else None
-    doc["api_key_set"] = bool(cfg.api_key)
-    doc["limits"] = vars(cfg.limits)
-    return json.loads(json.dumps(doc, default=str))

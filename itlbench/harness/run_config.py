@@ -58,13 +58,11 @@ class RunConfig:
     otlp_endpoint: str | None = None  # OTLP/HTTP base URL for spans and GenAI metrics (client and bundled server)
     limits: Limits = field(default_factory=Limits)  # caps on what a server may make the client hold (--limits)
     extra_body: dict[str, Any] = field(default_factory=dict)  # fields added to every request (--extra-body)
-    clock: str = "auto"  # auto | virtual | real: the simulator in-process on a virtual clock, or served (harness/clock.py)
+    clock: str = "auto"  # auto | virtual | real: the simulator in-process on a virtual clock, or served (resolve_clock below)
 
     @property
     def virtual_clock(self) -> bool:
-        """True when the run drives the simulator in-process on a virtual clock (harness/clock.py)."""
-        from itlbench.harness.clock import resolve_clock
-
+        """True when the run drives the simulator in-process on a virtual clock (resolve_clock below)."""
         return resolve_clock(self) == "virtual"
 
     def validate(self) -> None:
@@ -161,3 +159,38 @@ def parse_extra_body(text: str | None) -> dict[str, Any]:
         raise ConfigError("--extra-body", f"sets {', '.join(own)}, which the workload decides",
                           "use --workload, --api and the load flags for those")
     return doc
+
+
+# Which clock a run's simulated engine runs on (`itlbench run --clock`).
+# virtual: the engine in-process on a discrete-event clock (harness.virtual_run): each step moves time by
+# its predicted duration and nothing sleeps, so minutes of simulated load take seconds. real: the
+# bundled server paces the simulator in real time and the load driver measures it over HTTP like any
+# engine (client, network and server included). auto, the default, is virtual for the simulator
+# unless the run asks for something only the served path has, and real for every other engine.
+CLOCKS = ("auto", "virtual", "real")
+
+
+def served_only(cfg: RunConfig) -> list[str]:
+    """The flags of `cfg` that need the served, real-time path (a client, a server, wall time)."""
+    needs = [("--disaggregate", cfg.engine.disaggregate), ("--sim-time-scale", cfg.engine.sim_time_scale != 1),
+             ("--workers", cfg.workers > 1), ("--driver locust", cfg.driver == "locust"),
+             ("--metrics-port", cfg.metrics_port is not None), ("--otlp-endpoint", cfg.otlp_endpoint is not None),
+             ("--api chat", cfg.api == "chat")]
+    return [flag for flag, given in needs if given]
+
+
+def resolve_clock(cfg: RunConfig) -> str:
+    """'virtual' or 'real' for this run; a clock the run cannot have is a ConfigError naming --clock."""
+    if cfg.clock not in CLOCKS:
+        raise ConfigError("--clock", f"unknown clock {cfg.clock!r}", "use auto, virtual or real")
+    simulated = cfg.endpoint is None and cfg.engine.engine == "sim"
+    if cfg.clock == "real" or (cfg.clock == "auto" and not simulated):
+        return "real"
+    if not simulated:
+        raise ConfigError("--clock", "virtual time needs the bundled simulator",
+                          "add --engine sim (and drop --endpoint), or use --clock real")
+    served = served_only(cfg)
+    if served and cfg.clock == "virtual":
+        raise ConfigError("--clock", f"{', '.join(served)} needs the served simulator in real time",
+                          "use --clock real (or auto), or drop " + served[0])
+    return "real" if served else "virtual"

@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from itlbench import __version__
-from itlbench.analysis.summary import analyze_run
 from itlbench.core.engine import Engine
 from itlbench.core.presets import load_model_config
 from itlbench.harness.connect import Connection
+from itlbench.harness.finish import finish_run_dir
 from itlbench.harness.run_config import RunConfig
+from itlbench.harness.run_doc import config_doc, hardware, load_spec, versions
 from itlbench.load.driver import Warmup
 from itlbench.load.observers.gpu_sampler import why_not_sampled
-from itlbench.rundir.compact import compact_run
 from itlbench.rundir.store import RunStore
 from itlbench.sim.runner import offline_engine
 from itlbench.sim.virtual_drive import VirtualDrive, VirtualLimits
@@ -53,8 +53,6 @@ def run_virtual(cfg: RunConfig, run_dir: Path, created: bool,
                 on_status: Callable[[str], None] = lambda s: None) -> tuple[Path, dict[str, Any]]:
     """Run `cfg` on the virtual clock into `run_dir`; returns (run directory, summary) like
     `run_load_test`. A configuration the engine refuses leaves no directory behind."""
-    from itlbench.harness.orchestrate import _config_doc, _hardware, _load_spec, _versions
-
     on_status(f"simulating {cfg.engine.model} on a virtual clock")
     model = load_model_config(cfg.engine.model)
     try:
@@ -65,10 +63,10 @@ def run_virtual(cfg: RunConfig, run_dir: Path, created: bool,
         raise
     conn = Connection(target=None, max_model_len=engine.max_model_len,  # type: ignore[arg-type]
                       vocab_size=model.vocab_size, steps_url=None, metrics_url=None)
-    plan = build_load_plan(_load_spec(cfg, conn))  # a fresh prompt salt unless --reuse-prompts, as served
+    plan = build_load_plan(load_spec(cfg, conn))  # a fresh prompt salt unless --reuse-prompts, as served
     run_doc: dict[str, Any] = {
         "itlbench_version": __version__, "created": dt.datetime.now(dt.UTC).isoformat(),
-        "config": _config_doc(cfg), "hardware": _hardware(), "versions": _versions(),
+        "config": config_doc(cfg), "hardware": hardware(), "versions": versions(),
         "stall_factor": cfg.stall_factor, "stall_floor_s": cfg.stall_floor_s, "slo": cfg.slo,
         "clock": "virtual", "clock_note": CLOCK_NOTE,
         "driver": {"name": "virtual", "workers": 1},
@@ -92,10 +90,4 @@ def run_virtual(cfg: RunConfig, run_dir: Path, created: bool,
                    stop_reason=result.stop_reason)
     if result.aborted_reason:
         run_doc["aborted_reason"] = result.aborted_reason
-    store.write_json("run.json", run_doc)  # compaction reads it
-    run_doc["compaction"] = {c.table: {"parts_before": c.parts_before, "parts_after": c.parts_after,
-                                       "rows": c.rows} for c in compact_run(run_dir)}
-    store.write_json("run.json", run_doc)
-    summary = analyze_run(run_dir)
-    store.write_json("summary.json", summary)
-    return run_dir, summary
+    return finish_run_dir(run_dir, store, run_doc)
