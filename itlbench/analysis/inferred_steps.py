@@ -25,7 +25,10 @@ was sent, but no earlier than the step that finished the prefill of the request 
 prefill runs one prompt after another; R's head may share that step with its predecessor's tail). A step's
 start is known only as the arrival of the previous step's tokens, which trails the engine's own start by the
 tokens' trip: a request sent within that trip after a step began is taken to have joined it (an error of one
-step at the head of its span, seen in 1 of 20 benchmark runs, docs/perf/attribution.md).
+step at the head of its span, seen in 1 of 20 benchmark runs, docs/perf/attribution.md). One exception: when
+the step R was sent in lasts on for `slow_factor` cadences or more after the send and no earlier prefill
+ended in it, R's prefill began in it (an engine idle between steps admits a request on arrival; a busy
+one would have ended that step within a cadence).
 Prefill tokens (`usage.prompt_tokens` − cached, else the planned length) are spread over R's steps by
 their excess over the decode cadence (evenly when none exceeds it): an estimate, marked as such.
 """
@@ -112,9 +115,10 @@ def _cluster(exact: pl.DataFrame, split: int) -> pl.DataFrame:
     return occ.with_columns(pl.struct("_c", "_o").rank("dense").cast(pl.Int64).sub(1).alias("step")).drop("_c", "_o")
 
 
-def _prefill_spans(requests: pl.DataFrame, first: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+def _prefill_spans(requests: pl.DataFrame, first: pl.DataFrame, steps: pl.DataFrame,
+                   params: InferParams) -> pl.DataFrame:
     """Per request with a first token: its prefill's first and last inferred step (module docstring)."""
-    starts = steps["start_ns"].to_numpy()
+    starts, ends = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
     reqs = (requests.select("request_id", "server_request_id", "sent_ns", *_token_cols(requests))
             .join(first, on="request_id", how="inner").drop_nulls("sent_ns").sort("sent_ns", "request_id"))
     if reqs.is_empty():
@@ -122,11 +126,29 @@ def _prefill_spans(requests: pl.DataFrame, first: pl.DataFrame, steps: pl.DataFr
                                     "last_step": pl.Int64, "tokens": pl.Int64})
     last = reqs["last_step"].to_numpy()
     ids = steps["step"].to_numpy()
-    after_sent = ids[np.minimum(np.searchsorted(starts, reqs["sent_ns"].to_numpy(), side="left"), ids.size - 1)]
+    sent = reqs["sent_ns"].to_numpy()
+    pos = np.searchsorted(starts, sent, side="left")  # the first step that started after the send
     prev_done = np.concatenate([[-1], np.maximum.accumulate(last)[:-1]])
+    after_sent = ids[np.minimum(pos, ids.size - 1)]
+    joined = _joined_on_arrival(pos, sent, starts, ends, ids, prev_done, params)
+    after_sent = np.where(joined, ids[np.maximum(pos - 1, 0)], after_sent)
     first_step = np.minimum(np.maximum(after_sent, np.minimum(prev_done, last)), last)
     return reqs.with_columns(pl.Series("first_step", first_step, dtype=pl.Int64)).select(
         "request_id", "server_request_id", "first_step", "last_step", "tokens")
+
+
+def _joined_on_arrival(pos: np.ndarray, sent: np.ndarray, starts: np.ndarray, ends: np.ndarray, ids: np.ndarray,
+                       prev_done: np.ndarray, params: InferParams) -> np.ndarray:
+    """Per request: True where the step it was sent in lasted on for `slow_factor` decode cadences or more
+    after the send, and no earlier request's prefill ended in it. A step that began before the send ends
+    within about one cadence unless something ran in it: an engine idle between its steps (or one that
+    admits a request mid-step) started this request's prefill on arrival, inside that step."""
+    inside = pos - 1
+    ok = (inside >= 0) & (pos <= ids.size)
+    k = np.clip(inside, 0, max(ids.size - 1, 0))
+    cadence = float(np.median(ends - starts)) if ids.size else 0.0
+    remainder = np.where(ok, ends[k] - sent, 0)
+    return ok & (sent < ends[k]) & (remainder >= params.slow_factor * cadence) & (ids[k] > prev_done)
 
 
 def _token_cols(requests: pl.DataFrame) -> list[pl.Expr]:
@@ -158,7 +180,7 @@ def infer_steps(chunks: pl.DataFrame, requests: pl.DataFrame, params: InferParam
                                             right_on="end_ns", strategy="backward").drop("end_ns"))
     first = (placed.filter(pl.col("index") == 0).drop_nulls("step")
              .group_by("request_id").agg(pl.col("step").min().alias("last_step")))
-    spans = _prefill_spans(requests, first, ends)
+    spans = _prefill_spans(requests, first, ends, params)
     steps = _with_prefills(ends, spans, first, params)
     cadence = _cadence(steps)
     return InferredSteps(steps, placed, spans.join(steps.select("step", "start_ns"), left_on="first_step",

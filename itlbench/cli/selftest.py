@@ -25,6 +25,10 @@ def selftest(
                                               "aiohttp (user-space stamps).")] = "kernel,aiohttp",
     duration: Annotated[str, typer.Option(help="Load per point (e.g. 4s).")] = "4s",
     bound_ms: Annotated[float, typer.Option(help="ITL error p99 a stream count must stay within (ms).")] = 1.0,
+    tokens: Annotated[int, typer.Option(help="Tokens per request (the streams run in step: every request "
+                                             "ends on one tick).")] = 100,
+    first_delay: Annotated[str, typer.Option(help="The paced server's wait before a request's first token "
+                                                  "(its prefill).")] = "50ms",
     as_json: AsJson = False,
 ) -> None:
     """Measure this machine's client: ITL and TTFT error against a paced server's send log, per stream
@@ -32,7 +36,8 @@ def selftest(
     from itlbench.experiments.selftest import SelftestConfig, run_selftest
     try:
         cfg = SelftestConfig(streams=_counts(streams), readers=tuple(r.strip() for r in readers.split(",") if r),
-                             duration_s=parse_duration_s(duration, "--duration"), bound_ms=bound_ms)
+                             duration_s=parse_duration_s(duration, "--duration"), bound_ms=bound_ms,
+                             tokens=tokens, first_delay_s=parse_duration_s(first_delay, "--first-delay"))
     except ItlbenchError as exc:
         fail(exc)
     result = run_selftest(cfg, on_row=None if as_json else

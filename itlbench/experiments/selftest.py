@@ -44,7 +44,13 @@ class SelftestConfig:
     streams: tuple[int, ...] = (10, 50, 100, 200)
     readers: tuple[str, ...] = ("kernel", "aiohttp")
     duration_s: float = 4.0
-    tokens: int = 64  # per request: long enough for many gaps, short enough to see many first tokens
+    # per request, and the paced server's wait before the first token (its prefill): the long study's
+    # shape (benchmarks/client_fidelity.py), so the two measure the same thing. The streams run in step,
+    # so every request ends on the same tick, and a user-space reader stamps the last chunks of the later
+    # streams behind the earlier ones' completions (~0.2 ms each): shorter requests put more of those
+    # gaps above p99; with no first-token wait, first tokens meet the client still sending the others
+    tokens: int = 100
+    first_delay_s: float = 0.05
     tick_s: float = 0.02
     bound_ms: float = 1.0
 
@@ -56,6 +62,11 @@ class SelftestConfig:
             raise ConfigError("--readers", f"unknown reader(s) {bad}", "use kernel and/or aiohttp")
         if self.duration_s <= 0 or self.tick_s <= 0 or self.bound_ms <= 0:
             raise ConfigError("--duration", "duration, tick and bound must be > 0", "e.g. --duration 4s")
+        if self.tokens < 2:
+            raise ConfigError("--tokens", f"needs at least 2 tokens per request (for a gap), got {self.tokens}",
+                              "e.g. --tokens 100")
+        if self.first_delay_s < 0:
+            raise ConfigError("--first-delay", f"must be ≥ 0, got {self.first_delay_s:g} s", "e.g. --first-delay 50ms")
 
 
 @dataclass
@@ -156,7 +167,7 @@ def run_delay_ns() -> int | None:
 
 
 def measure(cfg: SelftestConfig, streams: int, reader: str) -> SelftestRow:
-    proc, url = spawn(PacedConfig(tick_s=cfg.tick_s))
+    proc, url = spawn(PacedConfig(tick_s=cfg.tick_s, first_delay_s=cfg.first_delay_s))
     load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     try:
         with tempfile.TemporaryDirectory() as tmp:

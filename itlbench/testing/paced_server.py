@@ -65,6 +65,7 @@ class _Stream:
     done: asyncio.Future[None]
     sent_tokens: int = 0
     log: list[int] = field(default_factory=list)
+    finished: bool = False  # the finish chunk, usage and [DONE] are written
 
 
 class PacedServer:
@@ -128,14 +129,24 @@ class PacedServer:
         self.active.append(st)
         try:
             await st.done
-            await st.resp.write(self._event(st, {} if st.chat else "", None, finish="length"))
-            if self.cfg.usage:
-                usage = {"prompt_tokens": 7, "completion_tokens": st.sent_tokens, "total_tokens": 7 + st.sent_tokens}
-                await st.resp.write(_sse({"id": st.sid, "object": "chunk", "choices": [], "usage": usage}))
-            await st.resp.write(b"data: [DONE]\n\n")
+            if not st.finished:  # stopped before its last token
+                await self._finish(st)
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         return st.resp
+
+    async def _finish(self, st: _Stream) -> None:
+        """The finish chunk, usage and [DONE], written right behind the last content chunk, in its step
+        (as a server does): written later, from the handler once the step had served every other stream,
+        they and the chunked body's end trailed it by that step's remainder (0.3–0.7 ms at 10 streams), and a
+        client that read the last content chunk together with them got the later segment's kernel stamp for it."""
+        st.finished = True
+        await st.resp.write(self._event(st, {} if st.chat else "", None, finish="length"))
+        if self.cfg.usage:
+            usage = {"prompt_tokens": 7, "completion_tokens": st.sent_tokens, "total_tokens": 7 + st.sent_tokens}
+            await st.resp.write(_sse({"id": st.sid, "object": "chunk", "choices": [], "usage": usage}))
+        await st.resp.write(b"data: [DONE]\n\n")
+        await st.resp.write_eof()  # the chunked body's end too: from the handler it came as late
 
     def _event(self, st: _Stream, content: object, ids: list[int] | None, finish: str | None = None) -> bytes:
         choice: dict[str, object] = {"index": 0, "finish_reason": finish}
@@ -201,6 +212,8 @@ class PacedServer:
             if st.remaining > 0:
                 keep.append(st)
             elif not st.done.done():
+                with contextlib.suppress(ConnectionResetError, RuntimeError):
+                    await self._finish(st)
                 st.done.set_result(None)
         self.active = keep
         return decoded

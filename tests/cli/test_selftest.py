@@ -44,7 +44,7 @@ def test_errors_are_absolute_milliseconds() -> None:
 
 
 @pytest.mark.parametrize("kw", [{"streams": ()}, {"streams": (0,)}, {"readers": ("auto",)}, {"readers": ("x",)},
-                                {"duration_s": 0.0}])
+                                {"duration_s": 0.0}, {"tokens": 1}, {"first_delay_s": -0.01}])
 def test_bad_settings_name_the_flag(kw: dict) -> None:
     with pytest.raises(ConfigError):
         SelftestConfig(**kw)

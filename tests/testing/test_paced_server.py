@@ -41,3 +41,38 @@ def test_word_passes_through_the_command_line():
 
     cfg, _, _ = _parse(["--word", " the", "--tag-text", "True"])
     assert cfg.word == " the" and cfg.tag_text is True
+
+
+def test_a_streams_end_is_written_in_the_step_of_its_last_token_before_the_next_stream_is_served():
+    """Written from the handler after the step, the finish chunk and the body's end trailed the last token
+    by the rest of the step; a reader that took them in one read stamped the last token that late."""
+    import asyncio
+
+    from itlbench.testing.paced_server import PacedServer, _Stream
+
+    wire: list[tuple[str, bytes]] = []
+
+    class Recorder:  # a test double of the response: which stream's bytes went out, in order
+        def __init__(self, sid: str) -> None:
+            self.sid = sid
+
+        async def write(self, data: bytes) -> None:
+            wire.append((self.sid, data))
+
+        async def write_eof(self) -> None:
+            wire.append((self.sid, b"<eof>"))
+
+    async def one_step() -> None:
+        srv = PacedServer(PacedConfig())
+        loop = asyncio.get_running_loop()
+        srv.active = [_Stream(sid, Recorder(sid), False, "paced", left, 0, loop.create_future())  # type: ignore[arg-type]
+                      for sid, left in (("a", 1), ("b", 2))]
+        await srv._step(1)
+        assert [st.sid for st in srv.active] == ["b"] and srv.log == {}
+
+    asyncio.run(one_step())
+    a_end = max(i for i, (sid, _) in enumerate(wire) if sid == "a")
+    assert [sid for sid, _ in wire[: a_end + 1]] == ["a"] * (a_end + 1), wire  # a's token, finish, usage, [DONE], end
+    assert wire[a_end][1] == b"<eof>" and b"[DONE]" in wire[a_end - 1][1]
+    assert any(b'"length"' in data for _, data in wire[:a_end])
+    assert [sid for sid, _ in wire[a_end + 1:]] == ["b"]  # b's token only: it has one left
