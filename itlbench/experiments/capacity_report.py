@@ -10,7 +10,7 @@ from matplotlib.ticker import FuncFormatter
 
 from itlbench.experiments.capacity import CapacityResult, answer_line
 from itlbench.report.document import Callout, Document, Section, Table, Written, write_document
-from itlbench.report.figures import FigureSpec
+from itlbench.report.figure_spec import FigureSpec
 from itlbench.report.style import fmt_s, new_figure, tidy
 
 MET, MISSED = "#2a9d4b", "#c0392b"

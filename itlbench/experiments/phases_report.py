@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from itlbench.report.document import Callout, Document, Section, Table
-from itlbench.report.figures import FigureSpec
+from itlbench.report.figure_spec import FigureSpec
 from itlbench.report.style import DECODE, PREFILL, fmt_s, fmt_tokens, new_figure, tidy
 
 SATURATION_SHARE = 0.9  # throughput within 10 % of its best: saturated

@@ -40,7 +40,7 @@ from itlbench.report.compare_ci import (
 )
 from itlbench.report.data import RunData, load_run
 from itlbench.report.document import Callout, Document, Links, Section, Table, Written, write_document
-from itlbench.report.figures import FigureSpec
+from itlbench.report.figure_spec import FigureSpec
 from itlbench.report.load_curve import load_axis, load_figure
 from itlbench.report.reproduce import reproduce_command
 from itlbench.report.style import RUN_COLORS, fmt_s, gap_cdf_axes, new_figure, tidy

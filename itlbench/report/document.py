@@ -12,7 +12,7 @@ import html
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from itlbench.report.figures import FigureSpec
+from itlbench.report.figure_spec import FigureSpec
 from itlbench.report.style import save_png
 
 

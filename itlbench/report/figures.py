@@ -7,19 +7,15 @@ no injected prompt has nothing to zoom on), never by an empty image.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import polars as pl
 from matplotlib.axes import Axes
-from matplotlib.collections import PolyCollection
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.report.data import RunData
-from itlbench.report.inferred import InferredView, inferred_view
+from itlbench.report.figure_spec import FigureSpec, inferred_for, steps_s
+from itlbench.report.steps_figure import engine_steps_figure
 from itlbench.report.style import (
     DECODE,
     GOOD,
@@ -29,189 +25,11 @@ from itlbench.report.style import (
     PREFILL,
     STREAMING,
     fmt_s,
-    fmt_tokens,
     gap_cdf_axes,
     new_figure,
     tidy,
 )
-from itlbench.report.timeline import InjectedSpan, injected_spans, stall_picture
-
-
-@dataclass
-class FigureSpec:
-    """A figure (or, when the run cannot draw it, a note) with its file stem, title and caption."""
-
-    key: str
-    title: str
-    caption: str
-    figure: Figure | None = None
-    note: str | None = None
-    inferred: bool = False  # drawn from steps inferred from the client's stamps, not from a step log
-
-
-def _steps_s(data: RunData, whole_run: bool = False, steps: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Steps in the window (or all of them) with seconds since measure start and durations."""
-    t0 = data.t0_ns
-    steps = data.steps if steps is None else steps
-    steps = steps if whole_run else steps.filter((pl.col("end_ns") > t0) & (pl.col("start_ns") < data.window.end_ns))
-    return (steps
-            .with_columns(((pl.col("start_ns") - t0) / 1e9).alias("t_s"),
-                          ((pl.col("end_ns") - pl.col("start_ns")) / 1e9).alias("dur_s"),
-                          pl.col("prefill_tokens").fill_null(0), pl.col("decode_tokens").fill_null(0))
-            .sort("start_ns"))
-
-
-def _zoom(data: RunData, spans: list[InjectedSpan]) -> tuple[float, float, str]:
-    """Around the first injected prefill (with margins), else the whole window."""
-    if spans:
-        s = spans[0]
-        pad = max(1.0, 0.15 * (s.end_s - s.start_s))
-        lo, hi = max(0.0, s.start_s - pad), s.end_s + pad  # the whole prefill, even past the window
-        more = f" (first of {len(spans)} injected prompts)" if len(spans) > 1 else ""
-        return lo, hi, f"around {s.request_id}'s prefill{more}"
-    return 0.0, data.window.seconds, "the whole measured window"
-
-
-INFERRED_CAPTION = ("Inferred, not logged: {engine} publishes no step log, so each step is reconstructed from the "
-                    "client's kernel receive stamps (one cluster of chunks across streams per step; a step's width "
-                    "is its spacing, step plus hand-off) and its prefill tokens are estimated from "
-                    "usage.prompt_tokens.{cut}")
-
-
-def inferred_for(data: RunData) -> InferredView | None:
-    """The inferred steps of a run without a step log, over the engine-steps figure's span (computed once)."""
-    if "view" not in data.inferred_cache:
-        lo, hi, _ = _zoom(data, injected_spans(data, whole_run=True))
-        data.inferred_cache["view"] = inferred_view(data, lo, hi)
-    return data.inferred_cache["view"]  # type: ignore[no-any-return]
-
-
-def engine_steps_figure(data: RunData) -> FigureSpec:
-    caption = ("Each bar is one engine step, as wide as it took, its tokens stacked: all red is a prefill step, "
-               "red on blue a mixed step, blue a decode step; the token budget is dashed and the black line "
-               "is each step's duration.")
-    spec = FigureSpec("engine_steps", "The engine's steps", caption)
-    steps = _steps_s(data, whole_run=True)
-    view = None
-    if steps.is_empty():
-        view = inferred_for(data)
-        if view is None or view.steps.is_empty():
-            return _engine_metrics(data, spec)
-        steps = _steps_s(data, whole_run=True, steps=view.steps)
-        cut = (f" Only the first {(view.hi_ns - view.lo_ns) / 1e9:.1f} s of the span are drawn (the run is large)."
-               if view.cut else "")
-        spec.title, spec.inferred = "The engine's steps (inferred from the client's stamps)", True
-        spec.caption = caption.replace("; the token budget is dashed", "") + " " + \
-            INFERRED_CAPTION.format(engine=data.engine.name, cut=cut)
-    spans = injected_spans(data, whole_run=True)
-    lo, hi, where = _zoom(data, spans)
-    if view is not None and view.cut:
-        hi = min(hi, (view.hi_ns - data.t0_ns) / 1e9)
-    s = steps.filter((pl.col("t_s") + pl.col("dur_s") > lo) & (pl.col("t_s") < hi))
-    fig = new_figure(4.6)
-    ax = fig.subplots()
-    x, w = s["t_s"].to_numpy(), s["dur_s"].to_numpy()
-    p, d = s["prefill_tokens"].to_numpy(), s["decode_tokens"].to_numpy()
-    ax.add_collection(_bars(x, w, np.zeros_like(d), d, DECODE, "none", 0.0))
-    ax.add_collection(_bars(x, w, d, d + p, PREFILL, "white", np.where(p > 0, 0.5, 0.0)))
-    ax.autoscale_view()
-    if hi > data.window.seconds:
-        ax.axvline(data.window.seconds, color="#555555", linestyle=":", linewidth=1)
-        ax.text(data.window.seconds, 0.5, " end of the measured window", rotation=90, fontsize=8,
-                transform=ax.get_xaxis_transform(), va="center")
-    budgets = s["token_budget"].drop_nulls() if "token_budget" in s.columns else None
-    if budgets is None:
-        pass  # inferred steps: the client cannot see the engine's budget
-    elif budgets.len():
-        b = int(budgets.max())  # type: ignore[arg-type]
-        ax.axhline(b, color="black", linestyle="--", linewidth=1)
-        ax.text(lo, b, f" token budget {b:,}", va="bottom", fontsize=8)
-    else:
-        ax.text(0.01, 0.97, "unchunked: no token budget (a prompt is prefilled in one step)",
-                transform=ax.transAxes, fontsize=8, va="top")
-    for span in spans:
-        ax.axvspan(span.start_s, span.end_s, color=INJECTED_SPAN, alpha=0.12, linewidth=0, zorder=0)
-    ax.set_xlim(lo, hi)
-    ax.set_ylabel("tokens in the step")
-    ax.set_xlabel("seconds since measurement start")
-    tidy(ax)
-    ax2 = ax.twinx()
-    ax2.hlines(w * 1e3, x, x + w, colors="black", linewidth=2.0, zorder=3)
-    ax2.set_ylabel("step duration (ms)")
-    ax2.set_ylim(bottom=0)
-    ax2.spines["top"].set_visible(False)
-    _annotate_chunks(ax2, data, s, spans)
-    handles = [Patch(color=DECODE, label="decode tokens"), Patch(color=PREFILL, label="prefill tokens"),
-               Line2D([], [], color="black", linewidth=2, label="step duration (right axis)")]
-    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
-    kind = "Inferred engine steps" if view is not None else "Engine steps"
-    ax.set_title(f"{kind} {where}: {s.height:,} steps, longest {fmt_s(float(w.max()) if len(w) else None)}",
-                 fontsize=11, loc="left")
-    spec.figure = fig
-    return spec
-
-
-def _bars(x: np.ndarray, w: np.ndarray, y0: np.ndarray, y1: np.ndarray, color: str, edge: str,
-          linewidth: float | np.ndarray) -> PolyCollection:
-    """Edge-aligned bars as one collection: thousands of steps as `ax.bar`'s Rectangles took seconds."""
-    verts = np.stack([np.stack([x, y0], 1), np.stack([x + w, y0], 1), np.stack([x + w, y1], 1),
-                      np.stack([x, y1], 1)], 1)
-    bars = PolyCollection(verts, facecolors=color, edgecolors=edge, linewidths=linewidth)
-    bars.sticky_edges.y.append(0.0)  # as ax.bar's: the axis starts at zero tokens
-    return bars
-
-
-def _annotate_chunks(ax: Axes, data: RunData, s: pl.DataFrame, spans: list[InjectedSpan]) -> None:
-    """Label the first and the longest step that prefilled the first injected prompt."""
-    if not spans or not spans[0].steps:
-        return
-    sid = data.tables["requests"].filter(pl.col("request_id") == spans[0].request_id)["server_request_id"][0]
-    mine = s.filter(pl.col("prefill_request_ids").list.contains(sid))
-    if mine.height < 2:
-        return
-    first = mine.row(0, named=True)
-    longest = mine.sort("dur_s").row(-1, named=True)
-    for row, what in ((first, "first chunk"), (longest, "longest chunk")):
-        ax.annotate(f"{what}: {fmt_tokens(row['prefill_tokens'])} tokens, {fmt_s(row['dur_s'])}",
-                    xy=(row["t_s"] + row["dur_s"] / 2, row["dur_s"] * 1e3), xytext=(0, 12),
-                    textcoords="offset points", ha="center", fontsize=8,
-                    arrowprops={"arrowstyle": "-", "color": "#444444", "linewidth": 0.6})
-
-
-def _engine_metrics(data: RunData, spec: FigureSpec) -> FigureSpec:
-    """External engines: token rates and queue gauges from their own /metrics samples, if any."""
-    m = data.tables["server_metrics"]
-    rates = []
-    for suffix, label, color in (("prompt_tokens_total", "prompt (prefill) tokens/s", PREFILL),
-                                 ("generation_tokens_total", "generated (decode) tokens/s", DECODE)):
-        series = (m.filter(pl.col("name").str.ends_with(suffix)).group_by("t_ns").agg(pl.col("value").sum())
-                  .sort("t_ns"))
-        if series.height >= 2:
-            t = ((series["t_ns"] - data.t0_ns) / 1e9).to_numpy()
-            v = series["value"].to_numpy()
-            rates.append((t[1:], np.clip(np.diff(v) / np.diff(t), 0, None), label, color))
-    if not rates:
-        spec.note = (f"{data.engine.name} gave no step log and no token counters itlbench reads "
-                     f"({data.engine.source}), so the engine's steps cannot be drawn; the client-side "
-                     "figures below are all this run has.")
-        return spec
-    fig = new_figure(3.8)
-    ax = fig.subplots()
-    for t, r, label, color in rates:
-        ax.step(t, r, where="pre", color=color, label=label)
-    for span in injected_spans(data):
-        ax.axvspan(span.start_s, span.end_s, color=INJECTED_SPAN, alpha=0.15, linewidth=0)
-    ax.set_xlim(0, data.window.seconds)
-    ax.set_ylabel("tokens per second")
-    ax.set_xlabel("seconds since measurement start")
-    ax.legend(fontsize=8, frameon=False)
-    tidy(ax)
-    ax.set_title(f"{data.engine.name}'s own counters between /metrics scrapes (no per-step data: "
-                 "this engine publishes no step log)", fontsize=10, loc="left")
-    spec.caption = ("An external engine publishes no step log, so this shows the rate of its own token "
-                    "counters between scrapes: prompt tokens (prefill) and generated tokens (decode).")
-    spec.figure = fig
-    return spec
+from itlbench.report.timeline import injected_spans, stall_picture
 
 
 def ttft_figure(data: RunData) -> FigureSpec:
@@ -352,7 +170,7 @@ def split_figure(data: RunData) -> FigureSpec:
         spec.note = f"No prefill:decode split: {split.get('source', 'unavailable')} ({data.engine.source})."
         return spec
     rows = [("engine time" if not inferred else "inferred engine time", p, d, fmt_s)]
-    steps = _steps_s(data)
+    steps = steps_s(data)
     if steps.height:
         rows.append(("tokens", float(steps["prefill_tokens"].sum()), float(steps["decode_tokens"].sum()),
                      lambda v: f"{v:,.0f}"))

@@ -16,7 +16,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.report.data import RunData
-from itlbench.report.figures import FigureSpec
+from itlbench.report.figure_spec import FigureSpec
 from itlbench.report.style import RUN_COLORS, fmt_s, new_figure, tidy
 
 LOAD_KEYS = ("rate", "streams")

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from itlbench.cli import app
 from itlbench.report import inferred
 from itlbench.report.data import load_run
-from itlbench.report.figures import engine_steps_figure, split_figure
+from itlbench.report.figures import split_figure
+from itlbench.report.steps_figure import engine_steps_figure
 from itlbench.testing.paced_server import PacedConfig, spawn
 
 pytestmark = pytest.mark.e2e
