@@ -100,8 +100,19 @@ def engine_config_from_flags(flags: dict[str, Any], **changes: Any) -> EngineCon
         if parse is not None and isinstance(value, str):
             values[name] = parse(value)
     if values.get("model") is None:
-        values["model"] = default_preset(values.get("device", "auto"))
+        values["model"] = default_preset(_cuda_for(values.get("device", "auto")))
     return EngineConfig(**values)
+
+
+def _cuda_for(device: str) -> bool:
+    """Whether a run on `device` gets a GPU: asks torch, where it is installed, unless told cpu."""
+    if device == "cpu":
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
 
 
 def given_on_command_line(ctx: typer.Context, names: Iterable[str]) -> list[str]:

@@ -56,16 +56,10 @@ CPU_DEFAULT_PRESET = "cpu-small"
 CUDA_DEFAULT_PRESET = "llama-3.2-1b"
 
 
-def default_preset(device: str = "auto") -> str:
+def default_preset(cuda: bool) -> str:
     """The preset a run uses when none is named: a real-size model where a GPU is, a CPU-sized one
-    elsewhere (imports torch only to ask)."""
-    if device == "cpu":
-        return CPU_DEFAULT_PRESET
-    try:
-        import torch
-    except ImportError:
-        return CPU_DEFAULT_PRESET
-    return CUDA_DEFAULT_PRESET if torch.cuda.is_available() else CPU_DEFAULT_PRESET
+    elsewhere (the caller asks torch whether CUDA is there: the core imports no torch)."""
+    return CUDA_DEFAULT_PRESET if cuda else CPU_DEFAULT_PRESET
 
 
 def load_model_config(spec: str) -> ModelConfig:
