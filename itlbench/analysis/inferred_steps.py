@@ -116,7 +116,7 @@ def _cluster(exact: pl.DataFrame, split: int) -> pl.DataFrame:
 
 
 def _prefill_spans(requests: pl.DataFrame, first: pl.DataFrame, steps: pl.DataFrame,
-                   params: InferParams) -> pl.DataFrame:
+                   slow_ns: float) -> pl.DataFrame:
     """Per request with a first token: its prefill's first and last inferred step (module docstring)."""
     starts, ends = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
     reqs = (requests.select("request_id", "server_request_id", "sent_ns", *_token_cols(requests))
@@ -130,25 +130,21 @@ def _prefill_spans(requests: pl.DataFrame, first: pl.DataFrame, steps: pl.DataFr
     pos = np.searchsorted(starts, sent, side="left")  # the first step that started after the send
     prev_done = np.concatenate([[-1], np.maximum.accumulate(last)[:-1]])
     after_sent = ids[np.minimum(pos, ids.size - 1)]
-    joined = _joined_on_arrival(pos, sent, starts, ends, ids, prev_done, params)
+    joined = _joined_on_arrival(pos, sent, ends, ids, prev_done, slow_ns)
     after_sent = np.where(joined, ids[np.maximum(pos - 1, 0)], after_sent)
     first_step = np.minimum(np.maximum(after_sent, np.minimum(prev_done, last)), last)
     return reqs.with_columns(pl.Series("first_step", first_step, dtype=pl.Int64)).select(
         "request_id", "server_request_id", "first_step", "last_step", "tokens")
 
 
-def _joined_on_arrival(pos: np.ndarray, sent: np.ndarray, starts: np.ndarray, ends: np.ndarray, ids: np.ndarray,
-                       prev_done: np.ndarray, params: InferParams) -> np.ndarray:
-    """Per request: True where the step it was sent in lasted on for `slow_factor` decode cadences or more
-    after the send, and no earlier request's prefill ended in it. A step that began before the send ends
-    within about one cadence unless something ran in it: an engine idle between its steps (or one that
-    admits a request mid-step) started this request's prefill on arrival, inside that step."""
-    inside = pos - 1
-    ok = (inside >= 0) & (pos <= ids.size)
-    k = np.clip(inside, 0, max(ids.size - 1, 0))
-    cadence = float(np.median(ends - starts)) if ids.size else 0.0
-    remainder = np.where(ok, ends[k] - sent, 0)
-    return ok & (sent < ends[k]) & (remainder >= params.slow_factor * cadence) & (ids[k] > prev_done)
+def _joined_on_arrival(pos: np.ndarray, sent: np.ndarray, ends: np.ndarray, ids: np.ndarray,
+                       prev_done: np.ndarray, slow_ns: float) -> np.ndarray:
+    """Per request: True where the step it was sent in (the one before `pos`) lasted on for `slow_ns` or
+    more after the send, and no earlier request's prefill ended in it. A step that began before the send
+    ends within about one cadence unless something ran in it: an engine idle between its steps (or one
+    that admits a request mid-step) started this request's prefill on arrival, inside that step."""
+    k = np.clip(pos - 1, 0, max(ids.size - 1, 0))
+    return (pos >= 1) & (ends[k] - sent >= max(slow_ns, 1.0)) & (ids[k] > prev_done)
 
 
 def _token_cols(requests: pl.DataFrame) -> list[pl.Expr]:
@@ -180,8 +176,9 @@ def infer_steps(chunks: pl.DataFrame, requests: pl.DataFrame, params: InferParam
                                             right_on="end_ns", strategy="backward").drop("end_ns"))
     first = (placed.filter(pl.col("index") == 0).drop_nulls("step")
              .group_by("request_id").agg(pl.col("step").min().alias("last_step")))
-    spans = _prefill_spans(requests, first, ends, params)
-    steps = _with_prefills(ends, spans, first, params)
+    cadence_ns = float((ends["end_ns"] - ends["start_ns"]).median() or 0) if ends.height else 0.0  # type: ignore[arg-type]
+    spans = _prefill_spans(requests, first, ends, params.slow_factor * cadence_ns)
+    steps = _with_prefills(ends, spans, first, params, cadence_ns)
     cadence = _cadence(steps)
     return InferredSteps(steps, placed, spans.join(steps.select("step", "start_ns"), left_on="first_step",
                                                    right_on="step", how="left")
@@ -194,11 +191,11 @@ def _cadence(steps: pl.DataFrame) -> float | None:
     return float(ns_to_s(dec["end_ns"] - dec["start_ns"]).median()) if dec.height else None  # type: ignore[arg-type]
 
 
-def _with_prefills(ends: pl.DataFrame, spans: pl.DataFrame, first: pl.DataFrame, params: InferParams) -> pl.DataFrame:
+def _with_prefills(ends: pl.DataFrame, spans: pl.DataFrame, first: pl.DataFrame, params: InferParams,
+                   cadence_ns: float) -> pl.DataFrame:
     """Each step's prefilling requests, estimated prefill tokens, first tokens and phase."""
     dur = pl.col("end_ns") - pl.col("start_ns")
     base = ends.with_columns(dur.alias("_dur"))
-    cadence_ns = float(base["_dur"].median() or 0) if base.height else 0.0  # type: ignore[arg-type]
     sid = pl.coalesce("server_request_id", "request_id")
     member = (spans.with_columns(pl.int_ranges("first_step", pl.col("last_step") + 1).alias("step"), sid.alias("sid"))
               .explode("step").join(base.select("step", "_dur"), on="step", how="inner")

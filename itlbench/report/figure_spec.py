@@ -37,7 +37,6 @@ def steps_s(data: RunData, whole_run: bool = False, steps: pl.DataFrame | None =
             .sort("start_ns"))
 
 
-
 def zoom(data: RunData, spans: list[InjectedSpan]) -> tuple[float, float, str]:
     """Around the first injected prefill (with margins), else the whole window."""
     if spans:
@@ -47,7 +46,6 @@ def zoom(data: RunData, spans: list[InjectedSpan]) -> tuple[float, float, str]:
         more = f" (first of {len(spans)} injected prompts)" if len(spans) > 1 else ""
         return lo, hi, f"around {s.request_id}'s prefill{more}"
     return 0.0, data.window.seconds, "the whole measured window"
-
 
 
 INFERRED_CAPTION = ("Inferred, not logged: {engine} publishes no step log, so each step is reconstructed from the "
@@ -62,5 +60,3 @@ def inferred_for(data: RunData) -> InferredView | None:
         lo, hi, _ = zoom(data, injected_spans(data, whole_run=True))
         data.inferred_cache["view"] = inferred_view(data, lo, hi)
     return data.inferred_cache["view"]  # type: ignore[no-any-return]
-
-
