@@ -3,7 +3,8 @@
     python benchmarks/sim_vs_published.py [--refit] [--markdown FILE]
 
 For each figure in itlbench/sim/published.py (Sarathi-Serve's Yi-34B TP2 batches on A100 PCIe, Vidur's
-Llama-3-8B GEMM profiles on A100, TensorRT-LLM's Llama-2 first-token latencies on A100 and H100 FP8)
+Llama-3-8B GEMM profiles on A100, TensorRT-LLM's Llama-2 first-token latencies and static batches on
+A100, H100 and L40S, and TensorRT-LLM 1.0's offline throughputs of Llama-3.1-8B and -3.3-70B on H100/H200)
 prints the measured time, the simulator's prediction with the stored fitted parameters (the presets'
 `FIT` and the engines' `ENGINE_PARAMS`), the signed error, and whether the figure is in the fit set or
 held out; then MAPE, median and worst error per set. `--refit` first fits the parameters again on the

@@ -167,6 +167,13 @@ _ADA_WP = "NVIDIA Ada Lovelace architecture whitepaper (GeForce RTX 4090)"
 _B200_DS = "NVIDIA DGX B200 / HGX B200 datasheet (per GPU)"
 FITTED = "fitted to published measurements: itlbench/sim/published.py, docs/perf/sim-vs-published.md"
 ASSUMED_LINK = "assumed: a one-shot all-reduce's fixed cost (launch + synchronisation), not a datasheet figure"
+MIB = 2 ** 20
+# Memory is what the device reports (nvidia-smi's total, what an engine sizes its K/V pool from), not the
+# datasheet's "80 GB" read in decimal units: an H100 80GB reports 81,559 MiB (85.5e9 bytes), 7 % more.
+
+
+def _smi(mib: str) -> str:
+    return f"the device reports {mib} MiB (nvidia-smi), used as its memory"
 
 
 def _gpu(name: str, label: str, bf16: float, fp8: float, bw: float, mem: float, link: str, link_bw: float,
@@ -181,25 +188,29 @@ def _gpu(name: str, label: str, bf16: float, fp8: float, bw: float, mem: float, 
 
 
 _DATASHEETS: dict[str, Hardware] = {
-    "h100": _gpu("h100", "H100 SXM", 989e12, 1979e12, 3.35e12, 80e9, "NVLink 4", 450e9, 8e-6, _H100_DS,
+    "h100": _gpu("h100", "H100 SXM", 989e12, 1979e12, 3.35e12, 81_559 * MIB, "NVLink 4", 450e9, 8e-6, _H100_DS,
                  bf16_src="BF16 1,979 TFLOPS with sparsity (989 dense)", fp8_src="FP8 3,958 TFLOPS with sparsity "
-                 "(1,979 dense)", bw_src="3.35 TB/s HBM3", mem_src="80 GB", link_src="NVLink 900 GB/s "
-                 "(both directions; 450 GB/s each way)"),
-    "h200": _gpu("h200", "H200 SXM", 989e12, 1979e12, 4.8e12, 141e9, "NVLink 4", 450e9, 8e-6, _H200_DS,
+                 "(1,979 dense)", bw_src="3.35 TB/s HBM3",
+                 mem_src=f"80 GB; {_smi('81,559')} (NVIDIA/nccl#1264, modal-labs/modal-client#2797)",
+                 link_src="NVLink 900 GB/s (both directions; 450 GB/s each way)"),
+    "h200": _gpu("h200", "H200 SXM", 989e12, 1979e12, 4.8e12, 143_771 * MIB, "NVLink 4", 450e9, 8e-6, _H200_DS,
                  bf16_src="BF16 1,979 TFLOPS with sparsity (989 dense)", fp8_src="FP8 3,958 TFLOPS with sparsity "
-                 "(1,979 dense)", bw_src="4.8 TB/s HBM3e", mem_src="141 GB", link_src="NVLink 900 GB/s "
-                 "(450 GB/s each way)"),
-    "a100": _gpu("a100", "A100 80GB SXM", 312e12, 0.0, 2.039e12, 80e9, "NVLink 3", 300e9, 8e-6, _A100_DS,
+                 "(1,979 dense)", bw_src="4.8 TB/s HBM3e", mem_src=f"141 GB; {_smi('143,771')} (public logs)",
+                 link_src="NVLink 900 GB/s (450 GB/s each way)"),
+    "a100": _gpu("a100", "A100 80GB SXM", 312e12, 0.0, 2.039e12, 81_920 * MIB, "NVLink 3", 300e9, 8e-6, _A100_DS,
                  bf16_src="BF16 312 TFLOPS dense (624 with sparsity)", fp8_src="no FP8 tensor cores",
-                 bw_src="2,039 GB/s HBM2e (SXM)", mem_src="80 GB", link_src="NVLink 600 GB/s (300 GB/s each way)"),
-    "a100-pcie": _gpu("a100-pcie", "A100 80GB PCIe", 312e12, 0.0, 1.935e12, 80e9, "NVLink bridge", 300e9, 8e-6,
-                      _A100_DS, bf16_src="BF16 312 TFLOPS dense (300 W board; the fit "
-                      "gives it its own GEMM efficiency)", fp8_src="no FP8 tensor cores", bw_src="1,935 GB/s HBM2e (PCIe)",
-                      mem_src="80 GB", link_src="NVLink bridge for 2 GPUs 600 GB/s (300 GB/s each way); "
+                 bw_src="2,039 GB/s HBM2e (SXM)", mem_src=f"80 GB; {_smi('81,920')} (modal-labs/modal-client#2797)",
+                 link_src="NVLink 600 GB/s (300 GB/s each way)"),
+    "a100-pcie": _gpu("a100-pcie", "A100 80GB PCIe", 312e12, 0.0, 1.935e12, 81_920 * MIB, "NVLink bridge", 300e9,
+                      8e-6, _A100_DS, bf16_src="BF16 312 TFLOPS dense (300 W board; the fit "
+                      "gives it its own GEMM efficiency)", fp8_src="no FP8 tensor cores",
+                      bw_src="1,935 GB/s HBM2e (PCIe)", mem_src="80 GB; assumed the SXM board's 81,920 MiB",
+                      link_src="NVLink bridge for 2 GPUs 600 GB/s (300 GB/s each way); "
                       "Sarathi-Serve's Azure NC A100 v4 pairs"),
-    "l40s": _gpu("l40s", "L40S", 362.05e12, 733e12, 864e9, 48e9, "PCIe Gen4 x16", 32e9, 15e-6, _L40S_DS,
+    "l40s": _gpu("l40s", "L40S", 362.05e12, 733e12, 864e9, 46_068 * MIB, "PCIe Gen4 x16", 32e9, 15e-6, _L40S_DS,
                  bf16_src="BF16 362.05 TFLOPS dense (733 with sparsity)", fp8_src="FP8 733 TFLOPS dense "
-                 "(1,466 with sparsity)", bw_src="864 GB/s GDDR6", mem_src="48 GB",
+                 "(1,466 with sparsity)", bw_src="864 GB/s GDDR6",
+                 mem_src=f"48 GB; {_smi('46,068')} (modal-labs/modal-client#2797)",
                  link_src="PCIe Gen4 x16 64 GB/s (32 GB/s each way), no NVLink"),
     "rtx4090": _gpu("rtx4090", "RTX 4090", 165.2e12, 0.0, 1.008e12, 24e9, "PCIe Gen4 x16", 32e9, 15e-6, _ADA_WP,
                     bf16_src="BF16 tensor with FP32 accumulate 165.2 TFLOPS dense (330.4 with sparsity)",

@@ -13,7 +13,10 @@ belongs to the engine (fixed costs per step and per sequence, one set per source
   mlp.csv): one layer's GEMMs of Llama-3-8B on an A100 (median ms), kernel times with no engine around.
 - TensorRT-LLM's published first-token latencies (NVIDIA/TensorRT-LLM, docs/source/performance.md):
   Llama-2 at batch 1, 128 and 2,048 input tokens, and its static-batch throughputs; that engine's fitted
-  fixed costs (per step, and more per step that carries prompt work: its context phase).
+  fixed costs (per step, and more per step that carries prompt work: its context phase); the same page's
+  static batches at release 0.5.0; and docs/source/performance/perf-overview.md, release 1.0's offline
+  throughputs of fixed-length datasets, predicted through trtllm-bench's settings and an in-flight
+  schedule (sim/trtllm_bench.py), none of them fitted.
 
 `FIGURES` marks each figure fit or held out; `fit` finds the parameters on the fit set alone, so the
 held-out errors are predictions. The 256-token row of prefill.csv (121 ms, slower than 512 tokens; its
@@ -32,6 +35,7 @@ from itlbench.core.presets import PRESETS
 from itlbench.sim.hardware import FIT, Hardware, presets
 from itlbench.sim.operators import gemm_seconds
 from itlbench.sim.roofline import CostModel, StepShape
+from itlbench.sim.trtllm_bench import bench_settings, offline_seconds, schedulable
 
 SARATHI = "microsoft/sarathi-serve"
 VIDUR = "microsoft/vidur"
@@ -41,6 +45,7 @@ S_DECODE = "osdi-experiments/figure-2/decode.csv"
 S_CHUNK = "osdi-experiments/figure-9/chunking-overhead.csv"
 V_MLP = "data/profiling/compute/a100/meta-llama/Meta-Llama-3-8B/mlp.csv"
 T_PERF = "docs/source/performance.md"
+T_OVERVIEW = "docs/source/performance/perf-overview.md"
 DECODE_BLOCK = 32
 DECODE_CONTEXT = 1022  # 1,020-token prompts (prefill_to_decode_ratio 255 of 1,024) plus the tokens decoded
 
@@ -147,6 +152,14 @@ TRT_THROUGHPUT = (  # gpu, dtype, model, batch, tp, isl, osl, output tokens/s (p
     ("a100", "float16", "llama-2-70b", 1280, 4, 128, 128, 670), ("a100", "float16", "llama-2-70b", 240, 4, 128, 2048, 525),
     ("a100", "float16", "llama-2-70b", 120, 4, 2048, 128, 79),
 )
+# The same page at release 0.5.0 ("High Throughput", H100 FP8, out tok/s per deployment): the static batches
+# of the release whose first-token latencies are fitted above; all held out.
+TRT_THROUGHPUT_V05 = (  # model, batch, tp, isl, osl, output tokens/s
+    ("llama-2-7b", 64, 1, 128, 128, 9_193), ("llama-2-7b", 64, 1, 128, 2048, 5_367),
+    ("llama-2-7b", 64, 1, 2048, 128, 2_058), ("llama-2-7b", 32, 1, 2048, 2048, 2_230),
+    ("llama-2-70b", 64, 4, 128, 128, 3_317), ("llama-2-70b", 64, 4, 128, 2048, 2_616),
+    ("llama-2-70b", 64, 4, 2048, 128, 843), ("llama-2-70b", 64, 4, 2048, 2048, 1_583),
+)
 # The one throughput figure fitted: it alone fixes trtllm_gqa_reread (GQA decode at long context); the
 # other two 70B long-output batches (TP4 on H100 and on A100) stay held out to test it.
 THROUGHPUT_FIT = {("llama-2-70b", "h100", 2, 64)}
@@ -157,6 +170,57 @@ TRT_TTFT = (  # gpu, dtype, model, tp, input, ms, in the fit set
     ("h100", "fp8", "llama-2-70b", 4, 128, 26.0, False), ("h100", "fp8", "llama-2-70b", 4, 2048, 109.0, False),
     ("l40s", "fp8", "llama-2-7b", 1, 128, 14.0, False), ("l40s", "fp8", "llama-2-7b", 1, 2048, 73.0, True),
 )
+
+
+# TensorRT-LLM docs/source/performance/perf-overview.md (v1.0, PyTorch backend): total output tokens/s of
+# `trtllm-bench throughput` over FP8 checkpoints (nvidia/Llama-3.1-8B-Instruct-FP8, -3.3-70B-), and the
+# requests in each dataset (the same page's table).
+OVERVIEW_REQUESTS = {(128, 128): 30_000, (128, 2048): 3000, (128, 4096): 1500, (500, 2000): 3000,
+                     (1000, 1000): 3000, (1000, 2000): 1500, (2048, 128): 3000, (2048, 2048): 1500,
+                     (5000, 500): 1500, (20000, 2000): 1000}
+_SHAPES = tuple(OVERVIEW_REQUESTS)
+OVERVIEW = {  # (model, gpu, tp): output tokens/s, in _SHAPES' order
+    ("llama-3.1-8b", "h200", 1): (27_911, 26_221, 18_027, 20_770, 17_744, 16_828, 3_538, 12_194, 3_902, 1_804),
+    ("llama-3.1-8b", "h100", 1): (28_312, 22_714, 14_325, 17_660, 15_220, 13_899, 3_450, 9_305, 3_459, 1_351),
+    ("llama-3.3-70b", "h200", 1): (3_803, 4_336, 2_872, 3_666, 2_909, 2_994, 442, 2_003, 566, 283),
+    ("llama-3.3-70b", "h100", 2): (6_378, 6_651, 4_199, 5_222, 4_205, 4_146, 762, 3_082, 898, 437),
+}
+
+
+def _trt1_hw(params: dict[str, float], gpu: str) -> Hardware:
+    """TensorRT-LLM 1.0's PyTorch backend, nothing fitted on it (every offline figure is held out): the
+    presets' kernels (K/V read once per GQA group), TensorRT-LLM's fitted step cost, no context-phase
+    cost, and all-reduces by its own kernels (cpp/tensorrt_llm/kernels/customAllReduceKernels.cu) replayed
+    in CUDA graphs, whose fixed cost is taken as one kernel's least time (kernel_s; assumed), where the
+    NCCL all-reduces of its 2023 releases cost link_latency_s."""
+    hw = _gpus(params)[gpu].for_dtype("fp8")
+    return hw.with_(step_overhead_s=params["trtllm_step_s"], graph_overhead_s=None, seq_overhead_s=0.0,
+                    link_latency_s=hw.kernel_s)
+
+
+def _offline_cm(model: str, gpu: str, tp: int) -> tuple[CostModel, Hardware]:
+    hw = presets()[gpu].for_dtype("fp8")  # the settings read the GPU's memory, no fitted parameter
+    return CostModel.for_hardware(PRESETS[model], hw, tp=tp), hw
+
+
+def _offline(model: str, gpu: str, tp: int, isl: int, osl: int) -> Callable[[dict[str, float]], float]:
+    def predict(params: dict[str, float]) -> float:
+        hw = _trt1_hw(params, gpu)
+        cm = CostModel.for_hardware(PRESETS[model], hw, tp=tp)
+        return offline_seconds(cm, hw, isl, osl, OVERVIEW_REQUESTS[(isl, osl)], bench_settings(cm, hw, isl, osl))
+    return predict
+
+
+def overview_schedulable() -> dict[tuple[str, str, int, int, int], bool]:
+    """Which published offline runs the schedule reproduces: a prompt must fit the step beside a full
+    batch under trtllm-bench's settings (2,048/2,048, 5,000/500 and 20,000/2,000 do not: those runs chunked
+    their context or used settings the page does not give, so they are not predicted)."""
+    out = {}
+    for (model, gpu, tp) in OVERVIEW:
+        cm, hw = _offline_cm(model, gpu, tp)
+        for isl, osl in _SHAPES:
+            out[(model, gpu, tp, isl, osl)] = schedulable(bench_settings(cm, hw, isl, osl), isl, osl)
+    return out
 
 
 def _figures() -> list[Figure]:
@@ -198,6 +262,21 @@ def _figures() -> list[Figure]:
                           f"({tok_s:,} out tok/s{'/GPU' if per_gpu else ''})", seconds,
                           (model, gpu, tp, batch) in THROUGHPUT_FIT,
                           _static_batch(model, gpu, dtype, tp, batch, isl, osl)))
+    for model, batch, tp, isl, osl, tok_s in TRT_THROUGHPUT_V05:
+        out.append(Figure(f"trtllm v0.5 batch {model} h100 fp8 tp{tp} {batch}x{isl}/{osl}", TRTLLM, T_PERF,
+                          f"TensorRT-LLM v0.5 {model} static batch {batch} x {isl}/{osl} on h100 fp8 TP{tp} "
+                          f"({tok_s:,} out tok/s)", batch * osl / tok_s, False,
+                          _static_batch(model, "h100", "fp8", tp, batch, isl, osl)))
+    ok = overview_schedulable()
+    for (model, gpu, tp), rates in OVERVIEW.items():
+        for (isl, osl), tok_s in zip(_SHAPES, rates, strict=True):
+            if not ok[(model, gpu, tp, isl, osl)]:
+                continue
+            n = OVERVIEW_REQUESTS[(isl, osl)]
+            out.append(Figure(f"trtllm1 offline {model} {gpu} fp8 tp{tp} {isl}/{osl}", TRTLLM, T_OVERVIEW,
+                              f"TensorRT-LLM 1.0 {model} offline {n:,} x {isl}/{osl} on {gpu} fp8 TP{tp} "
+                              f"({tok_s:,} out tok/s)", n * osl / tok_s, False,
+                              _offline(model, gpu, tp, isl, osl)))
     return out
 
 

@@ -124,7 +124,8 @@ def test_sim_engine_needs_no_torch_and_allocates_no_weights() -> None:
 def test_sim_sizes_the_kv_cache_from_device_memory() -> None:
     engine = offline_engine(EngineConfig(model="llama-3.1-8b", engine="sim", gpu="h100", max_model_len=32768))
     cm = CostModel.for_hardware(PRESETS["llama-3.1-8b"], GPUS["h100"])
-    expected_tokens = (0.9 * 80e9 - cm.weight_bytes) / cm.kv_bytes_per_token
+    assert GPUS["h100"].memory_bytes == 81_559 * 2**20  # what an H100 80GB reports, not 80e9
+    expected_tokens = (0.9 * GPUS["h100"].memory_bytes - cm.weight_bytes) / cm.kv_bytes_per_token
     assert engine.block_manager.num_blocks == int(expected_tokens) // 16
     with pytest.raises(ConfigError) as err:
         offline_engine(EngineConfig(model="llama-3.1-8b", engine="sim", gpu="rtx4090"))  # 128k context on 24 GB

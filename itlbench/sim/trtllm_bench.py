@@ -1,0 +1,98 @@
+"""TensorRT-LLM's offline throughput runs (`trtllm-bench throughput`), predicted with the cost model.
+
+TensorRT-LLM's performance overview (NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md)
+publishes the output tokens/s of fixed-length datasets (every request `isl` prompt and `osl` output
+tokens) queued at once on Llama-3.1-8B and Llama-3.3-70B in FP8. Unlike a static batch, the engine
+batches in flight, so predicting those figures needs its settings and its schedule, not just a step:
+
+- settings: trtllm-bench picks the engine's max batch size and max tokens per step from the K/V room
+  (tensorrt_llm/bench/build/tuning.py, calc_engine_setting and finetune_setting, restated here):
+  `bench_settings`;
+- schedule: each request reserves K/V for its whole isl + osl (the default GUARANTEED_NO_EVICT
+  capacity policy), decoding rows are scheduled first, and whole prompts fill what is left of the step's
+  token budget (no chunked context): `offline_seconds`.
+
+Requests of one shape admitted in one step move in lockstep, so the run is simulated by cohorts, and a
+stretch of decode-only steps (the same rows, the context growing by one a row a step) is charged at its
+middle step: exact where a step's cost is linear in context, as its K/V read is. Torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from itlbench.sim.hardware import Hardware
+from itlbench.sim.roofline import CostModel
+from itlbench.sim.shapes import StepShape
+
+GIB = 1024 ** 3
+KV_FRACTION = 0.95  # the page's `--kv_cache_free_gpu_mem_fraction 0.95` ("in many cases")
+KV_BLOCK = 32  # tokens per K/V block (TensorRT-LLM's default tokens_per_block)
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    max_batch_size: int
+    max_num_tokens: int
+    kv_tokens: int  # tokens of K/V the deployment holds
+
+
+def bench_settings(cm: CostModel, hw: Hardware, isl: int, osl: int, kv_fraction: float = KV_FRACTION) -> BenchSettings:
+    """trtllm-bench's settings for an FP8 model (weights and K/V at one byte) on tp GPUs of `hw`."""
+    m = cm.model
+    kv_per_token = 2 * m.num_layers * max(cm.tp, m.num_kv_heads) * m.head_dim / GIB
+    cache = (hw.memory_bytes * cm.tp / GIB - cm.params / GIB) * kv_fraction
+    requests = cache / (kv_per_token * (isl + osl))
+    raw_bs = min(requests, 4096)
+    raw_tokens = min(raw_bs * (1 + isl / osl), 32768)
+    return BenchSettings(_round_batch(raw_bs), _round_tokens(raw_tokens), int(cache / kv_per_token))
+
+
+def _round_batch(raw: float) -> int:
+    if raw < 256:
+        return max(64, 32 * math.ceil(raw / 32))
+    return 128 * math.ceil(raw / 128) if raw < 1024 else 256 * math.ceil(raw / 256)
+
+
+def _round_tokens(raw: float) -> int:
+    if raw < 4096:
+        return max(2048, 256 * math.ceil(raw / 256))
+    return 512 * math.ceil(raw / 512) if raw < 8192 else 1024 * math.ceil(raw / 1024)
+
+
+def schedulable(settings: BenchSettings, isl: int, osl: int) -> bool:
+    """Whether a whole prompt fits the step beside the rows of a full batch less the request it replaces:
+    where it does not, the run needed chunked context or other settings, which the page does not state."""
+    room = min(settings.max_batch_size, settings.kv_tokens // _reserved(isl, osl))
+    return room >= 1 and isl + room - 1 <= settings.max_num_tokens
+
+
+def _reserved(isl: int, osl: int) -> int:
+    return -(-(isl + osl) // KV_BLOCK) * KV_BLOCK
+
+
+def offline_seconds(cm: CostModel, hw: Hardware, isl: int, osl: int, requests: int, settings: BenchSettings) -> float:
+    """Seconds to serve `requests` requests of isl/osl queued at once, in flight, under `settings`."""
+    if not schedulable(settings, isl, osl):
+        raise ValueError(f"{isl}/{osl}: a prompt does not fit beside the decoding rows under {settings}")
+    room = min(settings.max_batch_size, settings.kv_tokens // _reserved(isl, osl))
+    waiting, cohorts, seconds = requests, [], 0.0  # cohorts: [requests, tokens generated so far]
+    while waiting or cohorts:
+        rows = sum(size for size, _ in cohorts)
+        context = sum(size * (isl + done) for size, done in cohorts)
+        admitted = min(waiting, room - rows, (settings.max_num_tokens - rows) // isl)
+        if admitted > 0:
+            prompt_rows = admitted * isl
+            shape = StepShape(rows + prompt_rows, rows + admitted, context,
+                              context + rows + admitted * isl * (isl + 1) // 2, rows + admitted)
+            seconds += cm.time(shape, hw).total_s
+            cohorts = [[size, done + 1] for size, done in cohorts] + [[admitted, 1]]
+            waiting -= admitted
+        else:  # decode only until the next cohort finishes
+            run = min(osl - done for _, done in cohorts)
+            middle = context + rows * (run - 1) // 2
+            seconds += run * cm.time(StepShape(rows, rows, middle, middle + rows, rows), hw).total_s
+            cohorts = [[size, done + run] for size, done in cohorts]
+        cohorts = [c for c in cohorts if c[1] < osl]
+    return seconds

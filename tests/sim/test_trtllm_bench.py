@@ -1,0 +1,75 @@
+"""trtllm-bench's settings and the in-flight schedule that predicts TensorRT-LLM's offline throughputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from itlbench.core.presets import PRESETS
+from itlbench.sim.hardware import presets
+from itlbench.sim.roofline import CostModel
+from itlbench.sim.shapes import StepShape
+from itlbench.sim.trtllm_bench import (
+    BenchSettings,
+    _round_batch,
+    _round_tokens,
+    bench_settings,
+    offline_seconds,
+    schedulable,
+)
+
+H100 = presets()["h100"].for_dtype("fp8")
+CM = CostModel.for_hardware(PRESETS["llama-3.1-8b"], H100)
+
+
+def _one_request_at_a_time(cm: CostModel, isl: int, osl: int, requests: int, s: BenchSettings) -> float:
+    """The same schedule request by request and step by step, no cohorts and no stretches."""
+    room = min(s.max_batch_size, s.kv_tokens // (-(-(isl + osl) // 32) * 32))
+    waiting, running, seconds = requests, [], 0.0  # running: tokens generated per request
+    while waiting or running:
+        admitted = min(waiting, room - len(running), max(0, (s.max_num_tokens - len(running)) // isl))
+        chunks = [(1, isl + done, True) for done in running] + [(isl, 0, True)] * admitted
+        seconds += cm.time(StepShape.of(chunks), H100).total_s
+        running = [d + 1 for d in running if d + 1 < osl] + [1] * admitted
+        waiting -= admitted
+    return seconds
+
+
+@pytest.mark.parametrize("settings", [
+    BenchSettings(48, 2048, 10**6),  # the batch limit binds
+    BenchSettings(512, 2048, 20 * 160),  # the K/V room binds (20 requests of 160 tokens)
+    BenchSettings(60, 300, 10**6),  # the token budget binds: two prompts a step at most
+])
+def test_cohorts_and_stretches_give_the_step_by_step_time(settings: BenchSettings) -> None:
+    step_by_step = _one_request_at_a_time(CM, 100, 60, 150, settings)
+    assert offline_seconds(CM, H100, 100, 60, 150, settings) == pytest.approx(step_by_step, rel=2e-3)
+
+
+def test_requests_of_one_shape_run_in_waves() -> None:
+    """Admitted together, fixed-shape requests finish together: one request past a full batch costs a
+    whole wave of decode steps, most of a full batch's time (those steps read all the weights), where a
+    share of the work (65/64) would cost 2 % more."""
+    s = BenchSettings(64, 8192, 10**7)
+    full = offline_seconds(CM, H100, 128, 256, 64, s)
+    assert offline_seconds(CM, H100, 128, 256, 65, s) > 1.5 * full
+    assert offline_seconds(CM, H100, 128, 256, 128, s) < 2.1 * full
+
+
+def test_the_settings_follow_trtllm_bench_rounding() -> None:
+    assert [_round_batch(x) for x in (10, 250, 256, 1000, 1025, 4096)] == [64, 256, 256, 1024, 1280, 4096]
+    assert [_round_tokens(x) for x in (100, 2100, 4096, 8000, 8193)] == [2048, 2304, 4096, 8192, 9216]
+    # Llama-3.1-8B FP8 on one H100 (81,559 MiB): 71.6 GiB beside 8.0 GiB of weights, 95 % of it for K/V
+    # at 64 KiB a token: 1.11 M tokens, 4,352 requests of 256 (capped at 4,096), 8,192 tokens a step
+    s = bench_settings(CM, H100, 128, 128)
+    assert (s.max_batch_size, s.max_num_tokens) == (4096, 8192)
+    assert s.kv_tokens == pytest.approx(1.114e6, rel=0.01)
+    long_out = bench_settings(CM, H100, 1000, 2000)  # 371 requests of 3,000 tokens: 384, and the 2,048 floor
+    assert (long_out.max_batch_size, long_out.max_num_tokens) == (384, 2048)
+
+
+def test_a_prompt_that_cannot_fit_beside_the_batch_is_not_predicted() -> None:
+    """2,048-token prompts under a 2,048-token budget: the published run must have chunked its context."""
+    s = bench_settings(CM, H100, 2048, 2048)
+    assert s.max_num_tokens == 2048 and not schedulable(s, 2048, 2048)
+    assert schedulable(bench_settings(CM, H100, 2048, 128), 2048, 128)
+    with pytest.raises(ValueError, match="does not fit"):
+        offline_seconds(CM, H100, 2048, 2048, 10, s)
