@@ -12,8 +12,8 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
   stalls.{count,stalled_s,worst_s,victims,events,events_with_injected_prefill,attribution_source,params,
          overlapping_scrape}
   stalls.by_cause.<prefill|scrape|client|preemption|engine|outside_engine>.{count,stalled_s}
-  stalls.attribution[]  top events: {event,start_s (from measure start),span_s,stalls,victims,worst_s,
-                        prefill_steps,prefill_tokens,prefill_s,injected_prefill,prefill_request_ids,
+  stalls.attribution[]  top events, the most stream-seconds stalled first: {event,start_s (from measure start),
+                        span_s,stalls,victims,worst_s,stalled_s,prefill_steps,prefill_tokens,prefill_s,injected_prefill,prefill_request_ids,
                         injected_request_ids,longest_step_s,preemptions,client_pause_s,scrape_s,cause}
   split.{prefill_s,decode_s,prefill_frac,source}  (+ mixed_steps, cost_model | unattributed_s)
   throughput.{requests_per_s,output_tokens_per_s,input_tokens_per_s}
@@ -39,7 +39,7 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
 Percentiles their samples cannot support (fewer than 1/(1−q): 2 for p50, 10 for p90, 100 for p99,
 1,000 for p99.9) are null beside their `count` (itlbench.analysis.stats).
   definitions.{ttft,itl,stall,split,prompt_buckets,goodput,validity,window,percentiles}
-  crosscheck.engine.{source,longest_step_s,worst_client_gap_s,worst_gap_over_longest_step,worst_gap_request_id,
+  crosscheck.engine.{source,longest_step_s (of the run),worst_client_gap_s,worst_gap_over_longest_step,worst_gap_request_id,
                     worst_gap_steps,worst_gap_engine_busy_s,worst_gap_longest_step_s,worst_gap_unexplained_s,injected[]}
   crosscheck.prompt_tokens.{checked,exact,max_abs_diff,reported_over_planned}
   crosscheck.output_tokens.{checked,exact,counted,reported,unseen,unseen_share,counted_over_reported}
@@ -161,7 +161,7 @@ def summarize(
         reasoning.request_table(ttft_rows, requests), requests, reasoning.pooled_phase(phased, "reasoning"),
         reasoning.pooled_phase(phased, "answer"), reasoning.handoff_rows(phased))
     out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judge(ttft_rows, gaps, slos), slos, validity,
-                    throughput(requests, windowed, window.seconds), engine_check(requests, chunks, steps), gpu_status)
+                    throughput(requests, windowed, window.seconds), engine_check(requests, chunks, t["all_steps"]), gpu_status)
     return json_safe(out)  # type: ignore[return-value]
 
 
@@ -210,7 +210,7 @@ def summarize_dir(
     judged = judge(ttft_rows, None, slos, c.request_itl)
     out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judged, slos, validity,
                     throughput(requests, None, window.seconds, c.out_tokens),
-                    engine_check(requests, None, steps, c.worst_gap), gpu_status)
+                    engine_check(requests, None, t["all_steps"], c.worst_gap), gpu_status)
     return json_safe(out), RunAnalysis(c, stalls, ttft_rows, judged)  # type: ignore[return-value]
 
 

@@ -33,7 +33,8 @@ def select_window(tables: Mapping[str, pl.DataFrame], window: RunWindow) -> dict
     """Requests scheduled in [measure start, end) and their chunks (TTFT, TPOT, counts); every
     request and chunk as `all_requests`/`all_chunks` (gaps are windowed by their arrival time, so a
     long stream that began during warmup still counts its in-window gaps); steps overlapping the
-    window; client and GPU samples inside it; server metric samples and scrapes whole (counters need a baseline)."""
+    window (and every step as `all_steps`, for gaps of window requests that end after it); client and GPU samples
+    inside it; server metric samples and scrapes whole (counters need a baseline)."""
     t = complete(tables)
     lo, hi = window.measure_start_ns, window.end_ns
     requests = t["requests"].filter((pl.col("scheduled_ns") >= lo) & (pl.col("scheduled_ns") < hi))
@@ -53,4 +54,5 @@ def select_window(tables: Mapping[str, pl.DataFrame], window: RunWindow) -> dict
         "gpu_samples": gpu,
         "all_requests": t["requests"],
         "all_chunks": t["chunks"],
+        "all_steps": t["steps"],
     }

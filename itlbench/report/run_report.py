@@ -113,8 +113,8 @@ def callouts(data: RunData) -> list[Callout]:
                                    "lag, client CPU) do not apply."))
     else:
         f = validity.get("figures") or {}
-        out.append(Callout("ok", "Valid run: the client kept up (send lag p99 "
-                           f"{fmt_s(f.get('send_lag_p99_s'))}, event-loop lag p99 {fmt_s(f.get('loop_lag_p99_s'))}, "
+        out.append(Callout("ok", f"Valid run: the client kept up ({_send_lag(f)}, event-loop lag p99 "
+                           f"{fmt_s(f.get('loop_lag_p99_s'))}, "
                            f"client CPU mean {f.get('cpu_mean_percent') or 0:.0f} % of a core)."))
     warning = (s.get("bundling") or {}).get("warning")
     if warning:
@@ -129,6 +129,14 @@ def _num(v: Any, fmt: str = "{:,.2f}") -> str:
     return "—" if v is None else fmt.format(v)
 
 
+def _send_lag(figures: dict[str, Any]) -> str:
+    """The send lag's p99, or its largest where too few requests support a p99 (a short run)."""
+    if figures.get("send_lag_p99_s") is not None or figures.get("send_lag_max_s") is None:
+        return f"send lag p99 {fmt_s(figures.get('send_lag_p99_s'))}"
+    return (f"send lag at most {fmt_s(figures['send_lag_max_s'])} over {figures.get('requests_with_send_lag', 0)} "
+            "requests, too few for a p99")
+
+
 def events_table(data: RunData) -> Table | None:
     events = (data.summary.get("stalls") or {}).get("attribution") or []
     if not events:
@@ -140,12 +148,13 @@ def events_table(data: RunData) -> Table | None:
         who = ", ".join([f"{r} (injected)" for r in injected[:2]] + others[:2])
         more = len(injected) + len(others) - min(2, len(injected)) - min(2, len(others))
         rows.append([f"{ev.get('start_s', 0):.2f} s", str(ev.get("victims")), str(ev.get("stalls")),
-                     fmt_s(ev.get("worst_s")), str(ev.get("cause") or "unknown"),
+                     fmt_s(ev.get("worst_s")), fmt_s(ev.get("stalled_s")), str(ev.get("cause") or "unknown"),
                      (who + (f" +{more}" if more > 0 else "")) or "—",
                      fmt_tokens(ev.get("prefill_tokens")) if ev.get("prefill_tokens") else "—",
                      fmt_s(ev.get("longest_step_s"))])
-    return Table(["start", "streams", "stalls", "worst gap", "cause", "prefilling", "prefill tokens",
-                  "longest step"], rows, "Stall events (stalls overlapping across streams), most streams first",
+    return Table(["start", "streams", "stalls", "worst gap", "stalled", "cause", "prefilling", "prefill tokens",
+                  "longest step"], rows, "Stall events (stalls overlapping across streams), the most stream-seconds "
+                 "stalled first",
                  align_right_from=1)
 
 

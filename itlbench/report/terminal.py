@@ -265,7 +265,8 @@ def _event_line(ev: dict[str, Any]) -> str:
     who = ", ".join([f"{r} (injected)" for r in injected[:3]] + [str(r) for r in others[:3]]) or "no prefill step"
     more = len(injected) + len(others) - min(len(injected), 3) - min(len(others), 3)
     cause = ev.get("cause") or "unknown (no engine step log)"
-    line = f"worst {_s(ev.get('worst_s'))} s across {ev.get('victims', '?')} streams, cause: {cause}"
+    line = (f"worst {_s(ev.get('worst_s'))} s across {ev.get('victims', '?')} streams "
+            f"({_s(ev.get('stalled_s'))} stream-s stalled), cause: {cause}")
     if ev.get("prefill_steps"):
         line += (f"; overlapping prefill: {who}{f' +{more} more' if more > 0 else ''} "
                  f"({ev.get('prefill_tokens', 0)} tokens, {_s(ev.get('prefill_s'))} s)")

@@ -506,3 +506,20 @@ def test_empty_tables_do_not_crash():
     s = summarize({}, RunWindow(0, 5, 5))  # zero-length window
     json.dumps(s, allow_nan=False)
     assert s["throughput"]["requests_per_s"] is None and s["goodput"]["requests_per_s"] is None
+
+
+def test_the_crosscheck_sees_the_steps_of_a_window_request_gap_that_ends_after_the_window() -> None:
+    """A request of the window can stall past its end (the drain): the engine steps there are the ones
+    to check its worst gap against, not the window's (which would call the whole gap 'not engine time')."""
+    times = [1010, 1020, 2500]
+    tables = {
+        "requests": frame("requests", [_req("a", "sa", "chat", 100, 1000, 1000, times)]),
+        "chunks": frame("chunks", _chunks("a", times)),
+        "steps": frame("steps", [_step(0, 1005, 1010, prefill=100, ids=["sa"]), _step(1, 1015, 1020, decode=1),
+                                 _step(2, 2100, 2500, prefill=8000, decode=1, ids=["sb"])]),
+    }
+    check = summarize(tables, RunWindow(run_start_ns=0, measure_start_ns=1000 * MS, end_ns=2000 * MS))[
+        "crosscheck"]["engine"]
+    assert check["worst_client_gap_s"] == pytest.approx(1.48)
+    assert check["worst_gap_steps"] == 1 and check["worst_gap_engine_busy_s"] == pytest.approx(0.4)
+    assert check["worst_gap_unexplained_s"] == pytest.approx(1.08)
