@@ -17,7 +17,7 @@ from itlbench.analysis import RunWindow, SloSet, parse_slo, summarize
 from itlbench.analysis.buckets import BUCKET_LABELS, bucket_for, bucket_of
 from itlbench.analysis.goodput import judge
 from itlbench.analysis.itl import bundling, gap_table, per_token, pooled, steady, tpot, tpot_table
-from itlbench.analysis.stalls import StallParams, analyze_stalls, find_stalls
+from itlbench.analysis.stalls import StallParams, analyze_stalls, event_records, find_stalls
 from itlbench.analysis.ttft import ttft_by_bucket, ttft_by_class, ttft_table
 from itlbench.analysis.validity import check_validity
 from itlbench.analysis.window import select_window
@@ -523,3 +523,17 @@ def test_the_crosscheck_sees_the_steps_of_a_window_request_gap_that_ends_after_t
     assert check["worst_client_gap_s"] == pytest.approx(1.48)
     assert check["worst_gap_steps"] == 1 and check["worst_gap_engine_busy_s"] == pytest.approx(0.4)
     assert check["worst_gap_unexplained_s"] == pytest.approx(1.08)
+
+
+def test_stall_events_are_listed_by_the_stream_seconds_they_stalled() -> None:
+    """31 streams held 0.3 s by a mixed step come after 30 streams frozen 3.5 s by a long prefill."""
+    def event(i: int, victims: int, worst: float) -> dict[str, object]:
+        return {"event": i, "start_ns": i * 10**9, "end_ns": i * 10**9 + int(worst * 1e9), "stalls": victims,
+                "victims": victims, "worst_s": worst, "stalled_s": victims * worst, "prefill_steps": 1,
+                "prefill_tokens": 100, "prefill_s": worst, "injected_prefill": i == 2,
+                "prefill_request_ids": [f"r{i}"], "injected_request_ids": ["inj"] if i == 2 else [],
+                "longest_step_s": worst, "preemptions": 0, "client_pause_s": 0.0, "scrape_s": 0.0, "cause": "prefill"}
+
+    events = pl.DataFrame([event(0, 31, 0.3), event(1, 31, 0.35), event(2, 30, 3.5), event(3, 2, 0.2)])
+    top = event_records(events, 3, 0)
+    assert [e["event"] for e in top] == [2, 1, 0] and top[0]["stalled_s"] == pytest.approx(105.0)
