@@ -59,7 +59,7 @@ def test_a_full_log_streams_in_pages_without_stalling_the_loop():
         log.append(_record(i))
     engine = _Engine(_Inner(log))
 
-    async def main() -> tuple[list[int], float, int]:
+    async def main() -> tuple[list[int], float, float]:
         server = TestServer(_app(engine))
         await server.start_server()
         gaps: list[float] = []
@@ -74,19 +74,22 @@ def test_a_full_log_streams_in_pages_without_stalling_the_loop():
                 last = now
 
         tick = asyncio.create_task(ticker())
-        steps, reads = [], 0
+        steps: list[int] = []
+        began = time.perf_counter()
         async with ClientSession() as s, s.get(server.make_url("/v1/steps?since=0&follow=0")) as r:
             async for line in r.content:
                 steps.append(json.loads(line)["step"])
-            reads += 1
+        took = time.perf_counter() - began
         stop.set()
         await tick
         await server.close()
-        return steps, max(gaps), reads
+        return steps, max(gaps), took
 
-    steps, worst_gap, _ = asyncio.run(main())
+    steps, worst_gap, took = asyncio.run(main())
     assert steps == list(range(60_000))
-    assert worst_gap < 0.25, f"the event loop stalled {worst_gap * 1e3:.0f} ms"
+    # the loop's longest stall as a share of the whole read, so a slow or loaded box does not decide it:
+    # serialised in one go, the log held the loop for nearly all of it
+    assert worst_gap < 0.25 * took, f"the event loop stalled {worst_gap * 1e3:.0f} ms of {took * 1e3:.0f} ms"
     assert len(log.since(100, PAGE)) == PAGE and log.since(59_999, PAGE)[0].step == 59_999
 
 
