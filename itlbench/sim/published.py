@@ -76,7 +76,8 @@ def _gpus(params: dict[str, float]) -> dict[str, Hardware]:
 
 def _sarathi_hw(params: dict[str, float]) -> Hardware:
     return _gpus(params)["a100-pcie"].with_(dtype="float16", step_overhead_s=params["sarathi_step_s"],
-                                            graph_overhead_s=None, seq_overhead_s=params["sarathi_seq_s"])
+                                            graph_overhead_s=None, seq_overhead_s=params["sarathi_seq_s"],
+                                            link_latency_s=params["link_latency_s"])  # NCCL's (2023)
 
 
 def _sarathi_steps(params: dict[str, float], shapes: list[StepShape]) -> float:
@@ -120,7 +121,8 @@ def _trt_hw(params: dict[str, float], gpu: str, dtype: str) -> Hardware:
     """TensorRT-LLM (v0.5 / v0.6): the presets' kernels, its own fitted step cost, no per-sequence cost."""
     return _gpus(params)[gpu].for_dtype(dtype).with_(step_overhead_s=params["trtllm_step_s"], graph_overhead_s=None,
                                                      seq_overhead_s=0.0, gqa_kv_reread=params["trtllm_gqa_reread"],
-                                                     prefill_overhead_s=params["trtllm_context_s"])
+                                                     prefill_overhead_s=params["trtllm_context_s"],
+                                                     link_latency_s=params["link_latency_s"])  # NCCL's (2023)
 
 
 def _static_batch(model: str, gpu: str, dtype: str, tp: int, batch: int, isl: int,
@@ -189,13 +191,12 @@ OVERVIEW = {  # (model, gpu, tp): output tokens/s, in _SHAPES' order
 
 def _trt1_hw(params: dict[str, float], gpu: str) -> Hardware:
     """TensorRT-LLM 1.0's PyTorch backend, nothing fitted on it (every offline figure is held out): the
-    presets' kernels (K/V read once per GQA group), TensorRT-LLM's fitted step cost, no context-phase
-    cost, and all-reduces by its own kernels (cpp/tensorrt_llm/kernels/customAllReduceKernels.cu) replayed
-    in CUDA graphs, whose fixed cost is taken as one kernel's least time (kernel_s; assumed), where the
-    NCCL all-reduces of its 2023 releases cost link_latency_s."""
-    hw = _gpus(params)[gpu].for_dtype("fp8")
-    return hw.with_(step_overhead_s=params["trtllm_step_s"], graph_overhead_s=None, seq_overhead_s=0.0,
-                    link_latency_s=hw.kernel_s)
+    presets as they are (K/V read once per GQA group; all-reduces by its own kernels,
+    cpp/tensorrt_llm/kernels/customAllReduceKernels.cu, at one kernel's fixed cost, where the NCCL
+    all-reduces of its 2023 releases cost link_latency_s), TensorRT-LLM's fitted step cost, no
+    context-phase cost."""
+    return _gpus(params)[gpu].for_dtype("fp8").with_(step_overhead_s=params["trtllm_step_s"], graph_overhead_s=None,
+                                                     seq_overhead_s=0.0)
 
 
 def _offline_cm(model: str, gpu: str, tp: int) -> tuple[CostModel, Hardware]:
