@@ -513,16 +513,21 @@ def test_the_crosscheck_sees_the_steps_of_a_window_request_gap_that_ends_after_t
     to check its worst gap against, not the window's (which would call the whole gap 'not engine time')."""
     times = [1010, 1020, 2500]
     tables = {
-        "requests": frame("requests", [_req("a", "sa", "chat", 100, 1000, 1000, times)]),
-        "chunks": frame("chunks", _chunks("a", times)),
+        "requests": frame("requests", [_req("a", "sa", "chat", 100, 1000, 1000, times),
+                                       _req("b", "sb", "injected", 16000, 1500, 1500, [2500, 2510])]),
+        "chunks": frame("chunks", _chunks("a", times) + _chunks("b", [2500, 2510])),
         "steps": frame("steps", [_step(0, 1005, 1010, prefill=100, ids=["sa"]), _step(1, 1015, 1020, decode=1),
-                                 _step(2, 2100, 2500, prefill=8000, decode=1, ids=["sb"])]),
+                                 _step(2, 1500, 1900, prefill=8000, ids=["sb"]),
+                                 _step(3, 2100, 2500, prefill=8000, decode=1, ids=["sb"])]),
     }
     check = summarize(tables, RunWindow(run_start_ns=0, measure_start_ns=1000 * MS, end_ns=2000 * MS))[
         "crosscheck"]["engine"]
     assert check["worst_client_gap_s"] == pytest.approx(1.48)
-    assert check["worst_gap_steps"] == 1 and check["worst_gap_engine_busy_s"] == pytest.approx(0.4)
-    assert check["worst_gap_unexplained_s"] == pytest.approx(1.08)
+    assert check["worst_gap_steps"] == 2 and check["worst_gap_engine_busy_s"] == pytest.approx(0.8)
+    assert check["worst_gap_unexplained_s"] == pytest.approx(0.68)
+    # the injected prompt's prefill ran on past the window too: both its steps, 1.0 s from first to last
+    (injected,) = check["injected"]
+    assert injected["prefill_steps"] == 2 and injected["engine_prefill_span_s"] == pytest.approx(1.0)
 
 
 def test_stall_events_are_listed_by_the_stream_seconds_they_stalled() -> None:
