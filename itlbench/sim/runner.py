@@ -91,9 +91,10 @@ def sim_kv_blocks(config: EngineConfig, cost: CostModel, hw: Hardware, max_model
         return config.kv_blocks
     tokens = cost.kv_capacity_tokens(hw, GPU_MEMORY_UTILIZATION)
     if tokens <= 0:
-        shard = f" ({cost.weight_bytes_per_gpu / 1e9:.1f} GB per GPU at --tp {cost.tp})" if cost.tp > 1 else ""
-        raise ConfigError("gpu", f"{cost.model.name}'s weights ({cost.weight_bytes / 1e9:.1f} GB){shard} do not fit in "
-                          f"{GPU_MEMORY_UTILIZATION:.0%} of the {hw.label}'s {hw.memory_bytes / 1e9:.0f} GB",
+        shard = f" ({cost.weight_bytes_per_gpu / 2**30:.1f} GiB per GPU at --tp {cost.tp})" if cost.tp > 1 else ""
+        weights = f"{cost.model.name}'s weights ({cost.weight_bytes / 2**30:.1f} GiB){shard}"
+        raise ConfigError("gpu", f"{weights} do not fit in {GPU_MEMORY_UTILIZATION:.0%} of the {hw.label}'s "
+                          f"{hw.memory_bytes / 2**30:.1f} GiB",
                           "choose a larger GPU, a higher --tp, --dtype fp8, or a smaller model")
     if tokens < max_model_len:
         raise ConfigError("max_model_len", f"{max_model_len} tokens of KV cache do not fit on the {hw.label} "
