@@ -137,8 +137,10 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
                   f"(90 % of memory less weights)", highlight=False)
     per_kernel = ", kernel by kernel" if hw["cost_model"] == "operators" else ""
     tp = f" · TP {doc['tp']}: {_si(doc['weight_bytes_per_gpu'], 'B')} of weights per GPU" if doc["tp"] > 1 else ""
+    fp8 = hw.get("dtype") == "fp8" and hw.get("fp8_gemm_eff")
+    gemm = f"FP8 GEMM {hw['fp8_gemm_eff']:.0%}" if fp8 else f"GEMM {hw['gemm_eff']:.0%}"
     console.print(f"[dim]roofline = at peak; estimated = at the profile's efficiencies{per_kernel} "
-                  f"(GEMM {hw['gemm_eff']:.0%}, attention {hw['attn_eff']:.0%}, bandwidth {hw['mem_eff']:.0%}) "
+                  f"({gemm}, attention {hw['attn_eff']:.0%}, bandwidth {hw['mem_eff']:.0%}) "
                   f"+ {hw['step_overhead_s'] * 1e3:g} ms per step{tp}[/]", highlight=False)
 
     if not doc["gpus"]:
