@@ -70,3 +70,15 @@ def test_the_command_prints_json_and_refuses_bad_flags() -> None:
     assert [r["streams"] for r in doc["rows"]] == [3] and set(doc["max_streams_within_bound"]) == {"kernel"}
     bad = runner.invoke(app, ["selftest", "--streams", "ten"])
     assert bad.exit_code == 2 and "--streams" in bad.output
+
+
+def test_the_tables_fit_an_80_column_terminal() -> None:
+    """Twelve columns in one table wrapped at 80; the ITL and TTFT errors are two tables of seven."""
+    done = CliRunner().invoke(app, ["selftest", "--streams", "2", "--readers", "kernel", "--duration", "1s"],
+                              terminal_width=80, env={"COLUMNS": "80"})
+    assert done.exit_code == 0, done.output
+    lines = done.output.splitlines()
+    assert any("ITL error against the paced server" in line for line in lines)
+    rows = [line.split() for line in lines if line.strip().startswith("kernel  ")]
+    assert len(rows) == 2 and rows[0][-1] in ("yes", "no") and len(rows[1]) == 7  # ITL row, TTFT row
+    assert max(len(line) for line in lines) <= 80, "\n".join(line for line in lines if len(line) > 80)
