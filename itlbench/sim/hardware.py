@@ -255,6 +255,10 @@ _NVLS = ("NVLink SHARP all-reduce in the NVSwitch (NVIDIA H100 Tensor Core GPU A
          "release notes, NVLS algorithm); assumed: an HGX/DGX NVSwitch baseboard")
 
 
+# Where a GPU's assumed FP8 efficiency has held-out figures behind it.
+_H200_CHECK = {"h200": " (TensorRT-LLM 1.0's 14 H200 offline throughputs, held out, within 10 % with it)"}
+
+
 def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
     gemm = fit["gemm_eff_a100_pcie"] if hw.name == "a100-pcie" else fit["gemm_eff_a100"]
     ada = hw.name in ADA
@@ -263,7 +267,8 @@ def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
     sources = dict(hw.sources) | {
         "gemm_eff": FITTED if own else f"assumed: the A100 SXM's fitted value ({FITTED})",
         "fp8_gemm_eff": (f"fitted on L40S (TensorRT-LLM TTFT), Ada's own: {FITTED}" if ada else
-                         f"fitted on H100 (TensorRT-LLM TTFT), assumed on other non-Ada GPUs; {FITTED}") if fp8 else "",
+                         f"fitted on H100 (TensorRT-LLM TTFT), assumed on other non-Ada GPUs{_H200_CHECK.get(hw.name, '')}; "
+                         f"{FITTED}") if fp8 else "",
         "allreduce_in_switch": _NVLS if hw.name in NVLS else "ring all-reduce over the GPU's link",
         "gemm_m_half": FITTED, "attn_eff": FITTED, "mem_eff": FITTED, "attn_mem_eff": FITTED,
         "kernel_s": FITTED, "link_eff": FITTED, "roof_blend": FITTED,

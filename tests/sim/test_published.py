@@ -61,6 +61,8 @@ def test_the_stored_parameters_meet_the_error_targets_in_and_out_of_the_fit() ->
     # TensorRT-LLM 1.0's offline throughputs (Llama-3.1-8B and -3.3-70B, H100/H200 FP8): all predicted within 13 %
     offline = [e for f, _, e in rows if f.key.startswith("trtllm1 offline")]
     assert len(offline) == 28 and max(map(abs, offline)) < 0.13 and np.median(np.abs(offline)) < 0.07
+    h200 = [e for f, _, e in rows if f.key.startswith("trtllm1 offline") and " h200 " in f.key]
+    assert len(h200) == 14 and max(map(abs, h200)) < 0.10  # the H200's assumed FP8 efficiency, as its sources say
     # the 12 cells not predicted: a prompt does not fit the step beside the batch under trtllm-bench's settings
     unscheduled = {key[3:] for key, ok in overview_schedulable().items() if not ok}
     assert unscheduled == {(2048, 2048), (5000, 500), (20000, 2000)}
