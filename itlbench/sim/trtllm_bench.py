@@ -64,19 +64,20 @@ def _round_tokens(raw: float) -> int:
 def schedulable(settings: BenchSettings, isl: int, osl: int) -> bool:
     """Whether a whole prompt fits the step beside the rows of a full batch less the request it replaces:
     where it does not, the run needed chunked context or other settings, which the page does not state."""
-    room = min(settings.max_batch_size, settings.kv_tokens // _reserved(isl, osl))
+    room = _room(settings, isl, osl)
     return room >= 1 and isl + room - 1 <= settings.max_num_tokens
 
 
-def _reserved(isl: int, osl: int) -> int:
-    return -(-(isl + osl) // KV_BLOCK) * KV_BLOCK
+def _room(settings: BenchSettings, isl: int, osl: int) -> int:
+    """Requests in flight at once: the batch limit, or the K/V each reserves for isl + osl in whole blocks."""
+    return min(settings.max_batch_size, settings.kv_tokens // (-(-(isl + osl) // KV_BLOCK) * KV_BLOCK))
 
 
 def offline_seconds(cm: CostModel, hw: Hardware, isl: int, osl: int, requests: int, settings: BenchSettings) -> float:
     """Seconds to serve `requests` requests of isl/osl queued at once, in flight, under `settings`."""
     if not schedulable(settings, isl, osl):
         raise ValueError(f"{isl}/{osl}: a prompt does not fit beside the decoding rows under {settings}")
-    room = min(settings.max_batch_size, settings.kv_tokens // _reserved(isl, osl))
+    room = _room(settings, isl, osl)
     waiting, cohorts, seconds = requests, [], 0.0  # cohorts: [requests, tokens generated so far]
     while waiting or cohorts:
         rows = sum(size for size, _ in cohorts)
