@@ -36,6 +36,10 @@ PRESETS: dict[str, ModelConfig] = {
         name="llama-3.3-70b", vocab_size=128_256, hidden_size=8192, intermediate_size=28_672,
         num_layers=80, num_heads=64, num_kv_heads=8, max_position_embeddings=131_072,
         rope_scaling=_LLAMA31_ROPE, bos_token_id=128_000, eos_token_id=128_009),
+    "llama-3.1-405b": ModelConfig(
+        name="llama-3.1-405b", vocab_size=128_256, hidden_size=16_384, intermediate_size=53_248,
+        num_layers=126, num_heads=128, num_kv_heads=8, max_position_embeddings=131_072,
+        rope_scaling=_LLAMA31_ROPE, bos_token_id=128_000, eos_token_id=128_009),
     "yi-34b": ModelConfig(
         name="yi-34b", vocab_size=64_000, hidden_size=7168, intermediate_size=20_480,
         num_layers=60, num_heads=56, num_kv_heads=8, max_position_embeddings=200_000, rope_theta=5_000_000.0),

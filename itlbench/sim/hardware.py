@@ -256,7 +256,7 @@ _NVLS = ("NVLink SHARP all-reduce in the NVSwitch (NVIDIA H100 Tensor Core GPU A
 
 
 # Where a GPU's assumed FP8 efficiency has held-out figures behind it.
-_H200_CHECK = {"h200": " (TensorRT-LLM 1.0's 14 H200 offline throughputs, held out, within 10 % with it)"}
+_H200_CHECK = {"h200": " (TensorRT-LLM 1.0's 21 H200 offline throughputs, held out, within 10 % with it)"}
 
 
 def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:

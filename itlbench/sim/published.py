@@ -175,8 +175,8 @@ TRT_TTFT = (  # gpu, dtype, model, tp, input, ms, in the fit set
 
 
 # TensorRT-LLM docs/source/performance/perf-overview.md (v1.0, PyTorch backend): total output tokens/s of
-# `trtllm-bench throughput` over FP8 checkpoints (nvidia/Llama-3.1-8B-Instruct-FP8, -3.3-70B-), and the
-# requests in each dataset (the same page's table).
+# `trtllm-bench throughput` over FP8 checkpoints (nvidia/Llama-3.1-8B-Instruct-FP8, -3.3-70B-, -3.1-405B-),
+# and the requests in each dataset (the same page's table).
 OVERVIEW_REQUESTS = {(128, 128): 30_000, (128, 2048): 3000, (128, 4096): 1500, (500, 2000): 3000,
                      (1000, 1000): 3000, (1000, 2000): 1500, (2048, 128): 3000, (2048, 2048): 1500,
                      (5000, 500): 1500, (20000, 2000): 1000}
@@ -186,7 +186,15 @@ OVERVIEW = {  # (model, gpu, tp): output tokens/s, in _SHAPES' order
     ("llama-3.1-8b", "h100", 1): (28_312, 22_714, 14_325, 17_660, 15_220, 13_899, 3_450, 9_305, 3_459, 1_351),
     ("llama-3.3-70b", "h200", 1): (3_803, 4_336, 2_872, 3_666, 2_909, 2_994, 442, 2_003, 566, 283),
     ("llama-3.3-70b", "h100", 2): (6_378, 6_651, 4_199, 5_222, 4_205, 4_146, 762, 3_082, 898, 437),
+    ("llama-3.1-405b", "h200", 8): (3_814, 5_348, 4_741, 4_724, 3_330, 3_722, 456, 2_948, 650, 505),
+    ("llama-3.1-405b", "h100", 8): (3_627, 4_340, 3_116, 3_994, 2_919, 2_895, 453, 2_296, 610, 345),
 }
+# Bytes per K/V element in each checkpoint's cache. nvidia/Llama-3.1-405B-Instruct-FP8's model card (ModelOpt
+# 0.15.1): "Only the weights and activations of the linear operators within transformers blocks are
+# quantized", so its K/V stays 16-bit, and trtllm-bench sizes the run from that (tuning.py reads the
+# checkpoint's kv_cache_quant_algo). The 8B and 70B checkpoints are taken to carry an FP8 cache (assumed:
+# their quantization configs were not read here; at 16 bits their figures would be 15-108 % slower).
+OVERVIEW_KV_BYTES = {"llama-3.1-8b": 1, "llama-3.3-70b": 1, "llama-3.1-405b": 2}
 
 
 def _trt1_hw(params: dict[str, float], gpu: str) -> Hardware:
@@ -201,13 +209,13 @@ def _trt1_hw(params: dict[str, float], gpu: str) -> Hardware:
 
 def _offline_cm(model: str, gpu: str, tp: int) -> tuple[CostModel, Hardware]:
     hw = presets()[gpu].for_dtype("fp8")  # the settings read the GPU's memory, no fitted parameter
-    return CostModel.for_hardware(PRESETS[model], hw, tp=tp), hw
+    return CostModel.for_hardware(PRESETS[model], hw, tp=tp, kv_dtype_bytes=OVERVIEW_KV_BYTES[model]), hw
 
 
 def _offline(model: str, gpu: str, tp: int, isl: int, osl: int) -> Callable[[dict[str, float]], float]:
     def predict(params: dict[str, float]) -> float:
         hw = _trt1_hw(params, gpu)
-        cm = CostModel.for_hardware(PRESETS[model], hw, tp=tp)
+        cm = CostModel.for_hardware(PRESETS[model], hw, tp=tp, kv_dtype_bytes=OVERVIEW_KV_BYTES[model])
         return offline_seconds(cm, hw, isl, osl, OVERVIEW_REQUESTS[(isl, osl)], bench_settings(cm, hw, isl, osl))
     return predict
 

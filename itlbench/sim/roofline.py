@@ -77,7 +77,7 @@ class CostModel:
     """
 
     def __init__(self, model: ModelConfig, dtype_bytes: int = 2, counting: Counting = "textbook", tp: int = 1,
-                 cuda_graphs: bool = True) -> None:
+                 cuda_graphs: bool = True, kv_dtype_bytes: int | None = None) -> None:
         if counting not in COUNTINGS:
             raise ConfigError("counting", f"unknown counting {counting!r}", "use textbook or executed")
         if not (isinstance(tp, int) and tp >= 1):
@@ -96,7 +96,8 @@ class CostModel:
         self.norm_params = (2 * m.num_layers + 1) * m.hidden_size
         self.table_params = m.vocab_size * m.hidden_size  # one embedding table (or LM head)
         self.params = m.num_params
-        self.kv_bytes_per_token = m.kv_bytes_per_token(dtype_bytes)
+        # K/V in the weights' dtype unless told otherwise (an FP8 checkpoint may keep a 16-bit cache)
+        self.kv_bytes_per_token = m.kv_bytes_per_token(kv_dtype_bytes or dtype_bytes)
         # K/V heads per GPU: split when tp divides them, replicated when there are fewer heads than GPUs
         self.kv_heads_per_gpu = max(1, m.num_kv_heads // tp)
         self.kv_bytes_per_token_per_gpu = self.kv_bytes_per_token * self.kv_heads_per_gpu // m.num_kv_heads
@@ -104,8 +105,9 @@ class CostModel:
         self.act_bytes = 4 if dtype_bytes == 4 else 2  # activations stay 16-bit under fp8 weights
 
     @classmethod
-    def for_hardware(cls, model: ModelConfig, hw: Hardware, tp: int = 1, cuda_graphs: bool = True) -> CostModel:
-        return cls(model, hw.dtype_bytes, hw.counting, tp, cuda_graphs)
+    def for_hardware(cls, model: ModelConfig, hw: Hardware, tp: int = 1, cuda_graphs: bool = True,
+                     kv_dtype_bytes: int | None = None) -> CostModel:
+        return cls(model, hw.dtype_bytes, hw.counting, tp, cuda_graphs, kv_dtype_bytes)
 
     @property
     def weight_bytes_per_gpu(self) -> float:

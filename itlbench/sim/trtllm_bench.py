@@ -39,9 +39,10 @@ class BenchSettings:
 
 
 def bench_settings(cm: CostModel, hw: Hardware, isl: int, osl: int, kv_fraction: float = KV_FRACTION) -> BenchSettings:
-    """trtllm-bench's settings for an FP8 model (weights and K/V at one byte) on tp GPUs of `hw`."""
+    """trtllm-bench's settings for an FP8 model (weights at one byte; K/V at the cost model's bytes, which
+    the heuristic reads from the checkpoint's `kv_cache_quant_algo`) on tp GPUs of `hw`."""
     m = cm.model
-    kv_per_token = 2 * m.num_layers * max(cm.tp, m.num_kv_heads) * m.head_dim / GIB
+    kv_per_token = cm.kv_bytes_per_token * max(cm.tp, m.num_kv_heads) / m.num_kv_heads / GIB
     cache = (hw.memory_bytes * cm.tp / GIB - cm.params / GIB) * kv_fraction
     requests = cache / (kv_per_token * (isl + osl))
     raw_bs = min(requests, 4096)

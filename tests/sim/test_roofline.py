@@ -35,6 +35,18 @@ def test_model_size_and_kv_bytes_come_from_the_config(cm: CostModel) -> None:
     assert cm.kv_bytes_per_token == 131_072  # 2 · 32 layers · 8 KV heads · 128 · 2 bytes = 128 KiB
 
 
+def test_an_fp8_model_may_keep_a_16_bit_cache() -> None:
+    """K/V bytes follow the weights' dtype unless told apart: FP8 weights with a 16-bit cache read twice the
+    K/V of an FP8 cache, hold half as many tokens, and stream the same weights."""
+    fp8 = H100.for_dtype("fp8")
+    one, two = CostModel.for_hardware(LLAMA3_8B, fp8), CostModel.for_hardware(LLAMA3_8B, fp8, kv_dtype_bytes=2)
+    assert one.kv_bytes_per_token == 65_536 and two.kv_bytes_per_token == 131_072
+    step = StepShape.decode(64, 4096)
+    assert two.cost(step).kv_read_bytes == 2 * one.cost(step).kv_read_bytes
+    assert two.cost(step).weight_bytes == one.cost(step).weight_bytes
+    assert two.kv_capacity_tokens(fp8) == pytest.approx(one.kv_capacity_tokens(fp8) / 2, abs=1)
+
+
 def test_ridge_and_weight_gemm_ridge() -> None:
     assert sig3(H100.ridge) == 295
     d = LLAMA3_8B.hidden_size
