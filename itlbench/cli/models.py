@@ -105,6 +105,15 @@ def _for_dtype(hw: object, dtype: str) -> object:
         return hw
 
 
+def _kv_dtype_bytes(kv_cache_dtype: str) -> int | None:
+    from itlbench.core.engine_config import KV_CACHE_DTYPES
+    from itlbench.sim.roofline import DTYPE_BYTES
+
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ConfigError("--kv-cache-dtype", f"unknown dtype {kv_cache_dtype!r}", f"use one of {', '.join(KV_CACHE_DTYPES)}")
+    return None if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
+
+
 def _token_list(text: str, flag: str) -> list[int]:
     from itlbench.units import parse_tokens
 
@@ -128,6 +137,8 @@ def roofline(
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree: costs per GPU, two all-reduces per layer.")] = 1,
     dtype: Annotated[str, typer.Option(help="auto (the profile's), bfloat16, float16 or fp8 (one-byte weights and "
                                        "K/V, the FP8 tensor rate).")] = "auto",
+    kv_cache_dtype: Annotated[str, typer.Option(help="auto (the weights' dtype), bfloat16, float16 or fp8: the K/V "
+                                                "cache's dtype apart from the weights'.")] = "auto",
     as_json: AsJson = False,
 ) -> None:
     """Roofline tables: GEMM and step intensity, prefill vs decode cost, ITL floor, crossover, GPUs side by side."""
@@ -146,7 +157,7 @@ def roofline(
         if len(ctx) != 1:
             raise ConfigError("--context", f"takes one length, got {context!r}", "e.g. --context 2k")
         doc = roofline_doc(model_cfg, hw, others, _token_list(prompt, "--prompt"), _token_list(batch, "--batch"), ctx[0],
-                           tp=tp)
+                           tp=tp, kv_dtype_bytes=_kv_dtype_bytes(kv_cache_dtype))
     except ItlbenchError as exc:
         fail(exc)
         return

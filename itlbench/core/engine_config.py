@@ -19,6 +19,7 @@ POLICIES: tuple[str, ...] = ("budget", "prefill-first")
 EngineKind = Literal["torch", "sim"]
 ENGINE_KINDS: tuple[str, ...] = ("torch", "sim")
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "sdpa", "flash", "triton")  # itlbench.engine.attention
+KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bfloat16", "float16", "fp8")
 
 
 def parse_chunk_budget(text: str | int | None) -> int | None:
@@ -60,6 +61,9 @@ class EngineConfig:
     device: str = option("auto", "auto, cpu or cuda.")
     dtype: str = option("auto", "auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16, or fp8 (--engine sim: "
                         "weights and K/V at one byte, the FP8 tensor rate).")
+    kv_cache_dtype: str = option("auto", "--engine sim: the K/V cache's dtype: auto (the weights' dtype), bfloat16, "
+                                 "float16 or fp8 (e.g. --dtype fp8 --kv-cache-dtype bfloat16: FP8 weights beside a "
+                                 "16-bit cache, vLLM's default for an FP8 checkpoint without K/V scales).")
     attention: str = option("auto", "Attention kernels: auto (flash, triton, then sdpa, whichever runs here), sdpa, "
                             "flash or triton.")
     cuda_graphs: bool = option(True, "CUDA: replay captured graphs for decode-only steps.")
@@ -122,6 +126,12 @@ class EngineConfig:
             raise ConfigError("gpu", "only applies to the simulated engine", "add --engine sim")
         if self.dtype == "fp8" and self.engine != "sim":
             raise ConfigError("dtype", "fp8 is simulated only", "add --engine sim, or use bfloat16")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError("kv_cache_dtype", f"unknown dtype {self.kv_cache_dtype!r}",
+                              f"use one of {', '.join(KV_CACHE_DTYPES)}")
+        if self.kv_cache_dtype != "auto" and self.engine != "sim":
+            raise ConfigError("kv_cache_dtype", "only applies to the simulated engine (the torch engine keeps its "
+                              "K/V in --dtype)", "add --engine sim, or leave --kv-cache-dtype auto")
         if not (isinstance(self.tp, int) and self.tp >= 1):
             raise ConfigError("tp", f"must be a whole number >= 1, got {self.tp!r}", "e.g. --tp 2")
         if self.tp > 1 and self.engine != "sim":

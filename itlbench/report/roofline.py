@@ -50,8 +50,8 @@ def _gpu_row(cm: CostModel, hw: Hardware, prompt: int, batch: int, context: int)
 
 
 def roofline_doc(model: ModelConfig, hw: Hardware, compare: Sequence[Hardware], prompts: Sequence[int],
-                 batches: Sequence[int], context: int, tp: int = 1) -> dict[str, Any]:
-    cm = CostModel.for_hardware(model, hw, tp=tp)
+                 batches: Sequence[int], context: int, tp: int = 1, kv_dtype_bytes: int | None = None) -> dict[str, Any]:
+    cm = CostModel.for_hardware(model, hw, tp=tp, kv_dtype_bytes=kv_dtype_bytes)
     gemms = [{"name": g.name, "d_in": g.d_in, "d_out": g.d_out,
               "intensity_flop_per_byte": {str(t): g.intensity(t, cm.b) for t in (1, *batches, *prompts)},
               "ridge_tokens": g.ridge_tokens(hw.ridge, cm.b)} for g in cm.gemms()]
@@ -74,7 +74,8 @@ def roofline_doc(model: ModelConfig, hw: Hardware, compare: Sequence[Hardware], 
         "phases": phases,
         "tp": tp,
         "weight_bytes_per_gpu": cm.weight_bytes_per_gpu,
-        "gpus": [_gpu_row(CostModel.for_hardware(model, g, tp=tp), g, worst_prompt, big_batch, context)
+        "gpus": [_gpu_row(CostModel.for_hardware(model, g, tp=tp, kv_dtype_bytes=kv_dtype_bytes), g, worst_prompt,
+                          big_batch, context)
                  for g in compare],
         "gpu_table_case": {"prefill_tokens": worst_prompt, "decode_batch": big_batch, "decode_context": context},
     }

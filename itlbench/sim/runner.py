@@ -26,7 +26,7 @@ from itlbench.core.model_config import ModelConfig
 from itlbench.core.presets import load_model_config
 from itlbench.core.scheduler_output import ScheduledChunk, SchedulerOutput
 from itlbench.errors import ConfigError
-from itlbench.sim.roofline import CostModel, Hardware, StepShape, StepTime, load_hardware
+from itlbench.sim.roofline import DTYPE_BYTES, CostModel, Hardware, StepShape, StepTime, load_hardware
 
 DEFAULT_GPU = "h100"
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of device memory for weights + KV cache
@@ -109,7 +109,8 @@ def sim_hardware(config: EngineConfig, gpu: str | None = None) -> Hardware:
 
 
 def sim_cost_model(config: EngineConfig, model: ModelConfig, hw: Hardware) -> CostModel:
-    return CostModel.for_hardware(model, hw, tp=config.tp, cuda_graphs=config.cuda_graphs)
+    kv_bytes = None if config.kv_cache_dtype == "auto" else DTYPE_BYTES[config.kv_cache_dtype]
+    return CostModel.for_hardware(model, hw, tp=config.tp, cuda_graphs=config.cuda_graphs, kv_dtype_bytes=kv_bytes)
 
 
 def check_sim_config(config: EngineConfig) -> None:

@@ -73,6 +73,25 @@ def test_kv_room_is_per_gpu_memory_and_70b_fits_only_sharded_or_in_fp8() -> None
     assert engine.runner.info.device == "sim:h100x2" and engine.runner.info.dtype == "fp8"
 
 
+def test_fp8_weights_beside_a_16_bit_cache() -> None:
+    """--kv-cache-dtype bfloat16 under --dtype fp8 (vLLM's default for an FP8 checkpoint without K/V scales):
+    the same one-byte weights, twice the K/V bytes a token, half the K/V room, slower long-context decode."""
+    fp8 = offline_engine(EngineConfig(model="llama-2-70b", engine="sim", gpu="h100", tp=2, dtype="fp8"))
+    mixed = offline_engine(EngineConfig(model="llama-2-70b", engine="sim", gpu="h100", tp=2, dtype="fp8",
+                                        kv_cache_dtype="bfloat16"))
+    one, two = fp8.runner.cost_model, mixed.runner.cost_model
+    assert two.kv_bytes_per_token_per_gpu == 2 * one.kv_bytes_per_token_per_gpu
+    assert two.weight_bytes_per_gpu == one.weight_bytes_per_gpu
+    hw = fp8.runner.hardware
+    assert two.kv_capacity_tokens(hw) == pytest.approx(one.kv_capacity_tokens(hw) / 2, abs=1)
+    step = StepShape.decode(64, 8192)
+    assert two.time(step, hw).total_s > 1.2 * one.time(step, hw).total_s
+    for bad, fix in ((dict(kv_cache_dtype="fp8"), "--engine sim"), (dict(engine="sim", kv_cache_dtype="fp4"), "use one")):
+        with pytest.raises(ConfigError) as err:
+            EngineConfig(**bad)
+        assert err.value.field == "kv_cache_dtype" and fix in str(err.value)
+
+
 def test_fp8_uses_the_fp8_rate_and_one_byte_weights_only_where_the_gpu_has_it() -> None:
     fp8 = H100.for_dtype("fp8")
     assert fp8.gemm_peak == 1979e12 and fp8.peak_flops == 989e12  # attention stays at the half rate
@@ -165,6 +184,10 @@ def test_roofline_command_takes_tp_and_dtype() -> None:
     cm = CostModel.for_hardware(L70, H100.for_dtype("fp8"), tp=2)
     assert doc["tp"] == 2 and doc["weight_bytes_per_gpu"] == pytest.approx(cm.weight_bytes_per_gpu)
     assert doc["hardware"]["dtype"] == "fp8" and [g["gpu"] for g in doc["gpus"]] == ["h100", "a100", "b200"]
+    mixed = json.loads(runner.invoke(app, ["roofline", "--model", "llama-2-70b", "--gpu", "h100", "--tp", "2", "--dtype",
+                                           "fp8", "--kv-cache-dtype", "bfloat16", "--compare", "none", "--json"]).stdout)
+    assert mixed["kv_bytes_per_token"] == 2 * doc["kv_bytes_per_token"]
+    assert mixed["kv_capacity_tokens"] == pytest.approx(doc["kv_capacity_tokens"] / 2, abs=1)
     result = runner.invoke(app, ["roofline", "--model", "llama-2-70b", "--tp", "3"])
     assert result.exit_code == 2 and "tp" in result.output and "divide" in result.output
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from itlbench.core.presets import PRESETS
-from itlbench.sim.hardware import FIT, presets
 from itlbench.sim import published
+from itlbench.sim.hardware import FIT, presets
 from itlbench.sim.published import ENGINE_PARAMS, FIGURES, default_params, errors, overview_schedulable
 from itlbench.sim.roofline import CostModel
 
