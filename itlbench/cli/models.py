@@ -136,7 +136,7 @@ def roofline(
     context: Annotated[str, typer.Option(help="Cached context of each decoding sequence.")] = "2k",
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree: costs per GPU, two all-reduces per layer.")] = 1,
     dtype: Annotated[str, typer.Option(help="auto (the profile's), bfloat16, float16 or fp8 (one-byte weights and "
-                                       "K/V, the FP8 tensor rate).")] = "auto",
+                                       "K/V unless --kv-cache-dtype says otherwise, the FP8 tensor rate).")] = "auto",
     kv_cache_dtype: Annotated[str, typer.Option(help="auto (the weights' dtype), bfloat16, float16 or fp8: the K/V "
                                                 "cache's dtype apart from the weights'.")] = "auto",
     as_json: AsJson = False,

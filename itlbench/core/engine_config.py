@@ -60,7 +60,7 @@ class EngineConfig:
     prefix_caching: bool = option(True, "Reuse KV blocks of identical prompt prefixes.")
     device: str = option("auto", "auto, cpu or cuda.")
     dtype: str = option("auto", "auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16, or fp8 (--engine sim: "
-                        "weights and K/V at one byte, the FP8 tensor rate).")
+                        "weights and K/V at one byte unless --kv-cache-dtype says otherwise, the FP8 tensor rate).")
     kv_cache_dtype: str = option("auto", "--engine sim: the K/V cache's dtype: auto (the weights' dtype), bfloat16, "
                                  "float16 or fp8 (e.g. --dtype fp8 --kv-cache-dtype bfloat16: FP8 weights beside a "
                                  "16-bit cache, vLLM's default for an FP8 checkpoint without K/V scales).")
