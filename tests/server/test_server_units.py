@@ -152,12 +152,12 @@ def _every_field_changed() -> EngineConfig:
 
 
 # The simulated engine's fields, changed in a test of their own (disaggregation needs prefix caching on).
-SIM_FIELDS = ("engine", "gpu", "sim_time_scale", "disaggregate", "prefill_gpu", "kv_link_gbps", "tp")
+SIM_FIELDS = ("engine", "gpu", "sim_time_scale", "disaggregate", "prefill_gpu", "kv_link_gbps", "tp", "kv_cache_dtype")
 
 
 def test_sim_engine_config_survives_the_process_boundary(tmp_path):
     cfg = EngineConfig(model="tiny", engine="sim", gpu="h200", sim_time_scale=3.0, disaggregate=True,
-                       prefill_gpu="a100", kv_link_gbps=100.0, kv_blocks=64, tp=2)
+                       prefill_gpu="a100", kv_link_gbps=100.0, kv_blocks=64, tp=2, kv_cache_dtype="float16")
     assert all(getattr(cfg, f) != getattr(EngineConfig(), f) for f in SIM_FIELDS)
     with BundledServer(cfg, tmp_path / "server.log") as srv:
         info = srv.engine_info
