@@ -17,6 +17,9 @@ belongs to the engine (fixed costs per step and per sequence, one set per source
   static batches at release 0.5.0; and docs/source/performance/perf-overview.md, release 1.0's offline
   throughputs of fixed-length datasets, predicted through trtllm-bench's settings and an in-flight
   schedule (sim/trtllm_bench.py), none of them fitted.
+- vLLM's own performance benchmark (Buildkite pipeline vllm/performance-benchmark): its latency tests,
+  one batch of 8 prompts of 32 tokens generating 128, on H200, A100 and H100 — predicted with the presets
+  exactly as `--engine sim` runs them, so they check the vLLM-like step costs the presets assume.
 
 `FIGURES` marks each figure fit or held out; `fit` finds the parameters on the fit set alone, so the
 held-out errors are predictions. The 256-token row of prefill.csv (121 ms, slower than 512 tokens; its
@@ -46,6 +49,7 @@ S_CHUNK = "osdi-experiments/figure-9/chunking-overhead.csv"
 V_MLP = "data/profiling/compute/a100/meta-llama/Meta-Llama-3-8B/mlp.csv"
 T_PERF = "docs/source/performance.md"
 T_OVERVIEW = "docs/source/performance/perf-overview.md"
+VLLM_CI = "buildkite.com/vllm/performance-benchmark"
 DECODE_BLOCK = 32
 DECODE_CONTEXT = 1022  # 1,020-token prompts (prefill_to_decode_ratio 255 of 1,024) plus the tokens decoded
 
@@ -220,6 +224,29 @@ def _offline(model: str, gpu: str, tp: int, isl: int, osl: int) -> Callable[[dic
     return predict
 
 
+# vLLM's performance benchmark, "Latency tests" (input 32 tokens, output 128, batch 8; bf16; end-to-end
+# mean latency of one `generate`): build, GPU as the page names it, and the figure. "llama-3 70B" has the
+# shapes of the llama-3.3-70b preset.
+VLLM_LATENCY = (  # model, gpu, tp, mean latency ms, build
+    ("llama-3.1-8b", "h200", 1, 834.059, 9513), ("llama-3.3-70b", "h200", 4, 2075.08, 9513),
+    ("llama-3.1-8b", "a100", 1, 1579.27, 9523), ("llama-3.3-70b", "a100", 4, 3990.59, 9523),
+    ("llama-3.1-8b", "h100", 1, 997.542, 9555), ("llama-3.3-70b", "h100", 4, 2444.47, 9555),
+)
+VLLM_BATCH, VLLM_INPUT, VLLM_OUTPUT = 8, 32, 128
+
+
+def _vllm_latency(model: str, gpu: str, tp: int) -> Callable[[dict[str, float]], float]:
+    """One `generate` of the latency test: the batch's prompts in one step, then output - 1 decode steps
+    (replayed as CUDA graphs), on the preset as `--engine sim` runs it: its assumed vLLM-like step costs."""
+    def predict(params: dict[str, float]) -> float:
+        hw = _gpus(params)[gpu].for_dtype("bfloat16")
+        cm = CostModel.for_hardware(PRESETS[model], hw, tp=tp)
+        prefill = cm.time(StepShape.of([(VLLM_INPUT, 0, True)] * VLLM_BATCH), hw).total_s
+        return prefill + sum(cm.time(StepShape.decode(VLLM_BATCH, VLLM_INPUT + i), hw).total_s
+                             for i in range(VLLM_OUTPUT - 1))
+    return predict
+
+
 def overview_schedulable() -> dict[tuple[str, str, int, int, int], bool]:
     """Which published offline runs the schedule reproduces: a prompt must fit the step beside a full
     batch under trtllm-bench's settings (2,048/2,048, 5,000/500 and 20,000/2,000 do not: those runs chunked
@@ -286,6 +313,10 @@ def _figures() -> list[Figure]:
                               f"TensorRT-LLM 1.0 {model} offline {n:,} x {isl}/{osl} on {gpu} fp8 TP{tp} "
                               f"({tok_s:,} out tok/s)", n * osl / tok_s, False,
                               _offline(model, gpu, tp, isl, osl)))
+    for model, gpu, tp, ms, build in VLLM_LATENCY:
+        out.append(Figure(f"vllm latency {model} {gpu} bf16 tp{tp}", VLLM_CI, f"builds/{build}",
+                          f"vLLM latency test {model} {VLLM_BATCH} x {VLLM_INPUT}/{VLLM_OUTPUT} on {gpu} bf16 TP{tp}",
+                          ms / 1e3, False, _vllm_latency(model, gpu, tp)))
     return out
 
 
