@@ -67,6 +67,7 @@ def roofline_doc(model: ModelConfig, hw: Hardware, compare: Sequence[Hardware], 
         "counting": cm.counting,
         "weight_bytes": cm.weight_bytes,
         "kv_bytes_per_token": cm.kv_bytes_per_token,
+        "kv_bytes_per_element": kv_dtype_bytes or cm.b,
         "itl_floor_s": cm.weight_bytes_per_gpu / hw.mem_bw,  # each GPU streams its shard
         "crossover_prompt_tokens": cm.crossover_tokens(hw.ridge),
         "kv_capacity_tokens": cm.kv_capacity_tokens(hw),
@@ -132,7 +133,9 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
                   _si(p["bytes"], "B"), _num(p["intensity_flop_per_byte"]), p["bound"],
                   _si(p["achievable_flop_per_s"], "FLOP/s"), _time(p["roofline_time_s"]), _time(p["estimated_time_s"]))
     print_table(console, t)
-    console.print(f"weights {_si(doc['weight_bytes'], 'B')} · KV {doc['kv_bytes_per_token']:,} B/token · ITL floor "
+    kv_element = f" ({doc['kv_bytes_per_element']} B an element)" if "kv_bytes_per_element" in doc else ""
+    console.print(f"weights {_si(doc['weight_bytes'], 'B')} · KV {doc['kv_bytes_per_token']:,} B/token{kv_element} · "
+                  "ITL floor "
                   f"(weights / bandwidth) {_time(doc['itl_floor_s'])} · crossover prompt length "
                   f"{doc['crossover_prompt_tokens']:,.0f} tokens · KV room {doc['kv_capacity_tokens']:,} tokens "
                   f"(90 % of memory less weights)", highlight=False)

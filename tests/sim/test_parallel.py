@@ -187,6 +187,7 @@ def test_roofline_command_takes_tp_and_dtype() -> None:
     mixed = json.loads(runner.invoke(app, ["roofline", "--model", "llama-2-70b", "--gpu", "h100", "--tp", "2", "--dtype",
                                            "fp8", "--kv-cache-dtype", "bfloat16", "--compare", "none", "--json"]).stdout)
     assert mixed["kv_bytes_per_token"] == 2 * doc["kv_bytes_per_token"]
+    assert (mixed["kv_bytes_per_element"], doc["kv_bytes_per_element"]) == (2, 1)
     assert mixed["kv_capacity_tokens"] == pytest.approx(doc["kv_capacity_tokens"] / 2, abs=1)
     result = runner.invoke(app, ["roofline", "--model", "llama-2-70b", "--tp", "3"])
     assert result.exit_code == 2 and "tp" in result.output and "divide" in result.output
