@@ -194,10 +194,10 @@ OVERVIEW = {  # (model, gpu, tp): output tokens/s, in _SHAPES' order
     ("llama-3.1-405b", "h100", 8): (3_627, 4_340, 3_116, 3_994, 2_919, 2_895, 453, 2_296, 610, 345),
 }
 # Bytes per K/V element in each checkpoint's cache. nvidia/Llama-3.1-405B-Instruct-FP8's model card (ModelOpt
-# 0.15.1): "Only the weights and activations of the linear operators within transformers blocks are
-# quantized", so its K/V stays 16-bit, and trtllm-bench sizes the run from that (tuning.py reads the
-# checkpoint's kv_cache_quant_algo). The 8B and 70B checkpoints are taken to carry an FP8 cache (assumed:
-# their quantization configs were not read here; at 16 bits their figures would be 15-108 % slower).
+# 0.15.1) says only the linear operators' weights and activations in the transformer blocks were quantized,
+# so its K/V stays 16-bit, and trtllm-bench sizes the run from that (tuning.py reads the checkpoint's
+# kv_cache_quant_algo). The 8B and 70B checkpoints are taken to carry an FP8 cache (assumed:
+# their quantization configs were not read here; at 16 bits their decode-heavy figures would be 34-108 % slow).
 OVERVIEW_KV_BYTES = {"llama-3.1-8b": 1, "llama-3.3-70b": 1, "llama-3.1-405b": 2}
 
 
