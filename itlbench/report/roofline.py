@@ -133,9 +133,8 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
                   _si(p["bytes"], "B"), _num(p["intensity_flop_per_byte"]), p["bound"],
                   _si(p["achievable_flop_per_s"], "FLOP/s"), _time(p["roofline_time_s"]), _time(p["estimated_time_s"]))
     print_table(console, t)
-    kv_element = f" ({doc['kv_bytes_per_element']} B an element)" if "kv_bytes_per_element" in doc else ""
-    console.print(f"weights {_si(doc['weight_bytes'], 'B')} · KV {doc['kv_bytes_per_token']:,} B/token{kv_element} · "
-                  "ITL floor "
+    kv = f"KV {doc['kv_bytes_per_token']:,} B/token ({doc['kv_bytes_per_element']} B an element)"
+    console.print(f"weights {_si(doc['weight_bytes'], 'B')} · {kv} · ITL floor "
                   f"(weights / bandwidth) {_time(doc['itl_floor_s'])} · crossover prompt length "
                   f"{doc['crossover_prompt_tokens']:,.0f} tokens · KV room {doc['kv_capacity_tokens']:,} tokens "
                   f"(90 % of memory less weights)", highlight=False)
