@@ -61,6 +61,9 @@ def run_virtual(cfg: RunConfig, run_dir: Path, created: bool,
         if created:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
+    describe = getattr(getattr(engine, "runner", None), "describe", None)  # disaggregated: two pools, no one runner
+    if describe:
+        on_status(describe())
     conn = Connection(target=None, max_model_len=engine.max_model_len,  # type: ignore[arg-type]
                       vocab_size=model.vocab_size, steps_url=None, metrics_url=None)
     plan = build_load_plan(load_spec(cfg, conn))  # a fresh prompt salt unless --reuse-prompts, as served

@@ -146,6 +146,14 @@ class SimRunner:
         self._stop_ids = model_config.eos_token_ids
         self._rng = random.Random(config.seed)
 
+    def describe(self) -> str:
+        """The simulated deployment in one line, so a run says what it priced (GPU, dtypes, K/V room)."""
+        cm, tp = self.cost_model, self.cost_model.tp
+        kv_element = cm.kv_bytes_per_token // (2 * cm.model.num_layers * cm.model.num_kv_heads * cm.model.head_dim)
+        gpus = f"{tp} × {self.hardware.label}" if tp > 1 else self.hardware.label
+        return (f"{gpus}: {self.hardware.dtype} weights, K/V at {kv_element} B an element, "
+                f"{self.num_blocks:,} K/V blocks of {self.block_size} tokens")
+
     def step_time(self, output: SchedulerOutput) -> StepTime:
         return self.cost_model.time(chunk_shape(output.chunks), self.hardware)
 

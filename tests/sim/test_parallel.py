@@ -86,6 +86,7 @@ def test_fp8_weights_beside_a_16_bit_cache() -> None:
     assert two.kv_capacity_tokens(hw) == pytest.approx(one.kv_capacity_tokens(hw) / 2, abs=1)
     step = StepShape.decode(64, 8192)
     assert two.time(step, hw).total_s > 1.2 * one.time(step, hw).total_s
+    assert "K/V at 2 B an element" in mixed.runner.describe() and "K/V at 1 B" in fp8.runner.describe()
     for bad, fix in ((dict(kv_cache_dtype="fp8"), "--engine sim"), (dict(engine="sim", kv_cache_dtype="fp4"), "use one")):
         with pytest.raises(ConfigError) as err:
             EngineConfig(**bad)

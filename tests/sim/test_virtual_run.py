@@ -145,6 +145,7 @@ def test_the_70b_tp2_fp8_command_runs_in_virtual_time_and_prints_ttft_and_itl(tm
     assert result.exit_code == 0, result.output
     assert "TTFT by prompt bucket" in result.output and "Inter-token latency" in result.output
     assert "Clock virtual" in result.output
+    assert "2 × H100 SXM: fp8 weights, K/V at 1 B an element" in result.output  # the deployment it priced
     run = json.loads((out / "run.json").read_text())
     assert run["clock"] == "virtual" and run["engine"]["device"] == "sim:h100x2"
     assert run["simulation"]["simulated_s"] > 20 and wall < 60  # a warm-up of ~17 s and 17 s answers, in seconds
