@@ -105,15 +105,6 @@ def _for_dtype(hw: object, dtype: str) -> object:
         return hw
 
 
-def _kv_dtype_bytes(kv_cache_dtype: str) -> int | None:
-    from itlbench.core.engine_config import KV_CACHE_DTYPES
-    from itlbench.sim.roofline import DTYPE_BYTES
-
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ConfigError("--kv-cache-dtype", f"unknown dtype {kv_cache_dtype!r}", f"use one of {', '.join(KV_CACHE_DTYPES)}")
-    return None if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
-
-
 def _token_list(text: str, flag: str) -> list[int]:
     from itlbench.units import parse_tokens
 
@@ -144,6 +135,7 @@ def roofline(
     """Roofline tables: GEMM and step intensity, prefill vs decode cost, ITL floor, crossover, GPUs side by side."""
     from itlbench.core.presets import load_model_config
     from itlbench.report.roofline import print_roofline, roofline_doc
+    from itlbench.sim.hardware import kv_dtype_bytes
     from itlbench.sim.roofline import load_hardware
 
     try:
@@ -157,7 +149,7 @@ def roofline(
         if len(ctx) != 1:
             raise ConfigError("--context", f"takes one length, got {context!r}", "e.g. --context 2k")
         doc = roofline_doc(model_cfg, hw, others, _token_list(prompt, "--prompt"), _token_list(batch, "--batch"), ctx[0],
-                           tp=tp, kv_dtype_bytes=_kv_dtype_bytes(kv_cache_dtype))
+                           tp=tp, kv_dtype_bytes=kv_dtype_bytes(kv_cache_dtype))
     except ItlbenchError as exc:
         fail(exc)
         return

@@ -19,7 +19,7 @@ POLICIES: tuple[str, ...] = ("budget", "prefill-first")
 EngineKind = Literal["torch", "sim"]
 ENGINE_KINDS: tuple[str, ...] = ("torch", "sim")
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "sdpa", "flash", "triton")  # itlbench.engine.attention
-KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bfloat16", "float16", "fp8")
+KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bfloat16", "float16", "fp8")  # bytes: itlbench.sim.hardware.kv_dtype_bytes
 
 
 def parse_chunk_budget(text: str | int | None) -> int | None:

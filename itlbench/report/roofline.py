@@ -67,7 +67,7 @@ def roofline_doc(model: ModelConfig, hw: Hardware, compare: Sequence[Hardware], 
         "counting": cm.counting,
         "weight_bytes": cm.weight_bytes,
         "kv_bytes_per_token": cm.kv_bytes_per_token,
-        "kv_bytes_per_element": kv_dtype_bytes or cm.b,
+        "kv_bytes_per_element": cm.kv_b,
         "itl_floor_s": cm.weight_bytes_per_gpu / hw.mem_bw,  # each GPU streams its shard
         "crossover_prompt_tokens": cm.crossover_tokens(hw.ridge),
         "kv_capacity_tokens": cm.kv_capacity_tokens(hw),

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Literal
 
+from itlbench.core.engine_config import KV_CACHE_DTYPES
 from itlbench.errors import ConfigError
 
 Counting = Literal["textbook", "executed"]
@@ -33,6 +34,13 @@ COUNTINGS: tuple[str, ...] = ("textbook", "executed")
 CostModelKind = Literal["roofline", "operators"]
 COST_MODELS: tuple[str, ...] = ("roofline", "operators")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
+
+
+def kv_dtype_bytes(kv_cache_dtype: str) -> int | None:
+    """Bytes per K/V element of `--kv-cache-dtype` (None for auto: the weights' dtype)."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ConfigError("kv_cache_dtype", f"unknown dtype {kv_cache_dtype!r}", f"use one of {', '.join(KV_CACHE_DTYPES)}")
+    return None if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
 HALF_DTYPES = ("bfloat16", "float16")  # same tensor rate on every preset
 
 

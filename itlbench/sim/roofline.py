@@ -97,7 +97,8 @@ class CostModel:
         self.table_params = m.vocab_size * m.hidden_size  # one embedding table (or LM head)
         self.params = m.num_params
         # K/V in the weights' dtype unless told otherwise (an FP8 checkpoint may keep a 16-bit cache)
-        self.kv_bytes_per_token = m.kv_bytes_per_token(kv_dtype_bytes or dtype_bytes)
+        self.kv_b = kv_dtype_bytes or dtype_bytes
+        self.kv_bytes_per_token = m.kv_bytes_per_token(self.kv_b)
         # K/V heads per GPU: split when tp divides them, replicated when there are fewer heads than GPUs
         self.kv_heads_per_gpu = max(1, m.num_kv_heads // tp)
         self.kv_bytes_per_token_per_gpu = self.kv_bytes_per_token * self.kv_heads_per_gpu // m.num_kv_heads

@@ -26,7 +26,8 @@ from itlbench.core.model_config import ModelConfig
 from itlbench.core.presets import load_model_config
 from itlbench.core.scheduler_output import ScheduledChunk, SchedulerOutput
 from itlbench.errors import ConfigError
-from itlbench.sim.roofline import DTYPE_BYTES, CostModel, Hardware, StepShape, StepTime, load_hardware
+from itlbench.sim.hardware import kv_dtype_bytes
+from itlbench.sim.roofline import CostModel, Hardware, StepShape, StepTime, load_hardware
 
 DEFAULT_GPU = "h100"
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of device memory for weights + KV cache
@@ -109,8 +110,8 @@ def sim_hardware(config: EngineConfig, gpu: str | None = None) -> Hardware:
 
 
 def sim_cost_model(config: EngineConfig, model: ModelConfig, hw: Hardware) -> CostModel:
-    kv_bytes = None if config.kv_cache_dtype == "auto" else DTYPE_BYTES[config.kv_cache_dtype]
-    return CostModel.for_hardware(model, hw, tp=config.tp, cuda_graphs=config.cuda_graphs, kv_dtype_bytes=kv_bytes)
+    return CostModel.for_hardware(model, hw, tp=config.tp, cuda_graphs=config.cuda_graphs,
+                                  kv_dtype_bytes=kv_dtype_bytes(config.kv_cache_dtype))
 
 
 def check_sim_config(config: EngineConfig) -> None:
@@ -148,10 +149,9 @@ class SimRunner:
 
     def describe(self) -> str:
         """The simulated deployment in one line, so a run says what it priced (GPU, dtypes, K/V room)."""
-        cm, tp = self.cost_model, self.cost_model.tp
-        kv_element = cm.kv_bytes_per_token // (2 * cm.model.num_layers * cm.model.num_kv_heads * cm.model.head_dim)
+        tp = self.cost_model.tp
         gpus = f"{tp} × {self.hardware.label}" if tp > 1 else self.hardware.label
-        return (f"{gpus}: {self.hardware.dtype} weights, K/V at {kv_element} B an element, "
+        return (f"{gpus}: {self.hardware.dtype} weights, K/V at {self.cost_model.kv_b} B an element, "
                 f"{self.num_blocks:,} K/V blocks of {self.block_size} tokens")
 
     def step_time(self, output: SchedulerOutput) -> StepTime:
