@@ -35,13 +35,14 @@ CostModelKind = Literal["roofline", "operators"]
 COST_MODELS: tuple[str, ...] = ("roofline", "operators")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 
+HALF_DTYPES = ("bfloat16", "float16")  # same tensor rate on every preset
+
 
 def kv_dtype_bytes(kv_cache_dtype: str) -> int | None:
     """Bytes per K/V element of `--kv-cache-dtype` (None for auto: the weights' dtype)."""
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ConfigError("kv_cache_dtype", f"unknown dtype {kv_cache_dtype!r}", f"use one of {', '.join(KV_CACHE_DTYPES)}")
     return None if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
-HALF_DTYPES = ("bfloat16", "float16")  # same tensor rate on every preset
 
 
 @dataclass(frozen=True)
