@@ -10,7 +10,9 @@ belongs to the engine (fixed costs per step and per sequence, one set per source
   figure-9/chunking-overhead.csv (a whole prefill in chunks of 512 / 1,024 / 2,048 tokens). Its
   prototype runs eagerly (no CUDA graphs): its own step and sequence overheads are fitted.
 - Vidur's operator profiles (microsoft/vidur, data/profiling/compute/a100/meta-llama/Meta-Llama-3-8B/
-  mlp.csv): one layer's GEMMs of Llama-3-8B on an A100 (median ms), kernel times with no engine around.
+  mlp.csv): one layer's GEMMs of Llama-3-8B on an A100 (median ms), kernel times with no engine around;
+  and the same repository's Llama-2-7B and -70B profiles on the A100 and the H100 at TP1-8, summed per
+  layer (they fix Hopper's bandwidth gain and check the H100's assumed bf16 GEMM efficiency).
 - TensorRT-LLM's published first-token latencies (NVIDIA/TensorRT-LLM, docs/source/performance.md):
   Llama-2 at batch 1, 128 and 2,048 input tokens, and its static-batch throughputs; that engine's fitted
   fixed costs (per step, and more per step that carries prompt work: its context phase); the same page's
