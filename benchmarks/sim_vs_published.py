@@ -30,6 +30,14 @@ from itlbench.sim.published import default_params, errors, fit
 BEGIN, END = "<!-- sim-vs-published table: begin -->", "<!-- sim-vs-published table: end -->"
 
 
+SOURCES = ("sarathi", "vidur", "vidur layer", "trtllm ttft", "trtllm batch", "trtllm v0.5 batch", "trtllm1 offline",
+           "vllm latency")
+
+
+def _source(key: str) -> str:
+    return max((s for s in SOURCES if key.startswith(s + " ")), key=len)
+
+
 def summary(rows: list) -> str:
     a = [abs(e) for *_, e in rows]
     return (f"{len(rows)} figures: MAPE {np.mean(a):.1%}, median {np.median(a):.1%}, worst {max(a):.1%}, "
@@ -65,8 +73,11 @@ def main() -> None:
     for f, pred, err in rows:
         print(f"{f.key:36s} {_ms(f.measured_s):>10s} {_ms(pred):>10s} {err:+7.1%}  {'fit' if f.fit else 'held out'}")
     sets = {"fit": [r for r in rows if r[0].fit], "held out": [r for r in rows if not r[0].fit], "all": rows}
+    for source in SOURCES:  # held out, by source: kernel-level figures are many and easier than engine runs
+        held = [r for r in sets["held out"] if _source(r[0].key) == source]
+        sets[f"held out: {source}"] = held
     for name, rs in sets.items():
-        print(f"{name:9s} {summary(rs)}")
+        print(f"{name:29s} {summary(rs)}")
     if args.markdown:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         head = ["| | |", "|---|---|", f"| date | {datetime.now(UTC):%Y-%m-%d} |", f"| commit | `{commit}` |",
