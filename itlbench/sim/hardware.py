@@ -256,7 +256,7 @@ ADA = ("l40s", "rtx4090")
 # instead of a ring's 2(n-1)/n of it each way. Assumed: the multi-GPU presets are NVSwitch baseboards.
 NVLS = ("h100", "h200", "b200")
 # Hopper GPUs stream their HBM3/HBM3e at a larger share of the datasheet bandwidth than the A100 its HBM2e:
-# Vidur's H100 operator profiles of few-row GEMMs (pure weight reads) run ~9 % faster than the A100's
+# Vidur's H100 operator profiles of few-row GEMMs (pure weight reads) run ~8 % faster than the A100's
 # fitted shares predict. The gain multiplies both shares (weights, K/V), capped at 1; fitted on two of
 # those profiles (docs/perf/sim-vs-published.md). The B200 keeps the A100's shares (no figure measures it).
 HOPPER = ("h100", "h200")
