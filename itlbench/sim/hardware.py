@@ -257,8 +257,8 @@ ADA = ("l40s", "rtx4090")
 NVLS = ("h100", "h200", "b200")
 # Hopper GPUs stream their HBM3/HBM3e at a larger share of the datasheet bandwidth than the A100 its HBM2e:
 # Vidur's H100 operator profiles of few-row GEMMs (pure weight reads) run ~8 % faster than the A100's
-# fitted shares predict. The gain multiplies both shares (weights, K/V), capped at 1; fitted on two of
-# those profiles (docs/perf/sim-vs-published.md). The B200 keeps the A100's shares (no figure measures it).
+# fitted shares predict. The gain multiplies both shares (weights; K/V by the same gain, assumed: the same
+# HBM), capped at 1; fitted on two of those profiles (docs/perf/sim-vs-published.md). The B200 keeps the A100's shares (no figure measures it).
 HOPPER = ("h100", "h200")
 # An engine of today all-reduces over NVLink with its own one-shot kernels replayed in CUDA graphs (vLLM's
 # and SGLang's custom all-reduce, TensorRT-LLM's customAllReduceKernels.cu), not NCCL: the fixed cost is a
