@@ -9,6 +9,9 @@ Sections:
 - prefill: one unchunked prefill of 2k and of 32k tokens per backend; MFU from the source documents' FLOP count.
 - scenario: `itlbench run`, 32 chat streams, one 32k injection, unchunked vs budget 2048: ITL p99 and
   worst gap, the stall, the injected TTFT.
+- sim: the simulator's preset for this GPU on every decode and prefill step measured above (its error
+  on the same shapes), the copy bandwidth against the preset's bandwidth share, and `itlbench
+  calibrate` on the scenario's step logs. Reads the other sections' JSON; needs no GPU.
 
 `--dry-run` runs the same code on CPU at tiny shapes (tiny model, Triton in its interpreter), which
 checks the script's logic without a GPU; its figures mean nothing.
@@ -430,17 +433,96 @@ def scenario_figures(summary: dict) -> dict:
             "engine_check": get("crosscheck", "engine")}
 
 
+# ----------------------------------------------------------------- the simulator on the same shapes
+
+SIM_PRESETS = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("L40S", "l40s"), ("B200", "b200"))
+
+
+def sim_preset(device: str) -> str | None:
+    """The simulator's preset for a device name torch reports (the SXM parts; None if it has none)."""
+    return next((preset for key, preset in SIM_PRESETS if key in device), None)
+
+
+def _section_json(out_dir: Path, name: str) -> dict:
+    path = out_dir / f"{name}.json"
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def sim_rows(s: Setup, hw, decode: dict, prefill: dict) -> list[dict]:  # noqa: ANN001 - a sim Hardware
+    """Each measured step beside the cost model's time for the same shape on `hw` (bf16, TP1)."""
+    from itlbench.sim.roofline import CostModel, StepShape
+
+    rows = []
+    for r in decode.get("rows", []):
+        if "step_ms" in r:
+            cm = CostModel.for_hardware(s.model, hw, cuda_graphs=bool(r["graph_ran"]))
+            rows.append({"kind": "decode", "attention": r["attention"], "cuda_graphs": r["cuda_graphs"],
+                         "graph_ran": bool(r["graph_ran"]), "shape": f"batch {r['batch']} at {r['context']}",
+                         "measured_s": r["step_ms"] / 1e3,
+                         "sim_s": cm.time(StepShape.decode(r["batch"], r["context"]), hw).total_s})
+    for r in prefill.get("rows", []):
+        if "seconds" in r:
+            cm = CostModel.for_hardware(s.model, hw)
+            rows.append({"kind": "prefill", "attention": r["attention"], "cuda_graphs": False, "graph_ran": False,
+                         "shape": f"{r['tokens']} tokens", "measured_s": r["seconds"],
+                         "sim_s": cm.time(StepShape.prefill(r["tokens"]), hw).total_s})
+    for row in rows:
+        row["error"] = row["sim_s"] / row["measured_s"] - 1.0
+    return rows
+
+
+def calibrate_on(run_dirs: list[str], preset: str, out_dir: Path) -> dict:
+    """`itlbench calibrate` on the scenario's step logs, relative to the preset's roofs."""
+    if not run_dirs:
+        return {"error": "no scenario run to calibrate on"}
+    cmd = [sys.executable, "-m", "itlbench", "calibrate", *run_dirs, "--base", preset, "--out",
+           str(out_dir / "calibrated.json"), "--json"]
+    print("$ " + " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr or proc.stdout)[-1500:]}
+    return json.loads(proc.stdout)
+
+
+def section_sim(s: Setup, out_dir: Path) -> dict:
+    from itlbench.sim.hardware import GPUS
+
+    env, scenario = _section_json(out_dir, "env"), _section_json(out_dir, "scenario")
+    device = env.get("device", "unknown")
+    preset = sim_preset(device) or ("h100" if s.dry_run else None)  # the dry run checks the logic on CPU figures
+    if preset is None:
+        return {"device": device, "error": f"the simulator has no preset for {device}"}
+    hw = GPUS[preset].for_dtype("bfloat16")
+    rows = sim_rows(s, hw, _section_json(out_dir, "decode"), _section_json(out_dir, "prefill"))
+    for r in rows:
+        print(f"sim {r['kind']:<7} {r['attention']:<6} graphs ran={'yes' if r['graph_ran'] else 'no '} {r['shape']:>18}: "
+              f"measured {r['measured_s'] * 1e3:8.2f} ms, {preset} preset {r['sim_s'] * 1e3:8.2f} ms ({r['error']:+.1%})")
+    copy = env.get("measured_bandwidth")
+    share = copy / hw.mem_bw if copy else None
+    if share:
+        print(f"copy bandwidth {copy / 1e12:.2f} TB/s: {share:.1%} of the {preset} preset's {hw.mem_bw / 1e12:.2f} TB/s "
+              f"(the preset streams weights at {hw.mem_eff:.1%})")
+    runs = [r["run_dir"] for r in scenario.get("rows", []) if "run_dir" in r and "error" not in r]
+    calibration = calibrate_on(runs, preset, out_dir)
+    print("calibration: " + (calibration["error"][:300] if "error" in calibration else json.dumps(calibration)[:600]))
+    return {"device": device, "preset": preset, "rows": rows, "copy_bandwidth_share": share,
+            "preset_mem_eff": hw.mem_eff, "calibration": calibration}
+
+
 # ----------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("section", choices=("env", "kernels", "decode", "prefill", "scenario"))
+    p.add_argument("section", choices=("env", "kernels", "decode", "prefill", "scenario", "sim"))
     p.add_argument("--out", type=Path, required=True, help="JSON file for this section's figures")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: checks the script, not the GPU")
     a = p.parse_args(argv)
     s = setup(a.dry_run)
-    if not a.dry_run and not torch.cuda.is_available():
+    if not a.dry_run and a.section != "sim" and not torch.cuda.is_available():  # sim reads JSON only
         print("no CUDA device visible to torch (use --dry-run on CPU)", file=sys.stderr)
         return 2
     torch.manual_seed(0)
@@ -455,8 +537,10 @@ def main(argv: list[str] | None = None) -> int:
             result = section_decode(s, bw)
         elif a.section == "prefill":
             result = section_prefill(s, peak)
-        else:
+        elif a.section == "scenario":
             result = section_scenario(s, a.out.parent)
+        else:
+            result = section_sim(s, a.out.parent)
     result = {"section": a.section, "dry_run": a.dry_run, "seconds": time.perf_counter() - t,
               "nominal_bandwidth": bw, **result}
     a.out.parent.mkdir(parents=True, exist_ok=True)

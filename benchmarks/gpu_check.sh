@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# The CUDA engine's check on one GPU (H100/H200; about 5 minutes, at most 7.6): kernel correctness vs
-# SDPA, Llama-3.1-8B decode steps vs the HBM floor, prefill MFU at 2k and 32k, and the source documents'
-# scenario (32 streams, one 32k injection, unchunked vs budget 2048). Prints each section and writes
-# every figure to $OUT_DIR/gpu_check.json.
+# The CUDA engine's check on one GPU (H100/H200; about 5 minutes, at most 8.6): kernel correctness vs
+# SDPA, Llama-3.1-8B decode steps vs the HBM floor, prefill MFU at 2k and 32k, the source documents'
+# scenario (32 streams, one 32k injection, unchunked vs budget 2048), and the simulator's preset on the same
+# shapes with a calibration on the scenario's steps. Prints each section and writes every figure to
+# $OUT_DIR/gpu_check.json.
 #
 #   bash benchmarks/gpu_check.sh                 # on the GPU box, from the repo root
 #   bash benchmarks/gpu_check.sh --dry-run       # on any CPU box: tiny shapes, checks the script only
 #
 # Environment: OUT_DIR (default reports/gpu-check-<time>), GPU_CHECK_INSTALL=1 to try
 # `pip install triton flash-attn nvtx` when they are missing (needs a package index), SECTIONS
-# (default "env kernels decode prefill scenario"), PYTHON (default python3).
+# (default "env kernels decode prefill scenario sim"), PYTHON (default python3).
 # Each section runs in its own process under a time limit; one that fails or times out is reported
 # and the others still run. Exit status: 0 when every section passed, 1 otherwise.
 set -euo pipefail
@@ -19,16 +20,16 @@ DRY_RUN=""
 if [[ "${1:-}" == "--dry-run" ]]; then DRY_RUN="--dry-run"; fi
 PYTHON="${PYTHON:-$(command -v python3 || command -v python || echo python3)}"
 OUT_DIR="${OUT_DIR:-reports/gpu-check-$(date +%Y%m%d-%H%M%S)}"
-SECTIONS="${SECTIONS:-env kernels decode prefill scenario}"
+SECTIONS="${SECTIONS:-env kernels decode prefill scenario sim}"
 mkdir -p "$OUT_DIR"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 if [[ -n "$DRY_RUN" ]]; then export TRITON_INTERPRET=1; fi
 start=$(date +%s)
 
-# seconds each section may take on the GPU box: 7.6 minutes if every one ran to its limit
-declare -A LIMIT=([env]=30 [kernels]=75 [decode]=120 [prefill]=60 [scenario]=170)
-if [[ -n "$DRY_RUN" ]]; then LIMIT=([env]=60 [kernels]=300 [decode]=300 [prefill]=300 [scenario]=300); fi
+# seconds each section may take on the GPU box: 8.6 minutes if every one ran to its limit
+declare -A LIMIT=([env]=30 [kernels]=75 [decode]=120 [prefill]=60 [scenario]=170 [sim]=60)
+if [[ -n "$DRY_RUN" ]]; then LIMIT=([env]=60 [kernels]=300 [decode]=300 [prefill]=300 [scenario]=300 [sim]=120); fi
 
 echo "== packages"
 have() { "$PYTHON" -c "import $1" >/dev/null 2>&1; }
@@ -113,6 +114,9 @@ for r in s.get("scenario", {}).get("rows", []):
         ms = lambda x: "n/a" if x is None else f"{x * 1e3:.1f} ms"
         print(f"scenario budget {r['chunk_budget']:>5}: ITL p99 {ms(r['itl_p99_s'])}, worst {ms(r['itl_max_s'])}, "
               f"injected TTFT {ms(r['injected_ttft_s'])}")
+for r in s.get("sim", {}).get("rows", []):
+    print(f"sim {r['kind']:<7} {r['attention']:<6} graphs ran={r['graph_ran']!s:<5} {r['shape']}: measured "
+          f"{r['measured_s'] * 1e3:.2f} ms, {s['sim']['preset']} preset {r['sim_s'] * 1e3:.2f} ms ({r['error']:+.1%})")
 print(f"failed sections: {', '.join(failed) or 'none'}")
 print(out / "gpu_check.json")
 EOF

@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 import pytest
 from typer.testing import CliRunner
 
 from itlbench.cli import app
-from itlbench.core.engine import Engine
 from itlbench.core.engine_config import EngineConfig
 from itlbench.core.presets import PRESETS
 from itlbench.core.request import SamplingParams
-from itlbench.serving.build import create_engine
 from itlbench.sim.calibrate import StepData, calibrate, fit_params, mape, params_of, predict
 from itlbench.sim.roofline import CostModel, Hardware, StepShape, load_hardware
 from itlbench.sim.runner import offline_engine
+from tests.support.run_dirs import real_cpu_engine, write_run_dir
 from tests.support.sim import run_offline
 
 KNOWN = Hardware("known", "a made-up CPU", 100e9, 10e9, 8e9, dtype="float32", gemm_eff=0.55, attn_eff=0.2,
@@ -57,36 +54,6 @@ def test_fit_recovers_a_known_profile_and_predicts_another_workload() -> None:
     params = fit_params(train)
     assert params == pytest.approx(params_of(KNOWN), rel=0.15)
     assert mape(predict(params, test), test.seconds) < 0.03
-
-
-def write_run_dir(path: Path, engine: Engine, window: tuple[int, int] | None = None) -> Path:
-    """A run directory as `itlbench run` writes it: run.json and the steps table's parquet parts."""
-    (path / "steps").mkdir(parents=True)
-    rows = [r.to_dict() for r in engine.step_log.since(0)]
-    pl.DataFrame(rows).write_parquet(path / "steps" / "part-00000.parquet")
-    doc: dict = {"config": {"engine": engine.config.as_dict()},
-                 "engine": {"model": dataclasses.asdict(engine.model_config), "device": engine.device,
-                            "dtype": engine.dtype}}
-    if window:
-        doc["measure_start_ns"], doc["end_ns"] = window
-    (path / "run.json").write_text(json.dumps(doc, default=str))
-    return path
-
-
-def real_cpu_engine(budget: int, seed: int) -> Engine:
-    import torch
-
-    torch.set_num_threads(1)
-    engine = create_engine(EngineConfig(model="tiny", chunk_budget=budget, kv_blocks=512, max_model_len=2048, device="cpu"))
-    rng = np.random.default_rng(seed)
-    for i in range(24):
-        engine.add_request(rng.integers(3, 500, int(rng.integers(20, 900))).tolist(),
-                           SamplingParams(max_tokens=int(rng.integers(4, 30)), ignore_eos=True), f"r{i}")
-        for _ in range(3):
-            engine.step()
-    while engine.has_unfinished():
-        engine.step()
-    return engine
 
 
 def test_calibrate_command_writes_a_profile_the_sim_can_use(tmp_path: Path) -> None:
