@@ -507,7 +507,11 @@ def section_sim(s: Setup, out_dir: Path) -> dict:
               f"(the preset streams weights at {hw.mem_eff:.1%})")
     runs = [r["run_dir"] for r in scenario.get("rows", []) if "run_dir" in r and "error" not in r]
     calibration = calibrate_on(runs, preset, out_dir)
-    print("calibration: " + (calibration["error"][:300] if "error" in calibration else json.dumps(calibration)[:600]))
+    if "error" in calibration:
+        print("calibration: " + calibration["error"][:300])
+    else:
+        held = ", ".join(f"{phase} {v['mape']:.1%} over {v['steps']} steps" for phase, v in calibration["held_out"].items())
+        print(f"calibration on the scenario's steps: held-out error {held}; profile {calibration['profile_path']}")
     return {"device": device, "preset": preset, "rows": rows, "copy_bandwidth_share": share,
             "preset_mem_eff": hw.mem_eff, "calibration": calibration}
 
