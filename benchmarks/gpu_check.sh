@@ -32,6 +32,13 @@ declare -A LIMIT=([env]=30 [kernels]=75 [decode]=120 [prefill]=60 [scenario]=170
 if [[ -n "$DRY_RUN" ]]; then LIMIT=([env]=60 [kernels]=300 [decode]=300 [prefill]=300 [scenario]=300 [sim]=120); fi
 
 echo "== packages"
+if compgen -G ".whl/*.whl" >/dev/null; then  # carried by benchmarks/gpu_wheels.sh for a box without an index
+  site="${TMPDIR:-/tmp}/itlbench-site"
+  "$PYTHON" -m pip install -q --root-user-action=ignore --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$site" .whl/*.whl \
+    && export PYTHONPATH="$site:$PYTHONPATH" && echo "installed $(ls .whl | tr '\n' ' ')into $site" \
+    || echo "the wheels in .whl/ did not install; the check goes on without them"
+fi
 have() { "$PYTHON" -c "import $1" >/dev/null 2>&1; }
 if ! have torch; then echo "torch is not importable by $PYTHON: pip install -e . first" >&2; exit 2; fi
 "$PYTHON" - <<'EOF' || true
