@@ -435,11 +435,13 @@ def scenario_figures(summary: dict) -> dict:
 
 # ----------------------------------------------------------------- the simulator on the same shapes
 
-SIM_PRESETS = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("L40S", "l40s"), ("B200", "b200"))
+SIM_PRESETS = (  # substring of the device name -> preset; None: a part whose roofs no preset has
+    ("H200", "h200"), ("H100 PCIe", None), ("H100 NVL", None), ("H100", "h100"), ("A100 80GB PCIe", "a100-pcie"),
+    ("A100-SXM4-80GB", "a100"), ("L40S", "l40s"), ("B200", "b200"))
 
 
 def sim_preset(device: str) -> str | None:
-    """The simulator's preset for a device name torch reports (the SXM parts; None if it has none)."""
+    """The simulator's preset for a device name torch reports (None where no preset has its roofs)."""
     return next((preset for key, preset in SIM_PRESETS if key in device), None)
 
 

@@ -72,3 +72,16 @@ def test_the_sim_section_puts_the_preset_beside_each_step_and_calibrates_on_the_
     # the run that timed out is left out; the one that finished is calibrated against the H200's roofs
     assert sim["calibration"]["held_out"]["all"]["steps"] > 5 and (tmp_path / "calibrated.json").is_file()
     assert "sim decode" in proc.stdout and "h200 preset" in proc.stdout
+
+
+def test_the_device_name_picks_the_preset_with_its_roofs() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = gpu_check  # its dataclass looks its module up
+    spec.loader.exec_module(gpu_check)
+    names = {"NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "h100", "NVIDIA H100 PCIe": None,
+             "NVIDIA A100-SXM4-80GB": "a100", "NVIDIA A100 80GB PCIe": "a100-pcie", "NVIDIA A100-SXM4-40GB": None,
+             "NVIDIA L40S": "l40s", "cpu": None}
+    assert {name: gpu_check.sim_preset(name) for name in names} == names
