@@ -19,8 +19,9 @@ TTFT's send side only. What can still bend them is a read that returned several 
 came late, or the server sent them at once): their stamps' late bound (itl.py, late_bound_ns) is
 judged like the loop lag, its quantile against the pooled ITL's — only over the reads the client itself
 got to late, where the gaps say who (`late_by`, analysis/read_together.py): chunks a server sent together
-are the ITL it delivered (figures.shared_read_by gives both shares). A wall-clock step during the run
-(client_samples.clock_offset_ns moving by ≥ `min_delay_s`) shifts every later kernel stamp.
+are the ITL it delivered (figures.shared_read_by gives both shares). How far the wall clock moved
+against the run's clock (client_samples.clock_offset_ns) is recorded as `clock_step_s` but judges
+nothing: kernel stamps map by their age (load/clients/kclock.stamp_to_run_clock), so a step moves none.
 Outside the client (analysis/disturbance.py): connections cut, timed out or never made, and first
 tokens delivered late after the engine step that made them (a network delay, seen as a TTFT offset),
 are named too, also in `disturbances`.
@@ -185,7 +186,7 @@ def figures(ttft: pl.DataFrame, samples: pl.DataFrame, itl: dict[str, object]) -
 
 
 def _kernel_checks(f: dict[str, object], itl: dict[str, object], th: ValidityThresholds) -> tuple[list[str], list[str]]:
-    """What can still bend kernel-stamped gaps: chunks that shared a read, and a wall-clock step."""
+    """What can still bend kernel-stamped gaps: chunks that shared a read."""
     affected: list[str] = []
     reasons: list[str] = []
     bound, stat = f["stamp_late_bound_s"], f["stamp_late_bound_stat"]
@@ -201,11 +202,6 @@ def _kernel_checks(f: dict[str, object], itl: dict[str, object], th: ValidityThr
                        f"their stamps may be up to "
                        f"{bound * 1e3:.1f} ms late at {stat}, ≥ {th.max_distortion:.0%} of the ITL {stat} "
                        f"({gap * 1e3:.1f} ms)")
-    step = f["clock_step_s"]
-    if isinstance(step, float) and step >= th.min_delay_s:
-        affected += ["ttft_s", "itl_s", "stalls", "goodput"]
-        reasons.append(f"the wall clock was stepped by {step * 1e3:.1f} ms during the run: kernel stamps "
-                       "after the step are off by that much")
     return affected, reasons
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -59,6 +62,34 @@ def test_kernel_clock_maps_stamps_and_records_a_step() -> None:
     assert drift is not None and abs(drift - 3_000_000) <= 2 * report.width_ns
 
 
+def test_each_read_keeps_the_offset_inside_its_sandwich() -> None:
+    """A wall clock that gains on the run clock (stepped 1 µs per read, 40 ms in all) moves the offset
+    with it, read by read, so a stamp 150 µs before its read maps there at the end as at the start,
+    also when the thread was switched out between the read and the wall-clock read."""
+    clocks = FakeClocks(OFFSET)
+    clock = KernelClock(clocks.realtime_ns, clocks.run_ns)
+    start = clock.start().offset_ns
+    for _ in range(40_000):
+        clocks.offset += 1_000
+        t_read = clocks.run_ns()
+        stamp = t_read - 150_000 + clocks.offset  # the kernel's realtime stamp of data 150 µs old
+        assert abs(clock.stamp(stamp, t_read) - (t_read - 150_000)) < 1_000
+    assert abs(clock.offset_ns - start - 40_000_000) < 1_000
+    t_read = clocks.run_ns()
+    clocks.t += 5_000_000  # a 5 ms thread switch between the read's return and the wall-clock read
+    assert abs(clock.stamp(t_read - 150_000 + clocks.offset, t_read) - (t_read - 150_000)) < 1_000
+    assert abs(clock.offset_ns - clocks.offset) < 1_000
+
+
+def test_no_stamp_is_placed_after_its_read() -> None:
+    clocks = FakeClocks(OFFSET)
+    clock = KernelClock(clocks.realtime_ns, clocks.run_ns)
+    clock.start()
+    t_read = clocks.run_ns()
+    # the wall clock was stepped 3 ms back between the data's arrival and its read: the stamp looks new
+    assert clock.stamp(t_read + clocks.offset + 3_000_000, t_read) == t_read
+
+
 def _stamp_of(ancdata: list[tuple[int, int, bytes]]) -> int | None:
     """The CLOCK_REALTIME stamp (ns) in recvmsg ancillary data, or None when there is none."""
     for level, kind, data in ancdata:
@@ -68,12 +99,9 @@ def _stamp_of(ancdata: list[tuple[int, int, bytes]]) -> int | None:
     return None
 
 
-@needs_kernel_stamps
-def test_loopback_stamp_lies_between_send_and_read() -> None:
-    """A real TCP pair: the mapped kernel stamp is after the sender's send began and before the
-    receiver's read returned, and the read returned later than the stamp when the reader was late."""
-    clock = KernelClock()
-    clock.start()
+@contextlib.contextmanager
+def _stamped_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """A loopback TCP pair (sender, receiver) whose receiver already gets kernel stamps."""
     with socket.create_server(("127.0.0.1", 0)) as srv:
         with socket.create_connection(srv.getsockname()) as rx:
             tx, _ = srv.accept()
@@ -88,17 +116,57 @@ def test_loopback_stamp_lies_between_send_and_read() -> None:
                     if _stamp_of(anc) is not None:
                         break
                     assert time.monotonic() < deadline, "no receive stamp within 10 s"
-                stamps = []
-                for _ in range(5):
-                    before = time.perf_counter_ns()
-                    tx.sendall(b"x" * 100)
-                    late = time.perf_counter_ns() + 2_000_000
-                    while time.perf_counter_ns() < late:  # the reader is busy for 2 ms
-                        pass
-                    data, anc, _, _ = rx.recvmsg(4096, ANCILLARY_SIZE)
-                    after = time.perf_counter_ns()
-                    raw = _stamp_of(anc)
-                    assert data == b"x" * 100 and raw is not None
-                    stamps.append(raw - clock.offset_ns)
-                    assert before <= stamps[-1] <= after - 2_000_000
+                yield tx, rx
+
+
+@needs_kernel_stamps
+def test_loopback_stamp_lies_between_send_and_read() -> None:
+    """A real TCP pair: the mapped kernel stamp is after the sender's send began and before the
+    receiver's read returned, and the read returned later than the stamp when the reader was late."""
+    clock = KernelClock()
+    clock.start()
+    with _stamped_pair() as (tx, rx):
+        for _ in range(5):
+            before = time.perf_counter_ns()
+            tx.sendall(b"x" * 100)
+            late = time.perf_counter_ns() + 2_000_000
+            while time.perf_counter_ns() < late:  # the reader is busy for 2 ms
+                pass
+            data, anc, _, _ = rx.recvmsg(4096, ANCILLARY_SIZE)
+            after = time.perf_counter_ns()
+            raw = _stamp_of(anc)
+            assert data == b"x" * 100 and raw is not None
+            assert before <= clock.stamp(raw, after) <= after - 2_000_000
     assert clock.check().drift_ns is not None
+
+
+def _step_wall_clock(ns: int) -> None:
+    time.clock_settime_ns(time.CLOCK_REALTIME, time.clock_gettime_ns(time.CLOCK_REALTIME) + ns)
+
+
+@needs_kernel_stamps
+@pytest.mark.skipif(os.geteuid() != 0, reason="stepping the wall clock needs root")
+def test_a_real_wall_clock_step_moves_no_stamp() -> None:
+    """The machine's wall clock stepped 20 ms forward mid-run (and back after): the next read's
+    sandwich moves the offset by the step, so its stamp stays between its send and its read, where
+    the offset taken at the start would put it 20 ms after the read; the clock report shows the step."""
+    step = 20_000_000
+    clock = KernelClock()
+    clock.start()
+    with _stamped_pair() as (tx, rx):
+        _step_wall_clock(step)
+        try:
+            before = time.perf_counter_ns()
+            tx.sendall(b"y" * 100)
+            data, anc, _, _ = rx.recvmsg(4096, ANCILLARY_SIZE)
+            after = time.perf_counter_ns()
+            start_offset, mapped = clock.offset_ns, clock.stamp(_stamp_of(anc) or 0, after)
+            drift = clock.check().drift_ns
+        finally:
+            _step_wall_clock(-step)
+    raw = _stamp_of(anc)
+    assert data == b"y" * 100 and raw is not None
+    assert before <= mapped <= after
+    assert raw - start_offset > after + step // 2
+    assert abs(clock.offset_ns - start_offset - step) < 1_000_000
+    assert drift is not None and abs(drift - step) < 1_000_000

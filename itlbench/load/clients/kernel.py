@@ -74,7 +74,6 @@ class KernelStreamClient(StreamClient):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._addr: tuple[int, Any] | None = None
         self._t_read = 0
-        self.offset_ns = 0  # CLOCK_REALTIME − perf_counter_ns, measured at start (kclock.KernelClock)
         self._last_wake = 0
         self._held: asyncio.TimerHandle | None = None
         self.connections_opened = 0
@@ -85,7 +84,7 @@ class KernelStreamClient(StreamClient):
         self._epoll = select.epoll()
         self._loop.add_reader(self._epoll.fileno(), self._on_ready)
         self._addr = await self._resolve()
-        self.offset_ns = self.clock.start().offset_ns
+        self.clock.start()
         return self
 
     async def _resolve(self) -> tuple[int, Any]:

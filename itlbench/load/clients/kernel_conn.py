@@ -21,6 +21,7 @@ from itlbench.load.clients.kclock import (
     ANCILLARY_SIZE,
     SCM_TIMESTAMPNS,
     TIMESPEC,
+    KernelClock,
 )
 from itlbench.load.clients.sse import CHUNK_ROWS_PER_HANDOFF, HEAD_BYTES, _Exchange, error_text
 from itlbench.load.clients.sse_events import DEFAULT_MAX_EVENT_BYTES, SseEvents, StreamError
@@ -36,7 +37,7 @@ ERROR_BODY_BYTES = 4096
 class ConnectionOwner(Protocol):
     """What a connection reports to: the client that pools it and records its events."""
 
-    offset_ns: int
+    clock: KernelClock
 
     def _discard(self, conn: KernelConnection) -> None: ...
 
@@ -99,7 +100,7 @@ class KernelConnection:
             level, kind, cdata = anc[0]
             if kind == SCM_TIMESTAMPNS and level == SOL_SOCKET:
                 sec, nsec = _unpack_timespec(cdata)
-                t = sec * 1_000_000_000 + nsec - self.client.offset_ns
+                t = self.client.clock.stamp(sec * 1_000_000_000 + nsec, t_read)
         if not (self.fast and self._fast(data, t, t_read)):
             self._general(data, t, t_read)
 
