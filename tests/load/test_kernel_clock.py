@@ -5,8 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -170,3 +173,22 @@ def test_a_real_wall_clock_step_moves_no_stamp() -> None:
     assert raw - start_offset > after + step // 2
     assert abs(clock.offset_ns - start_offset - step) < 1_000_000
     assert drift is not None and abs(drift - step) < 1_000_000
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="stepping the wall clock needs root")
+def test_wall_clock_gain_makes_the_wall_clock_gain_while_its_command_runs_then_puts_it_back() -> None:
+    """`benchmarks/wall_clock_gain.py` as a user runs it: the command inside sees its wall clock gain
+    about the asked share on the monotonic clock; after it, the offset is back within a millisecond."""
+    root = Path(__file__).resolve().parents[2]
+    probe = ("import time\nfrom itlbench.load.clients.kclock import measure_offset\n"
+             "a = measure_offset().offset_ns; time.sleep(1.0); b = measure_offset().offset_ns\n"
+             "print(b - a)")
+    before = measure_offset().offset_ns
+    proc = subprocess.run([sys.executable, "benchmarks/wall_clock_gain.py", "--gain", "1", "--",
+                           sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, timeout=60)
+    after = measure_offset().offset_ns
+    assert proc.returncode == 0, proc.stderr
+    gained = int(proc.stdout.strip())
+    assert 4_000_000 < gained < 12_000_000  # 1 % of 1 s, less what the stepper's sleeps lose
+    assert "then stepped back" in proc.stderr
+    assert abs(after - before) < 1_000_000
