@@ -27,8 +27,9 @@ def _set_offset(base_ns: int, ahead_ns: int) -> None:
     time.clock_settime_ns(time.CLOCK_REALTIME, time.monotonic_ns() + base_ns + ahead_ns)
 
 
-def gain_while(command: list[str], gain_percent: float, every_ms: float) -> tuple[int, int, float]:
-    """(the command's exit code, ns the wall clock was ahead at the end as measured, seconds it ran)."""
+def gain_while(command: list[str], gain_percent: float, every_ms: float) -> tuple[int, int, float, int]:
+    """(the command's exit code, ns the wall clock was ahead at the end as measured, seconds it ran,
+    the offset it was set back to)."""
     step_ns = int(gain_percent / 100 * every_ms * 1e6)
     base = measure_offset(time.time_ns, time.monotonic_ns).offset_ns
     stop, ahead = threading.Event(), [0]
@@ -48,7 +49,7 @@ def gain_while(command: list[str], gain_percent: float, every_ms: float) -> tupl
         thread.join()
         gained = measure_offset(time.time_ns, time.monotonic_ns).offset_ns - base
         _set_offset(base, 0)
-    return rc, gained, time.monotonic() - t0
+    return rc, gained, time.monotonic() - t0, base
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,9 +63,9 @@ def main(argv: list[str] | None = None) -> None:
         p.error("command: give the command to run after --")
     if os.geteuid() != 0:
         p.error("stepping the wall clock needs root (clock_settime)")
-    rc, total, secs = gain_while(command, args.gain, args.every_ms)
-    print(f"wall clock gained {total / 1e6:.1f} ms over {secs:.1f} s ({total / 1e7 / secs:.2f} %), "
-          f"then stepped back", file=sys.stderr)
+    rc, gained, secs, base = gain_while(command, args.gain, args.every_ms)
+    print(f"wall clock gained {gained / 1e6:.1f} ms over {secs:.1f} s ({gained / 1e7 / secs:.2f} %), "
+          f"then set back to CLOCK_REALTIME - CLOCK_MONOTONIC = {base} ns", file=sys.stderr)
     sys.exit(rc)
 
 

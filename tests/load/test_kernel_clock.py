@@ -178,17 +178,17 @@ def test_a_real_wall_clock_step_moves_no_stamp() -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="stepping the wall clock needs root")
 def test_wall_clock_gain_makes_the_wall_clock_gain_while_its_command_runs_then_puts_it_back() -> None:
     """`benchmarks/wall_clock_gain.py` as a user runs it: the command inside sees its wall clock gain
-    about the asked share on the monotonic clock; after it, the offset is back within a millisecond."""
+    about the asked share on the monotonic clock (5 %: well above what a machine's own clock may do);
+    after it, the wall clock is back at the offset it started from, to a millisecond."""
     root = Path(__file__).resolve().parents[2]
     probe = ("import time\nfrom itlbench.load.clients.kclock import measure_offset\n"
-             "a = measure_offset().offset_ns; time.sleep(1.0); b = measure_offset().offset_ns\n"
-             "print(b - a)")
-    before = measure_offset().offset_ns
-    proc = subprocess.run([sys.executable, "benchmarks/wall_clock_gain.py", "--gain", "1", "--",
+             "a = measure_offset(time.time_ns, time.monotonic_ns).offset_ns; time.sleep(1.0)\n"
+             "print(measure_offset(time.time_ns, time.monotonic_ns).offset_ns - a)")
+    proc = subprocess.run([sys.executable, "benchmarks/wall_clock_gain.py", "--gain", "5", "--",
                            sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, timeout=60)
-    after = measure_offset().offset_ns
+    after = measure_offset(time.time_ns, time.monotonic_ns).offset_ns
     assert proc.returncode == 0, proc.stderr
     gained = int(proc.stdout.strip())
-    assert 4_000_000 < gained < 12_000_000  # 1 % of 1 s, less what the stepper's sleeps lose
-    assert "then stepped back" in proc.stderr
-    assert abs(after - before) < 1_000_000
+    assert 25_000_000 < gained < 60_000_000  # 5 % of 1 s, less what the stepper's sleeps lose
+    base = int(proc.stderr.rsplit("=", 1)[1].split()[0])
+    assert abs(after - base) < 1_000_000
