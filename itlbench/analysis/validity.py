@@ -21,7 +21,8 @@ judged like the loop lag, its quantile against the pooled ITL's — only over th
 got to late, where the gaps say who (`late_by`, analysis/read_together.py): chunks a server sent together
 are the ITL it delivered (figures.shared_read_by gives both shares). How far the wall clock moved
 against the run's clock (client_samples.clock_offset_ns) is recorded as `clock_step_s` but judges
-nothing: kernel stamps map by their age (load/clients/kclock.stamp_to_run_clock), so a step moves none.
+nothing: every read re-checks the offset kernel stamps map through (load/clients/kclock.KernelClock.stamp),
+so a step moves none.
 Outside the client (analysis/disturbance.py): connections cut, timed out or never made, and first
 tokens delivered late after the engine step that made them (a network delay, seen as a TTFT offset),
 are named too, also in `disturbances`.

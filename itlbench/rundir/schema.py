@@ -115,7 +115,7 @@ CLIENT_SAMPLE_SCHEMA: dict[str, pl.DataType] = {
     "loop_lag_s": pl.Float64(),         # event-loop lag: how late a periodic timer fired
     "cpu_percent": pl.Float64(),        # client process CPU, 100 = one core
     "in_flight": pl.Int64(),            # requests open at the sample time
-    "clock_offset_ns": pl.Int64(),      # CLOCK_REALTIME − perf_counter_ns: kernel stamps map through it
+    "clock_offset_ns": pl.Int64(),      # CLOCK_REALTIME − perf_counter_ns at the sample (wall-clock spans map through it)
 }
 
 # Intervals in which the client could not have read the network on time: its event loop woke late

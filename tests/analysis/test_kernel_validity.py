@@ -77,7 +77,7 @@ def test_shared_reads_bend_kernel_stamped_itl() -> None:
 
 
 def test_a_wall_clock_step_is_recorded_and_bends_no_kernel_stamp() -> None:
-    """Stamps map by their age (tests/load/test_kernel_clock.py steps the real clock), so the step is a
+    """Every read re-checks the stamps' offset (tests/load/test_kernel_clock.py steps the real clock), so the step is a
     figure, not a reason."""
     base = 1_700_000_000 * 10**9
     v = _verdict(_chunks("kernel"), _busy_samples([base] * 10 + [base + 4 * MS] * 10))

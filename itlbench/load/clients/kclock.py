@@ -14,8 +14,9 @@ offset between them is measured at the start as the tightest of many run/realtim
 every read checks it again: the wall clock is read between the read's return and one more run-clock
 read, and the offset is moved, by as little as possible, into the range that sandwich allows
 (`KernelClock.stamp`). Where the thread was switched out inside a sandwich, that side of it allows
-much and constrains nothing; a narrow side holds the offset to within its width. One offset for the whole run is
-not enough: on one CI machine (a VM) the wall clock gained about 0.6 % on CLOCK_MONOTONIC, and stamps
+much and constrains nothing; a narrow side holds the offset to within its width.
+
+One offset for the whole run is not enough: on one CI machine (a VM) the wall clock gained about 0.6 % on CLOCK_MONOTONIC, and stamps
 mapped through the start offset fell up to 0.5 ms after their own reads within 0.1 s. Mapping each
 stamp by its age alone (the wall clock at the read less the stamp) is not enough either: a thread
 switch between the two clock reads makes a stamp early by the switch. What remains is a step of the
