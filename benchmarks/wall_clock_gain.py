@@ -32,6 +32,7 @@ def gain_while(command: list[str], gain_percent: float, every_ms: float) -> tupl
     the offset it was set back to)."""
     step_ns = int(gain_percent / 100 * every_ms * 1e6)
     base = measure_offset(time.time_ns, time.monotonic_ns).offset_ns
+    _set_offset(base, 0)  # here, not first in the thread: a refusal (no CAP_SYS_TIME) stops the run
     stop, ahead = threading.Event(), [0]
 
     def stepper() -> None:
@@ -63,7 +64,10 @@ def main(argv: list[str] | None = None) -> None:
         p.error("command: give the command to run after --")
     if os.geteuid() != 0:
         p.error("stepping the wall clock needs root (clock_settime)")
-    rc, gained, secs, base = gain_while(command, args.gain, args.every_ms)
+    try:
+        rc, gained, secs, base = gain_while(command, args.gain, args.every_ms)
+    except PermissionError:
+        p.error("stepping the wall clock was refused (clock_settime needs CAP_SYS_TIME)")
     print(f"wall clock gained {gained / 1e6:.1f} ms over {secs:.1f} s ({gained / 1e7 / secs:.2f} %), "
           f"then set back to CLOCK_REALTIME - CLOCK_MONOTONIC = {base} ns", file=sys.stderr)
     sys.exit(rc)
