@@ -78,6 +78,8 @@ def run(
     locust_ui: Annotated[bool, typer.Option(help="--driver locust: serve Locust's web UI.")] = False,
     locust_ui_port: Annotated[int, typer.Option(help="Port of Locust's web UI (on 127.0.0.1).")] = 8089,
     live: Annotated[bool, typer.Option(help="Show the live progress line.")] = True,
+    report: Annotated[bool, typer.Option(help="Write report.html, report.md and figures/ when the run ends (about "
+                                              "3 s of drawing; `itlbench report RUN_DIR` writes them later).")] = True,
     stream_reader: Annotated[str, typer.Option(help="auto, kernel (kernel receive timestamps; plain http on Linux) "
                                                     "or aiohttp (user-space timestamps).")] = "auto",
     metrics_port: Annotated[str | None, typer.Option(help="Serve live itlbench_client_* metrics for Prometheus on "
@@ -137,7 +139,8 @@ def run(
     if engine.engine == "sim" and engine.sim_time_scale != 1:
         console.print(f"[yellow]simulated at {engine.sim_time_scale:g}× speed: every time above is 1/"
                       f"{engine.sim_time_scale:g} of the simulated GPU's[/]", highlight=False)
-    write_report(run_dir)
+    if report:
+        write_report(run_dir)
     if as_json:
         print_json({"run_dir": str(run_dir), "summary": summary, "warnings": engine_warnings(run_dir)})
     else:

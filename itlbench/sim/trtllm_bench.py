@@ -20,6 +20,7 @@ middle step: exact where a step's cost is linear in context, as its K/V read is.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from itlbench.sim.hardware import Hardware
@@ -79,22 +80,28 @@ def offline_seconds(cm: CostModel, hw: Hardware, isl: int, osl: int, requests: i
     if not schedulable(settings, isl, osl):
         raise ValueError(f"{isl}/{osl}: a prompt does not fit beside the decoding rows under {settings}")
     room = _room(settings, isl, osl)
-    waiting, cohorts, seconds = requests, [], 0.0  # cohorts: [requests, tokens generated so far]
+    waiting, seconds, steps = requests, 0.0, 0
+    cohorts: deque[tuple[int, int]] = deque()  # (requests, steps run before their first): oldest first
+    rows = context = 0  # requests in flight and their tokens of K/V, kept as the cohorts change
     while waiting or cohorts:
-        rows = sum(size for size, _ in cohorts)
-        context = sum(size * (isl + done) for size, done in cohorts)
         admitted = min(waiting, room - rows, (settings.max_num_tokens - rows) // isl)
         if admitted > 0:
-            prompt_rows = admitted * isl
-            shape = StepShape(rows + prompt_rows, rows + admitted, context,
+            shape = StepShape(rows + admitted * isl, rows + admitted, context,
                               context + rows + admitted * isl * (isl + 1) // 2, rows + admitted)
             seconds += cm.time(shape, hw).total_s
-            cohorts = [[size, done + 1] for size, done in cohorts] + [[admitted, 1]]
+            cohorts.append((admitted, steps))
+            context += rows + admitted * (isl + 1)
+            rows += admitted
             waiting -= admitted
-        else:  # decode only until the next cohort finishes
-            run = min(osl - done for _, done in cohorts)
+            steps += 1
+        else:  # decode only until the oldest cohort (the one with the fewest tokens left) finishes
+            run = osl - (steps - cohorts[0][1])
             middle = context + rows * (run - 1) // 2
             seconds += run * cm.time(StepShape(rows, rows, middle, middle + rows, rows), hw).total_s
-            cohorts = [[size, done + run] for size, done in cohorts]
-        cohorts = [c for c in cohorts if c[1] < osl]
+            context += rows * run
+            steps += run
+        while cohorts and steps - cohorts[0][1] >= osl:
+            size, _ = cohorts.popleft()
+            rows -= size
+            context -= size * (isl + osl)
     return seconds

@@ -95,3 +95,19 @@ def test_commands_keep_their_own_options_settings_beside_the_engine_flags():
     for name in ("run", "phases"):
         key = next(p for p in commands[name].params if p.name == "api_key")
         assert key.envvar == "ITLBENCH_API_KEY" and key.help, name
+
+
+def test_no_report_leaves_the_records_and_summary_and_report_draws_them_later(tmp_path: Path):
+    """`--no-report` (scripts, sweeps' points) skips only the drawing: `itlbench report` writes it afterwards."""
+    out = tmp_path / "run"
+    args = ["run", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100", "--workload", "fixed:128:16",
+            "--streams", "2", "--duration", "1", "--warmup", "0.2", "--no-report", "--out", str(out)]
+    result = runner.invoke(app, args, terminal_width=200)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["itl_s"]["count"] > 0 and "Report" not in result.output
+    assert not (out / "report.html").exists() and not (out / "figures").exists()
+    assert result.stdout.strip().splitlines()[-1] == str(out)
+    drawn = runner.invoke(app, ["report", str(out)], terminal_width=200)
+    assert drawn.exit_code == 0, drawn.output
+    assert (out / "report.html").is_file() and (out / "figures" / "itl_cdf.png").is_file()

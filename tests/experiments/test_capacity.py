@@ -101,7 +101,7 @@ def test_bad_capacity_options_exit_2_with_one_line(tmp_path: Path) -> None:
 
 # --- against a real server: the paced server slows down beyond a known load ---------------------------------
 
-RUN = ["--workload", "fixed:16:40", "--duration", "3", "--warmup", "0.5", "--model", "paced"]
+RUN = ["--no-report", "--workload", "fixed:16:40", "--duration", "3", "--warmup", "0.5", "--model", "paced"]
 
 
 def test_the_capacity_of_a_server_built_to_hold_three_streams_is_three(tmp_path: Path,
@@ -129,7 +129,7 @@ def test_the_rate_found_holds_when_rerun_and_twice_it_misses(tmp_path: Path) -> 
     proc, url = spawn(PacedConfig(tick_s=0.02, degrade_above=8))
     try:
         out = tmp_path / "cap"
-        run = ["--workload", "fixed:16:20", "--duration", "3", "--warmup", "0.5", "--model", "paced"]
+        run = ["--no-report", "--workload", "fixed:16:20", "--duration", "3", "--warmup", "0.5", "--model", "paced"]
         result = runner.invoke(app, ["capacity", "--endpoint", url, "--slo", "itl_p99=40ms", "--start", "4",
                                      "--resolution", "0.25", "--repeat", "1", "--out", str(out), *run],
                                terminal_width=200)
@@ -156,7 +156,7 @@ def test_capacity_runs_the_bundled_engine_when_no_server_is_named(tmp_path: Path
     out = tmp_path / "cap"
     result = runner.invoke(app, ["capacity", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
                                  "--axis", "streams", "--start", "2", "--rate-max", "4", "--slo", "itl_p99=1s",
-                                 "--workload", "fixed:128:32", "--duration", "2", "--warmup", "0.5", "--out", str(out)],
+                                 "--workload", "fixed:128:32", "--duration", "2", "--warmup", "0.5", "--no-report", "--out", str(out)],
                            terminal_width=200)
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "capacity.json").read_text())

@@ -26,7 +26,7 @@ def test_a_streams_sweep_draws_latency_against_load(tmp_path: Path, monkeypatch:
     serve = (f"{shlex.quote(sys.executable)} -m itlbench.testing.paced_server --port {{port}} --tick-s 0.02 "
              "--degrade-above 2")
     result = runner.invoke(app, ["sweep", "--serve", serve, "--streams", "2,8", "--out", str(out), "--model", "paced",
-                                 "--workload", "fixed:16:30", "--duration", "3", "--warmup", "0.5", "--no-live"],
+                                 "--workload", "fixed:16:30", "--duration", "3", "--warmup", "0.5", "--no-live", "--no-report"],
                            terminal_width=200)
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "compare.json").read_text())

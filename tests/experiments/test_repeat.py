@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # fixed requests (48 tokens, ~1 s) keep every stream decoding through the injection and keep the drain
 # after the window short (a served simulator runs in real time: chat-short's long answers drained for ~18 s;
 # the sweep of the bundled simulator below runs on its virtual clock).
-SIM = ["--model", "llama-3.1-8b", "--workload", "fixed:256:48", "--streams", "8", "--inject", "2k@1s",
+SIM = ["--no-report", "--model", "llama-3.1-8b", "--workload", "fixed:256:48", "--streams", "8", "--inject", "2k@1s",
        "--duration", "3", "--warmup", "0.5", "--no-live"]
 
 

@@ -24,7 +24,7 @@ PY = shlex.quote(sys.executable)
 # the simulated engine behind the real server: a GPU's pacing at little CPU
 SIM_SERVE = (f"{PY} -m itlbench serve --engine sim --model llama-3.1-8b --gpu h100 --port {{port}} "
              "--chunk-budget {chunk_budget}")
-RUN = ["--model", "llama-3.1-8b", "--workload", "fixed:128:32", "--streams", "4", "--duration", "2", "--warmup", "0.5",
+RUN = ["--no-report", "--model", "llama-3.1-8b", "--workload", "fixed:128:32", "--streams", "4", "--duration", "2", "--warmup", "0.5",
        "--no-live"]
 
 

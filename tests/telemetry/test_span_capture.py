@@ -23,7 +23,7 @@ from tests.support.traced_peer import TracedConfig, TracedPeer
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
 PER_TOKEN = 5e-5  # the peer's prefill: an 8k injection holds every stream ~0.41 s
-RUN = ["--model", "peer", "--workload", "fixed:64:40", "--streams", "4", "--duration", "3", "--warmup", "0.5",
+RUN = ["--no-report", "--model", "peer", "--workload", "fixed:64:40", "--streams", "4", "--duration", "3", "--warmup", "0.5",
        "--no-live"]
 
 
@@ -141,7 +141,7 @@ def test_a_capacity_search_keeps_each_runs_spans(tmp_path: Path, monkeypatch: py
     res = runner.invoke(app, ["capacity", "--serve", serve, "--receive-otlp", "auto", "--model", "peer",
                               "--axis", "streams", "--start", "2", "--rate-max", "4", "--repeat", "1",
                               "--slo", "itl_p99=1s", "--workload", "fixed:64:20", "--duration", "1.5",
-                              "--warmup", "0.5", "--out", str(out)], terminal_width=200)
+                              "--warmup", "0.5", "--no-report", "--out", str(out)], terminal_width=200)
     assert res.exit_code == 0, res.output
     runs = sorted(out.glob("*/run*/run.json"))
     assert len(runs) >= 2, res.output
