@@ -22,7 +22,7 @@ SCALE = 2.0  # simulated seconds per wall second: every measured time is half th
 def sim_run(out: Path, budget: str) -> dict:
     cmd = [sys.executable, "-m", "itlbench", "run", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100-seeds",
            "--inject", "32k", "--chunk-budget", budget, "--workload", "chat-short", "--streams", "16",
-           "--duration", "4", "--warmup", "1", "--sim-time-scale", str(SCALE), "--seed", "3", "--no-live",
+           "--duration", "4", "--warmup", "1", "--sim-time-scale", str(SCALE), "--seed", "3", "--no-live", "--no-report",
            "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=os.environ.copy())
     assert done.returncode == 0, done.stdout + done.stderr

@@ -146,7 +146,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         run = subprocess.run(
             [sys.executable, "-m", "itlbench", "run", "--endpoint", f"http://127.0.0.1:{server_port}/v1",
              "--model", "cpu-small", "--workload", "chat-short", "--streams", "4", "--inject", f"{INJECT_TOKENS}@1s",
-             "--duration", "5", "--warmup", "1", "--seed", "1", "--no-live", "--out", str(tmp / "run"),
+             "--duration", "5", "--warmup", "1", "--seed", "1", "--no-live", "--no-report", "--out", str(tmp / "run"),
              "--metrics-port", f"127.0.0.1:{metrics_port}", "--otlp-endpoint", rx.endpoint],
             capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
