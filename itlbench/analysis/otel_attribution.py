@@ -8,7 +8,8 @@ token, chunks and the decodes they were batched with included). That is each req
 measured by the server rather than inferred from the client's stamps:
 
     prefill window = [arrival + ttft − prefill, arrival + ttft]   (wall clock → the run's clock through
-                                                                   client_samples.clock_offset_ns)
+                                                                   client_samples.clock_offset_ns at
+                                                                   that moment, wall_clock.py)
 
 Each window becomes one prefill "step" naming its request, and `stalls.analyze_stalls` attributes the
 run's stalls on them exactly as it does logged or inferred steps, so the summary has the same fields
@@ -36,6 +37,7 @@ from itlbench.analysis.client_attribution import client_only, requests_for_attri
 from itlbench.analysis.event_cause import KEPT, event_causes
 from itlbench.analysis.stalls import StallParams, analyze_stalls, stall_summary
 from itlbench.analysis.stats import json_safe
+from itlbench.analysis.wall_clock import WallClockMap
 from itlbench.analysis.window import RunWindow, select_window
 
 SOURCE = "vllm_otel"
@@ -69,10 +71,10 @@ def run_bounds(run_dir: str | Path, margin_s: float = 1.0) -> tuple[int, int]:
     from itlbench.rundir.reader import read_table
 
     meta = json.loads(Path(run_dir, "run.json").read_text())
-    offset = clock_offset({"client_samples": read_table(run_dir, "client_samples")})
+    clock = WallClockMap.of({"client_samples": read_table(run_dir, "client_samples")})
     lo = int(meta.get("run_start_ns") or 0)
     hi = int(meta.get("end_ns") or 2**62) + int(margin_s * 1e9)
-    return lo + offset, hi + offset
+    return clock.to_wall(lo), clock.to_wall(hi)
 
 
 def spans_for_run(run_dir: str | Path, spans: Iterable[Mapping[str, Any]], margin_s: float = 1.0) -> list[dict[str, Any]]:
@@ -82,23 +84,14 @@ def spans_for_run(run_dir: str | Path, spans: Iterable[Mapping[str, Any]], margi
     return [dict(s) for s in spans if lo <= int(s.get("start_ns") or 0) <= hi]
 
 
-def clock_offset(tables: Mapping[str, pl.DataFrame]) -> int:
-    """CLOCK_REALTIME − the run's clock (client_samples.clock_offset_ns, median); 0 where not recorded."""
-    samples = tables.get("client_samples")
-    if samples is None or "clock_offset_ns" not in samples.columns:
-        return 0
-    offsets = samples["clock_offset_ns"].drop_nulls()
-    return int(offsets.median()) if offsets.len() else 0  # type: ignore[arg-type]
-
-
-def prefill_windows(spans: Iterable[Mapping[str, Any]], offset_ns: int) -> pl.DataFrame:
+def prefill_windows(spans: Iterable[Mapping[str, Any]], clock: WallClockMap) -> pl.DataFrame:
     """One row per `llm_request` span with a first token: its prefill window in the run's clock."""
     rows = []
     for s in spans:
         a = s.get("attributes") or {}
         if s.get("name") != SPAN_NAME or a.get(_TTFT) is None or a.get(_PREFILL) is None:
             continue
-        arrival = int(s["start_ns"]) - offset_ns
+        arrival = clock.to_run(int(s["start_ns"]))
         first = arrival + int(float(a[_TTFT]) * 1e9)
         rows.append({"span_id": str(a.get(_ID) or s.get("span_id")), "arrival_ns": arrival,
                      "start_ns": first - int(max(float(a[_PREFILL]), 0.0) * 1e9), "end_ns": first,
@@ -190,8 +183,8 @@ def otel_report(tables: Mapping[str, pl.DataFrame], window: RunWindow, spans: li
     """(events, the `stalls` summary) from vLLM's spans."""
     params = params or StallParams()
     t = select_window(client_only(tables), window)
-    offset = clock_offset(tables)
-    windows = prefill_windows(spans, offset)
+    clock = WallClockMap.of(tables)
+    windows = prefill_windows(spans, clock)
     matched = match_requests(windows, t["all_requests"], tolerance_s)
     steps = span_steps(matched)
     gaps = itl.gap_table(t["all_chunks"], t["all_requests"]).filter(
@@ -205,7 +198,8 @@ def otel_report(tables: Mapping[str, pl.DataFrame], window: RunWindow, spans: li
     err = matched["arrival_minus_sent_ms"].abs() if matched.height else pl.Series([], dtype=pl.Float64)
     lag = matched["arrival_minus_sent_ms"] if matched.height else pl.Series([], dtype=pl.Float64)
     summary["spans"] = {"received": len(spans), "with_first_token": windows.height, "matched": matched.height,
-                        "clock_offset_ns": offset, "arrival_minus_sent_ms_max": err.max() if err.len() else None,
+                        "clock_offset_ns": clock.base_ns, "clock_drift_ms": clock.drift_ns / 1e6,
+                        "arrival_minus_sent_ms_max": err.max() if err.len() else None,
                         "arrival_minus_sent_ms": {"min": lag.min(), "p50": lag.median(), "max": lag.max()}
                         if lag.len() else None,
                         "matched_by_id": int((matched["matched_by"] == "id").sum()) if matched.height else 0,

@@ -33,6 +33,7 @@ from typing import Any
 
 import polars as pl
 
+from itlbench.analysis.wall_clock import WallClockMap
 from itlbench.errors import ConfigError
 
 SOURCE = "sglang_log"
@@ -95,11 +96,11 @@ def read_log(path: Path) -> pl.DataFrame:
         return parse_log(f)
 
 
-def event_evidence(events: pl.DataFrame, requests: pl.DataFrame, log: pl.DataFrame, offset_ns: int,
+def event_evidence(events: pl.DataFrame, requests: pl.DataFrame, log: pl.DataFrame, clock: WallClockMap,
                    origin_ns: int) -> list[dict[str, Any]]:
     """Per event: the prefill batches logged within its span ± the stamps' resolution, and whether they
     carry the tokens of the prefills the client-only attribution named (`log_agrees`; None when it named none)."""
-    pre = log.filter(pl.col("kind") == "prefill").with_columns((pl.col("t_ns") - offset_ns).alias("t_run"))
+    pre = clock.with_run_column(log.filter(pl.col("kind") == "prefill"), "t_ns", "t_run")
     tokens = (pl.coalesce("prompt_tokens_reported", "prompt_tokens") - pl.col("cached_tokens_reported").fill_null(0))
     size = requests.select("request_id", "server_request_id", tokens.alias("tokens"))
     sizes: dict[str, Any] = {}
@@ -127,7 +128,6 @@ def event_evidence(events: pl.DataFrame, requests: pl.DataFrame, log: pl.DataFra
 def analyze_server_log(run_dir: str | Path, log_path: Path) -> dict[str, Any]:
     """server-log.json's content: the log's batches laid beside the client-only attribution's events."""
     from itlbench.analysis.client_summary import windowed_client_stalls
-    from itlbench.analysis.otel_attribution import clock_offset
     from itlbench.analysis.stats import json_safe
     from itlbench.analysis.summary import _stall_params, _window_from
     from itlbench.rundir import load_tables
@@ -139,18 +139,18 @@ def analyze_server_log(run_dir: str | Path, log_path: Path) -> dict[str, Any]:
     meta = json.loads(Path(run_dir, "run.json").read_text())
     tables = load_tables(run_dir)
     window, params = _window_from(meta), _stall_params(meta)
-    offset = clock_offset(tables)
+    clock = WallClockMap.of(tables)
     events = windowed_client_stalls(tables, window, params).report.events
-    in_run = log.filter((pl.col("t_ns") - offset >= window.run_start_ns - int(1e9))
-                        & (pl.col("t_ns") - offset <= window.end_ns + int(1e9)))
-    rows = event_evidence(events, tables["requests"], log, offset, window.measure_start_ns)
+    timed = clock.with_run_column(log, "t_ns", "t_run")
+    in_run = timed.filter((pl.col("t_run") >= window.run_start_ns - int(1e9)) & (pl.col("t_run") <= window.end_ns + int(1e9)))
+    rows = event_evidence(events, tables["requests"], log, clock, window.measure_start_ns)
     return json_safe({"source": SOURCE, "log": str(log_path), "lines": log.height,
                       "lines_in_run": in_run.height,
                       "prefill_batches_in_run": int((in_run["kind"] == "prefill").sum()),
                       "decode_lines_in_run": int((in_run["kind"] == "decode").sum()),
                       "resolution_s": float(log["resolution_s"].max()), "ranks": sorted(set(log["rank"].to_list())),
                       "clock": "server local time read as this host's (TZ); mapped to the run's clock by "
-                               "client_samples.clock_offset_ns",
+                               "client_samples.clock_offset_ns at each line's time",
                       "events_from": "client_inferred (analyze --attribution client)",
                       "agree": sum(1 for r in rows if r["log_agrees"]),
                       "disagree": sum(1 for r in rows if r["log_agrees"] is False),

@@ -9,8 +9,11 @@ histogram passes the recommended boundaries as `explicit_bucket_boundaries_advis
 
 from __future__ import annotations
 
+import bisect
+import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,10 +97,41 @@ def make_providers(endpoint: str, service_name: str, export_interval_s: float = 
 
 
 class Clock:
-    """perf_counter_ns (the run's clock) to epoch nanoseconds (the clock spans carry)."""
+    """perf_counter_ns (the run's clock) to epoch nanoseconds (the clock spans carry), through the offset
+    read near that moment. Why not one offset from the start: a wall clock drifts from the monotonic one
+    (NTP slews it; CI's VM gained 0.6 %), and a span stamped through a start-up offset lands, after an
+    hour, 20 s from where the wall clock put it, and from where vLLM, which reads the wall clock, would
+    (wall_clock.py maps spans back through the client's offsets of their moment). The offset is read at
+    most every `refresh_ns`, on a call, and a time maps through the reading nearest it."""
 
-    def __init__(self) -> None:
-        self.offset_ns = time.time_ns() - time.perf_counter_ns()
+    def __init__(self, wall: Callable[[], int] = time.time_ns, perf: Callable[[], int] = time.perf_counter_ns,
+                 refresh_ns: int = 100_000_000, keep: int = 4096) -> None:
+        self._wall, self._perf, self.refresh_ns, self.keep = wall, perf, refresh_ns, keep
+        self._at: list[int] = []  # perf_counter_ns of each reading, ascending
+        self._offsets: list[int] = []
+        self._lock = threading.Lock()
+        self._read()
+
+    @property
+    def offset_ns(self) -> int:
+        """The latest reading of CLOCK_REALTIME − perf_counter_ns."""
+        return self._offsets[-1]
+
+    def _read(self) -> None:
+        before = self._perf()
+        wall = self._wall()
+        after = self._perf()
+        mid = (before + after) // 2
+        self._at.append(mid)
+        self._offsets.append(wall - mid)
+        if len(self._at) > self.keep:  # a long-lived server: the oldest half goes
+            del self._at[: self.keep // 2], self._offsets[: self.keep // 2]
 
     def epoch(self, perf_ns: int) -> int:
-        return perf_ns + self.offset_ns
+        with self._lock:
+            if self._perf() - self._at[-1] >= self.refresh_ns:
+                self._read()
+            i = bisect.bisect_left(self._at, perf_ns)
+            if i == len(self._at) or (i > 0 and perf_ns - self._at[i - 1] <= self._at[i] - perf_ns):
+                i -= 1
+            return perf_ns + self._offsets[i]

@@ -20,6 +20,7 @@ from itlbench.analysis.otel_attribution import (
     write_spans,
 )
 from itlbench.analysis.summary import _stall_params, _window_from
+from itlbench.analysis.wall_clock import WallClockMap
 from itlbench.cli.app import app
 from itlbench.rundir import load_tables
 from tests.support.report_runs import MS, S, build_run
@@ -53,7 +54,7 @@ def _stalls(run_dir: Path, spans: list[dict]) -> dict:
 
 
 def test_prefill_windows_end_at_the_first_token_in_the_run_clock() -> None:
-    w = prefill_windows(_spans(), OFFSET)
+    w = prefill_windows(_spans(), WallClockMap.fixed(OFFSET))
     assert w.height == 5  # the span that is not an llm_request is skipped
     inj = w.filter(pl.col("span_id") == "cmpl-inj-0").row(0, named=True)
     assert inj["end_ns"] == 6510 * MS and inj["start_ns"] == 6510 * MS - 1490 * MS
@@ -66,7 +67,7 @@ def test_spans_match_the_client_request_of_the_same_length_sent_nearest() -> Non
                             schema_overrides={"server_request_id": pl.Utf8})
     spans = [_span("x", 2 * S, 3 * S, 0.5, 100, 0), _span("y", 2 * S + 5 * MS, 3 * S, 0.5, 900, 0),
              _span("z", 9 * S, 10 * S, 0.5, 100, 0)]  # z: no request sent within the tolerance
-    m = match_requests(prefill_windows(spans, 0), requests)
+    m = match_requests(prefill_windows(spans, WallClockMap.fixed(0)), requests)
     assert dict(zip(m["span_id"], m["request_id"], strict=True)) == {"x": "b", "y": "c"}
     assert m["arrival_minus_sent_ms"].to_list() == [pytest.approx(0.3), pytest.approx(0.3)]
 
@@ -81,6 +82,25 @@ def test_the_injected_prefill_is_named_from_the_spans(tmp_path: Path) -> None:
     assert stalls["spans"]["matched"] == 5 and stalls["spans"]["arrival_minus_sent_ms_max"] == pytest.approx(0.3)
     (inj,) = stalls["injected_prefills"]
     assert inj["request_id"] == "inj-000" and inj["prefill_s"] == pytest.approx(1.49)
+
+
+def test_spans_are_mapped_through_the_offset_of_their_moment_when_the_wall_clock_steps(tmp_path: Path) -> None:
+    """The wall clock stepped 2 s forward at 3.2 s: the streams' spans (1.1 s) carry the old offset, the
+    injected one (5.0 s) the new. One offset for the run (the samples' median, the new one) would put the
+    streams' spans 2 s before their sends; each span's own moment's offset puts all five within 0.3 ms."""
+    run_dir = _run(tmp_path)
+    meta = json.loads((run_dir / "run.json").read_text())
+    tables = load_tables(run_dir)
+    step_ns = 3200 * MS
+    tables["client_samples"] = tables["client_samples"].with_columns(
+        (OFFSET + (pl.col("t_ns") > step_ns).cast(pl.Int64) * 2 * S).alias("clock_offset_ns"))
+    spans = [sp if sp.get("start_ns", 0) < OFFSET + step_ns else {**sp, "start_ns": sp["start_ns"] + 2 * S}
+             for sp in _spans()]
+    stalls = otel_stalls(tables, _window_from(meta), spans, _stall_params(meta))
+    assert stalls["spans"]["matched"] == 5 and stalls["spans"]["clock_drift_ms"] == pytest.approx(2000)
+    assert stalls["spans"]["arrival_minus_sent_ms_max"] == pytest.approx(0.3)
+    assert stalls["attribution"][0]["injected_request_ids"] == ["inj-000"]
+    assert stalls["spans"]["clock_offset_ns"] == OFFSET + 2 * S  # the median: 15 of the 20 samples
 
 
 def test_a_stall_no_span_explains_stays_unknown(tmp_path: Path) -> None:

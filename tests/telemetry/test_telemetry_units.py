@@ -177,3 +177,23 @@ def test_missing_sdk_names_the_extra() -> None:
             "except ConfigError as e:\n    print(e)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "--otlp-endpoint" in r.stdout and "itlbench[otel]" in r.stdout, r.stdout + r.stderr
+
+
+def test_span_times_follow_a_wall_clock_that_gains_on_the_monotonic_one() -> None:
+    """Spans carry wall-clock times; a wall clock gaining 0.6 % moves them as it moves, where one start-up
+    offset would place a time an hour in 21.6 s early. An earlier time keeps the reading of its own moment."""
+    from itlbench.telemetry.otel import Clock
+
+    now = [10**12]
+    base = 1_700_000_000 * 10**9
+    wall = lambda: base + now[0] + (now[0] - 10**12) * 6 // 1000  # noqa: E731
+    clock = Clock(wall=wall, perf=lambda: now[0], refresh_ns=100 * MS)
+    assert clock.epoch(now[0]) == wall()
+    marks = []
+    for _ in range(36):  # an hour, a call every 100 s
+        now[0] += 100 * 10**9
+        marks.append((now[0], wall()))
+        assert clock.epoch(now[0]) == wall()
+    assert all(clock.epoch(t) == w for t, w in marks)  # each through its own reading, not the latest
+    assert clock.epoch(now[0] + 50 * MS) == wall() + 50 * MS  # within refresh_ns: the last reading holds
+    assert clock.offset_ns - base == 21_600_000_000  # 0.6 % of an hour
