@@ -14,7 +14,7 @@ from itlbench.cli import app
 from itlbench.report.compare import differing_settings, load_runs, make_rows, verdict
 from itlbench.report.data import load_run
 from itlbench.report.run_report import write_run_report
-from itlbench.report.timeline import _segments, injected_spans
+from itlbench.report.timeline import _segments, injected_spans, stall_picture
 from itlbench.units import parse_duration_s
 from tests.support.report_runs import PAUSE, build_run
 
@@ -170,3 +170,27 @@ def test_compare_labels_an_external_engine_row_and_its_source(tmp_path: Path) ->
     assert [r.label for r in rows] == ["budget 2048", "vLLM"]
     assert rows[1].run.engine.source.startswith("server counters (vllm:* from /metrics)")
     assert rows[0].run.engine.source == "engine step log"
+
+
+def test_a_run_whose_tokens_mostly_arrive_together_draws_its_stall_picture(tmp_path: Path) -> None:
+    """Two tokens a read (a server that writes events in pairs): the median gap is 0, which a log axis has
+    no place for; the picture says so instead of collapsing its layout (matplotlib's warning, an error here)."""
+    import warnings
+
+    run = build_run(tmp_path / "pairs")
+    files = sorted((run / "chunks").glob("*.parquet"))
+    chunks = pl.concat([pl.read_parquet(f) for f in files])
+    paired = chunks.sort("request_id", "index").with_columns(
+        pl.when(pl.col("index") % 2 == 1).then(pl.col("t_ns").shift(1).over("request_id"))
+        .otherwise(pl.col("t_ns")).alias("t_ns"))
+    for f in files:
+        f.unlink()
+    paired.write_parquet(run / "chunks" / "part-0.parquet")
+    assert runner.invoke(app, ["analyze", str(run)]).exit_code == 0
+    assert load_run(run).chunks.quantiles["itl_s"]["p50"] == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        write_run_report(run)
+    _check_written(run)
+    gaps = stall_picture(load_run(run)).axes[1]
+    assert gaps.get_yscale() == "log" and any("median gap 0" in t.get_text() for t in gaps.texts)
