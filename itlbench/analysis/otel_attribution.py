@@ -91,13 +91,16 @@ def prefill_windows(spans: Iterable[Mapping[str, Any]], clock: WallClockMap) -> 
         a = s.get("attributes") or {}
         if s.get("name") != SPAN_NAME or a.get(_TTFT) is None or a.get(_PREFILL) is None:
             continue
-        arrival = clock.to_run(int(s["start_ns"]))
-        first = arrival + int(float(a[_TTFT]) * 1e9)
-        rows.append({"span_id": str(a.get(_ID) or s.get("span_id")), "arrival_ns": arrival,
-                     "start_ns": first - int(max(float(a[_PREFILL]), 0.0) * 1e9), "end_ns": first,
+        rows.append({"span_id": str(a.get(_ID) or s.get("span_id")), "wall_ns": int(s["start_ns"]),
+                     "ttft_ns": int(float(a[_TTFT]) * 1e9), "prefill_ns": int(max(float(a[_PREFILL]), 0.0) * 1e9),
                      "prompt_tokens": int(a.get(_PROMPT) or 0), "queue_s": float(a.get(_QUEUE) or 0.0),
                      "prefill_s": float(a[_PREFILL])})
-    return pl.DataFrame(rows, schema=_WINDOWS).sort("arrival_ns")
+    if not rows:
+        return pl.DataFrame(schema=_WINDOWS)
+    spans_df = clock.with_run_column(pl.DataFrame(rows), "wall_ns", "arrival_ns")  # one mapping for all spans
+    first = pl.col("arrival_ns") + pl.col("ttft_ns")
+    return (spans_df.with_columns((first - pl.col("prefill_ns")).alias("start_ns"), first.alias("end_ns"))
+            .select(list(_WINDOWS)).cast(_WINDOWS).sort("arrival_ns"))
 
 
 def _by_id(span_id: str, ids: dict[str, int]) -> int | None:

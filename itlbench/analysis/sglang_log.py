@@ -96,11 +96,12 @@ def read_log(path: Path) -> pl.DataFrame:
         return parse_log(f)
 
 
-def event_evidence(events: pl.DataFrame, requests: pl.DataFrame, log: pl.DataFrame, clock: WallClockMap,
+def event_evidence(events: pl.DataFrame, requests: pl.DataFrame, log: pl.DataFrame,
                    origin_ns: int) -> list[dict[str, Any]]:
-    """Per event: the prefill batches logged within its span ± the stamps' resolution, and whether they
-    carry the tokens of the prefills the client-only attribution named (`log_agrees`; None when it named none)."""
-    pre = clock.with_run_column(log.filter(pl.col("kind") == "prefill"), "t_ns", "t_run")
+    """Per event: the prefill batches logged (`log` with its times on the run's clock, `t_run`) within its
+    span ± the stamps' resolution, and whether they carry the tokens of the prefills the client-only
+    attribution named (`log_agrees`; None when it named none)."""
+    pre = log.filter(pl.col("kind") == "prefill")
     tokens = (pl.coalesce("prompt_tokens_reported", "prompt_tokens") - pl.col("cached_tokens_reported").fill_null(0))
     size = requests.select("request_id", "server_request_id", tokens.alias("tokens"))
     sizes: dict[str, Any] = {}
@@ -139,11 +140,10 @@ def analyze_server_log(run_dir: str | Path, log_path: Path) -> dict[str, Any]:
     meta = json.loads(Path(run_dir, "run.json").read_text())
     tables = load_tables(run_dir)
     window, params = _window_from(meta), _stall_params(meta)
-    clock = WallClockMap.of(tables)
     events = windowed_client_stalls(tables, window, params).report.events
-    timed = clock.with_run_column(log, "t_ns", "t_run")
+    timed = WallClockMap.of(tables).with_run_column(log, "t_ns", "t_run")
     in_run = timed.filter((pl.col("t_run") >= window.run_start_ns - int(1e9)) & (pl.col("t_run") <= window.end_ns + int(1e9)))
-    rows = event_evidence(events, tables["requests"], log, clock, window.measure_start_ns)
+    rows = event_evidence(events, tables["requests"], timed, window.measure_start_ns)
     return json_safe({"source": SOURCE, "log": str(log_path), "lines": log.height,
                       "lines_in_run": in_run.height,
                       "prefill_batches_in_run": int((in_run["kind"] == "prefill").sum()),

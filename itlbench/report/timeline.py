@@ -335,14 +335,14 @@ def _gap_panel(ax: Axes, data: RunData, spans: list[InjectedSpan]) -> None:
         ax.scatter(((part["t_ns"] - t0) / 1e9).to_numpy(), part["gap_s"].to_numpy(), s=9,
                    color=color, linewidths=0, zorder=3)
     med = data.chunks.quantiles.get("itl_s", {}).get("p50")
-    if med is not None and med > 0:
-        ax.axhline(med, color="#555555", linestyle=":", linewidth=0.8)
-        ax.text(0.002, med, f" median gap {fmt_s(med)}", transform=ax.get_yaxis_transform(), fontsize=7,
-                va="bottom", color="#555555")
-        ax.set_yscale("log")
-    elif med is not None:  # most tokens came in one read with the one before: a line at 0 has no place on a log axis
-        ax.text(0.002, 0.02, " median gap 0 (most tokens arrived with the one before), below the axis",
-                transform=ax.transAxes, fontsize=7, va="bottom", color="#555555")
+    if med is not None:
+        if med > 0:
+            ax.axhline(med, color="#555555", linestyle=":", linewidth=0.8)
+            ax.text(0.002, med, f" median gap {fmt_s(med)}", transform=ax.get_yaxis_transform(), fontsize=7,
+                    va="bottom", color="#555555")
+        else:  # most tokens came in one read with the one before: 0 has no place on a log axis
+            ax.text(0.002, 0.02, " median gap 0 (most tokens arrived with the one before), below the axis",
+                    transform=ax.transAxes, fontsize=7, va="bottom", color="#555555")
         ax.set_yscale("log")
     ax.set_ylabel("gap before each token (s)")
     ax.set_xlabel("seconds since measurement start")

@@ -19,6 +19,7 @@ from typing import Any
 
 from itlbench import __version__
 from itlbench.errors import ConfigError
+from itlbench.load.clients.kclock import measure_offset
 
 # Recommended ExplicitBucketBoundaries of the GenAI metric conventions (semantic-conventions,
 # docs/gen-ai/gen-ai-metrics.md).
@@ -118,12 +119,9 @@ class Clock:
         return self._offsets[-1]
 
     def _read(self) -> None:
-        before = self._perf()
-        wall = self._wall()
-        after = self._perf()
-        mid = (before + after) // 2
-        self._at.append(mid)
-        self._offsets.append(wall - mid)
+        reading = measure_offset(self._wall, self._perf, samples=3)
+        self._at.append(self._perf())
+        self._offsets.append(reading.offset_ns)
         if len(self._at) > self.keep:  # a long-lived server: the oldest half goes
             del self._at[: self.keep // 2], self._offsets[: self.keep // 2]
 
