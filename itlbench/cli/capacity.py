@@ -17,9 +17,11 @@ from itlbench.cli.app import console, fail
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.experiments.capacity import (
     CapacityPlan,
+    RunJudgement,
     SearchPoint,
     answer_line,
     judge_run,
+    measure_point,
     parse_stall_budget,
     search,
     write_capacity_json,
@@ -84,24 +86,26 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
         with terminate_as_interrupt() as arm, capture(receive_otlp, say) as spans, \
                 _target(serve, endpoint, model, target, timeout_s, say, spans) as (flags, name):
 
+            def run_once(load: float) -> RunJudgement:
+                counts[load] = counts.get(load, 0) + 1
+                run_dir = target / f"{axis}{plan.fmt(load)}" / f"run{counts[load]}"
+                code = invoke_run([*extra, *flags, f"--{axis}", plan.fmt(load), "--no-live", "--out", str(run_dir)])
+                arm()
+                if code == 2 and not any(target.glob("*/run*/run.json")):
+                    raise typer.Exit(2)  # the first run refused its options (it said why)
+                if not (run_dir / "run.json").is_file():
+                    raise ItlbenchError(f"capacity: the run at {axis} {plan.fmt(load)} wrote nothing (exit {code})")
+                save_and_warn(spans, run_dir, say)
+                judged = judge_run(run_dir, slo, plan.budget)
+                if stopped_early(run_dir):  # Ctrl-C or SIGTERM ended the run: end the search
+                    raise KeyboardInterrupt
+                if judged.disturbed:
+                    say(f"{axis} {plan.fmt(load)}: {run_dir.name} missed while disturbed "
+                        f"({judged.disturbed[0][:140]})")
+                return judged
+
             def measure(load: float, phase: str, repeats: int) -> SearchPoint:
-                pt = SearchPoint(load, phase)
-                for _ in range(repeats):
-                    counts[load] = counts.get(load, 0) + 1
-                    run_dir = target / f"{axis}{plan.fmt(load)}" / f"run{counts[load]}"
-                    code = invoke_run([*extra, *flags, f"--{axis}", plan.fmt(load), "--no-live",
-                                       "--out", str(run_dir)])
-                    arm()
-                    if code == 2 and not any(target.glob("*/run*/run.json")):
-                        raise typer.Exit(2)  # the first run refused its options (it said why)
-                    if not (run_dir / "run.json").is_file():
-                        raise ItlbenchError(f"capacity: the run at {axis} {plan.fmt(load)} wrote nothing "
-                                            f"(exit {code})")
-                    save_and_warn(spans, run_dir, say)
-                    pt.runs.append(judge_run(run_dir, slo, plan.budget))
-                    if stopped_early(run_dir):  # Ctrl-C or SIGTERM ended the run: end the search
-                        raise KeyboardInterrupt
-                return pt
+                return measure_point(load, phase, repeats, lambda: run_once(load))
 
             result = search(plan, measure, on_status=say)
         write_capacity_json(result, target)

@@ -10,6 +10,12 @@ A point meets when: no request failed, every `--slo` target holds (the same chec
 verdict), and the stall budget holds: the worst gap of any steady stream (`worst=`), the stalled time as
 a share of the steady streams' streaming time (`stalled=`), and the share of the streamed requests
 with at least one stall (`victims=`, the stall analysis's victims).
+
+A miss the run's own validity checks put in doubt (the summary says `valid: false` and every figure
+missed is one they name as affected: the client paused or read late, so ITL and stalls may be its
+doing) is not taken as the server's: that run is kept, marked disturbed, and run again, at most
+`DISTURBED_RERUNS` times a point. A shared 2-core box stalls client and server together now and then;
+once in a full test run, a search answered 2 streams for a test server built to hold 3.
 """
 
 from __future__ import annotations
@@ -69,13 +75,21 @@ def parse_stall_budget(spec: str | None) -> StallBudget:
     return StallBudget(out.get("worst"), out.get("stalled"), out.get("victims"), spec)
 
 
+DISTURBED_RERUNS = 2  # runs again of a point whose miss the client's validity checks put in doubt
+
+
 @dataclass
 class RunJudgement:
-    """One run at one load: its headline figures, whether it met, and what it missed."""
+    """One run at one load: its headline figures, whether it met, and what it missed.
+
+    `disturbed` holds the run's validity reasons when every miss is on a figure they affect; `rerun`
+    is set once another run has taken its place in the point's verdict."""
 
     run_dir: Path
     figures: dict[str, float | None]
     misses: list[str]
+    disturbed: list[str] = field(default_factory=list)
+    rerun: bool = False
 
     @property
     def met(self) -> bool:
@@ -106,22 +120,45 @@ def judge_run(run_dir: Path, slo: str | None, budget: StallBudget) -> RunJudgeme
         "output_tokens_per_s": (s.get("throughput") or {}).get("output_tokens_per_s"),
         "failed_requests": float((requests.get("error") or 0) + (requests.get("timeout") or 0)),
         "requests": float(requests.get("total") or 0)}
-    misses = [f"{c.what} {fmt_s(c.value_s)} > {fmt_s(c.target_s)}" for c in slo_checks(run, parse_slo(slo))
-              if not c.ok]
+    missed: list[tuple[str, str]] = [  # (what, the summary figure it rests on)
+        (f"{c.what} {fmt_s(c.value_s)} > {fmt_s(c.target_s)}", "itl_s" if c.what.startswith("ITL") else "ttft_s")
+        for c in slo_checks(run, parse_slo(slo)) if not c.ok]
     if figures["failed_requests"]:
-        misses.insert(0, f"{figures['failed_requests']:.0f} requests failed")
+        missed.insert(0, (f"{figures['failed_requests']:.0f} requests failed", "requests"))
     if not figures["requests"]:
-        misses.insert(0, "no request finished")
+        missed.insert(0, ("no request finished", "requests"))
     worst = figures["worst_gap_s"]
     if budget.worst_s is not None and worst is not None and worst > budget.worst_s:
-        misses.append(f"worst gap {fmt_s(worst)} > {fmt_s(budget.worst_s)}")
+        missed.append((f"worst gap {fmt_s(worst)} > {fmt_s(budget.worst_s)}", "itl_s"))
     share = figures["stalled_share"]
     if budget.stalled is not None and share is not None and share > budget.stalled:
-        misses.append(f"stalled {share:.1%} of stream time > {budget.stalled:.1%}")
+        missed.append((f"stalled {share:.1%} of stream time > {budget.stalled:.1%}", "stalls"))
     victims = figures["victims_share"]
     if budget.victims is not None and victims is not None and victims > budget.victims:
-        misses.append(f"{victims:.0%} of streams stalled > {budget.victims:.0%}")
-    return RunJudgement(run_dir, figures, misses)
+        missed.append((f"{victims:.0%} of streams stalled > {budget.victims:.0%}", "stalls"))
+    return RunJudgement(run_dir, figures, [what for what, _ in missed], _doubted(s, [f for _, f in missed]))
+
+
+def _doubted(summary: dict[str, Any], missed_figures: list[str]) -> list[str]:
+    """The run's validity reasons where every missed figure is one they affect; else []."""
+    validity = summary.get("validity") or {}
+    affected = set(validity.get("affected") or [])
+    if summary.get("valid", True) or not missed_figures or not set(missed_figures) <= affected:
+        return []
+    return list(validity.get("reasons") or ["the run's validity checks failed"])
+
+
+def measure_point(load: float, phase: str, repeats: int, run_once: Callable[[], RunJudgement],
+                  reruns: int = DISTURBED_RERUNS) -> SearchPoint:
+    """`repeats` judged runs at one load; a disturbed run is run again (at most `reruns` times)."""
+    pt = SearchPoint(load, phase)
+    while len(pt.counted) < repeats:
+        judged = run_once()
+        pt.runs.append(judged)
+        if judged.disturbed and reruns > 0:
+            judged.rerun = True
+            reruns -= 1
+    return pt
 
 
 @dataclass
@@ -131,13 +168,18 @@ class SearchPoint:
     runs: list[RunJudgement] = field(default_factory=list)
 
     @property
+    def counted(self) -> list[RunJudgement]:
+        """The runs the verdict rests on: all but the disturbed ones run again."""
+        return [r for r in self.runs if not r.rerun]
+
+    @property
     def met(self) -> bool:
-        return bool(self.runs) and all(r.met for r in self.runs)
+        return bool(self.counted) and all(r.met for r in self.counted)
 
     def as_dict(self, root: Path) -> dict[str, Any]:
         return {"load": self.load, "phase": self.phase, "met": self.met,
                 "runs": [{"run_dir": str(r.run_dir.relative_to(root)), "met": r.met, "misses": r.misses,
-                          "figures": r.figures} for r in self.runs]}
+                          "figures": r.figures, "disturbed": r.disturbed, "rerun": r.rerun} for r in self.runs]}
 
 
 @dataclass
@@ -187,7 +229,7 @@ class CapacityResult:
     @property
     def confirmed(self) -> bool:
         """The answer ran `repeat` times, every run meeting (False where --max-points cut the search short)."""
-        runs = [r for p in self.points if p.load == self.max_load for r in p.runs]
+        runs = [r for p in self.points if p.load == self.max_load for r in p.counted]
         return self.max_load is not None and len(runs) >= self.plan.repeat and all(r.met for r in runs)
 
     def as_dict(self, root: Path) -> dict[str, Any]:
@@ -226,7 +268,7 @@ def search(plan: CapacityPlan, measure: Callable[[float, str, int], SearchPoint]
         pt = measure(load, phase, repeats)
         points.append(pt)
         tried[load] = pt
-        word = "met" if pt.met else "missed: " + "; ".join(next((r.misses for r in pt.runs if r.misses), []))[:160]
+        word = "met" if pt.met else "missed: " + "; ".join(next((r.misses for r in pt.counted if r.misses), []))[:160]
         on_status(f"{plan.axis} {plan.fmt(load)} ({phase}): {word}")
         return pt.met
 

@@ -28,9 +28,11 @@ def _share(v: float | None) -> str:
 def points_table(result: CapacityResult) -> Table:
     rows = []
     for i, pt in enumerate(result.points, 1):
-        f = [r.figures for r in pt.runs]
-        misses = sorted({m for r in pt.runs for m in r.misses})
-        rows.append([str(i), result.plan.fmt(pt.load), pt.phase, str(len(pt.runs)), "yes" if pt.met else "NO",
+        f = [r.figures for r in pt.counted]
+        misses = sorted({m for r in pt.counted for m in r.misses})
+        again = len(pt.runs) - len(pt.counted)
+        runs = f"{len(pt.counted)}" + (f" (+{again} disturbed, run again)" if again else "")
+        rows.append([str(i), result.plan.fmt(pt.load), pt.phase, runs, "yes" if pt.met else "NO",
                      fmt_s(_mean([x["itl_p99_s"] for x in f])), fmt_s(_mean([x["worst_gap_s"] for x in f])),
                      fmt_s(_mean([x["ttft_p90_s"] for x in f])), _share(_mean([x["stalled_share"] for x in f])),
                      _share(_mean([x["victims_share"] for x in f])),
@@ -40,7 +42,8 @@ def points_table(result: CapacityResult) -> Table:
     return Table(["#", result.plan.axis, "phase", "runs", "met", "ITL p99", "worst gap", "TTFT p90", "stalled",
                   "streams stalled", "achieved req/s", "what missed"], rows,
                  "Every point of the search in the order it ran (figures: mean over the point's runs; a point "
-                 "meets only when every run does)", align_right_from=1)
+                 "meets only when every run does; a run that missed while the client's own validity checks "
+                 "failed is run again and left out)", align_right_from=1)
 
 
 def curve_figure(result: CapacityResult) -> FigureSpec:
@@ -57,7 +60,7 @@ def curve_figure(result: CapacityResult) -> FigureSpec:
     ax = fig.subplots()
     for key, marker in (("itl_p99_s", "o"), ("worst_gap_s", "s"), ("ttft_p90_s", "^")):
         xs = [p.load for p in pts]
-        ys = [_mean([r.figures[key] for r in p.runs]) for p in pts]
+        ys = [_mean([r.figures[key] for r in p.counted]) for p in pts]
         ax.plot(xs, [np.nan if y is None else y for y in ys], color="#999999", linewidth=0.8)
         for p, y in zip(pts, ys, strict=True):
             if y is not None:
@@ -77,6 +80,13 @@ def curve_figure(result: CapacityResult) -> FigureSpec:
     return spec
 
 
+def rerun_lines(result: CapacityResult) -> list[str]:
+    """Which runs were run again, and the validity reason that put each one's miss in doubt."""
+    again = [(pt, r) for pt in result.points for r in pt.runs if r.rerun]
+    return [f"{result.plan.axis} {result.plan.fmt(pt.load)}, {r.run_dir.name}: missed ({'; '.join(r.misses)}) "
+            f"its validity checks said: {r.disturbed[0]}; run again." for pt, r in again]
+
+
 def write_capacity_report(result: CapacityResult, out_dir: Path, command: str, target: str) -> Written:
     p = result.plan
     line = answer_line(result)
@@ -91,5 +101,6 @@ def write_capacity_report(result: CapacityResult, out_dir: Path, command: str, t
                                           "between the highest point met and the lowest missed; points near the "
                                           "boundary run several times and meet only when every run meets, and "
                                           "the answer itself is re-run before it is reported."),
-                    Section("The search").add(points_table(result), curve_figure(result))], command)
+                    Section("The search").add(points_table(result), curve_figure(result),
+                                              *rerun_lines(result))], command)
     return write_document(doc, out_dir)

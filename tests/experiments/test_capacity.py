@@ -17,10 +17,12 @@ from itlbench.experiments.capacity import (
     RunJudgement,
     SearchPoint,
     answer_line,
+    measure_point,
     parse_stall_budget,
     search,
 )
 from itlbench.experiments.capacity import judge_run as _judge_run
+from itlbench.experiments.capacity_report import rerun_lines
 from itlbench.testing.paced_server import PacedConfig, spawn
 
 runner = CliRunner()
@@ -40,6 +42,37 @@ def _threshold(capacity: float, flaky_at: set[float] | None = None):
         return pt
 
     return measure, calls
+
+
+def _mark_invalid(run_dir: Path, affected: list[str], reason: str) -> None:
+    """What the run's validity checks write when the client itself was disturbed."""
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text())
+    summary["valid"] = False
+    summary["validity"] = {**(summary.get("validity") or {}), "affected": affected, "reasons": [reason]}
+    path.write_text(json.dumps(summary))
+
+
+def _judged(miss: bool, disturbed: bool = False) -> RunJudgement:
+    return RunJudgement(Path("."), {}, ["ITL p99 60 ms > 52 ms"] if miss else [],
+                        ["the client read late"] if disturbed else [])
+
+
+def test_a_miss_while_the_client_was_disturbed_is_run_again_and_left_out() -> None:
+    runs = iter([_judged(True, disturbed=True), _judged(False), _judged(False)])
+    pt = measure_point(3, "bisect", 2, lambda: next(runs))
+    assert pt.met and len(pt.runs) == 3 and [r.rerun for r in pt.runs] == [True, False, False]
+    assert pt.as_dict(Path("."))["runs"][0]["disturbed"] == ["the client read late"]
+    runs = iter([_judged(True, disturbed=True) for _ in range(3)])  # disturbed every time: after two reruns the miss counts
+    pt = measure_point(3, "bisect", 1, lambda: next(runs))
+    assert not pt.met and [r.rerun for r in pt.runs] == [True, True, False]
+    runs = iter([_judged(True), _judged(False)])  # an undisturbed miss is the server's: no rerun
+    pt = measure_point(3, "bisect", 2, lambda: next(runs))
+    assert not pt.met and len(pt.runs) == 2
+    result = search(CapacityPlan(axis="streams", start=4, repeat=1),
+                    lambda load, phase, n: measure_point(load, phase, n, lambda: _judged(load > 5, load == 4)))
+    assert (result.max_load, result.missed_at) == (5, 6) and result.confirmed
+    assert any("run again" in line for line in rerun_lines(result))
 
 
 def test_bracketing_then_bisection_finds_a_rate_within_the_resolution() -> None:
@@ -145,6 +178,14 @@ def test_the_rate_found_holds_when_rerun_and_twice_it_misses(tmp_path: Path) -> 
             assert res.exit_code == 0, res.output
             verdicts.append(_judge_run(rerun, "itl_p99=40ms", parse_stall_budget(None)).met)
         assert verdicts == [True, False]
+        missed = tmp_path / f"rerun{2 * rate:g}"
+        judged = _judge_run(missed, "itl_p99=40ms", parse_stall_budget(None))
+        assert judged.disturbed == [] or not json.loads((missed / "summary.json").read_text())["valid"]
+        _mark_invalid(missed, ["itl_s", "stalls"], "the client's loop was paused 0.05 s")
+        judged = _judge_run(missed, "itl_p99=40ms", parse_stall_budget(None))
+        assert not judged.met and judged.disturbed == ["the client's loop was paused 0.05 s"]
+        _mark_invalid(missed, ["stalls"], "the client's loop was paused 0.05 s")  # ITL stands: a real miss
+        assert _judge_run(missed, "itl_p99=40ms", parse_stall_budget(None)).disturbed == []
     finally:
         proc.kill()
         proc.wait(5)
