@@ -6,12 +6,11 @@ import datetime as dt
 from pathlib import Path
 
 import numpy as np
-from matplotlib.ticker import FuncFormatter
 
 from itlbench.experiments.capacity import CapacityResult, answer_line
 from itlbench.report.document import Callout, Document, Section, Table, Written, write_document
 from itlbench.report.figure_spec import FigureSpec
-from itlbench.report.style import fmt_s, new_figure, tidy
+from itlbench.report.style import fmt_s, new_figure, seconds_log_yaxis, tidy
 
 MET, MISSED = "#2a9d4b", "#c0392b"
 
@@ -71,8 +70,7 @@ def curve_figure(result: CapacityResult) -> FigureSpec:
         ax.axhline(budget, color=MISSED, linestyle=":", linewidth=0.8, label="stall budget (worst gap)")
     if result.max_load is not None:
         ax.axvline(result.max_load, color=MET, linestyle="--", linewidth=1.0, label="capacity")
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_s(v)))
+    seconds_log_yaxis(ax)
     ax.set_xlabel("offered rate (requests/s)" if axis == "rate" else "steady streams")
     ax.legend(fontsize=8, frameon=False)
     tidy(ax)
@@ -83,7 +81,7 @@ def curve_figure(result: CapacityResult) -> FigureSpec:
 def rerun_lines(result: CapacityResult) -> list[str]:
     """Which runs were run again, and the validity reason that put each one's miss in doubt."""
     again = [(pt, r) for pt in result.points for r in pt.runs if r.rerun]
-    return [f"{result.plan.axis} {result.plan.fmt(pt.load)}, {r.run_dir.name}: missed ({'; '.join(r.misses)}) "
+    return [f"{result.plan.axis} {result.plan.fmt(pt.load)}, {r.run_dir.name}: missed ({'; '.join(r.misses)}); "
             f"its validity checks said: {r.disturbed[0]}; run again." for pt, r in again]
 
 

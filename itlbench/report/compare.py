@@ -43,7 +43,7 @@ from itlbench.report.document import Callout, Document, Links, Section, Table, W
 from itlbench.report.figure_spec import FigureSpec
 from itlbench.report.load_curve import load_axis, load_figure
 from itlbench.report.reproduce import reproduce_command
-from itlbench.report.style import RUN_COLORS, fmt_s, gap_cdf_axes, new_figure, tidy
+from itlbench.report.style import RUN_COLORS, fmt_s, gap_cdf_axes, new_figure, seconds_log_yaxis, tidy
 from itlbench.report.timeline import draw_rows, injected_spans
 
 # Settings that define the question a run answers; runs that differ in one answer different ones.
@@ -302,8 +302,7 @@ def gaps_figure(runs: list[RunData], labels: list[str], groups: list[str] | None
     if not drawn:
         spec.note = "No run has inter-token gaps to draw."
         return spec
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_s(v)))
+    seconds_log_yaxis(ax)
     ax.set_xlim(lo, hi)
     ax.set_xlabel("seconds since measurement start")
     ax.set_ylabel("longest gap in progress")

@@ -7,11 +7,12 @@ report rendering safe inside a long-lived process and free of any display.
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from itlbench.units import format_tokens
 
@@ -61,6 +62,19 @@ def gap_cdf_axes(ax: Axes, lo_q: float, hi_q: float) -> None:
     ax.set_ylabel("share of gaps ≤ x")
     ax.legend(fontsize=8, frameon=False, loc="upper left")
     tidy(ax)
+
+
+def seconds_log_yaxis(ax: Axes) -> None:
+    """A log y axis of seconds labelled as durations ("50 ms"), minor ticks too where the view spans
+    under a decade (else matplotlib's own 10^-2 labels would sit between "100 ms" and "1 s")."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_s(v)))
+
+    def minor(v: float, _: int) -> str:
+        lo, hi = ax.get_ylim()
+        return fmt_s(v) if lo > 0 and math.log10(hi / lo) < 1 else ""
+
+    ax.yaxis.set_minor_formatter(FuncFormatter(minor))
 
 
 def png_bytes(fig: Figure) -> bytes:

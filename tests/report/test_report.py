@@ -194,3 +194,23 @@ def test_a_run_whose_tokens_mostly_arrive_together_draws_its_stall_picture(tmp_p
     _check_written(run)
     gaps = stall_picture(load_run(run)).axes[1]
     assert gaps.get_yscale() == "log" and any("median gap 0" in t.get_text() for t in gaps.texts)
+
+
+def test_a_log_axis_of_seconds_labels_its_minor_ticks_as_durations_within_a_decade() -> None:
+    from itlbench.report.style import new_figure, seconds_log_yaxis
+
+    def labels(lo: float, hi: float) -> tuple[list[str], list[str]]:
+        fig = new_figure(3.0)
+        ax = fig.subplots()
+        ax.plot([1, 2], [lo, hi])
+        seconds_log_yaxis(ax)
+        ax.set_ylim(lo, hi)
+        fig.canvas.draw()
+        return ([t.get_text() for t in ax.get_yticklabels() if t.get_text()],
+                [t.get_text() for t in ax.get_yticklabels(minor=True) if t.get_text()])
+
+    major, minor = labels(0.04, 0.11)  # under a decade: 50 ms … 90 ms between the decades' labels
+    assert "100 ms" in major and {"50 ms", "90 ms"} <= set(minor), minor
+    assert not any("10^" in t or "$" in t for t in major + minor)
+    _, minor = labels(0.001, 10.0)  # four decades: the decades alone are labelled
+    assert minor == []
