@@ -298,7 +298,7 @@ def search(plan: CapacityPlan, measure: Callable[[float, str, int], SearchPoint]
                 else:
                     hi = mid
                 continue
-            confirmed = sum(len(p.runs) for p in points if p.load == lo)
+            confirmed = sum(len(p.counted) for p in points if p.load == lo)
             if confirmed >= plan.repeat:
                 break
             if run(lo, "confirm", plan.repeat - confirmed) and all(p.met for p in points if p.load == lo):
