@@ -77,6 +77,7 @@ class Hardware:
     gqa_kv_reread: float = 0.0  # share of a GQA group's repeated K/V reads that reach HBM (0: read once per group)
     kernel_s: float = 0.0  # least time of one kernel (operators)
     roof_blend: float = 0.0  # GEMM time = p-norm of its two roofs with this p (0: their max) (operators)
+    gemm_tile_rows: int = 0  # a 16-bit GEMM of more rows computes them rounded up to this tile (0: no rounding) (operators)
     graph_overhead_s: float | None = None  # per decode-only step replayed as a CUDA graph (None: step_overhead_s)
     interconnect: str = ""
     link_bw: float = 0.0
@@ -96,6 +97,8 @@ class Hardware:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value >= 0):
                 raise ConfigError(f"gpu.{name}", f"must be >= 0, got {value!r}")
+        if not (isinstance(self.gemm_tile_rows, int) and self.gemm_tile_rows >= 0):
+            raise ConfigError("gpu.gemm_tile_rows", f"must be a whole number >= 0, got {self.gemm_tile_rows!r}")
         if self.graph_overhead_s is not None and not self.graph_overhead_s >= 0:
             raise ConfigError("gpu.graph_overhead_s", f"must be >= 0 or null, got {self.graph_overhead_s!r}")
         if self.dtype not in DTYPE_BYTES:
@@ -122,6 +125,12 @@ class Hardware:
     @property
     def gemm_efficiency(self) -> float:
         return (self.fp8_gemm_eff or self.gemm_eff) if self.dtype == "fp8" else self.gemm_eff
+
+    @property
+    def gemm_tile(self) -> int:
+        """Rows a GEMM's compute is rounded up to a multiple of: the 16-bit tile (`gemm_tile_rows`); 0 under
+        fp8, whose kernels no profile here measures rounding for (docs/perf/sim-vs-published.md)."""
+        return 0 if self.dtype == "fp8" else self.gemm_tile_rows
 
     @property
     def graph_step_overhead_s(self) -> float:
@@ -231,6 +240,9 @@ _DATASHEETS: dict[str, Hardware] = {
                  link_src="NVLink 5 1.8 TB/s (900 GB/s each way)"),
 }
 
+_TILE_SRC = ("measured: cuBLAS's 16-bit GEMMs in Vidur's operator profiles step at multiples of 128 rows; 128 "
+             "fits the Meta-Llama-3-8B A100 profile best (docs/perf/sim-vs-published.md); FP8 GEMMs unrounded")
+
 # Efficiencies and overheads fitted by `sim.published.fit` (run benchmarks/sim_vs_published.py to refit):
 # kernel-level figures are shared by every GPU except the large-M GEMM efficiency, which has measurements
 # on A100 SXM (Vidur, TensorRT-LLM), A100 PCIe (Sarathi-Serve), H100 FP8 and L40S FP8 (TensorRT-LLM); the
@@ -240,6 +252,11 @@ FIT: dict[str, float] = {
     "gemm_eff_a100": 0.7434, "gemm_eff_a100_pcie": 0.8192, "fp8_gemm_eff_h100": 0.5374, "fp8_gemm_eff_ada": 0.8399,
     "gemm_m_half": 17.38, "attn_eff": 0.3613, "mem_eff": 0.8327, "attn_mem_eff": 0.8284, "kernel_s": 5.14e-06,
     "link_eff": 0.8209, "roof_blend": 2.819, "link_latency_s": 6.492e-05, "hopper_mem_gain": 1.072,
+    # chosen, not fitted: cuBLAS computes a 16-bit GEMM in tiles of rows. In Vidur's profiles (every 8 rows, A100
+    # and H100) a layer 8 rows past a multiple of 128 takes 1.15-1.19x (median) the layer at it. Of power-of-two
+    # tiles, 128 fits the profile the fit reads (Meta-Llama-3-8B on the A100, every row) best: MAPE 4.1 % against
+    # 4.3 % at 64, 4.5 % at 192, 5.4 % with none (benchmarks/vidur_dense.py; docs/perf/sim-vs-published.md)
+    "gemm_tile_rows": 128,
     # not fitted: a vLLM-like engine's fixed costs, stated as assumptions (vLLM's own latency tests, held out in
     # sim/published.py, check the decode-step one)
     "step_overhead_s": 0.004, "graph_overhead_s": 0.0015, "seq_overhead_s": 20e-6,
@@ -289,7 +306,7 @@ def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
         "gemm_m_half": FITTED, "attn_eff": FITTED,
         **dict.fromkeys(("mem_eff", "attn_mem_eff"), f"{FITTED}; Hopper's gain over the A100's share fitted on "
                         "Vidur's H100 operator profiles" if mem_gain != 1.0 else FITTED),
-        "kernel_s": FITTED, "link_eff": FITTED, "roof_blend": FITTED,
+        "kernel_s": FITTED, "link_eff": FITTED, "roof_blend": FITTED, "gemm_tile_rows": _TILE_SRC,
         "link_latency_s": _CUSTOM_ALLREDUCE if hw.link_bw >= 300e9 else
                           f"NCCL's, {FITTED}, or the link's assumed cost where larger (PCIe)",
         "step_overhead_s": "assumed: a vLLM-like engine's eager per-step cost (Sarathi-Serve's prototype, fitted "
@@ -301,8 +318,8 @@ def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
     return hw.with_(cost_model="operators", counting="executed", gemm_eff=gemm, fp8_gemm_eff=fp8,
                     gemm_m_half=fit["gemm_m_half"], attn_eff=fit["attn_eff"], mem_eff=min(1.0, fit["mem_eff"] * mem_gain),
                     attn_mem_eff=min(1.0, fit["attn_mem_eff"] * mem_gain), kernel_s=fit["kernel_s"], link_eff=fit["link_eff"],
-                    roof_blend=fit["roof_blend"], link_latency_s=fit["kernel_s"] if hw.link_bw >= 300e9 else
-                    max(fit["link_latency_s"], hw.link_latency_s),
+                    roof_blend=fit["roof_blend"], gemm_tile_rows=int(fit["gemm_tile_rows"]),
+                    link_latency_s=fit["kernel_s"] if hw.link_bw >= 300e9 else max(fit["link_latency_s"], hw.link_latency_s),
                     step_overhead_s=fit["step_overhead_s"], graph_overhead_s=fit["graph_overhead_s"],
                     seq_overhead_s=fit["seq_overhead_s"], allreduce_in_switch=hw.name in NVLS, sources=sources)
 

@@ -8,7 +8,10 @@ roof and the step is their sum, not one whole-step max(compute, memory):
 - a weight GEMM of M rows: the larger of FLOPs / (peak · e(M)) and bytes / (bandwidth · mem_eff), or
   their roof_blend-norm (a kernel near the ridge overlaps loads and math imperfectly), + kernel_s, with
   e(M) = gemm_eff · M / (M + gemm_m_half): few-row products fill few tiles of the GPU and run far from
-  peak (Vidur's A100 profiles: a 128-row QKV at ~45 % of peak where 8,192 rows reach ~70 %);
+  peak (Vidur's A100 profiles: a 128-row QKV at ~45 % of peak where 8,192 rows reach ~70 %); past one
+  tile (`Hardware.gemm_tile`, 128 rows of a 16-bit GEMM) the compute counts the rows rounded up to whole
+  tiles, since a partial tile costs a whole one (Vidur's profiles: 8 rows past a multiple of 128 take
+  1.15-1.19x the time at it);
 - attention: compute over the causal query-key pairs at attn_eff (prefill), or the K/V read at
   attn_mem_eff of the bandwidth (decode), whichever is longer; mixed steps run one kernel over both.
   Under GQA a kernel that gives each query head its own thread block reads a K/V head once per query
@@ -62,8 +65,10 @@ def gemm_parts(cm: CostModel, rows: int, d_in: int, d_out: int, hw: Hardware) ->
     """(compute seconds, memory seconds) of one [rows, d_in] x [d_in, d_out] weight GEMM."""
     if rows <= 0:
         return 0.0, 0.0
-    eff = hw.gemm_efficiency * rows / (rows + hw.gemm_m_half)
-    compute = 2.0 * rows * d_in * d_out / (hw.gemm_peak * eff)
+    tile = hw.gemm_tile
+    computed = rows if not tile or rows <= tile else -(-rows // tile) * tile  # a partial tile costs a whole one
+    eff = hw.gemm_efficiency * computed / (computed + hw.gemm_m_half)
+    compute = 2.0 * computed * d_in * d_out / (hw.gemm_peak * eff)
     moved = cm.b * d_in * d_out + cm.act_bytes * rows * (d_in + d_out)
     return compute, moved / (hw.mem_bw * hw.mem_eff)
 

@@ -138,6 +138,27 @@ def test_gemm_time_falls_from_peak_at_few_rows_and_cuda_graphs_cut_the_decode_st
     assert eager.time(chunk, a100).total_s == cm.time(chunk, a100).total_s  # prefill steps run eagerly anyway
 
 
+def test_a_16_bit_gemm_a_few_rows_past_a_tile_computes_the_whole_next_tile() -> None:
+    """Vidur's cuBLAS profiles step at multiples of 128 rows: 136 rows take what 256 take once compute-bound,
+    128 rows what they are. Without the tile, or under fp8 (no rounding measured), time grows with the rows."""
+    a100 = GPUS["a100"]
+    cm = CostModel.for_hardware(PRESETS["llama-3-8b"], a100)
+    t = {rows: gemm_seconds(cm, "gate_up", rows, a100) for rows in (120, 128, 136, 256, 264, 384)}
+    assert a100.gemm_tile == 128 and "Vidur" in a100.sources["gemm_tile_rows"]
+    assert t[120] < t[128] < 1.1 * t[120]  # within one tile: no step
+    assert t[136] == pytest.approx(t[256], rel=0.01) and t[136] > 1.4 * t[128]
+    assert t[264] == pytest.approx(t[384], rel=0.01) and t[264] > 1.3 * t[256]
+    untiled = a100.with_(gemm_tile_rows=0)
+    assert gemm_seconds(cm, "gate_up", 136, untiled) < 1.05 * t[128]
+    fp8 = GPUS["h100"].for_dtype("fp8")
+    cm8 = CostModel.for_hardware(PRESETS["llama-3-8b"], fp8)
+    assert fp8.gemm_tile == 0 and gemm_seconds(cm8, "gate_up", 520, fp8) < 1.05 * gemm_seconds(cm8, "gate_up", 512, fp8)
+    assert SEEDS["h100-seeds"].gemm_tile == 0  # the source documents' arithmetic stays untouched
+    with pytest.raises(ConfigError) as err:
+        a100.with_(gemm_tile_rows=-1)
+    assert err.value.field == "gpu.gemm_tile_rows"
+
+
 def test_tp_leaves_the_schedulers_decisions_unchanged() -> None:
     """Same K/V blocks, same requests: the step sequence is identical at tp 1 and 2; only durations move."""
     def steps(tp: int) -> tuple[list[tuple], list[float]]:
