@@ -64,12 +64,17 @@ def read_profile(path: Path, vidur: Path) -> Profile | None:
     """One mlp.csv, or None (with the reason printed) when its MLP is not gated."""
     rel = path.relative_to(vidur / "data" / "profiling" / "compute")
     gpu, name = rel.parts[0], "/".join(rel.parts[1:-1])
-    df = pl.read_csv(path)
+    try:
+        df = pl.read_csv(path)
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise ProfileError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
     need = {"num_tokens", "num_tensor_parallel_workers", "n_head", "n_kv_head", "n_embd", "n_expanded_embd",
             "vocab_size", "use_gated_mlp", *(f"time_stats.{c}.median" for c in OPS.values())}
     missing = sorted(need - set(df.columns))
     if missing:
         raise ProfileError(f"{path}: lacks the columns {', '.join(missing)}")
+    if df.height == 0:
+        raise ProfileError(f"{path}: holds no profiled rows")
     shape = df.row(0, named=True)
     if not shape["use_gated_mlp"]:
         print(f"skipped {gpu}/{name}: its MLP is not gated (the simulator's layers are Llama's)")

@@ -113,3 +113,9 @@ def test_a_tree_without_profiles_or_a_profile_without_its_columns_is_a_one_line_
     proc = _run("--vidur", str(tmp_path))
     assert proc.returncode == 2 and str(bad) in proc.stderr and "lacks the columns" in proc.stderr
     assert proc.stderr.count("\n") == 1
+    _write_profile(bad, slow_from=1, rows_profiled=())  # the header alone
+    proc = _run("--vidur", str(tmp_path))
+    assert proc.returncode == 2 and "holds no profiled rows" in proc.stderr and proc.stderr.count("\n") == 1
+    bad.write_bytes(b"\xff\xfe\x00garbage\n\x00\x01")
+    proc = _run("--vidur", str(tmp_path))
+    assert proc.returncode == 2 and str(bad) in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
