@@ -34,6 +34,7 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's itlbench when run as a script
 
 from itlbench.core.model_config import ModelConfig  # noqa: E402
+from itlbench.errors import ConfigError  # noqa: E402
 from itlbench.sim.hardware import FIT, GPUS, Hardware, presets  # noqa: E402
 from itlbench.sim.operators import LAYER_GEMMS, gemm_seconds  # noqa: E402
 from itlbench.sim.roofline import CostModel  # noqa: E402
@@ -183,6 +184,9 @@ def main() -> int:
         gpus = presets({**FIT, **changed}) if changed else GPUS
         read = profiles(args.vidur)
         results = [(p, errors(p, gpus)) for p in read]
+    except ConfigError as exc:  # a --set value the presets refuse (a negative tile, an efficiency of 0)
+        print(f"error: --set {exc}", file=sys.stderr)
+        return 2
     except ProfileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -97,6 +97,7 @@ def test_a_fitted_parameter_can_be_replaced_for_the_comparison(tmp_path: Path) -
 @pytest.mark.parametrize(("args", "names"), [
     (("--set", "no_such=1"), "'no_such' is not a fitted parameter"),
     (("--set", "kernel_s=fast"), "'fast' is not a number"),
+    (("--set", "gemm_tile_rows=-1"), "gpu.gemm_tile_rows: must be a whole number >= 0"),
 ])
 def test_bad_input_is_one_line_naming_the_flag(tmp_path: Path, args: tuple[str, ...], names: str) -> None:
     _write_profile(tmp_path / "data" / "profiling" / "compute" / "a100" / "m" / "X" / "mlp.csv", slow_from=1)
