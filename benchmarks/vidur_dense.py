@@ -10,8 +10,9 @@ mlp_down_proj; median ms, rows profiled twice averaged) summed, beside the prese
 (`sim.operators.gemm_seconds`, fp16, the model's shapes read from the CSV's own columns).
 
 sim/published.py compares seven row counts of four of these profiles (powers of 4) and fits on three
-of one (Meta-Llama-3-8B on the A100). Their neighbours, 8 rows apart, can differ by a quarter: cuBLAS
-picks another kernel (the H100's Llama-2-7B layer takes 0.206 ms at 192 rows, 0.261 ms at 200). So this
+of one (Meta-Llama-3-8B on the A100); every row of that profile chose the 128-row tile, and every row of
+Llama-2-70B's on the H100 Hopper's 256-row cluster (`FIT_SOURCES`), so both are reported apart from the
+held-out rest. Neighbouring rows, 8 apart, can differ by a quarter: cuBLAS picks another kernel (the H100's Llama-2-7B layer takes 0.206 ms at 192 rows, 0.261 ms at 200). So this
 prints, per profile and degree, the error over every row and its median in bands of rows: what a step
 of that many tokens (a chunk budget, a decode batch) costs in the model against the profile; and how
 often a layer is more than 15 % off the median of its neighbours within ±10 % rows, the share of misses
@@ -41,7 +42,10 @@ from itlbench.sim.roofline import CostModel  # noqa: E402
 
 OPS = dict(zip(LAYER_GEMMS, ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj"), strict=True))
 BANDS = ((1, 1), (2, 8), (9, 64), (65, 160), (161, 320), (321, 640), (641, 1280), (1281, 2560), (2561, 10**9))
-FIT_SOURCE = "a100/meta-llama/Meta-Llama-3-8B"  # rows 1, 128 and 32,768 of it are in sim/published.py's fit set
+# The profiles the stored parameters were chosen on: rows 1, 128 and 32,768 of the first are in sim/published.py's
+# fit set, and its every row chose the 128-row tile; the second's 1-row TP1 layer is in the fit set, and its every
+# row chose Hopper's 256-row cluster. Every other profile is held out.
+FIT_SOURCES = ("a100/meta-llama/Meta-Llama-3-8B", "h100/meta-llama/Llama-2-70b-hf")
 OVER = 0.15
 
 
@@ -164,7 +168,7 @@ def rows_table(results: list[tuple[Profile, pl.DataFrame]]) -> list[list[str]]:
             part = e.filter(pl.col("tp") == tp)
             cells = ["" if m is None else f"{m:+.0%}" for m in band_medians(part)]
             a = np.abs(part["err"].to_numpy())
-            fit = "fit source" if profile.key == FIT_SOURCE else "held out"
+            fit = "fit source" if profile.key in FIT_SOURCES else "held out"
             out.append([profile.key, str(tp), fit, f"{a.mean():.1%}", f"{(a > OVER).mean():.0%}", *cells])
     return out
 
@@ -198,14 +202,16 @@ def main() -> int:
     if changed:
         print("with " + ", ".join(f"{k}={v:g}" for k, v in changed.items()) + " (stored: "
               + ", ".join(f"{k}={FIT[k]:g}" for k in changed) + ")")
-    held = [e for p, e in results if p.key != FIT_SOURCE]
+    held = [e for p, e in results if p.key not in FIT_SOURCES]
     for label, frames in (("held out", held), ("all", [e for _, e in results])):
         if frames:
             print(f"{label:9s} {summary(pl.concat(frames)['err'].to_numpy())}")
     for gpu in sorted({p.gpu for p, _ in results}):
-        frames = [e for p, e in results if p.gpu == gpu and p.key != FIT_SOURCE]
+        frames = [e for p, e in results if p.gpu == gpu and p.key not in FIT_SOURCES]
         if frames:
-            cells = band_medians(pl.concat(frames))
+            held_gpu = pl.concat(frames)
+            print(f"{gpu} held out: {summary(held_gpu['err'].to_numpy())}")
+            cells = band_medians(held_gpu)
             print(f"{gpu} held out, median by rows: " + "  ".join(
                 f"{_band_label(lo, hi)} {m:+.0%}" for (lo, hi), m in zip(BANDS, cells, strict=True) if m is not None))
     seen, off = map(sum, zip(*(local_scatter(p) for p in read), strict=True))

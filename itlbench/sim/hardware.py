@@ -78,6 +78,7 @@ class Hardware:
     kernel_s: float = 0.0  # least time of one kernel (operators)
     roof_blend: float = 0.0  # GEMM time = p-norm of its two roofs with this p (0: their max) (operators)
     gemm_tile_rows: int = 0  # a 16-bit GEMM of more rows computes them rounded up to this tile (0: no rounding) (operators)
+    gemm_cluster_rows: int = 0  # past this many rows, rounded up to a multiple of it instead (0: the tile throughout) (operators)
     graph_overhead_s: float | None = None  # per decode-only step replayed as a CUDA graph (None: step_overhead_s)
     interconnect: str = ""
     link_bw: float = 0.0
@@ -97,8 +98,10 @@ class Hardware:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value >= 0):
                 raise ConfigError(f"gpu.{name}", f"must be >= 0, got {value!r}")
-        if not (isinstance(self.gemm_tile_rows, int) and self.gemm_tile_rows >= 0):
-            raise ConfigError("gpu.gemm_tile_rows", f"must be a whole number >= 0, got {self.gemm_tile_rows!r}")
+        for name in ("gemm_tile_rows", "gemm_cluster_rows"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 0):
+                raise ConfigError(f"gpu.{name}", f"must be a whole number >= 0, got {value!r}")
         if self.graph_overhead_s is not None and not self.graph_overhead_s >= 0:
             raise ConfigError("gpu.graph_overhead_s", f"must be >= 0 or null, got {self.graph_overhead_s!r}")
         if self.dtype not in DTYPE_BYTES:
@@ -131,6 +134,16 @@ class Hardware:
         """Rows a GEMM's compute is rounded up to a multiple of: the 16-bit tile (`gemm_tile_rows`); 0 under
         fp8, whose kernels no profile here measures rounding for (docs/perf/sim-vs-published.md)."""
         return 0 if self.dtype == "fp8" else self.gemm_tile_rows
+
+    def gemm_rows_computed(self, rows: int) -> int:
+        """Rows a 16-bit GEMM of `rows` rows computes: past one tile, rounded up to whole tiles (a partial
+        tile costs a whole one); past `gemm_cluster_rows` (Hopper: two 128-row tiles in a thread-block
+        cluster), to whole clusters. Unrounded under fp8 or without a tile."""
+        tile = self.gemm_tile
+        if not tile or rows <= tile:
+            return rows
+        step = self.gemm_cluster_rows if self.gemm_cluster_rows and rows > self.gemm_cluster_rows else tile
+        return -(-rows // step) * step
 
     @property
     def graph_step_overhead_s(self) -> float:
@@ -242,6 +255,9 @@ _DATASHEETS: dict[str, Hardware] = {
 
 _TILE_SRC = ("measured: cuBLAS's 16-bit GEMMs in Vidur's operator profiles step at multiples of 128 rows; 128 "
              "fits the Meta-Llama-3-8B A100 profile best (docs/perf/sim-vs-published.md); FP8 GEMMs unrounded")
+_CLUSTER_SRC = ("measured: past 256 rows cuBLAS's 16-bit GEMMs on the H100 step at multiples of 256 rows (two 128-row "
+                "tiles of a thread-block cluster, NVIDIA H100 Tensor Core GPU Architecture whitepaper); 256 fits Vidur's "
+                "Llama-2-70B H100 profile best (docs/perf/sim-vs-published.md); assumed for the H200 (the same SM)")
 
 # Efficiencies and overheads fitted by `sim.published.fit` (run benchmarks/sim_vs_published.py to refit):
 # kernel-level figures are shared by every GPU except the large-M GEMM efficiency, which has measurements
@@ -257,6 +273,12 @@ FIT: dict[str, float] = {
     # tiles, 128 fits the profile the fit reads (Meta-Llama-3-8B on the A100, every row) best: MAPE 4.1 % against
     # 4.3 % at 64, 4.5 % at 192, 5.4 % with none (benchmarks/vidur_dense.py; docs/perf/sim-vs-published.md)
     "gemm_tile_rows": 128,
+    # chosen, not fitted: past 256 rows the H100's 16-bit GEMMs step at multiples of 256 rows, not 128 (a layer 8 rows
+    # past 512 takes 1.5-1.7x the layer at 512 in Vidur's H100 profiles, where one more 128-row tile adds 1.25x):
+    # Hopper's GEMM kernels pair two 128-row tiles in a thread-block cluster. Of 192 / 256 / 384 / 512, 256 fits
+    # the Llama-2-70B H100 profile (whose 1-row layer the fit reads) best: MAPE 5.7 % against 6.6 % with none, 7.7 %,
+    # 10.0 % and 8.7 % (benchmarks/vidur_dense.py; docs/perf/sim-vs-published.md). Hopper only: on the A100 it is worse
+    "gemm_cluster_rows_hopper": 256,
     # not fitted: a vLLM-like engine's fixed costs, stated as assumptions (vLLM's own latency tests, held out in
     # sim/published.py, check the decode-step one)
     "step_overhead_s": 0.004, "graph_overhead_s": 0.0015, "seq_overhead_s": 20e-6,
@@ -307,6 +329,7 @@ def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
         **dict.fromkeys(("mem_eff", "attn_mem_eff"), f"{FITTED}; Hopper's gain over the A100's share fitted on "
                         "Vidur's H100 operator profiles" if mem_gain != 1.0 else FITTED),
         "kernel_s": FITTED, "link_eff": FITTED, "roof_blend": FITTED, "gemm_tile_rows": _TILE_SRC,
+        "gemm_cluster_rows": _CLUSTER_SRC if hw.name in HOPPER else "",
         "link_latency_s": _CUSTOM_ALLREDUCE if hw.link_bw >= 300e9 else
                           f"NCCL's, {FITTED}, or the link's assumed cost where larger (PCIe)",
         "step_overhead_s": "assumed: a vLLM-like engine's eager per-step cost (Sarathi-Serve's prototype, fitted "
@@ -319,6 +342,7 @@ def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
                     gemm_m_half=fit["gemm_m_half"], attn_eff=fit["attn_eff"], mem_eff=min(1.0, fit["mem_eff"] * mem_gain),
                     attn_mem_eff=min(1.0, fit["attn_mem_eff"] * mem_gain), kernel_s=fit["kernel_s"], link_eff=fit["link_eff"],
                     roof_blend=fit["roof_blend"], gemm_tile_rows=int(fit["gemm_tile_rows"]),
+                    gemm_cluster_rows=int(fit["gemm_cluster_rows_hopper"]) if hw.name in HOPPER else 0,
                     link_latency_s=fit["kernel_s"] if hw.link_bw >= 300e9 else max(fit["link_latency_s"], hw.link_latency_s),
                     step_overhead_s=fit["step_overhead_s"], graph_overhead_s=fit["graph_overhead_s"],
                     seq_overhead_s=fit["seq_overhead_s"], allreduce_in_switch=hw.name in NVLS, sources=sources)

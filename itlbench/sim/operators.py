@@ -11,7 +11,7 @@ roof and the step is their sum, not one whole-step max(compute, memory):
   peak (Vidur's A100 profiles: a 128-row QKV at ~45 % of peak where 8,192 rows reach ~70 %); past one
   tile (`Hardware.gemm_tile`, 128 rows of a 16-bit GEMM) the compute counts the rows rounded up to whole
   tiles, since a partial tile costs a whole one (Vidur's profiles: 8 rows past a multiple of 128 take
-  1.15-1.19x the time at it);
+  1.15-1.19x the time at it), and on Hopper past 256 rows to whole 256-row clusters of two tiles;
 - attention: compute over the causal query-key pairs at attn_eff (prefill), or the K/V read at
   attn_mem_eff of the bandwidth (decode), whichever is longer; mixed steps run one kernel over both.
   Under GQA a kernel that gives each query head its own thread block reads a K/V head once per query
@@ -65,8 +65,7 @@ def gemm_parts(cm: CostModel, rows: int, d_in: int, d_out: int, hw: Hardware) ->
     """(compute seconds, memory seconds) of one [rows, d_in] x [d_in, d_out] weight GEMM."""
     if rows <= 0:
         return 0.0, 0.0
-    tile = hw.gemm_tile
-    computed = rows if not tile or rows <= tile else -(-rows // tile) * tile  # a partial tile costs a whole one
+    computed = hw.gemm_rows_computed(rows)
     eff = hw.gemm_efficiency * computed / (computed + hw.gemm_m_half)
     compute = 2.0 * computed * d_in * d_out / (hw.gemm_peak * eff)
     moved = cm.b * d_in * d_out + cm.act_bytes * rows * (d_in + d_out)

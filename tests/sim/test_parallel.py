@@ -159,6 +159,26 @@ def test_a_16_bit_gemm_a_few_rows_past_a_tile_computes_the_whole_next_tile() -> 
     assert err.value.field == "gpu.gemm_tile_rows"
 
 
+def test_past_two_tiles_a_hopper_gemm_computes_whole_256_row_clusters() -> None:
+    """Vidur's H100 profiles step at multiples of 256 rows past 256 (a layer 8 rows past 512 takes 1.5-1.7x the
+    layer at 512): Hopper pairs two 128-row tiles in a cluster. The A100 keeps 128-row steps; fp8 stays unrounded."""
+    h100, h200, a100 = GPUS["h100"], GPUS["h200"], GPUS["a100"]
+    assert h100.gemm_cluster_rows == h200.gemm_cluster_rows == 256 and a100.gemm_cluster_rows == 0
+    assert "cluster" in h100.sources["gemm_cluster_rows"] and not a100.sources["gemm_cluster_rows"]
+    computed = {rows: (h100.gemm_rows_computed(rows), a100.gemm_rows_computed(rows))
+                for rows in (1, 128, 136, 256, 264, 384, 512, 520, 1000)}
+    assert computed == {1: (1, 1), 128: (128, 128), 136: (256, 256), 256: (256, 256), 264: (512, 384),
+                        384: (512, 384), 512: (512, 512), 520: (768, 640), 1000: (1024, 1024)}
+    cm = CostModel.for_hardware(PRESETS["llama-3-8b"], h100)
+    t = {rows: gemm_seconds(cm, "gate_up", rows, h100) for rows in (264, 512, 520)}
+    assert t[264] == pytest.approx(t[512], rel=0.01) and t[520] > 1.4 * t[512]
+    assert h100.for_dtype("fp8").gemm_rows_computed(520) == 520
+    assert SEEDS["h100-seeds"].gemm_rows_computed(520) == 520
+    with pytest.raises(ConfigError) as err:
+        h100.with_(gemm_cluster_rows=-256)
+    assert err.value.field == "gpu.gemm_cluster_rows"
+
+
 def test_tp_leaves_the_schedulers_decisions_unchanged() -> None:
     """Same K/V blocks, same requests: the step sequence is identical at tp 1 and 2; only durations move."""
     def steps(tp: int) -> tuple[list[tuple], list[float]]:

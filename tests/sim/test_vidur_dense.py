@@ -74,6 +74,17 @@ def test_every_profiled_row_is_compared_and_the_errors_come_out_as_built(tmp_pat
     assert md[0].startswith("| profile | TP | set | MAPE") and len(md) == 4
 
 
+def test_the_profiles_the_stored_parameters_were_chosen_on_are_not_counted_as_held_out(tmp_path: Path) -> None:
+    root = tmp_path / "data" / "profiling" / "compute"
+    _write_profile(root / "a100" / "meta-llama" / "Meta-Llama-3-8B" / "mlp.csv", slow_from=1)
+    _write_profile(root / "h100" / "meta-llama" / "Llama-2-70b-hf" / "mlp.csv", slow_from=1)
+    _write_profile(root / "a100" / "m" / "Held-Out" / "mlp.csv", slow_from=10**9)
+    out = _run("--vidur", str(tmp_path)).stdout
+    chosen_on = [line for line in out.splitlines() if "Meta-Llama-3-8B" in line or "Llama-2-70b-hf" in line]
+    assert len(chosen_on) == 4 and all("fit source" in line for line in chosen_on), out
+    assert re.search(rf"held out\s+{2 * len(ROWS)} layers: MAPE 0.0%", out), out
+
+
 def test_local_scatter_counts_the_layers_far_from_their_neighbours(tmp_path: Path) -> None:
     """Rows 264..384 every 8 rows (one 128-row tile: no step of the model's own between them), one of them
     (320) 1.5x its neighbours, at two degrees of TP: two layers off."""
