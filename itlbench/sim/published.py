@@ -312,7 +312,10 @@ def _figures() -> list[Figure]:
                           lambda p, b=b: _sarathi_steps(p, [StepShape.decode(b, DECODE_CONTEXT)])))
     chunked = {(2047, 512): 435.68, (2047, 1024): 444.17, (2047, 2048): 377.71, (4095, 512): 921.96,
                (4095, 1024): 932.26, (4095, 2048): 793.90, (8191, 512): 1958.53, (8191, 1024): 1946.24,
-               (8191, 2048): 1643.37, (16383, 512): 4512.83, (16383, 1024): 4357.55, (16383, 2048): 3651.59}
+               (8191, 2048): 1643.37, (16383, 512): 4512.83, (16383, 1024): 4357.55, (16383, 2048): 3651.59,
+               # the file's unchunked baselines (chunk 16,384): the whole prompt in one step, the quantity
+               # prefill.csv measured in another run (366 / 758 / 1,863 / 4,408 ms at 2k-16k)
+               (2047, 16384): 378.13, (4095, 16384): 775.44, (8191, 16384): 1754.16, (16383, 16384): 4535.00}
     for (n, c), ms in chunked.items():
         out.append(Figure(f"sarathi chunked {n}/{c}", SARATHI, S_CHUNK, f"Yi-34B TP2, prefill of {n} in chunks "
                           f"of {c}", ms / 1e3, (n, c) in ((4095, 1024), (16383, 2048)),
