@@ -274,7 +274,8 @@ FIT: dict[str, float] = {
     # 4.3 % at 64, 4.5 % at 192, 5.4 % with none (benchmarks/vidur_dense.py; docs/perf/sim-vs-published.md)
     "gemm_tile_rows": 128,
     # chosen, not fitted: past 256 rows the H100's 16-bit GEMMs step at multiples of 256 rows, not 128 (a layer 8 rows
-    # past 512 takes 1.5-1.7x the layer at 512 in Vidur's H100 profiles, where one more 128-row tile adds 1.25x):
+    # past 512 takes 1.46x the layer at 512, median of Vidur's 20 H100 profiles and TP degrees, where one more 128-row
+    # tile adds 1.25x; 8 rows past 384 add 1.13x):
     # Hopper's GEMM kernels pair two 128-row tiles in a thread-block cluster. Of 192 / 256 / 384 / 512, 256 fits
     # the Llama-2-70B H100 profile (whose 1-row layer the fit reads) best: MAPE 5.7 % against 6.6 % with none, 7.7 %,
     # 10.0 % and 8.7 % (benchmarks/vidur_dense.py; docs/perf/sim-vs-published.md). Hopper only: on the A100 it is worse
