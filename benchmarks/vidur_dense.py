@@ -13,10 +13,11 @@ sim/published.py compares seven row counts of four of these profiles (powers of 
 of one (Meta-Llama-3-8B on the A100); every row of that profile chose the 128-row tile, and every row of
 Llama-2-70B's on the H100 Hopper's 256-row cluster (`FIT_SOURCES`), so both are reported apart from the
 held-out rest. Neighbouring rows, 8 apart, can differ by a quarter: cuBLAS picks another kernel (the
-H100's Llama-2-7B layer takes 0.206 ms at 192 rows, 0.261 ms at 200). So this prints, per profile and degree, the error over every row and its median in bands of rows: what a step
-of that many tokens (a chunk budget, a decode batch) costs in the model against the profile; and how
-often a layer is more than 15 % off the median of its neighbours within ±10 % rows, the share of misses
-no smooth model could avoid. `--set KEY=VALUE` (repeatable) replaces one of the presets' fitted
+H100's Llama-2-7B layer takes 0.206 ms at 192 rows, 0.261 ms at 200). So this prints, per profile and
+degree, the error over every row and its median in bands of rows: what a step of that many tokens (a
+chunk budget, a decode batch) costs in the model against the profile; and how often a layer is more
+than 15 % off the median of its neighbours within ±10 % rows, the share of misses no smooth model
+could avoid. `--set KEY=VALUE` (repeatable) replaces one of the presets' fitted
 parameters (`sim.hardware.FIT`) for the comparison, to try a change before refitting.
 
 Computed from the stored presets and the local profiles: any machine prints the same.
