@@ -273,12 +273,9 @@ FIT: dict[str, float] = {
     # tiles, 128 fits the profile the fit reads (Meta-Llama-3-8B on the A100, every row) best: MAPE 4.1 % against
     # 4.3 % at 64, 4.5 % at 192, 5.4 % with none (benchmarks/vidur_dense.py; docs/perf/sim-vs-published.md)
     "gemm_tile_rows": 128,
-    # chosen, not fitted: past 256 rows the H100's 16-bit GEMMs step at multiples of 256 rows, not 128 (a layer 8 rows
-    # past 512 takes 1.46x the layer at 512, median of Vidur's 20 H100 profiles and TP degrees, where one more 128-row
-    # tile adds 1.25x; 8 rows past 384 add 1.13x):
-    # Hopper's GEMM kernels pair two 128-row tiles in a thread-block cluster. Of 192 / 256 / 384 / 512, 256 fits
-    # the Llama-2-70B H100 profile (whose 1-row layer the fit reads) best: MAPE 5.7 % against 6.6 % with none, 7.7 %,
-    # 10.0 % and 8.7 % (benchmarks/vidur_dense.py; docs/perf/sim-vs-published.md). Hopper only: on the A100 it is worse
+    # chosen, not fitted: past 256 rows Hopper's 16-bit GEMMs step at multiples of 256 (two 128-row tiles in a thread-
+    # block cluster; 8 rows past 512 take 1.46x, past 384 1.13x, Vidur's H100 medians). Of 192/256/384/512, 256 fits the
+    # Llama-2-70B H100 profile best: MAPE 5.7 % against 6.6 % with none (docs/perf/sim-vs-published.md). Hopper only
     "gemm_cluster_rows_hopper": 256,
     # not fitted: a vLLM-like engine's fixed costs, stated as assumptions (vLLM's own latency tests, held out in
     # sim/published.py, check the decode-step one)
