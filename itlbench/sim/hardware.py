@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Literal
@@ -79,6 +78,7 @@ class Hardware:
     roof_blend: float = 0.0  # GEMM time = p-norm of its two roofs with this p (0: their max) (operators)
     gemm_tile_rows: int = 0  # a 16-bit GEMM of more rows computes them rounded up to this tile (0: no rounding) (operators)
     gemm_cluster_rows: int = 0  # past this many rows, rounded up to a multiple of it instead (0: the tile throughout) (operators)
+    gemm_slow_rows: tuple[int, int, float] = (0, 0, 1.0)  # (lo, hi, x): 16-bit GEMMs of lo..hi rows compute x times as long
     graph_overhead_s: float | None = None  # per decode-only step replayed as a CUDA graph (None: step_overhead_s)
     interconnect: str = ""
     link_bw: float = 0.0
@@ -102,6 +102,15 @@ class Hardware:
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 0):
                 raise ConfigError(f"gpu.{name}", f"must be a whole number >= 0, got {value!r}")
+        try:
+            lo, hi, slow = self.gemm_slow_rows
+            ok = 0 <= lo <= hi and slow >= 1
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ConfigError("gpu.gemm_slow_rows", f"must be [lo, hi, x] with 0 <= lo <= hi and x >= 1, got "
+                              f"{self.gemm_slow_rows!r}")
+        object.__setattr__(self, "gemm_slow_rows", (int(lo), int(hi), float(slow)))  # a JSON profile's list
         if self.graph_overhead_s is not None and not self.graph_overhead_s >= 0:
             raise ConfigError("gpu.graph_overhead_s", f"must be >= 0 or null, got {self.graph_overhead_s!r}")
         if self.dtype not in DTYPE_BYTES:
@@ -144,6 +153,12 @@ class Hardware:
             return rows
         step = self.gemm_cluster_rows if self.gemm_cluster_rows and rows > self.gemm_cluster_rows else tile
         return -(-rows // step) * step
+
+    def gemm_slowdown(self, rows: int) -> float:
+        """How many times longer a GEMM of `rows` rows computes than its rows say: cuBLAS serves some row
+        counts with a slower kernel (`gemm_slow_rows`; the A100's 993-1,024). 1 under fp8 or outside."""
+        lo, hi, slow = self.gemm_slow_rows
+        return slow if self.dtype != "fp8" and lo <= rows <= hi else 1.0
 
     @property
     def graph_step_overhead_s(self) -> float:
@@ -258,6 +273,8 @@ _TILE_SRC = ("measured: cuBLAS's 16-bit GEMMs in Vidur's operator profiles step 
 _CLUSTER_SRC = ("measured: past 256 rows cuBLAS's 16-bit GEMMs on the H100 step at multiples of 256 rows (two 128-row "
                 "tiles of a thread-block cluster, NVIDIA H100 Tensor Core GPU Architecture whitepaper); 256 fits Vidur's "
                 "Llama-2-70B H100 profile best (docs/perf/sim-vs-published.md); assumed for the H200 (the same SM)")
+_SLOW_SRC = ("measured: in Vidur's A100 operator profiles 16-bit GEMMs of 993-1,024 rows run slower than their neighbours "
+             "(cuBLAS's kernel for that shape); 1.06x fits the Meta-Llama-3-8B profile best (docs/perf/sim-vs-published.md)")
 
 # Efficiencies and overheads fitted by `sim.published.fit` (run benchmarks/sim_vs_published.py to refit):
 # kernel-level figures are shared by every GPU except the large-M GEMM efficiency, which has measurements
@@ -277,6 +294,10 @@ FIT: dict[str, float] = {
     # block cluster; 8 rows past 512 take 1.46x, past 384 1.13x, Vidur's H100 medians). Of 192/256/384/512, 256 fits the
     # Llama-2-70B H100 profile best: MAPE 5.7 % against 6.6 % with none (docs/perf/sim-vs-published.md). Hopper only
     "gemm_cluster_rows_hopper": 256,
+    # chosen, not fitted: on the A100 cuBLAS serves the rows just under 1,024 with a slower kernel. Against the model,
+    # 993-1,024 rows run 3-8 points slower than 961-992 and 1,025-1,072 in 18 of 24 held-out profile x TP pairs; the fit's
+    # own profile is 6-19 points slower up to 1,024 than past it. 1.06 fits that profile best (docs/perf/sim-vs-published.md)
+    "gemm_slow_lo_ampere": 993, "gemm_slow_hi_ampere": 1024, "gemm_slow_x_ampere": 1.06,
     # not fitted: a vLLM-like engine's fixed costs, stated as assumptions (vLLM's own latency tests, held out in
     # sim/published.py, check the decode-step one)
     "step_overhead_s": 0.004, "graph_overhead_s": 0.0015, "seq_overhead_s": 20e-6,
@@ -297,6 +318,7 @@ NVLS = ("h100", "h200", "b200")
 # fitted shares predict. The gain multiplies both shares (weights; K/V by the same gain, assumed: the same
 # HBM), capped at 1; fitted on two of those profiles (docs/perf/sim-vs-published.md). The B200 keeps the A100's shares (no figure measures it).
 HOPPER = ("h100", "h200")
+AMPERE = ("a100", "a100-pcie")
 # An engine of today all-reduces over NVLink with its own one-shot kernels replayed in CUDA graphs (vLLM's
 # and SGLang's custom all-reduce, TensorRT-LLM's customAllReduceKernels.cu), not NCCL: the fixed cost is a
 # kernel's. TensorRT-LLM 1.0's 28 offline throughputs fit with it (within 13 %), 4 of them over 15 % with
@@ -328,6 +350,7 @@ def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
                         "Vidur's H100 operator profiles" if mem_gain != 1.0 else FITTED),
         "kernel_s": FITTED, "link_eff": FITTED, "roof_blend": FITTED, "gemm_tile_rows": _TILE_SRC,
         "gemm_cluster_rows": _CLUSTER_SRC if hw.name in HOPPER else "",
+        "gemm_slow_rows": _SLOW_SRC if hw.name in AMPERE else "",
         "link_latency_s": _CUSTOM_ALLREDUCE if hw.link_bw >= 300e9 else
                           f"NCCL's, {FITTED}, or the link's assumed cost where larger (PCIe)",
         "step_overhead_s": "assumed: a vLLM-like engine's eager per-step cost (Sarathi-Serve's prototype, fitted "
@@ -341,6 +364,8 @@ def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
                     attn_mem_eff=min(1.0, fit["attn_mem_eff"] * mem_gain), kernel_s=fit["kernel_s"], link_eff=fit["link_eff"],
                     roof_blend=fit["roof_blend"], gemm_tile_rows=int(fit["gemm_tile_rows"]),
                     gemm_cluster_rows=int(fit["gemm_cluster_rows_hopper"]) if hw.name in HOPPER else 0,
+                    gemm_slow_rows=(int(fit["gemm_slow_lo_ampere"]), int(fit["gemm_slow_hi_ampere"]),
+                                    fit["gemm_slow_x_ampere"]) if hw.name in AMPERE else (0, 0, 1.0),
                     link_latency_s=fit["kernel_s"] if hw.link_bw >= 300e9 else max(fit["link_latency_s"], hw.link_latency_s),
                     step_overhead_s=fit["step_overhead_s"], graph_overhead_s=fit["graph_overhead_s"],
                     seq_overhead_s=fit["seq_overhead_s"], allreduce_in_switch=hw.name in NVLS, sources=sources)
@@ -374,53 +399,19 @@ GPU_CHOICES = (*GPUS, "cpu")
 
 
 def measure_cpu(seconds: float = 1.0) -> Hardware:
-    """'This CPU': its measured read bandwidth and fp32 matmul rate as the roofs, efficiency 1.
-
-    Measured, not specified, so the roofs are what this machine reaches, not what it could.
-    Uses torch when installed (the engine's own kernels), numpy otherwise.
-    """
+    """'This CPU': its measured fp32 matmul rate and read bandwidth (`sim.cpu_rates`) as the roofs,
+    efficiency 1. Measured, not specified, so the roofs are what this machine reaches, not what it could."""
     import os
 
-    import numpy as np
     import psutil
 
-    try:
-        import torch
+    from itlbench.sim.cpu_rates import measure_rates
 
-        def matmul_rate(n: int) -> float:
-            a, b = torch.randn(n, n), torch.randn(n, n)
-            return _best_rate(lambda: a @ b, 2.0 * n**3, seconds / 4)
-
-        def read_bw(n_bytes: int) -> float:
-            x = torch.ones(n_bytes // 4)
-            return _best_rate(x.sum, float(x.nbytes), seconds / 4)
-    except ImportError:
-        def matmul_rate(n: int) -> float:
-            a, b = np.random.rand(n, n).astype(np.float32), np.random.rand(n, n).astype(np.float32)
-            return _best_rate(lambda: a @ b, 2.0 * n**3, seconds / 4)
-
-        def read_bw(n_bytes: int) -> float:
-            x = np.ones(n_bytes // 4, np.float32)
-            return _best_rate(x.sum, float(x.nbytes), seconds / 4)
-
-    flops = max(matmul_rate(512), matmul_rate(1024))
-    bw = read_bw(512 << 20)
+    flops, bw = measure_rates(seconds)
     return Hardware("cpu", f"this CPU ({os.cpu_count()} cores, measured)", flops, bw,
                     float(psutil.virtual_memory().total), dtype="float32", gemm_eff=1.0, attn_eff=1.0,
                     mem_eff=1.0, counting="executed",
                     source="measured: best fp32 matmul rate (n = 512, 1024) and best read bandwidth (512 MiB sum)")
-
-
-def _best_rate(fn: object, work: float, budget_s: float) -> float:
-    best = math.inf
-    deadline = time.perf_counter() + budget_s
-    for i in range(50):
-        t0 = time.perf_counter()
-        fn()  # type: ignore[operator]
-        best = min(best, time.perf_counter() - t0)
-        if i >= 2 and time.perf_counter() > deadline:
-            break
-    return work / best
 
 
 def load_hardware(spec: str) -> Hardware:

@@ -66,7 +66,7 @@ def gemm_parts(cm: CostModel, rows: int, d_in: int, d_out: int, hw: Hardware) ->
     if rows <= 0:
         return 0.0, 0.0
     computed = hw.gemm_rows_computed(rows)
-    eff = hw.gemm_efficiency * computed / (computed + hw.gemm_m_half)
+    eff = hw.gemm_efficiency * computed / (computed + hw.gemm_m_half) / hw.gemm_slowdown(rows)
     compute = 2.0 * computed * d_in * d_out / (hw.gemm_peak * eff)
     moved = cm.b * d_in * d_out + cm.act_bytes * rows * (d_in + d_out)
     return compute, moved / (hw.mem_bw * hw.mem_eff)

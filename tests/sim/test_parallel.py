@@ -14,8 +14,8 @@ from itlbench.core.engine_config import EngineConfig
 from itlbench.core.presets import PRESETS, load_model_config
 from itlbench.core.request import SamplingParams
 from itlbench.errors import ConfigError
-from itlbench.sim.hardware import FIT
-from itlbench.sim.operators import gemm_seconds
+from itlbench.sim.hardware import FIT, Hardware
+from itlbench.sim.operators import gemm_parts, gemm_seconds
 from itlbench.sim.roofline import GPUS, SEEDS, CostModel, StepShape, load_hardware
 from itlbench.sim.runner import offline_engine
 
@@ -177,6 +177,25 @@ def test_past_two_tiles_a_hopper_gemm_computes_whole_256_row_clusters() -> None:
     with pytest.raises(ConfigError) as err:
         h100.with_(gemm_cluster_rows=-256)
     assert err.value.field == "gpu.gemm_cluster_rows"
+
+
+def test_an_a100_gemm_of_993_to_1024_rows_runs_cublass_slower_kernel() -> None:
+    """Vidur's A100 profiles run 993-1,024 rows slower than their neighbours (a slower cuBLAS kernel): those
+    rows compute 1.06x as long on the A100 presets, not at 992 or 1,025, not under fp8 nor on other GPUs."""
+    a100, pcie, h100 = GPUS["a100"], GPUS["a100-pcie"], GPUS["h100"]
+    assert a100.gemm_slow_rows == pcie.gemm_slow_rows == (993, 1024, 1.06) and h100.gemm_slow_rows == (0, 0, 1.0)
+    assert "Vidur" in a100.sources["gemm_slow_rows"] and not h100.sources["gemm_slow_rows"]
+    assert [a100.gemm_slowdown(r) for r in (992, 993, 1023, 1024, 1025)] == [1.0, 1.06, 1.06, 1.06, 1.0]
+    assert a100.with_(dtype="fp8").gemm_slowdown(1024) == 1.0 and h100.gemm_slowdown(1024) == 1.0
+    cm = CostModel.for_hardware(PRESETS["llama-3-8b"], a100)
+    plain = a100.with_(gemm_slow_rows=(0, 0, 1.0))
+    assert gemm_parts(cm, 1024, 4096, 4096, a100)[0] == pytest.approx(1.06 * gemm_parts(cm, 1024, 4096, 4096, plain)[0])
+    assert gemm_parts(cm, 1025, 4096, 4096, a100) == gemm_parts(cm, 1025, 4096, 4096, plain)
+    assert Hardware.from_dict(json.loads(json.dumps(a100.to_dict()))) == a100  # a saved profile's list reads back
+    for bad in ((1024, 993, 1.06), (0, 0, 0.5), "slow", 7):
+        with pytest.raises(ConfigError) as err:
+            a100.with_(gemm_slow_rows=bad)
+        assert err.value.field == "gpu.gemm_slow_rows"
 
 
 def test_tp_leaves_the_schedulers_decisions_unchanged() -> None:

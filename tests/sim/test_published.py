@@ -55,15 +55,14 @@ def test_the_stored_parameters_meet_the_error_targets_in_and_out_of_the_fit() ->
     assert len(held) >= 40  # the held-out set stays a substantial share after figures moved into the fit
     for subset in (fit, held):
         assert np.median(_abs(subset)) <= 0.10 and np.mean(_abs(subset)) <= 0.10
-    # over 15 % (docs/perf/sim-vs-published.md, "What the model misses"): Sarathi-Serve's 1,024-token
-    # chunks (2,047 and 4,095 tokens), TensorRT-LLM's 70B A100 batch of 2,048-token prompts and 128 outputs,
+    # over 15 % (docs/perf/sim-vs-published.md, "What the model misses"): TensorRT-LLM's 70B A100 batch of
+    # 2,048-token prompts and 128 outputs,
     # release 0.5's 70B TP4 batch of 64 x 128/128, whose decode steps its own first tokens contradict, and
     # three of Vidur's layers: 7B ones at 256 rows, near the ridge, and the 7B's 1-row TP8 shard (29 us)
     v05_short = "trtllm v0.5 batch llama-2-70b h100 fp8 tp4 64x128/128"
     tiny = "vidur layer llama-2-7b h100 tp8 1"
     over = {r[0].key for r in rows if abs(r[2]) > 0.15}
-    assert over <= {"sarathi chunked 2047/1024", "sarathi chunked 4095/1024",
-                    "trtllm batch llama-2-70b h100 fp8 tp2 96x2048/128",
+    assert over <= {"trtllm batch llama-2-70b h100 fp8 tp2 96x2048/128",
                     "trtllm batch llama-2-70b a100 float16 tp4 120x2048/128", v05_short, tiny,
                     "vidur layer llama-2-7b h100 tp1 256", "vidur layer llama-2-7b a100 tp4 256"}, over
     assert max(abs(e) for f, _, e in rows if f.key not in (v05_short, tiny)) < 0.20
@@ -139,6 +138,11 @@ def test_the_terms_that_brought_figures_within_15_percent() -> None:
     for key in ("sarathi decode 8", "sarathi decode 16", "trtllm ttft llama-2-7b l40s fp8 tp1 2048",
                 "trtllm ttft llama-2-7b a100 float16 tp1 128", "trtllm ttft llama-2-70b h100 fp8 tp4 2048"):
         assert abs(rows[key]) <= 0.15, (key, rows[key])
+    # the A100's slow kernel for 993-1,024 rows: Sarathi-Serve's 1,024-token chunks
+    chunks = ("sarathi chunked 2047/1024", "sarathi chunked 4095/1024")
+    slow = {f.key: e for f, _, e in _errors(default_params(), "sarathi chunked")}
+    plain = {f.key: e for f, _, e in _errors(default_params() | {"gemm_slow_x_ampere": 1.0}, "sarathi chunked")}
+    assert all(abs(slow[k]) <= 0.15 < abs(plain[k]) for k in chunks), (slow, plain)
     without = {f.key: e for f, _, e in _errors(default_params() | {"sarathi_decode_switch_s": 0.0,
                                                                    "trtllm_context_s": 0.0}, "sarathi decode", "trtllm ttft")}
     assert without["sarathi decode 8"] < -0.15 and without["trtllm ttft llama-2-7b a100 float16 tp1 128"] < -0.15
