@@ -10,9 +10,9 @@ mlp_down_proj; median ms, rows profiled twice averaged) summed, beside the prese
 (`sim.operators.gemm_seconds`, fp16, the model's shapes read from the CSV's own columns).
 
 sim/published.py compares seven row counts of four of these profiles (powers of 4) and fits on three
-of one (Meta-Llama-3-8B on the A100); every row of that profile chose the 128-row tile, and every row of
-Llama-2-70B's on the H100 Hopper's 256-row cluster (`FIT_SOURCES`), so both are reported apart from the
-held-out rest. Neighbouring rows, 8 apart, can differ by a quarter: cuBLAS picks another kernel (the
+of one (Meta-Llama-3-8B on the A100); every row of that profile chose the 128-row tile and the factor of
+the A100's slow rows (993-1,024), and every row of Llama-2-70B's on the H100 Hopper's 256-row cluster
+(`FIT_SOURCES`), so both are reported apart from the held-out rest. Neighbouring rows, 8 apart, can differ by a quarter: cuBLAS picks another kernel (the
 H100's Llama-2-7B layer takes 0.206 ms at 192 rows, 0.261 ms at 200). So this prints, per profile and
 degree, the error over every row and its median in bands of rows: what a step of that many tokens (a
 chunk budget, a decode batch) costs in the model against the profile; and how often a layer is more
@@ -44,8 +44,8 @@ from itlbench.sim.roofline import CostModel  # noqa: E402
 OPS = dict(zip(LAYER_GEMMS, ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj"), strict=True))
 BANDS = ((1, 1), (2, 8), (9, 64), (65, 160), (161, 320), (321, 640), (641, 1280), (1281, 2560), (2561, 10**9))
 # The profiles the stored parameters were chosen on: rows 1, 128 and 32,768 of the first are in sim/published.py's
-# fit set, and its every row chose the 128-row tile; the second's 1-row TP1 layer is in the fit set, and its every
-# row chose Hopper's 256-row cluster. Every other profile is held out.
+# fit set, and its every row chose the 128-row tile and the slow rows' factor; the second's 1-row TP1 layer is in the
+# fit set, and its every row chose Hopper's 256-row cluster. Every other profile is held out.
 FIT_SOURCES = ("a100/meta-llama/Meta-Llama-3-8B", "h100/meta-llama/Llama-2-70b-hf")
 OVER = 0.15
 
