@@ -8,7 +8,7 @@
 #   bash benchmarks/gpu_check.sh                 # on the GPU box, from the repo root
 #   bash benchmarks/gpu_check.sh --dry-run       # on any CPU box: tiny shapes, checks the script only
 #
-# Environment: OUT_DIR (default $OUT/gpu-check when OUT is set, else reports/gpu-check-<time>), GPU_CHECK_INSTALL=1 to try
+# Environment: OUT_DIR (default reports/gpu-check-<time>; with OUT set, the main files are copied there too), GPU_CHECK_INSTALL=1 to try
 # `pip install triton flash-attn nvtx` when they are missing (needs a package index), SECTIONS
 # (default "env kernels decode prefill scenario sim"), PYTHON (default python3).
 # Each section runs in its own process under a time limit; one that fails or times out is reported
@@ -19,8 +19,6 @@ cd "$(dirname "$0")/.."
 DRY_RUN=""
 if [[ "${1:-}" == "--dry-run" ]]; then DRY_RUN="--dry-run"; fi
 PYTHON="${PYTHON:-$(command -v python3 || command -v python || echo python3)}"
-# a remote runner's $OUT folder when it has one (what is written there comes back), else reports/
-OUT_DIR="${OUT_DIR:-${OUT:+$OUT/gpu-check}}"
 OUT_DIR="${OUT_DIR:-reports/gpu-check-$(date +%Y%m%d-%H%M%S)}"
 SECTIONS="${SECTIONS:-env kernels decode prefill scenario sim}"
 mkdir -p "$OUT_DIR"
@@ -129,4 +127,14 @@ for r in s.get("sim", {}).get("rows", []):
 print(f"failed sections: {', '.join(failed) or 'none'}")
 print(out / "gpu_check.json")
 EOF
+# A remote runner's $OUT folder, when one is set, sends back what is written there (a few files, not trees):
+# the figures, the calibration, every section's log in one file and the scenario's runs in one archive.
+if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
+  cp "$OUT_DIR/gpu_check.json" "$OUT/" || true
+  [[ -f "$OUT_DIR/calibrated.json" ]] && cp "$OUT_DIR/calibrated.json" "$OUT/" || true
+  cat "$OUT_DIR"/*.log >"$OUT/gpu_check.log" 2>/dev/null || true
+  runs=$(cd "$OUT_DIR" && ls -d scenario-* 2>/dev/null || true)
+  [[ -n "$runs" ]] && tar -czf "$OUT/scenario-runs.tar.gz" -C "$OUT_DIR" $runs || true
+  echo "copied to $OUT: $(ls "$OUT" | tr '\n' ' ')"
+fi
 [[ ${#failed[@]} -eq 0 ]]

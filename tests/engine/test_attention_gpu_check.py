@@ -13,8 +13,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_gpu_check_dry_run(tmp_path: Path) -> None:
+    back = tmp_path / "back"  # a remote runner's $OUT: what is written there comes back, a few files at most
+    back.mkdir()
     env = {**os.environ, "OUT_DIR": str(tmp_path), "SECTIONS": "env nosuch kernels decode sim", "PYTHON": sys.executable,
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": str(ROOT), "OUT": str(back)}
     proc = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     # a section that fails (here: one that does not exist) is reported; the others still run
@@ -35,6 +37,9 @@ def test_gpu_check_dry_run(tmp_path: Path) -> None:
     assert sim["preset"] == "h100" and len(sim["rows"]) == len(rows)
     assert all(r["sim_s"] > 0 and r["error"] == r["sim_s"] / r["measured_s"] - 1 for r in sim["rows"])
     assert sim["calibration"] == {"error": "no scenario run to calibrate on"} and "sim decode" in proc.stdout
+    # the figures and every section's log copied to $OUT as two files (no scenario ran, so no archive)
+    assert sorted(f.name for f in back.iterdir()) == ["gpu_check.json", "gpu_check.log"]
+    assert json.loads((back / "gpu_check.json").read_text()) == doc and "decode sdpa" in (back / "gpu_check.log").read_text()
 
 
 def test_the_sim_section_puts_the_preset_beside_each_step_and_calibrates_on_the_scenario(tmp_path: Path) -> None:
