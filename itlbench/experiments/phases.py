@@ -182,16 +182,21 @@ async def _measure(cfg: PhasesConfig, target: Any, builder: PromptBuilder, lengt
 
 
 async def _settle(follower: StepsFollower | None, rows: _Rows, timeout_s: float = 3.0) -> None:
-    """Wait until the step log has caught up with the last token the client received."""
-    if follower is None or not rows.tables["chunks"]:
+    """Wait until the step log has caught up with the client: its steps since the first request decoded as
+    many tokens as the requests received after their first (each such token came from one decode step).
+    Step times cannot tell: a tiny model runs a whole batch in less time than the log takes to arrive.
+    An engine that logs no decode counts, or counts them otherwise, waits `timeout_s` at most."""
+    sent = [r["sent_ns"] for r in rows.tables["requests"] if r.get("sent_ns") is not None]
+    if follower is None or not sent:
         return
-    last = max(c["t_ns"] for c in rows.tables["chunks"])
+    want = sum(max(0, (r.get("output_tokens_reported") or r.get("output_tokens") or 0) - 1)
+               for r in rows.tables["requests"])
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        steps = rows.tables["steps"]
-        if steps and steps[-1]["end_ns"] >= last - 50_000_000:
+        logged = sum(s.get("decode_tokens") or 0 for s in rows.tables["steps"] if (s.get("start_ns") or 0) >= min(sent))
+        if logged >= want:
             return
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.02)
 
 
 def _decode_row(d: dict[str, Any], by_key: dict[str, dict[str, Any]], steps: list[dict[str, Any]]) -> dict[str, Any]:
