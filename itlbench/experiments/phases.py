@@ -165,7 +165,10 @@ async def _measure(cfg: PhasesConfig, target: Any, builder: PromptBuilder, lengt
                 await asyncio.gather(*(client.run(_plan(builder, k, DECODE_PROMPT, cfg.output_tokens), t)
                                        for k in keys))
                 decode.append({"batch": batch, "keys": keys, "from_ns": t, "to_ns": time.perf_counter_ns()})
-        await _settle(follower, rows)
+        if follower is not None and steps_url is not None:
+            from itlbench.harness.step_catchup import until_caught_up
+
+            await until_caught_up(follower, steps_url, cfg.api_key, timeout_s=3.0)
     finally:
         if task is not None:
             task.cancel()
@@ -179,24 +182,6 @@ async def _measure(cfg: PhasesConfig, target: Any, builder: PromptBuilder, lengt
             samples.append(Sample(r["prompt_tokens"], (r["first_token_ns"] - r["sent_ns"]) / 1e9,
                                   gap, _engine_prefill_s(steps, r["server_request_id"])))
     return samples, [_decode_row(d, by_key, steps) for d in decode], rows
-
-
-async def _settle(follower: StepsFollower | None, rows: _Rows, timeout_s: float = 3.0) -> None:
-    """Wait until the step log has caught up with the client: its steps since the first request decoded as
-    many tokens as the requests received after their first (each such token came from one decode step).
-    Step times cannot tell: a tiny model runs a whole batch in less time than the log takes to arrive.
-    An engine that logs no decode counts, or counts them otherwise, waits `timeout_s` at most."""
-    sent = [r["sent_ns"] for r in rows.tables["requests"] if r.get("sent_ns") is not None]
-    if follower is None or not sent:
-        return
-    want = sum(max(0, (r.get("output_tokens_reported") or r.get("output_tokens") or 0) - 1)
-               for r in rows.tables["requests"])
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        logged = sum(s.get("decode_tokens") or 0 for s in rows.tables["steps"] if (s.get("start_ns") or 0) >= min(sent))
-        if logged >= want:
-            return
-        await asyncio.sleep(0.02)
 
 
 def _decode_row(d: dict[str, Any], by_key: dict[str, dict[str, Any]], steps: list[dict[str, Any]]) -> dict[str, Any]:

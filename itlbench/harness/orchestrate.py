@@ -25,9 +25,9 @@ from itlbench.core.presets import load_model_config
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.harness.connect import Connection, connect
 from itlbench.harness.finish import finish_run_dir
-from itlbench.harness.http_json import request_json
 from itlbench.harness.run_config import RunConfig
 from itlbench.harness.run_doc import config_doc, hardware, load_spec, versions
+from itlbench.harness.step_catchup import until_caught_up
 from itlbench.load.driver import DriveResult, ProgressSnapshot, Warmup, drive
 from itlbench.load.multiproc import drive_workers
 from itlbench.load.observers.gpu_sampler import GpuSampler, nvml_index, why_not_sampled
@@ -90,23 +90,11 @@ class _Observers:
     async def stop(self, engine_url: str | None, api_key: str | None, timeout_s: float = 10.0) -> None:
         """Cancel the observers once the step follower holds the engine's last step (or it is gone)."""
         if self.steps is not None and engine_url is not None:
-            await _until_caught_up(self.steps, engine_url, api_key, timeout_s)
+            await until_caught_up(self.steps, engine_url, api_key, timeout_s)
         for task in self.tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-
-
-async def _until_caught_up(follower: StepsFollower, engine_url: str, api_key: str | None,
-                           timeout_s: float) -> None:
-    try:
-        info = await asyncio.to_thread(request_json, f"{engine_url}/engine", None, api_key, 2.0)
-    except (OSError, ValueError):
-        return  # the engine is gone: the follower already has all it will get
-    last = int(info.get("last_step", -1))
-    deadline = time.monotonic() + timeout_s
-    while follower.next_step <= last and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
 
 
 async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection, store: RunStore,
