@@ -7,7 +7,8 @@ Llama-3-8B GEMM profiles on A100, TensorRT-LLM's Llama-2 first-token latencies a
 A100, H100 and L40S, and TensorRT-LLM 1.0's offline throughputs of Llama-3.1-8B and -3.3-70B on H100/H200)
 prints the measured time, the simulator's prediction with the stored fitted parameters (the presets'
 `FIT` and the engines' `ENGINE_PARAMS`), the signed error, and whether the figure is in the fit set or
-held out; then MAPE, median and worst error per set. `--refit` first fits the parameters again on the
+held out; then MAPE, median, worst and mean signed error per set: fit, held out, all, held out by source and
+held out by preset and number format (what `itlbench roofline` prints beside each GPU). `--refit` first fits the parameters again on the
 fit set (Nelder-Mead, about 20 s of one core) and prints them beside the stored ones; the table then
 uses the refitted ones. `--markdown FILE` also writes the table as markdown, between the marker
 comments when FILE already has them (docs/perf/sim-vs-published.md keeps its prose).
@@ -23,8 +24,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-import numpy as np
-
+from itlbench.sim.accuracy import Accuracy, number_format
 from itlbench.sim.published import default_params, errors, fit
 
 BEGIN, END = "<!-- sim-vs-published table: begin -->", "<!-- sim-vs-published table: end -->"
@@ -39,9 +39,7 @@ def _source(key: str) -> str:
 
 
 def summary(rows: list) -> str:
-    a = [abs(e) for *_, e in rows]
-    return (f"{len(rows)} figures: MAPE {np.mean(a):.1%}, median {np.median(a):.1%}, worst {max(a):.1%}, "
-            f"{sum(x > 0.15 for x in a)} over 15 %")
+    return Accuracy.of([e for *_, e in rows]).line()
 
 
 def _ms(s: float) -> str:
@@ -76,6 +74,9 @@ def main() -> None:
     for source in SOURCES:  # held out, by source: kernel-level figures are many and easier than engine runs
         held = [r for r in sets["held out"] if _source(r[0].key) == source]
         sets[f"held out: {source}"] = held
+    for gpu, fmt in sorted({(r[0].gpu, number_format(r[0].dtype)) for r in sets["held out"]}):
+        sets[f"held out: {gpu} {fmt}"] = [r for r in sets["held out"]  # what `itlbench roofline` shows per preset
+                                          if (r[0].gpu, number_format(r[0].dtype)) == (gpu, fmt)]
     for name, rs in sets.items():
         print(f"{name:29s} {summary(rs)}")
     if args.markdown:

@@ -310,7 +310,7 @@ def analyze_run(run_dir: str | Path) -> dict[str, object]:
     summary, analysis = summarize_dir(run_dir, _window_from(meta), parse_slo(slo if isinstance(slo, str) else None),
                                       _stall_params(meta), gpu_status=gpu_status)
     if meta.get("clock") == "virtual":  # harness.virtual_run: simulated time, no client to check
-        summary["clock"] = {"kind": "virtual", "note": meta.get("clock_note")}
+        summary["clock"] = {"kind": "virtual", "note": meta.get("clock_note"), "sim_check": meta.get("sim_check")}
         validity = summary.get("validity")
         if isinstance(validity, dict):
             validity["client_checks"] = "not applicable: no client ran (virtual clock)"

@@ -29,6 +29,7 @@ from itlbench.harness.run_doc import config_doc, hardware, load_spec, versions
 from itlbench.load.driver import Warmup
 from itlbench.load.observers.gpu_sampler import why_not_sampled
 from itlbench.rundir.store import RunStore
+from itlbench.sim.accuracy import check_doc, check_line
 from itlbench.sim.runner import offline_engine
 from itlbench.sim.virtual_drive import VirtualDrive, VirtualLimits
 from itlbench.workloads.build import build_load_plan
@@ -49,6 +50,12 @@ def engine_doc(engine: Engine, served_model_name: str) -> dict[str, Any]:
             "serving": {"mode": "in-process, virtual clock"}}
 
 
+def sim_check(runner: Any) -> dict[str, Any] | None:
+    """How the run's preset fares against published figures held out of its fit (sim/accuracy.py)."""
+    hardware = getattr(runner, "hardware", None)
+    return None if hardware is None else check_doc(hardware)
+
+
 def run_virtual(cfg: RunConfig, run_dir: Path, created: bool,
                 on_status: Callable[[str], None] = lambda s: None) -> tuple[Path, dict[str, Any]]:
     """Run `cfg` on the virtual clock into `run_dir`; returns (run directory, summary) like
@@ -61,9 +68,12 @@ def run_virtual(cfg: RunConfig, run_dir: Path, created: bool,
         if created:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    describe = getattr(getattr(engine, "runner", None), "describe", None)  # disaggregated: two pools, no one runner
-    if describe:
-        on_status(describe())
+    runner = getattr(engine, "runner", None)  # disaggregated: two pools, no one runner
+    check = sim_check(runner)
+    if runner is not None:
+        on_status(runner.describe())
+    if check is not None:
+        on_status(check_line(check))
     conn = Connection(target=None, max_model_len=engine.max_model_len,  # type: ignore[arg-type]
                       vocab_size=model.vocab_size, steps_url=None, metrics_url=None)
     plan = build_load_plan(load_spec(cfg, conn))  # a fresh prompt salt unless --reuse-prompts, as served
@@ -71,7 +81,7 @@ def run_virtual(cfg: RunConfig, run_dir: Path, created: bool,
         "itlbench_version": __version__, "created": dt.datetime.now(dt.UTC).isoformat(),
         "config": config_doc(cfg), "hardware": hardware(), "versions": versions(),
         "stall_factor": cfg.stall_factor, "stall_floor_s": cfg.stall_floor_s, "slo": cfg.slo,
-        "clock": "virtual", "clock_note": CLOCK_NOTE,
+        "clock": "virtual", "clock_note": CLOCK_NOTE, "sim_check": check,
         "driver": {"name": "virtual", "workers": 1},
         "engine": engine_doc(engine, cfg.engine.model), "target": {"kind": "in-process", "base_url": None},
         "plan": plan.description, "gpu_telemetry": {"nvml": why_not_sampled(str(engine.device), external=False)},

@@ -11,9 +11,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from itlbench.core.model_config import ModelConfig
 from itlbench.report.tables import TextTable, print_table
+from itlbench.sim.accuracy import check_doc, check_line
 from itlbench.sim.roofline import CostModel, Gemm, Hardware, StepShape
 from itlbench.units import format_tokens
 
@@ -46,6 +48,7 @@ def _gpu_row(cm: CostModel, hw: Hardware, prompt: int, batch: int, context: int)
         "itl_floor_s": cm.weight_bytes_per_gpu / hw.mem_bw,
         "decode_step_s": decode, "prefill_s": prefill, "stall_to_step_ratio": prefill / decode if decode else None,
         "kv_capacity_tokens": cm.kv_capacity_tokens(hw),
+        "published_check": check_doc(hw),
     }
 
 
@@ -71,6 +74,7 @@ def roofline_doc(model: ModelConfig, hw: Hardware, compare: Sequence[Hardware], 
         "itl_floor_s": cm.weight_bytes_per_gpu / hw.mem_bw,  # each GPU streams its shard
         "crossover_prompt_tokens": cm.crossover_tokens(hw.ridge),
         "kv_capacity_tokens": cm.kv_capacity_tokens(hw),
+        "published_check": check_doc(hw),
         "gemms": gemms,
         "phases": phases,
         "tp": tp,
@@ -145,6 +149,7 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
     console.print(f"[dim]roofline = at peak; estimated = at the profile's efficiencies{per_kernel} "
                   f"({gemm}, attention {hw['attn_eff']:.0%}, bandwidth {hw['mem_eff']:.0%}) "
                   f"+ {hw['step_overhead_s'] * 1e3:g} ms per step{tp}[/]", highlight=False)
+    console.print(escape(check_line(doc["published_check"])), highlight=False)
 
     if not doc["gpus"]:
         return
@@ -161,6 +166,13 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
                   "—" if ratio is None else f"{ratio:,.0f}×",
                   "does not fit" if g["kv_capacity_tokens"] <= 0 else f"{g['kv_capacity_tokens']:,}")
     print_table(console, t)
+    cells = " · ".join(f"{g['label']} {_check_cell(g['published_check'])}" for g in doc["gpus"])
+    console.print(f"[dim]held-out MAPE against published figures: {cells}[/]", highlight=False)
+
+
+def _check_cell(check: dict[str, Any]) -> str:
+    acc = check.get("held_out")
+    return "none" if not acc else f"{acc['mape']:.1%} ({acc['figures']})"
 
 
 def print_calibration(console: Console, result: Any, path: Any) -> None:

@@ -108,9 +108,13 @@ def callouts(data: RunData) -> list[Callout]:
         out.append(Callout("bad", "INVALID run: " + "; and ".join(said) + "."
                            + (f" Figures that still stand: {', '.join(standing)}." if standing else "")))
     elif (s.get("clock") or {}).get("kind") == "virtual":
+        from itlbench.sim.accuracy import check_line  # simulated runs only
+
+        check = (s.get("clock") or {}).get("sim_check")
+        trust = f" How far to trust it: {check_line(check)}." if isinstance(check, dict) else ""
         out.append(Callout("info", "Simulated time (virtual clock): every figure is the simulated engine's, with no "
                                    "client, network or server in it; the client-side checks (send lag, event-loop "
-                                   "lag, client CPU) do not apply."))
+                                   "lag, client CPU) do not apply." + trust))
     else:
         f = validity.get("figures") or {}
         out.append(Callout("ok", f"Valid run: the client kept up ({_send_lag(f)}, event-loop lag p99 "

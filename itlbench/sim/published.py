@@ -74,6 +74,8 @@ class Figure:
     measured_s: float
     fit: bool
     predict: Callable[[dict[str, float]], float]
+    gpu: str  # the preset the figure tests (sim/hardware.py), and the number format its GEMMs ran in
+    dtype: str
 
 
 def _gpus(params: dict[str, float]) -> dict[str, Hardware]:
@@ -304,12 +306,13 @@ def _figures() -> list[Figure]:
     for n, ms in prefill.items():
         out.append(Figure(f"sarathi prefill {n}", SARATHI, S_PREFILL, f"Yi-34B TP2 A100-PCIe fp16, prefill of {n}",
                           ms / 1e3, n in (512, 2048, 8192),
-                          lambda p, n=n: _sarathi_steps(p, [StepShape.prefill(n)])))
+                          lambda p, n=n: _sarathi_steps(p, [StepShape.prefill(n)]), "a100-pcie", "float16"))
     decode = {1: 46.80, 2: 47.50, 4: 48.85, 8: 69.68, 16: 77.25, 32: 87.90, 64: 127.81, 128: 189.33}
     for b, ms in decode.items():
         out.append(Figure(f"sarathi decode {b}", SARATHI, S_DECODE, f"Yi-34B TP2 A100-PCIe fp16, decode batch {b} "
                           f"at {DECODE_CONTEXT} context", ms / 1e3, b in (1, 8, 32, 128),
-                          lambda p, b=b: _sarathi_steps(p, [StepShape.decode(b, DECODE_CONTEXT)])))
+                          lambda p, b=b: _sarathi_steps(p, [StepShape.decode(b, DECODE_CONTEXT)]), "a100-pcie",
+                          "float16"))
     chunked = {(2047, 512): 435.68, (2047, 1024): 444.17, (2047, 2048): 377.71, (4095, 512): 921.96,
                (4095, 1024): 932.26, (4095, 2048): 793.90, (8191, 512): 1958.53, (8191, 1024): 1946.24,
                (8191, 2048): 1643.37, (16383, 512): 4512.83, (16383, 1024): 4357.55, (16383, 2048): 3651.59,
@@ -319,7 +322,7 @@ def _figures() -> list[Figure]:
     for (n, c), ms in chunked.items():
         out.append(Figure(f"sarathi chunked {n}/{c}", SARATHI, S_CHUNK, f"Yi-34B TP2, prefill of {n} in chunks "
                           f"of {c}", ms / 1e3, (n, c) in ((4095, 1024), (16383, 2048)),
-                          lambda p, n=n, c=c: _sarathi_steps(p, _chunks(n, c))))
+                          lambda p, n=n, c=c: _sarathi_steps(p, _chunks(n, c)), "a100-pcie", "float16"))
     vidur = {(1, 1): (0.033, 0.025, 0.142, 0.076), (128, 1): (0.043, 0.032, 0.191, 0.111),
              (8192, 1): (1.980, 1.2535, 8.233, 4.159), (32768, 1): (7.2595, 4.926, 33.094, 16.6075),
              (32768, 2): (3.860, 2.6375, 17.389, 7.873)}
@@ -327,18 +330,19 @@ def _figures() -> list[Figure]:
         for name, ms in zip(("qkv", "o", "gate_up", "down"), times, strict=True):
             out.append(Figure(f"vidur {name} {rows}" + (f" tp{tp}" if tp > 1 else ""), VIDUR, V_MLP,
                               f"Llama-3-8B layer GEMM {name}, {rows} rows, A100, TP{tp}", ms / 1e3,
-                              rows in (1, 128, 32768) and tp == 1, _vidur(name, rows, tp)))
+                              rows in (1, 128, 32768) and tp == 1, _vidur(name, rows, tp), "a100", "float16"))
     for (gpu, model, tp), times in VIDUR_LAYERS.items():
         hf = {"llama-2-7b": "Llama-2-7b-hf", "llama-2-70b": "Llama-2-70b-hf"}[model]
         for rows, ms in zip(VIDUR_ROWS, times, strict=True):
             out.append(Figure(f"vidur layer {model} {gpu} tp{tp} {rows}", VIDUR,
                               f"data/profiling/compute/{gpu}/meta-llama/{hf}/mlp.csv",
                               f"{model} one layer's four GEMMs, {rows} rows, {gpu} fp16, TP{tp}", ms / 1e3,
-                              (gpu, model, tp, rows) in VIDUR_LAYER_FIT, _vidur_layer(gpu, model, tp, rows)))
+                              (gpu, model, tp, rows) in VIDUR_LAYER_FIT, _vidur_layer(gpu, model, tp, rows), gpu,
+                              "float16"))
     for gpu, dtype, model, tp, isl, ms, fit in TRT_TTFT:
         out.append(Figure(f"trtllm ttft {model} {gpu} {dtype} tp{tp} {isl}", TRTLLM, T_PERF,
                           f"TensorRT-LLM {model} TTFT, batch 1, {isl} input, {gpu} {dtype} TP{tp}", ms / 1e3, fit,
-                          _ttft(model, gpu, dtype, tp, isl)))
+                          _ttft(model, gpu, dtype, tp, isl), gpu, dtype))
     for gpu, dtype, model, batch, tp, isl, osl, tok_s in TRT_THROUGHPUT:
         per_gpu = gpu != "l40s"
         seconds = batch * osl / (tok_s * (tp if per_gpu else 1))
@@ -346,12 +350,12 @@ def _figures() -> list[Figure]:
                           f"TensorRT-LLM {model} static batch {batch} x {isl}/{osl} on {gpu} {dtype} TP{tp} "
                           f"({tok_s:,} out tok/s{'/GPU' if per_gpu else ''})", seconds,
                           (model, gpu, tp, batch) in THROUGHPUT_FIT,
-                          _static_batch(model, gpu, dtype, tp, batch, isl, osl)))
+                          _static_batch(model, gpu, dtype, tp, batch, isl, osl), gpu, dtype))
     for model, batch, tp, isl, osl, tok_s in TRT_THROUGHPUT_V05:
         out.append(Figure(f"trtllm v0.5 batch {model} h100 fp8 tp{tp} {batch}x{isl}/{osl}", TRTLLM, T_PERF,
                           f"TensorRT-LLM v0.5 {model} static batch {batch} x {isl}/{osl} on h100 fp8 TP{tp} "
                           f"({tok_s:,} out tok/s)", batch * osl / tok_s, False,
-                          _static_batch(model, "h100", "fp8", tp, batch, isl, osl)))
+                          _static_batch(model, "h100", "fp8", tp, batch, isl, osl), "h100", "fp8"))
     ok = overview_schedulable()
     for (model, gpu, tp), rates in OVERVIEW.items():
         for (isl, osl), tok_s in zip(_SHAPES, rates, strict=True):
@@ -361,11 +365,11 @@ def _figures() -> list[Figure]:
             out.append(Figure(f"trtllm1 offline {model} {gpu} fp8 tp{tp} {isl}/{osl}", TRTLLM, T_OVERVIEW,
                               f"TensorRT-LLM 1.0 {model} offline {n:,} x {isl}/{osl} on {gpu} fp8 TP{tp} "
                               f"({tok_s:,} out tok/s)", n * osl / tok_s, False,
-                              _offline(model, gpu, tp, isl, osl)))
+                              _offline(model, gpu, tp, isl, osl), gpu, "fp8"))
     for model, gpu, tp, ms, build in VLLM_LATENCY:
         out.append(Figure(f"vllm latency {model} {gpu} bf16 tp{tp}", VLLM_CI, f"builds/{build}",
                           f"vLLM latency test {model} {VLLM_BATCH} x {VLLM_INPUT}/{VLLM_OUTPUT} on {gpu} bf16 TP{tp}",
-                          ms / 1e3, False, _vllm_latency(model, gpu, tp)))
+                          ms / 1e3, False, _vllm_latency(model, gpu, tp), gpu, "bfloat16"))
     return out
 
 

@@ -65,7 +65,12 @@ def test_a_virtual_run_writes_the_tables_the_analysis_reads_and_says_its_clock(v
     from itlbench.report.run_report import write_run_report
 
     write_run_report(run_dir)
-    assert "Simulated time (virtual clock)" in (run_dir / "report.md").read_text()
+    report = (run_dir / "report.md").read_text()
+    assert "Simulated time (virtual clock)" in report
+    # and how far to trust it: the H100 preset's error on the published figures held out of its fit
+    assert run["sim_check"]["gpu"] == "h100" and run["sim_check"]["held_out"]["figures"] > 20
+    assert summary["clock"]["sim_check"] == run["sim_check"]
+    assert "How far to trust it: the simulated H100 SXM in 16-bit against" in report
     assert html is None or "Valid run: the client kept up" not in html
 
 
@@ -146,6 +151,7 @@ def test_the_70b_tp2_fp8_command_runs_in_virtual_time_and_prints_ttft_and_itl(tm
     assert "TTFT by prompt bucket" in result.output and "Inter-token latency" in result.output
     assert "Clock virtual" in result.output
     assert "2 × H100 SXM: fp8 weights, K/V at 1 B an element" in result.output  # the deployment it priced
+    assert "Sim check the simulated H100 SXM in fp8 against" in result.output  # and its error bar
     run = json.loads((out / "run.json").read_text())
     assert run["clock"] == "virtual" and run["engine"]["device"] == "sim:h100x2"
     assert run["simulation"]["simulated_s"] > 20 and wall < 60  # a warm-up of ~17 s and 17 s answers, in seconds

@@ -1,0 +1,94 @@
+"""How close each preset comes to published measurements: the error bar beside a simulated figure.
+
+A capacity planner reading `--engine sim --gpu h100` wants to know how far to trust it on an H100, not
+the MAPE over every GPU. The figures held out of the fit (`sim/published.py`), grouped by the preset
+they test and its number format (16-bit or FP8), answer that; a GPU or format no published figure
+covers says so instead of borrowing another's error. Computed (about a second), never stored, so it
+cannot go stale when a term or parameter changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from itlbench.sim.hardware import GPUS, Hardware
+from itlbench.sim.published import default_params, errors
+
+OVER = 0.15  # issue 29's bound on every figure
+
+
+def number_format(dtype: str) -> str:
+    """'fp8' or '16-bit': bf16 and fp16 run at one tensor rate, so their figures test the same terms."""
+    return "fp8" if dtype == "fp8" else "16-bit"
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """Absolute relative errors of a set of figures, summarised."""
+
+    figures: int
+    mape: float
+    median: float
+    worst: float
+    bias: float  # mean signed error: > 0 when the simulator is slower than measured
+    over: int  # figures more than 15 % off
+
+    @classmethod
+    def of(cls, signed_errors: Sequence[float]) -> Accuracy:
+        e = np.asarray(signed_errors, dtype=float)
+        if not e.size:
+            raise ValueError("no figures to summarise")
+        a = np.abs(e)
+        return cls(int(a.size), float(a.mean()), float(np.median(a)), float(a.max()), float(e.mean()),
+                   int((a > OVER).sum()))
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"figures": self.figures, "mape": self.mape, "median_ape": self.median, "worst_ape": self.worst,
+                "mean_error": self.bias, "over_15_percent": self.over}
+
+    def line(self) -> str:
+        return (f"{self.figures} figures: MAPE {self.mape:.1%}, median {self.median:.1%}, worst {self.worst:.1%}, "
+                f"{self.over} over 15 %, mean {self.bias:+.1%}")
+
+
+@lru_cache(maxsize=1)
+def held_out_by_preset() -> dict[tuple[str, str], Accuracy]:
+    """(preset, number format) -> the held-out figures' accuracy with the stored parameters."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for fig, _, err in errors(default_params()):
+        if not fig.fit:
+            groups.setdefault((fig.gpu, number_format(fig.dtype)), []).append(err)
+    return {key: Accuracy.of(errs) for key, errs in sorted(groups.items())}
+
+
+def preset_accuracy(hw: Hardware) -> Accuracy | None:
+    """The held-out accuracy of `hw`'s preset in its number format; None for a profile that is not a stored
+    preset as fitted (a calibrated or edited JSON, a `-seeds` profile) or a preset no figure covers."""
+    preset = GPUS.get(hw.name)
+    if preset is None or hw.with_(dtype=preset.dtype) != preset:
+        return None
+    return held_out_by_preset().get((hw.name, number_format(hw.dtype)))
+
+
+
+def check_doc(hw: Hardware) -> dict[str, Any]:
+    """`preset_accuracy` as the JSON a run or `roofline --json` carries; `held_out` None where no figure
+    checks `hw`."""
+    acc = preset_accuracy(hw)
+    return {"gpu": hw.name, "label": hw.label, "format": number_format(hw.dtype),
+            "held_out": None if acc is None else acc.to_dict()}
+
+
+def check_line(check: dict[str, Any]) -> str:
+    """One sentence a person reads beside a simulated figure: how far to trust it on this GPU."""
+    acc, what = check.get("held_out"), f"the simulated {check.get('label')} in {check.get('format')}"
+    if not acc:
+        return (f"no published measurement checks {what}: its times are unvalidated "
+                "(the presets' errors: docs/perf/sim-vs-published.md)")
+    return (f"{what} against {acc['figures']} published figures held out of its fit: MAPE {acc['mape']:.1%}, "
+            f"median {acc['median_ape']:.1%}, worst {acc['worst_ape']:.1%} (docs/perf/sim-vs-published.md)")

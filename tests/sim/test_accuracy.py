@@ -1,0 +1,84 @@
+"""The presets' error bars (sim/accuracy.py): held-out published figures grouped by the preset and number
+format they test, computed from the same predictions the benchmark prints, and said beside a simulated run
+and in `itlbench roofline`; a profile no figure checks says it is unvalidated."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from itlbench.cli import app
+from itlbench.sim.accuracy import (
+    Accuracy,
+    check_doc,
+    check_line,
+    held_out_by_preset,
+    number_format,
+    preset_accuracy,
+)
+from itlbench.sim.hardware import GPUS, HALF_DTYPES, load_hardware
+from itlbench.sim.published import FIGURES, default_params, errors
+
+
+def test_accuracy_summarises_signed_errors() -> None:
+    acc = Accuracy.of([-0.10, 0.20, 0.05, -0.16])
+    assert acc.figures == 4 and acc.over == 2  # 0.20 and 0.16 are over 15 %
+    assert acc.mape == pytest.approx(0.1275) and acc.median == pytest.approx(0.13) and acc.worst == pytest.approx(0.2)
+    assert acc.bias == pytest.approx(-0.0025)  # signed: a model as often fast as slow has no bias
+    assert "4 figures: MAPE 12.8%, median 13.0%, worst 20.0%, 2 over 15 %, mean -0.2%" == acc.line()
+    with pytest.raises(ValueError, match="no figures"):
+        Accuracy.of([])
+
+
+def test_every_figure_names_a_preset_and_a_dtype_it_runs() -> None:
+    for fig in FIGURES:
+        assert fig.gpu in GPUS, fig.key
+        assert fig.dtype == "fp8" or fig.dtype in HALF_DTYPES, fig.key
+        GPUS[fig.gpu].for_dtype(fig.dtype)  # a format the preset has (raises otherwise)
+    assert number_format("bfloat16") == number_format("float16") == "16-bit" and number_format("fp8") == "fp8"
+
+
+def test_the_groups_partition_the_held_out_figures_and_agree_with_the_predictions() -> None:
+    groups = held_out_by_preset()
+    rows = [r for r in errors(default_params()) if not r[0].fit]
+    assert sum(a.figures for a in groups.values()) == len(rows)
+    h100 = [abs(e) for f, _, e in rows if f.gpu == "h100" and f.dtype == "fp8"]
+    assert groups[("h100", "fp8")].figures == len(h100) > 20
+    assert groups[("h100", "fp8")].mape == pytest.approx(float(np.mean(h100)))
+    assert groups[("h100", "fp8")].worst == pytest.approx(max(h100))
+    assert ("b200", "16-bit") not in groups and ("rtx4090", "16-bit") not in groups  # nothing measured them
+
+
+def test_only_a_stored_preset_as_fitted_gets_its_error_bar(tmp_path: Path) -> None:
+    h100 = load_hardware("h100")
+    assert preset_accuracy(h100) == held_out_by_preset()[("h100", "16-bit")]
+    assert preset_accuracy(h100.for_dtype("fp8")) == held_out_by_preset()[("h100", "fp8")]
+    assert preset_accuracy(h100.for_dtype("float16")) == preset_accuracy(h100)  # one tensor rate
+    saved = tmp_path / "h100.json"
+    saved.write_text(json.dumps(h100.to_dict()))
+    assert preset_accuracy(load_hardware(str(saved))) == preset_accuracy(h100)  # the preset, saved unchanged
+    assert preset_accuracy(h100.with_(mem_eff=0.5)) is None  # edited: the published check is not about it
+    assert preset_accuracy(load_hardware("h100-seeds")) is None  # the source documents' arithmetic
+    assert preset_accuracy(load_hardware("b200")) is None  # a preset no figure covers
+    assert "unvalidated" in check_line(check_doc(load_hardware("b200")))
+    line = check_line(check_doc(h100))
+    assert line.startswith("the simulated H100 SXM in 16-bit against ") and "held out of its fit" in line
+
+
+def test_roofline_says_how_far_each_gpu_is_checked() -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["roofline", "--gpu", "h100", "--dtype", "fp8", "--compare", "h100,b200", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    fp8 = held_out_by_preset()[("h100", "fp8")]
+    assert doc["published_check"]["format"] == "fp8" and doc["published_check"]["held_out"]["figures"] == fp8.figures
+    assert [g["published_check"]["held_out"] is None for g in doc["gpus"]] == [False, True]
+    result = runner.invoke(app, ["roofline", "--gpu", "b200", "--compare", "h100,b200"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "no published measurement checks the simulated B200 in 16-bit" in result.stdout
+    h100 = held_out_by_preset()[("h100", "16-bit")]
+    assert f"H100 SXM {h100.mape:.1%} ({h100.figures}) · B200 none" in result.stdout
