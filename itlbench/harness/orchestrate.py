@@ -218,6 +218,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         raise
     try:
         run_doc.update(conn.doc)
+        _sim_check(cfg, run_doc)
         _connect_telemetry(telemetry, cfg, conn, run_dir, run_doc)
         spec = load_spec(cfg, conn)
         run_doc["plan"] = build_load_plan(spec).description
@@ -248,6 +249,18 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
             run_doc["aborted_reason"] = result.aborted_reason
         store.write_json("run.json", run_doc)  # also when the run raised: its records stay readable
     return finish_run_dir(run_dir, store, run_doc)
+
+
+def _sim_check(cfg: RunConfig, run_doc: dict[str, Any]) -> None:
+    """A bundled simulated engine's error bar (sim/accuracy.py), as a virtual run records it."""
+    e = cfg.engine
+    if cfg.endpoint is not None or e.engine != "sim" or e.disaggregate:
+        return
+    from itlbench.sim.accuracy import config_check
+    from itlbench.sim.runner import DEFAULT_GPU
+
+    with contextlib.suppress(ItlbenchError):  # a profile the server refused has already failed the run
+        run_doc["sim_check"] = config_check(e.gpu or DEFAULT_GPU, e.dtype)
 
 
 def _start_gpu_sampler(cfg: RunConfig, conn: Connection, store: RunStore,

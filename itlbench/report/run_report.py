@@ -108,18 +108,18 @@ def callouts(data: RunData) -> list[Callout]:
         out.append(Callout("bad", "INVALID run: " + "; and ".join(said) + "."
                            + (f" Figures that still stand: {', '.join(standing)}." if standing else "")))
     elif (s.get("clock") or {}).get("kind") == "virtual":
-        from itlbench.sim.accuracy import check_line  # simulated runs only
-
-        check = (s.get("clock") or {}).get("sim_check")
-        trust = f" How far to trust it: {check_line(check)}." if isinstance(check, dict) else ""
         out.append(Callout("info", "Simulated time (virtual clock): every figure is the simulated engine's, with no "
                                    "client, network or server in it; the client-side checks (send lag, event-loop "
-                                   "lag, client CPU) do not apply." + trust))
+                                   "lag, client CPU) do not apply."))
     else:
         f = validity.get("figures") or {}
         out.append(Callout("ok", f"Valid run: the client kept up ({_send_lag(f)}, event-loop lag p99 "
                            f"{fmt_s(f.get('loop_lag_p99_s'))}, "
                            f"client CPU mean {f.get('cpu_mean_percent') or 0:.0f} % of a core)."))
+    if isinstance(s.get("sim_check"), dict):
+        from itlbench.sim.accuracy import check_line  # simulated runs only
+
+        out.append(Callout("info", f"How far to trust the simulator: {check_line(s['sim_check'])}."))
     warning = (s.get("bundling") or {}).get("warning")
     if warning:
         out.append(Callout("warn", warning))

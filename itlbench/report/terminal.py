@@ -131,10 +131,10 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
     clock = summary.get("clock") or {}
     if clock.get("kind") == "virtual":
         console.print(f"[bold]Clock[/] virtual: {escape(str(clock.get('note') or 'simulated time'))}", highlight=False)
-        if isinstance(clock.get("sim_check"), dict):
-            from itlbench.sim.accuracy import check_line  # simulated runs only: it computes every figure
+    if isinstance(summary.get("sim_check"), dict):
+        from itlbench.sim.accuracy import check_line  # simulated runs only
 
-            console.print(f"[bold]Sim check[/] {escape(check_line(clock['sim_check']))}", highlight=False)
+        console.print(f"[bold]Sim check[/] {escape(check_line(summary['sim_check']))}", highlight=False)
     print_engine_warnings(console, run_dir)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from itlbench.sim.hardware import GPUS, Hardware
+from itlbench.sim.hardware import GPUS, Hardware, load_hardware
 from itlbench.sim.published import default_params, errors
 
 OVER = 0.15  # issue 29's bound on every figure
@@ -82,6 +82,14 @@ def check_doc(hw: Hardware) -> dict[str, Any]:
     acc = preset_accuracy(hw)
     return {"gpu": hw.name, "label": hw.label, "format": number_format(hw.dtype),
             "held_out": None if acc is None else acc.to_dict()}
+
+
+def config_check(gpu: str, dtype: str) -> dict[str, Any] | None:
+    """`check_doc` for the profile a served simulated engine loads (`--gpu`, `--dtype`); None for the 'cpu'
+    profile, which would measure this machine again and is no preset anyway."""
+    if gpu.strip().lower() == "cpu":
+        return None
+    return check_doc(load_hardware(gpu).for_dtype(dtype))
 
 
 def check_line(check: dict[str, Any]) -> str:
