@@ -187,10 +187,11 @@ def verdict(rows: list[Row], slos: SloSet) -> list[str]:
         failed = [c for c in slo_checks(r.run, slos) if not c.ok]
         (misses if failed else meets).append((r.label, failed))
     spec = slos.spec or "the default SLOs"
+    how = "on the run's pooled figures; goodput counts requests one by one"  # the two can disagree: say which
     if meets:
-        lines.append(f"Meets every SLO ({spec}): " + ", ".join(lab for lab, _ in meets) + ".")
+        lines.append(f"Meets every SLO ({spec}; {how}): " + ", ".join(lab for lab, _ in meets) + ".")
     else:
-        lines.append(f"No run meets every SLO ({spec}).")
+        lines.append(f"No run meets every SLO ({spec}; {how}).")
     for label, failed in misses:
         lines.append(f"{label} misses: " + "; ".join(_describe_miss(c) for c in failed[:4])
                      + (f" (+{len(failed) - 4} more)" if len(failed) > 4 else "") + ".")
