@@ -16,15 +16,16 @@ from typing import Any
 
 import numpy as np
 
-from itlbench.sim.hardware import GPUS, Hardware, load_hardware
+from itlbench.sim.hardware import GPUS, HALF_DTYPES, Hardware, load_hardware
 from itlbench.sim.published import default_params, errors
 
 OVER = 0.15  # issue 29's bound on every figure
 
 
 def number_format(dtype: str) -> str:
-    """'fp8' or '16-bit': bf16 and fp16 run at one tensor rate, so their figures test the same terms."""
-    return "fp8" if dtype == "fp8" else "16-bit"
+    """'fp8', '16-bit' (bf16 and fp16 run at one tensor rate, so their figures test the same terms), or
+    the dtype itself (a measured CPU's float32)."""
+    return "16-bit" if dtype in HALF_DTYPES else dtype
 
 
 @dataclass(frozen=True)
@@ -94,9 +95,9 @@ def config_check(gpu: str, dtype: str) -> dict[str, Any] | None:
 
 def check_line(check: dict[str, Any]) -> str:
     """One sentence a person reads beside a simulated figure: how far to trust it on this GPU."""
-    acc, what = check.get("held_out"), f"the simulated {check.get('label')} in {check.get('format')}"
+    acc, what = check.get("held_out"), f"{check.get('label')} in {check.get('format')}"
     if not acc:
-        return (f"no published measurement checks {what}: its times are unvalidated "
+        return (f"{what}: no published figure checks this profile, so its times are unvalidated "
                 "(the presets' errors: docs/perf/sim-vs-published.md)")
-    return (f"{what} against {acc['figures']} published figures held out of its fit: MAPE {acc['mape']:.1%}, "
-            f"median {acc['median_ape']:.1%}, worst {acc['worst_ape']:.1%} (docs/perf/sim-vs-published.md)")
+    return (f"{what}: MAPE {acc['mape']:.1%}, median {acc['median_ape']:.1%}, worst {acc['worst_ape']:.1%} against "
+            f"{acc['figures']} published figures held out of the simulator's fit (docs/perf/sim-vs-published.md)")

@@ -205,6 +205,6 @@ def test_capacity_runs_the_bundled_engine_when_no_server_is_named(tmp_path: Path
     assert doc["max_streams"] == 4 and doc["missed_at"] is None and doc["confirmed"]
     assert "Capacity ≥ 4 streams" in " ".join(result.output.split()) and "Not confirmed" not in result.output
     # a simulated answer carries the simulator's error bar on that GPU
-    assert "Sim check the simulated H100 SXM in 16-bit against" in " ".join(result.output.split())
+    assert "Sim check H100 SXM in 16-bit: MAPE " in " ".join(result.output.split())
     run = json.loads((out / "streams4" / "run2" / "run.json").read_text())
     assert run["config"]["endpoint"] is None and run["config"]["engine"]["engine"] == "sim"

@@ -40,6 +40,9 @@ def test_every_figure_names_a_preset_and_a_dtype_it_runs() -> None:
         assert fig.dtype == "fp8" or fig.dtype in HALF_DTYPES, fig.key
         GPUS[fig.gpu].for_dtype(fig.dtype)  # a format the preset has (raises otherwise)
     assert number_format("bfloat16") == number_format("float16") == "16-bit" and number_format("fp8") == "fp8"
+    assert number_format("float32") == "float32"  # a measured CPU's: not called 16-bit
+    cpu = {"gpu": "cpu", "label": "this CPU", "format": "float32", "held_out": None}
+    assert check_line(cpu).startswith("this CPU in float32: no published figure checks this profile")
 
 
 def test_the_groups_partition_the_held_out_figures_and_agree_with_the_predictions() -> None:
@@ -66,7 +69,7 @@ def test_only_a_stored_preset_as_fitted_gets_its_error_bar(tmp_path: Path) -> No
     assert preset_accuracy(load_hardware("b200")) is None  # a preset no figure covers
     assert "unvalidated" in check_line(check_doc(load_hardware("b200")))
     line = check_line(check_doc(h100))
-    assert line.startswith("the simulated H100 SXM in 16-bit against ") and "held out of its fit" in line
+    assert line.startswith("H100 SXM in 16-bit: MAPE ") and "published figures held out of the simulator's fit" in line
 
 
 def test_roofline_says_how_far_each_gpu_is_checked() -> None:
@@ -79,6 +82,6 @@ def test_roofline_says_how_far_each_gpu_is_checked() -> None:
     assert [g["published_check"]["held_out"] is None for g in doc["gpus"]] == [False, True]
     result = runner.invoke(app, ["roofline", "--gpu", "b200", "--compare", "h100,b200"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "no published measurement checks the simulated B200 in 16-bit" in result.stdout
+    assert "B200 in 16-bit: no published figure checks this profile" in result.stdout
     h100 = held_out_by_preset()[("h100", "16-bit")]
     assert f"H100 SXM {h100.mape:.1%} ({h100.figures}) · B200 none" in result.stdout

@@ -70,7 +70,7 @@ def test_a_virtual_run_writes_the_tables_the_analysis_reads_and_says_its_clock(v
     # and how far to trust it: the H100 preset's error on the published figures held out of its fit
     assert run["sim_check"]["gpu"] == "h100" and run["sim_check"]["held_out"]["figures"] > 20
     assert summary["sim_check"] == run["sim_check"]
-    assert "How far to trust the simulator: the simulated H100 SXM in 16-bit against" in report
+    assert "How far to trust the simulator: H100 SXM in 16-bit: MAPE " in report
     assert html is None or "Valid run: the client kept up" not in html
 
 
@@ -153,7 +153,7 @@ def test_the_70b_tp2_fp8_command_runs_in_virtual_time_and_prints_ttft_and_itl(tm
     assert "TTFT by prompt bucket" in result.output and "Inter-token latency" in result.output
     assert "Clock virtual" in result.output
     assert "2 × H100 SXM: fp8 weights, K/V at 1 B an element" in result.output  # the deployment it priced
-    assert "Sim check the simulated H100 SXM in fp8 against" in result.output  # and its error bar
+    assert "Sim check H100 SXM in fp8: MAPE " in result.output  # and its error bar
     run = json.loads((out / "run.json").read_text())
     assert run["clock"] == "virtual" and run["engine"]["device"] == "sim:h100x2"
     assert run["simulation"]["simulated_s"] > 20 and wall < 60  # a warm-up of ~17 s and 17 s answers, in seconds
