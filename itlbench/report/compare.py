@@ -228,7 +228,22 @@ def verdict(rows: list[Row], slos: SloSet) -> list[str]:
     cut = [r.label for r in rows if r.run.cut_short]
     if cut:
         lines.append("Cut short: " + ", ".join(cut) + ".")
-    return lines
+    return lines + _sim_checks(rows)
+
+
+def _sim_checks(rows: list[Row]) -> list[str]:
+    """Simulated runs: the presets' published error bars, once per distinct one (a sweep shares one)."""
+    checks = [(r.label, c) for r in rows if isinstance(c := r.run.summary.get("sim_check"), dict)]
+    if not checks:
+        return []
+    from itlbench.sim.accuracy import check_line  # only when a run was simulated
+
+    seen: dict[str, list[str]] = {}
+    for label, check in checks:
+        seen.setdefault(check_line(check), []).append(label)
+    if len(seen) == 1:
+        return [f"Simulated: {next(iter(seen))}."]
+    return [f"Simulated ({', '.join(labels)}): {line}." for line, labels in seen.items()]
 
 
 def _union_zoom(runs: list[RunData]) -> tuple[float, float] | None:
