@@ -42,12 +42,12 @@ Percentiles their samples cannot support (fewer than 1/(1−q): 2 for p50, 10 fo
   crosscheck.engine.{source,longest_step_s (of the run),worst_client_gap_s,worst_gap_over_longest_step,worst_gap_request_id,
                     worst_gap_steps,worst_gap_engine_busy_s,worst_gap_longest_step_s,worst_gap_unexplained_s,injected[]}
   crosscheck.prompt_tokens.{checked,exact,max_abs_diff,reported_over_planned}
-  clock.{kind,note}  only on a virtual clock (harness/virtual_run.py)
-  sim_check.{gpu,label,format,held_out}  only for the simulated engine: its preset's error on the published
-                    figures held out of the fit (sim/accuracy.py; held_out null where no figure checks it)
   crosscheck.output_tokens.{checked,exact,counted,reported,unseen,unseen_share,counted_over_reported}
   crosscheck.server_timings.{source,requests,ttft_minus_prompt_ms,ttft_below_server_prompt,
     decode_minus_server_ms,tokens_agree} (null unless the server reports per-request timings: llama.cpp)
+  clock.{kind,note}  only on a virtual clock (harness/virtual_run.py)
+  sim_check.{gpu,label,format,held_out}  only for the simulated engine: its preset's error on the published
+                    figures held out of the fit (sim/accuracy.py; held_out null where no figure checks it)
 Throughput: ok requests scheduled in the window, output tokens that arrived in the window (Σ n_tokens
 of every stream's chunks), prompt tokens of ok requests, each divided by the window's seconds.
 """

@@ -50,12 +50,6 @@ def engine_doc(engine: Engine, served_model_name: str) -> dict[str, Any]:
             "serving": {"mode": "in-process, virtual clock"}}
 
 
-def sim_check(runner: Any) -> dict[str, Any] | None:
-    """How the run's preset fares against published figures held out of its fit (sim/accuracy.py)."""
-    hardware = getattr(runner, "hardware", None)
-    return None if hardware is None else check_doc(hardware)
-
-
 def run_virtual(cfg: RunConfig, run_dir: Path, created: bool,
                 on_status: Callable[[str], None] = lambda s: None) -> tuple[Path, dict[str, Any]]:
     """Run `cfg` on the virtual clock into `run_dir`; returns (run directory, summary) like
@@ -69,10 +63,9 @@ def run_virtual(cfg: RunConfig, run_dir: Path, created: bool,
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     runner = getattr(engine, "runner", None)  # disaggregated: two pools, no one runner
-    check = sim_check(runner)
-    if runner is not None:
-        on_status(runner.describe())
+    check = None if runner is None else check_doc(runner.hardware)  # the preset's published error bar
     if check is not None:
+        on_status(runner.describe())
         on_status(check_line(check))
     conn = Connection(target=None, max_model_len=engine.max_model_len,  # type: ignore[arg-type]
                       vocab_size=model.vocab_size, steps_url=None, metrics_url=None)

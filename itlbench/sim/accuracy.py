@@ -76,7 +76,6 @@ def preset_accuracy(hw: Hardware) -> Accuracy | None:
     return held_out_by_preset().get((hw.name, number_format(hw.dtype)))
 
 
-
 def check_doc(hw: Hardware) -> dict[str, Any]:
     """`preset_accuracy` as the JSON a run or `roofline --json` carries; `held_out` None where no figure
     checks `hw`."""
