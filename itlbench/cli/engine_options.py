@@ -19,16 +19,11 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import typer
 
-from itlbench.core.engine_config import EngineConfig
+from itlbench.core.engine_config import EngineConfig, flag_of
 from itlbench.core.presets import default_preset
 
 ENGINE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(EngineConfig))
 _HINTS = typing.get_type_hints(EngineConfig)
-
-
-def flag_of(field: str) -> str:
-    """The flag a user types for an EngineConfig field (errors name what the user can change)."""
-    return "--" + field.replace("_", "-")
 
 
 def _cli_type(hint: Any, parse: Callable[[str], object] | None) -> Any:

@@ -31,6 +31,12 @@ def parse_chunk_budget(text: str | int | None) -> int | None:
     return parse_tokens(text, "--chunk-budget", "give a token count such as 2048 or 8k (k = 1024), or none")
 
 
+def flag_of(field_name: str) -> str:
+    """The flag a user types for a field (`chunk_budget` is `--chunk-budget`): errors and reproduced
+    command lines name what the user can change."""
+    return "--" + field_name.replace("_", "-")
+
+
 def option(default: object, help: str, *, parse: Callable[[str], object] | None = None) -> Any:
     """A field that is also a command-line flag `--<field-name>`: `help` is its help text; `parse`
     reads the flag's text where the field's type is not one a CLI parses by itself."""

@@ -128,6 +128,29 @@ def test_reproduce_command_parses_back_to_the_run_settings(tmp_path: Path) -> No
     assert params["seed"] == cfg["seed"] and params["chunk_budget"] == "2048" and params["model"] == "cpu-small"
 
 
+def test_reproduce_command_restarts_the_simulated_engine_it_measured(tmp_path: Path) -> None:
+    """A simulated run's line names the simulator, its GPU, TP, dtype and every other changed engine
+    setting (it once dropped them, and the line started the CPU engine with an 8B model)."""
+    import dataclasses
+
+    import typer.main
+
+    from itlbench.core.engine_config import EngineConfig
+    from itlbench.report.reproduce import reproduce_command
+
+    doc = load_run(build_run(tmp_path / "run")).doc
+    eng = EngineConfig(model="llama-3.1-8b", engine="sim", gpu="a100", tp=2, dtype="fp8", cuda_graphs=False,
+                       policy="prefill-first", mixed=True, chunk_budget=None, kv_link_gbps=400.0)
+    doc["config"] = {**doc["config"], "clock": "real", "engine": dataclasses.asdict(eng)}
+    line = reproduce_command(doc)
+    args = line.split()[2:]
+    params = typer.main.get_command(app).commands["run"].make_context("run", args).params  # type: ignore[attr-defined]
+    assert (params["engine"], params["gpu"], params["tp"], params["dtype"]) == ("sim", "a100", 2, "fp8")
+    assert params["cuda_graphs"] is False and params["mixed"] is True and params["policy"] == "prefill-first"
+    assert params["chunk_budget"] == "none" and params["clock"] == "real" and params["model"] == "llama-3.1-8b"
+    assert "--kv-link-gbps" not in line and "--prefix-caching" not in line  # defaults stay out
+
+
 def test_compare_refuses_runs_of_different_workloads_naming_the_settings(tmp_path: Path) -> None:
     a = build_run(tmp_path / "a")
     b = build_run(tmp_path / "b", seed=7, inject=False)
