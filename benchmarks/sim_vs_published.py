@@ -4,7 +4,8 @@
 
 For each figure in itlbench/sim/published.py (Sarathi-Serve's Yi-34B TP2 batches on A100 PCIe, Vidur's
 Llama-3-8B GEMM profiles on A100, TensorRT-LLM's Llama-2 first-token latencies and static batches on
-A100, H100 and L40S, and TensorRT-LLM 1.0's offline throughputs of Llama-3.1-8B and -3.3-70B on H100/H200)
+A100, H100 and L40S, and TensorRT-LLM 1.0's offline throughputs of Llama-3.1-8B, -3.3-70B and -3.1-405B on
+H100/H200 in FP8 and on B200 in NVFP4)
 prints the measured time, the simulator's prediction with the stored fitted parameters (the presets'
 `FIT` and the engines' `ENGINE_PARAMS`), the signed error, and whether the figure is in the fit set or
 held out; then MAPE, median, worst and mean signed error per set: fit, held out, all, held out by source and

@@ -98,7 +98,7 @@ def calibrate(
 
 
 def _for_dtype(hw: object, dtype: str) -> object:
-    """A compared GPU in --dtype, or in its own where it has no such rate (fp8 on an A100)."""
+    """A compared GPU in --dtype, or in its own where it has no such rate (fp8 on an A100, fp4 on an H100)."""
     try:
         return hw.for_dtype(dtype)  # type: ignore[attr-defined]
     except ConfigError:
@@ -126,9 +126,10 @@ def roofline(
     batch: Annotated[str, typer.Option(help="Decode batch sizes to tabulate.")] = "1,32",
     context: Annotated[str, typer.Option(help="Cached context of each decoding sequence.")] = "2k",
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree: costs per GPU, two all-reduces per layer.")] = 1,
-    dtype: Annotated[str, typer.Option(help="auto (the profile's), bfloat16, float16 or fp8 (one-byte weights and "
-                                       "K/V unless --kv-cache-dtype says otherwise, the FP8 tensor rate).")] = "auto",
-    kv_cache_dtype: Annotated[str, typer.Option(help="auto (the weights' dtype), bfloat16, float16 or fp8: the K/V "
+    dtype: Annotated[str, typer.Option(help="auto (the profile's), bfloat16, float16, fp8 (one-byte weights and "
+                                       "K/V unless --kv-cache-dtype says otherwise, the FP8 tensor rate) or fp4 "
+                                       "(NVFP4 on a B200, K/V in fp8).")] = "auto",
+    kv_cache_dtype: Annotated[str, typer.Option(help="auto (the weights' dtype; fp8 under fp4), bfloat16, float16 or fp8: the K/V "
                                                 "cache's dtype apart from the weights'.")] = "auto",
     as_json: AsJson = False,
 ) -> None:

@@ -65,9 +65,11 @@ class EngineConfig:
     max_model_len: int | None = option(None, "Context limit (default: the model's).")
     prefix_caching: bool = option(True, "Reuse KV blocks of identical prompt prefixes.")
     device: str = option("auto", "auto, cpu or cuda.")
-    dtype: str = option("auto", "auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16, or fp8 (--engine sim: "
-                        "weights and K/V at one byte unless --kv-cache-dtype says otherwise, the FP8 tensor rate).")
-    kv_cache_dtype: str = option("auto", "--engine sim: the K/V cache's dtype: auto (the weights' dtype), bfloat16, "
+    dtype: str = option("auto", "auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16, or, --engine sim only, "
+                        "fp8 (weights and K/V at one byte unless --kv-cache-dtype says otherwise, the FP8 tensor rate) "
+                        "or fp4 (NVFP4 on a B200: 4.5-bit weights, 16-bit embedding and LM head, an FP8 K/V cache, "
+                        "the FP4 tensor rate).")
+    kv_cache_dtype: str = option("auto", "--engine sim: the K/V cache's dtype: auto (the weights' dtype; fp8 under fp4), bfloat16, "
                                  "float16 or fp8 (e.g. --dtype fp8 --kv-cache-dtype bfloat16: FP8 weights beside a "
                                  "16-bit cache, vLLM's default for an FP8 checkpoint without K/V scales).")
     attention: str = option("auto", "Attention kernels: auto (flash, triton, then sdpa, whichever runs here), sdpa, "
@@ -121,8 +123,8 @@ class EngineConfig:
             raise ConfigError("max_model_len", f"must be > 0, got {self.max_model_len}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError("device", f"unknown device {self.device!r}", "use auto, cpu or cuda")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16", "fp8"):
-            raise ConfigError("dtype", f"unknown dtype {self.dtype!r}", "use auto, float32, bfloat16, float16 or fp8")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16", "fp8", "fp4"):
+            raise ConfigError("dtype", f"unknown dtype {self.dtype!r}", "use auto, float32, bfloat16, float16, fp8 or fp4")
         self._validate_sim()
 
     def _validate_sim(self) -> None:
@@ -130,8 +132,8 @@ class EngineConfig:
             raise ConfigError("engine", f"unknown engine {self.engine!r}", f"use one of {', '.join(ENGINE_KINDS)}")
         if self.engine != "sim" and self.gpu is not None:
             raise ConfigError("gpu", "only applies to the simulated engine", "add --engine sim")
-        if self.dtype == "fp8" and self.engine != "sim":
-            raise ConfigError("dtype", "fp8 is simulated only", "add --engine sim, or use bfloat16")
+        if self.dtype in ("fp8", "fp4") and self.engine != "sim":
+            raise ConfigError("dtype", f"{self.dtype} is simulated only", "add --engine sim, or use bfloat16")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError("kv_cache_dtype", f"unknown dtype {self.kv_cache_dtype!r}",
                               f"use one of {', '.join(KV_CACHE_DTYPES)}")

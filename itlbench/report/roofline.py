@@ -20,9 +20,13 @@ from itlbench.sim.roofline import CostModel, Gemm, Hardware, StepShape
 from itlbench.units import format_tokens
 
 
+def _gemm_label(hw: dict[str, Any]) -> str:
+    return {"fp8": "FP8 GEMM", "fp4": "FP4 GEMM"}.get(str(hw.get("dtype")), "GEMM")
+
+
 def _phase_row(cm: CostModel, hw: Hardware, label: str, kind: str, shape: StepShape) -> dict[str, Any]:
     c = cm.cost(shape)
-    roof = cm.time(shape, hw.with_(gemm_eff=1.0, fp8_gemm_eff=0.0, attn_eff=1.0, mem_eff=1.0, attn_mem_eff=0.0,
+    roof = cm.time(shape, hw.with_(gemm_eff=1.0, fp8_gemm_eff=0.0, fp4_gemm_eff=0.0, attn_eff=1.0, mem_eff=1.0, attn_mem_eff=0.0,
                                    link_eff=1.0, step_overhead_s=0.0, graph_overhead_s=None, seq_overhead_s=0.0,
                                    prefill_overhead_s=0.0, kernel_s=0.0, gemm_m_half=0.0, cost_model="roofline"))
     est = cm.time(shape, hw)
@@ -52,12 +56,19 @@ def _gpu_row(cm: CostModel, hw: Hardware, prompt: int, batch: int, context: int)
     }
 
 
+def _gemm_row(g: Gemm, cm: CostModel, hw: Hardware, rows: Sequence[int]) -> dict[str, Any]:
+    """One weight GEMM's intensity by rows and its rows at the ridge; the LM head in the tables' dtype."""
+    table = g.name == "lm_head"
+    b = cm.table_b if table else cm.b
+    ridge = hw.gemm_peak_of(hw.table_dtype) / hw.mem_bw if table else hw.ridge
+    return {"name": g.name, "d_in": g.d_in, "d_out": g.d_out,
+            "intensity_flop_per_byte": {str(t): g.intensity(t, b) for t in rows}, "ridge_tokens": g.ridge_tokens(ridge, b)}
+
+
 def roofline_doc(model: ModelConfig, hw: Hardware, compare: Sequence[Hardware], prompts: Sequence[int],
                  batches: Sequence[int], context: int, tp: int = 1, kv_dtype_bytes: int | None = None) -> dict[str, Any]:
     cm = CostModel.for_hardware(model, hw, tp=tp, kv_dtype_bytes=kv_dtype_bytes)
-    gemms = [{"name": g.name, "d_in": g.d_in, "d_out": g.d_out,
-              "intensity_flop_per_byte": {str(t): g.intensity(t, cm.b) for t in (1, *batches, *prompts)},
-              "ridge_tokens": g.ridge_tokens(hw.ridge, cm.b)} for g in cm.gemms()]
+    gemms = [_gemm_row(g, cm, hw, (1, *batches, *prompts)) for g in cm.gemms()]
     phases = [_phase_row(cm, hw, f"prefill {format_tokens(p)}", "prefill", StepShape.prefill(p)) for p in prompts]
     phases += [_phase_row(cm, hw, f"decode batch {b} @ {format_tokens(context)}", "decode",
                           StepShape.decode(b, context)) for b in batches]
@@ -66,7 +77,8 @@ def roofline_doc(model: ModelConfig, hw: Hardware, compare: Sequence[Hardware], 
         "model": {"name": model.name, "params": cm.params, "layers": model.num_layers, "hidden": model.hidden_size,
                   "heads": model.num_heads, "kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
                   "vocab": model.vocab_size, "tied_embeddings": model.tie_word_embeddings},
-        "hardware": hw.to_dict() | {"ridge_flop_per_byte": hw.ridge, "gemm_peak_flop_per_s": hw.gemm_peak},
+        "hardware": hw.to_dict() | {"ridge_flop_per_byte": hw.ridge, "gemm_peak_flop_per_s": hw.gemm_peak,
+                                    "gemm_efficiency": hw.gemm_efficiency},
         "counting": cm.counting,
         "weight_bytes": cm.weight_bytes,
         "kv_bytes_per_token": cm.kv_bytes_per_token,
@@ -144,8 +156,7 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
                   f"(90 % of memory less weights)", highlight=False)
     per_kernel = ", kernel by kernel" if hw["cost_model"] == "operators" else ""
     tp = f" · TP {doc['tp']}: {_si(doc['weight_bytes_per_gpu'], 'B')} of weights per GPU" if doc["tp"] > 1 else ""
-    fp8 = hw.get("dtype") == "fp8" and hw.get("fp8_gemm_eff")
-    gemm = f"FP8 GEMM {hw['fp8_gemm_eff']:.0%}" if fp8 else f"GEMM {hw['gemm_eff']:.0%}"
+    gemm = f"{_gemm_label(hw)} {hw['gemm_efficiency']:.0%}"
     console.print(f"[dim]roofline = at peak; estimated = at the profile's efficiencies{per_kernel} "
                   f"({gemm}, attention {hw['attn_eff']:.0%}, bandwidth {hw['mem_eff']:.0%}) "
                   f"+ {hw['step_overhead_s'] * 1e3:g} ms per step{tp}[/]", highlight=False)

@@ -1,207 +1,29 @@
-"""Accelerator profiles for the cost model: roofs, interconnect, efficiencies, overheads, and where each
-figure comes from.
+"""The GPU presets (datasheet roofs, the efficiencies fitted to published measurements, where each figure comes
+from), their `-seeds` profiles, this CPU measured, and `load_hardware`, which turns `--gpu` into a profile.
 
-A `Hardware` holds what one GPU can do (datasheet roofs: dense tensor rate per dtype, memory bandwidth
-and capacity, the GPU-to-GPU link a tensor-parallel all-reduce crosses) and what a serving engine reaches
-on it (efficiencies, a minimum time per kernel, fixed costs per step). Two ways to turn a step into time
-(`cost_model`):
-
-- "roofline": the source documents' whole-step arithmetic, max(FLOPs / (peak·e), bytes / (bw·e)) plus
-  overheads. The `-seeds` profiles (h100-seeds, ...) use it at their illustrative 40 % / 80 %, so their
-  tables come out unchanged; `itlbench calibrate` profiles use it with fitted efficiencies.
-- "operators": a roofline per kernel (each weight GEMM, attention, the element-wise kernels, two
-  all-reduces per layer under tensor parallelism), GEMM efficiency falling at few rows, plus a fixed
-  per-step cost that CUDA graphs shrink. The presets (h100, a100, ...) use it, with efficiencies fitted
-  to published measurements (sim/published.py; docs/perf/sim-vs-published.md).
-
+The profile itself (`Hardware`, the number formats) is sim/profile.py; its names are re-exported here.
 Torch-free on purpose: the simulator and the CLI import it.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Literal
 
-from itlbench.core.engine_config import KV_CACHE_DTYPES
 from itlbench.errors import ConfigError
-
-Counting = Literal["textbook", "executed"]
-COUNTINGS: tuple[str, ...] = ("textbook", "executed")
-CostModelKind = Literal["roofline", "operators"]
-COST_MODELS: tuple[str, ...] = ("roofline", "operators")
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
-
-HALF_DTYPES = ("bfloat16", "float16")  # same tensor rate on every preset
-
-
-def kv_dtype_bytes(kv_cache_dtype: str) -> int | None:
-    """Bytes per K/V element of `--kv-cache-dtype` (None for auto: the weights' dtype)."""
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ConfigError("kv_cache_dtype", f"unknown dtype {kv_cache_dtype!r}", f"use one of {', '.join(KV_CACHE_DTYPES)}")
-    return None if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """One accelerator's roofs, the efficiencies an engine reaches on it, and its fixed costs.
-
-    `peak_flops` is the dense half-precision rate (float32 for a CPU; no sparsity), `peak_flops_fp8` the dense FP8 rate (0: no
-    FP8 tensor cores); `mem_bw` the memory bandwidth in bytes/s; `memory_bytes` what holds weights and
-    the KV cache. `link_bw` is one direction of one GPU's link to its tensor-parallel peers (bytes/s).
-    `sources` says where each figure comes from, keyed by field name.
-    """
-
-    name: str
-    label: str
-    peak_flops: float
-    mem_bw: float
-    memory_bytes: float
-    dtype: str = "bfloat16"
-    gemm_eff: float = 0.40
-    attn_eff: float = 0.40
-    mem_eff: float = 0.80
-    step_overhead_s: float = 0.0  # per step, eager (no CUDA graphs): launches, Python, scheduling
-    prefill_overhead_s: float = 0.0  # more per step that carries prompt work (an engine's context-phase setup)
-    seq_overhead_s: float = 0.0  # per sequence (chunk) in the step: per-request launches, gathers, sampling
-    counting: Counting = "textbook"
-    source: str = ""
-    cost_model: CostModelKind = "roofline"
-    peak_flops_fp8: float = 0.0
-    fp8_gemm_eff: float = 0.0  # 0: gemm_eff
-    gemm_m_half: float = 0.0  # rows at which a GEMM reaches half its large-M efficiency (operators)
-    attn_mem_eff: float = 0.0  # share of bandwidth attention reaches reading K/V (0: mem_eff)
-    gqa_kv_reread: float = 0.0  # share of a GQA group's repeated K/V reads that reach HBM (0: read once per group)
-    kernel_s: float = 0.0  # least time of one kernel (operators)
-    roof_blend: float = 0.0  # GEMM time = p-norm of its two roofs with this p (0: their max) (operators)
-    gemm_tile_rows: int = 0  # a 16-bit GEMM of more rows computes them rounded up to this tile (0: no rounding) (operators)
-    gemm_cluster_rows: int = 0  # past this many rows, rounded up to a multiple of it instead (0: the tile throughout) (operators)
-    gemm_slow_rows: tuple[int, int, float] = (0, 0, 1.0)  # (lo, hi, x): 16-bit GEMMs of lo..hi rows compute x times as long
-    graph_overhead_s: float | None = None  # per decode-only step replayed as a CUDA graph (None: step_overhead_s)
-    interconnect: str = ""
-    link_bw: float = 0.0
-    link_latency_s: float = 0.0
-    link_eff: float = 1.0
-    allreduce_in_switch: bool = False  # the switch reduces (NVLink SHARP): each GPU sends and receives the message once
-    sources: dict[str, str] = field(default_factory=dict, hash=False)
-
-    def __post_init__(self) -> None:
-        for name in ("peak_flops", "mem_bw", "memory_bytes", "gemm_eff", "attn_eff", "mem_eff", "link_eff"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ConfigError(f"gpu.{name}", f"must be a positive number, got {value!r}")
-        for name in ("step_overhead_s", "seq_overhead_s", "peak_flops_fp8", "fp8_gemm_eff", "gemm_m_half",
-                     "attn_mem_eff", "gqa_kv_reread", "kernel_s", "roof_blend", "link_bw", "link_latency_s",
-                     "prefill_overhead_s"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and value >= 0):
-                raise ConfigError(f"gpu.{name}", f"must be >= 0, got {value!r}")
-        for name in ("gemm_tile_rows", "gemm_cluster_rows"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and value >= 0):
-                raise ConfigError(f"gpu.{name}", f"must be a whole number >= 0, got {value!r}")
-        try:
-            lo, hi, slow = self.gemm_slow_rows
-            ok = 0 <= lo <= hi and slow >= 1
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise ConfigError("gpu.gemm_slow_rows", f"must be [lo, hi, x] with 0 <= lo <= hi and x >= 1, got "
-                              f"{self.gemm_slow_rows!r}")
-        object.__setattr__(self, "gemm_slow_rows", (int(lo), int(hi), float(slow)))  # a JSON profile's list
-        if self.graph_overhead_s is not None and not self.graph_overhead_s >= 0:
-            raise ConfigError("gpu.graph_overhead_s", f"must be >= 0 or null, got {self.graph_overhead_s!r}")
-        if self.dtype not in DTYPE_BYTES:
-            raise ConfigError("gpu.dtype", f"unknown dtype {self.dtype!r}", f"use one of {', '.join(DTYPE_BYTES)}")
-        if self.counting not in COUNTINGS:
-            raise ConfigError("gpu.counting", f"unknown counting {self.counting!r}", "use textbook or executed")
-        if self.cost_model not in COST_MODELS:
-            raise ConfigError("gpu.cost_model", f"unknown cost model {self.cost_model!r}", "use roofline or operators")
-
-    @property
-    def ridge(self) -> float:
-        """FLOP per byte where the GEMMs' compute roof meets the bandwidth roof (π / β; FP8's π under fp8)."""
-        return self.gemm_peak / self.mem_bw
-
-    @property
-    def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
-
-    @property
-    def gemm_peak(self) -> float:
-        """The weight GEMMs' dense rate: FP8's when serving fp8 (attention stays at the half rate)."""
-        return self.peak_flops_fp8 if self.dtype == "fp8" else self.peak_flops
-
-    @property
-    def gemm_efficiency(self) -> float:
-        return (self.fp8_gemm_eff or self.gemm_eff) if self.dtype == "fp8" else self.gemm_eff
-
-    @property
-    def gemm_tile(self) -> int:
-        """Rows a GEMM's compute is rounded up to a multiple of: the 16-bit tile (`gemm_tile_rows`); 0 under
-        fp8, whose kernels no profile here measures rounding for (docs/perf/sim-vs-published.md)."""
-        return 0 if self.dtype == "fp8" else self.gemm_tile_rows
-
-    def gemm_rows_computed(self, rows: int) -> int:
-        """Rows a 16-bit GEMM of `rows` rows computes: past one tile, rounded up to whole tiles (a partial
-        tile costs a whole one); past `gemm_cluster_rows` (Hopper: two 128-row tiles in a thread-block
-        cluster), to whole clusters. Unrounded under fp8 or without a tile."""
-        tile = self.gemm_tile
-        if not tile or rows <= tile:
-            return rows
-        step = self.gemm_cluster_rows if self.gemm_cluster_rows and rows > self.gemm_cluster_rows else tile
-        return -(-rows // step) * step
-
-    def gemm_slowdown(self, rows: int) -> float:
-        """How many times longer a GEMM of `rows` rows computes than its rows say: cuBLAS serves some row
-        counts with a slower kernel (`gemm_slow_rows`; the A100's 993-1,024). 1 under fp8 or outside."""
-        lo, hi, slow = self.gemm_slow_rows
-        return slow if self.dtype != "fp8" and lo <= rows <= hi else 1.0
-
-    @property
-    def graph_step_overhead_s(self) -> float:
-        return self.step_overhead_s if self.graph_overhead_s is None else self.graph_overhead_s
-
-    def for_dtype(self, dtype: str) -> Hardware:
-        """This GPU serving `dtype`: fp8 swaps in the FP8 tensor rate and its GEMM efficiency; bf16 and
-        fp16 share one rate; 'auto' is the profile's own dtype."""
-        if dtype in ("auto", self.dtype):
-            return self
-        if dtype == "fp8":
-            if not self.peak_flops_fp8:
-                raise ConfigError("dtype", f"the {self.label} profile has no FP8 tensor rate",
-                                  "use --dtype bfloat16, or a GPU with FP8 (h100, h200, l40s, b200)")
-            return self.with_(dtype="fp8")
-        if dtype in HALF_DTYPES and self.dtype in HALF_DTYPES:
-            return self.with_(dtype=dtype)
-        raise ConfigError("dtype", f"the simulated {self.label} runs {self.dtype}, not {dtype}",
-                          "use --dtype auto, bfloat16, float16 or fp8, or calibrate a profile in that dtype")
-
-    def with_(self, **changes: object) -> Hardware:
-        return replace(self, **changes)
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, object], origin: str = "profile") -> Hardware:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ConfigError("--gpu", f"{origin} has unknown keys {', '.join(unknown)}",
-                              f"a hardware profile holds {', '.join(sorted(known))}")
-        missing = [k for k in ("name", "peak_flops", "mem_bw", "memory_bytes") if k not in raw]
-        if missing:
-            raise ConfigError("--gpu", f"{origin} lacks {', '.join(missing)}")
-        raw = dict(raw)
-        raw.setdefault("label", raw["name"])
-        return cls(**raw)  # type: ignore[arg-type]
-
-    def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-
+from itlbench.sim.profile import (  # noqa: F401 (re-exported: the profile's public names)
+    COST_MODELS,
+    COUNTINGS,
+    DEFAULT_KV_DTYPE,
+    DTYPE_BYTES,
+    HALF_DTYPES,
+    QUANTIZED,
+    TABLE_DTYPE,
+    CostModelKind,
+    Counting,
+    Hardware,
+    kv_dtype_bytes,
+)
 
 # ---------------------------------------------------------------------------------------- presets
 
@@ -224,13 +46,13 @@ def _smi(mib: str) -> str:
 
 def _gpu(name: str, label: str, bf16: float, fp8: float, bw: float, mem: float, link: str, link_bw: float,
          latency: float, sheet: str, *, bf16_src: str, fp8_src: str, bw_src: str, mem_src: str,
-         link_src: str) -> Hardware:
+         link_src: str, fp4: float = 0.0, fp4_src: str = "no FP4 tensor cores") -> Hardware:
     """The datasheet half of a preset; the efficiencies (`_fitted`) are added below."""
     sources = {"peak_flops": f"{sheet}: {bf16_src}", "peak_flops_fp8": f"{sheet}: {fp8_src}",
-               "mem_bw": f"{sheet}: {bw_src}", "memory_bytes": f"{sheet}: {mem_src}",
-               "link_bw": f"{sheet}: {link_src}", "link_latency_s": ASSUMED_LINK}
-    return Hardware(name, label, bf16, bw, mem, peak_flops_fp8=fp8, interconnect=link, link_bw=link_bw,
-                    link_latency_s=latency, source=f"{sheet}; efficiencies {FITTED}", sources=sources)
+               "peak_flops_fp4": f"{sheet}: {fp4_src}", "mem_bw": f"{sheet}: {bw_src}",
+               "memory_bytes": f"{sheet}: {mem_src}", "link_bw": f"{sheet}: {link_src}", "link_latency_s": ASSUMED_LINK}
+    return Hardware(name, label, bf16, bw, mem, peak_flops_fp8=fp8, peak_flops_fp4=fp4, interconnect=link,
+                    link_bw=link_bw, link_latency_s=latency, source=f"{sheet}; efficiencies {FITTED}", sources=sources)
 
 
 _DATASHEETS: dict[str, Hardware] = {
@@ -262,10 +84,12 @@ _DATASHEETS: dict[str, Hardware] = {
                     bf16_src="BF16 tensor with FP32 accumulate 165.2 TFLOPS dense (330.4 with sparsity)",
                     fp8_src="not modelled (GeForce FP8 rates depend on the accumulate type)",
                     bw_src="1,008 GB/s GDDR6X", mem_src="24 GB", link_src="PCIe Gen4 x16 (32 GB/s each way)"),
-    "b200": _gpu("b200", "B200", 2250e12, 4500e12, 8e12, 180e9, "NVLink 5", 900e9, 8e-6, _B200_DS,
+    "b200": _gpu("b200", "B200", 2250e12, 4500e12, 8e12, 183_359 * MIB, "NVLink 5", 900e9, 8e-6, _B200_DS,
                  bf16_src="BF16 4.5 PFLOPS with sparsity (2,250 dense)", fp8_src="FP8 9 PFLOPS with sparsity "
-                 "(4,500 dense)", bw_src="8 TB/s HBM3e", mem_src="1,440 GB per 8 GPUs (180 GB)",
-                 link_src="NVLink 5 1.8 TB/s (900 GB/s each way)"),
+                 "(4,500 dense)", bw_src="8 TB/s HBM3e",
+                 mem_src=f"1,440 GB per 8 GPUs (180 GB); {_smi('183,359')} (public logs)",
+                 link_src="NVLink 5 1.8 TB/s (900 GB/s each way)", fp4=9000e12,
+                 fp4_src="FP4 18 PFLOPS with sparsity (9,000 dense; 144 PFLOPS per 8 GPUs)"),
 }
 
 _TILE_SRC = ("measured: cuBLAS's 16-bit GEMMs in Vidur's operator profiles step at multiples of 128 rows; 128 "
@@ -285,6 +109,9 @@ FIT: dict[str, float] = {
     "gemm_eff_a100": 0.7434, "gemm_eff_a100_pcie": 0.8192, "fp8_gemm_eff_h100": 0.5374, "fp8_gemm_eff_ada": 0.8399,
     "gemm_m_half": 17.38, "attn_eff": 0.3613, "mem_eff": 0.8327, "attn_mem_eff": 0.8284, "kernel_s": 5.14e-06,
     "link_eff": 0.8209, "roof_blend": 2.819, "link_latency_s": 6.492e-05, "hopper_mem_gain": 1.072,
+    # fitted on two of TensorRT-LLM 1.0's B200 NVFP4 offline runs (Llama-3.3-70B TP1, 128/4,096 and 2,048/128), the
+    # other twelve held out: the K/V read share's factor on Blackwell and its NVFP4 GEMM efficiency
+    "blackwell_kv_gain": 0.7017, "fp4_gemm_eff_blackwell": 0.4494,
     # chosen, not fitted: cuBLAS computes a 16-bit GEMM in tiles of rows. In Vidur's profiles (every 8 rows, A100
     # and H100) a layer 8 rows past a multiple of 128 takes 1.15-1.19x (median) the layer at it. Of power-of-two
     # tiles, 128 fits the profile the fit reads (Meta-Llama-3-8B on the A100, every row) best: MAPE 4.1 % against
@@ -316,9 +143,13 @@ NVLS = ("h100", "h200", "b200")
 # Hopper GPUs stream their HBM3/HBM3e at a larger share of the datasheet bandwidth than the A100 its HBM2e:
 # Vidur's H100 operator profiles of few-row GEMMs (pure weight reads) run ~8 % faster than the A100's
 # fitted shares predict. The gain multiplies both shares (weights; K/V by the same gain, assumed: the same
-# HBM), capped at 1; fitted on two of those profiles (docs/perf/sim-vs-published.md). The B200 keeps the A100's shares (no figure measures it).
+# HBM), capped at 1; fitted on two of those profiles (docs/perf/sim-vs-published.md). The B200 keeps the A100's weight share (its K/V share: BLACKWELL below).
 HOPPER = ("h100", "h200")
 AMPERE = ("a100", "a100-pcie")
+# Blackwell's decode reads its K/V at a smaller share of the datasheet bandwidth than the A100 fit gives, and its
+# NVFP4 GEMMs run at under half the dense FP4 rate: TensorRT-LLM 1.0's B200 offline runs with the A100's share and
+# the H100's FP8 efficiency come out 16-36 % fast. Both fitted on two of them (docs/perf/sim-vs-published.md).
+BLACKWELL = ("b200",)
 # An engine of today all-reduces over NVLink with its own one-shot kernels replayed in CUDA graphs (vLLM's
 # and SGLang's custom all-reduce, TensorRT-LLM's customAllReduceKernels.cu), not NCCL: the fixed cost is a
 # kernel's. TensorRT-LLM 1.0's 28 offline throughputs fit with it (within 13 %), 4 of them over 15 % with
@@ -339,15 +170,20 @@ def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
     fp8 = (fit["fp8_gemm_eff_ada"] if ada else fit["fp8_gemm_eff_h100"]) if hw.peak_flops_fp8 else 0.0
     own = hw.name in ("a100", "a100-pcie")
     mem_gain = fit["hopper_mem_gain"] if hw.name in HOPPER else 1.0
+    kv_gain = fit["blackwell_kv_gain"] if hw.name in BLACKWELL else 1.0
     sources = dict(hw.sources) | {
         "gemm_eff": FITTED if own else f"assumed: the A100 SXM's fitted value ({FITTED})",
         "fp8_gemm_eff": (f"fitted on L40S (TensorRT-LLM TTFT), Ada's own: {FITTED}" if ada else
                          f"fitted on H100 (TensorRT-LLM TTFT), assumed on other non-Ada GPUs{_H200_CHECK.get(hw.name, '')}; "
                          f"{FITTED}") if fp8 else "",
+        "fp4_gemm_eff": f"fitted on two of TensorRT-LLM 1.0's B200 NVFP4 offline runs, twelve held out; {FITTED}"
+                        if hw.peak_flops_fp4 else "",
         "allreduce_in_switch": _NVLS if hw.name in NVLS else "ring all-reduce over the GPU's link",
         "gemm_m_half": FITTED, "attn_eff": FITTED,
         **dict.fromkeys(("mem_eff", "attn_mem_eff"), f"{FITTED}; Hopper's gain over the A100's share fitted on "
                         "Vidur's H100 operator profiles" if mem_gain != 1.0 else FITTED),
+        **({"attn_mem_eff": f"{FITTED}; Blackwell's K/V read share fitted on TensorRT-LLM 1.0's B200 offline runs"}
+           if hw.name in BLACKWELL else {}),
         "kernel_s": FITTED, "link_eff": FITTED, "roof_blend": FITTED, "gemm_tile_rows": _TILE_SRC,
         "gemm_cluster_rows": _CLUSTER_SRC if hw.name in HOPPER else "",
         "gemm_slow_rows": _SLOW_SRC if hw.name in AMPERE else "",
@@ -361,7 +197,8 @@ def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
     }
     return hw.with_(cost_model="operators", counting="executed", gemm_eff=gemm, fp8_gemm_eff=fp8,
                     gemm_m_half=fit["gemm_m_half"], attn_eff=fit["attn_eff"], mem_eff=min(1.0, fit["mem_eff"] * mem_gain),
-                    attn_mem_eff=min(1.0, fit["attn_mem_eff"] * mem_gain), kernel_s=fit["kernel_s"], link_eff=fit["link_eff"],
+                    attn_mem_eff=min(1.0, fit["attn_mem_eff"] * mem_gain * kv_gain), kernel_s=fit["kernel_s"],
+                    link_eff=fit["link_eff"], fp4_gemm_eff=fit["fp4_gemm_eff_blackwell"] if hw.peak_flops_fp4 else 0.0,
                     roof_blend=fit["roof_blend"], gemm_tile_rows=int(fit["gemm_tile_rows"]),
                     gemm_cluster_rows=int(fit["gemm_cluster_rows_hopper"]) if hw.name in HOPPER else 0,
                     gemm_slow_rows=(int(fit["gemm_slow_lo_ampere"]), int(fit["gemm_slow_hi_ampere"]),

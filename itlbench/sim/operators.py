@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from itlbench.core.model_config import ModelConfig
-from itlbench.sim.hardware import Hardware
+from itlbench.sim.profile import Hardware
 from itlbench.sim.shapes import StepShape, StepTime
 
 
@@ -40,6 +40,7 @@ class CostModel(Protocol):
     model: ModelConfig
     tp: int
     b: float
+    table_b: float
     act_bytes: float
     kv_heads_per_gpu: int
     kv_bytes_per_token_per_gpu: float
@@ -61,14 +62,17 @@ def layer_gemm_shapes(cm: CostModel) -> dict[str, tuple[int, int]]:
     return {"qkv": (d, q + 2 * kv), "o": (q, d), "gate_up": (d, 2 * f // t), "down": (f // t, d)}
 
 
-def gemm_parts(cm: CostModel, rows: int, d_in: int, d_out: int, hw: Hardware) -> tuple[float, float]:
-    """(compute seconds, memory seconds) of one [rows, d_in] x [d_in, d_out] weight GEMM."""
+def gemm_parts(cm: CostModel, rows: int, d_in: int, d_out: int, hw: Hardware,
+               table: bool = False) -> tuple[float, float]:
+    """(compute seconds, memory seconds) of one [rows, d_in] x [d_in, d_out] weight GEMM (`table`: the LM
+    head, in the tables' dtype: 16-bit under fp4)."""
     if rows <= 0:
         return 0.0, 0.0
+    dtype = hw.table_dtype if table else hw.dtype
     computed = hw.gemm_rows_computed(rows)
-    eff = hw.gemm_efficiency * computed / (computed + hw.gemm_m_half) / hw.gemm_slowdown(rows)
-    compute = 2.0 * computed * d_in * d_out / (hw.gemm_peak * eff)
-    moved = cm.b * d_in * d_out + cm.act_bytes * rows * (d_in + d_out)
+    eff = hw.gemm_efficiency_of(dtype) * computed / (computed + hw.gemm_m_half) / hw.gemm_slowdown(rows)
+    compute = 2.0 * computed * d_in * d_out / (hw.gemm_peak_of(dtype) * eff)
+    moved = (cm.table_b if table else cm.b) * d_in * d_out + cm.act_bytes * rows * (d_in + d_out)
     return compute, moved / (hw.mem_bw * hw.mem_eff)
 
 
@@ -125,7 +129,7 @@ def operator_time(cm: CostModel, shape: StepShape, hw: Hardware) -> StepTime:
     compute, memory = compute * layers, memory * layers
     kernels *= layers
     if shape.sampled:
-        c, mem = gemm_parts(cm, shape.sampled, cm.model.hidden_size, cm.model.vocab_size // cm.tp, hw)
+        c, mem = gemm_parts(cm, shape.sampled, cm.model.hidden_size, cm.model.vocab_size // cm.tp, hw, table=True)
         t = blend(c, mem, hw)
         compute, memory = (compute + t, memory) if c >= mem else (compute, memory + t)
         kernels += 1

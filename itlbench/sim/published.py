@@ -62,7 +62,8 @@ ENGINE_PARAMS = {"sarathi_step_s": 0.01419, "sarathi_seq_s": 0.000861, "sarathi_
 SARATHI_SMALL_DECODE = 4  # decode batches of up to this many sequences run without the switch cost
 KERNEL_PARAMS = ("gemm_eff_a100", "gemm_eff_a100_pcie", "fp8_gemm_eff_h100", "fp8_gemm_eff_ada", "gemm_m_half",
                  "attn_eff",
-                 "mem_eff", "attn_mem_eff", "kernel_s", "link_eff", "roof_blend", "link_latency_s", "hopper_mem_gain")
+                 "mem_eff", "attn_mem_eff", "kernel_s", "link_eff", "roof_blend", "link_latency_s", "hopper_mem_gain",
+                 "blackwell_kv_gain", "fp4_gemm_eff_blackwell")
 
 
 @dataclass(frozen=True)
@@ -220,47 +221,56 @@ TRT_TTFT = (  # gpu, dtype, model, tp, input, ms, in the fit set
 
 
 # TensorRT-LLM docs/source/performance/perf-overview.md (v1.0, PyTorch backend): total output tokens/s of
-# `trtllm-bench throughput` over FP8 checkpoints (nvidia/Llama-3.1-8B-Instruct-FP8, -3.3-70B-, -3.1-405B-),
-# and the requests in each dataset (the same page's table).
+# `trtllm-bench throughput` over NVIDIA's FP8 checkpoints (nvidia/Llama-3.1-8B-Instruct-FP8, -3.3-70B-, -3.1-405B-)
+# and, on the B200, its NVFP4 ones (nvidia/Llama-3.3-70B-Instruct-FP4, -3.1-405B-), and the requests in each
+# dataset (the same page's table).
 OVERVIEW_REQUESTS = {(128, 128): 30_000, (128, 2048): 3000, (128, 4096): 1500, (500, 2000): 3000,
                      (1000, 1000): 3000, (1000, 2000): 1500, (2048, 128): 3000, (2048, 2048): 1500,
                      (5000, 500): 1500, (20000, 2000): 1000}
 _SHAPES = tuple(OVERVIEW_REQUESTS)
-OVERVIEW = {  # (model, gpu, tp): output tokens/s, in _SHAPES' order
-    ("llama-3.1-8b", "h200", 1): (27_911, 26_221, 18_027, 20_770, 17_744, 16_828, 3_538, 12_194, 3_902, 1_804),
-    ("llama-3.1-8b", "h100", 1): (28_312, 22_714, 14_325, 17_660, 15_220, 13_899, 3_450, 9_305, 3_459, 1_351),
-    ("llama-3.3-70b", "h200", 1): (3_803, 4_336, 2_872, 3_666, 2_909, 2_994, 442, 2_003, 566, 283),
-    ("llama-3.3-70b", "h100", 2): (6_378, 6_651, 4_199, 5_222, 4_205, 4_146, 762, 3_082, 898, 437),
-    ("llama-3.1-405b", "h200", 8): (3_814, 5_348, 4_741, 4_724, 3_330, 3_722, 456, 2_948, 650, 505),
-    ("llama-3.1-405b", "h100", 8): (3_627, 4_340, 3_116, 3_994, 2_919, 2_895, 453, 2_296, 610, 345),
+OVERVIEW = {  # (model, gpu, tp, dtype): output tokens/s, in _SHAPES' order
+    ("llama-3.1-8b", "h200", 1, "fp8"): (27_911, 26_221, 18_027, 20_770, 17_744, 16_828, 3_538, 12_194, 3_902, 1_804),
+    ("llama-3.1-8b", "h100", 1, "fp8"): (28_312, 22_714, 14_325, 17_660, 15_220, 13_899, 3_450, 9_305, 3_459, 1_351),
+    ("llama-3.3-70b", "h200", 1, "fp8"): (3_803, 4_336, 2_872, 3_666, 2_909, 2_994, 442, 2_003, 566, 283),
+    ("llama-3.3-70b", "h100", 2, "fp8"): (6_378, 6_651, 4_199, 5_222, 4_205, 4_146, 762, 3_082, 898, 437),
+    ("llama-3.1-405b", "h200", 8, "fp8"): (3_814, 5_348, 4_741, 4_724, 3_330, 3_722, 456, 2_948, 650, 505),
+    ("llama-3.1-405b", "h100", 8, "fp8"): (3_627, 4_340, 3_116, 3_994, 2_919, 2_895, 453, 2_296, 610, 345),
+    ("llama-3.3-70b", "b200", 1, "fp4"): (11_147, 9_922, 6_831, 7_762, 7_007, 6_271, 1_339, 4_783, 1_459, 665),
+    ("llama-3.1-405b", "b200", 4, "fp4"): (6_281, 8_020, 6_345, 6_244, 5_209, 4_933, 749, 4_212, 1_048, 672),
 }
 # Bytes per K/V element in each checkpoint's cache. nvidia/Llama-3.1-405B-Instruct-FP8's model card (ModelOpt
 # 0.15.1) says only the linear operators' weights and activations in the transformer blocks were quantized,
 # so its K/V stays 16-bit, and trtllm-bench sizes the run from that (tuning.py reads the checkpoint's
-# kv_cache_quant_algo). The 8B and 70B checkpoints are taken to carry an FP8 cache (assumed:
+# kv_cache_quant_algo). The 8B and 70B FP8 checkpoints are taken to carry an FP8 cache (assumed:
 # their quantization configs were not read here; at 16 bits their decode-heavy figures would be 34-108 % slow).
-OVERVIEW_KV_BYTES = {"llama-3.1-8b": 1, "llama-3.3-70b": 1, "llama-3.1-405b": 2}
+# nvidia/Llama-3.3-70B-Instruct-NVFP4 (the FP4 checkpoint renamed) declares kv_cache_quant_algo FP8 in its
+# hf_quant_config.json. The 405B FP4 checkpoint's config was not read here: it is taken to keep a 16-bit cache like
+# its FP8 sibling (assumed; with an FP8 cache its decode-heavy runs come out 18-26 % fast, with 16 bits within 16 %).
+OVERVIEW_KV_BYTES = {("llama-3.1-8b", "fp8"): 1, ("llama-3.3-70b", "fp8"): 1, ("llama-3.1-405b", "fp8"): 2,
+                     ("llama-3.3-70b", "fp4"): 1, ("llama-3.1-405b", "fp4"): 2}
+# The two B200 runs Blackwell's K/V share and NVFP4 GEMM efficiency are fitted on: one decode-heavy, one prefill-heavy
+OVERVIEW_FIT = {("llama-3.3-70b", "b200", 1, "fp4", 128, 4096), ("llama-3.3-70b", "b200", 1, "fp4", 2048, 128)}
 
 
-def _trt1_hw(params: dict[str, float], gpu: str) -> Hardware:
-    """TensorRT-LLM 1.0's PyTorch backend, nothing fitted on it (every offline figure is held out): the
+def _trt1_hw(params: dict[str, float], gpu: str, dtype: str) -> Hardware:
+    """TensorRT-LLM 1.0's PyTorch backend, nothing fitted on it but Blackwell's two terms (on two B200 runs): the
     presets as they are (K/V read once per GQA group; all-reduces by its own kernels,
     cpp/tensorrt_llm/kernels/customAllReduceKernels.cu, at one kernel's fixed cost, where the NCCL
     all-reduces of its 2023 releases cost link_latency_s), TensorRT-LLM's fitted step cost, no
     context-phase cost."""
-    return _gpus(params)[gpu].for_dtype("fp8").with_(step_overhead_s=params["trtllm_step_s"], graph_overhead_s=None,
+    return _gpus(params)[gpu].for_dtype(dtype).with_(step_overhead_s=params["trtllm_step_s"], graph_overhead_s=None,
                                                      seq_overhead_s=0.0)
 
 
-def _offline_cm(model: str, gpu: str, tp: int) -> tuple[CostModel, Hardware]:
-    hw = presets()[gpu].for_dtype("fp8")  # the settings read the GPU's memory, no fitted parameter
-    return CostModel.for_hardware(PRESETS[model], hw, tp=tp, kv_dtype_bytes=OVERVIEW_KV_BYTES[model]), hw
+def _offline_cm(model: str, gpu: str, tp: int, dtype: str) -> tuple[CostModel, Hardware]:
+    hw = presets()[gpu].for_dtype(dtype)  # the settings read the GPU's memory, no fitted parameter
+    return CostModel.for_hardware(PRESETS[model], hw, tp=tp, kv_dtype_bytes=OVERVIEW_KV_BYTES[(model, dtype)]), hw
 
 
-def _offline(model: str, gpu: str, tp: int, isl: int, osl: int) -> Callable[[dict[str, float]], float]:
+def _offline(model: str, gpu: str, tp: int, dtype: str, isl: int, osl: int) -> Callable[[dict[str, float]], float]:
     def predict(params: dict[str, float]) -> float:
-        hw = _trt1_hw(params, gpu)
-        cm = CostModel.for_hardware(PRESETS[model], hw, tp=tp, kv_dtype_bytes=OVERVIEW_KV_BYTES[model])
+        hw = _trt1_hw(params, gpu, dtype)
+        cm = CostModel.for_hardware(PRESETS[model], hw, tp=tp, kv_dtype_bytes=OVERVIEW_KV_BYTES[(model, dtype)])
         return offline_seconds(cm, hw, isl, osl, OVERVIEW_REQUESTS[(isl, osl)], bench_settings(cm, hw, isl, osl))
     return predict
 
@@ -288,15 +298,15 @@ def _vllm_latency(model: str, gpu: str, tp: int) -> Callable[[dict[str, float]],
     return predict
 
 
-def overview_schedulable() -> dict[tuple[str, str, int, int, int], bool]:
+def overview_schedulable() -> dict[tuple[str, str, int, str, int, int], bool]:
     """Which published offline runs the schedule reproduces: a prompt must fit the step beside a full
     batch under trtllm-bench's settings (2,048/2,048, 5,000/500 and 20,000/2,000 do not: those runs chunked
     their context or used settings the page does not give, so they are not predicted)."""
     out = {}
-    for (model, gpu, tp) in OVERVIEW:
-        cm, hw = _offline_cm(model, gpu, tp)
+    for (model, gpu, tp, dtype) in OVERVIEW:
+        cm, hw = _offline_cm(model, gpu, tp, dtype)
         for isl, osl in _SHAPES:
-            out[(model, gpu, tp, isl, osl)] = schedulable(bench_settings(cm, hw, isl, osl), isl, osl)
+            out[(model, gpu, tp, dtype, isl, osl)] = schedulable(bench_settings(cm, hw, isl, osl), isl, osl)
     return out
 
 
@@ -357,15 +367,15 @@ def _figures() -> list[Figure]:
                           f"({tok_s:,} out tok/s)", batch * osl / tok_s, False,
                           _static_batch(model, "h100", "fp8", tp, batch, isl, osl), "h100", "fp8"))
     ok = overview_schedulable()
-    for (model, gpu, tp), rates in OVERVIEW.items():
+    for (model, gpu, tp, dtype), rates in OVERVIEW.items():
         for (isl, osl), tok_s in zip(_SHAPES, rates, strict=True):
-            if not ok[(model, gpu, tp, isl, osl)]:
+            if not ok[(model, gpu, tp, dtype, isl, osl)]:
                 continue
             n = OVERVIEW_REQUESTS[(isl, osl)]
-            out.append(Figure(f"trtllm1 offline {model} {gpu} fp8 tp{tp} {isl}/{osl}", TRTLLM, T_OVERVIEW,
-                              f"TensorRT-LLM 1.0 {model} offline {n:,} x {isl}/{osl} on {gpu} fp8 TP{tp} "
-                              f"({tok_s:,} out tok/s)", n * osl / tok_s, False,
-                              _offline(model, gpu, tp, isl, osl), gpu, "fp8"))
+            out.append(Figure(f"trtllm1 offline {model} {gpu} {dtype} tp{tp} {isl}/{osl}", TRTLLM, T_OVERVIEW,
+                              f"TensorRT-LLM 1.0 {model} offline {n:,} x {isl}/{osl} on {gpu} {dtype} TP{tp} "
+                              f"({tok_s:,} out tok/s)", n * osl / tok_s, (model, gpu, tp, dtype, isl, osl) in OVERVIEW_FIT,
+                              _offline(model, gpu, tp, dtype, isl, osl), gpu, dtype))
     for model, gpu, tp, ms, build in VLLM_LATENCY:
         out.append(Figure(f"vllm latency {model} {gpu} bf16 tp{tp}", VLLM_CI, f"builds/{build}",
                           f"vLLM latency test {model} {VLLM_BATCH} x {VLLM_INPUT}/{VLLM_OUTPUT} on {gpu} bf16 TP{tp}",
@@ -389,7 +399,7 @@ def mape(rows: list[tuple[Figure, float, float]]) -> float:
     return float(np.mean([abs(e) for *_, e in rows])) if rows else math.nan
 
 
-_EFFS = ("gemm_eff_a100", "gemm_eff_a100_pcie", "fp8_gemm_eff_h100", "fp8_gemm_eff_ada", "attn_eff", "mem_eff", "attn_mem_eff",
+_EFFS = ("gemm_eff_a100", "gemm_eff_a100_pcie", "fp8_gemm_eff_h100", "fp8_gemm_eff_ada", "fp4_gemm_eff_blackwell", "attn_eff", "mem_eff", "attn_mem_eff",
          "link_eff", "sarathi_attn_eff", "trtllm_gqa_reread")
 
 

@@ -54,13 +54,13 @@ class Gemm:
     d_in: int
     d_out: int
 
-    def intensity(self, tokens: int, dtype_bytes: int) -> float:
+    def intensity(self, tokens: int, dtype_bytes: float) -> float:
         """FLOPs / (weights + input + output activations) bytes."""
         flops = 2.0 * tokens * self.d_in * self.d_out
         bytes_ = dtype_bytes * (self.d_in * self.d_out + tokens * self.d_in + tokens * self.d_out)
         return flops / bytes_
 
-    def ridge_tokens(self, ridge: float, dtype_bytes: int) -> float:
+    def ridge_tokens(self, ridge: float, dtype_bytes: float) -> float:
         """Token rows at which this GEMM's intensity reaches `ridge` (inf: never)."""
         denom = 2.0 * self.d_in * self.d_out - ridge * dtype_bytes * (self.d_in + self.d_out)
         return ridge * dtype_bytes * self.d_in * self.d_out / denom if denom > 0 else math.inf
@@ -76,8 +76,9 @@ class CostModel:
     not one step's cost, so it does not fall out of a per-step model.
     """
 
-    def __init__(self, model: ModelConfig, dtype_bytes: int = 2, counting: Counting = "textbook", tp: int = 1,
-                 cuda_graphs: bool = True, kv_dtype_bytes: int | None = None) -> None:
+    def __init__(self, model: ModelConfig, dtype_bytes: float = 2, counting: Counting = "textbook", tp: int = 1,
+                 cuda_graphs: bool = True, kv_dtype_bytes: int | None = None,
+                 table_dtype_bytes: float | None = None) -> None:
         if counting not in COUNTINGS:
             raise ConfigError("counting", f"unknown counting {counting!r}", "use textbook or executed")
         if not (isinstance(tp, int) and tp >= 1):
@@ -96,6 +97,8 @@ class CostModel:
         self.norm_params = (2 * m.num_layers + 1) * m.hidden_size
         self.table_params = m.vocab_size * m.hidden_size  # one embedding table (or LM head)
         self.params = m.num_params
+        # the embedding and LM head in the weights' dtype unless told otherwise (an NVFP4 checkpoint keeps them 16-bit)
+        self.table_b = table_dtype_bytes or dtype_bytes
         # K/V in the weights' dtype unless told otherwise (an FP8 checkpoint may keep a 16-bit cache)
         self.kv_b = kv_dtype_bytes or dtype_bytes
         self.kv_bytes_per_token = m.kv_bytes_per_token(self.kv_b)
@@ -108,18 +111,21 @@ class CostModel:
     @classmethod
     def for_hardware(cls, model: ModelConfig, hw: Hardware, tp: int = 1, cuda_graphs: bool = True,
                      kv_dtype_bytes: int | None = None) -> CostModel:
-        return cls(model, hw.dtype_bytes, hw.counting, tp, cuda_graphs, kv_dtype_bytes)
+        """`hw`'s dtype for the weights; its tables' dtype for the embedding and LM head; `kv_dtype_bytes` for
+        the K/V, or the dtype's default (the weights', FP8 under fp4)."""
+        return cls(model, hw.dtype_bytes, hw.counting, tp, cuda_graphs, kv_dtype_bytes or hw.default_kv_bytes,
+                   DTYPE_BYTES[hw.table_dtype])
 
     @property
     def weight_bytes_per_gpu(self) -> float:
         """What one GPU holds: its shard of the layers and of both tables, the norms whole."""
         tables = self.params - self.layer_linear_params - self.norm_params
-        return ((self.layer_linear_params + tables) / self.tp + self.norm_params) * self.b
+        return self.layer_linear_params / self.tp * self.b + (tables / self.tp + self.norm_params) * self.table_b
 
     @property
-    def weight_bytes(self) -> int:
+    def weight_bytes(self) -> float:
         """All parameters in the serving dtype (what an ITL floor must stream per step)."""
-        return self.params * self.b
+        return self.layer_linear_params * self.b + (self.params - self.layer_linear_params) * self.table_b
 
     def gemms(self) -> list[Gemm]:
         """The weight GEMMs of one layer, then the LM head."""
@@ -138,12 +144,12 @@ class CostModel:
         if shape.tokens == 0:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0)
         if self.counting == "textbook":
-            return StepCost(2.0 * self.params * shape.tokens / t, attn, float(self.params * self.b) / t, kv_read,
-                            kv_write)
+            return StepCost(2.0 * self.params * shape.tokens / t, attn, self.weight_bytes / t, kv_read, kv_write)
         gemm = 2.0 * (self.layer_linear_params * shape.tokens + self.table_params * shape.sampled) / t
-        weights = (self.layer_linear_params + (self.table_params if shape.sampled else 0)) / t + self.norm_params
+        tables = (self.table_params if shape.sampled else 0) / t + self.norm_params
         gathered = shape.tokens * self.model.hidden_size  # embedding rows looked up
-        return StepCost(gemm, attn, float((weights + gathered) * self.b), kv_read, kv_write)
+        weights = self.layer_linear_params / t * self.b + (tables + gathered) * self.table_b
+        return StepCost(gemm, attn, float(weights), kv_read, kv_write)
 
     def allreduce_s(self, rows: int, hw: Hardware) -> float:
         """One all-reduce of `rows` activations across the tp GPUs: a ring moves 2(t-1)/t of the message

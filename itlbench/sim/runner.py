@@ -96,7 +96,7 @@ def sim_kv_blocks(config: EngineConfig, cost: CostModel, hw: Hardware, max_model
         weights = f"{cost.model.name}'s weights ({cost.weight_bytes / 2**30:.1f} GiB){shard}"
         raise ConfigError("gpu", f"{weights} do not fit in {GPU_MEMORY_UTILIZATION:.0%} of the {hw.label}'s "
                           f"{hw.memory_bytes / 2**30:.1f} GiB",
-                          "choose a larger GPU, a higher --tp, --dtype fp8, or a smaller model")
+                          "choose a larger GPU, a higher --tp, --dtype fp8 (fp4 on a B200), or a smaller model")
     if tokens < max_model_len:
         raise ConfigError("max_model_len", f"{max_model_len} tokens of KV cache do not fit on the {hw.label} "
                           f"(room for {tokens} beside the weights)", f"use --max-model-len {tokens} or less")
@@ -105,7 +105,7 @@ def sim_kv_blocks(config: EngineConfig, cost: CostModel, hw: Hardware, max_model
 
 
 def sim_hardware(config: EngineConfig, gpu: str | None = None) -> Hardware:
-    """The profile `--gpu` names, serving `--dtype` (fp8: the FP8 rate, one-byte weights and K/V)."""
+    """The profile `--gpu` names, serving `--dtype` (fp8: the FP8 rate, one-byte weights and K/V; fp4: NVFP4)."""
     return load_hardware(gpu or config.gpu or DEFAULT_GPU).for_dtype(config.dtype)
 
 

@@ -23,13 +23,16 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from itlbench.sim.hardware import Hardware
+from itlbench.sim.profile import Hardware
 from itlbench.sim.roofline import CostModel
 from itlbench.sim.shapes import StepShape
 
 GIB = 1024 ** 3
 KV_FRACTION = 0.95  # the page's `--kv_cache_free_gpu_mem_fraction 0.95` ("in many cases")
 KV_BLOCK = 32  # tokens per K/V block (TensorRT-LLM's default tokens_per_block)
+# Bytes a weight takes in the heuristic's estimate of the engine's size (tuning.py's BYTES_PER_ELEM: every
+# parameter at the quantized width, NVFP4 at half a byte without its scales or its 16-bit tables)
+ESTIMATE_BYTES = {"fp8": 1.0, "fp4": 0.5}
 
 
 @dataclass(frozen=True)
@@ -40,11 +43,12 @@ class BenchSettings:
 
 
 def bench_settings(cm: CostModel, hw: Hardware, isl: int, osl: int, kv_fraction: float = KV_FRACTION) -> BenchSettings:
-    """trtllm-bench's settings for an FP8 model (weights at one byte; K/V at the cost model's bytes, which
-    the heuristic reads from the checkpoint's `kv_cache_quant_algo`) on tp GPUs of `hw`."""
+    """trtllm-bench's settings for a model in `hw`'s dtype (weights at `ESTIMATE_BYTES`, 16-bit otherwise; K/V at
+    the cost model's bytes, which the heuristic reads from the checkpoint's `kv_cache_quant_algo`) on tp GPUs."""
     m = cm.model
     kv_per_token = cm.kv_bytes_per_token * max(cm.tp, m.num_kv_heads) / m.num_kv_heads / GIB
-    cache = (hw.memory_bytes * cm.tp / GIB - cm.params / GIB) * kv_fraction
+    engine = cm.params * ESTIMATE_BYTES.get(hw.dtype, 2.0) / GIB
+    cache = (hw.memory_bytes * cm.tp / GIB - engine) * kv_fraction
     requests = cache / (kv_per_token * (isl + osl))
     raw_bs = min(requests, 4096)
     raw_tokens = min(raw_bs * (1 + isl / osl), 32768)

@@ -37,9 +37,10 @@ def test_accuracy_summarises_signed_errors() -> None:
 def test_every_figure_names_a_preset_and_a_dtype_it_runs() -> None:
     for fig in FIGURES:
         assert fig.gpu in GPUS, fig.key
-        assert fig.dtype == "fp8" or fig.dtype in HALF_DTYPES, fig.key
+        assert fig.dtype in ("fp8", "fp4") or fig.dtype in HALF_DTYPES, fig.key
         GPUS[fig.gpu].for_dtype(fig.dtype)  # a format the preset has (raises otherwise)
     assert number_format("bfloat16") == number_format("float16") == "16-bit" and number_format("fp8") == "fp8"
+    assert number_format("fp4") == "fp4"
     assert number_format("float32") == "float32"  # a measured CPU's: not called 16-bit
     cpu = {"gpu": "cpu", "label": "this CPU", "format": "float32", "held_out": None}
     assert check_line(cpu).startswith("this CPU in float32: no published figure checks this profile")
@@ -54,6 +55,7 @@ def test_the_groups_partition_the_held_out_figures_and_agree_with_the_prediction
     assert groups[("h100", "fp8")].mape == pytest.approx(float(np.mean(h100)))
     assert groups[("h100", "fp8")].worst == pytest.approx(max(h100))
     assert ("b200", "16-bit") not in groups and ("rtx4090", "16-bit") not in groups  # nothing measured them
+    assert groups[("b200", "fp4")].figures == 12  # TensorRT-LLM 1.0's B200 NVFP4 runs, less the two fitted
 
 
 def test_only_a_stored_preset_as_fitted_gets_its_error_bar(tmp_path: Path) -> None:
@@ -66,8 +68,9 @@ def test_only_a_stored_preset_as_fitted_gets_its_error_bar(tmp_path: Path) -> No
     assert preset_accuracy(load_hardware(str(saved))) == preset_accuracy(h100)  # the preset, saved unchanged
     assert preset_accuracy(h100.with_(mem_eff=0.5)) is None  # edited: the published check is not about it
     assert preset_accuracy(load_hardware("h100-seeds")) is None  # the source documents' arithmetic
-    assert preset_accuracy(load_hardware("b200")) is None  # a preset no figure covers
+    assert preset_accuracy(load_hardware("b200")) is None  # a format no figure covers: the B200 in 16 bits
     assert "unvalidated" in check_line(check_doc(load_hardware("b200")))
+    assert preset_accuracy(load_hardware("b200").for_dtype("fp4")) == held_out_by_preset()[("b200", "fp4")]
     line = check_line(check_doc(h100))
     assert line.startswith("H100 SXM in 16-bit: MAPE ") and "published figures held out of the simulator's fit" in line
 

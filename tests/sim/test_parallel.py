@@ -107,6 +107,35 @@ def test_fp8_uses_the_fp8_rate_and_one_byte_weights_only_where_the_gpu_has_it() 
     assert err.value.field == "dtype" and "no FP8" in str(err.value)
 
 
+def test_fp4_is_nvfp4_on_a_b200_with_16_bit_tables_and_an_fp8_cache() -> None:
+    """--dtype fp4: 4-bit weights with an FP8 scale per 16 (4.5 bits), the embedding and LM head in 16 bits, an FP8
+    K/V cache, the dense FP4 rate. nvidia/Llama-3.3-70B-Instruct-NVFP4's index holds 42,709,045,632 bytes."""
+    b200 = GPUS["b200"]
+    fp4 = b200.for_dtype("fp4")
+    assert (fp4.gemm_peak, fp4.peak_flops, fp4.gemm_efficiency) == (9000e12, 2250e12, FIT["fp4_gemm_eff_blackwell"])
+    cm = CostModel.for_hardware(PRESETS["llama-3.3-70b"], fp4)
+    assert cm.weight_bytes == pytest.approx(42_709_045_632, rel=1e-3)
+    assert (cm.kv_b, cm.table_b) == (1, 2)
+    assert CostModel.for_hardware(PRESETS["llama-3.3-70b"], fp4, kv_dtype_bytes=2).kv_b == 2  # --kv-cache-dtype wins
+    # the LM head reads 16-bit weights at the 16-bit rate, the layers 4.5-bit ones at the FP4 rate
+    head, layer = gemm_parts(cm, 1, 8192, 128_256, fp4, table=True), gemm_parts(cm, 1, 8192, 128_256, fp4)
+    assert head[1] == pytest.approx(layer[1] * 2 / 0.5625, rel=1e-3) and head[0] > layer[0]
+    decode = StepShape.decode(64, 2048)
+    assert cm.time(decode, fp4).total_s < CostModel.for_hardware(PRESETS["llama-3.3-70b"], b200.for_dtype("fp8")).time(
+        decode, b200.for_dtype("fp8")).total_s
+    for gpu in ("h100", "a100"):
+        with pytest.raises(ConfigError) as err:
+            GPUS[gpu].for_dtype("fp4")
+        assert err.value.field == "dtype" and "no FP4" in str(err.value) and "b200" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        EngineConfig(dtype="fp4")
+    assert err.value.field == "dtype" and "--engine sim" in str(err.value)
+    result = CliRunner().invoke(app, ["roofline", "--model", "llama-3.3-70b", "--gpu", "b200", "--dtype", "fp4",
+                                      "--compare", "none"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "FP4 GEMM 45%" in result.stdout and "B200 in fp4: MAPE " in result.stdout
+
+
 def test_presets_carry_their_sources_and_b200_is_one() -> None:
     b200 = load_hardware("b200")
     assert (b200.peak_flops, b200.peak_flops_fp8, b200.mem_bw) == (2250e12, 4500e12, 8e12)

@@ -66,6 +66,17 @@ def test_the_settings_follow_trtllm_bench_rounding() -> None:
     assert (long_out.max_batch_size, long_out.max_num_tokens) == (384, 2048)
 
 
+def test_an_nvfp4_engine_is_sized_at_half_a_byte_a_parameter() -> None:
+    """tuning.py's estimate counts every NVFP4 parameter at 0.5 bytes (no scales, no 16-bit tables): Llama-3.3-70B
+    on one B200 (183,359 MiB) leaves 179.1 - 32.9 GiB, 95 % of it for K/V at 160 KiB a token in FP8."""
+    b200 = presets()["b200"].for_dtype("fp4")
+    cm = CostModel.for_hardware(PRESETS["llama-3.3-70b"], b200)
+    s = bench_settings(cm, b200, 128, 4096)
+    engine_gib = cm.params * 0.5 / 2**30
+    assert s.kv_tokens == pytest.approx((183_359 / 1024 - engine_gib) * 0.95 * 2**30 / 163_840, rel=1e-6)
+    assert cm.weight_bytes / 2**30 > engine_gib + 5  # what the cost model streams: 4.5-bit layers, 16-bit tables
+
+
 def test_a_prompt_that_cannot_fit_beside_the_batch_is_not_predicted() -> None:
     """2,048-token prompts under a 2,048-token budget: the published run must have chunked its context."""
     s = bench_settings(CM, H100, 2048, 2048)

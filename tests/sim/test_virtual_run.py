@@ -161,6 +161,19 @@ def test_the_70b_tp2_fp8_command_runs_in_virtual_time_and_prints_ttft_and_itl(tm
     assert 0.005 < summary["itl_s"]["p50"] < 0.1
 
 
+def test_a_b200_in_nvfp4_runs_and_prints_its_own_error_bar(tmp_path: Path) -> None:
+    """--dtype fp4 on the B200: the NVFP4 deployment priced, and the error on TensorRT-LLM's B200 FP4 runs."""
+    result = CliRunner().invoke(app, ["run", "--engine", "sim", "--model", "llama-3.3-70b", "--gpu", "b200", "--dtype",
+                                      "fp4", "--workload", "fixed:2000:100", "--duration", "5s", "--no-live", "--out",
+                                      str(tmp_path / "run")], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "B200: fp4 weights, K/V at 1 B an element" in result.output
+    assert "Sim check B200 in fp4: MAPE " in result.output and "against 12 published figures" in result.output
+    refused = CliRunner().invoke(app, ["run", "--engine", "sim", "--gpu", "h100", "--dtype", "fp4", "--workload",
+                                       "fixed:64:8", "--no-live", "--out", str(tmp_path / "no")], terminal_width=200)
+    assert refused.exit_code == 2 and "no FP4 tensor rate" in refused.output and "Traceback" not in refused.output
+
+
 @pytest.mark.parametrize(("kw", "needle"), [
     ({"clock": "sometimes"}, "unknown clock"),
     ({"clock": "virtual", "engine": EngineConfig(model="llama-3.1-8b", engine="sim", disaggregate=True)},
