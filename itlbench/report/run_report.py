@@ -358,10 +358,16 @@ def inferred_callout(data: RunData, figs: list[Any]) -> list[Callout]:
 
 
 def _hardware_line(doc: dict[str, Any]) -> str:
+    """The machine the figures describe: for a simulated run the GPUs it priced, then the host that ran it."""
     hw = doc.get("hardware") or {}
     gpu = hw.get("cuda")
-    return f"{hw.get('cpu_count', '?')} CPUs" + (f", {gpu}" if gpu else ", no GPU") + \
-        f", torch {hw.get('torch') or '?'}"
+    host = f"{hw.get('cpu_count', '?')} CPUs" + (f", {gpu}" if gpu else ", no GPU") + f", torch {hw.get('torch') or '?'}"
+    sim = doc.get("sim_check")
+    if not sim:
+        return host
+    tp = ((doc.get("engine") or {}).get("engine") or {}).get("tp") or 1
+    gpus = f"{tp} × {sim['label']}" if tp > 1 else sim["label"]
+    return f"simulated {gpus} in {sim['format']} (run on {host})"
 
 
 def write_run_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Written:
