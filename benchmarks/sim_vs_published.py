@@ -32,7 +32,7 @@ BEGIN, END = "<!-- sim-vs-published table: begin -->", "<!-- sim-vs-published ta
 
 
 SOURCES = ("sarathi", "vidur", "vidur layer", "trtllm ttft", "trtllm batch", "trtllm v0.5 batch", "trtllm1 offline",
-           "vllm latency")
+           "trtllm0.20 offline", "vllm latency")
 
 
 def _source(key: str) -> str:

@@ -260,7 +260,7 @@ def _sim_check(cfg: RunConfig, run_doc: dict[str, Any]) -> None:
     from itlbench.sim.runner import DEFAULT_GPU
 
     with contextlib.suppress(ItlbenchError):  # a profile the server refused has already failed the run
-        run_doc["sim_check"] = config_check(e.gpu or DEFAULT_GPU, e.dtype)
+        run_doc["sim_check"] = config_check(e.gpu or DEFAULT_GPU, e.dtype, e.tp)
 
 
 def _start_gpu_sampler(cfg: RunConfig, conn: Connection, store: RunStore,

@@ -52,7 +52,7 @@ def _gpu_row(cm: CostModel, hw: Hardware, prompt: int, batch: int, context: int)
         "itl_floor_s": cm.weight_bytes_per_gpu / hw.mem_bw,
         "decode_step_s": decode, "prefill_s": prefill, "stall_to_step_ratio": prefill / decode if decode else None,
         "kv_capacity_tokens": cm.kv_capacity_tokens(hw),
-        "published_check": check_doc(hw),
+        "published_check": check_doc(hw, cm.tp),
     }
 
 
@@ -86,7 +86,7 @@ def roofline_doc(model: ModelConfig, hw: Hardware, compare: Sequence[Hardware], 
         "itl_floor_s": cm.weight_bytes_per_gpu / hw.mem_bw,  # each GPU streams its shard
         "crossover_prompt_tokens": cm.crossover_tokens(hw.ridge),
         "kv_capacity_tokens": cm.kv_capacity_tokens(hw),
-        "published_check": check_doc(hw),
+        "published_check": check_doc(hw, tp),
         "gemms": gemms,
         "phases": phases,
         "tp": tp,

@@ -1,9 +1,10 @@
 """How close each preset comes to published measurements: the error bar beside a simulated figure.
 
-A capacity planner reading `--engine sim --gpu h100` wants to know how far to trust it on an H100, not
-the MAPE over every GPU. The figures held out of the fit (`sim/published.py`), grouped by the preset
-they test and its number format (16-bit or FP8), answer that; a GPU or format no published figure
-covers says so instead of borrowing another's error. Computed (about a second), never stored, so it
+A capacity planner reading `--engine sim --gpu h100 --tp 8` wants to know how far to trust it on eight
+H100s, not the MAPE over every GPU. The figures held out of the fit (`sim/published.py`), grouped by the
+preset they test and its number format (16-bit, FP8, FP4), and within that by the degree of tensor
+parallelism they ran at, answer that; a GPU, format or degree no published figure covers says so
+instead of borrowing another's error. Computed (about a second), never stored, so it
 cannot go stale when a term or parameter changes.
 """
 
@@ -58,45 +59,68 @@ class Accuracy:
 
 
 @lru_cache(maxsize=1)
-def held_out_by_preset() -> dict[tuple[str, str], Accuracy]:
-    """(preset, number format) -> the held-out figures' accuracy with the stored parameters."""
-    groups: dict[tuple[str, str], list[float]] = {}
+def _held_out() -> dict[tuple[str, str, int], list[float]]:
+    """(preset, number format, tp) -> the held-out figures' signed errors with the stored parameters."""
+    groups: dict[tuple[str, str, int], list[float]] = {}
     for fig, _, err in errors(default_params()):
         if not fig.fit:
-            groups.setdefault((fig.gpu, number_format(fig.dtype)), []).append(err)
-    return {key: Accuracy.of(errs) for key, errs in sorted(groups.items())}
+            groups.setdefault((fig.gpu, number_format(fig.dtype), fig.tp), []).append(err)
+    return groups
 
 
-def preset_accuracy(hw: Hardware) -> Accuracy | None:
-    """The held-out accuracy of `hw`'s preset in its number format; None for a profile that is not a stored
-    preset as fitted (a calibrated or edited JSON, a `-seeds` profile) or a preset no figure covers."""
+@lru_cache(maxsize=1)
+def held_out_by_preset() -> dict[tuple[str, str], Accuracy]:
+    """(preset, number format) -> the held-out figures' accuracy, every degree of TP together."""
+    merged: dict[tuple[str, str], list[float]] = {}
+    for (gpu, fmt, _), errs in sorted(_held_out().items()):
+        merged.setdefault((gpu, fmt), []).extend(errs)
+    return {key: Accuracy.of(errs) for key, errs in sorted(merged.items())}
+
+
+@lru_cache(maxsize=1)
+def held_out_by_tp() -> dict[tuple[str, str, int], Accuracy]:
+    """(preset, number format, tp) -> the held-out figures' accuracy at that degree of TP."""
+    return {key: Accuracy.of(errs) for key, errs in sorted(_held_out().items())}
+
+
+def preset_accuracy(hw: Hardware, tp: int | None = None) -> Accuracy | None:
+    """The held-out accuracy of `hw`'s preset in its number format (at `tp` GPUs when given); None for a
+    profile that is not a stored preset as fitted (a calibrated or edited JSON, a `-seeds` profile) or
+    where no figure covers it."""
     preset = GPUS.get(hw.name)
     if preset is None or hw.with_(dtype=preset.dtype) != preset:
         return None
-    return held_out_by_preset().get((hw.name, number_format(hw.dtype)))
+    fmt = number_format(hw.dtype)
+    return held_out_by_preset().get((hw.name, fmt)) if tp is None else held_out_by_tp().get((hw.name, fmt, tp))
 
 
-def check_doc(hw: Hardware) -> dict[str, Any]:
-    """`preset_accuracy` as the JSON a run or `roofline --json` carries; `held_out` None where no figure
-    checks `hw`."""
-    acc = preset_accuracy(hw)
-    return {"gpu": hw.name, "label": hw.label, "format": number_format(hw.dtype),
-            "held_out": None if acc is None else acc.to_dict()}
+def check_doc(hw: Hardware, tp: int = 1) -> dict[str, Any]:
+    """`preset_accuracy` as the JSON a run or `roofline --json` carries: `held_out` over every degree of TP,
+    `at_tp` over the figures at `tp` GPUs; None where no figure checks `hw` (at that degree)."""
+    acc, at_tp = preset_accuracy(hw), preset_accuracy(hw, tp)
+    return {"gpu": hw.name, "label": hw.label, "format": number_format(hw.dtype), "tp": tp,
+            "held_out": None if acc is None else acc.to_dict(), "at_tp": None if at_tp is None else at_tp.to_dict()}
 
 
-def config_check(gpu: str, dtype: str) -> dict[str, Any] | None:
-    """`check_doc` for the profile a served simulated engine loads (`--gpu`, `--dtype`); None for the 'cpu'
-    profile, which would measure this machine again and is no preset anyway."""
+def config_check(gpu: str, dtype: str, tp: int = 1) -> dict[str, Any] | None:
+    """`check_doc` for the profile a served simulated engine loads (`--gpu`, `--dtype`, `--tp`); None for the
+    'cpu' profile, which would measure this machine again and is no preset anyway."""
     if gpu.strip().lower() == "cpu":
         return None
-    return check_doc(load_hardware(gpu).for_dtype(dtype))
+    return check_doc(load_hardware(gpu).for_dtype(dtype), tp)
 
 
 def check_line(check: dict[str, Any]) -> str:
-    """One sentence a person reads beside a simulated figure: how far to trust it on this GPU."""
+    """One sentence a person reads beside a simulated figure: how far to trust it on this GPU, and at the
+    run's degree of tensor parallelism (a check written before degrees were told apart has no `tp`)."""
     acc, what = check.get("held_out"), f"{check.get('label')} in {check.get('format')}"
     if not acc:
         return (f"{what}: no published figure checks this profile, so its times are unvalidated "
                 "(the presets' errors: docs/perf/sim-vs-published.md)")
-    return (f"{what}: MAPE {acc['mape']:.1%}, median {acc['median_ape']:.1%}, worst {acc['worst_ape']:.1%} against "
-            f"{acc['figures']} published figures held out of the simulator's fit (docs/perf/sim-vs-published.md)")
+    line = (f"{what}: MAPE {acc['mape']:.1%}, median {acc['median_ape']:.1%}, worst {acc['worst_ape']:.1%} against "
+            f"{acc['figures']} published figures held out of the simulator's fit")
+    if "tp" in check:
+        at = check.get("at_tp")
+        line += (f"; at TP {check['tp']}: MAPE {at['mape']:.1%}, worst {at['worst_ape']:.1%} ({at['figures']} figures)"
+                 if at else f"; none at TP {check['tp']}, so that degree is unvalidated")
+    return line + " (docs/perf/sim-vs-published.md)"

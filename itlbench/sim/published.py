@@ -16,9 +16,10 @@ belongs to the engine (fixed costs per step and per sequence, one set per source
 - TensorRT-LLM's published first-token latencies (NVIDIA/TensorRT-LLM, docs/source/performance.md):
   Llama-2 at batch 1, 128 and 2,048 input tokens, and its static-batch throughputs; that engine's fitted
   fixed costs (per step, and more per step that carries prompt work: its context phase); the same page's
-  static batches at release 0.5.0; and docs/source/performance/perf-overview.md, release 1.0's offline
-  throughputs of fixed-length datasets, predicted through trtllm-bench's settings and an in-flight
-  schedule (sim/trtllm_bench.py), none of them fitted.
+  static batches at release 0.5.0; and docs/source/performance/perf-overview.md, releases 1.0's and
+  0.20's offline throughputs of fixed-length datasets, predicted through trtllm-bench's settings and an
+  in-flight schedule (sim/trtllm_bench.py; the tables: sim/published_offline.py), all held out but two
+  B200 runs that fix Blackwell's terms.
 - vLLM's own performance benchmark (Buildkite pipeline vllm/performance-benchmark): its latency tests,
   one batch of 8 prompts of 32 tokens generating 128, on H200, A100 and H100 — predicted with the presets
   exactly as `--engine sim` runs them, so they check the vLLM-like step costs the presets assume.
@@ -37,10 +38,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from itlbench.core.presets import PRESETS
-from itlbench.sim.hardware import FIT, Hardware, presets
+from itlbench.sim.hardware import FIT, Hardware
 from itlbench.sim.operators import gemm_seconds
+from itlbench.sim.published_offline import (  # noqa: F401 (re-exported: the offline tables and their check)
+    OVERVIEW,
+    OVERVIEW_FIT,
+    OVERVIEW_KV_BYTES,
+    OVERVIEW_REQUESTS,
+    OVERVIEW_V020,
+    fitted_presets,
+    offline_predict,
+    offline_runs,
+    overview_schedulable,
+)
 from itlbench.sim.roofline import CostModel, StepShape
-from itlbench.sim.trtllm_bench import bench_settings, offline_seconds, schedulable
 
 SARATHI = "microsoft/sarathi-serve"
 VIDUR = "microsoft/vidur"
@@ -77,10 +88,11 @@ class Figure:
     predict: Callable[[dict[str, float]], float]
     gpu: str  # the preset the figure tests (sim/hardware.py), and the number format its GEMMs ran in
     dtype: str
+    tp: int  # the degree of tensor parallelism it ran at
 
 
 def _gpus(params: dict[str, float]) -> dict[str, Hardware]:
-    return presets({**FIT, **{k: v for k, v in params.items() if k in FIT}})
+    return fitted_presets(params)
 
 
 def _sarathi_hw(params: dict[str, float]) -> Hardware:
@@ -220,61 +232,6 @@ TRT_TTFT = (  # gpu, dtype, model, tp, input, ms, in the fit set
 )
 
 
-# TensorRT-LLM docs/source/performance/perf-overview.md (v1.0, PyTorch backend): total output tokens/s of
-# `trtllm-bench throughput` over NVIDIA's FP8 checkpoints (nvidia/Llama-3.1-8B-Instruct-FP8, -3.3-70B-, -3.1-405B-)
-# and, on the B200, its NVFP4 ones (nvidia/Llama-3.3-70B-Instruct-FP4, -3.1-405B-), and the requests in each
-# dataset (the same page's table).
-OVERVIEW_REQUESTS = {(128, 128): 30_000, (128, 2048): 3000, (128, 4096): 1500, (500, 2000): 3000,
-                     (1000, 1000): 3000, (1000, 2000): 1500, (2048, 128): 3000, (2048, 2048): 1500,
-                     (5000, 500): 1500, (20000, 2000): 1000}
-_SHAPES = tuple(OVERVIEW_REQUESTS)
-OVERVIEW = {  # (model, gpu, tp, dtype): output tokens/s, in _SHAPES' order
-    ("llama-3.1-8b", "h200", 1, "fp8"): (27_911, 26_221, 18_027, 20_770, 17_744, 16_828, 3_538, 12_194, 3_902, 1_804),
-    ("llama-3.1-8b", "h100", 1, "fp8"): (28_312, 22_714, 14_325, 17_660, 15_220, 13_899, 3_450, 9_305, 3_459, 1_351),
-    ("llama-3.3-70b", "h200", 1, "fp8"): (3_803, 4_336, 2_872, 3_666, 2_909, 2_994, 442, 2_003, 566, 283),
-    ("llama-3.3-70b", "h100", 2, "fp8"): (6_378, 6_651, 4_199, 5_222, 4_205, 4_146, 762, 3_082, 898, 437),
-    ("llama-3.1-405b", "h200", 8, "fp8"): (3_814, 5_348, 4_741, 4_724, 3_330, 3_722, 456, 2_948, 650, 505),
-    ("llama-3.1-405b", "h100", 8, "fp8"): (3_627, 4_340, 3_116, 3_994, 2_919, 2_895, 453, 2_296, 610, 345),
-    ("llama-3.3-70b", "b200", 1, "fp4"): (11_147, 9_922, 6_831, 7_762, 7_007, 6_271, 1_339, 4_783, 1_459, 665),
-    ("llama-3.1-405b", "b200", 4, "fp4"): (6_281, 8_020, 6_345, 6_244, 5_209, 4_933, 749, 4_212, 1_048, 672),
-}
-# Bytes per K/V element in each checkpoint's cache. nvidia/Llama-3.1-405B-Instruct-FP8's model card (ModelOpt
-# 0.15.1) says only the linear operators' weights and activations in the transformer blocks were quantized,
-# so its K/V stays 16-bit, and trtllm-bench sizes the run from that (tuning.py reads the checkpoint's
-# kv_cache_quant_algo). The 8B and 70B FP8 checkpoints are taken to carry an FP8 cache (assumed:
-# their quantization configs were not read here; at 16 bits their decode-heavy figures would be 34-108 % slow).
-# nvidia/Llama-3.3-70B-Instruct-NVFP4 (the FP4 checkpoint renamed) declares kv_cache_quant_algo FP8 in its
-# hf_quant_config.json. The 405B FP4 checkpoint's config was not read here: it is taken to keep a 16-bit cache like
-# its FP8 sibling (assumed; with an FP8 cache its decode-heavy runs come out 18-26 % fast, with 16 bits within 16 %).
-OVERVIEW_KV_BYTES = {("llama-3.1-8b", "fp8"): 1, ("llama-3.3-70b", "fp8"): 1, ("llama-3.1-405b", "fp8"): 2,
-                     ("llama-3.3-70b", "fp4"): 1, ("llama-3.1-405b", "fp4"): 2}
-# The two B200 runs Blackwell's K/V share and NVFP4 GEMM efficiency are fitted on: one decode-heavy, one prefill-heavy
-OVERVIEW_FIT = {("llama-3.3-70b", "b200", 1, "fp4", 128, 4096), ("llama-3.3-70b", "b200", 1, "fp4", 2048, 128)}
-
-
-def _trt1_hw(params: dict[str, float], gpu: str, dtype: str) -> Hardware:
-    """TensorRT-LLM 1.0's PyTorch backend, nothing fitted on it but Blackwell's two terms (on two B200 runs): the
-    presets as they are (K/V read once per GQA group; all-reduces by its own kernels,
-    cpp/tensorrt_llm/kernels/customAllReduceKernels.cu, at one kernel's fixed cost, where the NCCL
-    all-reduces of its 2023 releases cost link_latency_s), TensorRT-LLM's fitted step cost, no
-    context-phase cost."""
-    return _gpus(params)[gpu].for_dtype(dtype).with_(step_overhead_s=params["trtllm_step_s"], graph_overhead_s=None,
-                                                     seq_overhead_s=0.0)
-
-
-def _offline_cm(model: str, gpu: str, tp: int, dtype: str) -> tuple[CostModel, Hardware]:
-    hw = presets()[gpu].for_dtype(dtype)  # the settings read the GPU's memory, no fitted parameter
-    return CostModel.for_hardware(PRESETS[model], hw, tp=tp, kv_dtype_bytes=OVERVIEW_KV_BYTES[(model, dtype)]), hw
-
-
-def _offline(model: str, gpu: str, tp: int, dtype: str, isl: int, osl: int) -> Callable[[dict[str, float]], float]:
-    def predict(params: dict[str, float]) -> float:
-        hw = _trt1_hw(params, gpu, dtype)
-        cm = CostModel.for_hardware(PRESETS[model], hw, tp=tp, kv_dtype_bytes=OVERVIEW_KV_BYTES[(model, dtype)])
-        return offline_seconds(cm, hw, isl, osl, OVERVIEW_REQUESTS[(isl, osl)], bench_settings(cm, hw, isl, osl))
-    return predict
-
-
 # vLLM's performance benchmark, "Latency tests" (input 32 tokens, output 128, batch 8; bf16; end-to-end
 # mean latency of one `generate`): build, GPU as the page names it, and the figure. "llama-3 70B" has the
 # shapes of the llama-3.3-70b preset.
@@ -298,31 +255,19 @@ def _vllm_latency(model: str, gpu: str, tp: int) -> Callable[[dict[str, float]],
     return predict
 
 
-def overview_schedulable() -> dict[tuple[str, str, int, str, int, int], bool]:
-    """Which published offline runs the schedule reproduces: a prompt must fit the step beside a full
-    batch under trtllm-bench's settings (2,048/2,048, 5,000/500 and 20,000/2,000 do not: those runs chunked
-    their context or used settings the page does not give, so they are not predicted)."""
-    out = {}
-    for (model, gpu, tp, dtype) in OVERVIEW:
-        cm, hw = _offline_cm(model, gpu, tp, dtype)
-        for isl, osl in _SHAPES:
-            out[(model, gpu, tp, dtype, isl, osl)] = schedulable(bench_settings(cm, hw, isl, osl), isl, osl)
-    return out
-
-
 def _figures() -> list[Figure]:
     out: list[Figure] = []
     prefill = {128: 48.09, 512: 105.58, 1024: 214.30, 2048: 366.03, 4096: 757.60, 8192: 1863.26, 16384: 4407.50}
     for n, ms in prefill.items():
         out.append(Figure(f"sarathi prefill {n}", SARATHI, S_PREFILL, f"Yi-34B TP2 A100-PCIe fp16, prefill of {n}",
                           ms / 1e3, n in (512, 2048, 8192),
-                          lambda p, n=n: _sarathi_steps(p, [StepShape.prefill(n)]), "a100-pcie", "float16"))
+                          lambda p, n=n: _sarathi_steps(p, [StepShape.prefill(n)]), "a100-pcie", "float16", 2))
     decode = {1: 46.80, 2: 47.50, 4: 48.85, 8: 69.68, 16: 77.25, 32: 87.90, 64: 127.81, 128: 189.33}
     for b, ms in decode.items():
         out.append(Figure(f"sarathi decode {b}", SARATHI, S_DECODE, f"Yi-34B TP2 A100-PCIe fp16, decode batch {b} "
                           f"at {DECODE_CONTEXT} context", ms / 1e3, b in (1, 8, 32, 128),
                           lambda p, b=b: _sarathi_steps(p, [StepShape.decode(b, DECODE_CONTEXT)]), "a100-pcie",
-                          "float16"))
+                          "float16", 2))
     chunked = {(2047, 512): 435.68, (2047, 1024): 444.17, (2047, 2048): 377.71, (4095, 512): 921.96,
                (4095, 1024): 932.26, (4095, 2048): 793.90, (8191, 512): 1958.53, (8191, 1024): 1946.24,
                (8191, 2048): 1643.37, (16383, 512): 4512.83, (16383, 1024): 4357.55, (16383, 2048): 3651.59,
@@ -332,7 +277,7 @@ def _figures() -> list[Figure]:
     for (n, c), ms in chunked.items():
         out.append(Figure(f"sarathi chunked {n}/{c}", SARATHI, S_CHUNK, f"Yi-34B TP2, prefill of {n} in chunks "
                           f"of {c}", ms / 1e3, (n, c) in ((4095, 1024), (16383, 2048)),
-                          lambda p, n=n, c=c: _sarathi_steps(p, _chunks(n, c)), "a100-pcie", "float16"))
+                          lambda p, n=n, c=c: _sarathi_steps(p, _chunks(n, c)), "a100-pcie", "float16", 2))
     vidur = {(1, 1): (0.033, 0.025, 0.142, 0.076), (128, 1): (0.043, 0.032, 0.191, 0.111),
              (8192, 1): (1.980, 1.2535, 8.233, 4.159), (32768, 1): (7.2595, 4.926, 33.094, 16.6075),
              (32768, 2): (3.860, 2.6375, 17.389, 7.873)}
@@ -340,7 +285,7 @@ def _figures() -> list[Figure]:
         for name, ms in zip(("qkv", "o", "gate_up", "down"), times, strict=True):
             out.append(Figure(f"vidur {name} {rows}" + (f" tp{tp}" if tp > 1 else ""), VIDUR, V_MLP,
                               f"Llama-3-8B layer GEMM {name}, {rows} rows, A100, TP{tp}", ms / 1e3,
-                              rows in (1, 128, 32768) and tp == 1, _vidur(name, rows, tp), "a100", "float16"))
+                              rows in (1, 128, 32768) and tp == 1, _vidur(name, rows, tp), "a100", "float16", tp))
     for (gpu, model, tp), times in VIDUR_LAYERS.items():
         hf = {"llama-2-7b": "Llama-2-7b-hf", "llama-2-70b": "Llama-2-70b-hf"}[model]
         for rows, ms in zip(VIDUR_ROWS, times, strict=True):
@@ -348,11 +293,11 @@ def _figures() -> list[Figure]:
                               f"data/profiling/compute/{gpu}/meta-llama/{hf}/mlp.csv",
                               f"{model} one layer's four GEMMs, {rows} rows, {gpu} fp16, TP{tp}", ms / 1e3,
                               (gpu, model, tp, rows) in VIDUR_LAYER_FIT, _vidur_layer(gpu, model, tp, rows), gpu,
-                              "float16"))
+                              "float16", tp))
     for gpu, dtype, model, tp, isl, ms, fit in TRT_TTFT:
         out.append(Figure(f"trtllm ttft {model} {gpu} {dtype} tp{tp} {isl}", TRTLLM, T_PERF,
                           f"TensorRT-LLM {model} TTFT, batch 1, {isl} input, {gpu} {dtype} TP{tp}", ms / 1e3, fit,
-                          _ttft(model, gpu, dtype, tp, isl), gpu, dtype))
+                          _ttft(model, gpu, dtype, tp, isl), gpu, dtype, tp))
     for gpu, dtype, model, batch, tp, isl, osl, tok_s in TRT_THROUGHPUT:
         per_gpu = gpu != "l40s"
         seconds = batch * osl / (tok_s * (tp if per_gpu else 1))
@@ -360,26 +305,25 @@ def _figures() -> list[Figure]:
                           f"TensorRT-LLM {model} static batch {batch} x {isl}/{osl} on {gpu} {dtype} TP{tp} "
                           f"({tok_s:,} out tok/s{'/GPU' if per_gpu else ''})", seconds,
                           (model, gpu, tp, batch) in THROUGHPUT_FIT,
-                          _static_batch(model, gpu, dtype, tp, batch, isl, osl), gpu, dtype))
+                          _static_batch(model, gpu, dtype, tp, batch, isl, osl), gpu, dtype, tp))
     for model, batch, tp, isl, osl, tok_s in TRT_THROUGHPUT_V05:
         out.append(Figure(f"trtllm v0.5 batch {model} h100 fp8 tp{tp} {batch}x{isl}/{osl}", TRTLLM, T_PERF,
                           f"TensorRT-LLM v0.5 {model} static batch {batch} x {isl}/{osl} on h100 fp8 TP{tp} "
                           f"({tok_s:,} out tok/s)", batch * osl / tok_s, False,
-                          _static_batch(model, "h100", "fp8", tp, batch, isl, osl), "h100", "fp8"))
-    ok = overview_schedulable()
-    for (model, gpu, tp, dtype), rates in OVERVIEW.items():
-        for (isl, osl), tok_s in zip(_SHAPES, rates, strict=True):
-            if not ok[(model, gpu, tp, dtype, isl, osl)]:
-                continue
+                          _static_batch(model, "h100", "fp8", tp, batch, isl, osl), "h100", "fp8", tp))
+    for release, table in (("1.0", OVERVIEW), ("0.20", OVERVIEW_V020)):
+        tag = "trtllm1" if release == "1.0" else "trtllm0.20"
+        for (model, gpu, tp, dtype), isl, osl, tok_s in offline_runs(table):
             n = OVERVIEW_REQUESTS[(isl, osl)]
-            out.append(Figure(f"trtllm1 offline {model} {gpu} {dtype} tp{tp} {isl}/{osl}", TRTLLM, T_OVERVIEW,
-                              f"TensorRT-LLM 1.0 {model} offline {n:,} x {isl}/{osl} on {gpu} {dtype} TP{tp} "
-                              f"({tok_s:,} out tok/s)", n * osl / tok_s, (model, gpu, tp, dtype, isl, osl) in OVERVIEW_FIT,
-                              _offline(model, gpu, tp, dtype, isl, osl), gpu, dtype))
+            out.append(Figure(f"{tag} offline {model} {gpu} {dtype} tp{tp} {isl}/{osl}", TRTLLM, T_OVERVIEW,
+                              f"TensorRT-LLM {release} {model} offline {n:,} x {isl}/{osl} on {gpu} {dtype} TP{tp} "
+                              f"({tok_s:,} out tok/s)", n * osl / tok_s,
+                              (model, gpu, tp, dtype, isl, osl) in OVERVIEW_FIT, offline_predict(model, gpu, tp, dtype, isl, osl),
+                              gpu, dtype, tp))
     for model, gpu, tp, ms, build in VLLM_LATENCY:
         out.append(Figure(f"vllm latency {model} {gpu} bf16 tp{tp}", VLLM_CI, f"builds/{build}",
                           f"vLLM latency test {model} {VLLM_BATCH} x {VLLM_INPUT}/{VLLM_OUTPUT} on {gpu} bf16 TP{tp}",
-                          ms / 1e3, False, _vllm_latency(model, gpu, tp), gpu, "bfloat16"))
+                          ms / 1e3, False, _vllm_latency(model, gpu, tp), gpu, "bfloat16", tp))
     return out
 
 

@@ -17,6 +17,7 @@ from itlbench.sim.accuracy import (
     check_doc,
     check_line,
     held_out_by_preset,
+    held_out_by_tp,
     number_format,
     preset_accuracy,
 )
@@ -55,7 +56,24 @@ def test_the_groups_partition_the_held_out_figures_and_agree_with_the_prediction
     assert groups[("h100", "fp8")].mape == pytest.approx(float(np.mean(h100)))
     assert groups[("h100", "fp8")].worst == pytest.approx(max(h100))
     assert ("b200", "16-bit") not in groups and ("rtx4090", "16-bit") not in groups  # nothing measured them
-    assert groups[("b200", "fp4")].figures == 12  # TensorRT-LLM 1.0's B200 NVFP4 runs, less the two fitted
+    assert groups[("b200", "fp4")].figures == 12 + 29  # TensorRT-LLM 1.0's B200 NVFP4 runs less the two fitted; 0.20's
+
+
+def test_the_error_bar_is_told_at_the_runs_degree_of_tensor_parallelism() -> None:
+    """A 70B run on eight GPUs reads the error of the figures at TP8, not the TP1 figures' (issue 29's trip-over:
+    one error bar per GPU and format hid that the simulator scales too well at TP4-8)."""
+    by_tp = held_out_by_tp()
+    assert sum(a.figures for (g, f, _), a in by_tp.items() if (g, f) == ("h100", "fp8")) == \
+        held_out_by_preset()[("h100", "fp8")].figures
+    fp4 = load_hardware("b200").for_dtype("fp4")
+    one, eight = check_doc(fp4), check_doc(fp4, tp=8)
+    assert one["held_out"] == eight["held_out"] and one["at_tp"] != eight["at_tp"]
+    assert eight["at_tp"]["figures"] == by_tp[("b200", "fp4", 8)].figures and eight["at_tp"]["mape"] > 0.2
+    line = check_line(eight)
+    assert "; at TP 8: MAPE " in line and line.startswith("B200 in fp4: MAPE ")
+    assert "none at TP 16, so that degree is unvalidated" in check_line(check_doc(fp4, tp=16))
+    old = {k: v for k, v in eight.items() if k not in ("tp", "at_tp")}  # a run.json written before degrees
+    assert "at TP" not in check_line(old) and check_line(old).startswith("B200 in fp4: MAPE ")
 
 
 def test_only_a_stored_preset_as_fitted_gets_its_error_bar(tmp_path: Path) -> None:

@@ -63,13 +63,13 @@ def test_the_stored_parameters_meet_the_error_targets_in_and_out_of_the_fit() ->
     # three of Vidur's layers: 7B ones at 256 rows, near the ridge, and the 7B's 1-row TP8 shard (29 us)
     v05_short = "trtllm v0.5 batch llama-2-70b h100 fp8 tp4 64x128/128"
     tiny = "vidur layer llama-2-7b h100 tp8 1"
-    over = {r[0].key for r in rows if abs(r[2]) > 0.15}
+    over = {r[0].key for r in rows if abs(r[2]) > 0.15 and not r[0].key.startswith("trtllm0.20")}  # (below)
     # and the B200's decode-heaviest 405B TP4 run (+15.2 %: the 405B FP4 checkpoint's cache is assumed 16-bit)
     assert over <= {"trtllm batch llama-2-70b h100 fp8 tp2 96x2048/128",
                     "trtllm batch llama-2-70b a100 float16 tp4 120x2048/128", v05_short, tiny,
                     "vidur layer llama-2-7b h100 tp1 256", "vidur layer llama-2-7b a100 tp4 256",
                     "trtllm1 offline llama-3.1-405b b200 fp4 tp4 128/4096"}, over
-    assert max(abs(e) for f, _, e in rows if f.key not in (v05_short, tiny)) < 0.20
+    assert max(abs(e) for f, _, e in rows if f.key not in (v05_short, tiny) and not f.key.startswith("trtllm0.20")) < 0.20
     assert 0.25 < next(e for f, _, e in rows if f.key == v05_short) < 0.35
     assert 0.2 < next(e for f, _, e in rows if f.key == tiny) < 0.35
     # TensorRT-LLM 1.0's offline throughputs (Llama-3.1-8B, -3.3-70B and -3.1-405B, H100/H200 FP8): all
@@ -124,6 +124,21 @@ def test_hoppers_bandwidth_gain_comes_from_vidurs_h100_profiles() -> None:
     assert gpus["h200"].mem_eff == pytest.approx(FIT["mem_eff"] * FIT["hopper_mem_gain"])
     assert gpus["b200"].mem_eff == gpus["a100"].mem_eff == FIT["mem_eff"]  # the B200 weight share: only its K/V share is fitted
     assert gpus["b200"].attn_mem_eff == pytest.approx(FIT["attn_mem_eff"] * FIT["blackwell_kv_gain"])
+
+
+def test_release_0_20s_tensor_parallel_runs_say_the_simulator_scales_too_well() -> None:
+    """TensorRT-LLM 0.20's offline runs of Llama-3.3-70B at TP2-8 (and 405B at TP8 on B200s), held out: the
+    simulator is faster than measured, the more so the more GPUs (median -9 % at TP2, -15 % at TP4, -26 % at
+    TP8); at TP1, four H100 runs with 10 GiB of K/V room beside 70 GB of weights. Not fixed: the error bar at
+    each degree says so (sim/accuracy.py)."""
+    rows = _errors(default_params(), "trtllm0.20 offline")
+    assert len(rows) == 66 and not any(f.fit for f, _, _ in rows)
+    by_tp: dict[int, list[float]] = {}
+    for f, _, e in rows:
+        by_tp.setdefault(f.tp, []).append(e)
+    medians = {tp: float(np.median(errs)) for tp, errs in by_tp.items()}
+    assert medians[8] < medians[4] < medians[2] < -0.05 and medians[8] < -0.2, medians
+    assert sum(abs(e) > 0.15 for e in by_tp[8]) >= 20
 
 
 def test_the_405b_checkpoint_keeps_a_16_bit_cache(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -153,7 +153,7 @@ def test_the_70b_tp2_fp8_command_runs_in_virtual_time_and_prints_ttft_and_itl(tm
     assert "TTFT by prompt bucket" in result.output and "Inter-token latency" in result.output
     assert "Clock virtual" in result.output
     assert "2 × H100 SXM: fp8 weights, K/V at 1 B an element" in result.output  # the deployment it priced
-    assert "Sim check H100 SXM in fp8: MAPE " in result.output  # and its error bar
+    assert "Sim check H100 SXM in fp8: MAPE " in result.output and "; at TP 2: MAPE " in result.output  # its error bar
     assert "simulated 2 × H100 SXM in fp8 (run on " in (out / "report.md").read_text()  # the report's header says so
     run = json.loads((out / "run.json").read_text())
     assert run["clock"] == "virtual" and run["engine"]["device"] == "sim:h100x2"
@@ -169,7 +169,7 @@ def test_a_b200_in_nvfp4_runs_and_prints_its_own_error_bar(tmp_path: Path) -> No
                                       str(tmp_path / "run")], terminal_width=200)
     assert result.exit_code == 0, result.output
     assert "B200: fp4 weights, K/V at 1 B an element" in result.output
-    assert "Sim check B200 in fp4: MAPE " in result.output and "against 12 published figures" in result.output
+    assert "Sim check B200 in fp4: MAPE " in result.output and "; at TP 1: MAPE " in result.output
     header = (tmp_path / "run" / "report.md").read_text().splitlines()[2]  # the GPU priced, then the host
     assert "· simulated B200 in fp4 (run on " in header and "CPUs" in header, header
     refused = CliRunner().invoke(app, ["run", "--engine", "sim", "--gpu", "h100", "--dtype", "fp4", "--workload",
