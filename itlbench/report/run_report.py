@@ -117,9 +117,10 @@ def callouts(data: RunData) -> list[Callout]:
                            f"{fmt_s(f.get('loop_lag_p99_s'))}, "
                            f"client CPU mean {f.get('cpu_mean_percent') or 0:.0f} % of a core)."))
     if isinstance(s.get("sim_check"), dict):
-        from itlbench.sim.accuracy import check_line  # simulated runs only
+        from itlbench.sim.accuracy import check_is_loose, check_line  # simulated runs only
 
-        out.append(Callout("info", f"How far to trust the simulator: {check_line(s['sim_check'])}."))
+        level = "warn" if check_is_loose(s["sim_check"]) else "info"
+        out.append(Callout(level, f"How far to trust the simulator: {check_line(s['sim_check'])}."))
     warning = (s.get("bundling") or {}).get("warning")
     if warning:
         out.append(Callout("warn", warning))

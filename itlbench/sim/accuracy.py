@@ -110,6 +110,13 @@ def config_check(gpu: str, dtype: str, tp: int = 1) -> dict[str, Any] | None:
     return check_doc(load_hardware(gpu).for_dtype(dtype), tp)
 
 
+def check_is_loose(check: dict[str, Any]) -> bool:
+    """Whether a reader should be warned: no published figure checks the profile (at the run's degree of TP,
+    where the check has one), or those figures are off by more than 15 % on average."""
+    acc = check.get("at_tp") if "tp" in check else check.get("held_out")
+    return not acc or acc["mape"] > OVER
+
+
 def check_line(check: dict[str, Any]) -> str:
     """One sentence a person reads beside a simulated figure: how far to trust it on this GPU, and at the
     run's degree of tensor parallelism (a check written before degrees were told apart has no `tp`)."""

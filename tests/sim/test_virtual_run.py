@@ -154,7 +154,9 @@ def test_the_70b_tp2_fp8_command_runs_in_virtual_time_and_prints_ttft_and_itl(tm
     assert "Clock virtual" in result.output
     assert "2 × H100 SXM: fp8 weights, K/V at 1 B an element" in result.output  # the deployment it priced
     assert "Sim check H100 SXM in fp8: MAPE " in result.output and "; at TP 2: MAPE " in result.output  # its error bar
-    assert "simulated 2 × H100 SXM in fp8 (run on " in (out / "report.md").read_text()  # the report's header says so
+    report = (out / "report.md").read_text()
+    assert "simulated 2 × H100 SXM in fp8 (run on " in report  # the report's header says so
+    assert "> ℹ️ How far to trust the simulator: H100 SXM in fp8" in report  # within 15 % at TP2: told, not warned
     run = json.loads((out / "run.json").read_text())
     assert run["clock"] == "virtual" and run["engine"]["device"] == "sim:h100x2"
     assert run["simulation"]["simulated_s"] > 20 and wall < 60  # a warm-up of ~17 s and 17 s answers, in seconds
@@ -172,6 +174,12 @@ def test_a_b200_in_nvfp4_runs_and_prints_its_own_error_bar(tmp_path: Path) -> No
     assert "Sim check B200 in fp4: MAPE " in result.output and "; at TP 1: MAPE " in result.output
     header = (tmp_path / "run" / "report.md").read_text().splitlines()[2]  # the GPU priced, then the host
     assert "· simulated B200 in fp4 (run on " in header and "CPUs" in header, header
+    eight = CliRunner().invoke(app, ["run", "--engine", "sim", "--model", "llama-3.3-70b", "--gpu", "b200", "--dtype",
+                                     "fp4", "--tp", "8", "--workload", "fixed:2000:100", "--duration", "5s",
+                                     "--no-live", "--out", str(tmp_path / "tp8")], terminal_width=200)
+    assert eight.exit_code == 0, eight.output
+    assert "; at TP 8: MAPE " in eight.output  # release 0.20's TP8 runs: the simulator is optimistic there
+    assert "> ⚠️ How far to trust the simulator: B200 in fp4" in (tmp_path / "tp8" / "report.md").read_text()
     refused = CliRunner().invoke(app, ["run", "--engine", "sim", "--gpu", "h100", "--dtype", "fp4", "--workload",
                                        "fixed:64:8", "--no-live", "--out", str(tmp_path / "no")], terminal_width=200)
     assert refused.exit_code == 2 and "no FP4 tensor rate" in refused.output and "Traceback" not in refused.output
