@@ -9,7 +9,8 @@ H100/H200 in FP8 and on B200 in NVFP4)
 prints the measured time, the simulator's prediction with the stored fitted parameters (the presets'
 `FIT` and the engines' `ENGINE_PARAMS`), the signed error, and whether the figure is in the fit set or
 held out; then MAPE, median, worst and mean signed error per set: fit, held out, all, held out by source and
-held out by preset and number format (what `itlbench roofline` prints beside each GPU). `--refit` first fits the parameters again on the
+held out by preset and number format (what `itlbench roofline` prints beside each GPU), and by preset, format
+and degree of tensor parallelism (what a run at that degree prints). `--refit` first fits the parameters again on the
 fit set (Nelder-Mead, about 20 s of one core) and prints them beside the stored ones; the table then
 uses the refitted ones. `--markdown FILE` also writes the table as markdown, between the marker
 comments when FILE already has them (docs/perf/sim-vs-published.md keeps its prose).
@@ -78,6 +79,9 @@ def main() -> None:
     for gpu, fmt in sorted({(r[0].gpu, number_format(r[0].dtype)) for r in sets["held out"]}):
         sets[f"held out: {gpu} {fmt}"] = [r for r in sets["held out"]  # what `itlbench roofline` shows per preset
                                           if (r[0].gpu, number_format(r[0].dtype)) == (gpu, fmt)]
+    for gpu, fmt, tp in sorted({(r[0].gpu, number_format(r[0].dtype), r[0].tp) for r in sets["held out"]}):
+        sets[f"held out: {gpu} {fmt} tp{tp}"] = [r for r in sets["held out"]  # and at a run's degree of TP
+                                                 if (r[0].gpu, number_format(r[0].dtype), r[0].tp) == (gpu, fmt, tp)]
     for name, rs in sets.items():
         print(f"{name:29s} {summary(rs)}")
     if args.markdown:
