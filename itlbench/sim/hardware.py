@@ -158,6 +158,9 @@ _CUSTOM_ALLREDUCE = ("assumed: one kernel's least time (kernel_s), an engine's o
                      "NVLink; supported by TensorRT-LLM 1.0's offline throughputs (docs/perf/sim-vs-published.md)")
 _NVLS = ("NVLink SHARP all-reduce in the NVSwitch (NVIDIA H100 Tensor Core GPU Architecture whitepaper; NCCL 2.17 "
          "release notes, NVLS algorithm); assumed: an HGX/DGX NVSwitch baseboard")
+_SWITCH_SHARE = ("measured by others: NCCL's NVLink SHARP all-reduce peaks near algbw 275 GB/s (busBw ~480) on eight "
+                 "H100s, 0.61 of the 450 GB/s link, while a ring reaches ~370 GB/s of it (NVIDIA/nccl-tests#212); the "
+                 "same share assumed for the H200 (the same NVSwitch) and the B200 (NVLink 5)")
 
 
 # Where a GPU's assumed FP8 efficiency has held-out figures behind it.
@@ -179,6 +182,7 @@ def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
         "fp4_gemm_eff": f"fitted on two of TensorRT-LLM 1.0's B200 NVFP4 offline runs, twelve held out; {FITTED}"
                         if hw.peak_flops_fp4 else "",
         "allreduce_in_switch": _NVLS if hw.name in NVLS else "ring all-reduce over the GPU's link",
+        "switch_allreduce_share": _SWITCH_SHARE if hw.name in NVLS else "",
         "gemm_m_half": FITTED, "attn_eff": FITTED,
         **dict.fromkeys(("mem_eff", "attn_mem_eff"), f"{FITTED}; Hopper's gain over the A100's share fitted on "
                         "Vidur's H100 operator profiles" if mem_gain != 1.0 else FITTED),

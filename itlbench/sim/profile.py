@@ -93,11 +93,15 @@ class Hardware:
     link_bw: float = 0.0
     link_latency_s: float = 0.0
     link_eff: float = 1.0
-    allreduce_in_switch: bool = False  # the switch reduces (NVLink SHARP): each GPU sends and receives the message once
+    allreduce_in_switch: bool = False  # the switch can reduce (NVLink SHARP): each GPU sends and receives the message once
+    # NVLink SHARP's all-reduce throughput (algbw) as a share of the link: NCCL's peaks near 275 GB/s on eight H100s
+    # (busBw ~480), 0.61 of NVLink4's 450 GB/s each way (NVIDIA/nccl-tests#212, an NCCL maintainer's figures)
+    switch_allreduce_share: float = 0.611
     sources: dict[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        for name in ("peak_flops", "mem_bw", "memory_bytes", "gemm_eff", "attn_eff", "mem_eff", "link_eff"):
+        for name in ("peak_flops", "mem_bw", "memory_bytes", "gemm_eff", "attn_eff", "mem_eff", "link_eff",
+                     "switch_allreduce_share"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ConfigError(f"gpu.{name}", f"must be a positive number, got {value!r}")

@@ -152,16 +152,20 @@ class CostModel:
         return StepCost(gemm, attn, float(weights), kv_read, kv_write)
 
     def allreduce_s(self, rows: int, hw: Hardware) -> float:
-        """One all-reduce of `rows` activations across the tp GPUs: a ring moves 2(t-1)/t of the message
-        each way over one GPU's link, plus the link's fixed cost."""
+        """One all-reduce of `rows` activations across the tp GPUs, plus the link's fixed cost: a ring moves
+        2(t-1)/t of the message each way over one GPU's link; on an NVSwitch that reduces (NVLink SHARP) the
+        message crosses once, at the switch's all-reduce throughput, and NCCL takes the faster of the two (the
+        ring at TP2, the switch from TP4)."""
         if self.tp == 1 or rows == 0:
             return 0.0
         if not hw.link_bw > 0:
             raise ConfigError("tp", f"the {hw.label} profile has no GPU-to-GPU link (link_bw)",
                               "use --tp 1, or a profile with link_bw and link_latency_s")
         message = rows * self.model.hidden_size * self.act_bytes
-        share = 1.0 if hw.allreduce_in_switch else 2 * (self.tp - 1) / self.tp
-        return share * message / (hw.link_bw * hw.link_eff) + hw.link_latency_s
+        seconds = 2 * (self.tp - 1) / self.tp * message / (hw.link_bw * hw.link_eff)
+        if hw.allreduce_in_switch:
+            seconds = min(seconds, message / (hw.link_bw * hw.switch_allreduce_share))
+        return seconds + hw.link_latency_s
 
     def overhead_s(self, shape: StepShape, hw: Hardware) -> float:
         """Fixed costs: per step (smaller when a decode-only step replays a CUDA graph) and per sequence."""

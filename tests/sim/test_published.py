@@ -128,43 +128,45 @@ def test_hoppers_bandwidth_gain_comes_from_vidurs_h100_profiles() -> None:
 
 def test_release_0_20s_tensor_parallel_runs_say_the_simulator_scales_too_well() -> None:
     """TensorRT-LLM 0.20's offline runs of Llama-3.3-70B at TP2-8 (and 405B at TP8 on B200s), held out: the
-    simulator is faster than measured, the more so the more GPUs (median -9 % at TP2, -15 % at TP4, -26 % at
-    TP8); at TP1, four H100 runs with 10 GiB of K/V room beside 70 GB of weights. Not fixed: the error bar at
-    each degree says so (sim/accuracy.py)."""
+    simulator is faster than measured, the more so the more GPUs (median -9 % at TP2, -12 % at TP4, -20 % at
+    TP8, with NCCL's measured NVLink SHARP throughput); at TP1, four H100 runs with 10 GiB of K/V room beside
+    70 GB of weights. Not fixed: the error bar at each degree says so (sim/accuracy.py)."""
     rows = _errors(default_params(), "trtllm0.20 offline")
     assert len(rows) == 66 and not any(f.fit for f, _, _ in rows)
     by_tp: dict[int, list[float]] = {}
     for f, _, e in rows:
         by_tp.setdefault(f.tp, []).append(e)
     medians = {tp: float(np.median(errs)) for tp, errs in by_tp.items()}
-    assert medians[8] < medians[4] < medians[2] < -0.05 and medians[8] < -0.2, medians
-    assert sum(abs(e) > 0.15 for e in by_tp[8]) >= 20
+    assert medians[8] < medians[4] < medians[2] < -0.05 and medians[8] < -0.15, medians
+    assert sum(abs(e) > 0.15 for e in by_tp[8]) >= 15
 
 
 def test_the_405b_checkpoint_keeps_a_16_bit_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """Llama-3.1-405B-FP8 at TP8: its model card quantizes only the linear operators, so its K/V is
-    16-bit; taking it as 8-bit like the 8B and 70B checkpoints' puts the decode-heavy runs 15-29 % fast."""
+    16-bit (within 12.1 %; 10.1 % before NVLink SHARP took NCCL's measured throughput); taking it as 8-bit like
+    the 8B and 70B checkpoints' puts the decode-heavy runs up to 28 % fast, four of them by over 15 %."""
     def offline_405b() -> list[float]:
         return [e for f, _, e in _errors(default_params(), "trtllm1 offline llama-3.1-405b") if f.dtype == "fp8"]
     as_read = offline_405b()
-    assert len(as_read) == 14 and max(map(abs, as_read)) < 0.11
+    assert len(as_read) == 14 and max(map(abs, as_read)) < 0.125
     monkeypatch.setitem(published.OVERVIEW_KV_BYTES, ("llama-3.1-405b", "fp8"), 1)
-    assert sum(e < -0.15 for e in offline_405b()) >= 5
+    assert sum(e < -0.15 for e in offline_405b()) >= 4 and min(offline_405b()) < -0.25
 
 
 def test_blackwell_nvfp4_runs_check_the_b200_preset(monkeypatch: pytest.MonkeyPatch) -> None:
     """TensorRT-LLM 1.0's B200 NVFP4 offline runs (Llama-3.3-70B TP1, -3.1-405B TP4): with the A100's K/V share
-    and the H100's FP8 efficiency for FP4 every one comes out fast, each 70B one by over 15 %; Blackwell's two terms, fitted on two
-    70B runs, put the five other 70B runs within 8 % and the 405B's within 16 %."""
+    and the H100's FP8 efficiency for FP4 the runs come out fast, each 70B one by over 15 %; Blackwell's two terms, fitted on two
+    70B runs, put the five other 70B runs within 8 % and the 405B's (TP4) within 18 % (15.2 % before NVLink SHARP
+    took NCCL's measured throughput)."""
     def b200(params: dict[str, float]) -> dict[str, float]:
         return {f.key: e for f, _, e in _errors(params, "trtllm1 offline") if f.gpu == "b200"}
     fitted = b200(default_params())
     assert len(fitted) == 14 and all(f.dtype == "fp4" for f in FIGURES if f.gpu == "b200")
     held = {k: e for k, e in fitted.items() if not any(f.fit for f in FIGURES if f.key == k)}
     assert len(held) == 12 and max(abs(e) for k, e in held.items() if "70b" in k) < 0.08
-    assert max(abs(e) for k, e in held.items() if "405b" in k) < 0.16
+    assert max(abs(e) for k, e in held.items() if "405b" in k) < 0.18
     unfitted = b200(default_params() | {"blackwell_kv_gain": 1.0, "fp4_gemm_eff_blackwell": FIT["fp8_gemm_eff_h100"]})
-    assert max(e for k, e in unfitted.items() if "70b" in k) < -0.15 and max(unfitted.values()) < 0.0
+    assert max(e for k, e in unfitted.items() if "70b" in k) < -0.15 and np.mean(list(unfitted.values())) < -0.15
     monkeypatch.setitem(published.OVERVIEW_KV_BYTES, ("llama-3.1-405b", "fp4"), 1)  # an FP8 cache for the 405B
     assert sum(e < -0.15 for k, e in b200(default_params()).items() if "405b" in k) >= 4
 
@@ -184,6 +186,11 @@ def test_the_terms_that_brought_figures_within_15_percent() -> None:
                                                                    "trtllm_context_s": 0.0}, "sarathi decode", "trtllm ttft")}
     assert without["sarathi decode 8"] < -0.15 and without["trtllm ttft llama-2-7b a100 float16 tp1 128"] < -0.15
     gpus = presets()
+    # NVLink SHARP at NCCL's measured ~275 GB/s on eight H100s (nccl-tests#212), the ring at its ~370 GB/s
+    # (link_eff, fitted: 0.821 x 450): the switch wins from TP4, the ring at TP2
+    eight = CostModel.for_hardware(PRESETS["llama-2-70b"], gpus["h100"], tp=8)
+    message = 2048 * 8192 * 2
+    assert eight.allreduce_s(2048, gpus["h100"]) == pytest.approx(message / 275e9 + gpus["h100"].link_latency_s, rel=0.01)
     ring = gpus["h100"].with_(allreduce_in_switch=False)
     cm = CostModel.for_hardware(PRESETS["llama-2-70b"], gpus["h100"], tp=4)
     assert cm.allreduce_s(2048, gpus["h100"]) < cm.allreduce_s(2048, ring)  # NVLS: the message once, not 1.5x
