@@ -110,3 +110,9 @@ def test_roofline_says_how_far_each_gpu_is_checked() -> None:
     assert "B200 in 16-bit: no published figure checks this profile" in result.stdout
     h100 = held_out_by_preset()[("h100", "16-bit")]
     assert f"H100 SXM {h100.mape:.1%} ({h100.figures}) · B200 none" in result.stdout
+    # at --tp 8 the cells are the figures at TP8: the H100's 16-bit Vidur layers, none of the B200's 16-bit
+    result = runner.invoke(app, ["roofline", "--gpu", "b200", "--model", "llama-2-70b", "--tp", "8", "--compare",
+                                 "h100,b200"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    eight = held_out_by_tp()[("h100", "16-bit", 8)]
+    assert f"published figures at TP 8: H100 SXM {eight.mape:.1%} ({eight.figures}) · B200 none" in result.stdout
