@@ -158,7 +158,9 @@ class Hardware:
         return self.gemm_peak_of(self.dtype)
 
     def gemm_peak_of(self, dtype: str) -> float:
-        return {"fp8": self.peak_flops_fp8, "fp4": self.peak_flops_fp4}.get(dtype, self.peak_flops)
+        if dtype == "fp8":
+            return self.peak_flops_fp8
+        return self.peak_flops_fp4 if dtype == "fp4" else self.peak_flops
 
     @property
     def gemm_efficiency(self) -> float:
@@ -167,8 +169,10 @@ class Hardware:
     def gemm_efficiency_of(self, dtype: str) -> float:
         """The large-M GEMM efficiency in `dtype`: FP4 takes FP8's unless given its own (assumed: both run
         the same generation's low-precision tensor-core path), FP8 the 16-bit one unless given its own."""
+        if dtype not in QUANTIZED:
+            return self.gemm_eff
         fp8 = self.fp8_gemm_eff or self.gemm_eff
-        return {"fp8": fp8, "fp4": self.fp4_gemm_eff or fp8}.get(dtype, self.gemm_eff)
+        return (self.fp4_gemm_eff or fp8) if dtype == "fp4" else fp8
 
     @property
     def gemm_tile(self) -> int:

@@ -124,7 +124,8 @@ class CostModel:
 
     @property
     def weight_bytes(self) -> float:
-        """All parameters in the serving dtype (what an ITL floor must stream per step)."""
+        """All parameters: the layers in the serving dtype, the tables and norms in theirs (what an ITL floor must
+        stream per step)."""
         return self.layer_linear_params * self.b + (self.params - self.layer_linear_params) * self.table_b
 
     def gemms(self) -> list[Gemm]:
