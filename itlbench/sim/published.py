@@ -19,7 +19,8 @@ belongs to the engine (fixed costs per step and per sequence, one set per source
   static batches at release 0.5.0; and docs/source/performance/perf-overview.md, releases 1.0's and
   0.20's offline throughputs of fixed-length datasets, predicted through trtllm-bench's settings and an
   in-flight schedule (sim/trtllm_bench.py; the tables: sim/published_offline.py), all held out but two
-  B200 runs that fix Blackwell's terms.
+  B200 runs that fix Blackwell's terms and three release-0.20 runs that fix that release's host time per
+  request a step.
 - vLLM's own performance benchmark (Buildkite pipeline vllm/performance-benchmark): its latency tests,
   one batch of 8 prompts of 32 tokens generating 128, on H200, A100 and H100 — predicted with the presets
   exactly as `--engine sim` runs them, so they check the vLLM-like step costs the presets assume.
@@ -46,6 +47,7 @@ from itlbench.sim.published_offline import (  # noqa: F401 (re-exported: the off
     OVERVIEW_KV_BYTES,
     OVERVIEW_REQUESTS,
     OVERVIEW_V020,
+    OVERVIEW_V020_FIT,
     fitted_presets,
     offline_predict,
     offline_runs,
@@ -69,7 +71,7 @@ DECODE_CONTEXT = 1022  # 1,020-token prompts (prefill_to_decode_ratio 255 of 1,0
 # Engine fixed costs: fitted alongside the kernel efficiencies, one set per source's engine.
 ENGINE_PARAMS = {"sarathi_step_s": 0.01419, "sarathi_seq_s": 0.000861, "sarathi_attn_eff": 0.1431,
                  "sarathi_decode_switch_s": 0.01613, "trtllm_step_s": 0.00035, "trtllm_context_s": 0.002184,
-                 "trtllm_gqa_reread": 0.5372}
+                 "trtllm_gqa_reread": 0.5372, "trtllm020_seq_s": 1.33e-05}
 SARATHI_SMALL_DECODE = 4  # decode batches of up to this many sequences run without the switch cost
 KERNEL_PARAMS = ("gemm_eff_a100", "gemm_eff_a100_pcie", "fp8_gemm_eff_h100", "fp8_gemm_eff_ada", "gemm_m_half",
                  "attn_eff",
@@ -318,7 +320,8 @@ def _figures() -> list[Figure]:
             out.append(Figure(f"{tag} offline {model} {gpu} {dtype} tp{tp} {isl}/{osl}", TRTLLM, T_OVERVIEW,
                               f"TensorRT-LLM {release} {model} offline {n:,} x {isl}/{osl} on {gpu} {dtype} TP{tp} "
                               f"({tok_s:,} out tok/s)", n * osl / tok_s,
-                              (model, gpu, tp, dtype, isl, osl) in OVERVIEW_FIT, offline_predict(model, gpu, tp, dtype, isl, osl),
+                              (model, gpu, tp, dtype, isl, osl) in (OVERVIEW_FIT if release == "1.0" else OVERVIEW_V020_FIT),
+                              offline_predict(model, gpu, tp, dtype, isl, osl, release),
                               gpu, dtype, tp))
     for model, gpu, tp, ms, build in VLLM_LATENCY:
         out.append(Figure(f"vllm latency {model} {gpu} bf16 tp{tp}", VLLM_CI, f"builds/{build}",

@@ -1,10 +1,11 @@
 """TensorRT-LLM's published offline throughputs (`trtllm-bench throughput`) and the simulator's prediction of each.
 
 Two releases of docs/source/performance/perf-overview.md (NVIDIA/TensorRT-LLM, PyTorch backend): release 1.0's
-tables, and release 0.20's for the deployments 1.0's page lacks (Llama-3.3-70B at TP2-8 on H200, H100 and B200,
-Llama-3.1-405B at TP8 on B200), which test how the simulator scales with the degree of tensor parallelism. Each
-figure is the time to serve a fixed-length dataset queued at once, predicted through trtllm-bench's settings and an
-in-flight schedule (sim/trtllm_bench.py) on the presets. Torch-free.
+tables, and release 0.20's Llama-3.3-70B at TP1-8 on H200, H100 and B200 and Llama-3.1-405B at TP8 on B200, which
+test how the simulator scales with the degree of tensor parallelism. Each figure is the time to serve a fixed-length
+dataset queued at once, predicted through trtllm-bench's settings and an in-flight schedule (sim/trtllm_bench.py) on
+the presets, with each release's fixed costs: release 0.20's backend also waits on its host for each request a step.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -54,16 +55,21 @@ OVERVIEW_KV_BYTES = {("llama-3.1-8b", "fp8"): 1, ("llama-3.3-70b", "fp8"): 1, ("
                      ("llama-3.3-70b", "fp4"): 1, ("llama-3.1-405b", "fp4"): 2}
 # The two B200 runs Blackwell's K/V share and NVFP4 GEMM efficiency are fitted on: one decode-heavy, one prefill-heavy
 OVERVIEW_FIT = {("llama-3.3-70b", "b200", 1, "fp4", 128, 4096), ("llama-3.3-70b", "b200", 1, "fp4", 2048, 128)}
+# The three release-0.20 runs its host's time per request is fitted on: the decode-heaviest shape with the most rows
+# a step (128/2,048) at TP8, where that time weighs most, on each GPU; its 77 other runs are held out
+OVERVIEW_V020_FIT = {("llama-3.3-70b", gpu, 8, dtype, 128, 2048) for gpu, dtype in
+                     (("h100", "fp8"), ("h200", "fp8"), ("b200", "fp4"))}
 
 
-def _trt1_hw(params: dict[str, float], gpu: str, dtype: str) -> Hardware:
-    """TensorRT-LLM 1.0's PyTorch backend, nothing fitted on it but Blackwell's two terms (on two B200 runs): the
-    presets as they are (K/V read once per GQA group; all-reduces by its own kernels,
-    cpp/tensorrt_llm/kernels/customAllReduceKernels.cu, at one kernel's fixed cost, where the NCCL
-    all-reduces of its 2023 releases cost link_latency_s), TensorRT-LLM's fitted step cost, no
-    context-phase cost."""
+def _offline_hw(params: dict[str, float], gpu: str, dtype: str, release: str = "1.0") -> Hardware:
+    """TensorRT-LLM's PyTorch backend at `release`: the presets as they are (K/V read once per GQA group;
+    all-reduces by its own kernels, cpp/tensorrt_llm/kernels/customAllReduceKernels.cu, at one kernel's fixed cost,
+    where the NCCL all-reduces of its 2023 releases cost link_latency_s), TensorRT-LLM's fitted step cost, no
+    context-phase cost; and at release 0.20 its host's time per scheduled request a step that the GPU waits for
+    (`trtllm020_seq_s`, fitted on three of its runs; release 1.0's runs show none: docs/perf/sim-vs-published.md)."""
+    seq = params["trtllm020_seq_s"] if release == "0.20" else 0.0
     return fitted_presets(params)[gpu].for_dtype(dtype).with_(step_overhead_s=params["trtllm_step_s"], graph_overhead_s=None,
-                                                     seq_overhead_s=0.0)
+                                                     seq_overhead_s=seq)
 
 
 def _offline_cm(model: str, gpu: str, tp: int, dtype: str) -> tuple[CostModel, Hardware]:
@@ -71,19 +77,25 @@ def _offline_cm(model: str, gpu: str, tp: int, dtype: str) -> tuple[CostModel, H
     return CostModel.for_hardware(PRESETS[model], hw, tp=tp, kv_dtype_bytes=OVERVIEW_KV_BYTES[(model, dtype)]), hw
 
 
-def offline_predict(model: str, gpu: str, tp: int, dtype: str, isl: int, osl: int) -> Callable[[dict[str, float]], float]:
+def offline_predict(model: str, gpu: str, tp: int, dtype: str, isl: int, osl: int,
+                    release: str = "1.0") -> Callable[[dict[str, float]], float]:
     def predict(params: dict[str, float]) -> float:
-        hw = _trt1_hw(params, gpu, dtype)
+        hw = _offline_hw(params, gpu, dtype, release)
         cm = CostModel.for_hardware(PRESETS[model], hw, tp=tp, kv_dtype_bytes=OVERVIEW_KV_BYTES[(model, dtype)])
         return offline_seconds(cm, hw, isl, osl, OVERVIEW_REQUESTS[(isl, osl)], bench_settings(cm, hw, isl, osl))
     return predict
 
 
-# The same page at release 0.20 ("The data collected for the v0.20 benchmarks"), for the deployments release 1.0's
-# page lacks; None where its table has no figure. Its rows of 1,024/2,048 are left out: the page gives no request
-# count for that shape. Where both releases measured one deployment, 0.20's figures are 0.87-1.09 of 1.0's
-# (docs/perf/sim-vs-published.md): the spread a release adds.
+# The same page at release 0.20 ("The data collected for the v0.20 benchmarks", the version whose note says its runs
+# used `use_cuda_graph: true`); None where its table has no figure. Its rows of 1,024/2,048 are left out: the page
+# gives no request count for that shape. Where both releases measured one deployment, 0.20's figures are 0.87-1.09
+# of 1.0's (docs/perf/sim-vs-published.md): the spread a release adds.
 OVERVIEW_V020: dict[Deployment, tuple[float | None, ...]] = {
+    # the two TP1 deployments release 1.0 measured too: they check release 0.20's host time where it weighs least
+    ("llama-3.3-70b", "b200", 1, "fp4"): (10994.48, 9580.46, 6418.39, 7343.32, 6752.53, 6670.07, 1342.17, None,
+                                          1429.67, 629.77),
+    ("llama-3.3-70b", "h200", 1, "fp8"): (3605.47, 4315.80, 2701.17, 3478.76, 2744.32, 2896.44, 435.90, None, 545.96,
+                                          276.66),
     ("llama-3.3-70b", "b200", 2, "fp4"): (17542.11, 15432.35, 9841.53, 11850.57, 10815.88, 9830.73, 1989.41, None,
                                           2419.67, 1177.01),
     ("llama-3.3-70b", "b200", 4, "fp4"): (24667.31, 23568.12, 17808.76, 20709.67, 16413.04, 15597.49, 3033.14, None,

@@ -57,26 +57,31 @@ def test_the_groups_partition_the_held_out_figures_and_agree_with_the_prediction
     assert groups[("h100", "fp8")].mape == pytest.approx(float(np.mean(h100)))
     assert groups[("h100", "fp8")].worst == pytest.approx(max(h100))
     assert ("b200", "16-bit") not in groups and ("rtx4090", "16-bit") not in groups  # nothing measured them
-    assert groups[("b200", "fp4")].figures == 12 + 29  # TensorRT-LLM 1.0's B200 NVFP4 runs less the two fitted; 0.20's
+    # TensorRT-LLM 1.0's B200 NVFP4 runs less the two fitted; 0.20's less the one its host time is fitted on
+    assert groups[("b200", "fp4")].figures == 12 + 35
 
 
 def test_the_error_bar_is_told_at_the_runs_degree_of_tensor_parallelism() -> None:
     """A 70B run on eight GPUs reads the error of the figures at TP8, not the TP1 figures' (issue 29's trip-over:
-    one error bar per GPU and format hid that the simulator scales too well at TP4-8)."""
+    one error bar per GPU and format hid that the simulator looked 20-40 % optimistic at TP4-8, before release
+    0.20's host time per request was found)."""
     by_tp = held_out_by_tp()
     assert sum(a.figures for (g, f, _), a in by_tp.items() if (g, f) == ("h100", "fp8")) == \
         held_out_by_preset()[("h100", "fp8")].figures
     fp4 = load_hardware("b200").for_dtype("fp4")
     one, eight = check_doc(fp4), check_doc(fp4, tp=8)
     assert one["held_out"] == eight["held_out"] and one["at_tp"] != eight["at_tp"]
-    assert eight["at_tp"]["figures"] == by_tp[("b200", "fp4", 8)].figures and eight["at_tp"]["mape"] > 0.2
+    assert eight["at_tp"]["figures"] == by_tp[("b200", "fp4", 8)].figures == 14
+    assert eight["at_tp"]["mape"] == pytest.approx(by_tp[("b200", "fp4", 8)].mape) and eight["at_tp"]["mape"] < 0.10
     line = check_line(eight)
     assert "; at TP 8: MAPE " in line and line.startswith("B200 in fp4: MAPE ")
     assert "none at TP 16, so that degree is unvalidated" in check_line(check_doc(fp4, tp=16))
     old = {k: v for k, v in eight.items() if k not in ("tp", "at_tp")}  # a run.json written before degrees
     assert "at TP" not in check_line(old) and check_line(old).startswith("B200 in fp4: MAPE ")
     # a report warns where the figures at the run's degree are off by over 15 % on average, or absent
-    assert check_is_loose(eight) and check_is_loose(check_doc(fp4, tp=16)) and not check_is_loose(one)
+    assert check_is_loose(check_doc(fp4, tp=16)) and not check_is_loose(one) and not check_is_loose(eight)
+    loose = {**eight, "at_tp": {**eight["at_tp"], "mape": 0.2}}  # figures at its degree off by 20 % on average
+    assert check_is_loose(loose) and check_is_loose({**eight, "at_tp": None})
     assert check_is_loose(check_doc(load_hardware("b200")))  # the B200 in 16 bits: unvalidated
 
 

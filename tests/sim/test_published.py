@@ -47,6 +47,10 @@ def test_every_figure_cites_its_public_file_and_the_sets_are_split() -> None:
     assert {k for k in fit if k.startswith(("trtllm1", "trtllm v0.5"))} == {
         "trtllm1 offline llama-3.3-70b b200 fp4 tp1 128/4096", "trtllm1 offline llama-3.3-70b b200 fp4 tp1 2048/128"}
     assert sum(k.startswith("trtllm v0.5 batch") for k in held) == 8
+    # release 0.20's runs: held out but the three (128/2,048 at TP8, one a GPU) its host time is fitted on
+    assert {k for k in fit if k.startswith("trtllm0.20")} == {
+        f"trtllm0.20 offline llama-3.3-70b {g} tp8 128/2048" for g in ("h100 fp8", "h200 fp8", "b200 fp4")}
+    assert sum(k.startswith("trtllm0.20") for k in held) == 77
     # moved into the fit for the terms they alone fix (docs): L40S FP8 efficiency, TensorRT-LLM's context cost
     assert {"trtllm ttft llama-2-7b l40s fp8 tp1 2048", "trtllm ttft llama-2-7b h100 fp8 tp1 128"} <= fit
 
@@ -63,13 +67,18 @@ def test_the_stored_parameters_meet_the_error_targets_in_and_out_of_the_fit() ->
     # three of Vidur's layers: 7B ones at 256 rows, near the ridge, and the 7B's 1-row TP8 shard (29 us)
     v05_short = "trtllm v0.5 batch llama-2-70b h100 fp8 tp4 64x128/128"
     tiny = "vidur layer llama-2-7b h100 tp8 1"
-    over = {r[0].key for r in rows if abs(r[2]) > 0.15 and not r[0].key.startswith("trtllm0.20")}  # (below)
-    # and the B200's decode-heaviest 405B TP4 run (+15.2 %: the 405B FP4 checkpoint's cache is assumed 16-bit)
+    over = {r[0].key for r in rows if abs(r[2]) > 0.15}
+    # the B200's decode-heaviest 405B TP4 run (+17.8 %: the 405B FP4 checkpoint's cache is assumed 16-bit),
+    # and six of release 0.20's runs (below)
+    single_h100 = {f"trtllm0.20 offline llama-3.3-70b h100 fp8 tp1 {s}" for s in ("128/2048", "1000/1000", "1000/2000")}
     assert over <= {"trtllm batch llama-2-70b h100 fp8 tp2 96x2048/128",
                     "trtllm batch llama-2-70b a100 float16 tp4 120x2048/128", v05_short, tiny,
                     "vidur layer llama-2-7b h100 tp1 256", "vidur layer llama-2-7b a100 tp4 256",
-                    "trtllm1 offline llama-3.1-405b b200 fp4 tp4 128/4096"}, over
-    assert max(abs(e) for f, _, e in rows if f.key not in (v05_short, tiny) and not f.key.startswith("trtllm0.20")) < 0.20
+                    "trtllm1 offline llama-3.1-405b b200 fp4 tp4 128/4096", *single_h100,
+                    "trtllm0.20 offline llama-3.3-70b b200 fp4 tp2 128/128",
+                    "trtllm0.20 offline llama-3.3-70b b200 fp4 tp4 128/128",
+                    "trtllm0.20 offline llama-3.3-70b h100 fp8 tp8 128/4096"}, over
+    assert max(abs(e) for f, _, e in rows if f.key not in (v05_short, tiny, *single_h100)) < 0.20
     assert 0.25 < next(e for f, _, e in rows if f.key == v05_short) < 0.35
     assert 0.2 < next(e for f, _, e in rows if f.key == tiny) < 0.35
     # TensorRT-LLM 1.0's offline throughputs (Llama-3.1-8B, -3.3-70B and -3.1-405B, H100/H200 FP8): all
@@ -126,19 +135,30 @@ def test_hoppers_bandwidth_gain_comes_from_vidurs_h100_profiles() -> None:
     assert gpus["b200"].attn_mem_eff == pytest.approx(FIT["attn_mem_eff"] * FIT["blackwell_kv_gain"])
 
 
-def test_release_0_20s_tensor_parallel_runs_say_the_simulator_scales_too_well() -> None:
-    """TensorRT-LLM 0.20's offline runs of Llama-3.3-70B at TP2-8 (and 405B at TP8 on B200s), held out: the
-    simulator is faster than measured, the more so the more GPUs (median -9 % at TP2, -12 % at TP4, -20 % at
-    TP8, with NCCL's measured NVLink SHARP throughput); at TP1, four H100 runs with 10 GiB of K/V room beside
-    70 GB of weights. Not fixed: the error bar at each degree says so (sim/accuracy.py)."""
+def test_release_0_20s_host_time_per_request_is_what_it_lost_with_more_gpus() -> None:
+    """TensorRT-LLM 0.20's offline runs of Llama-3.3-70B at TP1-8 (and 405B at TP8 on B200s). Without a host cost
+    the simulator scales too well (median -9 % at TP2, -12 % at TP4, -20 % at TP8): every degree holds more rows a
+    step, and a step's GPU work a row shrinks with the degree while the host's does not. 13 us of host time per
+    scheduled request a step, fitted on three TP8 runs, puts the other 77 within 15 % but six (three single-H100 runs
+    with 10 GiB of K/V room beside 70 GB of weights), at every degree. Release 1.0's runs show none of it."""
     rows = _errors(default_params(), "trtllm0.20 offline")
-    assert len(rows) == 66 and not any(f.fit for f, _, _ in rows)
+    held = [(f, e) for f, _, e in rows if not f.fit]
+    assert len(rows) == 80 and len(held) == 77
+    assert np.mean([abs(e) for _, e in held]) < 0.08 and sum(abs(e) > 0.15 for _, e in held) <= 6
     by_tp: dict[int, list[float]] = {}
-    for f, _, e in rows:
+    for f, e in held:
         by_tp.setdefault(f.tp, []).append(e)
-    medians = {tp: float(np.median(errs)) for tp, errs in by_tp.items()}
+    assert all(abs(float(np.median(errs))) < 0.08 for errs in by_tp.values()), by_tp
+    assert max(abs(e) for f, e in held if f.tp == 1 and f.gpu != "h100") < 0.10  # where 1.0 measured it too
+    without = _errors(default_params() | {"trtllm020_seq_s": 0.0}, "trtllm0.20 offline")
+    medians = {tp: float(np.median([e for f, _, e in without if f.tp == tp])) for tp in (2, 4, 8)}
     assert medians[8] < medians[4] < medians[2] < -0.05 and medians[8] < -0.15, medians
-    assert sum(abs(e) > 0.15 for e in by_tp[8]) >= 15
+    assert sum(abs(e) > 0.15 for f, _, e in without if f.tp == 8) >= 15
+    # the same host time in release 1.0's runs would put them slow: its backend hides (or lost) it
+    release1 = [published.offline_predict(*dep, isl, osl, "0.20")(default_params()) / (
+        published.OVERVIEW_REQUESTS[(isl, osl)] * osl / tok) - 1 for dep, isl, osl, tok in
+        published.offline_runs(published.OVERVIEW)]
+    assert len(release1) == 56 and np.median(release1) > 0.06 and sum(e > 0.15 for e in release1) >= 10
 
 
 def test_the_405b_checkpoint_keeps_a_16_bit_cache(monkeypatch: pytest.MonkeyPatch) -> None:
