@@ -33,7 +33,7 @@ class Target:
     temperature: float = 0.0
     extra_body: dict[str, Any] = field(default_factory=dict)
     stream_reader: str = "auto"
-    max_event_bytes: int = 4 << 20  # an unfinished SSE event past this fails its request (event_too_large)
+    max_event_bytes: int = 4 << 20  # an SSE event past this fails its request (event_too_large)
     max_head_bytes: int = 64 << 10  # a response head past this fails its request (head_too_large)
 
     def __post_init__(self) -> None:

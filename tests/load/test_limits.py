@@ -40,6 +40,23 @@ def test_a_never_ending_event_costs_linear_time_then_fails_at_its_cap():
     assert exc.value.kind == "event_too_large" and capped.pending == 0  # its memory is let go
 
 
+def test_an_event_over_the_cap_fails_however_the_reads_cut_it():
+    """An ended event over the cap fails like an unfinished one (before: a whole one in a single read passed, the
+    same bytes in two reads failed, so a run's error kinds hung on the network), and the events that ended before
+    it in the same read reach the caller."""
+    big = b"data: {\"note\": \"" + b"y" * 2000 + b"\"}\n\n"
+    for pieces in ([big], [big[:1000], big[1000:]], [b"data: 1\n\n" + big], [b"data: 1\n\n" + big[:1500], big[1500:]]):
+        events = SseEvents(max_event_bytes=1024)
+        got: list[bytes] = []
+        with pytest.raises(StreamError, match="grew past 1024 bytes") as exc:
+            for piece in pieces:
+                got += events.feed(piece)
+        assert exc.value.kind == "event_too_large" and events.pending == 0
+        assert got + exc.value.events == ([b"1"] if pieces[0].startswith(b"data: 1") else []), pieces
+    events = SseEvents(max_event_bytes=len(big) - 2)  # an event exactly at the cap passes
+    assert events.feed(big) == [big[6:-2]]
+
+
 def test_cr_lf_split_across_reads_is_one_line_end():
     events = SseEvents()
     assert events.feed(b"data: a\r") == [] and events.feed(b"\n\r") == [b"a"]

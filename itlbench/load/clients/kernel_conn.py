@@ -218,9 +218,16 @@ class KernelConnection:
 
     def _events(self, piece: bytes, t: int, t_read: int) -> None:
         """Count the tokens of the SSE events this piece completes; each gets stamp `t`."""
-        payloads = self.sse.feed(piece)
-        if not payloads:
-            return
+        try:
+            payloads = self.sse.feed(piece)
+        except StreamError as e:  # the events the piece ended before the bad one are still the server's
+            if e.events:
+                self._events_of(e.events, t, t_read)
+            raise
+        if payloads:
+            self._events_of(payloads, t, t_read)
+
+    def _events_of(self, payloads: list[bytes], t: int, t_read: int) -> None:
         ex = self.ex
         assert ex is not None
         client = self.client

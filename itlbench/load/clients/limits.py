@@ -4,7 +4,7 @@ A server that never ends an SSE event, sends an endless response head, a control
 `/engine`, a probe) of gigabytes or a `/metrics` body without end would otherwise grow the client's
 memory until the run dies. Each cap fails only what exceeded it, with its own error kind:
 
-    event    an unfinished SSE event        request row, error_kind "event_too_large"
+    event    an SSE event (ended or not)    request row, error_kind "event_too_large"
     head     a streaming response's head    request row, error_kind "head_too_large"
     control  a control reply                a one-line error naming the URL ("reply_too_large")
     metrics  one /metrics body              scrapes row, error "body_too_large: ..."

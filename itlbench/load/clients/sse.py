@@ -252,7 +252,13 @@ class StreamClient:
                 return
             if len(ex.head) < HEAD_BYTES:
                 ex.head += data[:HEAD_BYTES - len(ex.head)]
-            for payload in events.feed(data):
+            try:
+                payloads = events.feed(data)
+            except StreamError as e:  # the events the read ended before the bad one are still the server's
+                for payload in e.events:
+                    self._on_event(payload, t, ex)
+                raise
+            for payload in payloads:
                 self._on_event(payload, t, ex)
 
     def _on_event(self, payload: bytes, t: int, ex: _Exchange) -> None:

@@ -6,11 +6,13 @@ from itlbench.load.target import Target
 
 
 class StreamError(Exception):
-    """A response that breaks the streaming protocol; `kind` becomes the row's `error_kind`."""
+    """A response that breaks the streaming protocol; `kind` becomes the row's `error_kind`. `events`: the
+    payloads of the events that ended before the bad one in the same read, which a caller still records."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, events: list[bytes] | None = None) -> None:
         super().__init__(message)
         self.kind = kind
+        self.events = events or []
 
 
 DEFAULT_MAX_EVENT_BYTES = Target.max_event_bytes  # a pending (unfinished) event larger than this fails the request
@@ -27,8 +29,10 @@ class SseEvents:
     Linear in the bytes fed, whatever the pieces: line ends are normalised per piece (a CR ending
     one piece swallows an LF starting the next), the pending bytes live in one growing buffer, and
     the search for the blank line resumes where the last one stopped, so an event that never ends
-    costs O(its size), not O(size²). An unfinished event larger than `max_event_bytes` (the server
-    never ends it) raises StreamError("event_too_large") instead of growing without bound."""
+    costs O(its size), not O(size²). An event larger than `max_event_bytes` raises
+    StreamError("event_too_large"): an unfinished one as soon as it passes the cap (the server never ends
+    it) instead of growing without bound, and a finished one too, so whether an event fails does not
+    depend on how the network cut it into reads."""
 
     __slots__ = ("_buf", "_scan", "_cr", "max_event_bytes")
 
@@ -56,12 +60,16 @@ class SseEvents:
         buf = self._buf
         if not buf and data.endswith(b"\n\n") and data.find(b"\n\n") == len(data) - 2:
             # the common read: exactly one whole event
+            if len(data) - 2 > self.max_event_bytes:
+                self._too_large(len(data) - 2, "ended", [])
             return [p] if (p := _payload(data[:-2])) else []
         buf += data
         out: list[bytes] = []
         start = 0
         pos = self._scan
         while (end := buf.find(b"\n\n", pos)) >= 0:
+            if end - start > self.max_event_bytes:
+                self._too_large(end - start, "ended", out)
             payload = _payload(bytes(buf[start:end]))
             start = pos = end + 2
             if payload:  # an event without data (or with empty data) is not dispatched
@@ -70,12 +78,15 @@ class SseEvents:
             del buf[:start]
         self._scan = max(0, len(buf) - 1)  # a LF at the end may be the first of a blank line
         if len(buf) > self.max_event_bytes:
-            size = len(buf)
-            buf.clear()
-            self._scan = 0
-            raise StreamError("event_too_large", f"an SSE event grew past {self.max_event_bytes} bytes "
-                                                 f"({size} pending) without ending")
+            self._too_large(len(buf), "pending without ending", out)
         return out
+
+    def _too_large(self, size: int, state: str, before: list[bytes]) -> None:
+        """Let the buffered bytes go (the request is failed) and say why, handing over the events before it."""
+        self._buf.clear()
+        self._scan = 0
+        raise StreamError("event_too_large", f"an SSE event grew past {self.max_event_bytes} bytes ({size} {state})",
+                          before)
 
 
 def _payload(event: bytes) -> bytes | None:
