@@ -55,6 +55,10 @@ def test_an_event_over_the_cap_fails_however_the_reads_cut_it():
         assert got + exc.value.events == ([b"1"] if pieces[0].startswith(b"data: 1") else []), pieces
     events = SseEvents(max_event_bytes=len(big) - 2)  # an event exactly at the cap passes
     assert events.feed(big) == [big[6:-2]]
+    handled: list[bytes] = []  # what the readers call: every event before the bad one handled, then the error
+    with pytest.raises(StreamError, match="event_too_large|grew past"):
+        SseEvents(max_event_bytes=1024).feed_each(b"data: 1\n\ndata: 2\n\n" + big, handled.append)
+    assert handled == [b"1", b"2"]
 
 
 def test_cr_lf_split_across_reads_is_one_line_end():

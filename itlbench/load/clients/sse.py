@@ -252,14 +252,8 @@ class StreamClient:
                 return
             if len(ex.head) < HEAD_BYTES:
                 ex.head += data[:HEAD_BYTES - len(ex.head)]
-            try:
-                payloads = events.feed(data)
-            except StreamError as e:  # the events the read ended before the bad one are still the server's
-                for payload in e.events:
-                    self._on_event(payload, t, ex)
-                raise
-            for payload in payloads:
-                self._on_event(payload, t, ex)
+            # events the read ended before a bad one are still the server's: recorded, then the error
+            events.feed_each(data, lambda payload: self._on_event(payload, t, ex))  # noqa: B023 (called at once)
 
     def _on_event(self, payload: bytes, t: int, ex: _Exchange) -> None:
         ex.events += 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from itlbench.load.target import Target
 
 
@@ -80,6 +82,18 @@ class SseEvents:
         if len(buf) > self.max_event_bytes:
             self._too_large(len(buf), "pending without ending", out)
         return out
+
+    def feed_each(self, data: bytes, handle: Callable[[bytes], object]) -> None:
+        """`feed`, each payload to `handle`, including those that ended before a bad event in the same read (then
+        the StreamError is raised)."""
+        try:
+            payloads = self.feed(data)
+        except StreamError as e:
+            for payload in e.events:
+                handle(payload)
+            raise
+        for payload in payloads:
+            handle(payload)
 
     def _too_large(self, size: int, state: str, before: list[bytes]) -> None:
         """Let the buffered bytes go (the request is failed) and say why, handing over the events before it."""

@@ -129,14 +129,8 @@ class GeventStreamClient(StreamClient):
             del buf[:]
             if len(ex.head) < HEAD_BYTES:
                 ex.head += data[:HEAD_BYTES - len(ex.head)]
-            try:
-                payloads = events.feed(data)
-            except StreamError as e:  # the events the read ended before the bad one are still the server's
-                for payload in e.events:
-                    self._on_event(payload, t, ex)
-                raise
-            for payload in payloads:
-                self._on_event(payload, t, ex)
+            # events the read ended before a bad one are still the server's: recorded, then the error
+            events.feed_each(data, lambda payload: self._on_event(payload, t, ex))  # noqa: B023 (called at once)
 
 
 def _recv(raw: Any) -> int:
