@@ -313,14 +313,14 @@ def _figures() -> list[Figure]:
                           f"TensorRT-LLM v0.5 {model} static batch {batch} x {isl}/{osl} on h100 fp8 TP{tp} "
                           f"({tok_s:,} out tok/s)", batch * osl / tok_s, False,
                           _static_batch(model, "h100", "fp8", tp, batch, isl, osl), "h100", "fp8", tp))
-    for release, table in (("1.0", OVERVIEW), ("0.20", OVERVIEW_V020)):
+    for release, table, fitted in (("1.0", OVERVIEW, OVERVIEW_FIT), ("0.20", OVERVIEW_V020, OVERVIEW_V020_FIT)):
         tag = "trtllm1" if release == "1.0" else "trtllm0.20"
         for (model, gpu, tp, dtype), isl, osl, tok_s in offline_runs(table):
             n = OVERVIEW_REQUESTS[(isl, osl)]
             out.append(Figure(f"{tag} offline {model} {gpu} {dtype} tp{tp} {isl}/{osl}", TRTLLM, T_OVERVIEW,
                               f"TensorRT-LLM {release} {model} offline {n:,} x {isl}/{osl} on {gpu} {dtype} TP{tp} "
                               f"({tok_s:,} out tok/s)", n * osl / tok_s,
-                              (model, gpu, tp, dtype, isl, osl) in (OVERVIEW_FIT if release == "1.0" else OVERVIEW_V020_FIT),
+                              (model, gpu, tp, dtype, isl, osl) in fitted,
                               offline_predict(model, gpu, tp, dtype, isl, osl, release),
                               gpu, dtype, tp))
     for model, gpu, tp, ms, build in VLLM_LATENCY:

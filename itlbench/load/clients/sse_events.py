@@ -17,7 +17,7 @@ class StreamError(Exception):
         self.events = events or []
 
 
-DEFAULT_MAX_EVENT_BYTES = Target.max_event_bytes  # a pending (unfinished) event larger than this fails the request
+DEFAULT_MAX_EVENT_BYTES = Target.max_event_bytes  # an event larger than this fails the request
 
 
 class SseEvents:
