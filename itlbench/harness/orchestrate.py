@@ -257,10 +257,10 @@ def _sim_check(cfg: RunConfig, run_doc: dict[str, Any]) -> None:
     if cfg.endpoint is not None or e.engine != "sim" or e.disaggregate:
         return
     from itlbench.sim.accuracy import config_check
-    from itlbench.sim.runner import DEFAULT_GPU
+    from itlbench.sim.runner import DEFAULT_GPU, sim_kv_share
 
     with contextlib.suppress(ItlbenchError):  # a profile the server refused has already failed the run
-        run_doc["sim_check"] = config_check(e.gpu or DEFAULT_GPU, e.dtype, e.tp)
+        run_doc["sim_check"] = config_check(e.gpu or DEFAULT_GPU, e.dtype, e.tp, sim_kv_share(e))
 
 
 def _start_gpu_sampler(cfg: RunConfig, conn: Connection, store: RunStore,

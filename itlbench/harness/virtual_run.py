@@ -63,7 +63,7 @@ def run_virtual(cfg: RunConfig, run_dir: Path, created: bool,
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     runner = getattr(engine, "runner", None)  # disaggregated: two pools, no one runner
-    check = None if runner is None else check_doc(runner.hardware, runner.cost_model.tp)  # the published error bar
+    check = None if runner is None else check_doc(runner.hardware, runner.cost_model.tp, runner.kv_share)
     if check is not None:
         on_status(runner.describe())
         on_status(check_line(check))

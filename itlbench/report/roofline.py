@@ -52,7 +52,7 @@ def _gpu_row(cm: CostModel, hw: Hardware, prompt: int, batch: int, context: int)
         "itl_floor_s": cm.weight_bytes_per_gpu / hw.mem_bw,
         "decode_step_s": decode, "prefill_s": prefill, "stall_to_step_ratio": prefill / decode if decode else None,
         "kv_capacity_tokens": cm.kv_capacity_tokens(hw),
-        "published_check": check_doc(hw, cm.tp),
+        "published_check": check_doc(hw, cm.tp, cm.kv_room_share(hw)),
     }
 
 
@@ -86,7 +86,7 @@ def roofline_doc(model: ModelConfig, hw: Hardware, compare: Sequence[Hardware], 
         "itl_floor_s": cm.weight_bytes_per_gpu / hw.mem_bw,  # each GPU streams its shard
         "crossover_prompt_tokens": cm.crossover_tokens(hw.ridge),
         "kv_capacity_tokens": cm.kv_capacity_tokens(hw),
-        "published_check": check_doc(hw, tp),
+        "published_check": check_doc(hw, tp, cm.kv_room_share(hw)),
         "gemms": gemms,
         "phases": phases,
         "tp": tp,
@@ -183,9 +183,12 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
 
 
 def _check_cell(check: dict[str, Any]) -> str:
-    """A compared GPU's held-out MAPE (figures): at the table's degree of TP where it is above 1."""
+    """A compared GPU's held-out MAPE (figures): at the table's degree of TP where it is above 1; and where its K/V
+    room is tight, the published runs as tight."""
     acc = check.get("at_tp") if check.get("tp", 1) > 1 else check.get("held_out")
-    return "none" if not acc else f"{acc['mape']:.1%} ({acc['figures']})"
+    cell = "none" if not acc else f"{acc['mape']:.1%} ({acc['figures']})"
+    tight = check.get("tight")  # K/V room as tight as the published runs that were far off
+    return cell if not tight else f"{cell}, K/V room {check['kv_share']:.0%}: {tight['mape']:.1%} ({tight['figures']})"
 
 
 def print_calibration(console: Console, result: Any, path: Any) -> None:

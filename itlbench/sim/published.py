@@ -49,6 +49,7 @@ from itlbench.sim.published_offline import (  # noqa: F401 (re-exported: the off
     OVERVIEW_V020,
     OVERVIEW_V020_FIT,
     fitted_presets,
+    offline_kv_share,
     offline_predict,
     offline_runs,
     overview_schedulable,
@@ -91,6 +92,7 @@ class Figure:
     gpu: str  # the preset the figure tests (sim/hardware.py), and the number format its GEMMs ran in
     dtype: str
     tp: int  # the degree of tensor parallelism it ran at
+    kv_share: float | None = None  # share of GPU memory the prediction gives the K/V (engine runs that fill it)
 
 
 def _gpus(params: dict[str, float]) -> dict[str, Hardware]:
@@ -322,7 +324,7 @@ def _figures() -> list[Figure]:
                               f"({tok_s:,} out tok/s)", n * osl / tok_s,
                               (model, gpu, tp, dtype, isl, osl) in fitted,
                               offline_predict(model, gpu, tp, dtype, isl, osl, release),
-                              gpu, dtype, tp))
+                              gpu, dtype, tp, offline_kv_share(model, gpu, tp, dtype)))
     for model, gpu, tp, ms, build in VLLM_LATENCY:
         out.append(Figure(f"vllm latency {model} {gpu} bf16 tp{tp}", VLLM_CI, f"builds/{build}",
                           f"vLLM latency test {model} {VLLM_BATCH} x {VLLM_INPUT}/{VLLM_OUTPUT} on {gpu} bf16 TP{tp}",

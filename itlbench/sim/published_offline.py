@@ -15,7 +15,7 @@ from collections.abc import Callable
 from itlbench.core.presets import PRESETS
 from itlbench.sim.hardware import FIT, Hardware, presets
 from itlbench.sim.roofline import CostModel
-from itlbench.sim.trtllm_bench import bench_settings, offline_seconds, schedulable
+from itlbench.sim.trtllm_bench import bench_settings, deployment_kv_bytes, offline_seconds, schedulable
 
 Deployment = tuple[str, str, int, str]  # model, gpu, tp, dtype
 
@@ -116,6 +116,13 @@ OVERVIEW_V020: dict[Deployment, tuple[float | None, ...]] = {
     ("llama-3.3-70b", "h100", 8, "fp8"): (None, 17424.32, 12624.61, 14553.93, 11018.81, 11139.22, 1839.22, None,
                                           2369.84, 1554.10),
 }
+
+
+def offline_kv_share(model: str, gpu: str, tp: int, dtype: str) -> float:
+    """The share of the deployment's GPU memory trtllm-bench's settings give the K/V (what the prediction
+    assumes the runtime had): 17 % for the 70B on one H100, 39-93 % for every other deployment here."""
+    cm, hw = _offline_cm(model, gpu, tp, dtype)
+    return bench_settings(cm, hw, 1, 1).kv_tokens * deployment_kv_bytes(cm) / (hw.memory_bytes * tp)
 
 
 def overview_schedulable(table: dict[Deployment, tuple[float | None, ...]] | None = None

@@ -104,6 +104,15 @@ def sim_kv_blocks(config: EngineConfig, cost: CostModel, hw: Hardware, max_model
     return min(tokens // config.block_size, config.max_num_seqs * per_request)
 
 
+def sim_kv_share(config: EngineConfig) -> float | None:
+    """The share of one simulated GPU's memory its K/V room takes (GPU_MEMORY_UTILIZATION of it less the weight
+    shard); None for the measured 'cpu' profile and for disaggregated pools (two GPUs, no one share)."""
+    if config.disaggregate or (config.gpu or DEFAULT_GPU).strip().lower() == "cpu":
+        return None
+    hw = sim_hardware(config)
+    return sim_cost_model(config, load_model_config(config.model), hw).kv_room_share(hw, GPU_MEMORY_UTILIZATION)
+
+
 def sim_hardware(config: EngineConfig, gpu: str | None = None) -> Hardware:
     """The profile `--gpu` names, serving `--dtype` (fp8: the FP8 rate, one-byte weights and K/V; fp4: NVFP4)."""
     return load_hardware(gpu or config.gpu or DEFAULT_GPU).for_dtype(config.dtype)
@@ -153,6 +162,11 @@ class SimRunner:
         gpus = f"{tp} × {self.hardware.label}" if tp > 1 else self.hardware.label
         return (f"{gpus}: {self.hardware.dtype} weights, K/V at {self.cost_model.kv_b} B an element, "
                 f"{self.num_blocks:,} K/V blocks of {self.block_size} tokens")
+
+    @property
+    def kv_share(self) -> float:
+        """The share of one GPU's memory its K/V room takes beside the weights (`sim_kv_share`)."""
+        return self.cost_model.kv_room_share(self.hardware, GPU_MEMORY_UTILIZATION)
 
     def step_time(self, output: SchedulerOutput) -> StepTime:
         return self.cost_model.time(chunk_shape(output.chunks), self.hardware)

@@ -45,14 +45,20 @@ class BenchSettings:
 def bench_settings(cm: CostModel, hw: Hardware, isl: int, osl: int, kv_fraction: float = KV_FRACTION) -> BenchSettings:
     """trtllm-bench's settings for a model in `hw`'s dtype (weights at `ESTIMATE_BYTES`, 16-bit otherwise; K/V at
     the cost model's bytes, which the heuristic reads from the checkpoint's `kv_cache_quant_algo`) on tp GPUs."""
-    m = cm.model
-    kv_per_token = cm.kv_bytes_per_token * max(cm.tp, m.num_kv_heads) / m.num_kv_heads / GIB
+    kv_per_token = deployment_kv_bytes(cm) / GIB
     engine = cm.params * ESTIMATE_BYTES.get(hw.dtype, 2.0) / GIB
     cache = (hw.memory_bytes * cm.tp / GIB - engine) * kv_fraction
     requests = cache / (kv_per_token * (isl + osl))
     raw_bs = min(requests, 4096)
     raw_tokens = min(raw_bs * (1 + isl / osl), 32768)
     return BenchSettings(_round_batch(raw_bs), _round_tokens(raw_tokens), int(cache / kv_per_token))
+
+
+def deployment_kv_bytes(cm: CostModel) -> float:
+    """K/V bytes one token takes across the tp GPUs: each holds its heads' share, whole heads copied past the K/V
+    head count."""
+    m = cm.model
+    return cm.kv_bytes_per_token * max(cm.tp, m.num_kv_heads) / m.num_kv_heads
 
 
 def _round_batch(raw: float) -> int:

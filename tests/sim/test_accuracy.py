@@ -13,12 +13,14 @@ from typer.testing import CliRunner
 
 from itlbench.cli import app
 from itlbench.sim.accuracy import (
+    TIGHT_KV_SHARE,
     Accuracy,
     check_doc,
     check_is_loose,
     check_line,
     held_out_by_preset,
     held_out_by_tp,
+    held_out_tight,
     number_format,
     preset_accuracy,
 )
@@ -121,3 +123,32 @@ def test_roofline_says_how_far_each_gpu_is_checked() -> None:
     assert result.exit_code == 0, result.output
     eight = held_out_by_tp()[("h100", "16-bit", 8)]
     assert f"published figures at TP 8: H100 SXM {eight.mape:.1%} ({eight.figures}) · B200 none" in result.stdout
+
+
+def test_a_run_whose_kv_room_is_tight_reads_the_error_of_the_published_runs_as_tight() -> None:
+    """The 70B on one H100 is the one published deployment with little K/V room (17 % of the GPU), and its
+    decode-heavy runs are the worst figures (34-39 % fast): a run that tight is told so and warned, whatever its
+    GPU's or degree's overall error; one with room is not."""
+    tight = [(f, e) for f, _, e in errors(default_params())
+             if not f.fit and f.kv_share is not None and f.kv_share < TIGHT_KV_SHARE]
+    assert {(f.gpu, f.dtype, f.tp) for f, _ in tight} == {("h100", "fp8", 1)} and len(tight) == 4
+    roomy = [f.kv_share for f in FIGURES if f.kv_share is not None and f.kv_share >= TIGHT_KV_SHARE]
+    assert min(roomy) > 0.35  # the threshold sits in a gap, not among the deployments
+    acc = held_out_tight()
+    assert acc == Accuracy.of([e for _, e in tight]) and acc.mape > 0.15 and acc.bias < 0  # fast: too much room
+    fp8 = load_hardware("h100").for_dtype("fp8")
+    doc = check_doc(fp8, 1, kv_share=0.08)
+    assert doc["tight"] == acc.to_dict() and doc["kv_share"] == 0.08
+    line = check_line(doc)
+    assert f"; K/V room only 8% of each GPU's memory: published runs with under 25% were off by MAPE {acc.mape:.1%}" \
+        in line and line.endswith("(docs/perf/sim-vs-published.md)")
+    assert check_is_loose(doc) and not check_is_loose(check_doc(fp8, 1))  # its TP1 figures alone: under 15 %
+    roomy_doc = check_doc(fp8, 2, kv_share=0.49)
+    assert roomy_doc["tight"] is None and "K/V room" not in check_line(roomy_doc) and not check_is_loose(roomy_doc)
+    result = CliRunner().invoke(app, ["roofline", "--model", "llama-3.3-70b", "--gpu", "h100", "--dtype", "fp8",
+                                      "--compare", "h100,h200", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    one_h100, h200 = (g["published_check"] for g in out["gpus"])
+    assert one_h100["kv_share"] < 0.10 and one_h100["tight"] == acc.to_dict()  # 70 GB of weights on 80 GiB
+    assert h200["kv_share"] > 0.4 and h200["tight"] is None
