@@ -6,7 +6,6 @@ Kept apart from the typer declaration in studies.py so the command's options sta
 from __future__ import annotations
 
 import contextlib
-import json
 import shlex
 import sys
 from collections.abc import Callable, Iterator
@@ -27,7 +26,7 @@ from itlbench.experiments.capacity import (
     search,
     write_capacity_json,
 )
-from itlbench.experiments.capacity_report import write_capacity_report
+from itlbench.experiments.capacity_report import recorded_sim_check, write_capacity_report
 from itlbench.experiments.served import (
     OTLP_FIELD,
     ServedServer,
@@ -119,7 +118,7 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
         fail(exc)
         return
     console.print(f"[bold]{answer_line(result)}[/]", highlight=False)
-    if (check := _sim_check(result.points)) is not None:  # a simulated answer: how far to trust the simulator
+    if (check := recorded_sim_check(result)) is not None:  # a simulated answer: how far to trust the simulator
         from itlbench.sim.accuracy import check_line
 
         console.print(f"[bold]Sim check[/] {check_line(check)}", highlight=False)
@@ -127,13 +126,3 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
     print(target)
     if result.interrupted:
         raise typer.Exit(130)
-
-
-def _sim_check(points: list[SearchPoint]) -> dict | None:
-    """The simulated preset's error bar, as the runs recorded it (harness/virtual_run.py); None when served."""
-    for run in (r for p in points for r in p.runs):
-        with contextlib.suppress(OSError, ValueError):
-            check = json.loads((run.run_dir / "run.json").read_text()).get("sim_check")
-            if isinstance(check, dict):
-                return check
-    return None

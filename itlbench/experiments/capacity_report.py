@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -85,6 +88,27 @@ def rerun_lines(result: CapacityResult) -> list[str]:
             f"its validity checks said: {r.disturbed[0]}; run again." for pt, r in again]
 
 
+def recorded_sim_check(result: CapacityResult) -> dict[str, Any] | None:
+    """The simulated preset's error bar as the search's runs recorded it (harness/virtual_run.py); None when the
+    engine was not simulated."""
+    for run in (r for p in result.points for r in p.runs):
+        with contextlib.suppress(OSError, ValueError):
+            check = json.loads((run.run_dir / "run.json").read_text()).get("sim_check")
+            if isinstance(check, dict):
+                return check
+    return None
+
+
+def sim_callouts(result: CapacityResult) -> list[Callout]:
+    """A simulated answer says how far to trust the simulator there, warned as a run's report is."""
+    check = recorded_sim_check(result)
+    if check is None:
+        return []
+    from itlbench.sim.accuracy import check_is_loose, check_line  # simulated searches only
+
+    return [Callout("warn" if check_is_loose(check) else "info", f"How far to trust the simulator: {check_line(check)}.")]
+
+
 def write_capacity_report(result: CapacityResult, out_dir: Path, command: str, target: str) -> Written:
     p = result.plan
     line = answer_line(result)
@@ -93,7 +117,7 @@ def write_capacity_report(result: CapacityResult, out_dir: Path, command: str, t
                f"{p.repeat} runs per point near the boundary"]
     doc = Document(f"Capacity by {p.axis}: {target}",
                    f"{len(result.points)} points · written {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-                   [Callout("info" if result.max_load is not None else "warn", line)],
+                   [Callout("info" if result.max_load is not None else "warn", line), *sim_callouts(result)],
                    [Section("Answer").add(line, "; ".join(targets) + ".",
                                           "The search doubled the load until a point missed, then bisected "
                                           "between the highest point met and the lowest missed; points near the "
