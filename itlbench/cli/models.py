@@ -126,8 +126,8 @@ def roofline(
     batch: Annotated[str, typer.Option(help="Decode batch sizes to tabulate.")] = "1,32",
     context: Annotated[str, typer.Option(help="Cached context of each decoding sequence.")] = "2k",
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree: costs per GPU, two all-reduces per layer.")] = 1,
-    dtype: Annotated[str, typer.Option(help="auto (the profile's), bfloat16, float16, fp8 (one-byte weights and "
-                                       "K/V unless --kv-cache-dtype says otherwise, the FP8 tensor rate) or fp4 "
+    dtype: Annotated[str, typer.Option(help="auto (the profile's), bfloat16, float16, fp8 (one-byte layer weights, "
+                                       "16-bit tables, K/V at one byte unless --kv-cache-dtype says otherwise, the FP8 tensor rate) or fp4 "
                                        "(NVFP4 on a B200, K/V in fp8).")] = "auto",
     kv_cache_dtype: Annotated[str, typer.Option(help="auto (the weights' dtype; fp8 under fp4), bfloat16, float16 or fp8: the K/V "
                                                 "cache's dtype apart from the weights'.")] = "auto",

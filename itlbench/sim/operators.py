@@ -65,7 +65,7 @@ def layer_gemm_shapes(cm: CostModel) -> dict[str, tuple[int, int]]:
 def gemm_parts(cm: CostModel, rows: int, d_in: int, d_out: int, hw: Hardware,
                table: bool = False) -> tuple[float, float]:
     """(compute seconds, memory seconds) of one [rows, d_in] x [d_in, d_out] weight GEMM (`table`: the LM
-    head, in the tables' dtype: 16-bit under fp4)."""
+    head, in the tables' dtype: 16-bit under fp8 and fp4)."""
     if rows <= 0:
         return 0.0, 0.0
     dtype = hw.table_dtype if table else hw.dtype

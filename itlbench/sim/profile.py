@@ -38,7 +38,9 @@ COST_MODELS: tuple[str, ...] = ("roofline", "operators")
 # index (42,709,045,632 bytes, what 0.5625 bytes per linear weight and 16-bit tables give, within 0.01 %).
 DTYPE_BYTES: dict[str, float] = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "fp4": 0.5625}
 QUANTIZED = ("fp8", "fp4")  # weight GEMMs at their own tensor rate, unrounded to 16-bit tiles
-TABLE_DTYPE = {"fp4": "bfloat16"}  # embedding and LM head in these, where not the weights' dtype
+# embedding and LM head in these, where not the weights' dtype: FP8 and NVFP4 checkpoints quantize the layers' linear
+# weights only (ModelOpt's leave the LM head out; vLLM and TensorRT-LLM load both tables in 16 bits)
+TABLE_DTYPE = {"fp4": "bfloat16", "fp8": "bfloat16"}
 DEFAULT_KV_DTYPE = {"fp4": "fp8"}  # the K/V cache's dtype under --kv-cache-dtype auto, where not the weights'
 
 HALF_DTYPES = ("bfloat16", "float16")  # same tensor rate on every preset
@@ -144,7 +146,7 @@ class Hardware:
 
     @property
     def table_dtype(self) -> str:
-        """The embedding's and LM head's dtype: 16-bit under fp4 (its checkpoints leave them unquantized)."""
+        """The embedding's and LM head's dtype: 16-bit under fp8 and fp4 (their checkpoints leave them unquantized)."""
         return TABLE_DTYPE.get(self.dtype, self.dtype)
 
     @property

@@ -97,7 +97,7 @@ class CostModel:
         self.norm_params = (2 * m.num_layers + 1) * m.hidden_size
         self.table_params = m.vocab_size * m.hidden_size  # one embedding table (or LM head)
         self.params = m.num_params
-        # the embedding and LM head in the weights' dtype unless told otherwise (an NVFP4 checkpoint keeps them 16-bit)
+        # the embedding and LM head in the weights' dtype unless told otherwise (FP8 and NVFP4 checkpoints keep them 16-bit)
         self.table_b = table_dtype_bytes or dtype_bytes
         # K/V in the weights' dtype unless told otherwise (an FP8 checkpoint may keep a 16-bit cache)
         self.kv_b = kv_dtype_bytes or dtype_bytes

@@ -114,7 +114,7 @@ def sim_kv_share(config: EngineConfig) -> float | None:
 
 
 def sim_hardware(config: EngineConfig, gpu: str | None = None) -> Hardware:
-    """The profile `--gpu` names, serving `--dtype` (fp8: the FP8 rate, one-byte weights and K/V; fp4: NVFP4)."""
+    """The profile `--gpu` names, serving `--dtype` (fp8: the FP8 rate, one-byte layer weights and K/V; fp4: NVFP4)."""
     return load_hardware(gpu or config.gpu or DEFAULT_GPU).for_dtype(config.dtype)
 
 

@@ -93,13 +93,17 @@ def test_fp8_weights_beside_a_16_bit_cache() -> None:
         assert err.value.field == "kv_cache_dtype" and fix in str(err.value)
 
 
-def test_fp8_uses_the_fp8_rate_and_one_byte_weights_only_where_the_gpu_has_it() -> None:
+def test_fp8_uses_the_fp8_rate_and_one_byte_layer_weights_only_where_the_gpu_has_it() -> None:
     fp8 = H100.for_dtype("fp8")
     assert fp8.gemm_peak == 1979e12 and fp8.peak_flops == 989e12  # attention stays at the half rate
     assert fp8.gemm_efficiency == FIT["fp8_gemm_eff_h100"] and H100.for_dtype("float16").dtype == "float16"
     m = PRESETS["llama-3-8b"]
     bf16, f8 = CostModel.for_hardware(m, H100), CostModel.for_hardware(m, fp8)
-    assert f8.weight_bytes * 2 == bf16.weight_bytes and f8.kv_bytes_per_token * 2 == bf16.kv_bytes_per_token
+    # the layers' linear weights at one byte, the embedding and LM head in 16 bits (vLLM's Fp8Config leaves its
+    # ParallelLMHead unquantized, vllm-project/vllm#41000): Llama-3-8B's 9.08 GB against 16.06 GB, the sizes
+    # tinygrad/tinygrad#12893 loaded with and without --quantize fp8
+    assert bf16.weight_bytes == pytest.approx(16.06e9, rel=1e-3) and f8.weight_bytes == pytest.approx(9.08e9, rel=1e-3)
+    assert (f8.b, f8.table_b) == (1, 2) and f8.kv_bytes_per_token * 2 == bf16.kv_bytes_per_token
     decode = StepShape.decode(32, 2048)
     assert f8.time(decode, fp8).total_s < bf16.time(decode, H100).total_s
     with pytest.raises(ConfigError) as err:
