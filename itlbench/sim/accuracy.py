@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 
 from itlbench.sim.hardware import GPUS, HALF_DTYPES, Hardware, load_hardware
-from itlbench.sim.published import default_params, errors
+from itlbench.sim.published import Figure, default_params, errors
 
 OVER = 0.15  # issue 29's bound on every figure
 # Below this share of a GPU's memory for K/V, the published engine runs turn on how much room the runtime really
-# kept (its context, activations and graphs, unpublished): the 70B on one H100 (17 %) came out 34-39 % fast, every
+# kept (its context, activations and graphs, unpublished): the 70B on one H100 (17 %) came out 33-38 % fast, every
 # deployment with 39 % or more within 18 % (docs/perf/sim-vs-published.md). A run this tight is told so.
 TIGHT_KV_SHARE = 0.25
 
@@ -63,12 +63,17 @@ class Accuracy:
 
 
 @lru_cache(maxsize=1)
+def _held_out_errors() -> list[tuple[Figure, float]]:
+    """Each held-out figure and its signed error with the stored parameters (predicted once a process)."""
+    return [(fig, err) for fig, _, err in errors(default_params()) if not fig.fit]
+
+
+@lru_cache(maxsize=1)
 def _held_out() -> dict[tuple[str, str, int], list[float]]:
     """(preset, number format, tp) -> the held-out figures' signed errors with the stored parameters."""
     groups: dict[tuple[str, str, int], list[float]] = {}
-    for fig, _, err in errors(default_params()):
-        if not fig.fit:
-            groups.setdefault((fig.gpu, number_format(fig.dtype), fig.tp), []).append(err)
+    for fig, err in _held_out_errors():
+        groups.setdefault((fig.gpu, number_format(fig.dtype), fig.tp), []).append(err)
     return groups
 
 
@@ -91,8 +96,7 @@ def held_out_by_tp() -> dict[tuple[str, str, int], Accuracy]:
 def held_out_tight() -> Accuracy | None:
     """The held-out engine runs whose K/V had under TIGHT_KV_SHARE of the GPU's memory, every preset together
     (the reserve a runtime keeps is not the GPU's); None where there are none."""
-    errs = [err for fig, _, err in errors(default_params())
-            if not fig.fit and fig.kv_share is not None and fig.kv_share < TIGHT_KV_SHARE]
+    errs = [err for fig, err in _held_out_errors() if fig.kv_share is not None and fig.kv_share < TIGHT_KV_SHARE]
     return Accuracy.of(errs) if errs else None
 
 

@@ -210,10 +210,12 @@ class CostModel:
     def kv_capacity_tokens(self, hw: Hardware, utilization: float = 0.9) -> int:
         """Tokens of K/V that fit beside one GPU's weight shard in `utilization` of its memory (each GPU
         holds its heads' share of every token, so this is the whole deployment's room too)."""
-        free = hw.memory_bytes * utilization - self.weight_bytes_per_gpu
-        return max(0, int(free // self.kv_bytes_per_token_per_gpu))
+        return int(self._kv_room_bytes(hw, utilization) // self.kv_bytes_per_token_per_gpu)
 
     def kv_room_share(self, hw: Hardware, utilization: float = 0.9) -> float:
         """The share of one GPU's memory left for K/V beside its weight shard: where it is small, how much
         room a real runtime keeps back (its context, activations, graphs) decides the batch it can hold."""
-        return max(0.0, hw.memory_bytes * utilization - self.weight_bytes_per_gpu) / hw.memory_bytes
+        return self._kv_room_bytes(hw, utilization) / hw.memory_bytes
+
+    def _kv_room_bytes(self, hw: Hardware, utilization: float) -> float:
+        return max(0.0, hw.memory_bytes * utilization - self.weight_bytes_per_gpu)
