@@ -46,9 +46,10 @@ Percentiles their samples cannot support (fewer than 1/(1−q): 2 for p50, 10 fo
   crosscheck.server_timings.{source,requests,ttft_minus_prompt_ms,ttft_below_server_prompt,
     decode_minus_server_ms,tokens_agree} (null unless the server reports per-request timings: llama.cpp)
   clock.{kind,note}  only on a virtual clock (harness/virtual_run.py)
-  sim_check.{gpu,label,format,tp,held_out,at_tp,kv_share,tight}  only for the simulated engine: its preset's
-                    error on the published figures held out of the fit (sim/accuracy.py; held_out null where no
-                    figure checks it), and where its K/V room is tight, the error of the published runs as tight
+  sim_check.{gpu,label,format,tp,held_out,at_tp,kv_share,tight,reserve_gib,memory_gib}  only for the simulated
+                    engine: its preset's error on the published figures held out of the fit (sim/accuracy.py;
+                    held_out null where no figure checks it), and where its K/V room is tight, the error of the
+                    published runs as tight and the reserve a runtime would keep of that room
 Throughput: ok requests scheduled in the window, output tokens that arrived in the window (Σ n_tokens
 of every stream's chunks), prompt tokens of ok requests, each divided by the window's seconds.
 """

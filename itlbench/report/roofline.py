@@ -184,11 +184,14 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
 
 def _check_cell(check: dict[str, Any]) -> str:
     """A compared GPU's held-out MAPE (figures): at the table's degree of TP where it is above 1; and where its K/V
-    room is tight, the published runs as tight."""
+    room is tight, the reserve a runtime keeps that the simulated engine does not."""
     acc = check.get("at_tp") if check.get("tp", 1) > 1 else check.get("held_out")
     cell = "none" if not acc else f"{acc['mape']:.1%} ({acc['figures']})"
-    tight = check.get("tight")  # K/V room as tight as the published runs that were far off
-    return cell if not tight else f"{cell}, K/V room {check['kv_share']:.0%}: {tight['mape']:.1%} ({tight['figures']})"
+    if not check.get("tight"):
+        return cell
+    if "reserve_gib" not in check:  # recorded before the reserve was known
+        return f"{cell}, ⚠️ K/V room {check['kv_share']:.0%}"
+    return f"{cell}, ⚠️ K/V room {check['kv_share'] * check['memory_gib']:.1f} GiB, {check['reserve_gib']:.1f} of it a runtime's"
 
 
 def print_calibration(console: Console, result: Any, path: Any) -> None:

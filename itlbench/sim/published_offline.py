@@ -119,8 +119,8 @@ OVERVIEW_V020: dict[Deployment, tuple[float | None, ...]] = {
 
 
 def offline_kv_share(model: str, gpu: str, tp: int, dtype: str) -> float:
-    """The share of the deployment's GPU memory trtllm-bench's settings give the K/V (what the prediction
-    assumes the runtime had): 17 % for the 70B on one H100, 39-93 % for every other deployment here."""
+    """The share of the deployment's GPU memory its runtime gives the K/V (`runtime_kv_tokens`, what the prediction
+    assumes): 9 % for the 70B on one H100, 31-89 % for every other deployment here."""
     cm, hw = _offline_cm(model, gpu, tp, dtype)
     return bench_settings(cm, hw, 1, 1).kv_tokens * deployment_kv_bytes(cm) / (hw.memory_bytes * tp)
 

@@ -5,9 +5,9 @@ publishes the output tokens/s of fixed-length datasets (every request `isl` prom
 tokens) queued at once on Llama-3.1-8B and Llama-3.3-70B in FP8. Unlike a static batch, the engine
 batches in flight, so predicting those figures needs its settings and its schedule, not just a step:
 
-- settings: trtllm-bench picks the engine's max batch size and max tokens per step from the K/V room
-  (tensorrt_llm/bench/build/tuning.py, calc_engine_setting and finetune_setting, restated here):
-  `bench_settings`;
+- settings: trtllm-bench picks the engine's max batch size and max tokens per step from an estimate of the K/V room
+  (tensorrt_llm/bench/build/tuning.py, calc_engine_setting and finetune_setting, restated here), and the runtime
+  then gives the K/V its fraction of what is really left (`runtime_kv_tokens`): `bench_settings`;
 - schedule: each request reserves K/V for its whole isl + osl (the default GUARANTEED_NO_EVICT
   capacity policy), decoding rows are scheduled first, and whole prompts fill what is left of the step's
   token budget (no chunked context): `offline_seconds`.
@@ -23,6 +23,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from itlbench.sim.memory import reserve_bytes
 from itlbench.sim.profile import Hardware
 from itlbench.sim.roofline import CostModel
 from itlbench.sim.shapes import StepShape
@@ -44,14 +45,24 @@ class BenchSettings:
 
 def bench_settings(cm: CostModel, hw: Hardware, isl: int, osl: int, kv_fraction: float = KV_FRACTION) -> BenchSettings:
     """trtllm-bench's settings for a model in `hw`'s dtype (weights at `ESTIMATE_BYTES`, 16-bit otherwise; K/V at
-    the cost model's bytes, which the heuristic reads from the checkpoint's `kv_cache_quant_algo`) on tp GPUs."""
+    the cost model's bytes, which the heuristic reads from the checkpoint's `kv_cache_quant_algo`) on tp GPUs, and
+    the K/V the runtime then allocates."""
     kv_per_token = deployment_kv_bytes(cm) / GIB
     engine = cm.params * ESTIMATE_BYTES.get(hw.dtype, 2.0) / GIB
     cache = (hw.memory_bytes * cm.tp / GIB - engine) * kv_fraction
     requests = cache / (kv_per_token * (isl + osl))
     raw_bs = min(requests, 4096)
-    raw_tokens = min(raw_bs * (1 + isl / osl), 32768)
-    return BenchSettings(_round_batch(raw_bs), _round_tokens(raw_tokens), int(cache / kv_per_token))
+    max_num_tokens = _round_tokens(min(raw_bs * (1 + isl / osl), 32768))
+    return BenchSettings(_round_batch(raw_bs), max_num_tokens, runtime_kv_tokens(cm, hw, max_num_tokens, kv_fraction))
+
+
+def runtime_kv_tokens(cm: CostModel, hw: Hardware, max_num_tokens: int, kv_fraction: float = KV_FRACTION) -> int:
+    """Tokens of K/V the PyTorch runtime allocates: `kv_fraction` of what each GPU has left once it holds its weights
+    (16-bit tables included) and has run a profiling step of `max_num_tokens` (tensorrt_llm/_torch/pyexecutor/
+    _util.py: (total - peak) x fraction), its reserve (sim/memory.py) kept. The heuristic's estimate skips the tables
+    and the reserve, which made the 70B on one H100 a third fast (docs/perf/sim-vs-published.md)."""
+    left = hw.memory_bytes - cm.weight_bytes_per_gpu - reserve_bytes(cm.tp, cm.model.hidden_size, max_num_tokens)
+    return int(max(0.0, left) * kv_fraction * cm.tp / deployment_kv_bytes(cm))
 
 
 def deployment_kv_bytes(cm: CostModel) -> float:

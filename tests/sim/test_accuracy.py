@@ -125,24 +125,30 @@ def test_roofline_says_how_far_each_gpu_is_checked() -> None:
     assert f"published figures at TP 8: H100 SXM {eight.mape:.1%} ({eight.figures}) · B200 none" in result.stdout
 
 
-def test_a_run_whose_kv_room_is_tight_reads_the_error_of_the_published_runs_as_tight() -> None:
-    """The 70B on one H100 is the one published deployment with little K/V room (17 % of the GPU), and its
-    decode-heavy runs are the worst figures (34-39 % fast): a run that tight is told so and warned, whatever its
-    GPU's or degree's overall error; one with room is not."""
+def test_a_run_whose_kv_room_is_tight_is_warned_of_the_reserve_the_simulated_engine_does_not_keep() -> None:
+    """The 70B on one H100 is the one published deployment with little K/V room (9 % of the GPU once the runtime's
+    reserve is kept): its runs are within bound only because they are predicted with that reserve (33-38 % fast
+    without it). The simulated engine keeps none, so a run that tight is warned, and told how much of its room a
+    runtime keeps; one with room is not."""
     tight = [(f, e) for f, _, e in errors(default_params())
              if not f.fit and f.kv_share is not None and f.kv_share < TIGHT_KV_SHARE]
     assert {(f.gpu, f.dtype, f.tp) for f, _ in tight} == {("h100", "fp8", 1)} and len(tight) == 4
+    assert 0.08 < tight[0][0].kv_share < 0.10
     roomy = [f.kv_share for f in FIGURES if f.kv_share is not None and f.kv_share >= TIGHT_KV_SHARE]
-    assert min(roomy) > 0.35  # the threshold sits in a gap, not among the deployments
+    assert min(roomy) > 0.30  # the threshold sits in a gap, not among the deployments
     acc = held_out_tight()
-    assert acc == Accuracy.of([e for _, e in tight]) and acc.mape > 0.15 and acc.bias < 0  # fast: too much room
+    assert acc == Accuracy.of([e for _, e in tight]) and acc.mape < 0.10 and acc.worst < 0.15 and acc.over == 0
     fp8 = load_hardware("h100").for_dtype("fp8")
     doc = check_doc(fp8, 1, kv_share=0.08)
-    assert doc["tight"] == acc.to_dict() and doc["kv_share"] == 0.08
+    assert doc["tight"] == acc.to_dict() and doc["kv_share"] == 0.08 and doc["reserve_gib"] == 2.9
     line = check_line(doc)
-    assert f"; K/V room only 8% of each GPU's memory: published runs with under 25% were off by MAPE {acc.mape:.1%}" \
-        in line and line.endswith("(docs/perf/sim-vs-published.md)")
+    assert ("; K/V room only 8% of each GPU's memory (6.4 GiB): a runtime keeps about 2.9 GiB of that back, which "
+            "this simulated engine does not") in line and f"were off by MAPE {acc.mape:.1%}" in line
+    assert line.endswith("once that reserve was charged (docs/perf/sim-vs-published.md)")
     assert check_is_loose(doc) and not check_is_loose(check_doc(fp8, 1))  # its TP1 figures alone: under 15 %
+    assert check_doc(fp8, 4, kv_share=0.08)["reserve_gib"] == 4.8  # all-reduce workspaces grow with the degree
+    recorded = {k: v for k, v in doc.items() if k not in ("reserve_gib", "memory_gib")}  # an older run.json
+    assert "K/V room only 8% of each GPU's memory: published runs with under 25% were off" in check_line(recorded)
     roomy_doc = check_doc(fp8, 2, kv_share=0.49)
     assert roomy_doc["tight"] is None and "K/V room" not in check_line(roomy_doc) and not check_is_loose(roomy_doc)
     result = CliRunner().invoke(app, ["roofline", "--model", "llama-3.3-70b", "--gpu", "h100", "--dtype", "fp8",
