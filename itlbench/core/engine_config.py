@@ -59,7 +59,9 @@ class EngineConfig:
     block_size: int = option(16, "Tokens per KV-cache block.")
     kv_blocks: int | None = option(None, "KV-cache blocks (default: sized from --kv-memory-gib).")
     kv_memory_gib: float | None = option(None, "KV-cache memory when --kv-blocks is not given (default: 4 GiB on "
-                                         "CPU; on CUDA --gpu-memory-fraction of free memory).")
+                                         "CPU; on CUDA --gpu-memory-fraction of free memory; --engine sim: a "
+                                         "GPU's, e.g. the room your runtime's log reports; default 90 % of it less "
+                                         "the weights).")
     gpu_memory_fraction: float = option(0.9, "CUDA: share of free memory after the weights for KV and activations, "
                                         "when neither --kv-blocks nor --kv-memory-gib is given.")
     max_model_len: int | None = option(None, "Context limit (default: the model's).")

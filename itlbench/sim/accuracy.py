@@ -165,7 +165,8 @@ def check_line(check: dict[str, Any]) -> str:
         if "reserve_gib" in check:
             room = check["kv_share"] * check["memory_gib"]
             line += (f" ({room:.1f} GiB): a runtime keeps about {check['reserve_gib']:.1f} GiB of that back, which "
-                     f"this simulated engine does not, so its batches can be larger than a real one's; {runs} "
+                     f"this simulated engine does not, so its batches can be larger than a real one's (a run takes the "
+                     f"room your runtime reports with --kv-memory-gib); {runs} "
                      "once that reserve was charged")
         else:  # recorded before the reserve was known
             line += f": {runs}, as the room a real runtime keeps back decides their batch"

@@ -85,18 +85,19 @@ def chunk_shape(chunks: Iterable[ScheduledChunk]) -> StepShape:
 
 
 def sim_kv_blocks(config: EngineConfig, cost: CostModel, hw: Hardware, max_model_len: int) -> int:
-    """KV blocks the simulated device holds: an explicit kv_blocks, else what 90 % of its memory holds
-    beside the weights (capped at what max_num_seqs full-length requests could use). Errors, as
-    vLLM does, when the weights or one full-length request do not fit."""
+    """KV blocks the simulated device holds: an explicit kv_blocks; else --kv-memory-gib a GPU (the room a runtime's
+    log reports); else what 90 % of its memory holds beside the weights, capped at what max_num_seqs full-length
+    requests could use. Errors, as vLLM does, when the weights or one full-length request do not fit."""
     if config.kv_blocks is not None:
         return config.kv_blocks
-    tokens = cost.kv_capacity_tokens(hw, GPU_MEMORY_UTILIZATION)
-    if tokens <= 0:
+    room = cost.kv_capacity_tokens(hw, GPU_MEMORY_UTILIZATION)
+    if room <= 0:
         shard = f" ({cost.weight_bytes_per_gpu / 2**30:.1f} GiB per GPU at --tp {cost.tp})" if cost.tp > 1 else ""
         weights = f"{cost.model.name}'s weights ({cost.weight_bytes / 2**30:.1f} GiB){shard}"
         raise ConfigError("gpu", f"{weights} do not fit in {GPU_MEMORY_UTILIZATION:.0%} of the {hw.label}'s "
                           f"{hw.memory_bytes / 2**30:.1f} GiB",
                           "choose a larger GPU, a higher --tp, --dtype fp8 (fp4 on a B200), or a smaller model")
+    tokens = room if config.kv_memory_gib is None else _tokens_in(config.kv_memory_gib, cost, hw)
     if tokens < max_model_len:
         raise ConfigError("max_model_len", f"{max_model_len} tokens of KV cache do not fit on the {hw.label} "
                           f"(room for {tokens} beside the weights)", f"use --max-model-len {tokens} or less")
@@ -104,13 +105,29 @@ def sim_kv_blocks(config: EngineConfig, cost: CostModel, hw: Hardware, max_model
     return min(tokens // config.block_size, config.max_num_seqs * per_request)
 
 
+def _tokens_in(kv_memory_gib: float, cost: CostModel, hw: Hardware) -> int:
+    """Tokens of K/V `kv_memory_gib` of each GPU holds, refused where it is more than the GPU has beside its weights."""
+    left = (hw.memory_bytes - cost.weight_bytes_per_gpu) / 2**30
+    if kv_memory_gib > left:
+        raise ConfigError("kv_memory_gib", f"{kv_memory_gib:g} GiB of K/V does not fit beside the weights on the "
+                          f"{hw.label} ({left:.1f} GiB left)", f"use --kv-memory-gib {left:.1f} or less")
+    return int(kv_memory_gib * 2**30 // cost.kv_bytes_per_token_per_gpu)
+
+
 def sim_kv_share(config: EngineConfig) -> float | None:
     """The share of one simulated GPU's memory its K/V room takes (GPU_MEMORY_UTILIZATION of it less the weight
-    shard); None for the measured 'cpu' profile and for disaggregated pools (two GPUs, no one share)."""
-    if config.disaggregate or (config.gpu or DEFAULT_GPU).strip().lower() == "cpu":
+    shard); None for the measured 'cpu' profile, for disaggregated pools (two GPUs, no one share) and where
+    --kv-blocks or --kv-memory-gib sets the room."""
+    if config.disaggregate or (config.gpu or DEFAULT_GPU).strip().lower() == "cpu" or _sized_by_hand(config):
         return None
     hw = sim_hardware(config)
     return sim_cost_model(config, load_model_config(config.model), hw).kv_room_share(hw, GPU_MEMORY_UTILIZATION)
+
+
+def _sized_by_hand(config: EngineConfig) -> bool:
+    """--kv-blocks or --kv-memory-gib: the room is the user's (a runtime's log, its reserve already kept), not the
+    share the simulator would derive, so no tight-room check applies."""
+    return config.kv_blocks is not None or config.kv_memory_gib is not None
 
 
 def sim_hardware(config: EngineConfig, gpu: str | None = None) -> Hardware:
@@ -146,6 +163,7 @@ class SimRunner:
         self.hardware = (hardware or load_hardware(config.gpu or DEFAULT_GPU)).for_dtype(config.dtype)
         self.cost_model = sim_cost_model(config, model_config, self.hardware)
         self.num_blocks = sim_kv_blocks(config, self.cost_model, self.hardware, max_model_len)
+        self._sized_by_hand = _sized_by_hand(config)
         self.clock = clock or PacedClock(config.sim_time_scale)
         self.block_size = config.block_size
         tp = f"x{config.tp}" if config.tp > 1 else ""
@@ -164,9 +182,9 @@ class SimRunner:
                 f"{self.num_blocks:,} K/V blocks of {self.block_size} tokens")
 
     @property
-    def kv_share(self) -> float:
+    def kv_share(self) -> float | None:
         """The share of one GPU's memory its K/V room takes beside the weights (`sim_kv_share`)."""
-        return self.cost_model.kv_room_share(self.hardware, GPU_MEMORY_UTILIZATION)
+        return None if self._sized_by_hand else self.cost_model.kv_room_share(self.hardware, GPU_MEMORY_UTILIZATION)
 
     def step_time(self, output: SchedulerOutput) -> StepTime:
         return self.cost_model.time(chunk_shape(output.chunks), self.hardware)

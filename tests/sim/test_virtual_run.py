@@ -182,6 +182,27 @@ def test_a_70b_on_one_h100_is_warned_that_a_runtime_would_keep_most_of_its_kv_ro
     assert "> ⚠️ How far to trust the simulator: H100 SXM in fp8" in (tmp_path / "run" / "report.md").read_text()
 
 
+def test_the_kv_room_a_runtime_reports_is_given_with_kv_memory_gib(tmp_path: Path) -> None:
+    """The room vLLM's log reports ("Available KV cache memory: 1.5 GiB") holds exactly that many tokens a GPU; the
+    reserve is then already kept, so the run is not called tight. More than the GPU has beside its weights is refused
+    in one line naming the flag."""
+    args = ["run", "--engine", "sim", "--model", "llama-3.3-70b", "--gpu", "h100", "--dtype", "fp8", "--max-model-len",
+            "4096", "--workload", "fixed:1000:50", "--duration", "3s", "--no-live", "--no-report"]
+    result = CliRunner().invoke(app, [*args, "--kv-memory-gib", "1.5", "--out", str(tmp_path / "run")],
+                                terminal_width=400)
+    assert result.exit_code == 0, result.output
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["engine"]["kv_blocks"] == int(1.5 * 2**30 // (80 * 8 * 128 * 2)) // 16 == 614  # 160 KiB a token
+    assert "kv_share" not in run["sim_check"] and "K/V room only" not in result.output
+    assert run["sim_check"]["at_tp"]["mape"] < 0.15
+    too_much = CliRunner().invoke(app, [*args, "--kv-memory-gib", "20", "--out", str(tmp_path / "no")],
+                                  terminal_width=400)
+    assert too_much.exit_code == 2, too_much.output
+    said = " ".join(too_much.output.split())
+    assert "error: --kv-memory-gib: 20 GiB of K/V does not fit beside the weights on the H100 SXM" in said
+    assert "Traceback" not in too_much.output
+
+
 def test_a_b200_in_nvfp4_runs_and_prints_its_own_error_bar(tmp_path: Path) -> None:
     """--dtype fp4 on the B200: the NVFP4 deployment priced, and the error on TensorRT-LLM's B200 FP4 runs."""
     result = CliRunner().invoke(app, ["run", "--engine", "sim", "--model", "llama-3.3-70b", "--gpu", "b200", "--dtype",
