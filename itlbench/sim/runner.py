@@ -90,14 +90,15 @@ def sim_kv_blocks(config: EngineConfig, cost: CostModel, hw: Hardware, max_model
     requests could use. Errors, as vLLM does, when the weights or one full-length request do not fit."""
     if config.kv_blocks is not None:
         return config.kv_blocks
-    room = cost.kv_capacity_tokens(hw, GPU_MEMORY_UTILIZATION)
-    if room <= 0:
+    if config.kv_memory_gib is not None:
+        tokens = _tokens_in(config.kv_memory_gib, cost, hw)
+    elif (tokens := cost.kv_capacity_tokens(hw, GPU_MEMORY_UTILIZATION)) <= 0:
         shard = f" ({cost.weight_bytes_per_gpu / 2**30:.1f} GiB per GPU at --tp {cost.tp})" if cost.tp > 1 else ""
         weights = f"{cost.model.name}'s weights ({cost.weight_bytes / 2**30:.1f} GiB){shard}"
         raise ConfigError("gpu", f"{weights} do not fit in {GPU_MEMORY_UTILIZATION:.0%} of the {hw.label}'s "
                           f"{hw.memory_bytes / 2**30:.1f} GiB",
-                          "choose a larger GPU, a higher --tp, --dtype fp8 (fp4 on a B200), or a smaller model")
-    tokens = room if config.kv_memory_gib is None else _tokens_in(config.kv_memory_gib, cost, hw)
+                          "choose a larger GPU, a higher --tp, --dtype fp8 (fp4 on a B200), a smaller model, or give "
+                          "the K/V room a runtime reports with --kv-memory-gib")
     if tokens < max_model_len:
         raise ConfigError("max_model_len", f"{max_model_len} tokens of KV cache do not fit on the {hw.label} "
                           f"(room for {tokens} beside the weights)", f"use --max-model-len {tokens} or less")
@@ -106,8 +107,12 @@ def sim_kv_blocks(config: EngineConfig, cost: CostModel, hw: Hardware, max_model
 
 
 def _tokens_in(kv_memory_gib: float, cost: CostModel, hw: Hardware) -> int:
-    """Tokens of K/V `kv_memory_gib` of each GPU holds, refused where it is more than the GPU has beside its weights."""
+    """Tokens of K/V `kv_memory_gib` of each GPU holds, refused where it is more than the GPU has beside its weights
+    (the whole GPU: a runtime run at more than vLLM's 90 % reports room the default would not have)."""
     left = (hw.memory_bytes - cost.weight_bytes_per_gpu) / 2**30
+    if left <= 0:
+        raise ConfigError("gpu", f"{cost.model.name}'s weights do not fit on the {hw.label}",
+                          "choose a larger GPU, a higher --tp, --dtype fp8 (fp4 on a B200), or a smaller model")
     if kv_memory_gib > left:
         raise ConfigError("kv_memory_gib", f"{kv_memory_gib:g} GiB of K/V does not fit beside the weights on the "
                           f"{hw.label} ({left:.1f} GiB left)", f"use --kv-memory-gib {left:.1f} or less")

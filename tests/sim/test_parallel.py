@@ -73,6 +73,22 @@ def test_kv_room_is_per_gpu_memory_and_70b_fits_only_sharded_or_in_fp8() -> None
     assert engine.runner.info.device == "sim:h100x2" and engine.runner.info.dtype == "fp8"
 
 
+def test_kv_memory_gib_is_the_room_a_runtime_reported_even_past_vllms_90_percent() -> None:
+    """Llama-2-70B in 16 bits on one H200: 128.5 GiB of weights do not fit in 90 % of 140.4 GiB, but a runtime run at
+    a higher utilisation reports room, and --kv-memory-gib takes it; on an H100 the weights do not fit at all."""
+    with pytest.raises(ConfigError) as err:
+        offline_engine(EngineConfig(model="llama-2-70b", engine="sim", gpu="h200", max_model_len=4096))
+    assert err.value.field == "gpu" and "--kv-memory-gib" in str(err.value)
+    engine = offline_engine(EngineConfig(model="llama-2-70b", engine="sim", gpu="h200", max_model_len=4096,
+                                         kv_memory_gib=8))
+    per_token = engine.runner.cost_model.kv_bytes_per_token_per_gpu
+    assert engine.block_manager.num_blocks == min(int(8 * 2**30 // per_token) // 16, 64 * 4096 // 16)
+    assert engine.runner.kv_share is None  # the user's room: no tight-room check
+    with pytest.raises(ConfigError) as err:
+        offline_engine(EngineConfig(model="llama-2-70b", engine="sim", gpu="h100", kv_memory_gib=1))
+    assert err.value.field == "gpu" and "do not fit" in str(err.value)
+
+
 def test_fp8_weights_beside_a_16_bit_cache() -> None:
     """--kv-cache-dtype bfloat16 under --dtype fp8 (vLLM's default for an FP8 checkpoint without K/V scales):
     the same one-byte weights, twice the K/V bytes a token, half the K/V room, slower long-context decode."""
