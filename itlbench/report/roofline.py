@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from itlbench.core.model_config import ModelConfig
 from itlbench.report.tables import TextTable, print_table
-from itlbench.sim.accuracy import check_doc, check_line
+from itlbench.sim.accuracy import check_doc, check_line, number_format
 from itlbench.sim.roofline import CostModel, Gemm, Hardware, StepShape
 from itlbench.units import format_tokens
 
@@ -45,7 +45,7 @@ def _gpu_row(cm: CostModel, hw: Hardware, prompt: int, batch: int, context: int)
     prefill = cm.time(StepShape.prefill(prompt), hw).total_s
     decode = cm.time(StepShape.decode(batch, context), hw).total_s
     return {
-        "gpu": hw.name, "label": hw.label, "peak_flop_per_s": hw.gemm_peak, "bandwidth_bytes_per_s": hw.mem_bw,
+        "gpu": hw.name, "label": hw.label, "format": number_format(hw.dtype), "peak_flop_per_s": hw.gemm_peak, "bandwidth_bytes_per_s": hw.mem_bw,
         "memory_bytes": hw.memory_bytes, "ridge_flop_per_byte": hw.ridge,
         "gemm_ridge_tokens": square.ridge_tokens(hw.ridge, cm.b),
         "crossover_prompt_tokens": cm.crossover_tokens(hw.ridge),
@@ -150,10 +150,11 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
                   _si(p["achievable_flop_per_s"], "FLOP/s"), _time(p["roofline_time_s"]), _time(p["estimated_time_s"]))
     print_table(console, t)
     kv = f"KV {doc['kv_bytes_per_token']:,} B/token ({doc['kv_bytes_per_element']} B an element)"
+    room = (f"KV room {doc['kv_capacity_tokens']:,} tokens (90 % of memory less weights)" if doc["kv_capacity_tokens"] > 0
+            else "KV room none: the weights alone overflow 90 % of each GPU's memory")
     console.print(f"weights {_si(doc['weight_bytes'], 'B')} · {kv} · ITL floor "
                   f"(weights / bandwidth) {_time(doc['itl_floor_s'])} · crossover prompt length "
-                  f"{doc['crossover_prompt_tokens']:,.0f} tokens · KV room {doc['kv_capacity_tokens']:,} tokens "
-                  f"(90 % of memory less weights)", highlight=False)
+                  f"{doc['crossover_prompt_tokens']:,.0f} tokens · {room}", highlight=False)
     per_kernel = ", kernel by kernel" if hw["cost_model"] == "operators" else ""
     tp = f" · TP {doc['tp']}: {_si(doc['weight_bytes_per_gpu'], 'B')} of weights per GPU" if doc["tp"] > 1 else ""
     gemm = f"{_gemm_label(hw)} {hw['gemm_efficiency']:.0%}"
@@ -167,11 +168,11 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
     case = doc["gpu_table_case"]
     t = TextTable(f"GPUs side by side (estimated prefill of {format_tokens(case['prefill_tokens'])} tokens; "
                   f"decode batch {case['decode_batch']} at {format_tokens(case['decode_context'])} context)",
-                  ["GPU", "peak", "bandwidth", "ridge", "GEMM ridge T", "crossover", "ITL floor", "decode step",
+                  ["GPU", "format", "peak", "bandwidth", "ridge", "GEMM ridge T", "crossover", "ITL floor", "decode step",
                    "prefill", "stall ÷ step", "KV room"])
     for g in doc["gpus"]:
         ratio = g["stall_to_step_ratio"]
-        t.add_row(g["label"], _si(g["peak_flop_per_s"], "FLOP/s"), _si(g["bandwidth_bytes_per_s"], "B/s"),
+        t.add_row(g["label"], g.get("format", ""), _si(g["peak_flop_per_s"], "FLOP/s"), _si(g["bandwidth_bytes_per_s"], "B/s"),
                   f"{g['ridge_flop_per_byte']:.0f}", _num(g["gemm_ridge_tokens"]), _num(g["crossover_prompt_tokens"]),
                   _time(g["itl_floor_s"]), _time(g["decode_step_s"]), _time(g["prefill_s"]),
                   "—" if ratio is None else f"{ratio:,.0f}×",
@@ -187,6 +188,8 @@ def _check_cell(check: dict[str, Any]) -> str:
     room is tight, the reserve a runtime keeps that the simulated engine does not."""
     acc = check.get("at_tp") if check.get("tp", 1) > 1 else check.get("held_out")
     cell = "none" if not acc else f"{acc['mape']:.1%} ({acc['figures']})"
+    if check.get("fits") is False:
+        return f"{cell}, weights do not fit"
     if not check.get("tight"):
         return cell
     if "reserve_gib" not in check:  # recorded before the reserve was known

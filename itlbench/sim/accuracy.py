@@ -19,6 +19,7 @@ import numpy as np
 
 from itlbench.sim.hardware import GPUS, HALF_DTYPES, Hardware, load_hardware
 from itlbench.sim.memory import fixed_reserve_gib
+from itlbench.sim.profile import QUANTIZED
 from itlbench.sim.published import Figure, default_params, errors
 
 OVER = 0.15  # issue 29's bound on every figure
@@ -117,11 +118,14 @@ def check_doc(hw: Hardware, tp: int = 1, kv_share: float | None = None) -> dict[
     `at_tp` over the figures at `tp` GPUs; None where no figure checks `hw` (at that degree). Given the run's
     `kv_share` (its K/V room as a share of one GPU's memory), a tight one adds `tight` (the published runs as tight,
     whatever their GPU, predicted with the runtime's reserve) and `reserve_gib` (that reserve's fixed part a GPU,
-    which the simulated engine does not keep)."""
+    which the simulated engine does not keep); where the weights alone overflow a GPU (`kv_share` 0), `fits` False
+    instead."""
     acc, at_tp = preset_accuracy(hw), preset_accuracy(hw, tp)
     doc = {"gpu": hw.name, "label": hw.label, "format": number_format(hw.dtype), "tp": tp,
            "held_out": None if acc is None else acc.to_dict(), "at_tp": None if at_tp is None else at_tp.to_dict()}
-    if kv_share is not None:
+    if kv_share is not None and kv_share <= 0:  # nothing to be tight about: the weights alone overflow
+        doc.update(kv_share=0.0, tight=None, fits=False)
+    elif kv_share is not None:
         tight = held_out_tight() if kv_share < TIGHT_KV_SHARE else None
         doc.update(kv_share=kv_share, tight=None if tight is None else tight.to_dict())
         if tight is not None:
@@ -158,6 +162,9 @@ def check_line(check: dict[str, Any]) -> str:
         at = check.get("at_tp")
         line += (f"; at TP {check['tp']}: MAPE {at['mape']:.1%}, worst {at['worst_ape']:.1%} ({at['figures']} figures)"
                  if at else f"; none at TP {check['tp']}, so that degree is unvalidated")
+    if check.get("fits") is False:
+        fix = "more --tp" if check.get("format") in QUANTIZED else "more --tp, or --dtype fp8"
+        line += f"; its weights alone overflow each GPU's memory at this degree, so no run is possible (take {fix})"
     if (tight := check.get("tight")) is not None:
         line += f"; K/V room only {check['kv_share']:.0%} of each GPU's memory"
         runs = (f"published runs with under {TIGHT_KV_SHARE:.0%} were off by MAPE {tight['mape']:.1%}, worst "

@@ -158,3 +158,27 @@ def test_a_run_whose_kv_room_is_tight_is_warned_of_the_reserve_the_simulated_eng
     one_h100, h200 = (g["published_check"] for g in out["gpus"])
     assert one_h100["kv_share"] < 0.10 and one_h100["tight"] == acc.to_dict()  # 70 GB of weights on 80 GiB
     assert h200["kv_share"] > 0.4 and h200["tight"] is None
+
+
+def test_a_deployment_whose_weights_overflow_the_gpu_is_told_so_not_warned_of_a_tight_room() -> None:
+    """The 405B in 16 bits on two H100s holds 406 GB of weights a GPU: there is no K/V room to be tight about, and
+    the roofline once printed "K/V room 0.0 GiB, 4.1 of it a runtime's". It now says the weights do not fit and how
+    to make them, in the line, in each compared GPU's cell and in the JSON; the table names each GPU's format,
+    since a GPU without FP4 or FP8 is compared in its own."""
+    doc = check_doc(load_hardware("h100"), 2, kv_share=0.0)
+    assert doc["fits"] is False and doc["tight"] is None and "reserve_gib" not in doc and not check_is_loose(doc)
+    line = check_line(doc)
+    assert "its weights alone overflow each GPU's memory at this degree, so no run is possible (take more --tp, " \
+           "or --dtype fp8)" in line and "K/V room" not in line
+    assert "(take more --tp)" in check_line(check_doc(load_hardware("h100").for_dtype("fp8"), 2, kv_share=0.0))
+    assert "fits" not in check_doc(load_hardware("h100"), 8, kv_share=0.3)
+    args = ["roofline", "--model", "llama-3.1-405b", "--gpu", "b200", "--dtype", "fp4", "--compare", "h100,b200"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})  # 234 GB of NVFP4 on one B200's 180
+    assert result.exit_code == 0, result.output
+    assert "KV room none: the weights alone overflow 90 % of each GPU's memory" in result.stdout
+    assert result.stdout.count("weights do not fit") == 2 and "runtime's" not in result.stdout
+    out = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    assert [(g["format"], g["published_check"]["fits"]) for g in out["gpus"]] == [("16-bit", False), ("fp4", False)]
+    assert out["published_check"]["fits"] is False and out["kv_capacity_tokens"] == 0
+    two = json.loads(CliRunner().invoke(app, [*args, "--tp", "2", "--json"]).stdout)  # 117 GB a GPU: it fits
+    assert "fits" not in two["published_check"] and two["kv_capacity_tokens"] > 400_000
