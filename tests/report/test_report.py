@@ -179,6 +179,14 @@ def test_compare_ranks_the_shorter_stall_smoother_and_judges_slos(tmp_path: Path
     assert "(short)" in lines[0] and "(long)" not in lines[0], "same setting twice: labelled by directory"
     assert any(line.startswith("budget 2048 (long) misses: ITL max 1.52 s > 500 ms") for line in lines)
     assert any(line.startswith("Smoothest streams: budget 2048 (short)") for line in lines)
+    assert not any(line.startswith("Yet a steady stream") for line in lines)  # itl_max judges the worst gap itself
+    # under a p99 target both pass, yet the long run froze a stream 1.52 s: the verdict says so, and for it alone
+    p99 = verdict(rows, parse_slo("itl_p99=500ms,injected/ttft=off"))
+    hidden = [line for line in p99 if line.startswith("Yet a steady stream")]
+    assert p99[0].count("budget 2048") == 2 and len(hidden) == 1
+    assert hidden[0].startswith("Yet a steady stream waited longer than the 500 ms ITL target in budget 2048 (long) "
+                                "(worst gap 1.52 s, ITL p99 ") and "(short)" not in hidden[0]
+    assert hidden[0].endswith("so --slo itl_max=DUR judges the worst one.")
     result = runner.invoke(app, ["compare", str(long_), str(short), "--out", str(tmp_path / "cmp"),
                                  "--slo", "itl_max=500ms"], terminal_width=200)
     assert result.exit_code == 0, result.output
