@@ -182,6 +182,8 @@ def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
         "fp4_gemm_eff": f"fitted on two of TensorRT-LLM 1.0's B200 NVFP4 offline runs, twelve held out; {FITTED}"
                         if hw.peak_flops_fp4 else "",
         "allreduce_in_switch": _NVLS if hw.name in NVLS else "ring all-reduce over the GPU's link",
+        "link_domain": "assumed: one HGX/DGX baseboard's NVSwitch joins 8 GPUs" if hw.name in NVLS else
+                       "assumed: 8 GPUs in one server",
         "switch_allreduce_share": _SWITCH_SHARE if hw.name in NVLS else "",
         "gemm_m_half": FITTED, "attn_eff": FITTED,
         **dict.fromkeys(("mem_eff", "attn_mem_eff"), f"{FITTED}; Hopper's gain over the A100's share fitted on "

@@ -95,6 +95,7 @@ class Hardware:
     link_bw: float = 0.0
     link_latency_s: float = 0.0
     link_eff: float = 1.0
+    link_domain: int = 8  # GPUs the link joins (an HGX baseboard's NVSwitch: 8); a larger --tp would cross servers
     allreduce_in_switch: bool = False  # the switch can reduce (NVLink SHARP): each GPU sends and receives the message once
     # NVLink SHARP's all-reduce throughput (algbw) as a share of the link: NCCL's peaks near 275 GB/s on eight H100s
     # (busBw ~480), 0.61 of NVLink4's 450 GB/s each way (NVIDIA/nccl-tests#212, an NCCL maintainer's figures)
@@ -117,6 +118,8 @@ class Hardware:
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 0):
                 raise ConfigError(f"gpu.{name}", f"must be a whole number >= 0, got {value!r}")
+        if not (isinstance(self.link_domain, int) and self.link_domain >= 1):
+            raise ConfigError("gpu.link_domain", f"must be a whole number >= 1, got {self.link_domain!r}")
         try:
             lo, hi, slow = self.gemm_slow_rows
             ok = 0 <= lo <= hi and slow >= 1

@@ -112,7 +112,12 @@ class CostModel:
     def for_hardware(cls, model: ModelConfig, hw: Hardware, tp: int = 1, cuda_graphs: bool = True,
                      kv_dtype_bytes: int | None = None) -> CostModel:
         """`hw`'s dtype for the weights; its tables' dtype for the embedding and LM head; `kv_dtype_bytes` for
-        the K/V, or the dtype's default (the weights', FP8 under fp4)."""
+        the K/V, or the dtype's default (the weights', FP8 under fp4). A degree past the GPUs one link joins is
+        refused: its all-reduces would cross servers, over links no profile prices."""
+        if tp > hw.link_domain and hw.link_bw > 0:
+            raise ConfigError("tp", f"{tp} GPUs exceed the {hw.label}'s {hw.interconnect} domain of {hw.link_domain}",
+                              f"use --tp {hw.link_domain} or less: all-reduces between servers (InfiniBand, Ethernet) "
+                              "are not modelled; a profile JSON whose link joins more GPUs sets link_domain")
         return cls(model, hw.dtype_bytes, hw.counting, tp, cuda_graphs, kv_dtype_bytes or hw.default_kv_bytes,
                    DTYPE_BYTES[hw.table_dtype])
 

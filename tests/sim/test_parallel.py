@@ -87,6 +87,30 @@ def test_kv_memory_gib_is_the_room_a_runtime_reported_even_past_vllms_90_percent
     with pytest.raises(ConfigError) as err:
         offline_engine(EngineConfig(model="llama-2-70b", engine="sim", gpu="h100", kv_memory_gib=1))
     assert err.value.field == "gpu" and "do not fit" in str(err.value)
+    with pytest.raises(ConfigError) as err:  # past the whole GPU no runtime has room: --kv-memory-gib is no way out
+        offline_engine(EngineConfig(model="llama-3.1-405b", engine="sim", gpu="h100", tp=2))
+    said = str(err.value)
+    assert "llama-3.1-405b's weights (756.0 GiB, 378.0 GiB per GPU at --tp 2) do not fit in 90% of the H100 SXM's" \
+        in said and "--kv-memory-gib" not in said and "a higher --tp" in said
+
+
+def test_a_degree_past_the_gpus_one_link_joins_is_refused_unless_the_profile_joins_more(tmp_path: Path) -> None:
+    """--tp 16 on H100s would all-reduce across two HGX baseboards, over InfiniBand, which no profile prices: the
+    simulated engine once ran it at NVLink's cost. It is refused in one line; a profile whose link joins more GPUs
+    (link_domain, a GB200 NVL72's 72) takes it."""
+    with pytest.raises(ConfigError) as err:
+        offline_engine(EngineConfig(model="llama-3.3-70b", engine="sim", gpu="h100", tp=16))
+    assert err.value.field == "tp" and "16 GPUs exceed the H100 SXM's NVLink 4 domain of 8" in str(err.value)
+    assert GPUS["h100"].link_domain == 8 and "8 GPUs" in GPUS["h100"].sources["link_domain"]
+    offline_engine(EngineConfig(model="llama-3.3-70b", engine="sim", gpu="h100", tp=8))
+    wide = tmp_path / "nvl.json"
+    GPUS["b200"].with_(name="nvl", link_domain=72).save(wide)
+    engine = offline_engine(EngineConfig(model="llama-3.1-405b", engine="sim", gpu=str(wide), tp=16, dtype="fp4"))
+    assert engine.runner.cost_model.tp == 16
+    result = CliRunner().invoke(app, ["roofline", "--model", "llama-3.3-70b", "--tp", "16", "--compare", "none"])
+    assert result.exit_code == 2 and "error: --tp: 16 GPUs exceed" in result.output
+    with pytest.raises(ConfigError, match="gpu.link_domain"):
+        GPUS["h100"].with_(link_domain=0)
 
 
 def test_fp8_weights_beside_a_16_bit_cache() -> None:

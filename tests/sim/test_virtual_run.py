@@ -219,11 +219,19 @@ def test_a_b200_in_nvfp4_runs_and_prints_its_own_error_bar(tmp_path: Path) -> No
     assert eight.exit_code == 0, eight.output
     assert "; at TP 8: MAPE " in eight.output  # release 0.20's TP8 runs: within 15 % on average, so told, not warned
     assert "> ℹ️ How far to trust the simulator: B200 in fp4" in (tmp_path / "tp8" / "report.md").read_text()
-    sixteen = CliRunner().invoke(app, ["run", "--engine", "sim", "--model", "llama-3.1-405b", "--gpu", "b200", "--dtype",
-                                       "fp4", "--tp", "16", "--workload", "fixed:2000:100", "--duration", "5s",
-                                       "--no-live", "--out", str(tmp_path / "tp16")], terminal_width=200)
+    sixteen_args = ["run", "--engine", "sim", "--model", "llama-3.1-405b", "--dtype", "fp4", "--tp", "16", "--workload",
+                    "fixed:2000:100", "--duration", "5s", "--no-live"]
+    # sixteen B200s span two HGX baseboards, whose all-reduces no profile prices: refused; one whose NVLink joins 72
+    # GPUs (an NVL72 rack's, a profile JSON) runs, warned that no published figure checks it
+    crossing = CliRunner().invoke(app, [*sixteen_args, "--gpu", "b200", "--out", str(tmp_path / "x")], terminal_width=200)
+    assert crossing.exit_code == 2 and "error: --tp: 16 GPUs exceed the B200's NVLink 5 domain of 8" in crossing.output
+    from itlbench.sim.hardware import GPUS
+
+    GPUS["b200"].with_(link_domain=72).save(tmp_path / "nvl72.json")
+    sixteen = CliRunner().invoke(app, [*sixteen_args, "--gpu", str(tmp_path / "nvl72.json"), "--out",
+                                       str(tmp_path / "tp16")], terminal_width=200)
     assert sixteen.exit_code == 0, sixteen.output
-    assert "none at TP 16, so that degree is unvalidated" in sixteen.output  # no published figure at TP16: warned
+    assert "B200 in fp4: no published figure checks this profile" in sixteen.output  # an edited profile: warned
     assert "> ⚠️ How far to trust the simulator: B200 in fp4" in (tmp_path / "tp16" / "report.md").read_text()
     refused = CliRunner().invoke(app, ["run", "--engine", "sim", "--gpu", "h100", "--dtype", "fp4", "--workload",
                                        "fixed:64:8", "--no-live", "--out", str(tmp_path / "no")], terminal_width=200)
