@@ -301,8 +301,8 @@ def build_compare_document(runs: list[RunData], slos: SloSet, title: str = "Comp
     groups = [r.group for r in rows]
     lines = verdict(rows, slos) + list(missing or [])
     diffs = differing_settings(runs)
-    callouts = [Callout("info", " ".join(line for line in lines if line.startswith(("Meets", "No run", "Smoothest",
-                                                                                 "No setting"))))]
+    callouts = [Callout("info", " ".join(line for line in lines if line.startswith(("Meets", "No run", "Yet a steady",
+                                                                                 "Smoothest", "No setting"))))]
     if missing:
         callouts.append(Callout("warn", " ".join(missing)))
     if diffs:

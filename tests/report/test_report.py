@@ -187,6 +187,12 @@ def test_compare_ranks_the_shorter_stall_smoother_and_judges_slos(tmp_path: Path
     assert hidden[0].startswith("Yet a steady stream waited longer than the 500 ms ITL target in budget 2048 (long) "
                                 "(worst gap 1.52 s, ITL p99 ") and "(short)" not in hidden[0]
     assert hidden[0].endswith("so --slo itl_max=DUR judges the worst one.")
+    told = runner.invoke(app, ["compare", str(long_), str(short), "--out", str(tmp_path / "p99"), "--slo",
+                               "itl_p99=500ms"], terminal_width=200)
+    assert told.exit_code == 0, told.output
+    html = _flat((tmp_path / "p99" / "report.html").read_text())  # the headline callout carries it, above the verdict
+    assert html.index("Meets every SLO") < html.index("Yet a steady stream") < html.index("Smoothest") < html.index(
+        "Verdict")
     result = runner.invoke(app, ["compare", str(long_), str(short), "--out", str(tmp_path / "cmp"),
                                  "--slo", "itl_max=500ms"], terminal_width=200)
     assert result.exit_code == 0, result.output
