@@ -183,16 +183,16 @@ def verdict(rows: list[Row], slos: SloSet) -> list[str]:
     meets, misses = [], []
     for r in rows:
         failed = [c for c in slo_checks(r.run, slos) if not c.ok]
-        (misses if failed else meets).append((r.label, failed))
+        (misses if failed else meets).append((r, failed))
     spec = slos.spec or "the default SLOs"
     how = "on the run's pooled figures; goodput counts requests one by one"  # the two can disagree: say which
     if meets:
-        lines.append(f"Meets every SLO ({spec}; {how}): " + ", ".join(lab for lab, _ in meets) + ".")
+        lines.append(f"Meets every SLO ({spec}; {how}): " + ", ".join(r.label for r, _ in meets) + ".")
     else:
         lines.append(f"No run meets every SLO ({spec}; {how}).")
-    lines += _hidden_gaps([r for r in rows if r.label in {lab for lab, _ in meets}], slos)
-    for label, failed in misses:
-        lines.append(f"{label} misses: " + "; ".join(_describe_miss(c) for c in failed[:4])
+    lines += _hidden_gaps([r for r, _ in meets], slos)
+    for r, failed in misses:
+        lines.append(f"{r.label} misses: " + "; ".join(_describe_miss(c) for c in failed[:4])
                      + (f" (+{len(failed) - 4} more)" if len(failed) > 4 else "") + ".")
     ranked = [r for r in rows if r.worst_s is not None]
     if repeated(rows):
@@ -239,8 +239,7 @@ def _hidden_gaps(passing: list[Row], slos: SloSet) -> list[str]:
     hidden = [r for r in passing if r.worst_s is not None and r.worst_s > slo.itl_s]
     if not hidden:
         return []
-    runs = ", ".join(f"{r.label} (worst gap {fmt_s(r.worst_s)}" + (f", ITL p99 {fmt_s(r.p99_s)})" if r.p99_s is not None else ")")
-                     for r in hidden)
+    runs = ", ".join(f"{r.label} (worst gap {fmt_s(r.worst_s)}, ITL p99 {fmt_s(r.p99_s)})" for r in hidden)
     return [f"Yet a steady stream waited longer than the {fmt_s(slo.itl_s)} ITL target in {runs}: a p99 leaves out the "
             f"few longest gaps, so --slo itl_max=DUR judges the worst one."]
 

@@ -95,7 +95,7 @@ def sim_kv_blocks(config: EngineConfig, cost: CostModel, hw: Hardware, max_model
     elif (tokens := cost.kv_capacity_tokens(hw, GPU_MEMORY_UTILIZATION)) <= 0:
         shard = f", {cost.weight_bytes_per_gpu / 2**30:.1f} GiB per GPU at --tp {cost.tp}" if cost.tp > 1 else ""
         weights = f"{cost.model.name}'s weights ({cost.weight_bytes / 2**30:.1f} GiB{shard})"
-        fits_whole = cost.weight_bytes_per_gpu < hw.memory_bytes  # only past vLLM's 90 %: a runtime's room may exist
+        fits_whole = cost.weight_bytes_per_gpu < hw.memory_bytes  # a runtime at a higher utilisation may have room
         raise ConfigError("gpu", f"{weights} do not fit in {GPU_MEMORY_UTILIZATION:.0%} of the {hw.label}'s "
                           f"{hw.memory_bytes / 2**30:.1f} GiB",
                           "choose a larger GPU, a higher --tp, --dtype fp8 (fp4 on a B200), a smaller model"
