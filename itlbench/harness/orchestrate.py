@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import functools
 import re
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from itlbench import __version__
 from itlbench.analysis.goodput import parse_slo
+from itlbench.core.engine_config import EngineConfig
 from itlbench.core.presets import load_model_config
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.harness.connect import Connection, connect
@@ -218,6 +220,8 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         raise
     try:
         run_doc.update(conn.doc)
+        if cfg.endpoint is not None:  # the model asked for: --model, or the endpoint's only one
+            run_doc["config"]["model"] = conn.target.model
         _sim_check(cfg, run_doc)
         _connect_telemetry(telemetry, cfg, conn, run_dir, run_doc)
         spec = load_spec(cfg, conn)
@@ -252,22 +256,37 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
 
 
 def _sim_check(cfg: RunConfig, run_doc: dict[str, Any]) -> None:
-    """A bundled simulated engine's error bar (sim/accuracy.py), as a virtual run records it."""
-    e = cfg.engine
-    if cfg.endpoint is not None or e.engine != "sim" or e.disaggregate:
+    """A simulated engine's error bar (sim/accuracy.py), as a virtual run records it: the bundled one's, or that of
+    an endpoint that is `itlbench serve --engine sim` (its GET /v1/engine gives the profile it loaded)."""
+    e = cfg.engine if cfg.endpoint is None else _served_engine_config(run_doc)
+    if e is None or e.engine != "sim" or e.disaggregate:
         return
     from itlbench.sim.accuracy import config_check
     from itlbench.sim.runner import DEFAULT_GPU, sim_kv_share
 
-    with contextlib.suppress(ItlbenchError):  # a profile the server refused has already failed the run
+    with contextlib.suppress(ItlbenchError, ValueError, KeyError):  # a profile the server refused already failed
         run_doc["sim_check"] = config_check(e.gpu or DEFAULT_GPU, e.dtype, e.tp, sim_kv_share(e))
+
+
+def _served_engine_config(run_doc: dict[str, Any]) -> EngineConfig | None:
+    """The engine settings an itlbench server reported in GET /v1/engine, None for other servers (or a reply
+    that does not read as settings: the reply is the server's, not ours)."""
+    served = ((run_doc.get("engine") or {}).get("itlbench") or {}).get("engine")
+    if not isinstance(served, dict):
+        return None
+    known = {f.name for f in dataclasses.fields(EngineConfig)}
+    try:
+        return EngineConfig(**{k: v for k, v in served.items() if k in known})
+    except (TypeError, ValueError):
+        return None
 
 
 def _start_gpu_sampler(cfg: RunConfig, conn: Connection, store: RunStore,
                        run_doc: dict[str, Any]) -> GpuSampler | None:
     """NVML samples beside the step log when the bundled engine runs on CUDA; run.json's
     `gpu_telemetry.nvml` says 'NVML' or, starting 'no NVML', why there are none."""
-    device = (conn.doc.get("engine") or {}).get("device")
+    engine = conn.doc.get("engine") or {}
+    device = engine.get("device") or (engine.get("itlbench") or {}).get("device")  # an itlbench endpoint's own
     why = why_not_sampled(device if isinstance(device, str) else None, external=cfg.endpoint is not None)
     if why is not None:
         run_doc["gpu_telemetry"] = {"nvml": why}

@@ -49,8 +49,11 @@ def detect_engine(doc: dict[str, Any], server_metrics: pl.DataFrame, steps: pl.D
         source = "engine step log" if has_steps else "client only (no step log was recorded)"
         return EngineLabel(f"itlbench bundled ({model})", False, source, "run.json (bundled engine)")
     if eng.get("itlbench"):
-        model = ((eng["itlbench"] or {}).get("engine") or {}).get("model") or config.get("model") or "?"
-        name, found = f"itlbench server ({model})", "GET /v1/engine"
+        served = eng["itlbench"] or {}
+        model = (served.get("engine") or {}).get("model") or config.get("model") or "?"
+        device = str(served.get("device") or "")
+        what = f"{model}, simulated on {device}" if device.startswith("sim") else model  # times from the cost model
+        name, found = f"itlbench server ({what})", "GET /v1/engine"
     elif prefixes:
         name, found = PREFIX_ENGINES[prefixes[0]], f"/metrics series prefix {prefixes[0]}"
     elif str(eng.get("owned_by") or "").lower() in OWNED_BY_ENGINES:

@@ -71,3 +71,25 @@ def test_with_nvml_the_samples_sit_beside_the_steps_and_give_energy_per_token(
     assert "J per output token" in _printed(summary, run_dir)
     write_run_report(run_dir)
     assert "J per output token" in (run_dir / "report.md").read_text()
+
+
+def test_an_endpoint_that_is_the_served_simulator_says_so_and_carries_its_error_bar(tmp_path: Path) -> None:
+    """`itlbench serve --engine sim` measured through --endpoint: the run is told by GET /v1/engine that the times are
+    the cost model's, so its GPU line, its engine label and its sim check say so, as for the bundled simulator."""
+    from itlbench.report.engines import detect_engine
+    from itlbench.rundir.reader import read_table
+    from itlbench.server import BackgroundServer, ServerConfig
+
+    engine = EngineConfig(model="llama-3.1-8b", engine="sim", gpu="h100", tp=2, dtype="fp8", max_model_len=8192)
+    with BackgroundServer(ServerConfig(engine=engine, port=0)) as srv:
+        cfg = RunConfig(workload="fixed:128:32", streams=2, duration_s=2.0, warmup_s=0.0, live=False,
+                        out=tmp_path / "ep", endpoint=srv.base_url, model="llama-3.1-8b")
+        run_dir, summary = run_load_test(cfg)
+    why = "no NVML: the endpoint is itlbench's simulated engine (sim:h100x2), which runs on no GPU"
+    assert summary["gpu"] == {"nvml": why} and f"GPU {why}" in _printed(summary, run_dir)
+    doc = json.loads((run_dir / "run.json").read_text())
+    check = doc["sim_check"]  # the served profile's published error bar, at the served degree
+    assert check["label"] == "H100 SXM" and check["format"] == "fp8" and check["tp"] == 2
+    assert "Sim check H100 SXM in fp8" in _printed(summary, run_dir)
+    label = detect_engine(doc, read_table(run_dir, "server_metrics"), read_table(run_dir, "steps"))
+    assert label.name == "itlbench server (llama-3.1-8b, simulated on sim:h100x2)" and label.external

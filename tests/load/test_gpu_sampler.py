@@ -56,6 +56,8 @@ def test_which_runs_are_sampled_and_why_the_others_are_not() -> None:
     assert why_not_sampled("cuda", external=False) is None
     assert why_not_sampled("cpu", external=False) == "no NVML: the engine runs on cpu, not a GPU"
     assert why_not_sampled("sim:h100x2", external=False) == "no NVML: the simulated engine (sim:h100x2) runs on no GPU"
+    assert why_not_sampled("sim:h100x2", external=True) == \
+        "no NVML: the endpoint is itlbench's simulated engine (sim:h100x2), which runs on no GPU"
     assert why_not_sampled(None, external=True).startswith("no NVML: the engine is an external endpoint")
 
 

@@ -67,12 +67,15 @@ def nvml_index(device: str) -> int:
 
 def why_not_sampled(engine_device: str | None, external: bool) -> str | None:
     """None when the run's engine is on a local CUDA device (sample it), else the 'no NVML' line that
-    says why a run has no GPU figures, without loading NVML."""
+    says why a run has no GPU figures, without loading NVML. `engine_device` of an external endpoint is what an
+    itlbench server reports, None for other servers."""
+    device = (engine_device or "").lower()
+    if device.startswith("sim"):  # an endpoint that is itlbench's served simulator says so in GET /v1/engine
+        if external:
+            return f"no NVML: the endpoint is itlbench's simulated engine ({engine_device}), which runs on no GPU"
+        return f"no NVML: the simulated engine ({engine_device}) runs on no GPU"
     if external:
         return "no NVML: the engine is an external endpoint (its GPU may be on another machine; not sampled)"
-    device = (engine_device or "").lower()
-    if device.startswith("sim"):
-        return f"no NVML: the simulated engine ({engine_device}) runs on no GPU"
     if not device.startswith("cuda"):
         return f"no NVML: the engine runs on {engine_device or 'an unknown device'}, not a GPU"
     return None
