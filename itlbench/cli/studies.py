@@ -164,7 +164,8 @@ def capacity(
 @engine_options(only=("chunk_budget", "device", "seed"), defaults={"chunk_budget": "none"})
 def phases(
     endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (…/v1); default: the bundled engine.")] = None,
-    model: Annotated[str | None, typer.Option(help="Served model (with --endpoint) or bundled preset / HF dir.")] = None,
+    model: Annotated[str | None, typer.Option(help="Served model (with --endpoint; default: the only one it lists) or bundled "
+                                                "preset / HF dir.")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY", help="Bearer key for --endpoint; prefer setting ITLBENCH_API_KEY (a value given here shows in ps).")] = None,
     lengths: Annotated[str | None, typer.Option(help="Prompt lengths, e.g. '1,16,128,512,2k,8k' (default: ×4 "
                                                 "steps from 1 up to the context).")] = None,

@@ -68,8 +68,6 @@ class PhasesConfig:
             raise ConfigError("--output-tokens", f"must be >= 3 to time decode, got {self.output_tokens}")
         if self.repeats < 1:
             raise ConfigError("--repeats", f"must be >= 1, got {self.repeats}")
-        if self.endpoint is not None and not self.model:
-            raise ConfigError("--model", "is required with --endpoint", "give the served model name")
 
 
 def default_lengths(context: int, reserve: int) -> list[int]:
@@ -251,7 +249,7 @@ def knees(rows: list[dict[str, Any]]) -> tuple[int | None, int | None, int | Non
 def phases_command(cfg: PhasesConfig, lengths: list[int]) -> str:
     args = ["itlbench", "phases"]
     if cfg.endpoint:
-        args += ["--endpoint", cfg.endpoint, "--model", str(cfg.model)]
+        args += ["--endpoint", cfg.endpoint, *(["--model", cfg.model] if cfg.model else [])]
     elif cfg.engine is not None:
         budget = cfg.engine.chunk_budget
         args += ["--model", cfg.engine.model, "--chunk-budget", "none" if budget is None else str(budget),
@@ -294,7 +292,7 @@ def run_phases(cfg: PhasesConfig, on_status: Callable[[str], None] = lambda s: N
                                 seed=cfg.seed, tokens_per_word=conn.tokens_per_word)
         samples, decode, rows = asyncio.run(_measure(cfg, conn.target, builder, lengths, conn.steps_url, on_status))
         engine_name = (str(conn.doc.get("engine", {}).get("served_model_name") or cfg.model or "external")
-                       if cfg.endpoint is None else f"{cfg.endpoint} ({cfg.model})")
+                       if cfg.endpoint is None else f"{cfg.endpoint} ({conn.target.model})")
     finally:
         conn.close()
     table, sat, linear, superlinear = summarize(samples, lengths)

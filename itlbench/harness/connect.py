@@ -76,8 +76,8 @@ def _external(cfg: RunConfig) -> Connection:
                or DEFAULT_EXTERNAL_CONTEXT)
     doc: dict[str, Any] = {"engine": {"external": True, **models, **({"itlbench": engine} if engine else {})},
                            "target": {"kind": "external", "base_url": base}}
-    vocab = _token_id_vocab(cfg, base, engine if same_clock else None, doc)
-    target = Target(base_url=base, model=cfg.model or "", api=cfg.api, api_key=cfg.api_key,
+    vocab = _token_id_vocab(cfg, base, models["model"], engine if same_clock else None, doc)
+    target = Target(base_url=base, model=models["model"], api=cfg.api, api_key=cfg.api_key,
                     accepts_token_ids=vocab is not None, forced_lengths=cfg.forced_lengths,
                     timeout_s=cfg.request_timeout_s, stream_reader=cfg.stream_reader,
                     max_event_bytes=cfg.limits.event_bytes, max_head_bytes=cfg.limits.head_bytes,
@@ -90,7 +90,7 @@ def _external(cfg: RunConfig) -> Connection:
     return Connection(target, max_len, None, steps_url=steps_url, metrics_url=base, tokens_per_word=tpw, doc=doc)
 
 
-def _token_id_vocab(cfg: RunConfig, base: str, itlbench_engine: dict[str, Any] | None,
+def _token_id_vocab(cfg: RunConfig, base: str, model: str, itlbench_engine: dict[str, Any] | None,
                     doc: dict[str, Any]) -> int | None:
     """The vocabulary size to draw prompt ids from, or None for text prompts (`--prompt-format`)."""
     fmt = cfg.prompt_format
@@ -100,7 +100,7 @@ def _token_id_vocab(cfg: RunConfig, base: str, itlbench_engine: dict[str, Any] |
     if itlbench_engine is not None:  # an itlbench server on this host says its vocabulary itself
         doc["prompt_format"] = {"requested": fmt, "used": "ids", "source": "GET /v1/engine"}
         return int(itlbench_engine["model"]["vocab_size"])
-    support = probe_token_ids(f"{base}/completions", cfg.model or "", cfg.api_key)
+    support = probe_token_ids(f"{base}/completions", model, cfg.api_key)
     doc["prompt_format"] = {"requested": fmt, "used": "ids" if support.accepted else "text",
                             "vocab_size": support.vocab_size, "probe_requests": support.probes,
                             "ids_from": PROBE_LOW, "reason": support.reason or None}
@@ -137,12 +137,26 @@ def _probe_models(cfg: RunConfig, base: str) -> dict[str, Any]:
     data = models.get("data")  # the reply is untrusted: entries that are not objects with a str id are skipped
     entries = [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)] if isinstance(data, list) else []
     ids = [m["id"] for m in entries]
-    if ids and cfg.model not in ids:
-        raise ConfigError("--model", f"{cfg.model!r} is not served at {base}", f"served: {', '.join(ids)}")
-    entry = next((m for m in entries if m.get("id") == cfg.model), {})
+    model = cfg.model or _only_model(ids, base)
+    if ids and model not in ids:
+        raise ConfigError("--model", f"{model!r} is not served at {base}", f"served: {', '.join(ids)}")
+    entry = next((m for m in entries if m.get("id") == model), {})
     owner = entry.get("owned_by")
-    return {"models": ids, "max_model_len": entry_max_len(entry),
+    return {"models": ids, "model": model, "max_model_len": entry_max_len(entry),
+            **({"model_from": "the only model GET /v1/models lists"} if not cfg.model else {}),
             **({"owned_by": owner} if isinstance(owner, str) and owner else {})}
+
+
+def _only_model(ids: list[str], base: str) -> str:
+    """The model to ask for when --model is left out: the one a server lists (as vLLM's `bench serve` does), since
+    guessing among several would measure one the user did not mean."""
+    if len(ids) == 1:
+        return ids[0]
+    if not ids:
+        raise ConfigError("--model", f"GET {base}/models lists no model to ask for",
+                          "give the served model name with --model")
+    shown = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
+    raise ConfigError("--model", f"{base} serves {len(ids)} models", f"choose one with --model: {shown}")
 
 
 def entry_max_len(entry: dict[str, Any]) -> int | None:

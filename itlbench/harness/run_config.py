@@ -80,9 +80,6 @@ class RunConfig:
             if not self.endpoint.startswith(("http://", "https://")):
                 raise ConfigError("--endpoint", f"{self.endpoint!r} is not an http(s) URL",
                                   "e.g. --endpoint http://127.0.0.1:8000/v1")
-            if not self.model:
-                raise ConfigError("--model", "is required with --endpoint",
-                                  "give the served model name, as listed by GET /v1/models")
         if self.endpoint is None and self.prompt_format == "text":
             raise ConfigError("--prompt-format", "the bundled engine is always sent token-id prompts",
                               "drop --prompt-format text, or measure a server given with --endpoint")

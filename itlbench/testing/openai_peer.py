@@ -37,6 +37,7 @@ BLOCK = 16
 @dataclass
 class PeerConfig:
     model: str = "peer"
+    other_models: tuple[str, ...] = ()  # more ids /v1/models lists (a server with several models)
     tick_s: float = 0.01
     accept_ids: bool = True
     vocab_size: int = 4096
@@ -105,7 +106,8 @@ class OpenAIPeer:
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [
-            {"id": self.cfg.model, "object": "model", "max_model_len": self.cfg.max_model_len}]})
+            {"id": name, "object": "model", "max_model_len": self.cfg.max_model_len}
+            for name in (self.cfg.model, *self.cfg.other_models)]})
 
     def _tokens(self, body: dict[str, object]) -> list[object] | web.Response:
         prompt = body.get("prompt")

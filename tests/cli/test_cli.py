@@ -44,7 +44,7 @@ def test_workloads_lists_the_catalog_as_table_and_json():
     (["--slo", "ttft:le9k=1s"], "--slo"),
     (["--duration", "0"], "--duration"),
     (["--endpoint", "not-a-url", "--model", "m"], "--endpoint"),
-    (["--endpoint", "http://127.0.0.1:8000/v1"], "--model"),
+    (["--endpoint", "http://127.0.0.1:9/v1"], "--endpoint"),  # nothing listens: --model is then not the problem
     (["--workload", "trace"], "--trace"),
 ])
 def test_bad_run_flags_exit_2_naming_the_flag_and_leave_nothing(tmp_path, args, flag):

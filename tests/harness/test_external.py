@@ -113,6 +113,23 @@ def test_prompt_format_auto_falls_back_to_text_and_ids_insists(tmp_path: Path) -
     assert err.value.field == "--prompt-format" and not (tmp_path / "ids").exists()
 
 
+def test_without_model_the_endpoints_only_model_is_measured_and_several_are_named(tmp_path: Path) -> None:
+    """--model may be left out where /v1/models lists one model (vLLM's `bench serve` takes it too); where it lists
+    several, the run stops before sending anything and names them, since any guess could measure the wrong one."""
+    with serve_in_thread(PeerConfig(tick_s=0.002, model="only-one")) as (peer, url):
+        run_dir, summary = run_load_test(_cfg(url, tmp_path / "one", model=None))
+        asked = peer.counters.requests
+    doc = read_run_doc(run_dir)
+    assert doc["config"]["model"] == "only-one" and doc["engine"]["model_from"] == "the only model GET /v1/models lists"
+    assert summary["requests"]["ok"] > 0 and asked >= summary["requests"]["ok"]
+    with serve_in_thread(PeerConfig(tick_s=0.002, model="a", other_models=("b", "c"))) as (peer, url):
+        with pytest.raises(ConfigError) as err:
+            run_load_test(_cfg(url, tmp_path / "several", model=None))
+        assert peer.counters.requests == 0
+    assert err.value.field == "--model" and "serves 3 models" in str(err.value) and "a, b, c" in str(err.value)
+    assert not (tmp_path / "several").exists()
+
+
 # ---- /metrics outside the window -------------------------------------------------------------------
 
 def test_metrics_are_read_just_outside_the_window_by_default(tmp_path: Path) -> None:
