@@ -1,6 +1,6 @@
 """The presets' GEMM times against NVIDIA's own kernel measurements of 2025 engines (aiconfigurator's tables).
 
-    python benchmarks/aic_gemms.py --aic PATH [--min-nk 4096] [--markdown FILE]
+    python benchmarks/aic_gemms.py --aic PATH [--min-nk 4096] [--fit] [--kernels 2025] [--markdown FILE]
 
 PATH is a local clone of ai-dynamo/aiconfigurator (nothing of it enters this repo). Its collector times one
 Linear layer of each serving engine at a grid of shapes (m rows of 1-32,768, with m and m + 1 on each side of the
@@ -17,7 +17,11 @@ errors read low. None of these tables is in the simulator's fit: every figure is
 
 Printed per table: rows, MAPE, the median signed error and the share over 15 %, the median error in bands of
 rows, and what one row past a tile costs (the median over shapes of time(m + 1) / time(m) at m = 128 ... 4,096,
-measured and predicted), the cost the presets' tile and cluster rounding charges.
+measured and predicted), the cost the presets' tile and cluster rounding charges. `--fit` also refits each 16-bit
+table's two GEMM terms with that rounding off (`gemm_eff`, `gemm_m_half`; Nelder-Mead on every fourth shape) and
+prints the MAPE they reach: what the presets' GEMMs would be on that engine's kernels. `--kernels 2025` compares
+against the `-2025` profiles instead (`sim.hardware.KERNELS_2025`, fitted so on vLLM's table of each GPU), whose
+other engines' tables are then held out.
 Computed from the stored presets and the local tables: any machine prints the same.
 """
 
@@ -33,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's i
 
 from itlbench.core.presets import PRESETS  # noqa: E402
 from itlbench.errors import ConfigError  # noqa: E402
-from itlbench.sim.hardware import presets  # noqa: E402
+from itlbench.sim.hardware import KERNELS, presets  # noqa: E402
 from itlbench.sim.operators import blend, gemm_parts  # noqa: E402
 from itlbench.sim.profile import Hardware  # noqa: E402
 from itlbench.sim.roofline import CostModel  # noqa: E402
@@ -64,16 +68,24 @@ def predicted_s(cm: CostModel, hw: Hardware, m: int, n: int, k: int) -> float:
     return blend(*gemm_parts(cm, m, k, n, hw), hw) + hw.kernel_s
 
 
-def compared(path: Path, preset: str, min_nk: int) -> dict[str, pl.DataFrame]:
-    """Per number format the preset prices: m, n, k, measured_s, predicted_s, err."""
+def profile(preset: str, kernels: str | None = None) -> Hardware | None:
+    """The preset, or its `-{kernels}` profile (None where there is none)."""
+    return presets()[preset] if kernels is None else KERNELS.get(f"{preset}-{kernels}")
+
+
+def compared(path: Path, preset: str, min_nk: int, kernels: str | None = None) -> dict[str, pl.DataFrame]:
+    """Per number format the profile prices: m, n, k, measured_s, predicted_s, err."""
     df = pl.read_parquet(path).filter((pl.col("n") >= min_nk) & (pl.col("k") >= min_nk))
     out = {}
     for fmt, dtype in FORMATS.items():
         rows = df.filter(pl.col("gemm_dtype") == fmt)
         if rows.is_empty():
             continue
+        base = profile(preset, kernels)
+        if base is None:
+            return out
         try:
-            hw = presets()[preset].for_dtype(dtype)
+            hw = base.for_dtype(dtype)
         except ConfigError:  # a format this GPU has no rate for in its preset
             continue
         cm = CostModel.for_hardware(PRESETS["llama-3.1-8b"], hw, tp=1)  # only its bytes an element are read
@@ -82,6 +94,36 @@ def compared(path: Path, preset: str, min_nk: int) -> dict[str, pl.DataFrame]:
         out[fmt] = rows.select("m", "n", "k", (pl.col("latency") / 1e3).alias("measured_s")).with_columns(
             pl.Series("predicted_s", pred)).with_columns((pl.col("predicted_s") / pl.col("measured_s") - 1).alias("err"))
     return out
+
+
+def refit(path: Path, preset: str, min_nk: int) -> tuple[float, float, pl.DataFrame] | None:
+    """(gemm_eff, gemm_m_half, the table compared under them) of a 16-bit table with no partial-tile rounding, or
+    None where the table has no 16-bit rows."""
+    import numpy as np
+
+    from itlbench.sim.calibrate import _nelder_mead
+
+    base = compared(path, preset, min_nk).get("bfloat16")
+    if base is None:
+        return None
+    hw0 = presets()[preset].for_dtype("bfloat16").with_(gemm_tile_rows=0, gemm_cluster_rows=0,
+                                                         gemm_slow_rows=(0, 0, 1.0))
+    cm = CostModel.for_hardware(PRESETS["llama-3.1-8b"], hw0, tp=1)
+    shapes = base.select("m", "n", "k", "measured_s").to_numpy()
+
+    def hw_of(x: np.ndarray) -> Hardware:
+        return hw0.with_(gemm_eff=float(1 / (1 + np.exp(-x[0]))), gemm_m_half=float(np.exp(x[1])))
+
+    def loss(x: np.ndarray) -> float:
+        hw = hw_of(x)
+        return float(np.mean([abs(predicted_s(cm, hw, int(m), int(n), int(k)) / t - 1) for m, n, k, t in shapes[::4]]))
+
+    start = np.array([np.log(hw0.gemm_eff / (1 - hw0.gemm_eff)), np.log(max(hw0.gemm_m_half, 1.0))])
+    hw = hw_of(_nelder_mead(loss, start, step=0.3, iters=120))
+    pred = [predicted_s(cm, hw, int(m), int(n), int(k)) for m, n, k, _ in shapes]
+    out = base.with_columns(pl.Series("predicted_s", pred)).with_columns(
+        (pl.col("predicted_s") / pl.col("measured_s") - 1).alias("err"))
+    return hw.gemm_eff, hw.gemm_m_half, out
 
 
 def tile_costs(df: pl.DataFrame) -> list[tuple[int, float, float]]:
@@ -102,16 +144,25 @@ def summary(df: pl.DataFrame) -> str:
             f"{(ape > OVER).mean():5.1%} over 15 %")
 
 
-def report(found: list[tuple[str, str, str, Path]], min_nk: int) -> list[str]:
+def bands(df: pl.DataFrame) -> str:
+    return ", ".join(f"{lo}-{hi} {d['err'].median():+.0%}" for lo, hi in BANDS
+                     if (d := df.filter(pl.col("m").is_between(lo, hi))).height)
+
+
+def report(found: list[tuple[str, str, str, Path]], min_nk: int, with_fit: bool = False,
+           kernels: str | None = None) -> list[str]:
     lines = []
     for preset, framework, version, path in found:
-        for fmt, df in compared(path, preset, min_nk).items():
-            lines.append(f"{preset} {framework} {version} {fmt}: {summary(df)}")
-            bands = [f"{lo}-{hi} {d['err'].median():+.0%}" for lo, hi in BANDS
-                     if (d := df.filter(pl.col("m").is_between(lo, hi))).height]
-            lines.append("    median error by rows: " + ", ".join(bands))
+        name = preset if kernels is None else f"{preset}-{kernels}"
+        for fmt, df in compared(path, preset, min_nk, kernels).items():
+            lines.append(f"{name} {framework} {version} {fmt}: {summary(df)}")
+            lines.append("    median error by rows: " + bands(df))
             tiles = ", ".join(f"{m}: {meas:.2f} vs {pred:.2f}" for m, meas, pred in tile_costs(df))
             lines.append(f"    one row past a tile, measured vs predicted: {tiles}")
+            if with_fit and fmt == "bfloat16" and (fitted := refit(path, preset, min_nk)) is not None:
+                eff, m_half, again = fitted
+                lines.append(f"    refitted, no partial-tile rounding: gemm_eff {eff:.3f}, gemm_m_half {m_half:.1f} rows: "
+                             f"{summary(again).strip()}; by rows: {bands(again)}")
     return lines
 
 
@@ -119,13 +170,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--aic", type=Path, required=True, help="a local clone of ai-dynamo/aiconfigurator")
     ap.add_argument("--min-nk", type=int, default=4096, help="shapes with n and k of at least this many")
+    ap.add_argument("--fit", action="store_true", help="also refit each 16-bit table's GEMM terms, rounding off")
+    ap.add_argument("--kernels", choices=["2025"], help="compare against the presets' -2025 profiles instead")
     ap.add_argument("--markdown", type=Path, help="also write the lines as a markdown code block here")
     args = ap.parse_args()
     try:
         found = tables(args.aic)
     except ConfigError as exc:
         sys.exit(f"error: {exc}")
-    lines = report(found, args.min_nk)
+    lines = report(found, args.min_nk, args.fit, args.kernels)
     print("\n".join(lines))
     if args.markdown:
         args.markdown.write_text("```text\n" + "\n".join(lines) + "\n```\n")

@@ -15,23 +15,23 @@ import polars as pl
 
 from benchmarks.aic_gemms import DATA, predicted_s
 from itlbench.core.presets import PRESETS
-from itlbench.sim.hardware import presets
+from itlbench.sim.hardware import load_hardware, presets
 from itlbench.sim.roofline import CostModel
 
 ROWS = (1, 8, 64, 128, 129, 256, 257, 512, 513, 1024, 2048, 4096)
 SHAPES = ((4096, 4096), (6144, 4096), (4096, 14336), (1024, 4096))  # (n, k); the last is narrower than --min-nk
 
 
-def _write_table(path: Path, gpu: str, fast_from: int) -> None:
-    """One gemm_perf.parquet: bfloat16 rows as the preset predicts them, except from `fast_from` rows on, where the
-    kernel is 20 % faster (so the model errs +25 %), and each row one past a tile, timed as the tile itself (a
-    kernel with no tile rounding). fp8_block rows, a format no preset prices, are left out of the comparison."""
-    hw = presets()[gpu].for_dtype("bfloat16")
+def _write_table(path: Path, gpu: str, fast_from: int, profile: str | None = None) -> None:
+    """One gemm_perf.parquet: bfloat16 rows as the preset (or `profile`) predicts them, except from `fast_from` rows
+    on, where the kernel is 20 % faster (so the model errs +25 %), and, for the preset, each row one past a tile timed
+    as the tile itself (a kernel with no tile rounding). fp8_block rows, a format no preset prices, are left out."""
+    hw = (load_hardware(profile) if profile else presets()[gpu]).for_dtype("bfloat16")
     cm = CostModel.for_hardware(PRESETS["llama-3.1-8b"], hw, tp=1)
     rows = []
     for n, k in SHAPES:
         for m in ROWS:
-            base = m - 1 if m - 1 in ROWS and (m - 1) % 128 == 0 else m
+            base = m - 1 if not profile and m - 1 in ROWS and (m - 1) % 128 == 0 else m
             ms = 1e3 * predicted_s(cm, hw, base, n, k) / (1.25 if base >= fast_from else 1.0)
             rows += [{"gemm_dtype": "bfloat16", "m": m, "n": n, "k": k, "latency": ms},
                      {"gemm_dtype": "fp8_block", "m": m, "n": n, "k": k, "latency": ms / 3}]
@@ -73,3 +73,44 @@ def test_a_path_that_is_no_clone_is_one_line_naming_the_flag(tmp_path: Path) -> 
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [f"error: --aic: {tmp_path} has no {DATA} (give a clone of "
                                                 "ai-dynamo/aiconfigurator)"]
+
+
+def test_the_2025_profiles_drop_the_partial_tile_cost_and_keep_every_other_term() -> None:
+    """`--gpu h100-2025`: the preset with its 16-bit GEMMs refitted on NVIDIA's 2025 kernel table. A 16-bit step one
+    row past 256 rows costs the preset 31 % more (the 256-row cluster of Vidur's 2024 profiles); today's kernels 1.07x
+    at the GEMM, and the profile under 1 %. Attention, bandwidth, FP8 and fixed costs stay the preset's."""
+    from itlbench.sim.hardware import KERNELS, KERNELS_2025
+    from itlbench.sim.shapes import StepShape
+
+    assert set(KERNELS) == {f"{g}-2025" for g in KERNELS_2025}
+    for gpu, (eff, m_half, table) in KERNELS_2025.items():
+        preset, new = presets()[gpu], load_hardware(f"{gpu}-2025")
+        assert (new.gemm_eff, new.gemm_m_half, new.gemm_tile_rows, new.gemm_cluster_rows) == (eff, m_half, 0, 0)
+        kept = ("mem_eff", "attn_eff", "attn_mem_eff", "fp8_gemm_eff", "fp4_gemm_eff", "kernel_s", "step_overhead_s",
+                "link_bw", "memory_bytes", "peak_flops", "peak_flops_fp8")
+        assert all(getattr(new, f) == getattr(preset, f) for f in kept), gpu
+        assert table in new.sources["gemm_eff"] and "no engine-level published figure" in new.sources["gemm_eff"]
+        assert new.label == f"{preset.label} (2025 GEMMs)"
+    model = PRESETS["llama-3.1-8b"]
+    ratios = {}
+    for name in ("h100", "h100-2025"):
+        hw = load_hardware(name)
+        cm = CostModel.for_hardware(model, hw, tp=1)
+        ratios[name] = cm.time(StepShape.prefill(257), hw).total_s / cm.time(StepShape.prefill(256), hw).total_s
+    assert ratios["h100"] > 1.25 and 1.0 <= ratios["h100-2025"] < 1.01, ratios
+
+
+def test_a_table_of_the_2025_profiles_kernels_is_matched_and_refitted_to_its_terms(tmp_path: Path) -> None:
+    """A table timed as `h100-2025` predicts: `--kernels 2025` sets it beside that profile (every shape exact), and
+    `--fit` recovers the profile's two terms from it, starting from the preset's."""
+    _write_table(tmp_path / DATA / "h100_sxm" / "gemm" / "vllm" / "0.24.0" / "gemm_perf.parquet", "h100",
+                 fast_from=10**9, profile="h100-2025")
+    exact = _run("--aic", str(tmp_path), "--kernels", "2025")
+    assert exact.returncode == 0, exact.stderr
+    assert exact.stdout.startswith("h100-2025 vllm 0.24.0 bfloat16:") and "MAPE  0.0%" in exact.stdout.splitlines()[0]
+    fitted = _run("--aic", str(tmp_path), "--fit")
+    assert fitted.returncode == 0, fitted.stderr
+    line = next(x for x in fitted.stdout.splitlines() if "refitted" in x)
+    eff = float(line.split("gemm_eff ")[1].split(",")[0])
+    assert abs(eff - 0.830) < 0.02, line
+    assert float(line.split("MAPE ")[1].split("%")[0]) < 2.0, line
