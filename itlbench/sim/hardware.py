@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from itlbench.errors import ConfigError
+from itlbench.sim.allreduce_tables import ALLREDUCE_2025_US, measured_tables
 from itlbench.sim.profile import (  # noqa: F401 (re-exported: the profile's public names)
     COST_MODELS,
     COUNTINGS,
@@ -231,7 +232,7 @@ def seeds_profile(hw: Hardware) -> Hardware:
                       f"{_SOURCE_EFF}", sources=dict(base.sources) | {"gemm_eff": _SOURCE_EFF, "mem_eff": _SOURCE_EFF})
 
 
-# A 16-bit GEMM's two terms on the kernels engines ship today, with no partial-tile rounding: fitted by
+# The `-2025` profiles. A 16-bit GEMM's two terms on the kernels engines ship today, no partial-tile rounding: fitted by
 # `benchmarks/aic_gemms.py --fit` on NVIDIA's measured Linear-layer tables in ai-dynamo/aiconfigurator (commit 095f58a,
 # aic-core/src/aiconfigurator_core/systems/data/{gpu}/gemm/vllm/{version}/gemm_perf.parquet, n and k of 4,096 or
 # more): (gemm_eff, gemm_m_half, the table). Today's Hopper kernels take 1.01-1.09x the time one row past 128, 256 or
@@ -246,19 +247,25 @@ KERNELS_2025: dict[str, tuple[float, float, str]] = {
 
 
 def kernels_2025_profile(hw: Hardware) -> Hardware:
-    """`hw`'s preset with its 16-bit GEMMs as today's engines run them (`KERNELS_2025`): no partial-tile rounding and
-    the large-M efficiency and half-rows fitted on NVIDIA's kernel tables. Every other term (attention, bandwidth,
-    FP8/FP4 efficiency, fixed costs) is the preset's: those tables time FP8 with its dynamic scaling, not what a
-    checkpoint with static scales runs, and no engine-level figure has checked this profile."""
+    """`hw`'s preset with its 16-bit GEMMs and its all-reduces as today's engines run them: no partial-tile rounding,
+    the large-M efficiency and half-rows fitted on NVIDIA's kernel tables (`KERNELS_2025`), and vLLM's measured
+    all-reduce times at TP2, 4 and 8 (sim/allreduce_tables.py). Every other term (attention, bandwidth, FP8/FP4
+    efficiency, fixed costs) is the preset's: those tables time FP8 with its dynamic scaling, not what a checkpoint
+    with static scales runs, and no engine-level figure has checked this profile."""
     eff, m_half, table = KERNELS_2025[hw.name]
     src = (f"fitted on NVIDIA's measured kernel table ({table}; ai-dynamo/aiconfigurator, benchmarks/aic_gemms.py "
            "--fit); no engine-level published figure checks this profile")
-    return hw.with_(name=f"{hw.name}-2025", label=f"{hw.label} (2025 GEMMs)", gemm_eff=eff, gemm_m_half=m_half,
-                    source=f"{hw.source.split(';')[0]}; 16-bit GEMMs fitted on NVIDIA's 2025 kernel tables, the rest "
-                           f"as the {hw.name} preset",
+    engine = ALLREDUCE_2025_US[hw.name][0]
+    ar_src = (f"measured: {engine}'s 16-bit all-reduce in a CUDA graph at TP2/4/8, ai-dynamo/aiconfigurator "
+              f"(commit 095f58a) custom_allreduce_perf.parquet; interpolated, in place of link_bw x link_eff")
+    return hw.with_(name=f"{hw.name}-2025", label=f"{hw.label} (2025 kernels)", gemm_eff=eff, gemm_m_half=m_half,
+                    source=f"{hw.source.split(';')[0]}; 16-bit GEMMs and all-reduces as NVIDIA measured 2025 "
+                           f"engines run them, the rest as the {hw.name} preset",
                     gemm_tile_rows=0, gemm_cluster_rows=0, gemm_slow_rows=(0, 0, 1.0),
+                    allreduce_measured=measured_tables(hw.name),
                     sources=dict(hw.sources) | {"gemm_eff": src, "gemm_m_half": src, "gemm_tile_rows": "0: " + src,
-                                                "gemm_cluster_rows": "", "gemm_slow_rows": ""})
+                                                "gemm_cluster_rows": "", "gemm_slow_rows": "",
+                                                "allreduce_measured": ar_src})
 
 
 GPUS: dict[str, Hardware] = presets()

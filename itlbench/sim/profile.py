@@ -100,6 +100,9 @@ class Hardware:
     # NVLink SHARP's all-reduce throughput (algbw) as a share of the link: NCCL's peaks near 275 GB/s on eight H100s
     # (busBw ~480), 0.61 of NVLink4's 450 GB/s each way (NVIDIA/nccl-tests#212, an NCCL maintainer's figures)
     switch_allreduce_share: float = 0.611
+    # measured all-reduce times, {degree: ((message bytes, seconds), ...)} sorted by size: where the run's degree has
+    # one, an all-reduce is interpolated in it instead of priced by the link (sim/allreduce_tables.py)
+    allreduce_measured: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict, hash=False)
     sources: dict[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -129,6 +132,7 @@ class Hardware:
             raise ConfigError("gpu.gemm_slow_rows", f"must be [lo, hi, x] with 0 <= lo <= hi and x >= 1, got "
                               f"{self.gemm_slow_rows!r}")
         object.__setattr__(self, "gemm_slow_rows", (int(lo), int(hi), float(slow)))  # a JSON profile's list
+        object.__setattr__(self, "allreduce_measured", _measured_allreduce(self.allreduce_measured))
         if self.graph_overhead_s is not None and not self.graph_overhead_s >= 0:
             raise ConfigError("gpu.graph_overhead_s", f"must be >= 0 or null, got {self.graph_overhead_s!r}")
         if self.dtype not in DTYPE_BYTES:
@@ -247,3 +251,24 @@ class Hardware:
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def _measured_allreduce(raw: object) -> dict[str, tuple[tuple[float, float], ...]]:
+    """`allreduce_measured` as tuples (a JSON profile's lists), checked: whole-number degrees of 2 or more, each with
+    (bytes, seconds) points of positive numbers, sizes rising."""
+    fix = 'e.g. {"8": [[256, 4.6e-06], [1048576, 1.5e-05]]}: degree -> [message bytes, seconds], sizes rising'
+    if not isinstance(raw, dict):
+        raise ConfigError("gpu.allreduce_measured", f"must map degrees to points, got {raw!r}", fix)
+    out = {}
+    for tp, points in raw.items():
+        try:
+            pts = tuple((float(b), float(t)) for b, t in points)
+            ok = str(tp).isdigit() and int(tp) >= 2 and len(pts) >= 2 and all(b > 0 and t > 0 for b, t in pts) \
+                and all(b0 < b1 for (b0, _), (b1, _) in zip(pts, pts[1:], strict=False))
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ConfigError("gpu.allreduce_measured", f"degree {tp!r} does not hold rising (bytes, seconds) points",
+                              fix)
+        out[str(int(tp))] = pts
+    return out

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from itlbench.core.model_config import ModelConfig
 from itlbench.errors import ConfigError
+from itlbench.sim.allreduce_tables import interpolate
 from itlbench.sim.hardware import (  # noqa: F401  (re-exported: the simulator's public names)
     COUNTINGS,
     DTYPE_BYTES,
@@ -161,13 +162,17 @@ class CostModel:
         """One all-reduce of `rows` activations across the tp GPUs, plus the link's fixed cost: a ring moves
         2(t-1)/t of the message each way over one GPU's link; on an NVSwitch that reduces (NVLink SHARP) the
         message crosses once, at the switch's all-reduce throughput, and NCCL takes the faster of the two (the
-        ring at TP2, the switch from TP4)."""
+        ring at TP2, the switch from TP4). A profile that carries measured times at this degree is interpolated in
+        them instead."""
         if self.tp == 1 or rows == 0:
             return 0.0
         if not hw.link_bw > 0:
             raise ConfigError("tp", f"the {hw.label} profile has no GPU-to-GPU link (link_bw)",
                               "use --tp 1, or a profile with link_bw and link_latency_s")
         message = rows * self.model.hidden_size * self.act_bytes
+        measured = hw.allreduce_measured.get(str(self.tp))
+        if measured:  # an engine's own all-reduce, timed at this degree (a `-2025` profile)
+            return interpolate(measured, message)
         seconds = 2 * (self.tp - 1) / self.tp * message / (hw.link_bw * hw.link_eff)
         if hw.allreduce_in_switch:
             seconds = min(seconds, message / (hw.link_bw * hw.switch_allreduce_share))

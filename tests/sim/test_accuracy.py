@@ -99,7 +99,7 @@ def test_only_a_stored_preset_as_fitted_gets_its_error_bar(tmp_path: Path) -> No
     assert preset_accuracy(load_hardware("h100-seeds")) is None  # the source documents' arithmetic
     assert preset_accuracy(load_hardware("h100-2025")) is None  # 2025 GEMMs: checked on kernel tables, no engine run
     assert check_line(check_doc(load_hardware("h100-2025"))).startswith(
-        "H100 SXM (2025 GEMMs) in 16-bit: no published figure checks this profile, so its times are unvalidated")
+        "H100 SXM (2025 kernels) in 16-bit: no published figure checks this profile, so its times are unvalidated")
     assert preset_accuracy(load_hardware("b200")) is None  # a format no figure covers: the B200 in 16 bits
     assert "unvalidated" in check_line(check_doc(load_hardware("b200")))
     assert preset_accuracy(load_hardware("b200").for_dtype("fp4")) == held_out_by_preset()[("b200", "fp4")]

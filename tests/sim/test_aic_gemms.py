@@ -90,7 +90,7 @@ def test_the_2025_profiles_drop_the_partial_tile_cost_and_keep_every_other_term(
                 "link_bw", "memory_bytes", "peak_flops", "peak_flops_fp8")
         assert all(getattr(new, f) == getattr(preset, f) for f in kept), gpu
         assert table in new.sources["gemm_eff"] and "no engine-level published figure" in new.sources["gemm_eff"]
-        assert new.label == f"{preset.label} (2025 GEMMs)"
+        assert new.label == f"{preset.label} (2025 kernels)"
     model = PRESETS["llama-3.1-8b"]
     ratios = {}
     for name in ("h100", "h100-2025"):
