@@ -22,6 +22,7 @@ local tables: any machine prints the same.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -32,7 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's i
 from benchmarks.aic_gemms import DATA, GPUS  # noqa: E402
 from itlbench.core.presets import PRESETS  # noqa: E402
 from itlbench.errors import ConfigError  # noqa: E402
-from itlbench.sim.hardware import KERNELS, presets  # noqa: E402
+from itlbench.sim.hardware import GPUS as PRESET_PROFILES  # noqa: E402
+from itlbench.sim.hardware import KERNELS  # noqa: E402
+from itlbench.sim.profile import Hardware  # noqa: E402
 from itlbench.sim.roofline import CostModel  # noqa: E402
 
 BANDS = ((0, 2**16), (2**16 + 1, 2**20), (2**20 + 1, 2**24), (2**24 + 1, 2**30))  # elements
@@ -61,11 +64,16 @@ def tables(aic: Path) -> list[tuple[str, str, str, pl.DataFrame]]:
     return found
 
 
+@functools.cache
+def _priced(preset: str, tp: int, kernels: str | None) -> tuple[CostModel, Hardware]:
+    hw = (PRESET_PROFILES[preset] if kernels is None else KERNELS[f"{preset}-{kernels}"]).for_dtype("bfloat16")
+    return CostModel.for_hardware(PRESETS["llama-3.1-8b"], hw, tp=tp), hw
+
+
 def predicted_s(preset: str, tp: int, elements: int, kernels: str | None = None) -> float:
     """`CostModel.allreduce_s` of a message of `elements` 16-bit values on `tp` GPUs of the preset (or its
     `-{kernels}` profile)."""
-    hw = (presets()[preset] if kernels is None else KERNELS[f"{preset}-{kernels}"]).for_dtype("bfloat16")
-    cm = CostModel.for_hardware(PRESETS["llama-3.1-8b"], hw, tp=tp)
+    cm, hw = _priced(preset, tp, kernels)
     return cm.allreduce_s(elements / cm.model.hidden_size, hw)  # type: ignore[arg-type]  (rows of hidden-size values)
 
 

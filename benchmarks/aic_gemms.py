@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's i
 
 from itlbench.core.presets import PRESETS  # noqa: E402
 from itlbench.errors import ConfigError  # noqa: E402
-from itlbench.sim.hardware import KERNELS, presets  # noqa: E402
+from itlbench.sim.hardware import GPUS as PRESET_PROFILES  # noqa: E402
+from itlbench.sim.hardware import KERNELS  # noqa: E402
 from itlbench.sim.operators import blend, gemm_parts  # noqa: E402
 from itlbench.sim.profile import Hardware  # noqa: E402
 from itlbench.sim.roofline import CostModel  # noqa: E402
@@ -70,20 +71,20 @@ def predicted_s(cm: CostModel, hw: Hardware, m: int, n: int, k: int) -> float:
 
 def profile(preset: str, kernels: str | None = None) -> Hardware | None:
     """The preset, or its `-{kernels}` profile (None where there is none)."""
-    return presets()[preset] if kernels is None else KERNELS.get(f"{preset}-{kernels}")
+    return PRESET_PROFILES[preset] if kernels is None else KERNELS.get(f"{preset}-{kernels}")
 
 
 def compared(path: Path, preset: str, min_nk: int, kernels: str | None = None) -> dict[str, pl.DataFrame]:
     """Per number format the profile prices: m, n, k, measured_s, predicted_s, err."""
+    out: dict[str, pl.DataFrame] = {}
+    base = profile(preset, kernels)
+    if base is None:
+        return out
     df = pl.read_parquet(path).filter((pl.col("n") >= min_nk) & (pl.col("k") >= min_nk))
-    out = {}
     for fmt, dtype in FORMATS.items():
         rows = df.filter(pl.col("gemm_dtype") == fmt)
         if rows.is_empty():
             continue
-        base = profile(preset, kernels)
-        if base is None:
-            return out
         try:
             hw = base.for_dtype(dtype)
         except ConfigError:  # a format this GPU has no rate for in its preset
@@ -96,17 +97,14 @@ def compared(path: Path, preset: str, min_nk: int, kernels: str | None = None) -
     return out
 
 
-def refit(path: Path, preset: str, min_nk: int) -> tuple[float, float, pl.DataFrame] | None:
-    """(gemm_eff, gemm_m_half, the table compared under them) of a 16-bit table with no partial-tile rounding, or
-    None where the table has no 16-bit rows."""
+def refit(base: pl.DataFrame, preset: str) -> tuple[float, float, pl.DataFrame]:
+    """(gemm_eff, gemm_m_half, the table compared under them) of a compared 16-bit table with no partial-tile
+    rounding."""
     import numpy as np
 
     from itlbench.sim.calibrate import _nelder_mead
 
-    base = compared(path, preset, min_nk).get("bfloat16")
-    if base is None:
-        return None
-    hw0 = presets()[preset].for_dtype("bfloat16").with_(gemm_tile_rows=0, gemm_cluster_rows=0,
+    hw0 = PRESET_PROFILES[preset].for_dtype("bfloat16").with_(gemm_tile_rows=0, gemm_cluster_rows=0,
                                                          gemm_slow_rows=(0, 0, 1.0))
     cm = CostModel.for_hardware(PRESETS["llama-3.1-8b"], hw0, tp=1)
     shapes = base.select("m", "n", "k", "measured_s").to_numpy()
@@ -159,8 +157,8 @@ def report(found: list[tuple[str, str, str, Path]], min_nk: int, with_fit: bool 
             lines.append("    median error by rows: " + bands(df))
             tiles = ", ".join(f"{m}: {meas:.2f} vs {pred:.2f}" for m, meas, pred in tile_costs(df))
             lines.append(f"    one row past a tile, measured vs predicted: {tiles}")
-            if with_fit and fmt == "bfloat16" and (fitted := refit(path, preset, min_nk)) is not None:
-                eff, m_half, again = fitted
+            if with_fit and fmt == "bfloat16":
+                eff, m_half, again = refit(df, preset)
                 lines.append(f"    refitted, no partial-tile rounding: gemm_eff {eff:.3f}, gemm_m_half {m_half:.1f} rows: "
                              f"{summary(again).strip()}; by rows: {bands(again)}")
     return lines
