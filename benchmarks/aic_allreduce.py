@@ -1,6 +1,6 @@
 """The presets' all-reduce times against NVIDIA's measured all-reduce tables of 2025 engines (aiconfigurator).
 
-    python benchmarks/aic_allreduce.py --aic PATH [--kernels 2025]
+    python benchmarks/aic_allreduce.py --aic PATH [--kernels 2025] [--markdown FILE]
 
 PATH is a local clone of ai-dynamo/aiconfigurator (nothing of it enters this repo). Its collector times one 16-bit
 all-reduce on 2, 4 and 8 GPUs of one server over messages of 128 to 536,870,912 elements: NCCL's
@@ -21,7 +21,6 @@ local tables: any machine prints the same.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 from pathlib import Path
@@ -30,7 +29,7 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's itlbench when run as a script
 
-from benchmarks.aic_gemms import DATA, GPUS  # noqa: E402
+from benchmarks.aic_gemms import DATA, GPUS, emit, parser  # noqa: E402
 from itlbench.core.presets import PRESETS  # noqa: E402
 from itlbench.errors import ConfigError  # noqa: E402
 from itlbench.sim.hardware import GPUS as PRESET_PROFILES  # noqa: E402
@@ -98,16 +97,8 @@ def report(found: list[tuple[str, str, str, pl.DataFrame]], kernels: str | None 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--aic", type=Path, required=True, help="a local clone of ai-dynamo/aiconfigurator")
-    ap.add_argument("--kernels", choices=["2025"], help="compare against the presets' -2025 profiles instead")
-    args = ap.parse_args()
-    try:
-        found = tables(args.aic)
-    except ConfigError as exc:
-        sys.exit(f"error: {exc}")
-    print("\n".join(report(found, args.kernels)))
-
+    args = parser(__doc__, None).parse_args()
+    emit(args, tables, lambda found: report(found, args.kernels))
 
 if __name__ == "__main__":
     main()

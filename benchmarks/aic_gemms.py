@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -164,23 +166,35 @@ def report(found: list[tuple[str, str, str, Path]], min_nk: int, with_fit: bool 
     return lines
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser(doc: str, fit_help: str | None) -> argparse.ArgumentParser:
+    """The flags the aiconfigurator scripts share: --aic, --kernels and --markdown (and --fit where one is given)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--aic", type=Path, required=True, help="a local clone of ai-dynamo/aiconfigurator")
-    ap.add_argument("--min-nk", type=int, default=4096, help="shapes with n and k of at least this many")
-    ap.add_argument("--fit", action="store_true", help="also refit each 16-bit table's GEMM terms, rounding off")
+    if fit_help:
+        ap.add_argument("--fit", action="store_true", help=fit_help)
     ap.add_argument("--kernels", choices=["2025"], help="compare against the presets' -2025 profiles instead")
     ap.add_argument("--markdown", type=Path, help="also write the lines as a markdown code block here")
-    args = ap.parse_args()
+    return ap
+
+
+def emit(args: argparse.Namespace, find: Callable[[Path], Any], render: Callable[[Any], list[str]]) -> None:
+    """Find the tables under --aic (a path that is no clone: one line naming the flag), print the report's lines, and
+    write them to --markdown where asked."""
     try:
-        found = tables(args.aic)
+        found = find(args.aic)
     except ConfigError as exc:
         sys.exit(f"error: {exc}")
-    lines = report(found, args.min_nk, args.fit, args.kernels)
+    lines = render(found)
     print("\n".join(lines))
     if args.markdown:
         args.markdown.write_text("```text\n" + "\n".join(lines) + "\n```\n")
 
+
+def main() -> None:
+    ap = parser(__doc__, "also refit each 16-bit table's GEMM terms, rounding off")
+    ap.add_argument("--min-nk", type=int, default=4096, help="shapes with n and k of at least this many")
+    args = ap.parse_args()
+    emit(args, tables, lambda found: report(found, args.min_nk, args.fit, args.kernels))
 
 if __name__ == "__main__":
     main()

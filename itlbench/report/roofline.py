@@ -158,8 +158,9 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
     per_kernel = ", kernel by kernel" if hw["cost_model"] == "operators" else ""
     tp = f" · TP {doc['tp']}: {_si(doc['weight_bytes_per_gpu'], 'B')} of weights per GPU" if doc["tp"] > 1 else ""
     gemm = f"{_gemm_label(hw)} {hw['gemm_efficiency']:.0%}"
+    ramp = f" x k/(k + {hw['attn_k_half']:.0f}) at k keys a query" if hw.get("attn_k_half") else ""
     console.print(f"[dim]roofline = at peak; estimated = at the profile's efficiencies{per_kernel} "
-                  f"({gemm}, attention {hw['attn_eff']:.0%}, bandwidth {hw['mem_eff']:.0%}) "
+                  f"({gemm}, attention {hw['attn_eff']:.0%}{ramp}, bandwidth {hw['mem_eff']:.0%}) "
                   f"+ {hw['step_overhead_s'] * 1e3:g} ms per step{tp}[/]", highlight=False)
     console.print(escape(check_line(doc["published_check"])), highlight=False)
 

@@ -245,27 +245,47 @@ KERNELS_2025: dict[str, tuple[float, float, str]] = {
     "l40s": (0.702, 117.4, "vLLM 0.24.0, L40S: 7,256 shapes, MAPE 9.3 % as the preset, 8.2 % refitted"),
 }
 
+# The same GPUs' attention as vLLM's kernels run it (ai-dynamo/aiconfigurator, commit 095f58a, attention/vllm/{version}/
+# {context,generation}_attention_perf.parquet; Llama-like heads, 16-bit K/V): prefill's attn_eff and attn_k_half and
+# decode's attn_mem_eff, fitted with the preset's kernel fixed cost by `benchmarks/aic_attention.py --fit`.
+# GPU: (attn_eff, attn_k_half, attn_mem_eff, the tables and their MAPE as the preset -> fitted, prefill; decode)
+ATTENTION_2025: dict[str, tuple[float, float, float, str]] = {
+    "h100": (0.695, 600, 0.835, "vLLM 0.24.0 FA3, H100 SXM: prefill 1,315 rows, MAPE 46.5 -> 14.9 %; decode 412, 10.2 -> 10.2 %"),
+    "h200": (0.649, 500, 0.789, "vLLM 0.24.0 FA3, H200 SXM: prefill 1,315 rows, MAPE 46.7 -> 14.6 %; decode 412, 15.2 -> 13.3 %"),
+    "b200": (0.566, 600, 0.818, "vLLM 0.24.0 FlashInfer (TensorRT-LLM kernels), B200: prefill 1,315 rows, MAPE 38.1 -> 19.6 %; "
+                                "decode 412, 38.3 -> 8.6 %"),
+    "a100": (0.595, 300, 0.708, "vLLM 0.14.0 FlashAttention, A100 SXM: prefill 1,385 rows, MAPE 39.1 -> 14.2 %; decode 279, "
+                                "17.3 -> 11.0 %"),
+    "l40s": (0.514, 200, 0.776, "vLLM 0.24.0 FA2, L40S: prefill 1,300 rows, MAPE 24.6 -> 10.2 %; decode 412, 7.9 -> 6.7 %"),
+}
+
 
 def kernels_2025_profile(hw: Hardware) -> Hardware:
-    """`hw`'s preset with its 16-bit GEMMs and its all-reduces as today's engines run them: no partial-tile rounding,
-    the large-M efficiency and half-rows fitted on NVIDIA's kernel tables (`KERNELS_2025`), and vLLM's measured
-    all-reduce times at TP2, 4 and 8 (sim/allreduce_tables.py). Every other term (attention, bandwidth, FP8/FP4
-    efficiency, fixed costs) is the preset's: those tables time FP8 with its dynamic scaling, not what a checkpoint
-    with static scales runs, and no engine-level figure has checked this profile."""
+    """`hw`'s preset with its 16-bit GEMMs, attention and all-reduces as today's engines run them: no partial-tile
+    rounding, the large-M efficiency and half-rows fitted on NVIDIA's kernel tables (`KERNELS_2025`), attention whose
+    prefill efficiency rises with the keys a query reads and decode's K/V share, both fitted on vLLM's kernels
+    (`ATTENTION_2025`), and vLLM's measured all-reduce times at TP2, 4 and 8 (sim/allreduce_tables.py). Every other
+    term (bandwidth, FP8/FP4 efficiency, fixed costs) is the preset's: those tables time FP8 with its dynamic scaling,
+    not what a checkpoint with static scales runs, and no engine-level figure has checked this profile."""
     eff, m_half, table = KERNELS_2025[hw.name]
+    attn_eff, k_half, attn_mem_eff, attn_table = ATTENTION_2025[hw.name]
+    attn_src = (f"fitted on NVIDIA's measured attention kernels ({attn_table}; ai-dynamo/aiconfigurator, "
+                "benchmarks/aic_attention.py --fit); no engine-level published figure checks this profile")
     src = (f"fitted on NVIDIA's measured kernel table ({table}; ai-dynamo/aiconfigurator, benchmarks/aic_gemms.py "
            "--fit); no engine-level published figure checks this profile")
     engine = ALLREDUCE_2025_US[hw.name][0]
     ar_src = (f"measured: {engine}'s 16-bit all-reduce in a CUDA graph at TP2/4/8, ai-dynamo/aiconfigurator "
               f"(commit 095f58a) custom_allreduce_perf.parquet; interpolated, in place of link_bw x link_eff")
     return hw.with_(name=f"{hw.name}-2025", label=f"{hw.label} (2025 kernels)", gemm_eff=eff, gemm_m_half=m_half,
-                    source=f"{hw.source.split(';')[0]}; 16-bit GEMMs and all-reduces as NVIDIA measured 2025 "
-                           f"engines run them, the rest as the {hw.name} preset",
+                    attn_eff=attn_eff, attn_k_half=k_half, attn_mem_eff=attn_mem_eff,
+                    source=f"{hw.source.split(';')[0]}; 16-bit GEMMs, attention and all-reduces as NVIDIA measured "
+                           f"2025 engines run them, the rest as the {hw.name} preset",
                     gemm_tile_rows=0, gemm_cluster_rows=0, gemm_slow_rows=(0, 0, 1.0),
                     allreduce_measured=measured_tables(hw.name),
                     sources=dict(hw.sources) | {"gemm_eff": src, "gemm_m_half": src, "gemm_tile_rows": "0: " + src,
                                                 "gemm_cluster_rows": "", "gemm_slow_rows": "",
-                                                "allreduce_measured": ar_src})
+                                                "attn_eff": attn_src, "attn_k_half": attn_src,
+                                                "attn_mem_eff": attn_src, "allreduce_measured": ar_src})
 
 
 GPUS: dict[str, Hardware] = presets()

@@ -14,6 +14,10 @@ roof and the step is their sum, not one whole-step max(compute, memory):
   1.15-1.19x the time at it), and on Hopper past 256 rows to whole 256-row clusters of two tiles;
 - attention: compute over the causal query-key pairs at attn_eff (prefill), or the K/V read at
   attn_mem_eff of the bandwidth (decode), whichever is longer; mixed steps run one kernel over both.
+  A profile with `attn_k_half` lowers the compute efficiency where each query reads few keys,
+  attn_eff · k / (k + attn_k_half) with k the step's query-key pairs per row: a FlashAttention-style
+  kernel's per-block setup is spread over fewer keys (NVIDIA's measured 2025 kernels run a 1k prompt
+  at about 0.3 of peak and a 16k one at 0.6; benchmarks/aic_attention.py);
   Under GQA a kernel that gives each query head its own thread block reads a K/V head once per query
   head of its group, part of it from L2: `gqa_kv_reread` is the share of those repeated reads that
   reach HBM (0, the presets: one read per group, as FlashAttention-style kernels do; TensorRT-LLM
@@ -101,7 +105,16 @@ def attention_parts(cm: CostModel, shape: StepShape, hw: Hardware) -> tuple[floa
     reads = 1.0 + (group - 1.0) * hw.gqa_kv_reread
     moved = kv_token_layer * reads * (shape.context_tokens + shape.tokens) + 2 * cm.act_bytes * shape.tokens * (
         m.num_heads // cm.tp * m.head_dim)
-    return flops / (hw.peak_flops * hw.attn_eff), moved / (hw.mem_bw * (hw.attn_mem_eff or hw.mem_eff))
+    return flops / (hw.peak_flops * attention_efficiency(shape, hw)), moved / (hw.mem_bw * (hw.attn_mem_eff or hw.mem_eff))
+
+
+def attention_efficiency(shape: StepShape, hw: Hardware) -> float:
+    """Prefill attention's share of peak: attn_eff, times k / (k + attn_k_half) where the profile has a length ramp
+    (k: keys a row of the step reads, on average)."""
+    if not hw.attn_k_half or not shape.tokens:
+        return hw.attn_eff
+    keys = max(1.0, shape.attention_pairs / shape.tokens)
+    return hw.attn_eff * keys / (keys + hw.attn_k_half)
 
 
 def elementwise_bytes(cm: CostModel, rows: int) -> float:

@@ -84,6 +84,8 @@ class Hardware:
     fp4_gemm_eff: float = 0.0  # 0: fp8_gemm_eff, else gemm_eff
     gemm_m_half: float = 0.0  # rows at which a GEMM reaches half its large-M efficiency (operators)
     attn_mem_eff: float = 0.0  # share of bandwidth attention reaches reading K/V (0: mem_eff)
+    # keys a query reads at which prefill attention runs at half attn_eff (0: attn_eff at every length) (operators)
+    attn_k_half: float = 0.0
     gqa_kv_reread: float = 0.0  # share of a GQA group's repeated K/V reads that reach HBM (0: read once per group)
     kernel_s: float = 0.0  # least time of one kernel (operators)
     roof_blend: float = 0.0  # GEMM time = p-norm of its two roofs with this p (0: their max) (operators)
@@ -112,7 +114,7 @@ class Hardware:
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ConfigError(f"gpu.{name}", f"must be a positive number, got {value!r}")
         for name in ("step_overhead_s", "seq_overhead_s", "peak_flops_fp8", "fp8_gemm_eff", "peak_flops_fp4", "fp4_gemm_eff", "gemm_m_half",
-                     "attn_mem_eff", "gqa_kv_reread", "kernel_s", "roof_blend", "link_bw", "link_latency_s",
+                     "attn_mem_eff", "attn_k_half", "gqa_kv_reread", "kernel_s", "roof_blend", "link_bw", "link_latency_s",
                      "prefill_overhead_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value >= 0):

@@ -75,7 +75,7 @@ def test_every_table_on_a_preset_gpu_is_compared_and_the_errors_come_out_as_buil
     assert (tmp_path / "t.md").read_text().startswith("```text\nh100 vllm 0.24.0 bfloat16:")
 
 
-@pytest.mark.parametrize("script", ["aic_gemms", "aic_allreduce"])
+@pytest.mark.parametrize("script", ["aic_gemms", "aic_allreduce", "aic_attention"])
 def test_a_path_that_is_no_clone_is_one_line_naming_the_flag(tmp_path: Path, script: str) -> None:
     proc = _run("--aic", str(tmp_path), script=script)
     assert proc.returncode == 1 and proc.stdout == ""
@@ -86,15 +86,18 @@ def test_a_path_that_is_no_clone_is_one_line_naming_the_flag(tmp_path: Path, scr
 def test_the_2025_profiles_drop_the_partial_tile_cost_and_keep_every_other_term() -> None:
     """`--gpu h100-2025`: the preset with its 16-bit GEMMs refitted on NVIDIA's 2025 kernel table. A 16-bit step one
     row past 256 rows costs the preset 31 % more (the 256-row cluster of Vidur's 2024 profiles); today's kernels 1.07x
-    at the GEMM, and the profile under 1 %. Attention, bandwidth, FP8 and fixed costs stay the preset's."""
-    from itlbench.sim.hardware import KERNELS, KERNELS_2025
+    at the GEMM, and the profile under 1 %. Attention takes vLLM's fitted terms; bandwidth, FP8 and fixed costs stay
+    the preset's."""
+    from itlbench.sim.hardware import ATTENTION_2025, KERNELS, KERNELS_2025
     from itlbench.sim.shapes import StepShape
 
     assert set(KERNELS) == {f"{g}-2025" for g in KERNELS_2025}
     for gpu, (eff, m_half, table) in KERNELS_2025.items():
         preset, new = presets()[gpu], load_hardware(f"{gpu}-2025")
         assert (new.gemm_eff, new.gemm_m_half, new.gemm_tile_rows, new.gemm_cluster_rows) == (eff, m_half, 0, 0)
-        kept = ("mem_eff", "attn_eff", "attn_mem_eff", "fp8_gemm_eff", "fp4_gemm_eff", "kernel_s", "step_overhead_s",
+        assert (new.attn_eff, new.attn_k_half, new.attn_mem_eff) == ATTENTION_2025[gpu][:3]
+        assert preset.attn_k_half == 0 and ATTENTION_2025[gpu][3] in new.sources["attn_k_half"]
+        kept = ("mem_eff", "fp8_gemm_eff", "fp4_gemm_eff", "kernel_s", "step_overhead_s",
                 "link_bw", "memory_bytes", "peak_flops", "peak_flops_fp8")
         assert all(getattr(new, f) == getattr(preset, f) for f in kept), gpu
         assert table in new.sources["gemm_eff"] and "no engine-level published figure" in new.sources["gemm_eff"]
