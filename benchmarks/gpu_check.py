@@ -453,26 +453,28 @@ def _section_json(out_dir: Path, name: str) -> dict:
         return {}
 
 
-def sim_rows(s: Setup, hw, decode: dict, prefill: dict) -> list[dict]:  # noqa: ANN001 - a sim Hardware
-    """Each measured step beside the cost model's time for the same shape on `hw` (bf16, TP1)."""
+def sim_rows(s: Setup, hw, decode: dict, prefill: dict, hw_2025=None) -> list[dict]:  # noqa: ANN001 - sim Hardware
+    """Each measured step beside the cost model's time for the same shape on `hw` (bf16, TP1), and on its `-2025`
+    profile (`sim_2025_s`) where there is one."""
     from itlbench.sim.roofline import CostModel, StepShape
 
+    def timed(profile, shape: StepShape, graphs: bool) -> float:  # noqa: ANN001
+        return CostModel.for_hardware(s.model, profile, cuda_graphs=graphs).time(shape, profile).total_s
+
+    cases = [("decode", r, f"batch {r['batch']} at {r['context']}", StepShape.decode(r["batch"], r["context"]),
+              r["step_ms"] / 1e3) for r in decode.get("rows", []) if "step_ms" in r]
+    cases += [("prefill", r, f"{r['tokens']} tokens", StepShape.prefill(r["tokens"]), r["seconds"])
+              for r in prefill.get("rows", []) if "seconds" in r]
     rows = []
-    for r in decode.get("rows", []):
-        if "step_ms" in r:
-            cm = CostModel.for_hardware(s.model, hw, cuda_graphs=bool(r["graph_ran"]))
-            rows.append({"kind": "decode", "attention": r["attention"], "cuda_graphs": r["cuda_graphs"],
-                         "graph_ran": bool(r["graph_ran"]), "shape": f"batch {r['batch']} at {r['context']}",
-                         "measured_s": r["step_ms"] / 1e3,
-                         "sim_s": cm.time(StepShape.decode(r["batch"], r["context"]), hw).total_s})
-    for r in prefill.get("rows", []):
-        if "seconds" in r:
-            cm = CostModel.for_hardware(s.model, hw)
-            rows.append({"kind": "prefill", "attention": r["attention"], "cuda_graphs": False, "graph_ran": False,
-                         "shape": f"{r['tokens']} tokens", "measured_s": r["seconds"],
-                         "sim_s": cm.time(StepShape.prefill(r["tokens"]), hw).total_s})
-    for row in rows:
-        row["error"] = row["sim_s"] / row["measured_s"] - 1.0
+    for kind, r, label, shape, measured in cases:
+        graphs = kind == "decode" and bool(r["graph_ran"])
+        row = {"kind": kind, "attention": r["attention"], "cuda_graphs": kind == "decode" and r["cuda_graphs"],
+               "graph_ran": graphs, "shape": label, "measured_s": measured, "sim_s": timed(hw, shape, graphs)}
+        row["error"] = row["sim_s"] / measured - 1.0
+        if hw_2025 is not None:
+            row["sim_2025_s"] = timed(hw_2025, shape, graphs)
+            row["error_2025"] = row["sim_2025_s"] / measured - 1.0
+        rows.append(row)
     return rows
 
 
@@ -490,7 +492,7 @@ def calibrate_on(run_dirs: list[str], preset: str, out_dir: Path) -> dict:
 
 
 def section_sim(s: Setup, out_dir: Path) -> dict:
-    from itlbench.sim.hardware import GPUS
+    from itlbench.sim.hardware import GPUS, KERNELS
 
     env, scenario = _section_json(out_dir, "env"), _section_json(out_dir, "scenario")
     device = env.get("device", "unknown")
@@ -498,10 +500,13 @@ def section_sim(s: Setup, out_dir: Path) -> dict:
     if preset is None:
         return {"device": device, "error": f"the simulator has no preset for {device}"}
     hw = GPUS[preset].for_dtype("bfloat16")
-    rows = sim_rows(s, hw, _section_json(out_dir, "decode"), _section_json(out_dir, "prefill"))
+    hw_2025 = KERNELS[f"{preset}-2025"].for_dtype("bfloat16") if f"{preset}-2025" in KERNELS else None
+    rows = sim_rows(s, hw, _section_json(out_dir, "decode"), _section_json(out_dir, "prefill"), hw_2025)
     for r in rows:
+        also = f", {preset}-2025 {r['sim_2025_s'] * 1e3:8.2f} ms ({r['error_2025']:+.1%})" if "sim_2025_s" in r else ""
         print(f"sim {r['kind']:<7} {r['attention']:<6} graphs ran={'yes' if r['graph_ran'] else 'no '} {r['shape']:>18}: "
-              f"measured {r['measured_s'] * 1e3:8.2f} ms, {preset} preset {r['sim_s'] * 1e3:8.2f} ms ({r['error']:+.1%})")
+              f"measured {r['measured_s'] * 1e3:8.2f} ms, {preset} preset {r['sim_s'] * 1e3:8.2f} ms ({r['error']:+.1%})"
+              + also)
     copy = env.get("measured_bandwidth")
     share = copy / hw.mem_bw if copy else None
     if share:

@@ -36,7 +36,10 @@ def test_gpu_check_dry_run(tmp_path: Path) -> None:
     sim = sections["sim"]
     assert sim["preset"] == "h100" and len(sim["rows"]) == len(rows)
     assert all(r["sim_s"] > 0 and r["error"] == r["sim_s"] / r["measured_s"] - 1 for r in sim["rows"])
+    # and its -2025 profile (today's kernels) beside the preset, the same way
+    assert all(r["error_2025"] == r["sim_2025_s"] / r["measured_s"] - 1 for r in sim["rows"])
     assert sim["calibration"] == {"error": "no scenario run to calibrate on"} and "sim decode" in proc.stdout
+    assert "h100-2025" in proc.stdout
     # the figures and every section's log copied to $OUT as two files (no scenario ran, so no archive)
     assert sorted(f.name for f in back.iterdir()) == ["gpu_check.json", "gpu_check.log"]
     assert json.loads((back / "gpu_check.json").read_text()) == doc and "decode sdpa" in (back / "gpu_check.log").read_text()
