@@ -107,12 +107,12 @@ _SLOW_SRC = ("measured: in Vidur's A100 operator profiles 16-bit GEMMs of 993-1,
 # other GPUs take the A100 SXM's 16-bit one and their generation's FP8 one (H200, B200 the H100's: an
 # assumption, marked in their sources). The step overheads are a vLLM-like engine's.
 FIT: dict[str, float] = {
-    "gemm_eff_a100": 0.7434, "gemm_eff_a100_pcie": 0.8192, "fp8_gemm_eff_h100": 0.5374, "fp8_gemm_eff_ada": 0.8399,
-    "gemm_m_half": 17.38, "attn_eff": 0.3613, "mem_eff": 0.8327, "attn_mem_eff": 0.8284, "kernel_s": 5.14e-06,
-    "link_eff": 0.8209, "roof_blend": 2.819, "link_latency_s": 6.492e-05, "hopper_mem_gain": 1.072,
+    "gemm_eff_a100": 0.7434, "gemm_eff_a100_pcie": 0.8276, "fp8_gemm_eff_h100": 0.5757, "fp8_gemm_eff_ada": 0.8731,
+    "gemm_m_half": 17.26, "attn_eff": 0.3693, "mem_eff": 0.833, "attn_mem_eff": 0.8317, "kernel_s": 5.142e-06,
+    "link_eff": 0.8625, "roof_blend": 2.817, "link_latency_s": 6.494e-05, "hopper_mem_gain": 1.072,
     # fitted on two of TensorRT-LLM 1.0's B200 NVFP4 offline runs (Llama-3.3-70B TP1, 128/4,096 and 2,048/128), the
     # other twelve held out: the K/V read share's factor on Blackwell and its NVFP4 GEMM efficiency
-    "blackwell_kv_gain": 0.7017, "fp4_gemm_eff_blackwell": 0.4494,
+    "blackwell_kv_gain": 0.7468, "fp4_gemm_eff_blackwell": 0.4561,
     # chosen, not fitted: cuBLAS computes a 16-bit GEMM in tiles of rows. In Vidur's profiles (every 8 rows, A100
     # and H100) a layer 8 rows past a multiple of 128 takes 1.15-1.19x (median) the layer at it. Of power-of-two
     # tiles, 128 fits the profile the fit reads (Meta-Llama-3-8B on the A100, every row) best: MAPE 4.1 % against
@@ -130,6 +130,14 @@ FIT: dict[str, float] = {
     # sim/published.py, check the decode-step one)
     "step_overhead_s": 0.004, "graph_overhead_s": 0.0015, "seq_overhead_s": 20e-6,
 }
+
+
+# Prefill attention's length ramp (`attn_k_half`: the keys a query reads at which it runs at half attn_eff): not fitted
+# on the published figures, which hardly test attention past 2,048 tokens. Each GPU takes the value fitted on vLLM's
+# measured attention kernel (`ATTENTION_2025`, benchmarks/aic_attention.py --fit), the A100 PCIe the A100's and the
+# RTX 4090 the L40S's (the same SMs; assumed); attn_eff and every other term were refitted with it
+# (docs/perf/sim-vs-published.md: held out, MAPE 5.6 -> 5.3 %, 10 -> 7 figures over 15 %)
+_K_HALF_OF = {"a100-pcie": "a100", "rtx4090": "l40s"}
 
 
 # FP8 GEMM efficiency is the GPU generation's: Ada (L40S) runs FP8 through the same warp-level MMA
@@ -175,6 +183,7 @@ def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
     own = hw.name in ("a100", "a100-pcie")
     mem_gain = fit["hopper_mem_gain"] if hw.name in HOPPER else 1.0
     kv_gain = fit["blackwell_kv_gain"] if hw.name in BLACKWELL else 1.0
+    k_half_gpu = _K_HALF_OF.get(hw.name, hw.name)
     sources = dict(hw.sources) | {
         "gemm_eff": FITTED if own else f"assumed: the A100 SXM's fitted value ({FITTED})",
         "fp8_gemm_eff": (f"fitted on L40S (TensorRT-LLM TTFT), Ada's own: {FITTED}" if ada else
@@ -187,6 +196,9 @@ def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
                        "assumed: 8 GPUs in one server",
         "switch_allreduce_share": _SWITCH_SHARE if hw.name in NVLS else "",
         "gemm_m_half": FITTED, "attn_eff": FITTED,
+        "attn_k_half": f"measured: fitted on vLLM's attention kernel ({ATTENTION_2025[k_half_gpu][3].split(':')[0]}; "
+                       f"ai-dynamo/aiconfigurator, benchmarks/aic_attention.py --fit)"
+                       + ("" if k_half_gpu == hw.name else f", the {k_half_gpu} preset's, assumed"),
         **dict.fromkeys(("mem_eff", "attn_mem_eff"), f"{FITTED}; Hopper's gain over the A100's share fitted on "
                         "Vidur's H100 operator profiles" if mem_gain != 1.0 else FITTED),
         **({"attn_mem_eff": f"{FITTED}; Blackwell's K/V read share fitted on TensorRT-LLM 1.0's B200 offline runs"}
@@ -203,7 +215,8 @@ def _fitted(hw: Hardware, fit: dict[str, float]) -> Hardware:
         "seq_overhead_s": "assumed: per-sequence input preparation and sampling",
     }
     return hw.with_(cost_model="operators", counting="executed", gemm_eff=gemm, fp8_gemm_eff=fp8,
-                    gemm_m_half=fit["gemm_m_half"], attn_eff=fit["attn_eff"], mem_eff=min(1.0, fit["mem_eff"] * mem_gain),
+                    gemm_m_half=fit["gemm_m_half"], attn_eff=fit["attn_eff"],
+                    attn_k_half=float(ATTENTION_2025[k_half_gpu][1]), mem_eff=min(1.0, fit["mem_eff"] * mem_gain),
                     attn_mem_eff=min(1.0, fit["attn_mem_eff"] * mem_gain * kv_gain), kernel_s=fit["kernel_s"],
                     link_eff=fit["link_eff"], fp4_gemm_eff=fit["fp4_gemm_eff_blackwell"] if hw.peak_flops_fp4 else 0.0,
                     roof_blend=fit["roof_blend"], gemm_tile_rows=int(fit["gemm_tile_rows"]),

@@ -70,9 +70,9 @@ DECODE_BLOCK = 32
 DECODE_CONTEXT = 1022  # 1,020-token prompts (prefill_to_decode_ratio 255 of 1,024) plus the tokens decoded
 
 # Engine fixed costs: fitted alongside the kernel efficiencies, one set per source's engine.
-ENGINE_PARAMS = {"sarathi_step_s": 0.01419, "sarathi_seq_s": 0.000861, "sarathi_attn_eff": 0.1431,
-                 "sarathi_decode_switch_s": 0.01613, "trtllm_step_s": 0.00035, "trtllm_context_s": 0.002184,
-                 "trtllm_gqa_reread": 0.5372, "trtllm020_seq_s": 1.33e-05}
+ENGINE_PARAMS = {"sarathi_step_s": 0.0142, "sarathi_seq_s": 0.0008617, "sarathi_attn_eff": 0.1505,
+                 "sarathi_decode_switch_s": 0.01614, "trtllm_step_s": 0.0003093, "trtllm_context_s": 0.002145,
+                 "trtllm_gqa_reread": 0.5462, "trtllm020_seq_s": 1.374e-05}
 SARATHI_SMALL_DECODE = 4  # decode batches of up to this many sequences run without the switch cost
 KERNEL_PARAMS = ("gemm_eff_a100", "gemm_eff_a100_pcie", "fp8_gemm_eff_h100", "fp8_gemm_eff_ada", "gemm_m_half",
                  "attn_eff",

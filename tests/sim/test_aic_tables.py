@@ -7,6 +7,7 @@ measured against them)."""
 
 from __future__ import annotations
 
+import re
 import statistics
 import subprocess
 import sys
@@ -64,7 +65,8 @@ def test_every_table_on_a_preset_gpu_is_compared_and_the_errors_come_out_as_buil
     # 1, 8, 64, 128 and 256 exact; 129 and 257, timed as 128 and 256, over by the preset's rounding; 512 on +25 %:
     # 7 of 12 rows a shape over 15 %
     assert f"{7 / 12:5.1%} over 15 %" in lines[0]
-    assert "1-16 +0%" in lines[1] and "17-128 +0%" in lines[1] and "2049-4353 +25%" in lines[1]
+    # the rows timed exactly as predicted read 0 % (of either sign: the table holds milliseconds, the model seconds)
+    assert re.search(r"1-16 [+-]0%, 17-128 [+-]0%", lines[1]) and "2049-4353 +25%" in lines[1], lines[1]
     # one row past 128 and 256 is timed as the tile: 1.00 measured, against the preset's tile and cluster rounding
     hw = presets()["h100"].for_dtype("bfloat16")
     cm = CostModel.for_hardware(PRESETS["llama-3.1-8b"], hw, tp=1)
@@ -96,7 +98,7 @@ def test_the_2025_profiles_drop_the_partial_tile_cost_and_keep_every_other_term(
         preset, new = presets()[gpu], load_hardware(f"{gpu}-2025")
         assert (new.gemm_eff, new.gemm_m_half, new.gemm_tile_rows, new.gemm_cluster_rows) == (eff, m_half, 0, 0)
         assert (new.attn_eff, new.attn_k_half, new.attn_mem_eff) == ATTENTION_2025[gpu][:3]
-        assert preset.attn_k_half == 0 and ATTENTION_2025[gpu][3] in new.sources["attn_k_half"]
+        assert preset.attn_k_half == new.attn_k_half and ATTENTION_2025[gpu][3] in new.sources["attn_k_half"]
         kept = ("mem_eff", "fp8_gemm_eff", "fp4_gemm_eff", "kernel_s", "step_overhead_s",
                 "link_bw", "memory_bytes", "peak_flops", "peak_flops_fp8")
         assert all(getattr(new, f) == getattr(preset, f) for f in kept), gpu

@@ -183,18 +183,18 @@ def test_the_405b_checkpoint_keeps_a_16_bit_cache(monkeypatch: pytest.MonkeyPatc
 
 def test_blackwell_nvfp4_runs_check_the_b200_preset(monkeypatch: pytest.MonkeyPatch) -> None:
     """TensorRT-LLM 1.0's B200 NVFP4 offline runs (Llama-3.3-70B TP1, -3.1-405B TP4): with the A100's K/V share
-    and the H100's FP8 efficiency for FP4 the runs come out fast, six of the seven 70B ones by over 15 %; Blackwell's two terms, fitted on two
-    70B runs, put the five other 70B runs within 8 % and the 405B's (TP4) within 18 % (15.2 % before NVLink SHARP
-    took NCCL's measured throughput)."""
+    and the H100's FP8 efficiency for FP4 the runs come out fast, all seven 70B ones by over 15 %; Blackwell's two terms, fitted on two
+    70B runs, put the five other 70B runs within 11 % and the 405B's (TP4) within 14 %. (Before prefill attention's
+    length ramp and the refit with it, eleventh session: within 8 % and 18 %.)"""
     def b200(params: dict[str, float]) -> dict[str, float]:
         return {f.key: e for f, _, e in _errors(params, "trtllm1 offline") if f.gpu == "b200"}
     fitted = b200(default_params())
     assert len(fitted) == 14 and all(f.dtype == "fp4" for f in FIGURES if f.gpu == "b200")
     held = {k: e for k, e in fitted.items() if not any(f.fit for f in FIGURES if f.key == k)}
-    assert len(held) == 12 and max(abs(e) for k, e in held.items() if "70b" in k) < 0.08
-    assert max(abs(e) for k, e in held.items() if "405b" in k) < 0.18
+    assert len(held) == 12 and max(abs(e) for k, e in held.items() if "70b" in k) < 0.11
+    assert max(abs(e) for k, e in held.items() if "405b" in k) < 0.14
     unfitted = b200(default_params() | {"blackwell_kv_gain": 1.0, "fp4_gemm_eff_blackwell": FIT["fp8_gemm_eff_h100"]})
-    assert sum(e < -0.15 for k, e in unfitted.items() if "70b" in k) == 6 and np.mean(list(unfitted.values())) < -0.14
+    assert sum(e < -0.15 for k, e in unfitted.items() if "70b" in k) == 7 and np.mean(list(unfitted.values())) < -0.14
     monkeypatch.setitem(published.OVERVIEW_KV_BYTES, ("llama-3.1-405b", "fp4"), 1)  # an FP8 cache for the 405B
     assert sum(e < -0.15 for k, e in b200(default_params()).items() if "405b" in k) >= 4
 
@@ -205,11 +205,13 @@ def test_the_terms_that_brought_figures_within_15_percent() -> None:
     for key in ("sarathi decode 8", "sarathi decode 16", "trtllm ttft llama-2-7b l40s fp8 tp1 2048",
                 "trtllm ttft llama-2-7b a100 float16 tp1 128", "trtllm ttft llama-2-70b h100 fp8 tp4 2048"):
         assert abs(rows[key]) <= 0.15, (key, rows[key])
-    # the A100's slow kernel for 993-1,024 rows: Sarathi-Serve's 1,024-token chunks
+    # the A100's slow kernel for 993-1,024 rows: Sarathi-Serve's 1,024-token chunks, which it brings within 15 %
+    # (since prefill attention's length ramp, eleventh session: -10.8 and -12.7 %, against -14.5 and -16.1 % without it)
     chunks = ("sarathi chunked 2047/1024", "sarathi chunked 4095/1024")
     slow = {f.key: e for f, _, e in _errors(default_params(), "sarathi chunked")}
     plain = {f.key: e for f, _, e in _errors(default_params() | {"gemm_slow_x_ampere": 1.0}, "sarathi chunked")}
-    assert all(abs(slow[k]) <= 0.15 < abs(plain[k]) for k in chunks), (slow, plain)
+    assert all(abs(slow[k]) <= 0.15 and abs(slow[k]) < abs(plain[k]) - 0.03 for k in chunks), (slow, plain)
+    assert abs(plain["sarathi chunked 4095/1024"]) > 0.15, plain
     without = {f.key: e for f, _, e in _errors(default_params() | {"sarathi_decode_switch_s": 0.0,
                                                                    "trtllm_context_s": 0.0}, "sarathi decode", "trtllm ttft")}
     assert without["sarathi decode 8"] < -0.15 and without["trtllm ttft llama-2-7b a100 float16 tp1 128"] < -0.15

@@ -101,7 +101,7 @@ def test_a_fitted_parameter_can_be_replaced_for_the_comparison(tmp_path: Path) -
     same = _run("--vidur", str(tmp_path))
     assert "MAPE 0.0%" in same.stdout, same.stdout  # the profile is the stored presets' own prediction
     changed = _run("--vidur", str(tmp_path), "--set", "kernel_s=0")
-    assert changed.returncode == 0 and "with kernel_s=0 (stored: kernel_s=5.14e-06)" in changed.stdout
+    assert changed.returncode == 0 and "with kernel_s=0 (stored: kernel_s=5.142e-06)" in changed.stdout
     assert "MAPE 0.0%" not in changed.stdout
 
 
