@@ -207,7 +207,7 @@ def profile_from_params(params: np.ndarray, base: Hardware, name: str, source: s
                       attn_eff=1.0 / (x_a * base.peak_flops), mem_eff=1.0 / (x_m * base.mem_bw),
                       step_overhead_s=c, seq_overhead_s=c_seq, counting="executed", source=source,
                       cost_model="roofline", graph_overhead_s=None, fp8_gemm_eff=0.0, peak_flops_fp8=0.0,
-                      gemm_m_half=0.0, attn_mem_eff=0.0, kernel_s=0.0,
+                      gemm_m_half=0.0, attn_mem_eff=0.0, attn_k_half=0.0, kernel_s=0.0,
                       sources={"efficiencies": source})
 
 

@@ -66,6 +66,8 @@ def test_calibrate_command_writes_a_profile_the_sim_can_use(tmp_path: Path) -> N
     assert doc["held_out"]["all"]["mape"] < 1.0  # a real fit, not a guess (tight bounds live in benchmarks/)
     hw = load_hardware(str(profile))
     assert hw.counting == "executed" and hw.dtype == "float32" and hw.peak_flops == 989e12
+    # a whole-step roofline: the preset's kernel-by-kernel terms (prefill attention's length ramp among them) dropped
+    assert hw.cost_model == "roofline" and hw.attn_k_half == hw.kernel_s == hw.gemm_m_half == 0
     table = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["calibrate", str(run), "--out", str(profile), "--base", "h100"])
     assert table.exit_code == 0 and "…" not in table.output, table.output  # piped: the table stays whole
     assert f"{doc['held_out']['all']['mape']:.1%}" in table.output
