@@ -261,15 +261,15 @@ KERNELS_2025: dict[str, tuple[float, float, str]] = {
 # The same GPUs' attention as vLLM's kernels run it (ai-dynamo/aiconfigurator, commit 095f58a, attention/vllm/{version}/
 # {context,generation}_attention_perf.parquet; Llama-like heads, 16-bit K/V): prefill's attn_eff and attn_k_half and
 # decode's attn_mem_eff, fitted with the preset's kernel fixed cost by `benchmarks/aic_attention.py --fit`.
-# GPU: (attn_eff, attn_k_half, attn_mem_eff, the tables and their MAPE as the preset -> fitted, prefill; decode)
+# GPU: (attn_eff, attn_k_half, attn_mem_eff, the tables and the MAPE these terms fit them to, prefill; decode)
 ATTENTION_2025: dict[str, tuple[float, float, float, str]] = {
-    "h100": (0.695, 600, 0.835, "vLLM 0.24.0 FA3, H100 SXM: prefill 1,315 rows, MAPE 46.5 -> 14.9 %; decode 412, 10.2 -> 10.2 %"),
-    "h200": (0.649, 500, 0.789, "vLLM 0.24.0 FA3, H200 SXM: prefill 1,315 rows, MAPE 46.7 -> 14.6 %; decode 412, 15.2 -> 13.3 %"),
-    "b200": (0.566, 600, 0.818, "vLLM 0.24.0 FlashInfer (TensorRT-LLM kernels), B200: prefill 1,315 rows, MAPE 38.1 -> 19.6 %; "
-                                "decode 412, 38.3 -> 8.6 %"),
-    "a100": (0.595, 300, 0.708, "vLLM 0.14.0 FlashAttention, A100 SXM: prefill 1,385 rows, MAPE 39.1 -> 14.2 %; decode 279, "
-                                "17.3 -> 11.0 %"),
-    "l40s": (0.514, 200, 0.776, "vLLM 0.24.0 FA2, L40S: prefill 1,300 rows, MAPE 24.6 -> 10.2 %; decode 412, 7.9 -> 6.7 %"),
+    "h100": (0.695, 600, 0.835, "vLLM 0.24.0 FA3, H100 SXM: prefill 1,315 rows, MAPE 14.9 %; decode 412, 10.2 %"),
+    "h200": (0.649, 500, 0.789, "vLLM 0.24.0 FA3, H200 SXM: prefill 1,315 rows, MAPE 14.6 %; decode 412, 13.3 %"),
+    "b200": (0.566, 600, 0.818, "vLLM 0.24.0 FlashInfer (TensorRT-LLM kernels), B200: prefill 1,315 rows, MAPE 19.6 %; "
+                                "decode 412, 8.6 %"),
+    "a100": (0.595, 300, 0.708, "vLLM 0.14.0 FlashAttention, A100 SXM: prefill 1,385 rows, MAPE 14.2 %; decode 279, "
+                                "11.0 %"),
+    "l40s": (0.514, 200, 0.776, "vLLM 0.24.0 FA2, L40S: prefill 1,300 rows, MAPE 10.2 %; decode 412, 6.7 %"),
 }
 
 
