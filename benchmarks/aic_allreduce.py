@@ -100,5 +100,6 @@ def main() -> None:
     args = parser(__doc__, None).parse_args()
     emit(args, tables, lambda found: report(found, args.kernels))
 
+
 if __name__ == "__main__":
     main()

@@ -196,5 +196,6 @@ def main() -> None:
     args = ap.parse_args()
     emit(args, tables, lambda found: report(found, args.min_nk, args.fit, args.kernels))
 
+
 if __name__ == "__main__":
     main()
