@@ -246,11 +246,11 @@ def measure(argv: list[str]) -> tuple[float, float, int]:
 
 SUMMARY_ONLY = ("import json,sys; from itlbench.analysis.summary import analyze_run; "
                 "json.dump(analyze_run(sys.argv[1]), open(sys.argv[2], 'w'))")
-REFERENCE = ("import json,sys; from itlbench.analysis.summary import _window_from, _stall_params, summarize; "
+REFERENCE = ("import json,sys; from itlbench.analysis.summary import _window_from, summarize; from itlbench.analysis.stalls import StallParams; "
              "from itlbench.analysis.goodput import parse_slo; from itlbench.rundir import load_tables; "
              "m = json.load(open(sys.argv[1] + '/run.json')); "
              "json.dump(summarize(load_tables(sys.argv[1]), _window_from(m), parse_slo(m.get('slo')), "
-             "_stall_params(m)), open(sys.argv[2], 'w'))")
+             "StallParams.from_meta(m)), open(sys.argv[2], 'w'))")
 
 
 def max_rel_diff(a: object, b: object, path: str = "") -> tuple[float, str]:

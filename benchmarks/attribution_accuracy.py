@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 
 from itlbench.analysis.attribution_check import compare
-from itlbench.analysis.summary import _stall_params, _window_from
+from itlbench.analysis.stalls import StallParams
+from itlbench.analysis.summary import _window_from
 from itlbench.core.engine_config import EngineConfig
 from itlbench.harness.orchestrate import run_load_test
 from itlbench.harness.run_config import RunConfig
@@ -64,7 +65,7 @@ def run_shape(shape: str, out: Path, engine: str, gpu: str, duration_s: float, s
                         engine=_engine(budget, engine, gpu), live=False)
         run_load_test(cfg)
     meta = json.loads((run_dir / "run.json").read_text())
-    result = compare(load_tables(run_dir), _window_from(meta), _stall_params(meta))
+    result = compare(load_tables(run_dir), _window_from(meta), StallParams.from_meta(meta))
     return {"shape": shape, "budget": budget, "inject": inject, "streams": load, "run_dir": str(run_dir),
             **result}
 

@@ -1,6 +1,6 @@
 """The simulator beside every published GPU measurement it is checked against.
 
-    python benchmarks/sim_vs_published.py [--refit] [--markdown FILE]
+    python benchmarks/sim_vs_published.py [--refit | --kernels 2025] [--markdown FILE]
 
 For each figure in itlbench/sim/published.py (Sarathi-Serve's Yi-34B TP2 batches on A100 PCIe, Vidur's
 Llama-3-8B GEMM profiles on A100, TensorRT-LLM's Llama-2 first-token latencies and static batches on
@@ -11,8 +11,11 @@ prints the measured time, the simulator's prediction with the stored fitted para
 held out; then MAPE, median, worst and mean signed error per set: fit, held out, all, held out by source and
 held out by preset and number format (what `itlbench roofline` prints beside each GPU), and by preset, format
 and degree of tensor parallelism (what a run at that degree prints). `--refit` first fits the parameters again on the
-fit set (Nelder-Mead, about 20 s of one core) and prints them beside the stored ones; the table then
-uses the refitted ones. `--markdown FILE` also writes the table as markdown, between the marker
+fit set (Nelder-Mead, 3 rounds on one core) and prints them beside the stored ones; the table then
+uses the refitted ones (about 5 min). `--kernels 2025` predicts every figure on the `-2025` profile of its GPU
+where it has one (vLLM's kernels as NVIDIA measured them in 2025, the rest the preset's): an engine-level check of those
+profiles, of which the 2025 engines' figures (TensorRT-LLM 1.0 and 0.20, vLLM's latency tests) are the relevant rows;
+nothing is fitted on them. `--markdown FILE` also writes the table as markdown, between the marker
 comments when FILE already has them (docs/perf/sim-vs-published.md keeps its prose).
 Computed, not measured: every machine prints the same figures.
 """
@@ -28,6 +31,7 @@ from pathlib import Path
 
 from itlbench.sim.accuracy import Accuracy, number_format
 from itlbench.sim.published import default_params, errors, fit
+from itlbench.sim.published_offline import KERNELS_2025_FLAG
 
 BEGIN, END = "<!-- sim-vs-published table: begin -->", "<!-- sim-vs-published table: end -->"
 
@@ -60,9 +64,12 @@ def table(rows: list) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--refit", action="store_true", help="fit the parameters again on the fit set first")
+    ap.add_argument("--kernels", choices=("2025",), help="predict on each GPU's -2025 profile where it has one")
     ap.add_argument("--markdown", type=Path, help="also write the table as markdown here")
     args = ap.parse_args()
-    params = default_params()
+    if args.refit and args.kernels:
+        ap.error("--kernels 2025 checks the -2025 profiles as they are; --refit fits the presets: take one of them")
+    params = default_params() | ({KERNELS_2025_FLAG: 1.0} if args.kernels else {})
     if args.refit:
         fitted = fit(params)
         print(f"{'parameter':22s} {'stored':>12s} {'refitted':>12s}")
@@ -89,6 +96,7 @@ def main() -> None:
         head = ["| | |", "|---|---|", f"| date | {datetime.now(UTC):%Y-%m-%d} |", f"| commit | `{commit}` |",
                 f"| machine | {platform.machine()}, Python {platform.python_version()} (computed: any machine "
                 "prints the same) |", f"| command | `python benchmarks/sim_vs_published.py{' --refit' * args.refit}"
+                f"{' --kernels ' + args.kernels if args.kernels else ''}"
                 f" --markdown {args.markdown}` |", ""]
         sums = ["| set | summary |", "|---|---|", *(f"| {k} | {summary(v)} |" for k, v in sets.items())]
         block = "\n".join([BEGIN, "", *head, *sums, "", *table(rows), "", END])

@@ -21,7 +21,7 @@ from itlbench.analysis.inferred_steps import InferredSteps
 from itlbench.analysis.split import split_from_metrics
 from itlbench.analysis.stalls import StallParams
 from itlbench.analysis.stats import json_safe
-from itlbench.analysis.summary import _stall_params, _window_from, summarize
+from itlbench.analysis.summary import _window_from, summarize
 from itlbench.analysis.window import RunWindow, select_window
 from itlbench.errors import ConfigError
 from itlbench.rundir import load_tables
@@ -94,4 +94,4 @@ def analyze_run_client(run_dir: str | Path) -> dict[str, object]:
     meta = json.loads(path.read_text())
     slo = meta.get("slo")
     return summarize_client(load_tables(run_dir), _window_from(meta), parse_slo(slo if isinstance(slo, str) else None),
-                            _stall_params(meta))
+                            StallParams.from_meta(meta))

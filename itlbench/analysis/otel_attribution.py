@@ -221,7 +221,7 @@ def otel_report(tables: Mapping[str, pl.DataFrame], window: RunWindow, spans: li
 def analyze_run_otel(run_dir: str | Path, spans_path: Path | None = None) -> dict[str, object]:
     """summary-otel.json's content: the client-only summary with `stalls` from vLLM's spans."""
     from itlbench.analysis.client_summary import analyze_run_client
-    from itlbench.analysis.summary import _stall_params, _window_from
+    from itlbench.analysis.summary import _window_from
     from itlbench.errors import ConfigError
     from itlbench.rundir import load_tables
 
@@ -231,7 +231,7 @@ def analyze_run_otel(run_dir: str | Path, spans_path: Path | None = None) -> dic
                           "(itlbench.analysis.otel_attribution.write_spans), or pass --spans FILE")
     meta = json.loads(Path(run_dir, "run.json").read_text())
     out = analyze_run_client(run_dir)
-    out["stalls"] = otel_stalls(load_tables(run_dir), _window_from(meta), read_spans(path), _stall_params(meta))
+    out["stalls"] = otel_stalls(load_tables(run_dir), _window_from(meta), read_spans(path), StallParams.from_meta(meta))
     out["attribution"] = {"source": SOURCE, "inputs": ["requests", "chunks", "client_pauses", "scrapes",
                                                        str(path.name)], "ignored": ["steps", "server_metrics"]}
     return out

@@ -129,8 +129,9 @@ def event_evidence(events: pl.DataFrame, requests: pl.DataFrame, log: pl.DataFra
 def analyze_server_log(run_dir: str | Path, log_path: Path) -> dict[str, Any]:
     """server-log.json's content: the log's batches laid beside the client-only attribution's events."""
     from itlbench.analysis.client_summary import windowed_client_stalls
+    from itlbench.analysis.stalls import StallParams
     from itlbench.analysis.stats import json_safe
-    from itlbench.analysis.summary import _stall_params, _window_from
+    from itlbench.analysis.summary import _window_from
     from itlbench.rundir import load_tables
 
     log = read_log(log_path)
@@ -139,7 +140,7 @@ def analyze_server_log(run_dir: str | Path, log_path: Path) -> dict[str, Any]:
                           "pass SGLang's server log (its scheduler writes those lines at the default log level)")
     meta = json.loads(Path(run_dir, "run.json").read_text())
     tables = load_tables(run_dir)
-    window, params = _window_from(meta), _stall_params(meta)
+    window, params = _window_from(meta), StallParams.from_meta(meta)
     events = windowed_client_stalls(tables, window, params).report.events
     timed = WallClockMap.of(tables).with_run_column(log, "t_ns", "t_run")
     in_run = timed.filter((pl.col("t_run") >= window.run_start_ns - int(1e9)) & (pl.col("t_run") <= window.end_ns + int(1e9)))

@@ -17,6 +17,7 @@ half of it: the observer, not the engine).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import polars as pl
@@ -33,6 +34,17 @@ class StallParams:
     factor: float = 5.0
     floor_s: float = 0.05
     top_events: int = 10
+
+    @classmethod
+    def from_meta(cls, meta: Mapping[str, object]) -> StallParams:
+        """The rule a run was recorded with (its run.json's `stall_factor`, `stall_floor_s`), defaults where absent."""
+        factor, floor = meta.get("stall_factor"), meta.get("stall_floor_s")
+        return cls(factor=float(factor) if factor is not None else cls.factor,  # type: ignore[arg-type]
+                   floor_s=float(floor) if floor is not None else cls.floor_s)  # type: ignore[arg-type]
+
+    def rule(self) -> str:
+        """The rule in words, for a reader who sees a high p99 and no stall."""
+        return f"a gap of at least {self.factor:g}x the median gap of its stream and at least {self.floor_s * 1e3:g} ms"
 
 
 @dataclass(frozen=True)

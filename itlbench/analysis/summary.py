@@ -290,16 +290,6 @@ def _window_from(meta: dict[str, object]) -> RunWindow:
     return RunWindow(start, int(measure) if isinstance(measure, int) else start, int(meta["end_ns"]))  # type: ignore[call-overload]
 
 
-def _stall_params(meta: dict[str, object]) -> StallParams:
-    d = StallParams()
-    factor = meta.get("stall_factor")
-    floor = meta.get("stall_floor_s")
-    return StallParams(
-        factor=float(factor) if factor is not None else d.factor,  # type: ignore[arg-type]
-        floor_s=float(floor) if floor is not None else d.floor_s,  # type: ignore[arg-type]
-    )
-
-
 def analyze_run(run_dir: str | Path) -> dict[str, object]:
     """Summarize a stored run (reads run.json and the table directories; writes nothing into the run
     directory). Runs of any size: the chunks are read a partition of whole requests at a time
@@ -313,7 +303,7 @@ def analyze_run(run_dir: str | Path) -> dict[str, object]:
     gpu_doc = meta.get("gpu_telemetry")
     gpu_status = gpu_doc.get("nvml") if isinstance(gpu_doc, dict) and isinstance(gpu_doc.get("nvml"), str) else None
     summary, analysis = summarize_dir(run_dir, _window_from(meta), parse_slo(slo if isinstance(slo, str) else None),
-                                      _stall_params(meta), gpu_status=gpu_status)
+                                      StallParams.from_meta(meta), gpu_status=gpu_status)
     if isinstance(meta.get("sim_check"), dict):  # a simulated engine: its preset's published error bar
         summary["sim_check"] = meta["sim_check"]
     if meta.get("clock") == "virtual":  # harness.virtual_run: simulated time, no client to check

@@ -103,7 +103,7 @@ def load_run(run_dir: str | Path) -> RunData:
                           "pass a directory written by `itlbench run`")
     tables = {name: read_table(path, name) if name != "chunks" else empty(name) for name in TABLES}
     window, inferred = _window(doc, tables, path)
-    params = _stall_params(doc)
+    params = StallParams.from_meta(doc)
     slos = parse_slo(doc.get("slo") if isinstance(doc.get("slo"), str) else None)
     summary = read_json(path / "summary.json")
     kept = None if inferred else recall(path)
@@ -115,13 +115,6 @@ def load_run(run_dir: str | Path) -> RunData:
                    detect_engine(doc, tables["server_metrics"], tables["steps"]), window_inferred=inferred)
     data.cut_short = cut_short_reasons(data)
     return data
-
-
-def _stall_params(doc: dict[str, Any]) -> StallParams:
-    d = StallParams()
-    factor, floor = doc.get("stall_factor"), doc.get("stall_floor_s")
-    return StallParams(factor=float(factor) if factor is not None else d.factor,
-                       floor_s=float(floor) if floor is not None else d.floor_s)
 
 
 def _chunk_span(path: Path) -> tuple[int | None, int | None]:

@@ -17,6 +17,7 @@ from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.analysis.crosscheck import engine_check_line
 from itlbench.analysis.definitions import DEFINITIONS
 from itlbench.analysis.gpu import gpu_line
+from itlbench.analysis.stalls import StallParams
 from itlbench.report.data import RunData, load_run
 from itlbench.report.document import (
     Callout,
@@ -73,7 +74,8 @@ def headline(data: RunData) -> str:
             out.append(f"While {span.request_id} ({size}) was prefilled {how}, {who} froze: {hit.height:,} "
                        f"stalled gaps, the worst {fmt_s(hit['gap_s'].max())}.")  # type: ignore[arg-type]
         else:
-            out.append(f"{span.request_id} ({size}) was prefilled {how} without stalling any steady stream.")
+            out.append(f"{span.request_id} ({size}) was prefilled {how} without stalling any steady stream "
+                       f"(a stall: {StallParams.from_meta(data.doc).rule()}).")
         if span.ttft_s is not None:
             out.append(f"Its own first token came after {fmt_s(span.ttft_s)}.")
         if len(spans) > 1:
@@ -82,7 +84,7 @@ def headline(data: RunData) -> str:
         out.append(f"{stalls['count']:,} stalled gaps in {stalls.get('victims', 0)} requests, worst "
                    f"{fmt_s(stalls.get('worst_s'))}; no prompt was injected.")
     else:
-        out.append("No stream stalled and no prompt was injected.")
+        out.append(f"No stream stalled (a stall: {StallParams.from_meta(data.doc).rule()}) and no prompt was injected.")
     itl = s.get("itl_s") or {}
     thr = (s.get("throughput") or {}).get("output_tokens_per_s")
     out.append(f"Steady streams: ITL p50 {fmt_s(itl.get('p50'))}, p99 {fmt_s(itl.get('p99'))}, "

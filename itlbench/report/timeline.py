@@ -25,6 +25,7 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from itlbench.analysis.stalls import StallParams
 from itlbench.report.data import RunData
 from itlbench.report.style import (
     CAUSE_COLORS,
@@ -240,8 +241,8 @@ def open_stalls(data: RunData, spans: list[InjectedSpan]) -> list[tuple[str, int
     if gaps is None or gaps.is_empty():
         return []
     medians = data.chunks.spans.select("request_id", "median_s")  # type: ignore[union-attr]
-    floor = float(data.doc.get("stall_floor_s") or 0.05)
-    factor = float(data.doc.get("stall_factor") or 5.0)
+    rule = StallParams.from_meta(data.doc)
+    floor, factor = rule.floor_s, rule.factor
     out = []
     for rid, lo, med in gaps.join(medians, on="request_id", how="left").select(
             "request_id", "t_prev_ns", "median_s").iter_rows():

@@ -13,16 +13,24 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from itlbench.core.presets import PRESETS
-from itlbench.sim.hardware import FIT, Hardware, presets
+from itlbench.sim.hardware import FIT, KERNELS_2025, Hardware, kernels_2025_profile, presets
 from itlbench.sim.roofline import CostModel
 from itlbench.sim.trtllm_bench import bench_settings, deployment_kv_bytes, offline_seconds, schedulable
 
 Deployment = tuple[str, str, int, str]  # model, gpu, tp, dtype
 
 
+KERNELS_2025_FLAG = "kernels_2025"  # a nonzero value in the params: predict on the `-2025` profiles where a GPU has one
+
+
 def fitted_presets(params: dict[str, float]) -> dict[str, Hardware]:
-    """The presets with `params`' values for the fitted parameters they read."""
-    return presets({**FIT, **{k: v for k, v in params.items() if k in FIT}})
+    """The presets with `params`' values for the fitted parameters they read; with `KERNELS_2025_FLAG` set, each GPU
+    that has a `-2025` profile takes it (vLLM's kernels of 2025 on the preset's fitted rest), so the same figures
+    check that profile at engine level (`benchmarks/sim_vs_published.py --kernels 2025`)."""
+    gpus = presets({**FIT, **{k: v for k, v in params.items() if k in FIT}})
+    if params.get(KERNELS_2025_FLAG):
+        gpus = {name: kernels_2025_profile(hw) if name in KERNELS_2025 else hw for name, hw in gpus.items()}
+    return gpus
 
 
 # TensorRT-LLM docs/source/performance/perf-overview.md (v1.0, PyTorch backend): total output tokens/s of

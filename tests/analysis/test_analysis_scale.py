@@ -13,7 +13,8 @@ import pytest
 
 from itlbench.analysis import partitions as parts_mod
 from itlbench.analysis.goodput import parse_slo
-from itlbench.analysis.summary import _stall_params, _window_from, analyze_run, recall, summarize_dir
+from itlbench.analysis.stalls import StallParams
+from itlbench.analysis.summary import _window_from, analyze_run, recall, summarize_dir
 from itlbench.rundir.store import RunStore
 from tests.support.reference_analysis import differences, reference_of_dir
 from tests.support.report_runs import build_run
@@ -24,7 +25,7 @@ S = 1_000_000_000
 
 def _ours(run: Path, count: int | None) -> dict[str, object]:
     meta = json.loads((run / "run.json").read_text())
-    summary, _ = summarize_dir(run, _window_from(meta), parse_slo(meta.get("slo")), _stall_params(meta),
+    summary, _ = summarize_dir(run, _window_from(meta), parse_slo(meta.get("slo")), StallParams.from_meta(meta),
                                partitions=count)
     return summary
 

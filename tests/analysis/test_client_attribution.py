@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from itlbench.analysis.attribution_check import compare
 from itlbench.analysis.client_summary import analyze_run_client
-from itlbench.analysis.summary import _stall_params, _window_from
+from itlbench.analysis.stalls import StallParams
+from itlbench.analysis.summary import _window_from
 from itlbench.cli.app import app
 from itlbench.core.engine_config import EngineConfig
 from itlbench.harness.orchestrate import run_load_test
@@ -37,7 +38,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _compare(run_dir: Path) -> dict:
     meta = json.loads((run_dir / "run.json").read_text())
-    return compare(load_tables(run_dir), _window_from(meta), _stall_params(meta))
+    return compare(load_tables(run_dir), _window_from(meta), StallParams.from_meta(meta))
 
 
 def test_client_names_the_prefill_the_step_log_names(runs: dict[str, Path]) -> None:
@@ -93,7 +94,7 @@ def test_external_run_without_step_log_gets_its_prefill_named(tmp_path: Path) ->
     tables["requests"] = tables["requests"].with_columns(
         pl.when(pl.col("request_id") == "inj-000").then(pl.col("sent_ns") - 3_000_000).otherwise(pl.col("sent_ns"))
         .alias("sent_ns"))
-    summary = summarize_client(tables, _window_from(meta), None, _stall_params(meta))
+    summary = summarize_client(tables, _window_from(meta), None, StallParams.from_meta(meta))
     stalls = summary["stalls"]
     counters = summary["crosscheck"]["server_counters"]  # the scraped vLLM sums: a second source beside
     assert counters["source"].startswith("server_metrics:vllm") and counters["prefill_s"] > 0
@@ -110,7 +111,7 @@ def test_a_silence_no_first_token_ends_stays_unknown_with_its_reason(tmp_path: P
     meta = json.loads((run_dir / "run.json").read_text())
     tables = {name: (t.filter(pl.col("request_id") != "inj-000") if name in ("requests", "chunks") else t)
               for name, t in load_tables(run_dir).items()}
-    stalls = summarize_client(tables, _window_from(meta), None, _stall_params(meta))["stalls"]
+    stalls = summarize_client(tables, _window_from(meta), None, StallParams.from_meta(meta))["stalls"]
     assert stalls["count"] == 4 and set(stalls["by_cause"]) == {"unknown"}
     assert stalls["by_unknown_reason"]["silent"]["count"] == 4
     top = stalls["attribution"][0]

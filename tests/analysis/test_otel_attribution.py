@@ -19,7 +19,8 @@ from itlbench.analysis.otel_attribution import (
     read_spans,
     write_spans,
 )
-from itlbench.analysis.summary import _stall_params, _window_from
+from itlbench.analysis.stalls import StallParams
+from itlbench.analysis.summary import _window_from
 from itlbench.analysis.wall_clock import WallClockMap
 from itlbench.cli.app import app
 from itlbench.rundir import load_tables
@@ -50,7 +51,7 @@ def _stalls(run_dir: Path, spans: list[dict]) -> dict:
     meta = json.loads((run_dir / "run.json").read_text())
     tables = load_tables(run_dir)
     tables["client_samples"] = tables["client_samples"].with_columns(pl.lit(OFFSET).alias("clock_offset_ns"))
-    return otel_stalls(tables, _window_from(meta), spans, _stall_params(meta))
+    return otel_stalls(tables, _window_from(meta), spans, StallParams.from_meta(meta))
 
 
 def test_prefill_windows_end_at_the_first_token_in_the_run_clock() -> None:
@@ -96,7 +97,7 @@ def test_spans_are_mapped_through_the_offset_of_their_moment_when_the_wall_clock
         (OFFSET + (pl.col("t_ns") > step_ns).cast(pl.Int64) * 2 * S).alias("clock_offset_ns"))
     spans = [sp if sp.get("start_ns", 0) < OFFSET + step_ns else {**sp, "start_ns": sp["start_ns"] + 2 * S}
              for sp in _spans()]
-    stalls = otel_stalls(tables, _window_from(meta), spans, _stall_params(meta))
+    stalls = otel_stalls(tables, _window_from(meta), spans, StallParams.from_meta(meta))
     assert stalls["spans"]["matched"] == 5 and stalls["spans"]["clock_drift_ms"] == pytest.approx(2000)
     assert stalls["spans"]["arrival_minus_sent_ms_max"] == pytest.approx(0.3)
     assert stalls["attribution"][0]["injected_request_ids"] == ["inj-000"]

@@ -28,7 +28,8 @@ import pytest
 from benchmarks.peers.vllm_server import VENV_ENV, vllm_executable
 from itlbench.analysis.client_summary import windowed_client_stalls
 from itlbench.analysis.otel_attribution import SPANS_FILE, otel_events, read_spans
-from itlbench.analysis.summary import _stall_params, _window_from
+from itlbench.analysis.stalls import StallParams
+from itlbench.analysis.summary import _window_from
 from itlbench.export.hf import export_model
 from itlbench.rundir import load_tables
 
@@ -96,7 +97,7 @@ def _largest(run_dir: Path, source: str) -> dict[str, Any]:
     lists only the top ones), leaving out the client's own pauses: on a loaded 2-core box beside vLLM they
     are the longest gaps of all (up to 1.3 s here), and validity says so."""
     meta = json.loads((run_dir / "run.json").read_text())
-    tables, window, params = load_tables(run_dir), _window_from(meta), _stall_params(meta)
+    tables, window, params = load_tables(run_dir), _window_from(meta), StallParams.from_meta(meta)
     if source == "client":
         events = windowed_client_stalls(tables, window, params).report.events
     else:

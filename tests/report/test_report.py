@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import re
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from itlbench.analysis.goodput import parse_slo
 from itlbench.cli import app
 from itlbench.report.compare import differing_settings, load_runs, make_rows, verdict
 from itlbench.report.data import load_run
-from itlbench.report.run_report import write_run_report
+from itlbench.report.run_report import headline, write_run_report
 from itlbench.report.timeline import _segments, injected_spans, stall_picture
 from itlbench.units import parse_duration_s
 from tests.support.report_runs import PAUSE, build_run
@@ -75,7 +76,20 @@ def test_zero_stall_run_says_so(tmp_path: Path) -> None:
     write_run_report(run)
     html, _ = _check_written(run)
     assert load_run(run).stalls.is_empty()
-    assert "No stream stalled and no prompt was injected." in html
+    assert ("No stream stalled (a stall: a gap of at least 5x the median gap of its stream and at least 50 ms) and no "
+            "prompt was injected.") in html
+
+
+def test_injected_prompt_without_a_stall_states_the_rule_beside_the_p99(tmp_path: Path) -> None:
+    """A reader sees ITL p99 at 4x the median and 'without stalling': the headline says why that is no stall."""
+    run = build_run(tmp_path / "brief", stall_scale=0.03)  # a 45 ms pause in 20 ms gaps: under 5x the median
+    doc = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps(doc | {"stall_factor": 2.5}))  # 50 ms: now a stall
+    assert "froze" in headline(load_run(run))
+    (run / "run.json").write_text(json.dumps(doc))
+    line = headline(load_run(run))
+    assert ("without stalling any steady stream (a stall: a gap of at least 5x the median gap of its stream and at least "
+            "50 ms).") in line
 
 
 def test_run_killed_before_writing_its_window_is_reported_cut_short(tmp_path: Path) -> None:

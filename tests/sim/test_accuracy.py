@@ -107,6 +107,17 @@ def test_only_a_stored_preset_as_fitted_gets_its_error_bar(tmp_path: Path) -> No
     assert line.startswith("H100 SXM in 16-bit: MAPE ") and "published figures held out of the simulator's fit" in line
 
 
+def test_each_gpu_line_names_the_sibling_profile_to_take() -> None:
+    """The fitted preset is slower at long prompts than vLLM's 2025 kernels; the line says which profile runs those,
+    and the siblings no engine run checks point back at the checked preset."""
+    assert "to model vLLM's 2025 kernels, which prefill long prompts faster, take --gpu h100-2025" in check_line(
+        check_doc(load_hardware("h100")))
+    assert "attention at most 37% of peak" in check_line(check_doc(load_hardware("h100")))
+    assert "--gpu h100 is the preset published runs check" in check_line(check_doc(load_hardware("h100-2025")))
+    assert "--gpu a100 is the preset published runs check" in check_line(check_doc(load_hardware("a100-seeds")))
+    assert "--gpu" not in check_line(check_doc(load_hardware("rtx4090")))  # no 2025 sibling to name
+
+
 def test_roofline_says_how_far_each_gpu_is_checked() -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["roofline", "--gpu", "h100", "--dtype", "fp8", "--compare", "h100,b200", "--json"])

@@ -9,6 +9,7 @@ from itlbench.core.presets import PRESETS
 from itlbench.sim import published
 from itlbench.sim.hardware import FIT, presets
 from itlbench.sim.published import ENGINE_PARAMS, FIGURES, default_params, errors, overview_schedulable
+from itlbench.sim.published_offline import KERNELS_2025_FLAG
 from itlbench.sim.roofline import CostModel
 
 
@@ -108,6 +109,23 @@ def test_vllms_latency_tests_check_the_presets_assumed_step_costs() -> None:
     assert not any(f.fit for f in FIGURES if f.key.startswith("vllm latency"))
     eager = vllm(default_params() | {"graph_overhead_s": FIT["step_overhead_s"]})
     assert all(e > 0.15 for key, e in eager.items() if "8b" in key), eager
+
+
+def test_the_2025_profiles_are_checked_on_the_same_figures_at_engine_level() -> None:
+    """`--kernels 2025` predicts every figure on its GPU's `-2025` profile (vLLM's kernels): vLLM's own latency tests
+    stay within 10 % (decode only), the GPU without such a profile (Sarathi-Serve's A100 PCIe) is untouched, and on
+    TensorRT-LLM 1.0's offline runs, an engine with kernels of its own, the presets stay the closer (the run's
+    advice names `-2025` for vLLM's kernels only)."""
+    as_2025 = default_params() | {KERNELS_2025_FLAG: 1.0}
+    prefixes = ("vllm latency", "sarathi", "trtllm1 offline")
+    preset = {f.key: e for f, _, e in _errors(default_params(), *prefixes)}
+    new = {f.key: e for f, _, e in _errors(as_2025, *prefixes)}
+    vllm = [e for key, e in new.items() if key.startswith("vllm latency")]
+    assert len(vllm) == 6 and max(map(abs, vllm)) < 0.10
+    assert all(new[key] == e for key, e in preset.items() if key.startswith("sarathi"))
+    trt = [key for key in new if key.startswith("trtllm1 offline")]
+    assert all(new[key] != preset[key] for key in trt)  # every GPU of those runs has a -2025 profile
+    assert np.mean([abs(new[k]) for k in trt]) > np.mean([abs(preset[k]) for k in trt])
 
 
 def test_hoppers_bandwidth_gain_comes_from_vidurs_h100_profiles() -> None:

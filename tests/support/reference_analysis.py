@@ -16,7 +16,7 @@ import polars as pl
 
 from itlbench.analysis.goodput import SloSet, parse_slo
 from itlbench.analysis.stalls import StallParams
-from itlbench.analysis.summary import _stall_params, _window_from, summarize
+from itlbench.analysis.summary import _window_from, summarize
 from itlbench.analysis.window import RunWindow
 from itlbench.rundir import load_tables
 
@@ -32,7 +32,7 @@ def reference_of_dir(run_dir: str | Path) -> dict[str, object]:
     meta = json.loads(Path(run_dir, "run.json").read_text())
     slo = meta.get("slo")
     return reference_summary(load_tables(run_dir), _window_from(meta),
-                             parse_slo(slo if isinstance(slo, str) else None), _stall_params(meta))
+                             parse_slo(slo if isinstance(slo, str) else None), StallParams.from_meta(meta))
 
 
 # Sums and means are added in a different order when merged over partitions: they may differ in their
