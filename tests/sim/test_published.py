@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -266,3 +270,28 @@ def test_presets_are_built_from_the_fit_and_engines_keep_their_own_overheads() -
                for name, hw in changed.items())
     # Sarathi-Serve's prototype runs eagerly with costs of its own; the presets do not inherit them
     assert ENGINE_PARAMS["sarathi_step_s"] > gpus["h100"].step_overhead_s
+
+
+def _script(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "benchmarks/sim_vs_published.py", *args], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2], timeout=300)
+
+
+def test_the_benchmark_lists_the_figures_over_the_bound_and_keeps_the_pages_prose(tmp_path: Path) -> None:
+    """`sim_vs_published.py --markdown PAGE` as the docs are regenerated: the table between the markers, the prose
+    around them kept, and the figures over 15 % named (issue 29's bound), as many as errors() finds."""
+    page = tmp_path / "page.md"
+    page.write_text("# prose before\n\n<!-- sim-vs-published table: begin -->\nold\n<!-- sim-vs-published table: end -->\n"
+                    "\nprose after\n")
+    done = _script("--markdown", str(page))
+    assert done.returncode == 0, done.stderr
+    over = [f.key for f, _, e in errors(default_params()) if abs(e) > 0.15]
+    text = page.read_text()
+    assert text.startswith("# prose before") and text.rstrip().endswith("prose after") and "\nold\n" not in text
+    assert f"Over 15%: {len(over)} figures." in text and all(f"- {key} " in text for key in over)
+    assert f"over 15%: {len(over)} figures" in done.stdout
+
+
+def test_the_benchmark_refuses_to_refit_the_2025_profiles() -> None:
+    done = _script("--kernels", "2025", "--refit")
+    assert done.returncode == 2 and "take one of them" in done.stderr.strip().splitlines()[-1]
