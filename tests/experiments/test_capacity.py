@@ -134,17 +134,20 @@ def test_bad_capacity_options_exit_2_with_one_line(tmp_path: Path) -> None:
 
 # --- against a real server: the paced server slows down beyond a known load ---------------------------------
 
-RUN = ["--no-report", "--workload", "fixed:16:40", "--duration", "3", "--warmup", "0.5", "--model", "paced"]
+RUN = ["--no-report", "--workload", "fixed:16:20", "--duration", "5", "--warmup", "0.5", "--model", "paced"]
 
 
 def test_the_capacity_of_a_server_built_to_hold_three_streams_is_three(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """ITL = 30 ms × max(1, streams / 2): 45 ms at 3 streams, 60 ms at 4; the SLO (52 ms) sits between."""
+    """ITL = 80 ms × max(1, streams / 2): 120 ms at 3 streams, 160 ms at 4; the SLO (140 ms) sits between.
+
+    20 ms of slack each side: CI's two shared cores once delayed a 45 ms tick past a 52 ms SLO (7 ms of slack).
+    """
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     out = tmp_path / "cap"
-    serve = (f"{shlex.quote(sys.executable)} -m itlbench.testing.paced_server --port {{port}} --tick-s 0.03 "
+    serve = (f"{shlex.quote(sys.executable)} -m itlbench.testing.paced_server --port {{port}} --tick-s 0.08 "
              "--degrade-above 2")
-    result = runner.invoke(app, ["capacity", "--serve", serve, "--axis", "streams", "--slo", "itl_p99=52ms",
+    result = runner.invoke(app, ["capacity", "--serve", serve, "--axis", "streams", "--slo", "itl_p99=140ms",
                                  "--stall-budget", "worst=1s", "--out", str(out), *RUN], terminal_width=200)
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "capacity.json").read_text())
@@ -152,7 +155,7 @@ def test_the_capacity_of_a_server_built_to_hold_three_streams_is_three(tmp_path:
     assert "Capacity: 3 streams" in " ".join(result.output.split())
     at = {p["load"]: p for p in doc["points"]}
     assert at[3]["met"] and not at[4]["met"]
-    assert at[4]["runs"][0]["figures"]["itl_p99_s"] > 0.052
+    assert at[4]["runs"][0]["figures"]["itl_p99_s"] > 0.140
     assert (out / "report.html").is_file() and (out / "figures" / "capacity_curve.png").is_file()
     assert (out / "server.log").is_file()
 
