@@ -25,7 +25,7 @@ from itlbench.sim.published import Figure, default_params, errors
 OVER = 0.15  # issue 29's bound on every figure
 # Below this share of a GPU's memory for K/V, the runtime's reserve (sim/memory.py) decides the batch: TensorRT-LLM's
 # 70B on one H100 (9 % once it is kept) came out 33-38 % fast without it, every deployment with 31 % or more was within
-# 18 % (docs/perf/sim-vs-published.md). The simulated engine keeps none, so a run this tight is warned.
+# 18 % (docs/perf/sim-vs-published-log.md). The simulated engine keeps none, so a run this tight is warned.
 TIGHT_KV_SHARE = 0.25
 
 

@@ -116,15 +116,15 @@ FIT: dict[str, float] = {
     # chosen, not fitted: cuBLAS computes a 16-bit GEMM in tiles of rows. In Vidur's profiles (every 8 rows, A100
     # and H100) a layer 8 rows past a multiple of 128 takes 1.15-1.19x (median) the layer at it. Of power-of-two
     # tiles, 128 fits the profile the fit reads (Meta-Llama-3-8B on the A100, every row) best: MAPE 4.1 % against
-    # 4.3 % at 64, 4.5 % at 192, 5.4 % with none (benchmarks/vidur_dense.py; docs/perf/sim-vs-published.md)
+    # 4.3 % at 64, 4.5 % at 192, 5.4 % with none (benchmarks/vidur_dense.py; docs/perf/sim-vs-published-log.md)
     "gemm_tile_rows": 128,
     # chosen, not fitted: past 256 rows Hopper's 16-bit GEMMs step at multiples of 256 (two 128-row tiles in a thread-
     # block cluster; 8 rows past 512 take 1.46x, past 384 1.13x, Vidur's H100 medians). Of 192/256/384/512, 256 fits the
-    # Llama-2-70B H100 profile best: MAPE 5.7 % against 6.6 % with none (docs/perf/sim-vs-published.md). Hopper only
+    # Llama-2-70B H100 profile best: MAPE 5.7 % against 6.6 % with none (docs/perf/sim-vs-published-log.md). Hopper only
     "gemm_cluster_rows_hopper": 256,
     # chosen, not fitted: on the A100 cuBLAS serves the rows just under 1,024 with a slower kernel. Against the model,
     # 993-1,024 rows run 3-8 points slower than 961-992 and 1,025-1,072 in 18 of 24 held-out profile x TP pairs; the fit's
-    # own profile is 6-19 points slower up to 1,024 than past it. 1.06 fits that profile best (docs/perf/sim-vs-published.md)
+    # own profile is 6-19 points slower up to 1,024 than past it. 1.06 fits that profile best (docs/perf/sim-vs-published-log.md)
     "gemm_slow_lo_ampere": 993, "gemm_slow_hi_ampere": 1024, "gemm_slow_x_ampere": 1.06,
     # not fitted: a vLLM-like engine's fixed costs, stated as assumptions (vLLM's own latency tests, held out in
     # sim/published.py, check the decode-step one)
@@ -136,7 +136,7 @@ FIT: dict[str, float] = {
 # on the published figures, which hardly test attention past 2,048 tokens. Each GPU takes the value fitted on vLLM's
 # measured attention kernel (`ATTENTION_2025`, benchmarks/aic_attention.py --fit), the A100 PCIe the A100's and the
 # RTX 4090 the L40S's (the same SMs; assumed); attn_eff and every other term were refitted with it
-# (docs/perf/sim-vs-published.md: held out, MAPE 5.6 -> 5.3 %, 10 -> 7 figures over 15 %)
+# (docs/perf/sim-vs-published-log.md: held out, MAPE 5.6 -> 5.3 %, 10 -> 7 figures over 15 %)
 _K_HALF_OF = {"a100-pcie": "a100", "rtx4090": "l40s"}
 
 
@@ -152,17 +152,17 @@ NVLS = ("h100", "h200", "b200")
 # Hopper GPUs stream their HBM3/HBM3e at a larger share of the datasheet bandwidth than the A100 its HBM2e:
 # Vidur's H100 operator profiles of few-row GEMMs (pure weight reads) run ~8 % faster than the A100's
 # fitted shares predict. The gain multiplies both shares (weights; K/V by the same gain, assumed: the same
-# HBM), capped at 1; fitted on two of those profiles (docs/perf/sim-vs-published.md). The B200 keeps the A100's weight share (its K/V share: BLACKWELL below).
+# HBM), capped at 1; fitted on two of those profiles (docs/perf/sim-vs-published-log.md). The B200 keeps the A100's weight share (its K/V share: BLACKWELL below).
 HOPPER = ("h100", "h200")
 AMPERE = ("a100", "a100-pcie")
 # Blackwell's decode reads its K/V at a smaller share of the datasheet bandwidth than the A100 fit gives, and its
 # NVFP4 GEMMs run at under half the dense FP4 rate: TensorRT-LLM 1.0's B200 offline runs with the A100's share and
-# the H100's FP8 efficiency come out 16-36 % fast. Both fitted on two of them (docs/perf/sim-vs-published.md).
+# the H100's FP8 efficiency come out 16-36 % fast. Both fitted on two of them (docs/perf/sim-vs-published-log.md).
 BLACKWELL = ("b200",)
 # An engine of today all-reduces over NVLink with its own one-shot kernels replayed in CUDA graphs (vLLM's
 # and SGLang's custom all-reduce, TensorRT-LLM's customAllReduceKernels.cu), not NCCL: the fixed cost is a
 # kernel's. TensorRT-LLM 1.0's 28 offline throughputs fit with it (within 13 %), 4 of them over 15 % with
-# the 65 us fitted on the NCCL all-reduces of its 2023 releases (docs/perf/sim-vs-published.md).
+# the 65 us fitted on the NCCL all-reduces of its 2023 releases (docs/perf/sim-vs-published-log.md).
 _CUSTOM_ALLREDUCE = ("assumed: one kernel's least time (kernel_s), an engine's own one-shot all-reduce over "
                      "NVLink; supported by TensorRT-LLM 1.0's offline throughputs (docs/perf/sim-vs-published.md)")
 _NVLS = ("NVLink SHARP all-reduce in the NVSwitch (NVIDIA H100 Tensor Core GPU Architecture whitepaper; NCCL 2.17 "
@@ -249,7 +249,7 @@ def seeds_profile(hw: Hardware) -> Hardware:
 # `benchmarks/aic_gemms.py --fit` on NVIDIA's measured Linear-layer tables in ai-dynamo/aiconfigurator (commit 095f58a,
 # aic-core/src/aiconfigurator_core/systems/data/{gpu}/gemm/vllm/{version}/gemm_perf.parquet, n and k of 4,096 or
 # more): (gemm_eff, gemm_m_half, the table). Today's Hopper kernels take 1.01-1.09x the time one row past 128, 256 or
-# 512 rows where the presets, read off Vidur's 2024 cuBLAS profiles, charge 1.23-1.74x (docs/perf/sim-vs-published.md).
+# 512 rows where the presets, read off Vidur's 2024 cuBLAS profiles, charge 1.23-1.74x (docs/perf/sim-vs-published-log.md).
 KERNELS_2025: dict[str, tuple[float, float, str]] = {
     "h100": (0.830, 0.0, "vLLM 0.24.0, H100 SXM: 7,326 shapes, MAPE 14.4 % as the preset, 5.9 % refitted"),
     "h200": (0.813, 0.0, "vLLM 0.24.0, H200 SXM: 7,326 shapes, MAPE 15.2 % as the preset, 6.1 % refitted"),

@@ -97,7 +97,7 @@ def offline_predict(model: str, gpu: str, tp: int, dtype: str, isl: int, osl: in
 # The same page at release 0.20 ("The data collected for the v0.20 benchmarks", the version whose note says its runs
 # used `use_cuda_graph: true`); None where its table has no figure. Its rows of 1,024/2,048 are left out: the page
 # gives no request count for that shape. Where both releases measured one deployment, 0.20's figures are 0.87-1.09
-# of 1.0's (docs/perf/sim-vs-published.md): the spread a release adds.
+# of 1.0's (docs/perf/sim-vs-published-log.md): the spread a release adds.
 OVERVIEW_V020: dict[Deployment, tuple[float | None, ...]] = {
     # the two TP1 deployments release 1.0 measured too: they check release 0.20's host time where it weighs least
     ("llama-3.3-70b", "b200", 1, "fp4"): (10994.48, 9580.46, 6418.39, 7343.32, 6752.53, 6670.07, 1342.17, None,
