@@ -153,7 +153,7 @@ def profile_hint(name: str) -> str:
     """Which sibling profile to take instead, where the GPU has one. The fitted preset's kernels are the published
     engines' (mostly TensorRT-LLM's), whose attention is slower at long prompts than vLLM's 2025 kernels; its `-2025`
     sibling runs vLLM's, checked on NVIDIA's kernel tables and vLLM's decode-only latency tests, not on vLLM runs with
-    long prompts (on TensorRT-LLM's own runs the preset is the closer, docs/perf/sim-vs-published.md). A `-seeds`
+    long prompts (on TensorRT-LLM's own runs the preset is the closer, docs/perf/sim-vs-published-log.md). A `-seeds`
     profile only reproduces the source documents."""
     if name in KERNELS:
         return (f"its kernels are vLLM's as NVIDIA measured them in 2025 (kernel tables); --gpu "
