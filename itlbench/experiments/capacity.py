@@ -334,5 +334,6 @@ def answer_line(result: CapacityResult) -> str:
     if result.missed_at is None:
         return (f"Capacity ≥ {p.fmt(result.max_load)} {unit}: {what} held at every load tried "
                 f"(raise --rate-max to look further).{caveat}")
-    return (f"Capacity: {p.fmt(result.max_load)} {unit} ({what} hold; {p.fmt(result.missed_at)} {unit} misses, "
+    holds = "hold" if p.budget.spec else "holds"
+    return (f"Capacity: {p.fmt(result.max_load)} {unit} ({what} {holds}; {p.fmt(result.missed_at)} {unit} misses, "
             f"so the boundary lies within +{p.fmt(result.missed_at - result.max_load)} {unit}).{caveat}")
