@@ -66,11 +66,11 @@ PHASED = (5, 25, 50)  # prompt waves decide TTFT here (below, the queue does)
 def simulate(row: Published, ramp_s: float = 0.0) -> dict[str, float]:
     """Mean TTFT and TPOT (ms) and output tokens/s of `itlbench run --engine sim` at this row's shape."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [*COMMAND, "--workload", f"fixed:{row.isl}:{row.osl}", "--streams", str(row.concurrency),
+        cmd = [sys.executable, "-m", *COMMAND, "--workload", f"fixed:{row.isl}:{row.osl}", "--streams", str(row.concurrency),
                "--ramp", f"{ramp_s:g}s", "--out", str(Path(tmp) / "run")]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode:
-            sys.exit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+            sys.exit(f"{' '.join(cmd[2:])} failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
         summary = json.loads(done.stdout)["summary"]
     return {"ttft_ms": summary["ttft_s"]["all"]["mean"] * 1e3, "itl_ms": summary["tpot_s"]["mean"] * 1e3,
             "tok_s": summary["throughput"]["output_tokens_per_s"]}
