@@ -39,15 +39,30 @@ CLOCK_NOTE = ("simulated time on a virtual clock: every figure is the simulated 
 START_NS = 0  # the virtual clock's origin: run_start_ns
 
 
-def engine_doc(engine: Engine, served_model_name: str) -> dict[str, Any]:
-    """What the bundled server's GET /v1/engine reports, for run.json's `engine`."""
+def engine_doc(engine: Engine, served_model_name: str, warning: str | None = None) -> dict[str, Any]:
+    """What the bundled server's GET /v1/engine reports, for run.json's `engine`; `warning` joins the
+    serving warnings the terminal repeats after the tables."""
     bm = engine.block_manager
     return {"served_model_name": served_model_name, "engine": engine.config.as_dict(),
             "model": dataclasses.asdict(engine.model_config), "device": str(engine.device),
             "dtype": str(engine.dtype), "max_model_len": engine.max_model_len, "kv_blocks": bm.num_blocks,
             "kv_free_blocks": bm.num_free_blocks, "kv_usage": bm.usage, "num_running": engine.num_running,
             "num_waiting": engine.num_waiting, "last_step": engine.step_log.last_step,
-            "serving": {"mode": "in-process, virtual clock"}}
+            "serving": {"mode": "in-process, virtual clock", "warnings": [warning] if warning else []}}
+
+
+def phase_warning(plan: dict[str, Any], ramp_s: float) -> str | None:
+    """Closed-loop streams of one fixed shape, all sent at once, keep their phase on the virtual clock, which
+    has no jitter to spread them: their prompts land in waves for the whole run, so the run's TTFT is that
+    phase's (NVIDIA's NIM runs of the same command lie between in step and spread; docs/perf/sim-vs-published.md)."""
+    workload = plan.get("workload") or {}
+    streams = int(plan.get("streams") or 0)
+    if ramp_s > 0 or streams < 2 or workload.get("sigma") != 0.0 or workload.get("sessions"):
+        return None
+    return (f"{streams} closed-loop streams of one fixed shape, sent at once, stay in step on the virtual clock (it "
+            "has no jitter): their prompts keep arriving together, which a real server's jitter would spread, so TTFT "
+            "includes that queueing; --ramp DUR spreads the first sends, --rate sends open-loop "
+            "(docs/perf/sim-vs-published.md, NVIDIA's NIM runs)")
 
 
 def run_virtual(cfg: RunConfig, run_dir: Path, created: bool,
@@ -76,7 +91,8 @@ def run_virtual(cfg: RunConfig, run_dir: Path, created: bool,
         "stall_factor": cfg.stall_factor, "stall_floor_s": cfg.stall_floor_s, "slo": cfg.slo,
         "clock": "virtual", "clock_note": CLOCK_NOTE, "sim_check": check,
         "driver": {"name": "virtual", "workers": 1},
-        "engine": engine_doc(engine, cfg.engine.model), "target": {"kind": "in-process", "base_url": None},
+        "engine": engine_doc(engine, cfg.engine.model, phase_warning(plan.description, cfg.ramp_s)),
+        "target": {"kind": "in-process", "base_url": None},
         "plan": plan.description, "gpu_telemetry": {"nvml": why_not_sampled(str(engine.device), external=False)},
     }
     store = RunStore(run_dir)

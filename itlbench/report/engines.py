@@ -18,6 +18,14 @@ OWNED_BY_ENGINES = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp s
                     "llama.cpp": "llama.cpp server", "library": "Ollama", "ollama": "Ollama"}
 
 
+def serving_warnings(doc: dict[str, Any]) -> list[str]:
+    """What the engine warned of in run.json (a CPU engine on its slow path, a simulated load that keeps its
+    phase): figures that do not mean what they seem, repeated after the terminal's tables and in the report."""
+    engine = doc.get("engine") or {}
+    engine = engine.get("itlbench", engine)  # an external itlbench server nests its /v1/engine
+    return [str(w) for w in ((engine.get("serving") or {}).get("warnings") or [])]
+
+
 @dataclass(frozen=True)
 class EngineLabel:
     name: str  # e.g. "itlbench bundled (cpu-small)", "vLLM"

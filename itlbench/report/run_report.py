@@ -29,6 +29,7 @@ from itlbench.report.document import (
     Written,
     write_document,
 )
+from itlbench.report.engines import serving_warnings
 from itlbench.report.figures import run_figures
 from itlbench.report.reproduce import reproduce_command
 from itlbench.report.style import fmt_s, fmt_tokens
@@ -126,6 +127,7 @@ def callouts(data: RunData) -> list[Callout]:
     warning = (s.get("bundling") or {}).get("warning")
     if warning:
         out.append(Callout("warn", warning))
+    out += [Callout("warn", w) for w in serving_warnings(data.doc)]
     if data.engine.external:
         out.append(Callout("info", f"External engine: {data.engine.name} (identified by "
                                    f"{data.engine.detected_from}); server-side figures from {data.engine.source}."))

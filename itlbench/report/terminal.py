@@ -14,6 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from itlbench.analysis.crosscheck import engine_check_line
 from itlbench.analysis.gpu import gpu_line
 from itlbench.load.progress import ProgressSnapshot
+from itlbench.report.engines import serving_warnings
 from itlbench.report.tables import TextTable, print_table
 
 BUCKET_ORDER = ("le128", "le512", "le2k", "le8k", "le32k", "gt32k")
@@ -165,15 +166,11 @@ def _print_reasoning(console: Console, r: dict[str, Any] | None) -> None:
 
 
 def engine_warnings(run_dir: Path) -> list[str]:
-    """What the engine warned of in run.json (e.g. a CPU engine on its slow path without the native
-    library): figures that do not mean what they seem, so the terminal repeats them after the tables."""
+    """The engine's warnings in the run directory's run.json (none when it cannot be read)."""
     try:
-        run = json.loads((run_dir / "run.json").read_text())
+        return serving_warnings(json.loads((run_dir / "run.json").read_text()))
     except (OSError, ValueError):
         return []
-    engine = run.get("engine") or {}
-    engine = engine.get("itlbench", engine)  # an external itlbench server nests its /v1/engine
-    return [str(w) for w in ((engine.get("serving") or {}).get("warnings") or [])]
 
 
 def print_engine_warnings(console: Console, run_dir: Path) -> None:

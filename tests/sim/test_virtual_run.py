@@ -18,6 +18,7 @@ from itlbench.core.engine_config import EngineConfig
 from itlbench.errors import ConfigError
 from itlbench.harness.orchestrate import run_load_test
 from itlbench.harness.run_config import RunConfig
+from itlbench.report.run_report import write_run_report
 from itlbench.rundir.reader import read_table, table_parts
 from itlbench.rundir.schema import TABLES
 from itlbench.workloads.arrivals import arrival_times
@@ -276,3 +277,20 @@ def test_request_timeouts_and_the_drain_end_on_the_virtual_clock(tmp_path: Path)
     cancelled = reqs.filter(pl.col("status") == "cancelled")
     assert cancelled.height == 2 and (cancelled["done_ns"] == run["end_ns"] + 500_000_000).all()
     assert reqs.filter(pl.col("status") == "ok").height == 0 and summary["requests"]["timeout"] >= 2
+
+
+def test_fixed_shape_streams_sent_at_once_keep_their_phase_and_the_run_says_so(tmp_path: Path) -> None:
+    """With no jitter on the virtual clock, closed loops of one fixed shape started together keep arriving in waves
+    (each prompt queues behind the others'), where the same streams spread by --ramp arrive alone: TTFT is the
+    phase's, so such a run warns and points at --ramp and --rate."""
+    engine = EngineConfig(model="llama-3.1-8b", engine="sim", gpu="h100", max_model_len=8192, chunk_budget=8192)
+    kw = {"workload": "fixed:2000:100", "streams": 10, "duration_s": 30.0, "warmup_s": 10.0, "engine": engine}
+    (in_step, s_in), (spread, s_spread) = _run(tmp_path / "a", **kw), _run(tmp_path / "b", ramp_s=3.0, **kw)
+    warnings = [json.loads((d / "run.json").read_text())["engine"]["serving"]["warnings"] for d in (in_step, spread)]
+    assert len(warnings[0]) == 1 and "10 closed-loop streams of one fixed shape" in warnings[0][0]
+    assert "--ramp" in warnings[0][0] and warnings[1] == []
+    write_run_report(in_step)
+    assert warnings[0][0] in (in_step / "report.md").read_text()  # the report warns too, not only the terminal
+    assert s_in["ttft_s"]["all"]["mean"] > 2 * s_spread["ttft_s"]["all"]["mean"]  # waves queue, spread prompts don't
+    _run(tmp_path / "c", workload="chat", streams=10, duration_s=2.0)  # lengths vary: no phase to keep
+    assert json.loads((tmp_path / "c" / "run.json").read_text())["engine"]["serving"]["warnings"] == []
