@@ -53,8 +53,8 @@ def engine_doc(engine: Engine, served_model_name: str, warning: str | None = Non
 
 def phase_warning(plan: dict[str, Any], ramp_s: float) -> str | None:
     """Closed-loop streams of one fixed shape, all sent at once, keep their phase on the virtual clock, which
-    has no jitter to spread them: their prompts land in waves for the whole run, so the run's TTFT is that
-    phase's (NVIDIA's NIM runs of the same command lie between in step and spread; docs/perf/sim-vs-published.md)."""
+    has no jitter to spread them: their prompts land in waves for the whole run, so its TTFT carries that
+    queueing (NVIDIA's NIM runs of the same command lie between in step and spread; docs/perf/sim-vs-published.md)."""
     workload = plan.get("workload") or {}
     streams = int(plan.get("streams") or 0)
     if ramp_s > 0 or streams < 2 or workload.get("sigma") != 0.0 or workload.get("sessions"):
