@@ -17,7 +17,13 @@ from itlbench.errors import ConfigError
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure what long prompts do to streaming LLM latency: TTFT by prompt bucket, "
                        "ITL tails, stalls and their cause, prefill:decode split.")
-console = Console(stderr=True)
+# emoji=False: a user's text such as `fixed:a:b` must print as typed, not as rich's `:a:` emoji
+console = Console(stderr=True, emoji=False)
+
+
+def stdout_console() -> Console:
+    """A console for tables on stdout that prints user text as typed (no emoji codes)."""
+    return Console(emoji=False)
 
 
 def fail(exc: Exception) -> NoReturn:

@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from itlbench.cli.app import AsJson, app, console, fail, print_json
+from itlbench.cli.app import AsJson, app, console, fail, print_json, stdout_console
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.serving.build import require_torch_engine
 
@@ -24,7 +23,7 @@ def workloads(as_json: AsJson = False) -> None:
     if as_json:
         print_json(rows)
         return
-    print_catalog(Console(), rows)
+    print_catalog(stdout_console(), rows)
 
 
 @app.command("export-model")
@@ -94,7 +93,7 @@ def calibrate(
         return
     from itlbench.report.roofline import print_calibration
 
-    print_calibration(Console(), result, out)
+    print_calibration(stdout_console(), result, out)
 
 
 def _for_dtype(hw: object, dtype: str) -> object:
@@ -157,4 +156,4 @@ def roofline(
     if as_json:
         print_json(doc)
         return
-    print_roofline(Console(), doc)
+    print_roofline(stdout_console(), doc)

@@ -56,6 +56,13 @@ def test_bad_run_flags_exit_2_naming_the_flag_and_leave_nothing(tmp_path, args, 
     assert not out.exists(), "a rejected run must not leave a directory behind"
 
 
+def test_an_error_prints_the_users_text_as_typed_not_as_emoji(tmp_path):
+    """rich reads `:a:` as an emoji code; an error must quote what the user typed."""
+    result = runner.invoke(app, ["run", "--out", str(tmp_path / "run"), "--workload", "fixed:a:b"], terminal_width=200)
+    assert result.exit_code == 2, result.output
+    assert "'fixed:a:b'" in _flat(result.output)
+
+
 def test_analyze_recomputes_summary_from_records(tmp_path: Path):
     store = RunStore(tmp_path)
     chunks = [{"request_id": "a", "index": i, "t_ns": (1000 + 20 * i) * MS, "n_tokens": 1} for i in range(11)]
