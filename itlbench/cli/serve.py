@@ -17,6 +17,7 @@ from itlbench.cli.engine_options import (
 )
 from itlbench.cli.run import OtlpEndpoint, check_sim
 from itlbench.core.engine_config import EngineConfig
+from itlbench.core.presets import load_model_config
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.serving.build import require_engine_for
 
@@ -52,14 +53,16 @@ def serve(
             engine = EngineConfig.from_json(engine_config)
         else:
             engine = engine_config_from_flags(engine_flags)
+        load_model_config(engine.model)  # a bad --model fails here, not in the engine process
         check_sim(engine)
         require_engine_for(engine)
         if max_body_mib <= 0:
             raise ConfigError("--max-body-mib", f"must be > 0, got {max_body_mib}")
-        from itlbench.server.guard import ConnectionLimits
+        from itlbench.server.guard import ConnectionLimits, check_listen
 
         limits = ConnectionLimits(max_connections, head_timeout, body_timeout)
         limits.check()
+        check_listen(host, port)
         if otlp_endpoint is not None:
             from itlbench.telemetry.otel import check_endpoint
 

@@ -18,8 +18,10 @@ The body's own deadline is the handler's (`app.read_body`): only it knows when t
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import resource
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -196,3 +198,37 @@ class GuardedSite(web.TCPSite):
         assert factory is not None
         self._server = await asyncio.get_running_loop().create_server(
             lambda: self.guard.protocol(factory), self._host, self._port, backlog=self._backlog)
+
+
+def listen_error(host: str, port: int, exc: OSError) -> ConfigError:
+    """Why this server cannot listen at host:port, as the one-line error naming the flag to change."""
+    where = f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return ConfigError("--port", f"{where} is already in use",
+                           "stop what listens there, pick another port, or give 0 for a free one")
+    if exc.errno == errno.EACCES:
+        return ConfigError("--port", f"not allowed to listen on {where}", "ports below 1024 need root; pick a higher one")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return ConfigError("--host", f"{host} is not an address of this machine", "give 127.0.0.1, 0.0.0.0 or one of its own")
+    return ConfigError("--host", f"cannot listen on {where}: {exc.strerror or exc}", "check --host and --port")
+
+
+def check_listen(host: str, port: int) -> None:
+    """Fail before the engine loads (minutes for a large model) when the address cannot be bound.
+
+    Binds with SO_REUSEADDR as asyncio's server does, so a port held by a live listener fails here
+    and one left in TIME_WAIT does not."""
+    if not 0 <= port <= 65535:
+        raise ConfigError("--port", f"must be 0-65535, got {port}", "0 picks a free port")
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise ConfigError("--host", f"cannot resolve {host!r}: {exc.strerror}",
+                          "give an address such as 127.0.0.1 or 0.0.0.0") from None
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            raise listen_error(host, port, exc) from None

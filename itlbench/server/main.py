@@ -20,7 +20,7 @@ from aiohttp import web
 from itlbench.core.engine import SteppedEngine
 from itlbench.core.engine_config import EngineConfig
 from itlbench.server.app import DEFAULT_MAX_BODY_MIB, ServerState, build_app
-from itlbench.server.guard import ConnectionGuard, ConnectionLimits, GuardedSite
+from itlbench.server.guard import ConnectionGuard, ConnectionLimits, GuardedSite, listen_error
 from itlbench.server.metrics import ServerMetrics
 from itlbench.serving.async_engine import AsyncEngine
 from itlbench.serving.build import create_engine
@@ -133,7 +133,12 @@ async def start_server(config: ServerConfig, engine: SteppedEngine | None = None
                            handler_cancellation=True)
     await runner.setup()
     guard = ConnectionGuard(config.limits)
-    await GuardedSite(runner, config.host, config.port, guard).start()
+    try:
+        await GuardedSite(runner, config.host, config.port, guard).start()
+    except OSError as exc:  # taken since `check_listen` looked: the engine goes down with the server
+        await runner.cleanup()
+        await asyncio.to_thread(driver.shutdown)
+        raise listen_error(config.host, config.port, exc) from None
     port = runner.addresses[0][1]
     server = RunningServer(config, runner, driver, port, tracing, guard)
     _log_startup(server, view, layout)

@@ -18,6 +18,7 @@ from typing import Any
 from itlbench.core.engine import SteppedEngine
 from itlbench.core.request import RequestOutput, SamplingParams
 from itlbench.core.steps import StepLog, StepRecord
+from itlbench.errors import ItlbenchError
 from itlbench.serving.wire import Channel, error_tuple
 from itlbench.system.heap import freeze_heap
 from itlbench.system.parent import die_with_parent
@@ -145,7 +146,8 @@ def core_main(fd: int) -> int:
         engine.step_log = StepLog(capacity=_CORE_LOG_RECORDS)  # the front end keeps the served history
         frozen = freeze_heap()  # torch's and the model's objects: out of every later collection
     except Exception as exc:  # noqa: BLE001 - reported to the front end, which raises it
-        log.exception("engine failed to start")
+        if not isinstance(exc, ItlbenchError):  # a config error prints once, as the front end's one line
+            log.exception("engine failed to start")
         chan.send(("error", error_tuple(exc)))
         return 2
     info = engine.runner_info

@@ -185,3 +185,29 @@ def test_serve_refuses_engine_flags_beside_engine_config():
                                       "--chunk-budget", "64", "--port", "0"])
     assert result.exit_code == 2
     assert "--engine-config" in result.output and "--chunk-budget" in result.output
+
+
+@pytest.mark.parametrize(("args", "flag"), [(["--port", "99999"], "--port"), (["--host", "no-such-host.invalid"], "--host"),
+                                            (["--model", "no-such-model"], "--model")])
+def test_serve_refuses_an_address_or_model_it_cannot_use_in_one_line(args, flag):
+    result = CliRunner().invoke(app, ["serve", "--engine", "sim", "--model", "llama-3.1-8b", *args])
+    assert result.exit_code == 2 and f"error: {flag}" in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_serve_on_a_port_in_use_says_so_before_and_after_the_engine_starts():
+    import socket
+
+    from itlbench.server import ServerConfig
+    from itlbench.server.main import start_server
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        result = CliRunner().invoke(app, ["serve", "--engine", "sim", "--model", "llama-3.1-8b", "--port", str(port)])
+        assert result.exit_code == 2 and f"127.0.0.1:{port} is already in use" in result.output, result.output
+        # taken between the check and the bind: the same error, and the engine it built is shut down
+        config = ServerConfig(engine=EngineConfig(engine="sim", model="llama-3.1-8b"), port=port)
+        with pytest.raises(ConfigError, match="already in use"):
+            asyncio.run(start_server(config))
