@@ -56,7 +56,6 @@ of every stream's chunks), prompt tokens of ok requests, each divided by the win
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,16 +83,22 @@ from itlbench.analysis.stats import json_safe
 from itlbench.analysis.validity import StampCounts, ValidityThresholds, check_validity
 from itlbench.analysis.window import RunWindow, select_window
 from itlbench.errors import ConfigError
-from itlbench.rundir import TABLES, read_table
+from itlbench.rundir import TABLES, read_run_doc, read_table
 
 STATUSES = ("ok", "error", "timeout", "cancelled")
 
 
-def request_counts(requests: pl.DataFrame) -> dict[str, int]:
+def request_counts(requests: pl.DataFrame, all_requests: pl.DataFrame | None = None) -> dict[str, int]:
+    """Counts by status of the measured window's requests, and how many were sent outside it (warm-up)
+    and failed there: a run aborted in its warm-up measured none, and must still say what failed."""
     out = {"total": requests.height}
     for status in STATUSES:
         out[status] = requests.filter(pl.col("status") == status).height
     out["injected"] = requests.filter(pl.col("injected").fill_null(False)).height
+    if all_requests is not None:
+        outside = all_requests.join(requests.select("request_id"), on="request_id", how="anti")
+        out["outside_window"] = outside.height
+        out["outside_window_failed"] = outside.filter(pl.col("status") != "ok").height
     return out
 
 
@@ -262,7 +267,7 @@ def _assemble(window: RunWindow, ttft_rows: pl.DataFrame, itl_section: dict[str,
         "split": time_split(t["steps"], t["server_metrics"], window),
         "throughput": thr,
         "goodput": goodput(judged, window.seconds, slos),
-        "requests": request_counts(requests),
+        "requests": request_counts(requests, t.get("all_requests")),
         "failures": failure_summary(requests),
         "cache": cache_summary(requests, t["server_metrics"], window),
         "scrapes": scrape_summary(t["scrapes"], window),
@@ -298,7 +303,7 @@ def analyze_run(run_dir: str | Path) -> dict[str, object]:
     path = Path(run_dir, "run.json")
     if not path.is_file():
         raise ConfigError("run_dir", f"{path} not found", "pass a directory written by `itlbench run`")
-    meta = json.loads(path.read_text())
+    meta = read_run_doc(run_dir)
     slo = meta.get("slo")
     gpu_doc = meta.get("gpu_telemetry")
     gpu_status = gpu_doc.get("nvml") if isinstance(gpu_doc, dict) and isinstance(gpu_doc.get("nvml"), str) else None

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from itlbench.cli.engine_options import ENGINE_FIELDS, flag_of
-from itlbench.errors import ConfigError
+from itlbench.errors import EXIT_ENDED_EARLY, ConfigError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure what long prompts do to streaming LLM latency: TTFT by prompt bucket, "
@@ -67,3 +67,17 @@ def write_report(run_dir: object) -> None:
     else:
         console.print(f"[yellow]warning:[/] no report written ({problem}); the records and summary.json are "
                       f"complete: retry with `itlbench report {run_dir}`", highlight=False)
+
+
+def ended_early_code(run_dir: object) -> int:
+    """A finished run's exit status: 1 when it was aborted (failures in a row) or its server died, 130 when
+    interrupted, else 0. Its records and summary are kept either way."""
+    from pathlib import Path
+
+    try:
+        doc = json.loads((Path(str(run_dir)) / "run.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    if doc.get("interrupted"):
+        return 130
+    return EXIT_ENDED_EARLY if doc.get("aborted_reason") or doc.get("server_exit_code") is not None else 0

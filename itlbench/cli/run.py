@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from itlbench.cli.app import AsJson, app, console, fail, print_json, write_report
+from itlbench.cli.app import AsJson, app, console, ended_early_code, fail, print_json, write_report
 from itlbench.cli.engine_options import engine_config_from_flags, engine_options
 from itlbench.core.engine_config import EngineConfig
 from itlbench.errors import ItlbenchError
@@ -146,3 +146,5 @@ def run(
         print_json({"run_dir": str(run_dir), "summary": summary, "warnings": engine_warnings(run_dir)})
     else:
         print(run_dir)
+    if (code := ended_early_code(run_dir)) != 0:
+        raise typer.Exit(code)  # every record and the report are written: scripts still learn it went wrong

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from itlbench.errors import ConfigError
+from itlbench.errors import EXIT_ENDED_EARLY, ConfigError
 from itlbench.experiments.points import Axis, Point, grid
 from itlbench.experiments.served import (
     OTLP_FIELD,
@@ -184,7 +184,7 @@ def _runs_of_point(plan: SweepPlan, point: Point, point_dir: Path, args: list[st
             return True
         if code == 2 and not result.runs:
             raise SweepAborted(code)
-        if code != 0 or stopped_early(run_dir):
+        if code not in (0, EXIT_ENDED_EARLY) or stopped_early(run_dir):  # an aborted point's records still count
             return False
     return True
 

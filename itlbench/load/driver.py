@@ -59,6 +59,11 @@ def install_uvloop() -> bool:
     return True
 
 
+
+def failures_reason(count: int, last_error: str) -> str:
+    """An abort's reason after `count` failures in a row: the last one's own words, so the terminal can say why."""
+    return f"{count} requests in a row failed, the last with {last_error[:300]}"
+
 @dataclass(frozen=True)
 class Warmup:
     """When measurement starts. Fixed: `min_s` after the start. Adaptive: also not before every
@@ -173,8 +178,7 @@ class _Run:
         if self.connection_errors_in_row >= self.max_connection_errors:
             self.aborted_reason = f"{self.connection_errors_in_row} connection errors in a row: server unreachable"
         elif self.failures_in_row >= self.max_connection_errors:
-            self.aborted_reason = (f"{self.failures_in_row} requests in a row failed, the last with "
-                                   f"{out.error_kind or out.status}: see requests.error")
+            self.aborted_reason = failures_reason(self.failures_in_row, out.error or out.error_kind or out.status)
         else:
             return
         self.closed.set()

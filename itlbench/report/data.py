@@ -88,10 +88,12 @@ class RunData:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from disk; None when it is missing, unreadable or not an object."""
     try:
-        return json.loads(path.read_text())
+        doc = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return doc if isinstance(doc, dict) else None
 
 
 def load_run(run_dir: str | Path) -> RunData:
@@ -148,8 +150,13 @@ def _window(doc: dict[str, Any], tables: dict[str, pl.DataFrame], path: Path) ->
 
 def cut_short_reasons(data: RunData) -> list[str]:
     """Plain sentences for every sign that the run did not run its course (empty: it did)."""
-    doc, reasons = data.doc, []
-    if data.window_inferred or doc.get("provisional"):
+    return run_cut_short(data.doc, data.window.seconds, data.window_inferred)
+
+
+def run_cut_short(doc: dict[str, Any], measured_s: float, window_inferred: bool = False) -> list[str]:
+    """`cut_short_reasons` from run.json and the measured window's length: what the terminal prints too."""
+    reasons: list[str] = []
+    if window_inferred or doc.get("provisional"):
         reasons.append("the run was killed before it wrote its end time; its window is inferred from "
                        "the records it had flushed")
     if doc.get("interrupted"):
@@ -163,7 +170,6 @@ def cut_short_reasons(data: RunData) -> list[str]:
     if code is not None:
         reasons.append(f"the engine server died during the run (exit code {code})")
     planned = (doc.get("config") or {}).get("duration_s")
-    measured = data.window.seconds
-    if isinstance(planned, int | float) and planned > 0 and measured < CUT_SHORT_FRACTION * planned:
-        reasons.append(f"it measured {measured:.1f} s of the planned {planned:g} s")
+    if isinstance(planned, int | float) and planned > 0 and measured_s < CUT_SHORT_FRACTION * planned:
+        reasons.append(f"it measured {measured_s:.1f} s of the planned {planned:g} s")
     return reasons

@@ -28,6 +28,7 @@ from itlbench.report.style import (
     gap_cdf_axes,
     new_figure,
     tidy,
+    time_axis,
 )
 from itlbench.report.timeline import injected_spans, stall_picture
 
@@ -218,7 +219,7 @@ def throughput_figure(data: RunData) -> FigureSpec:
             fontsize=8, va="bottom")
     for span in injected_spans(data):
         ax.axvspan(span.start_s, span.end_s, color=INJECTED_SPAN, alpha=0.25, linewidth=0, zorder=0)
-    ax.set_xlim(0, seconds)
+    time_axis(ax, seconds)
     ax.set_ylabel("output tokens / s")
     ax.set_xlabel("seconds since measurement start")
     tidy(ax)

@@ -233,6 +233,8 @@ def totals_table(data: RunData) -> Table:
     frac = split.get("prefill_frac")
     rows = [["requests (window)", f"{req.get('total', 0)} (ok {req.get('ok', 0)}, errors {req.get('error', 0)}, "
              f"timeouts {req.get('timeout', 0)}, injected {req.get('injected', 0)})"],
+            *([["requests (warm-up)", f"{req['outside_window']} ({req.get('outside_window_failed', 0)} failed)"]]
+              if req.get("outside_window") else []),
             ["output throughput", f"{_num(thr.get('output_tokens_per_s'), '{:,.0f}')} tokens/s, "
              f"{_num(thr.get('requests_per_s'))} requests/s"],
             ["goodput", f"{_num(good.get('requests_per_s'))} requests/s ({good.get('good', 0)} of "

@@ -13,7 +13,16 @@ from matplotlib.patches import Patch
 
 from itlbench.report.data import RunData
 from itlbench.report.figure_spec import INFERRED_CAPTION, FigureSpec, inferred_for, steps_s, zoom
-from itlbench.report.style import DECODE, INJECTED_SPAN, PREFILL, fmt_s, fmt_tokens, new_figure, tidy
+from itlbench.report.style import (
+    DECODE,
+    INJECTED_SPAN,
+    PREFILL,
+    fmt_s,
+    fmt_tokens,
+    new_figure,
+    tidy,
+    time_axis,
+)
 from itlbench.report.timeline import InjectedSpan, injected_spans
 
 
@@ -132,7 +141,7 @@ def _engine_metrics(data: RunData, spec: FigureSpec) -> FigureSpec:
         ax.step(t, r, where="pre", color=color, label=label)
     for span in injected_spans(data):
         ax.axvspan(span.start_s, span.end_s, color=INJECTED_SPAN, alpha=0.15, linewidth=0)
-    ax.set_xlim(0, data.window.seconds)
+    time_axis(ax, data.window.seconds)
     ax.set_ylabel("tokens per second")
     ax.set_xlabel("seconds since measurement start")
     ax.legend(fontsize=8, frameon=False)

@@ -50,6 +50,11 @@ def tidy(ax: Axes) -> None:
     ax.set_axisbelow(True)
 
 
+def time_axis(ax: Axes, seconds: float) -> None:
+    """x from 0 to the measured window; a run cut short before its window opened has none (a millisecond)."""
+    ax.set_xlim(0, max(seconds, 1e-3))
+
+
 def gap_cdf_axes(ax: Axes, lo_q: float, hi_q: float) -> None:
     """The ITL CDF's logit y axis between lo_q and hi_q (percent ticks, no minor labels), the
     labels and the legend: one look for the single-run and the comparison figure."""

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from itlbench.analysis.crosscheck import engine_check_line
 from itlbench.analysis.gpu import gpu_line
 from itlbench.load.progress import ProgressSnapshot
+from itlbench.report.data import run_cut_short
 from itlbench.report.engines import serving_warnings
 from itlbench.report.tables import TextTable, print_table
 
@@ -85,6 +86,10 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
     console.print(f"\n[bold]Run[/] {run_dir}  requests: {reqs.get('total', 0)} "
                   f"(ok {reqs.get('ok', 0)}, errors {reqs.get('error', 0)}, timeouts {reqs.get('timeout', 0)}, "
                   f"cancelled {reqs.get('cancelled', 0)}, injected {reqs.get('injected', 0)})")
+    if reqs.get("outside_window_failed") or (reqs.get("outside_window") and not reqs.get("total")):
+        console.print(f"  and {reqs['outside_window']} outside the measured window (warm-up), "
+                      f"{reqs.get('outside_window_failed', 0)} of them failed")
+    _print_cut_short(console, summary, run_dir)
     ttft = TextTable("TTFT by prompt bucket (s)", ("bucket", "count", "p50", "p90", "p99", "max"),
                      caption="— : too few requests for that percentile (p90 needs 10, p99 needs 100)")
     buckets = summary.get("ttft_s", {})
@@ -171,6 +176,18 @@ def engine_warnings(run_dir: Path) -> list[str]:
         return serving_warnings(json.loads((run_dir / "run.json").read_text()))
     except (OSError, ValueError):
         return []
+
+
+def _print_cut_short(console: Console, summary: dict[str, Any], run_dir: Path) -> None:
+    """Why the run ended early (aborted, interrupted, the server died), before figures it leaves thin or empty."""
+    try:
+        doc = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return
+    reasons = run_cut_short(doc, float((summary.get("window") or {}).get("seconds") or 0.0))
+    if reasons:
+        console.print(f"[bold red]Cut short[/]: {escape('; '.join(reasons))} (every record it collected is in "
+                      f"{escape(str(run_dir))}/requests)", highlight=False)
 
 
 def print_engine_warnings(console: Console, run_dir: Path) -> None:

@@ -38,6 +38,7 @@ from itlbench.report.style import (
     fmt_tokens,
     new_figure,
     tidy,
+    time_axis,
 )
 
 
@@ -213,7 +214,7 @@ def draw_rows(ax: Axes, data: RunData, spans: list[InjectedSpan], compact: bool 
             ax.broken_barh([((lo - t0) / 1e9, data.window.seconds - (lo - t0) / 1e9)], (mapping[rid] - 0.4, 0.8),
                            facecolors="none", edgecolors=CAUSE_COLORS["prefill" if prefill else None],
                            hatch="xxx", linewidth=0.5)
-    ax.set_xlim(0, data.window.seconds)
+    time_axis(ax, data.window.seconds)
     ax.set_ylim(total - 0.5, -0.5)
     if total > steady_rows:
         ax.axhline(steady_rows - 0.5, color=MUTED, linewidth=0.6)

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from itlbench.core.engine import Engine
 from itlbench.core.request import RequestOutput, SamplingParams
 from itlbench.errors import ConfigError
-from itlbench.load.driver import STATUSES, DriveResult, Warmup
+from itlbench.load.driver import STATUSES, DriveResult, Warmup, failures_reason
 from itlbench.load.observers.client_monitor import ClientStats
 from itlbench.sim.runner import VirtualClock
 from itlbench.workloads.plan import LoadPlan, RequestPlan
@@ -351,8 +351,7 @@ class VirtualDrive:
         self.counts[status] += 1
         self._failures_in_row = 0 if status == "ok" else self._failures_in_row + 1
         if self._failures_in_row >= self.limits.max_failures and self.aborted_reason is None and not self.closed:
-            self.aborted_reason = (f"{self._failures_in_row} requests in a row failed, the last with "
-                                   f"{error_kind or status}: see requests.error")
+            self.aborted_reason = failures_reason(self._failures_in_row, error or error_kind or status)
         p = live.plan
         self.out.add("requests", {
             "request_id": p.request_id, "server_request_id": live.engine_id, "workload": p.workload,

@@ -206,7 +206,7 @@ def test_a_500_mid_run_fails_those_requests_only(tmp_path: Path) -> None:
     assert set(failed["error_kind"]) == {"http_status"} and set(failed["http_status"]) == {500}
     assert "HTTP 500: Internal Server Error" in failed["error"][0]
     # every request failing in a row ends the run early, with its reason kept
-    assert "requests in a row failed, the last with http_status" in read_run_doc(run_dir)["aborted_reason"]
+    assert "requests in a row failed, the last with HTTP 500: Internal Server Error" in read_run_doc(run_dir)["aborted_reason"]
     assert summary["failures"]["by_kind"]["http_status"]["count"] >= 1
 
 

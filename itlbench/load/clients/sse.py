@@ -111,6 +111,7 @@ class Outcome:
     sent_ns: int | None
     first_token_ns: int | None
     error_kind: str | None = None
+    error: str | None = None  # the failure in words, for an abort's reason (the record keeps it too)
 
 
 def build_body(plan: RequestPlan, target: Target) -> dict[str, Any]:
@@ -216,7 +217,8 @@ class StreamClient:
         finally:
             self._record(ex, _now())
         return Outcome(ex.status, ex.connection_error, ex.http_status, ex.tokens, ex.sent_ns,
-                       ex.times[0] if ex.times else None, ex.error_kind if ex.status != "ok" else None)
+                       ex.times[0] if ex.times else None, ex.error_kind if ex.status != "ok" else None,
+                       ex.error if ex.status != "ok" else None)
 
     async def _exchange(self, ex: _Exchange) -> None:
         assert self._session is not None, "use StreamClient as an async context manager"

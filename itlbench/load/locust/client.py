@@ -83,7 +83,8 @@ class GeventStreamClient(StreamClient):
                 timer.close()
             self._record(ex, _now())
         return Outcome(ex.status, ex.connection_error, ex.http_status, ex.tokens, ex.sent_ns,
-                       ex.times[0] if ex.times else None, ex.error_kind if ex.status != "ok" else None)
+                       ex.times[0] if ex.times else None, ex.error_kind if ex.status != "ok" else None,
+                       ex.error if ex.status != "ok" else None)
 
     def _exchange_g(self, ex: _Exchange, session: Any) -> None:
         data = json.dumps(build_body(ex.plan, self.target)).encode()
