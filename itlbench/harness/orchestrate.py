@@ -194,6 +194,11 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError("--out", f"{run_dir} already holds a run", "choose a new directory")
     created = not run_dir.exists()  # a directory the user made stays, emptied, if nothing is measured
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("--out", f"cannot create {run_dir}: {exc.strerror or exc}",
+                          "name a directory this user can write") from None
     if cfg.virtual_clock:  # the simulator in-process on a discrete-event clock: no server, no sleeping
         from itlbench.harness.virtual_run import run_virtual
 

@@ -51,9 +51,12 @@ def _read_json(run_dir: str | Path, name: str, fix: str) -> dict[str, Any]:
     if not path.is_file():
         raise ItlbenchError(f"{run_dir} has no {name}: {fix}")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        doc = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ItlbenchError(f"{path} is not valid JSON ({exc}): {fix}") from None
+    if not isinstance(doc, dict):
+        raise ItlbenchError(f"{path} is not a JSON object: {fix}")
+    return doc
 
 
 def read_run_doc(run_dir: str | Path) -> dict[str, Any]:

@@ -72,6 +72,11 @@ def _run_doc(run_dir: Path) -> dict[str, Any]:
     return read_run_doc(run_dir)
 
 
+def _object(value: object) -> dict[str, Any]:
+    """A run.json member that should be an object; anything else (a hand-edited file) reads as empty."""
+    return value if isinstance(value, dict) else {}
+
+
 def _model_from_dict(d: dict[str, Any]) -> ModelConfig:
     d = dict(d)
     rope = d.pop("rope_scaling", None)
@@ -82,8 +87,8 @@ def read_run_steps(run_dir: str | Path) -> RunSteps:
     """A bundled-engine run's non-empty steps in its measured window, its model and its dtype."""
     run_dir = Path(run_dir)
     doc = _run_doc(run_dir)
-    engine_cfg = (doc.get("config") or {}).get("engine") or {}
-    info = doc.get("engine") or {}
+    engine_cfg = _object(_object(doc.get("config")).get("engine"))
+    info = _object(doc.get("engine"))
     model_name = engine_cfg.get("model")
     if not model_name or info.get("external"):
         raise ConfigError("RUN_DIR", f"{run_dir} was not run against the bundled engine",

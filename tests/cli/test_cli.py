@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 from typer.testing import CliRunner
 
@@ -87,6 +88,15 @@ def test_analyze_rejects_a_directory_without_run_json(tmp_path):
     assert result.exit_code == 2 and "has no run.json" in _flat(result.output)
 
 
+@pytest.mark.parametrize("text", ["not json", "[1]", '{"config": 5, "engine": "x"}'])
+@pytest.mark.parametrize("command", ["analyze", "calibrate", "report"])
+def test_a_hand_broken_run_json_is_a_one_line_error(tmp_path: Path, text: str, command: str):
+    (tmp_path / "run.json").write_text(text)
+    result = runner.invoke(app, [command, str(tmp_path)], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and "Traceback" not in result.output
+
+
 def test_frame_keeps_the_schema_for_partial_rows():
     df = frame("requests", [{"request_id": "a"}])
     assert df["status"].to_list() == [None] and df.schema["scheduled_ns"].is_integer()
@@ -118,3 +128,29 @@ def test_no_report_leaves_the_records_and_summary_and_report_draws_them_later(tm
     drawn = runner.invoke(app, ["report", str(out)], terminal_width=200)
     assert drawn.exit_code == 0, drawn.output
     assert (out / "report.html").is_file() and (out / "figures" / "itl_cdf.png").is_file()
+
+
+def test_a_run_aborted_in_its_warmup_says_why_keeps_its_records_and_exits_1(tmp_path: Path):
+    """Every request refused (a K/V cache of one block) aborts the run before its measured window opens:
+    the terminal must still say what failed and why, not only "requests: 0"."""
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--engine", "sim", "--model", "llama-3.1-8b", "--kv-blocks", "1",
+                                 "--duration", "5s", "--no-live", "--no-report", "--out", str(out)],
+                           terminal_width=400)
+    text = _flat(result.output)
+    assert result.exit_code == 1, result.output
+    assert "Cut short: it was aborted: 50 requests in a row failed, the last with prompt: needs" in text
+    assert "outside the measured window (warm-up)" in text
+    failed = pl.read_parquet(out / "requests").filter(pl.col("status") == "error").height
+    assert failed >= 50 and f"{failed} of them failed" in text
+    assert json.loads((out / "summary.json").read_text())["requests"]["outside_window_failed"] == failed
+
+
+def test_an_out_directory_that_cannot_be_made_is_a_one_line_error(tmp_path: Path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = runner.invoke(app, ["run", "--engine", "sim", "--model", "llama-3.1-8b", "--duration", "5s",
+                                 "--out", str(blocker / "run")], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert f"error: --out: cannot create {blocker / 'run'}" in _flat(result.output)
+    assert "Traceback" not in result.output

@@ -180,6 +180,19 @@ def test_engine_config_json_rejects_unknown_fields():
         EngineConfig.from_json('{"chunk_budgt": 5}')
 
 
+@pytest.mark.parametrize(("doc", "words"), [('{"chunk_budget": "x"}', 'chunk_budget is "x" (give an integer or null)'),
+                                            ('{"policy": "fifo"}', 'give "budget" or "prefill-first"'),
+                                            ('{"mixed": 1}', "mixed is 1 (give true or false)"),
+                                            ('{"tp": 2.5}', "tp is 2.5 (give an integer)")])
+def test_engine_config_json_names_a_field_of_the_wrong_type(doc: str, words: str):
+    with pytest.raises(ConfigError, match="--engine-config") as err:
+        EngineConfig.from_json(doc)
+    assert words in str(err.value)
+    # every field as to_json writes it reads back, JSON's integers standing for floats too
+    config = EngineConfig(model="llama-3.1-8b", engine="sim", chunk_budget=None, kv_memory_gib=2, gpu="h100", tp=2)
+    assert EngineConfig.from_json(config.to_json()) == config
+
+
 def test_serve_refuses_engine_flags_beside_engine_config():
     result = CliRunner().invoke(app, ["serve", "--engine-config", EngineConfig(model="tiny").to_json(),
                                       "--chunk-budget", "64", "--port", "0"])
