@@ -29,6 +29,7 @@ from itlbench.load.clients.sse import Outcome, StreamClient, StreamObserver
 from itlbench.load.observers.client_monitor import ClientMonitor, ClientStats, PauseWatchdog, frozen_heap
 from itlbench.load.progress import ProgressSnapshot, ms_percentile
 from itlbench.load.sink import RowSink
+from itlbench.load.streak import FailureStreak
 from itlbench.load.target import Target
 from itlbench.rundir.store import RunStore
 from itlbench.workloads.build import check_load_shape
@@ -58,11 +59,6 @@ def install_uvloop() -> bool:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     return True
 
-
-
-def failures_reason(count: int, last_error: str) -> str:
-    """An abort's reason after `count` failures in a row: the last one's own words, so the terminal can say why."""
-    return f"{count} requests in a row failed, the last with {last_error[:300]}"
 
 @dataclass(frozen=True)
 class Warmup:
@@ -115,14 +111,12 @@ class _Run:
 
     def __init__(self, client: StreamClient, max_connection_errors: int) -> None:
         self.client = client
-        self.max_connection_errors = max_connection_errors
         self.closed = asyncio.Event()
         self.stop_reason: str | None = None
         self.aborted_reason: str | None = None
         self.counts = dict.fromkeys(("sent", *STATUSES), 0)
         self.in_flight = 0
-        self.connection_errors_in_row = 0
-        self.failures_in_row = 0
+        self.streak = FailureStreak(max_connection_errors)
         self.send_lags: list[int] = []
         self.requests: set[asyncio.Task[Outcome]] = set()
         self.open_loop_truncated = False
@@ -169,19 +163,9 @@ class _Run:
         return out
 
     def _track_connection(self, out: Outcome) -> None:
-        """Abort after `max_connection_errors` connection errors in a row (server unreachable), or as
-        many failed requests of any kind in a row (a server answering every request wrongly)."""
-        self.failures_in_row = 0 if out.status == "ok" else self.failures_in_row + 1
-        self.connection_errors_in_row = self.connection_errors_in_row + 1 if out.connection_error else 0
-        if self.aborted_reason is not None:
-            return
-        if self.connection_errors_in_row >= self.max_connection_errors:
-            self.aborted_reason = f"{self.connection_errors_in_row} connection errors in a row: server unreachable"
-        elif self.failures_in_row >= self.max_connection_errors:
-            self.aborted_reason = failures_reason(self.failures_in_row, out.error or out.error_kind or out.status)
-        else:
-            return
-        self.closed.set()
+        if (reason := self.streak.see(out)) is not None and self.aborted_reason is None:
+            self.aborted_reason = reason
+            self.closed.set()
 
     def snapshot(self, elapsed_s: float, measuring: bool, cpu: float, lag_s: float) -> ProgressSnapshot:
         c = self.counts

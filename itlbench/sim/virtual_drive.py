@@ -29,8 +29,9 @@ from typing import Any, Protocol
 from itlbench.core.engine import Engine
 from itlbench.core.request import RequestOutput, SamplingParams
 from itlbench.errors import ConfigError
-from itlbench.load.driver import STATUSES, DriveResult, Warmup, failures_reason
+from itlbench.load.driver import STATUSES, DriveResult, Warmup
 from itlbench.load.observers.client_monitor import ClientStats
+from itlbench.load.streak import failures_reason
 from itlbench.sim.runner import VirtualClock
 from itlbench.workloads.plan import LoadPlan, RequestPlan
 

@@ -287,3 +287,19 @@ def test_a_worker_that_cannot_build_the_plan_fails_the_run_with_its_reason(tmp_p
     with pytest.raises(ItlbenchError, match="worker 0 on .*TypeError.*no_such_arg"):
         asyncio.run(drive_locust(job, RunStore(tmp_path)))
 
+
+
+def test_a_server_refusing_every_request_ends_the_locust_run_with_its_words(tmp_path: Path):
+    """A K/V cache of one block refuses every prompt (HTTP 400): the workers give up after 50 failures in a row,
+    as the asyncio driver does, and the reason quotes the server's message (Locust has read the body)."""
+    engine = EngineConfig(model="tiny", device="cpu", kv_blocks=1, seed=0)
+    cfg = RunConfig(workload="chat-short", streams=4, duration_s=30.0, warmup_s=0.5, drain_timeout_s=10.0, seed=3,
+                    out=tmp_path / "run", engine=engine, live=False, driver="locust", workers=1)
+    run_dir, summary = run_load_test(cfg)
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["stop_reason"] == "aborted", run.get("stop_reason")
+    assert "50 requests in a row failed, the last with HTTP 400: " in run["aborted_reason"]
+    assert "KV blocks but the cache has 1" in run["aborted_reason"]
+    req = read_table(run_dir, "requests")
+    assert req.height >= 50 and (req["status"] == "error").all()
+    assert req["error"].str.contains("KV blocks but the cache has 1").all()

@@ -21,7 +21,15 @@ from gevent import GreenletExit
 from geventhttpclient.response import HTTPConnectionClosed
 from geventhttpclient.useragent import ConnectionError as GhcConnectionError
 
-from itlbench.load.clients.sse import HEAD_BYTES, Outcome, StreamClient, _Exchange, _unfinished, build_body
+from itlbench.load.clients.sse import (
+    HEAD_BYTES,
+    Outcome,
+    StreamClient,
+    _Exchange,
+    _unfinished,
+    build_body,
+    error_text,
+)
 from itlbench.load.clients.sse_events import SseEvents, StreamError
 from itlbench.load.sink import RowWriter
 from itlbench.load.target import Target
@@ -97,7 +105,7 @@ class GeventStreamClient(StreamClient):
         ex.http_status = resp.status_code
         ex.content_type = resp.headers.get("Content-Type")
         if ex.http_status != 200:
-            ex.error, ex.error_kind = _error_message(ex.http_status, raw), "http_status"
+            ex.error, ex.error_kind = error_text(ex.http_status, _error_body(resp, raw)), "http_status"
             return
         try:
             self._read_lines(raw, ex)
@@ -163,15 +171,13 @@ def _discard(raw: Any) -> None:
         sock.close()
 
 
-def _error_message(status: int, raw: Any) -> str:
+def _error_body(resp: Any, raw: Any) -> bytes:
+    """An error response's first bytes: Locust has read the body already when it judged the status (its
+    `_cached_content`), else from the stream."""
+    cached = getattr(resp, "_cached_content", None)
+    if isinstance(cached, bytes):
+        return cached[:4096]
     try:
-        body = bytes(raw.read(4096)).decode(errors="replace")
+        return bytes(raw.read(4096))
     except Exception:  # noqa: BLE001 - the status alone still says what happened
-        body = ""
-    try:
-        obj = json.loads(body)
-        err = obj.get("error", obj) if isinstance(obj, dict) else obj
-        msg = err.get("message", err) if isinstance(err, dict) else err
-        return f"HTTP {status}: {msg}"
-    except ValueError:
-        return f"HTTP {status}: {body.strip()[:500]}"
+        return b""

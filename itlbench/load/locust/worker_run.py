@@ -50,6 +50,7 @@ from itlbench.load.locust.job import (
 from itlbench.load.multiproc import split_plan
 from itlbench.load.observers.client_monitor import ClientMonitor, PauseWatchdog
 from itlbench.load.progress import ProgressSnapshot, ms_percentile
+from itlbench.load.streak import FailureStreak
 
 _now = time.perf_counter_ns
 log = logging.getLogger("itlbench.locust.worker")
@@ -142,7 +143,7 @@ class WorkerRun:
         self.counts = dict.fromkeys(("sent", *STATUSES), 0)
         self.in_flight = 0
         self.send_lags: list[int] = []
-        self.connection_errors_in_row = 0
+        self.streak = FailureStreak(self.job.max_connection_errors)
         self.active: set[gevent.Greenlet] = set()
         self.requests = gevent.pool.Group()
         self.helpers = gevent.pool.Group()
@@ -239,12 +240,8 @@ class WorkerRun:
         return out
 
     def _track_connection(self, out: Outcome) -> None:
-        if not out.connection_error:
-            self.connection_errors_in_row = 0
-            return
-        self.connection_errors_in_row += 1
-        if self.connection_errors_in_row >= self.job.max_connection_errors and self.aborted_reason is None:
-            self.aborted_reason = f"{self.connection_errors_in_row} connection errors in a row: server unreachable"
+        if (reason := self.streak.see(out)) is not None and self.aborted_reason is None:
+            self.aborted_reason = reason
             self.closed.set()
             self.wake.set()
 
