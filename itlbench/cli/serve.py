@@ -64,9 +64,10 @@ def serve(
         limits.check()
         check_listen(host, port)
         if otlp_endpoint is not None:
-            from itlbench.telemetry.otel import check_endpoint
+            from itlbench.telemetry.otel import check_endpoint, probe_collector
 
             otlp_endpoint = check_endpoint(otlp_endpoint)
+            probe_collector(otlp_endpoint or "")
     except ItlbenchError as exc:
         fail(exc)
         return

@@ -333,8 +333,13 @@ def _close_telemetry(telemetry: LiveTelemetry | None) -> None:
 
 
 def _preflight(cfg: RunConfig) -> None:
-    """Reject bad workload, injection and SLO flags before any server starts or directory appears."""
+    """Reject bad workload, injection and SLO flags, and a collector nobody runs, before any server starts or
+    directory appears."""
     parse_slo(cfg.slo)
+    if cfg.otlp_endpoint is not None:
+        from itlbench.telemetry.otel import check_endpoint, probe_collector
+
+        probe_collector(check_endpoint(cfg.otlp_endpoint) or cfg.otlp_endpoint)
     if cfg.endpoint is not None:
         get_workload(cfg.workload)
         parse_injections(cfg.inject, cfg.duration_s / 2)

@@ -10,6 +10,7 @@ histogram passes the recommended boundaries as `explicit_bucket_boundaries_advis
 from __future__ import annotations
 
 import bisect
+import socket
 import threading
 import time
 import urllib.parse
@@ -46,6 +47,18 @@ def check_endpoint(url: str | None, flag: str = "--otlp-endpoint") -> str | None
     for suffix in ("/v1/traces", "/v1/metrics"):
         base = base.removesuffix(suffix)
     return base
+
+
+def probe_collector(base: str, flag: str = "--otlp-endpoint", timeout_s: float = 3.0) -> None:
+    """Fail before a run when nothing accepts connections at the collector's address: the SDK would retry each
+    export batch in the background and print a warning for every try, and the spans would be lost anyway."""
+    parsed = urllib.parse.urlparse(base)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname or "", port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConfigError(flag, f"nothing answers at {base} ({exc.strerror or exc})",
+                          "start the OTLP collector first, or leave the flag out") from None
 
 
 def require_sdk(flag: str = "--otlp-endpoint") -> None:

@@ -170,6 +170,26 @@ def test_cli_rejects_bad_telemetry_flags_with_exit_code_2() -> None:
     assert r.exit_code == 2 and "--otlp-endpoint" in r.output
 
 
+def test_a_collector_nobody_runs_is_a_one_line_error_before_the_run(tmp_path) -> None:
+    """The SDK would retry every batch in the background, printing a warning each time, and lose the spans."""
+    import socket
+
+    from typer.testing import CliRunner
+
+    from itlbench.cli import app
+
+    with socket.socket() as s:  # a port that was free a moment ago, now closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    runner = CliRunner()
+    for args in (["run", "--model", "tiny", "--duration", "2s", "--out", str(tmp_path / "run")],
+                 ["serve", "--engine", "sim", "--model", "llama-3.1-8b"]):
+        r = runner.invoke(app, [*args, "--otlp-endpoint", url], terminal_width=300)
+        assert r.exit_code == 2, r.output
+        assert f"error: --otlp-endpoint: nothing answers at {url}" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "run").exists()
+
+
 def test_missing_sdk_names_the_extra() -> None:
     code = ("import sys; sys.modules['opentelemetry.exporter.otlp.proto.http'] = None\n"
             "from itlbench.errors import ConfigError\nfrom itlbench.harness.run_config import RunConfig\n"
