@@ -60,8 +60,10 @@ class SelftestConfig:
         bad = [r for r in self.readers if r not in STREAM_READERS or r == "auto"]
         if bad or not self.readers:
             raise ConfigError("--readers", f"unknown reader(s) {bad}", "use kernel and/or aiohttp")
-        if self.duration_s <= 0 or self.tick_s <= 0 or self.bound_ms <= 0:
-            raise ConfigError("--duration", "duration, tick and bound must be > 0", "e.g. --duration 4s")
+        for flag, value, example in (("--duration", self.duration_s, "4s"), ("--bound-ms", self.bound_ms, "1.0"),
+                                     ("tick_s", self.tick_s, "0.02")):  # the tick has no flag: a caller's value
+            if not value > 0:
+                raise ConfigError(flag, f"must be > 0, got {value:g}", f"e.g. {flag} {example}")
         if self.tokens < 2:
             raise ConfigError("--tokens", f"needs at least 2 tokens per request (for a gap), got {self.tokens}",
                               "e.g. --tokens 100")

@@ -43,11 +43,14 @@ def test_errors_are_absolute_milliseconds() -> None:
     assert Errors.of(np.zeros(0)).p99_ms is None
 
 
-@pytest.mark.parametrize("kw", [{"streams": ()}, {"streams": (0,)}, {"readers": ("auto",)}, {"readers": ("x",)},
-                                {"duration_s": 0.0}, {"tokens": 1}, {"first_delay_s": -0.01}])
-def test_bad_settings_name_the_flag(kw: dict) -> None:
-    with pytest.raises(ConfigError):
+@pytest.mark.parametrize(("kw", "flag"), [({"streams": ()}, "--streams"), ({"streams": (0,)}, "--streams"),
+                                          ({"readers": ("auto",)}, "--readers"), ({"readers": ("x",)}, "--readers"),
+                                          ({"duration_s": 0.0}, "--duration"), ({"bound_ms": 0.0}, "--bound-ms"),
+                                          ({"tokens": 1}, "--tokens"), ({"first_delay_s": -0.01}, "--first-delay")])
+def test_bad_settings_name_the_flag(kw: dict, flag: str) -> None:
+    with pytest.raises(ConfigError) as err:
         SelftestConfig(**kw)
+    assert err.value.field == flag
 
 
 def test_a_real_point_sees_every_send_after_it_was_sent() -> None:
