@@ -20,6 +20,7 @@ class ConfigError(ItlbenchError, ValueError):
             message += f" ({fix})"
         super().__init__(message)
 
+
 # `itlbench run`'s exit status when the run ended early (aborted after failures in a row, or its server died):
 # its records, summary and report are written, so a sweep goes on to its next point
 EXIT_ENDED_EARLY = 1

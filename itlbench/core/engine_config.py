@@ -215,4 +215,3 @@ def _type_name(hint: Any) -> str:
         return " or ".join(json.dumps(arg) for arg in get_args(hint))
     names = {type(None): "null", bool: "true or false", int: "an integer", float: "a number", str: "a string"}
     return names.get(hint, getattr(hint, "__name__", str(hint)))
-
