@@ -266,6 +266,16 @@ def _out_dir(cfg: PhasesConfig) -> Path:
     return out
 
 
+def _say_what_does_not_fit(explicit: list[int], cap: int | None, context: int, reserve: int, lengths: list[int],
+                           on_status: Callable[[str], None]) -> None:
+    """A length the user named that the context cannot hold is skipped, and said so (never silently)."""
+    room = f"the context ({context:,} tokens, {reserve} of them kept for the output)"
+    if dropped := sorted({n for n in explicit if n + reserve > context}):
+        on_status(f"--lengths: {', '.join(f'{n:,}' for n in dropped)} do not fit {room}: skipped")
+    if cap is not None and cap + reserve > context:
+        on_status(f"--max-prompt {cap:,} is beyond {room}: the longest prompt tried is {max(lengths):,}")
+
+
 def run_phases(cfg: PhasesConfig, on_status: Callable[[str], None] = lambda s: None) -> Written:
     """Start (or reach) the engine, measure, and write report.html/.md and phases.json."""
     from itlbench.harness.connect import connect
@@ -288,6 +298,7 @@ def run_phases(cfg: PhasesConfig, on_status: Callable[[str], None] = lambda s: N
         if not lengths:
             raise ConfigError("--lengths", f"no length fits the context ({context} tokens) and --max-prompt",
                               "give shorter lengths")
+        _say_what_does_not_fit(explicit, cap, context, reserve, lengths, on_status)
         builder = PromptBuilder(token_ids=conn.vocab_size is not None, vocab_size=conn.vocab_size or 32000,
                                 seed=cfg.seed, tokens_per_word=conn.tokens_per_word)
         samples, decode, rows = asyncio.run(_measure(cfg, conn.target, builder, lengths, conn.steps_url, on_status))

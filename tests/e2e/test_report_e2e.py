@@ -108,11 +108,14 @@ def test_bad_sweep_options_exit_2_and_leave_nothing(tmp_path: Path) -> None:
 
 def test_phases_measures_prefill_and_decode_apart(tmp_path: Path) -> None:
     out = tmp_path / "phases"
-    result = runner.invoke(app, ["phases", "--model", "tiny", "--lengths", "1,16,128,512", "--repeats", "1",
+    result = runner.invoke(app, ["phases", "--model", "tiny", "--lengths", "1,16,128,512,8k", "--repeats", "1",
                                  "--concurrency", "4", "--output-tokens", "8", "--out", str(out)], terminal_width=200)
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "phases.json").read_text())
     assert [r["prompt_tokens"] for r in doc["rows"]] == [1, 16, 128, 512]
+    # tiny's 4,096-token context cannot hold an 8k prompt: skipped, and said so
+    assert "--lengths: 8,192 do not fit the context (4,096 tokens, 9 of them kept for the output): skipped" \
+        in _flat(result.output)
     assert all(r["engine_prefill_s"] and r["client_ttft_s"] >= r["engine_prefill_s"] for r in doc["rows"]), \
         "the client's TTFT includes the engine's prefill"
     assert [d["batch"] for d in doc["decode"]] == [1, 4]
