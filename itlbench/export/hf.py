@@ -43,7 +43,8 @@ def export_model(preset: str, out: Path, seed: int = 0, force: bool = False) -> 
         raise ConfigError("DIR", f"{out} exists and is not a directory", "choose a new directory")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ConfigError("DIR", f"{out} exists and is not empty", "choose a new directory or pass --force")
-    out.mkdir(parents=True, exist_ok=True)
+    check_room(preset, cfg, out, "DIR")
+    make_dir(out, "DIR")
     tensors = _dummy_weights(cfg, seed)
     from safetensors.torch import save_file
 
@@ -53,6 +54,39 @@ def export_model(preset: str, out: Path, seed: int = 0, force: bool = False) -> 
                 {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "do_sample": False})
     _write_tokenizer(out, cfg)
     return Exported(out, cfg, seed, sum(t.numel() * t.element_size() for t in tensors.values()))
+
+
+def check_room(preset: str, cfg: ModelConfig, out: Path, field: str) -> None:
+    """Refuse, before drawing a single weight, a preset whose float32 weights do not fit this machine's free
+    memory (they are drawn in memory) or the disk under `out` (a 405B preset is 1.6 TB)."""
+    import shutil
+
+    import psutil
+
+    need = cfg.num_params * 4
+    if need > (memory := psutil.virtual_memory().available):
+        raise ConfigError("PRESET", f"{preset} has {_size(need)} of float32 weights, more than this machine's "
+                          f"{_size(memory)} of free memory", "export a smaller preset (tiny, cpu-small, cpu-medium, "
+                          "llama-3.2-1b)")
+    disk_at = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if need > (disk := shutil.disk_usage(disk_at).free):
+        raise ConfigError(field, f"{preset}'s {_size(need)} of float32 weights do not fit the {_size(disk)} "
+                          f"free under {disk_at}", "write it where there is room")
+
+
+def _size(n: float) -> str:
+    for unit, name in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if n >= unit:
+            return f"{n / unit:,.1f} {name}"
+    return f"{n:,.0f} B"
+
+
+def make_dir(path: Path, field: str) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(field, f"cannot create {path}: {exc.strerror or exc}",
+                          "name a place this user can write") from None
 
 
 def _dummy_weights(cfg: ModelConfig, seed: int) -> dict[str, Any]:

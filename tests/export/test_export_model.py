@@ -129,3 +129,26 @@ def test_export_refuses_a_non_empty_directory_and_unknown_presets(exported: Path
     assert busy.exit_code == 2 and "error: DIR" in busy.output and "--force" in busy.output
     unknown = runner.invoke(app, ["export-model", "llama-9", str(tmp_path / "x")], terminal_width=200)
     assert unknown.exit_code == 2 and "error: PRESET" in unknown.output and not (tmp_path / "x").exists()
+
+
+def test_export_refuses_what_this_machine_cannot_hold_before_drawing_a_weight(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 405B preset is 1.6 TB of float32 weights, drawn in memory: refused in one line, nothing written."""
+    big = runner.invoke(app, ["export-model", "llama-3.1-405b", str(tmp_path / "big")], terminal_width=300)
+    assert big.exit_code == 2 and "error: PRESET: llama-3.1-405b has 1,623.4 GB of float32 weights" in big.output
+    assert not (tmp_path / "big").exists()
+    import shutil
+
+    full = shutil._ntuple_diskusage(total=10**9, used=10**9, free=1000)  # type: ignore[attr-defined]
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: full)
+    for args, field in ((["tiny", str(tmp_path / "hf")], "DIR"),
+                        (["tiny", str(tmp_path / "m.gguf"), "--format", "gguf"], "OUT")):
+        r = runner.invoke(app, ["export-model", *args], terminal_width=300)
+        assert r.exit_code == 2 and f"error: {field}: tiny's 607.5 kB of float32 weights do not fit the 1.0 kB" \
+            in r.output, r.output
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "m.gguf").exists()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.undo()
+    r = runner.invoke(app, ["export-model", "tiny", str(blocker / "hf")], terminal_width=300)
+    assert r.exit_code == 2 and "error: DIR: cannot create" in r.output and "Traceback" not in r.output
