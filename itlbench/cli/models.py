@@ -81,7 +81,7 @@ def calibrate(
             raise ConfigError("--holdout", f"must be between 0 and 1, got {holdout}")
         if tp < 1:
             raise ConfigError("--tp", f"must be >= 1, got {tp}")
-        result = fit(run_dirs, base=load_hardware(base) if base else None, holdout=holdout, seed=seed, name=name,
+        result = fit(run_dirs, base=load_hardware(base, "--base") if base else None, holdout=holdout, seed=seed, name=name,
                      tp=tp)
         out.parent.mkdir(parents=True, exist_ok=True)
         result.profile.save(out)
@@ -144,7 +144,7 @@ def roofline(
             raise ConfigError("--tp", f"must be >= 1, got {tp}")
         hw = load_hardware(gpu).for_dtype(dtype)
         others = [] if compare.strip().lower() == "none" else [
-            _for_dtype(load_hardware(g), dtype) for g in compare.split(",") if g.strip()]
+            _for_dtype(load_hardware(g, "--compare"), dtype) for g in compare.split(",") if g.strip()]
         ctx = _token_list(context, "--context")
         if len(ctx) != 1:
             raise ConfigError("--context", f"takes one length, got {context!r}", "e.g. --context 2k")

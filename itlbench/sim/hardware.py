@@ -328,7 +328,7 @@ def measure_cpu(seconds: float = 1.0) -> Hardware:
                     source="measured: best fp32 matmul rate (n = 512, 1024) and best read bandwidth (512 MiB sum)")
 
 
-def load_hardware(spec: str) -> Hardware:
+def load_hardware(spec: str, flag: str = "--gpu") -> Hardware:
     """A preset name (h100, h200, a100, a100-pcie, l40s, rtx4090, b200), its `-seeds` profile (the source
     documents' 40 %/80 % arithmetic), its `-2025` profile (today's 16-bit GEMM kernels, where NVIDIA's tables cover
     the GPU), 'cpu' (measured now), or a profile JSON path."""
@@ -347,10 +347,10 @@ def load_hardware(spec: str) -> Hardware:
         try:
             raw = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
-            raise ConfigError("--gpu", f"{path} is not valid JSON: {exc}") from None
+            raise ConfigError(flag, f"{path} is not valid JSON: {exc}") from None
         if not isinstance(raw, dict):
-            raise ConfigError("--gpu", f"{path} does not hold a JSON object")
+            raise ConfigError(flag, f"{path} does not hold a JSON object")
         return Hardware.from_dict(raw, str(path))
-    raise ConfigError("--gpu", f"unknown GPU or profile {spec!r}",
+    raise ConfigError(flag, f"unknown GPU or profile {spec!r}",
                       f"use one of {', '.join(GPU_CHOICES)}, a preset with -seeds (e.g. h100-seeds) or -2025 (one "
                       f"of {', '.join(KERNELS)}), or a profile written by `itlbench calibrate`")

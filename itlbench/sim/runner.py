@@ -150,13 +150,13 @@ def check_sim_config(config: EngineConfig) -> None:
     """Refuse, before any server starts, what a simulated engine would refuse at start-up."""
     model = load_model_config(config.model)
     max_len = config.max_model_len or model.max_position_embeddings
-    gpus = [config.gpu or DEFAULT_GPU]
+    gpus = [("--gpu", config.gpu or DEFAULT_GPU)]
     if config.disaggregate and config.prefill_gpu:
-        gpus.append(config.prefill_gpu)
-    for gpu in gpus:
+        gpus.append(("--prefill-gpu", config.prefill_gpu))
+    for flag, gpu in gpus:
         if gpu.strip().lower() == "cpu":
             continue  # measured at start-up; its memory is the machine's
-        hw = sim_hardware(config, gpu)
+        hw = load_hardware(gpu, flag).for_dtype(config.dtype)
         sim_kv_blocks(config, sim_cost_model(config, model, hw), hw, max_len)
 
 

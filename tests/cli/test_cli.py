@@ -47,6 +47,7 @@ def test_workloads_lists_the_catalog_as_table_and_json():
     (["--endpoint", "not-a-url", "--model", "m"], "--endpoint"),
     (["--endpoint", "http://127.0.0.1:9/v1"], "--endpoint"),  # nothing listens: --model is then not the problem
     (["--workload", "trace"], "--trace"),
+    (["--engine", "sim", "--model", "llama-3.1-8b", "--disaggregate", "--prefill-gpu", "zz"], "--prefill-gpu"),
 ])
 def test_bad_run_flags_exit_2_naming_the_flag_and_leave_nothing(tmp_path, args, flag):
     out = tmp_path / "run"
@@ -154,3 +155,10 @@ def test_an_out_directory_that_cannot_be_made_is_a_one_line_error(tmp_path: Path
     assert result.exit_code == 2, result.output
     assert f"error: --out: cannot create {blocker / 'run'}" in _flat(result.output)
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("args", "flag"), [(["roofline", "--compare", "h100,zz"], "--compare"),
+                                          (["calibrate", "reports/none", "--base", "zz"], "--base")])
+def test_a_profile_named_by_another_flag_is_an_error_naming_that_flag(args: list[str], flag: str):
+    result = runner.invoke(app, args, terminal_width=400)
+    assert result.exit_code == 2 and f"error: {flag}: unknown GPU or profile 'zz'" in result.output, result.output
