@@ -83,8 +83,12 @@ def calibrate(
             raise ConfigError("--tp", f"must be >= 1, got {tp}")
         result = fit(run_dirs, base=load_hardware(base, "--base") if base else None, holdout=holdout, seed=seed, name=name,
                      tp=tp)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        result.profile.save(out)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            result.profile.save(out)
+        except OSError as exc:
+            raise ConfigError("--out", f"cannot write {out}: {exc.strerror or exc}", "name a file this user can "
+                              "write") from None
     except ItlbenchError as exc:
         fail(exc)
         return

@@ -71,6 +71,9 @@ def test_calibrate_command_writes_a_profile_the_sim_can_use(tmp_path: Path) -> N
     table = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["calibrate", str(run), "--out", str(profile), "--base", "h100"])
     assert table.exit_code == 0 and "…" not in table.output, table.output  # piped: the table stays whole
     assert f"{doc['held_out']['all']['mape']:.1%}" in table.output
+    (tmp_path / "a-file").write_text("")
+    unwritable = CliRunner().invoke(app, ["calibrate", str(run), "--out", str(tmp_path / "a-file" / "p.json")])
+    assert unwritable.exit_code == 2 and "error: --out: cannot write" in unwritable.output, unwritable.output
     # the profile drives the simulator like any GPU preset
     sim = offline_engine(EngineConfig(model="tiny", engine="sim", gpu=str(profile), kv_blocks=512,
                                       max_model_len=2048))
