@@ -36,6 +36,7 @@ from itlbench.experiments.served import (
     substitute,
 )
 from itlbench.experiments.sweep import default_sweep_dir, stopped_early, terminate_as_interrupt
+from itlbench.rundir.outdir import make_dir
 from itlbench.telemetry.span_capture import SpanCapture, capture, save_and_warn
 from itlbench.units import parse_duration_s
 
@@ -80,7 +81,7 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
         target = out or default_sweep_dir(run_args, kind="capacity")
         if target.exists() and any(target.iterdir()):
             raise ConfigError("--out", f"{target} already holds files", "choose a new directory")
-        target.mkdir(parents=True, exist_ok=True)
+        make_dir(target)
         extra = [*run_args, *(["--slo", slo] if slo else []), *(["--model", model] if model else [])]
         counts: dict[float, int] = {}
         with terminate_as_interrupt() as arm, capture(receive_otlp, say) as spans, \

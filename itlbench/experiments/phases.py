@@ -41,6 +41,7 @@ from itlbench.load.clients.sse import StreamClient
 from itlbench.load.observers.steps_follower import StepsFollower
 from itlbench.report.document import Written, write_document
 from itlbench.report.style import fmt_tokens
+from itlbench.rundir.outdir import make_dir
 from itlbench.units import parse_tokens
 from itlbench.workloads.plan import RequestPlan
 from itlbench.workloads.prompts import PromptBuilder
@@ -263,6 +264,9 @@ def _out_dir(cfg: PhasesConfig) -> Path:
     out = cfg.out or Path("reports") / (dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S") + "-phases")
     if out.exists() and any(out.iterdir()):
         raise ConfigError("--out", f"{out} already holds files", "choose a new directory")
+    if not out.exists():  # can it be made? (made for real once there is something to write)
+        make_dir(out)
+        out.rmdir()
     return out
 
 

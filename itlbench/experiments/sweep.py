@@ -32,6 +32,7 @@ from itlbench.experiments.served import (
     tail,
 )
 from itlbench.report.data import read_json
+from itlbench.rundir.outdir import make_dir
 from itlbench.telemetry.span_capture import SpanCapture, save_and_warn
 
 OWNED_FLAGS = ("--chunk-budget", "--policy", "--out", "--max-num-seqs")
@@ -269,7 +270,7 @@ def _remove_if_empty(path: Path) -> None:
 
 
 def _write_manifest(plan: SweepPlan, result: SweepResult, out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(out_dir)
     doc = {"axes": {a.name: list(a.values) for a in plan.axes}, "repeat": plan.repeat, "serve": plan.serve,
            "interrupted": result.interrupted, "points": [p.as_dict(out_dir) for p in result.points]}
     (out_dir / "sweep.json").write_text(json.dumps(doc, indent=2) + "\n")

@@ -53,7 +53,8 @@ def export_gguf(preset: str, out: Path, seed: int = 0, force: bool = False) -> E
         raise ConfigError("OUT", f"{out} is a directory", "name the .gguf file to write")
     if out.exists() and not force:
         raise ConfigError("OUT", f"{out} exists", "choose a new file or pass --force")
-    from itlbench.export.hf import CHAT_TEMPLATE, _dummy_weights, check_room, make_dir
+    from itlbench.export.hf import CHAT_TEMPLATE, _dummy_weights, check_room
+    from itlbench.rundir.outdir import make_dir
 
     check_room(preset, cfg, out.parent, "OUT")
     make_dir(out.parent, "OUT")

@@ -19,6 +19,7 @@ from itlbench.core.hf_config import hf_config_dict
 from itlbench.core.model_config import ModelConfig
 from itlbench.core.presets import PRESETS
 from itlbench.errors import ConfigError
+from itlbench.rundir.outdir import make_dir
 
 # A plain template so chat endpoints work: "role: content" lines, then the assistant's turn.
 CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
@@ -79,14 +80,6 @@ def _size(n: float) -> str:
         if n >= unit:
             return f"{n / unit:,.1f} {name}"
     return f"{n:,.0f} B"
-
-
-def make_dir(path: Path, field: str) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(field, f"cannot create {path}: {exc.strerror or exc}",
-                          "name a place this user can write") from None
 
 
 def _dummy_weights(cfg: ModelConfig, seed: int) -> dict[str, Any]:

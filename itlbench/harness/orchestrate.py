@@ -36,6 +36,7 @@ from itlbench.load.observers.gpu_sampler import GpuSampler, nvml_index, why_not_
 from itlbench.load.observers.metrics_sampler import MetricsSampler
 from itlbench.load.observers.steps_follower import StepsFollower
 from itlbench.load.target import Target
+from itlbench.rundir.outdir import make_dir
 from itlbench.rundir.store import RunStore
 from itlbench.workloads.build import LoadSpec, build_load_plan
 from itlbench.workloads.catalog import get_workload
@@ -194,11 +195,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError("--out", f"{run_dir} already holds a run", "choose a new directory")
     created = not run_dir.exists()  # a directory the user made stays, emptied, if nothing is measured
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError("--out", f"cannot create {run_dir}: {exc.strerror or exc}",
-                          "name a directory this user can write") from None
+    make_dir(run_dir)
     if cfg.virtual_clock:  # the simulator in-process on a discrete-event clock: no server, no sleeping
         from itlbench.harness.virtual_run import run_virtual
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from itlbench.report.figure_spec import FigureSpec
 from itlbench.report.style import save_png
+from itlbench.rundir.outdir import make_dir
 
 
 @dataclass
@@ -137,7 +138,7 @@ def _md_table(t: Table) -> str:
 
 def write_document(doc: Document, out_dir: Path, stem: str = "report") -> Written:
     """report.html (figures inline) and report.md (+ figures/<key>.png) in `out_dir`."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(out_dir)
     fig_dir = out_dir / "figures"
     fig_dir.mkdir(exist_ok=True)
     pngs: dict[str, bytes] = {}

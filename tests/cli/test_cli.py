@@ -162,3 +162,20 @@ def test_an_out_directory_that_cannot_be_made_is_a_one_line_error(tmp_path: Path
 def test_a_profile_named_by_another_flag_is_an_error_naming_that_flag(args: list[str], flag: str):
     result = runner.invoke(app, args, terminal_width=400)
     assert result.exit_code == 2 and f"error: {flag}: unknown GPU or profile 'zz'" in result.output, result.output
+
+
+@pytest.mark.parametrize("command", [["compare", "RUN"], ["phases", "--lengths", "1"],
+                                     ["capacity", "--engine", "sim", "--model", "llama-3.1-8b"],
+                                     ["sweep", "--chunk-budget", "512", "--engine", "sim", "--model", "llama-3.1-8b"]])
+def test_every_out_that_cannot_be_made_is_a_one_line_error(tmp_path: Path, command: list[str]):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    if command[1] == "RUN":  # compare needs a run to read first
+        run = tmp_path / "run"
+        made = runner.invoke(app, ["run", "--engine", "sim", "--model", "llama-3.1-8b", "--duration", "3s",
+                                   "--no-report", "--no-live", "--out", str(run)])
+        assert made.exit_code == 0, made.output
+        command = [command[0], str(run)]
+    result = runner.invoke(app, [*command, "--out", str(blocker / "out")], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert "error: --out: cannot create" in _flat(result.output) and "Traceback" not in result.output
