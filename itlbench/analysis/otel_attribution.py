@@ -39,6 +39,7 @@ from itlbench.analysis.stalls import StallParams, analyze_stalls, stall_summary
 from itlbench.analysis.stats import json_safe
 from itlbench.analysis.wall_clock import WallClockMap
 from itlbench.analysis.window import RunWindow, select_window
+from itlbench.errors import ConfigError
 
 SOURCE = "vllm_otel"
 SPANS_FILE = "otel_spans.jsonl"
@@ -63,7 +64,20 @@ def write_spans(path: Path, spans: Iterable[Mapping[str, Any]]) -> int:
 
 
 def read_spans(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The spans `write_spans` wrote; a line that is not a JSON object is a ConfigError naming it."""
+    spans = []
+    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            span = json.loads(line)
+        except json.JSONDecodeError as exc:
+            span = exc
+        if not isinstance(span, dict):
+            raise ConfigError("--spans", f"{path} line {n} is not a JSON object",
+                              "pass the spans file an OTLP receiver wrote (one JSON object a line)")
+        spans.append(span)
+    return spans
 
 
 def run_bounds(run_dir: str | Path, margin_s: float = 1.0) -> tuple[int, int]:

@@ -125,6 +125,11 @@ def test_analyze_attribution_otel_writes_summary_otel(tmp_path: Path) -> None:
     missing = CliRunner().invoke(app, ["analyze", str(build_run(tmp_path / "bare", external=True)),
                                        "--attribution", "otel"])
     assert missing.exit_code == 2 and SPANS_FILE in missing.output
+    torn = run_dir / "torn.jsonl"  # a file cut mid-line, or not spans at all
+    torn.write_text((run_dir / SPANS_FILE).read_text()[:-40] + "\n")
+    broken = CliRunner().invoke(app, ["analyze", str(run_dir), "--attribution", "otel", "--spans", str(torn)],
+                                terminal_width=300)
+    assert broken.exit_code == 2 and f"error: --spans: {torn} line 6 is not a JSON object" in broken.output
 
 
 def test_a_runs_spans_leave_out_those_before_it_started(tmp_path: Path) -> None:
