@@ -28,7 +28,7 @@ def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory writte
                      "client-only attribution's events, into server-log.json.")] = None) -> None:
     """Recompute summary.json from a run directory's records (e.g. after an interrupted run)."""
     from itlbench.analysis.summary import analyze_run
-    from itlbench.report.terminal import engine_warnings, print_summary
+    from itlbench.report.terminal import cut_short, engine_warnings, print_summary
 
     if not (run_dir / "run.json").is_file():
         fail(ItlbenchError(f"{run_dir} has no run.json: not a run directory"))
@@ -48,7 +48,8 @@ def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory writte
         print_summary(console, summary, run_dir)
     write_report(run_dir)
     if as_json:
-        print_json({"run_dir": str(run_dir), "summary": summary, "warnings": engine_warnings(run_dir)})
+        print_json({"run_dir": str(run_dir), "summary": summary, "warnings": engine_warnings(run_dir),
+                    "cut_short": cut_short(summary, run_dir)})
     else:
         print(run_dir)
 

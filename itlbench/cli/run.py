@@ -100,7 +100,7 @@ def run(
     """Drive a workload (and injected long prompts) against the bundled engine or --endpoint."""
     from itlbench.harness.run_config import RunConfig, parse_extra_body
     from itlbench.load.clients.limits import Limits
-    from itlbench.report.terminal import LiveProgress, engine_warnings, print_summary
+    from itlbench.report.terminal import LiveProgress, cut_short, engine_warnings, print_summary
 
     try:
         engine = engine_config_from_flags(engine_flags, model=None if endpoint else model)
@@ -143,7 +143,8 @@ def run(
     if report:
         write_report(run_dir)
     if as_json:
-        print_json({"run_dir": str(run_dir), "summary": summary, "warnings": engine_warnings(run_dir)})
+        print_json({"run_dir": str(run_dir), "summary": summary, "warnings": engine_warnings(run_dir),
+                    "cut_short": cut_short(summary, run_dir)})
     else:
         print(run_dir)
     if (code := ended_early_code(run_dir)) != 0:

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from itlbench.analysis.crosscheck import engine_check_line
 from itlbench.analysis.gpu import gpu_line
 from itlbench.load.progress import ProgressSnapshot
-from itlbench.report.data import run_cut_short
+from itlbench.report.data import read_json, run_cut_short
 from itlbench.report.engines import serving_warnings
 from itlbench.report.tables import TextTable, print_table
 
@@ -178,14 +178,15 @@ def engine_warnings(run_dir: Path) -> list[str]:
         return []
 
 
+def cut_short(summary: dict[str, Any], run_dir: Path) -> list[str]:
+    """Why the run ended early (aborted, interrupted, the server died); empty when it ran its course."""
+    doc = read_json(run_dir / "run.json")
+    return [] if doc is None else run_cut_short(doc, float((summary.get("window") or {}).get("seconds") or 0.0))
+
+
 def _print_cut_short(console: Console, summary: dict[str, Any], run_dir: Path) -> None:
-    """Why the run ended early (aborted, interrupted, the server died), before figures it leaves thin or empty."""
-    try:
-        doc = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
-        return
-    reasons = run_cut_short(doc, float((summary.get("window") or {}).get("seconds") or 0.0))
-    if reasons:
+    """`cut_short`, before the figures it leaves thin or empty."""
+    if reasons := cut_short(summary, run_dir):
         console.print(f"[bold red]Cut short[/]: {escape('; '.join(reasons))} (every record it collected is in "
                       f"{escape(str(run_dir))}/requests)", highlight=False)
 

@@ -145,6 +145,9 @@ def test_a_run_aborted_in_its_warmup_says_why_keeps_its_records_and_exits_1(tmp_
     failed = pl.read_parquet(out / "requests").filter(pl.col("status") == "error").height
     assert failed >= 50 and f"{failed} of them failed" in text
     assert json.loads((out / "summary.json").read_text())["requests"]["outside_window_failed"] == failed
+    as_json = runner.invoke(app, ["run", "--engine", "sim", "--model", "llama-3.1-8b", "--kv-blocks", "1",
+                                  "--duration", "5s", "--no-live", "--no-report", "--json", "--out", str(tmp_path / "j")])
+    assert as_json.exit_code == 1 and json.loads(as_json.stdout)["cut_short"][0].startswith("it was aborted: 50 ")
 
 
 def test_an_out_directory_that_cannot_be_made_is_a_one_line_error(tmp_path: Path):
