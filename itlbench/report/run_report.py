@@ -99,26 +99,14 @@ def callouts(data: RunData) -> list[Callout]:
     if data.cut_short:
         out.append(Callout("bad", "This run was cut short: " + "; ".join(data.cut_short)
                            + ". Everything below covers only what it recorded."))
-    out.append(Callout("info", headline(data)))
     s = data.summary
-    validity = s.get("validity") or {}
-    if s.get("valid") is False:
-        standing = validity.get("standing") or []
-        outside = validity.get("disturbances") or []
-        client = [r for r in validity.get("reasons") or [] if r not in outside]
-        said = ([f"the client may have been the bottleneck: {'; '.join(client)}"] if client else []) + \
-            ([f"the path to the engine was disturbed: {'; '.join(outside)}"] if outside else [])
-        out.append(Callout("bad", "INVALID run: " + "; and ".join(said) + "."
-                           + (f" Figures that still stand: {', '.join(standing)}." if standing else "")))
-    elif (s.get("clock") or {}).get("kind") == "virtual":
-        out.append(Callout("info", "Simulated time (virtual clock): every figure is the simulated engine's, with no "
-                                   "client, network or server in it; the client-side checks (send lag, event-loop "
-                                   "lag, client CPU) do not apply."))
-    else:
-        f = validity.get("figures") or {}
-        out.append(Callout("ok", f"Valid run: the client kept up ({_send_lag(f)}, event-loop lag p99 "
-                           f"{fmt_s(f.get('loop_lag_p99_s'))}, "
-                           f"client CPU mean {f.get('cpu_mean_percent') or 0:.0f} % of a core)."))
+    req = s.get("requests") or {}
+    if req.get("total"):
+        out += [Callout("info", headline(data)), _verdict(s)]
+    else:  # no headline and no verdict on figures that are not there
+        warmup = (f" ({req['outside_window']:,} were sent in the warm-up, {req.get('outside_window_failed', 0):,} "
+                  f"of them failed)" if req.get("outside_window") else "")
+        out.append(Callout("bad", f"Nothing was measured: no request fell in the measured window{warmup}."))
     if isinstance(s.get("sim_check"), dict):
         from itlbench.sim.accuracy import check_is_loose, check_line  # simulated runs only
 
@@ -132,6 +120,27 @@ def callouts(data: RunData) -> list[Callout]:
         out.append(Callout("info", f"External engine: {data.engine.name} (identified by "
                                    f"{data.engine.detected_from}); server-side figures from {data.engine.source}."))
     return out
+
+
+def _verdict(s: dict[str, Any]) -> Callout:
+    """Whether the client kept up (or what bent the figures); on a virtual clock, that no client was there."""
+    validity = s.get("validity") or {}
+    if s.get("valid") is False:
+        standing = validity.get("standing") or []
+        outside = validity.get("disturbances") or []
+        client = [r for r in validity.get("reasons") or [] if r not in outside]
+        said = ([f"the client may have been the bottleneck: {'; '.join(client)}"] if client else []) + \
+            ([f"the path to the engine was disturbed: {'; '.join(outside)}"] if outside else [])
+        return Callout("bad", "INVALID run: " + "; and ".join(said) + "."
+                       + (f" Figures that still stand: {', '.join(standing)}." if standing else ""))
+    if (s.get("clock") or {}).get("kind") == "virtual":
+        return Callout("info", "Simulated time (virtual clock): every figure is the simulated engine's, with no "
+                               "client, network or server in it; the client-side checks (send lag, event-loop "
+                               "lag, client CPU) do not apply.")
+    f = validity.get("figures") or {}
+    return Callout("ok", f"Valid run: the client kept up ({_send_lag(f)}, event-loop lag p99 "
+                         f"{fmt_s(f.get('loop_lag_p99_s'))}, "
+                         f"client CPU mean {f.get('cpu_mean_percent') or 0:.0f} % of a core).")
 
 
 def _num(v: Any, fmt: str = "{:,.2f}") -> str:

@@ -145,6 +145,11 @@ def test_a_run_aborted_in_its_warmup_says_why_keeps_its_records_and_exits_1(tmp_
     failed = pl.read_parquet(out / "requests").filter(pl.col("status") == "error").height
     assert failed >= 50 and f"{failed} of them failed" in text
     assert json.loads((out / "summary.json").read_text())["requests"]["outside_window_failed"] == failed
+    drawn = runner.invoke(app, ["report", str(out)], terminal_width=400)
+    html = (out / "report.html").read_text()
+    assert drawn.exit_code == 0 and "This run was cut short: it was aborted" in html
+    assert f"Nothing was measured: no request fell in the measured window ({failed:,} were sent in the warm-up" in html
+    assert "Valid run" not in html and "No stream stalled" not in html  # no verdict on figures that are not there
     as_json = runner.invoke(app, ["run", "--engine", "sim", "--model", "llama-3.1-8b", "--kv-blocks", "1",
                                   "--duration", "5s", "--no-live", "--no-report", "--json", "--out", str(tmp_path / "j")])
     assert as_json.exit_code == 1 and json.loads(as_json.stdout)["cut_short"][0].startswith("it was aborted: 50 ")
