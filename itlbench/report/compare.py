@@ -114,8 +114,14 @@ def make_rows(runs: list[RunData]) -> list[Row]:
         rows.append(Row(run, label, itl.get("max"), itl.get("p50"), itl.get("p99"), itl.get("p999"),
                         _or_max(inj, "p50"), _or_max(every, "p99"), (s.get("throughput") or {}).get("output_tokens_per_s"),
                         int(stalls.get("count") or 0), stalls.get("stalled_s"),
-                        (s.get("goodput") or {}).get("requests_per_s"), s.get("valid"), group))
+                        (s.get("goodput") or {}).get("requests_per_s"), s.get("valid") if measured(run) else None,
+                        group))
     return rows
+
+
+def measured(run: RunData) -> bool:
+    """Whether any request fell in the run's measured window (a run aborted in its warm-up has none)."""
+    return bool((run.summary.get("requests") or {}).get("total"))
 
 
 def comparison_table(rows: list[Row]) -> Table:
@@ -181,7 +187,7 @@ def verdict(rows: list[Row], slos: SloSet) -> list[str]:
     """Plain sentences: who meets every SLO, what the others miss, and what the smoothest setting costs."""
     lines = []
     meets, misses = [], []
-    for r in rows:
+    for r in (r for r in rows if measured(r.run)):
         failed = [c for c in slo_checks(r.run, slos) if not c.ok]
         (misses if failed else meets).append((r, failed))
     spec = slos.spec or "the default SLOs"
@@ -227,6 +233,8 @@ def verdict(rows: list[Row], slos: SloSet) -> list[str]:
     cut = [r.label for r in rows if r.run.cut_short]
     if cut:
         lines.append("Cut short: " + ", ".join(cut) + ".")
+    if empty := [r.label for r in rows if not measured(r.run)]:
+        lines.append("Measured nothing (no request fell in its window; its report says why): " + ", ".join(empty) + ".")
     return lines + _sim_checks(rows)
 
 

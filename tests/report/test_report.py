@@ -266,3 +266,17 @@ def test_a_log_axis_of_seconds_labels_its_minor_ticks_as_durations_within_a_deca
     assert not any("10^" in t or "$" in t for t in major + minor)
     _, minor = labels(0.001, 10.0)  # four decades: the decades alone are labelled
     assert minor == []
+
+
+def test_compare_sets_apart_a_run_that_measured_nothing(tmp_path: Path) -> None:
+    """A run aborted in its warm-up (every prompt refused) has no figures: it is neither valid nor judged
+    against the SLOs (where an empty ITL once read as a miss); the verdict says it measured nothing."""
+    sim = ["run", "--engine", "sim", "--model", "llama-3.1-8b", "--duration", "5s", "--no-live", "--no-report"]
+    assert runner.invoke(app, [*sim, "--out", str(tmp_path / "ok")]).exit_code == 0
+    assert runner.invoke(app, [*sim, "--kv-blocks", "1", "--out", str(tmp_path / "none")]).exit_code == 1
+    rows = make_rows(load_runs([tmp_path / "ok", tmp_path / "none"]))
+    assert [r.valid for r in rows] == [True, None]
+    lines = verdict(rows, parse_slo(None))
+    assert not any("(none) misses" in line for line in lines)
+    assert any(line.startswith("Meets every SLO") and "(ok)" in line for line in lines)
+    assert "Measured nothing (no request fell in its window; its report says why): budget 2048 (none)." in lines
