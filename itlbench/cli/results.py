@@ -151,6 +151,10 @@ def compare(
     for d in run_dirs:
         if not (d / "run.json").is_file():
             fail(ConfigError("DIR", f"{d} has no run.json", "pass directories written by `itlbench run`"))
+    seen: dict[Path, Path] = {}
+    for d in run_dirs:  # two rows of one run would read as two settings that agree
+        if (first := seen.setdefault(d.resolve(), d)) is not d:
+            fail(ConfigError("DIR", f"the run {first} is given twice", "name each run once"))
     target = out or Path("reports") / (dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S") + "-compare")
     try:
         command = shlex.join(["itlbench", "compare", *map(str, run_dirs), *(["--slo", slo] if slo else []),

@@ -6,11 +6,11 @@ Torch-free on purpose. Every field is also a command-line flag of the same name 
 from __future__ import annotations
 
 import json
-import types
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, get_type_hints
 
+from itlbench.core.json_fields import fits, type_name
 from itlbench.core.presets import CPU_DEFAULT_PRESET
 from itlbench.errors import ConfigError
 from itlbench.units import parse_tokens
@@ -183,35 +183,7 @@ class EngineConfig:
                               f"known: {', '.join(sorted(known))}")
         hints = get_type_hints(cls)
         for name, value in raw.items():
-            if not _fits(value, hints[name]):
+            if not fits(value, hints[name]):
                 raise ConfigError("--engine-config", f"field {name} is {json.dumps(value)}",
-                                  f"give {_type_name(hints[name])}")
+                                  f"give {type_name(hints[name])}")
         return cls(**raw)
-
-
-def _fits(value: object, hint: Any) -> bool:
-    """Whether a JSON value can stand for a field of this type (JSON's numbers: an int where a float goes)."""
-    origin = get_origin(hint)
-    if origin in (Union, types.UnionType):
-        return any(_fits(value, arg) for arg in get_args(hint))
-    if origin is Literal:
-        return value in get_args(hint)
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint in (int, float):
-        return isinstance(value, int if hint is int else int | float) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
-    return True
-
-
-def _type_name(hint: Any) -> str:
-    origin = get_origin(hint)
-    if origin in (Union, types.UnionType):
-        return " or ".join(_type_name(arg) for arg in get_args(hint))
-    if origin is Literal:
-        return " or ".join(json.dumps(arg) for arg in get_args(hint))
-    names = {type(None): "null", bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-    return names.get(hint, getattr(hint, "__name__", str(hint)))

@@ -350,7 +350,7 @@ def load_hardware(spec: str, flag: str = "--gpu") -> Hardware:
             raise ConfigError(flag, f"{path} is not valid JSON: {exc}") from None
         if not isinstance(raw, dict):
             raise ConfigError(flag, f"{path} does not hold a JSON object")
-        return Hardware.from_dict(raw, str(path))
+        return Hardware.from_dict(raw, str(path), flag)
     raise ConfigError(flag, f"unknown GPU or profile {spec!r}",
                       f"use one of {', '.join(GPU_CHOICES)}, a preset with -seeds (e.g. h100-seeds) or -2025 (one "
                       f"of {', '.join(KERNELS)}), or a profile written by `itlbench calibrate`")

@@ -23,9 +23,10 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_type_hints
 
 from itlbench.core.engine_config import KV_CACHE_DTYPES
+from itlbench.core.json_fields import fits, type_name
 from itlbench.errors import ConfigError
 
 Counting = Literal["textbook", "executed"]
@@ -238,15 +239,20 @@ class Hardware:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, raw: dict[str, object], origin: str = "profile") -> Hardware:
+    def from_dict(cls, raw: dict[str, object], origin: str = "profile", flag: str = "--gpu") -> Hardware:
+        """A profile as `save` writes it; `flag` is the option that named the file, for the error."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise ConfigError("--gpu", f"{origin} has unknown keys {', '.join(unknown)}",
+            raise ConfigError(flag, f"{origin} has unknown keys {', '.join(unknown)}",
                               f"a hardware profile holds {', '.join(sorted(known))}")
         missing = [k for k in ("name", "peak_flops", "mem_bw", "memory_bytes") if k not in raw]
         if missing:
-            raise ConfigError("--gpu", f"{origin} lacks {', '.join(missing)}")
+            raise ConfigError(flag, f"{origin} lacks {', '.join(missing)}")
+        hints = get_type_hints(cls)
+        for name, value in raw.items():
+            if not fits(value, hints[name]):
+                raise ConfigError(flag, f"{origin}: {name} is {json.dumps(value)}", f"give {type_name(hints[name])}")
         raw = dict(raw)
         raw.setdefault("label", raw["name"])
         return cls(**raw)  # type: ignore[arg-type]

@@ -268,6 +268,14 @@ def test_a_log_axis_of_seconds_labels_its_minor_ticks_as_durations_within_a_deca
     assert minor == []
 
 
+def test_compare_refuses_one_run_given_twice(tmp_path: Path) -> None:
+    run = build_run(tmp_path / "a")
+    twice = runner.invoke(app, ["compare", str(run), str(tmp_path / "." / "a"), "--out", str(tmp_path / "c")],
+                          terminal_width=300)
+    assert twice.exit_code == 2 and f"error: DIR: the run {run} is given twice" in twice.output, twice.output
+    assert not (tmp_path / "c").exists()
+
+
 def test_compare_sets_apart_a_run_that_measured_nothing(tmp_path: Path) -> None:
     """A run aborted in its warm-up (every prompt refused) has no figures: it is neither valid nor judged
     against the SLOs (where an empty ITL once read as a miss); the verdict says it measured nothing."""

@@ -153,6 +153,10 @@ def test_hardware_profiles_round_trip_and_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown keys speed") as err:
         load_hardware(str(path))
     assert err.value.field == "--gpu"
+    path.write_text(json.dumps({"name": "x", "peak_flops": "fast", "mem_bw": 1e11, "memory_bytes": 1e9}))
+    with pytest.raises(ConfigError, match='peak_flops is "fast"') as err:  # not a TypeError in the first step
+        load_hardware(str(path), "--base")
+    assert err.value.field == "--base" and err.value.fix == "give a number"
     path.write_text("{not json")
     with pytest.raises(ConfigError, match="not valid JSON"):
         load_hardware(str(path))
