@@ -74,10 +74,9 @@ def ended_early_code(run_dir: object) -> int:
     interrupted, else 0. Its records and summary are kept either way."""
     from pathlib import Path
 
-    try:
-        doc = json.loads((Path(str(run_dir)) / "run.json").read_text())
-    except (OSError, ValueError):
-        return 0
+    from itlbench.report.data import read_json
+
+    doc = read_json(Path(str(run_dir)) / "run.json") or {}
     if doc.get("interrupted"):
         return 130
     return EXIT_ENDED_EARLY if doc.get("aborted_reason") or doc.get("server_exit_code") is not None else 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -172,10 +171,8 @@ def _print_reasoning(console: Console, r: dict[str, Any] | None) -> None:
 
 def engine_warnings(run_dir: Path) -> list[str]:
     """The engine's warnings in the run directory's run.json (none when it cannot be read)."""
-    try:
-        return serving_warnings(json.loads((run_dir / "run.json").read_text()))
-    except (OSError, ValueError):
-        return []
+    doc = read_json(run_dir / "run.json")
+    return [] if doc is None else serving_warnings(doc)
 
 
 def cut_short(summary: dict[str, Any], run_dir: Path) -> list[str]:
