@@ -92,7 +92,7 @@ figure{margin:14px 0 22px 0}figure img{max-width:100%;height:auto;border:1px sol
 figcaption{color:#444;font-size:0.92em;margin-top:4px}.note{color:#666;font-style:italic}
 table{border-collapse:collapse;margin:8px 0 14px 0;font-size:0.92em}
 th,td{border-bottom:1px solid #e3e3e3;padding:4px 10px;text-align:left;vertical-align:top}
-th{background:#f6f6f6}td.n{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f6f6f6}td.n{text-align:right;font-variant-numeric:tabular-nums}td.k{white-space:nowrap}
 caption{caption-side:top;text-align:left;color:#555;padding-bottom:4px}
 pre{background:#f6f6f6;padding:10px;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
 pre.command{font-size:0.85em;margin:4px 0 10px 0;padding:6px 10px}
@@ -110,12 +110,20 @@ def is_number(cell: str) -> bool:
     return c == "—" or (c[:1].isdigit() and len(c.split()) <= 2)
 
 
+SHORT_LABEL = 24  # a row label this short never wraps (a wrapped label reads as two rows)
+
+
+def _cell_class(t: Table, column: int, cell: str) -> str:
+    if column >= t.align_right_from and is_number(cell):
+        return ' class="n"'
+    return ' class="k"' if column == 0 and len(cell) <= SHORT_LABEL else ""
+
+
 def _html_table(t: Table) -> str:
     head = "".join(f"<th>{_esc(h)}</th>" for h in t.headers)
     body = []
     for row in t.rows:
-        cells = "".join(f'<td class="n">{_esc(c)}</td>' if i >= t.align_right_from and is_number(c)
-                        else f"<td>{_esc(c)}</td>" for i, c in enumerate(row))
+        cells = "".join(f"<td{_cell_class(t, i, c)}>{_esc(c)}</td>" for i, c in enumerate(row))
         body.append(f"<tr>{cells}</tr>")
     cap = f"<caption>{_esc(t.caption)}</caption>" if t.caption else ""
     return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"

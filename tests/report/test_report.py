@@ -288,3 +288,16 @@ def test_compare_sets_apart_a_run_that_measured_nothing(tmp_path: Path) -> None:
     assert not any("(none) misses" in line for line in lines)
     assert any(line.startswith("Meets every SLO") and "(ok)" in line for line in lines)
     assert "Measured nothing (no request fell in its window; its report says why): budget 2048 (none)." in lines
+
+
+def test_a_short_row_label_does_not_wrap_in_the_html(tmp_path: Path) -> None:
+    """A label split over two lines reads as two rows; long cells in other columns may wrap."""
+    from itlbench.report.document import CSS, Document, Section, Table, write_document
+
+    table = Table(["", ""], [["requests (warm-up)", "x " * 200], ["a label far too long to keep on one line", "y"]])
+    written = write_document(Document("t", "", [], [Section("s").add(table)]), tmp_path)
+    html = written.html.read_text()
+    assert "td.k{white-space:nowrap}" in CSS
+    assert '<td class="k">requests (warm-up)</td>' in html
+    assert '<td>a label far too long to keep on one line</td>' in html
+    assert html.count('class="k"') == 1
