@@ -22,7 +22,7 @@ from pathlib import Path
 
 import polars as pl
 
-from itlbench.rundir.reader import conform, read_table
+from itlbench.rundir.reader import conform, read_table, table_parts
 from itlbench.rundir.schema import CHUNK_SCHEMA
 
 ROWS_PER_PARTITION = 1_000_000  # ~0.4 KB per row while a partition's gaps are computed: ~400 MB
@@ -31,7 +31,8 @@ SEED = 0x17B
 
 
 def chunk_parts(run_dir: str | Path) -> list[Path]:
-    return sorted(Path(run_dir, "chunks").glob("*.parquet"))
+    """The chunks' readable parts, a killed multi-process run's unmerged worker parts included."""
+    return table_parts(run_dir, "chunks")
 
 
 def chunk_rows(run_dir: str | Path) -> int:

@@ -36,6 +36,7 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
                     against the figure it distorts; `affected` names keys, `standing` the headline figures
                     that hold; `disturbances` the reasons from outside the client: cut connections, late
                     delivery of first tokens; analysis/disturbance.py)
+  unreadable_parts  part files whose parquet footer does not read (relative paths), left out of every figure
 Percentiles their samples cannot support (fewer than 1/(1−q): 2 for p50, 10 for p90, 100 for p99,
 1,000 for p99.9) are null beside their `count` (itlbench.analysis.stats).
   definitions.{ttft,itl,stall,split,prompt_buckets,goodput,validity,window,percentiles}
@@ -83,7 +84,7 @@ from itlbench.analysis.stats import json_safe
 from itlbench.analysis.validity import StampCounts, ValidityThresholds, check_validity
 from itlbench.analysis.window import RunWindow, select_window
 from itlbench.errors import ConfigError
-from itlbench.rundir import TABLES, read_run_doc, read_table
+from itlbench.rundir import TABLES, read_run_doc, read_table, unreadable_parts
 
 STATUSES = ("ok", "error", "timeout", "cancelled")
 
@@ -221,6 +222,7 @@ def summarize_dir(
     out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judged, slos, validity,
                     throughput(requests, None, window.seconds, c.out_tokens),
                     engine_check(requests, None, t["all_steps"], c.worst_gap), gpu_status)
+    out["unreadable_parts"] = unreadable_parts(run_dir)
     return json_safe(out), RunAnalysis(c, stalls, ttft_rows, judged)  # type: ignore[return-value]
 
 
@@ -304,10 +306,20 @@ def analyze_run(run_dir: str | Path) -> dict[str, object]:
     if not path.is_file():
         raise ConfigError("run_dir", f"{path} not found", "pass a directory written by `itlbench run`")
     meta = read_run_doc(run_dir)
+    summary, analysis = summarize_meta(run_dir, meta, _window_from(meta))
+    remember(run_dir, summary, analysis)
+    return summary
+
+
+def summarize_meta(run_dir: str | Path, meta: dict[str, object],
+                   window: RunWindow) -> tuple[dict[str, object], RunAnalysis]:
+    """`summarize_dir` as run.json asks (its SLOs, stall rule and why there are no GPU samples), with what
+    a simulated engine's summary says besides: the report of a run with no summary.json is drawn from this,
+    so it must say what `itlbench analyze` would."""
     slo = meta.get("slo")
     gpu_doc = meta.get("gpu_telemetry")
     gpu_status = gpu_doc.get("nvml") if isinstance(gpu_doc, dict) and isinstance(gpu_doc.get("nvml"), str) else None
-    summary, analysis = summarize_dir(run_dir, _window_from(meta), parse_slo(slo if isinstance(slo, str) else None),
+    summary, analysis = summarize_dir(run_dir, window, parse_slo(slo if isinstance(slo, str) else None),
                                       StallParams.from_meta(meta), gpu_status=gpu_status)
     if isinstance(meta.get("sim_check"), dict):  # a simulated engine: its preset's published error bar
         summary["sim_check"] = meta["sim_check"]
@@ -316,8 +328,7 @@ def analyze_run(run_dir: str | Path) -> dict[str, object]:
         validity = summary.get("validity")
         if isinstance(validity, dict):
             validity["client_checks"] = "not applicable: no client ran (virtual clock)"
-    remember(run_dir, summary, analysis)
-    return summary
+    return summary, analysis
 
 
 _LAST: dict[str, tuple[tuple[object, ...], dict[str, object], RunAnalysis]] = {}

@@ -20,8 +20,8 @@ def workloads(as_json: AsJson = False) -> None:
 
     keys = ("name", "mean_in", "mean_out", "in_out", "notes")
     rows = [dict(zip(keys, row, strict=True)) for row in catalog_table()]
-    if as_json:
-        print_json(rows)
+    if as_json:  # numbers as numbers ("from trace" as null)
+        print_json([r | {k: int(r[k]) if str(r[k]).isdigit() else None for k in ("mean_in", "mean_out")} for r in rows])
         return
     print_catalog(stdout_console(), rows)
 
@@ -32,11 +32,13 @@ def export_model_command(
     out: Annotated[Path, typer.Argument(metavar="OUT", help="Directory (hf, new or empty) or .gguf file to write.")],
     seed: Annotated[int, typer.Option(help="Seed of the dummy weights (the bundled engine's --seed).")] = 0,
     force: Annotated[bool, typer.Option(help="Replace what is already there.")] = False,
-    format: Annotated[str, typer.Option("--format", help="hf (config.json, safetensors, tokenizer.json: the bundled "
-                                        "engine, transformers, vLLM) or gguf (one file: llama.cpp).")] = "hf",
+    format: Annotated[str | None, typer.Option("--format", help="hf (config.json, safetensors, tokenizer.json: the "
+                                               "bundled engine, transformers, vLLM) or gguf (one file: llama.cpp); "
+                                               "default: gguf for an OUT ending .gguf, else hf.")] = None,
 ) -> None:
     """Write a preset with the bundled engine's seeded weights and tokenizer, so the same model runs in
     the bundled engine, transformers, vLLM (hf) and llama.cpp (gguf)."""
+    format = format or ("gguf" if out.suffix.lower() == ".gguf" else "hf")
     try:
         require_torch_engine()  # the seeded weights are drawn by the torch model
         if format == "hf":
@@ -54,9 +56,27 @@ def export_model_command(
     except ItlbenchError as exc:
         fail(exc)
         return
-    console.print(f"{preset}: {done.model.num_params / 1e6:.1f} M parameters, "
-                  f"{weight_bytes / 2**20:.0f} MiB of float32 weights (seed {seed}, {format})", highlight=False)
+    except OSError as exc:  # a read-only or full disk, met while writing
+        fail(ConfigError("OUT", f"cannot write {out} ({exc.strerror or exc})", "name a place this user can write"))
+        return
+    console.print(f"{preset}: {_count(done.model.num_params)} parameters, {_bytes(weight_bytes)} of float32 weights "
+                  f"(seed {seed}, {format})", highlight=False)
     print(done.path)
+
+
+def _count(n: int) -> str:
+    """Parameters as a reader says them: 152 k, 1.24 B, 8.03 B (a tiny preset is not '0.2 M')."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return str(n)
+
+
+def _bytes(n: int) -> str:
+    for scale, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"
 
 
 @app.command()

@@ -41,11 +41,11 @@ def export_model(preset: str, out: Path, seed: int = 0, force: bool = False) -> 
         raise ConfigError("PRESET", f"unknown preset {preset!r}", f"use one of {', '.join(PRESETS)}")
     cfg = PRESETS[preset]
     if out.exists() and not out.is_dir():
-        raise ConfigError("DIR", f"{out} exists and is not a directory", "choose a new directory")
+        raise ConfigError("OUT", f"{out} exists and is not a directory", "choose a new directory")
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise ConfigError("DIR", f"{out} exists and is not empty", "choose a new directory or pass --force")
-    check_room(preset, cfg, out, "DIR")
-    make_dir(out, "DIR")
+        raise ConfigError("OUT", f"{out} exists and is not empty", "choose a new directory or pass --force")
+    check_room(preset, cfg, out, "OUT")
+    make_dir(out, "OUT")
     tensors = _dummy_weights(cfg, seed)
     from safetensors.torch import save_file
 

@@ -19,11 +19,9 @@ from typing import Any
 
 import polars as pl
 
-from itlbench.analysis.goodput import parse_slo
 from itlbench.analysis.partitions import chunk_parts
 from itlbench.analysis.scale import ChunkFigures
-from itlbench.analysis.stalls import StallParams
-from itlbench.analysis.summary import recall, summarize_dir
+from itlbench.analysis.summary import recall, summarize_meta
 from itlbench.analysis.window import RunWindow
 from itlbench.errors import ConfigError
 from itlbench.report.engines import EngineLabel, detect_engine
@@ -105,11 +103,9 @@ def load_run(run_dir: str | Path) -> RunData:
                           "pass a directory written by `itlbench run`")
     tables = {name: read_table(path, name) if name != "chunks" else empty(name) for name in TABLES}
     window, inferred = _window(doc, tables, path)
-    params = StallParams.from_meta(doc)
-    slos = parse_slo(doc.get("slo") if isinstance(doc.get("slo"), str) else None)
     summary = read_json(path / "summary.json")
     kept = None if inferred else recall(path)
-    computed, analysis = kept or summarize_dir(path, window, slos, params)
+    computed, analysis = kept or summarize_meta(path, doc, window)
     if summary is None or inferred:
         summary = computed  # type: ignore[assignment]
     data = RunData(path, doc, summary, window, tables, analysis.chunks, analysis.stalls.stalls,
@@ -151,6 +147,16 @@ def _window(doc: dict[str, Any], tables: dict[str, pl.DataFrame], path: Path) ->
 def cut_short_reasons(data: RunData) -> list[str]:
     """Plain sentences for every sign that the run did not run its course (empty: it did)."""
     return run_cut_short(data.doc, data.window.seconds, data.window_inferred)
+
+
+def unreadable_line(summary: dict[str, Any]) -> str | None:
+    """Record files the analysis had to leave out (their footers do not read), for the terminal and report."""
+    parts = summary.get("unreadable_parts") or []
+    if not parts:
+        return None
+    shown = ", ".join(parts[:3]) + (f" and {len(parts) - 3} more" if len(parts) > 3 else "")
+    return (f"{len(parts)} record file{'s' if len(parts) > 1 else ''} could not be read (cut short on disk) and "
+            f"{'are' if len(parts) > 1 else 'is'} left out of every figure: {shown}")
 
 
 def run_cut_short(doc: dict[str, Any], measured_s: float, window_inferred: bool = False) -> list[str]:

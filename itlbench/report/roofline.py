@@ -40,6 +40,18 @@ def _phase_row(cm: CostModel, hw: Hardware, label: str, kind: str, shape: StepSh
     }
 
 
+def _why_not(cm: CostModel, hw: Hardware, longest: int, held: int) -> str | None:
+    """Why a case could not run as tabulated: a sequence of `longest` tokens past the model's context, or
+    `held` tokens of K/V past what the GPU holds (the figures are still the arithmetic's; the table marks them)."""
+    limit = cm.model.max_position_embeddings
+    if longest > limit:
+        return f"past {cm.model.name}'s {format_tokens(limit)}-token context"
+    room = cm.kv_capacity_tokens(hw)
+    if held > room:
+        return f"{held:,} tokens of K/V, over the {max(room, 0):,} the GPU holds"
+    return None
+
+
 def _gpu_row(cm: CostModel, hw: Hardware, prompt: int, batch: int, context: int) -> dict[str, Any]:
     square = Gemm("d x d", cm.model.hidden_size, cm.model.hidden_size)  # the seeds' d = d' GEMM
     prefill = cm.time(StepShape.prefill(prompt), hw).total_s
@@ -69,9 +81,10 @@ def roofline_doc(model: ModelConfig, hw: Hardware, compare: Sequence[Hardware], 
                  batches: Sequence[int], context: int, tp: int = 1, kv_dtype_bytes: int | None = None) -> dict[str, Any]:
     cm = CostModel.for_hardware(model, hw, tp=tp, kv_dtype_bytes=kv_dtype_bytes)
     gemms = [_gemm_row(g, cm, hw, (1, *batches, *prompts)) for g in cm.gemms()]
-    phases = [_phase_row(cm, hw, f"prefill {format_tokens(p)}", "prefill", StepShape.prefill(p)) for p in prompts]
-    phases += [_phase_row(cm, hw, f"decode batch {b} @ {format_tokens(context)}", "decode",
-                          StepShape.decode(b, context)) for b in batches]
+    phases = [_phase_row(cm, hw, f"prefill {format_tokens(p)}", "prefill", StepShape.prefill(p))
+              | {"does_not_run": _why_not(cm, hw, p, p)} for p in prompts]
+    phases += [_phase_row(cm, hw, f"decode batch {b} @ {format_tokens(context)}", "decode", StepShape.decode(b, context))
+               | {"does_not_run": _why_not(cm, hw, context + 1, b * (context + 1))} for b in batches]
     worst_prompt, big_batch = max(prompts), max(batches)
     return {
         "model": {"name": model.name, "params": cm.params, "layers": model.num_layers, "hidden": model.hidden_size,
@@ -144,11 +157,14 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
     t = TextTable("Steps: FLOPs, bytes, intensity; achievable = min(peak, bandwidth × intensity)",
                   ["case", "GEMM", "attention", "total", "bytes", "FLOP/B", "bound", "achievable", "roofline",
                    "estimated"])
+    marks = [p for p in doc["phases"] if p.get("does_not_run")]
     for p in doc["phases"]:
-        t.add_row(p["case"], _si(p["gemm_flops"], "FLOP"), _si(p["attention_flops"], "FLOP"), _si(p["flops"], "FLOP"),
+        t.add_row(p["case"] + ("*" * (marks.index(p) + 1) if p in marks else ""), _si(p["gemm_flops"], "FLOP"), _si(p["attention_flops"], "FLOP"), _si(p["flops"], "FLOP"),
                   _si(p["bytes"], "B"), _num(p["intensity_flop_per_byte"]), p["bound"],
                   _si(p["achievable_flop_per_s"], "FLOP/s"), _time(p["roofline_time_s"]), _time(p["estimated_time_s"]))
     print_table(console, t)
+    for i, p in enumerate(marks):
+        console.print(f"[yellow]{'*' * (i + 1)} {p['case']} would not run: {p['does_not_run']}[/]", highlight=False)
     kv = f"KV {doc['kv_bytes_per_token']:,} B/token ({doc['kv_bytes_per_element']} B an element)"
     room = (f"KV room {doc['kv_capacity_tokens']:,} tokens (90 % of memory less weights)" if doc["kv_capacity_tokens"] > 0
             else "KV room none: the weights alone overflow 90 % of each GPU's memory")
@@ -207,8 +223,9 @@ def print_calibration(console: Console, result: Any, path: Any) -> None:
     for phase, e in result.errors.items():
         t.add_row(phase, f"{e['steps']:,}", _time(e["median_s"]), f"{e['mape']:.1%}", f"{e['median_ape']:.1%}")
     print_table(console, t)
-    if max(hw.gemm_eff, hw.attn_eff, hw.mem_eff) > 1:
-        console.print("[yellow]an efficiency above 100 % means the roofs it is relative to (measured now, or "
-                      "--base) are below what the run reached: a busier machine now, or the wrong --base[/]",
-                      highlight=False)
+    if result.at_roof:
+        console.print(f"[yellow]{' and '.join(result.at_roof)} fitted at 100 % of the roof: these steps say only "
+                      "that it costs no more (too little of their time is spent there to tell), or the roofs "
+                      "(measured now, or --base) are below what the run reached: a busier machine now, or the "
+                      "wrong --base[/]", highlight=False)
     console.print(f"profile written to {path}: use it with --engine sim --gpu {path}", highlight=False)

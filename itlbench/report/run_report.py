@@ -18,7 +18,7 @@ from itlbench.analysis.crosscheck import engine_check_line
 from itlbench.analysis.definitions import DEFINITIONS
 from itlbench.analysis.gpu import gpu_line
 from itlbench.analysis.stalls import StallParams
-from itlbench.report.data import RunData, load_run
+from itlbench.report.data import RunData, load_run, unreadable_line
 from itlbench.report.document import (
     Callout,
     Code,
@@ -100,6 +100,8 @@ def callouts(data: RunData) -> list[Callout]:
         out.append(Callout("bad", "This run was cut short: " + "; ".join(data.cut_short)
                            + ". Everything below covers only what it recorded."))
     s = data.summary
+    if (lost := unreadable_line(s)) is not None:
+        out.append(Callout("bad", lost + "."))
     req = s.get("requests") or {}
     if req.get("total"):
         out += [Callout("info", headline(data)), _verdict(s)]

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from itlbench.analysis.crosscheck import engine_check_line
 from itlbench.analysis.gpu import gpu_line
 from itlbench.load.progress import ProgressSnapshot
-from itlbench.report.data import read_json, run_cut_short
+from itlbench.report.data import read_json, run_cut_short, unreadable_line
 from itlbench.report.engines import serving_warnings
 from itlbench.report.tables import TextTable, print_table
 
@@ -140,6 +140,8 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
         from itlbench.sim.accuracy import check_line  # simulated runs only
 
         console.print(f"[bold]Sim check[/] {escape(check_line(summary['sim_check']))}", highlight=False)
+    if (lost := unreadable_line(summary)) is not None:
+        console.print(f"[bold red]warning:[/] {escape(lost)}", highlight=False)
     print_engine_warnings(console, run_dir)
 
 

@@ -8,7 +8,7 @@ read them), so none of those imports another to reach a record type.
     <run>/server.log        the bundled engine server's log
 """
 
-from itlbench.rundir.reader import load_tables, read_run_doc, read_summary, read_table
+from itlbench.rundir.reader import load_tables, read_run_doc, read_summary, read_table, unreadable_parts
 from itlbench.rundir.schema import TABLES, empty, frame
 from itlbench.rundir.store import RunStore
 
@@ -17,4 +17,4 @@ SUMMARY = "summary.json"
 SERVER_LOG = "server.log"
 
 __all__ = ["RUN_DOC", "SERVER_LOG", "SUMMARY", "TABLES", "RunStore", "empty", "frame", "load_tables",
-           "read_run_doc", "read_summary", "read_table"]
+           "read_run_doc", "read_summary", "read_table", "unreadable_parts"]

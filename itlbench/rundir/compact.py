@@ -22,7 +22,7 @@ from pathlib import Path
 import polars as pl
 
 from itlbench.errors import ConfigError
-from itlbench.rundir.reader import conform
+from itlbench.rundir.reader import conform, readable
 from itlbench.rundir.schema import TABLES
 
 TARGET_ROWS = 2_000_000
@@ -40,7 +40,8 @@ class Compacted:
 
 
 def _parts(folder: Path) -> list[Path]:
-    return sorted(folder.glob("part-*.parquet"))
+    """The parts to merge: one whose footer does not read stays as it is (the readers leave it out)."""
+    return [p for p in sorted(folder.glob("part-*.parquet")) if readable(p)]
 
 
 def _groups(parts: list[Path], target_rows: int) -> list[list[tuple[Path, int]]]:

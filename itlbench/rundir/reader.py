@@ -8,7 +8,7 @@ from typing import Any
 
 import polars as pl
 
-from itlbench.errors import ItlbenchError
+from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.rundir.schema import TABLES, empty
 
 
@@ -23,15 +23,35 @@ def conform(df: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame:
 WORKER_PART_BASE = 90000  # a worker's parts, merged, become part-<90000+k> (load.multiproc.MERGED_PART_BASE)
 
 
-def table_parts(run_dir: str | Path, table: str) -> list[Path]:
-    """The part files of one table: the run's own, and those still in `workers/<k>/` of a run killed
-    before it merged them (a worker whose merged part exists is not read twice)."""
+def readable(part: Path) -> bool:
+    """The part's footer reads: a file cut short (a full disk, a copy interrupted, a crash while the
+    kernel still held its pages) has none, and is left out rather than losing the run's other records."""
+    try:
+        pl.read_parquet_schema(part)
+    except (pl.exceptions.PolarsError, OSError):
+        return False
+    return True
+
+
+def _all_parts(run_dir: str | Path, table: str) -> list[Path]:
     parts = sorted(Path(run_dir, table).glob("*.parquet"))
     names = {p.name for p in parts}
     for wdir in sorted(Path(run_dir, "workers").glob("*")):
         if wdir.name.isdigit() and f"part-{WORKER_PART_BASE + int(wdir.name):05d}.parquet" not in names:
             parts += sorted((wdir / table).glob("part-*.parquet"))
     return parts
+
+
+def table_parts(run_dir: str | Path, table: str) -> list[Path]:
+    """The readable part files of one table: the run's own, and those still in `workers/<k>/` of a run
+    killed before it merged them (a worker whose merged part exists is not read twice)."""
+    return [p for p in _all_parts(run_dir, table) if readable(p)]
+
+
+def unreadable_parts(run_dir: str | Path) -> list[str]:
+    """Part files, relative to the run directory, that `table_parts` leaves out: the summary names them."""
+    root = Path(run_dir)
+    return [str(p.relative_to(root)) for table in TABLES for p in _all_parts(root, table) if not readable(p)]
 
 
 def read_table(run_dir: str | Path, table: str) -> pl.DataFrame:
@@ -57,6 +77,22 @@ def _read_json(run_dir: str | Path, name: str, fix: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ItlbenchError(f"{path} is not a JSON object: {fix}")
     return doc
+
+
+STUDY_DOCS = {"sweep.json": "a sweep", "capacity.json": "a capacity search", "compare.json": "a comparison"}
+
+
+def not_a_run(path: str | Path, flag: str = "RUN_DIR") -> ConfigError:
+    """The error for a path without run.json, pointing into a sweep's or capacity search's directory (whose
+    runs are one level down, and whose own report is its report.html) rather than only refusing it."""
+    root = Path(path)
+    kind = next((what for name, what in STUDY_DOCS.items() if (root / name).is_file()), None)
+    if kind is None:
+        return ConfigError(flag, f"{root} has no run.json", "pass a directory written by `itlbench run`")
+    runs = sorted(str(p.parent) for p in root.glob("*/run.json")) or sorted(str(p.parent) for p in root.glob("*/*/run.json"))
+    shown = ", ".join(runs[:3]) + (f" and {len(runs) - 3} more" if len(runs) > 3 else "")
+    where = f"its runs are {shown}" if runs else "it holds no run"
+    return ConfigError(flag, f"{root} is {kind}, not a run", f"{where}; its own report is {root / 'report.html'}")
 
 
 def read_run_doc(run_dir: str | Path) -> dict[str, Any]:

@@ -182,27 +182,49 @@ def _least_squares_start(d: StepData) -> np.ndarray:
     return np.maximum(sol, floor)
 
 
-def fit_params(d: StepData) -> np.ndarray:
-    """Seconds per GEMM FLOP, attention FLOP, byte, step and sequence, minimising MAPE on `d`."""
+def roof_floors(base: Hardware) -> np.ndarray:
+    """The least seconds per GEMM FLOP, attention FLOP and byte: the roofs' own. A term the steps hardly
+    determine (attention in a decode-heavy run) would otherwise be fitted far above its roof."""
+    return np.array([1.0 / base.peak_flops, 1.0 / base.peak_flops, 1.0 / base.mem_bw, 0.0, 0.0])
+
+
+def fit_params(d: StepData, floors: np.ndarray | None = None) -> np.ndarray:
+    """Seconds per GEMM FLOP, attention FLOP, byte, step and sequence, minimising MAPE on `d`, each at
+    least its `floors` (no efficiency above 100 % of the roofs)."""
     if len(d) < 8:
         raise ItlbenchError(f"only {len(d)} steps to fit; record a longer run")
+    lo = np.zeros(5) if floors is None else np.asarray(floors, float)
+
+    def params(th: np.ndarray) -> np.ndarray:
+        return lo + np.exp(th)
+
+    def start(x: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(np.asarray(x, float) - lo, np.maximum(lo, 1e-30) * 1e-3 + 1e-300))
+
     best: np.ndarray | None = None
     best_err = np.inf
-    starts = [np.log(_least_squares_start(d))]
+    starts = [start(_least_squares_start(d))]
     for p in (0.25, 0.5, 0.75):  # also start from each term explaining a share of the median step
         t = float(np.median(d.seconds))
         g, a, b = (max(float(np.median(v[v > 0])) if (v > 0).any() else 1.0, 1e-30)
                    for v in (d.gemm_flops, d.attn_flops, d.bytes))
         seqs = max(float(np.median(d.sequences)), 1.0)
-        starts.append(np.log([t * (1 - p) / g, t * (1 - p) / a, t * (1 - p) / b, t * p / 2, t * p / 2 / seqs]))
+        starts.append(start(np.array([t * (1 - p) / g, t * (1 - p) / a, t * (1 - p) / b, t * p / 2, t * p / 2 / seqs])))
     for x0 in starts:
-        x = _nelder_mead(lambda th: mape(predict(np.exp(th), d), d.seconds), x0)
-        x = _nelder_mead(lambda th: mape(predict(np.exp(th), d), d.seconds), x, step=0.1)
-        err = mape(predict(np.exp(x), d), d.seconds)
+        x = _nelder_mead(lambda th: mape(predict(params(th), d), d.seconds), x0)
+        x = _nelder_mead(lambda th: mape(predict(params(th), d), d.seconds), x, step=0.1)
+        err = mape(predict(params(x), d), d.seconds)
         if err < best_err:
             best, best_err = x, err
     assert best is not None
-    return np.exp(best)
+    return params(best)
+
+
+def at_roof(params: np.ndarray, floors: np.ndarray, tolerance: float = 0.02) -> list[str]:
+    """The terms the fit put at their roof (within `tolerance`): what the run says of them is only that
+    they cost no more, or that the roofs are below what the run reached."""
+    names = ("GEMM", "attention", "bandwidth")
+    return [n for n, x, f in zip(names, params[:3], floors[:3], strict=True) if f > 0 and x <= f * (1 + tolerance)]
 
 
 def profile_from_params(params: np.ndarray, base: Hardware, name: str, source: str) -> Hardware:
@@ -229,9 +251,11 @@ class Calibration:
     profile: Hardware
     fit_steps: int
     errors: dict[str, dict[str, float]] = field(default_factory=dict)  # held-out MAPE and counts by phase
+    at_roof: list[str] = field(default_factory=list)  # terms fitted at 100 % of their roof
 
     def to_dict(self) -> dict[str, Any]:
-        return {"profile": self.profile.to_dict(), "fit_steps": self.fit_steps, "held_out": self.errors}
+        return {"profile": self.profile.to_dict(), "fit_steps": self.fit_steps, "held_out": self.errors,
+                "at_roof": self.at_roof}
 
 
 def phase_errors(pred: np.ndarray, d: StepData) -> dict[str, dict[str, float]]:
@@ -260,24 +284,34 @@ def base_hardware(runs: Sequence[RunSteps]) -> Hardware:
 
 def calibrate(run_dirs: Sequence[str | Path], base: Hardware | None = None, holdout: float = 0.25,
               seed: int = 0, name: str = "calibrated", tp: int = 1) -> Calibration:
+    seen = [Path(r).resolve() for r in run_dirs]
+    if len(set(seen)) < len(seen):
+        twice = next(str(r) for r, k in zip(run_dirs, seen, strict=True) if seen.count(k) > 1)
+        raise ConfigError("RUN_DIR", f"{twice} is given twice (its steps would count double)", "give each run once")
     runs = [read_run_steps(r) for r in run_dirs]
     models = {(r.model.name, r.dtype) for r in runs}
     if len(models) > 1:
         raise ConfigError("RUN_DIR", f"runs mix models/dtypes {sorted(models)}", "calibrate one model at a time")
     data = StepData.concat([step_data(r, tp) for r in runs])
     held = split(len(data), holdout, seed)
-    params = fit_params(data.subset(~held))
     base = base or base_hardware(runs)
+    floors = roof_floors(base)
+    params = fit_params(data.subset(~held), floors)
     runs_txt = ", ".join(str(r.run_dir) for r in runs)
     profile = profile_from_params(params, base.with_(dtype=runs[0].dtype), name,
                                   f"calibrated on {int((~held).sum())} steps of {runs_txt} ({runs[0].model.name}); "
                                   f"roofs: {base.source}")
     test = data.subset(held)
-    return Calibration(profile, int((~held).sum()), phase_errors(predict(params, test), test))
+    return Calibration(profile, int((~held).sum()), phase_errors(predict(params, test), test),
+                       at_roof(params, floors))
 
 
 def evaluate(profile: Hardware, run_dirs: Sequence[str | Path]) -> dict[str, dict[str, float]]:
     """Per-phase MAPE of `profile`'s predictions on every step of other runs."""
+    seen = [Path(r).resolve() for r in run_dirs]
+    if len(set(seen)) < len(seen):
+        twice = next(str(r) for r, k in zip(run_dirs, seen, strict=True) if seen.count(k) > 1)
+        raise ConfigError("RUN_DIR", f"{twice} is given twice (its steps would count double)", "give each run once")
     runs = [read_run_steps(r) for r in run_dirs]
     data = StepData.concat([step_data(r) for r in runs])
     return phase_errors(predict(params_of(profile), data), data)

@@ -30,6 +30,8 @@ def test_workloads_lists_the_catalog_as_table_and_json():
     listing = runner.invoke(app, ["workloads", "--json"])
     rows = json.loads(listing.stdout)
     assert {r["name"]: r["in_out"] for r in rows}["rag"] == "8000:400"
+    means = {r["name"]: (r["mean_in"], r["mean_out"]) for r in rows}
+    assert means["rag"] == (8000, 400) and means["trace"] == (None, None)  # numbers, not their text
 
 
 @pytest.mark.parametrize(("args", "flag"), [

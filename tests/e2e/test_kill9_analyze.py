@@ -58,6 +58,7 @@ def _gone(pids: list[int], timeout_s: float = 30.0) -> bool:
 def _analyze(out: Path) -> dict[str, object]:
     doc = json.loads((out / "run.json").read_text())
     assert doc["provisional"] is True and doc["end_ns"] > doc["measure_start_ns"] >= doc["run_start_ns"]
+    assert doc["gpu_telemetry"]["nvml"].startswith("no NVML: "), "the killed run's report must say why no GPU"
     p = subprocess.run([sys.executable, "-m", "itlbench", "analyze", str(out)], capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]

@@ -126,7 +126,7 @@ def test_bundled_server_serves_the_export(exported: Path) -> None:
 
 def test_export_refuses_a_non_empty_directory_and_unknown_presets(exported: Path, tmp_path: Path) -> None:
     busy = runner.invoke(app, ["export-model", "tiny", str(exported)], terminal_width=200)
-    assert busy.exit_code == 2 and "error: DIR" in busy.output and "--force" in busy.output
+    assert busy.exit_code == 2 and "error: OUT" in busy.output and "--force" in busy.output
     unknown = runner.invoke(app, ["export-model", "llama-9", str(tmp_path / "x")], terminal_width=200)
     assert unknown.exit_code == 2 and "error: PRESET" in unknown.output and not (tmp_path / "x").exists()
 
@@ -141,7 +141,7 @@ def test_export_refuses_what_this_machine_cannot_hold_before_drawing_a_weight(tm
 
     full = shutil._ntuple_diskusage(total=10**9, used=10**9, free=1000)  # type: ignore[attr-defined]
     monkeypatch.setattr(shutil, "disk_usage", lambda path: full)
-    for args, field in ((["tiny", str(tmp_path / "hf")], "DIR"),
+    for args, field in ((["tiny", str(tmp_path / "hf")], "OUT"),
                         (["tiny", str(tmp_path / "m.gguf"), "--format", "gguf"], "OUT")):
         r = runner.invoke(app, ["export-model", *args], terminal_width=300)
         assert r.exit_code == 2 and f"error: {field}: tiny's 607.5 kB of float32 weights do not fit the 1.0 kB" \
@@ -151,4 +151,15 @@ def test_export_refuses_what_this_machine_cannot_hold_before_drawing_a_weight(tm
     blocker.write_text("")
     monkeypatch.undo()
     r = runner.invoke(app, ["export-model", "tiny", str(blocker / "hf")], terminal_width=300)
-    assert r.exit_code == 2 and "error: DIR: cannot create" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 2 and "error: OUT: cannot create" in r.output and "Traceback" not in r.output
+
+
+def test_an_out_ending_gguf_writes_a_gguf_file_and_says_its_size_as_a_reader_would(tmp_path: Path) -> None:
+    """Without --format, `m.gguf` is the llama.cpp file the name asks for (not a directory of that name);
+    a tiny preset's size is said in k and KiB, not '0.2 M' and '1 MiB'."""
+    out = tmp_path / "m.gguf"
+    r = runner.invoke(app, ["export-model", "tiny", str(out)], terminal_width=300)
+    assert r.exit_code == 0, r.output
+    assert out.is_file() and out.read_bytes()[:4] == b"GGUF"
+    params = TINY.num_params
+    assert f"tiny: {params / 1e3:.3g} k parameters, " in r.output and " KiB of float32 weights" in r.output

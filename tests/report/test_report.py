@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import polars as pl
+import pytest
 from typer.testing import CliRunner
 
 from itlbench.analysis.goodput import parse_slo
@@ -301,3 +302,47 @@ def test_a_short_row_label_does_not_wrap_in_the_html(tmp_path: Path) -> None:
     assert '<td class="k">requests (warm-up)</td>' in html
     assert '<td>a label far too long to keep on one line</td>' in html
     assert html.count('class="k"') == 1
+
+
+def test_a_run_that_cannot_be_written_still_analyses_and_its_report_goes_elsewhere(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run shared read-only: `analyze --json` prints its figures (summary.json not saved, said on
+    stderr), and `report` into a place it cannot write is one line naming --out, not a traceback."""
+    import errno
+
+    from itlbench.rundir.store import RunStore
+
+    run = build_run(tmp_path / "run")
+
+    def read_only(self: RunStore, name: str, obj: object, unless: object = None) -> Path:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    with monkeypatch.context() as m:
+        m.setattr(RunStore, "write_json", read_only)
+        result = runner.invoke(app, ["analyze", str(run), "--json"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["summary"]["itl_s"]["count"] > 0
+    assert "summary.json not saved (Read-only file system" in _flat(result.stderr)
+    import itlbench.report.run_report as run_report
+
+    def unwritable(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    with monkeypatch.context() as m:
+        m.setattr(run_report, "write_document", unwritable)
+        result = runner.invoke(app, ["report", str(run)], terminal_width=200)
+    assert result.exit_code == 2
+    assert _flat(result.output) == (f"error: --out: cannot write the report into {run} (Read-only file system) "
+                                    "(pass --out DIR to write it elsewhere)")
+
+
+def test_a_sweep_directory_given_as_a_run_points_at_its_runs_and_its_report(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    build_run(sweep / "b512")
+    build_run(sweep / "b2048", seed=1)
+    (sweep / "sweep.json").write_text("{}")
+    for command in (["analyze"], ["report"], ["compare"]):
+        result = runner.invoke(app, [*command, str(sweep)], terminal_width=400)
+        assert result.exit_code == 2, result.output
+        assert f"{sweep} is a sweep, not a run (its runs are {sweep / 'b2048'}, {sweep / 'b512'}; its own report " \
+               f"is {sweep / 'report.html'})" in _flat(result.output), result.output

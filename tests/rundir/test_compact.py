@@ -86,3 +86,37 @@ def test_compacting_a_directory_that_is_not_a_run_names_it(tmp_path: Path) -> No
 
     with pytest.raises(ConfigError, match="RUN_DIR"):
         compact.compact_run(tmp_path)
+
+
+def _cut_in_half(part: Path) -> None:
+    data = part.read_bytes()
+    part.write_bytes(data[: len(data) // 2])
+
+
+def test_a_part_cut_short_on_disk_is_left_out_and_named_not_fatal(tmp_path: Path) -> None:
+    """One damaged part (no footer) must not cost the run its other records: every reader leaves it out,
+    the summary names it, the terminal and report say so, and compaction leaves it where it is."""
+    from typer.testing import CliRunner
+
+    from itlbench.cli import app
+
+    run = build_run(tmp_path / "run")
+    chunks = read_table(run, "chunks")
+    for p in (run / "chunks").glob("*.parquet"):
+        p.unlink()
+    for i, piece in enumerate(chunks.iter_slices(chunks.height // 3 + 1)):
+        piece.write_parquet(run / "chunks" / f"part-{i:05d}.parquet")
+    _cut_in_half(run / "chunks" / "part-00001.parquet")
+    kept = read_table(run, "chunks")
+    assert 0 < kept.height < chunks.height
+    summary = analyze_run(run)
+    assert summary["unreadable_parts"] == ["chunks/part-00001.parquet"]
+    assert summary["itl_s"]["count"] > 0
+    result = CliRunner().invoke(app, ["analyze", str(run)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "1 record file could not be read (cut short on disk) and is left out of every figure: " \
+           "chunks/part-00001.parquet" in " ".join(result.output.split())
+    assert "left out of every figure" in (run / "report.md").read_text()
+    done = {c.table: c for c in compact.compact_run(run)}
+    assert (run / "chunks" / "part-00001.parquet").is_file() and done["chunks"].rows == kept.height
+    assert_frame_equal(read_table(run, "chunks"), kept)

@@ -200,6 +200,25 @@ def test_roofline_command_json_and_tables(tmp_path: Path) -> None:
         assert text in result.stdout
 
 
+def test_roofline_marks_the_cases_that_would_not_run() -> None:
+    """The default 32k prefill on an 8k-context model, a context past the model's, and a batch whose K/V
+    overflows the GPU are still tabulated (the arithmetic holds) but marked, with why."""
+    runner = CliRunner()
+    result = runner.invoke(app, ["roofline", "--model", "llama-3-8b", "--gpu", "h100", "--compare", "none", "--json"])
+    why = {p["case"]: p["does_not_run"] for p in json.loads(result.stdout)["phases"]}
+    assert why["prefill 32k"] == "past llama-3-8b's 8k-token context" and why["prefill 2k"] is None
+    assert why["decode batch 32 @ 2k"] is None
+    result = runner.invoke(app, ["roofline", "--model", "llama-3.1-8b", "--gpu", "h100", "--compare", "none",
+                                 "--context", "120k", "--json"])
+    why = {p["case"]: p["does_not_run"] for p in json.loads(result.stdout)["phases"]}
+    assert why["decode batch 1 @ 120k"] is None
+    assert why["decode batch 32 @ 120k"].startswith("3,932,192 tokens of K/V, over the ")
+    result = runner.invoke(app, ["roofline", "--model", "llama-3-8b", "--gpu", "h100", "--compare", "none"],
+                           env={"COLUMNS": "200"})
+    assert "prefill 32k*" in result.stdout and "* prefill 32k would not run: past llama-3-8b's 8k-token context" \
+        in result.stdout
+
+
 def test_roofline_command_errors_name_the_flag() -> None:
     runner = CliRunner()
     for args, flag in ((["--gpu", "tpu"], "--gpu"), (["--prompt", "abc"], "--prompt"),

@@ -112,3 +112,26 @@ def test_calibration_uses_the_measured_window_only(tmp_path: Path) -> None:
     cal = calibrate([run], base=load_hardware("h100"))
     inside = sum(1 for r in recs if r.scheduled_tokens and r.start_ns >= lo.start_ns and r.end_ns <= hi.end_ns)
     assert cal.fit_steps + cal.errors["all"]["steps"] == inside < len(recs)
+
+
+def test_no_term_is_fitted_above_its_roof() -> None:
+    """Steps whose attention ran 5x faster than the roofs allow (roofs measured on a machine busier than
+    the run's, or the wrong --base): unbounded, the fit prices attention at 500 % of the roof (a SIGKILLed
+    CPU run's decode steps, which hardly see attention, gave 75,000 %). Bounded by the roofs, it stays at
+    100 % and is named as at the roof (with what the fit moved to make up for it)."""
+    from itlbench.sim.calibrate import at_roof, roof_floors
+
+    d = as_data(sim_steps(256, 1), KNOWN.with_(attn_eff=5.0), noise=0.03, seed=1)
+    floors = roof_floors(KNOWN)
+    free = fit_params(d)
+    bounded = fit_params(d, floors)
+    assert free[1] < floors[1] / 2, "unbounded, attention is fitted above its roof"
+    assert (bounded >= floors).all() and "attention" in at_roof(bounded, floors)
+    assert mape(predict(bounded, d), d.seconds) < mape(predict(free, d), d.seconds) + 0.06
+
+
+def test_calibrate_refuses_one_run_given_twice(tmp_path: Path) -> None:
+    run = write_run_dir(tmp_path / "run", real_cpu_engine(256, 0))
+    result = CliRunner().invoke(app, ["calibrate", str(run), str(run) + "/", "--base", "h100"], terminal_width=300)
+    assert result.exit_code == 2
+    assert "error: RUN_DIR: " in result.output and "is given twice (its steps would count double)" in result.output

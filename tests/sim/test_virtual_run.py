@@ -75,6 +75,22 @@ def test_a_virtual_run_writes_the_tables_the_analysis_reads_and_says_its_clock(v
     assert html is None or "Valid run: the client kept up" not in html
 
 
+def test_a_virtual_run_redrawn_without_its_summary_says_the_same(virtual: tuple[Path, dict], tmp_path: Path) -> None:
+    """summary.json lost (a sweep point cut off before writing it): the report computes one from the
+    records, and it must still say the clock was virtual and how far to trust the simulator, never that
+    a client kept up (no client ran)."""
+    import shutil
+
+    run_dir = tmp_path / "copy"
+    shutil.copytree(virtual[0], run_dir)
+    (run_dir / "summary.json").unlink()
+    write_run_report(run_dir)
+    report = (run_dir / "report.md").read_text()
+    assert "Simulated time (virtual clock)" in report and "How far to trust the simulator" in report
+    assert "the client kept up" not in report
+    assert "the simulated engine (sim:h100) runs on no GPU" in report
+
+
 def test_closed_loop_streams_send_the_next_request_at_the_previous_ones_end(virtual: tuple[Path, dict]) -> None:
     run_dir, _ = virtual
     reqs = _table(run_dir, "requests").filter(~pl.col("injected")).sort("sent_ns")
