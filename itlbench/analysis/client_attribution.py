@@ -34,7 +34,13 @@ import polars as pl
 
 from itlbench.analysis.event_cause import KEPT, event_causes
 from itlbench.analysis.inferred_steps import InferParams, InferredSteps, infer_steps
-from itlbench.analysis.stalls import StallParams, StallReport, analyze_stalls, stall_summary
+from itlbench.analysis.stalls import (
+    StallParams,
+    StallReport,
+    analyze_stalls,
+    by_unknown_reason,
+    stall_summary,
+)
 from itlbench.analysis.stats import json_safe
 
 SOURCE = "client_inferred"
@@ -76,7 +82,7 @@ def _explain_stalls(stalls: pl.DataFrame, inferred: InferredSteps, min_skipped: 
         else pl.lit(False)
     cause = pl.col("cause")
     reason = (pl.when(cause.is_in(KEPT)).then(pl.lit(None, dtype=pl.Utf8))
-              .when(cause.is_null()).then(pl.lit("no_steps"))
+              .when(cause.is_null() | (cause == "unknown")).then(pl.lit("no_steps"))
               .when(cause == "engine").then(pl.lit("silent"))
               .when(late).then(pl.lit("late_read"))
               .when(pl.col("skipped_steps") >= min_skipped).then(pl.lit(None, dtype=pl.Utf8))
@@ -105,20 +111,12 @@ def client_stalls(gaps: pl.DataFrame, chunks: pl.DataFrame, requests: pl.DataFra
         if events.height else {}
     for record in summary.get("attribution") or []:  # type: ignore[union-attr]
         record["unknown_reason"] = reasons.get(record["event"])
-    summary["by_unknown_reason"] = _by_reason(stalls)
+    summary["by_unknown_reason"] = by_unknown_reason(stalls)
     summary["unknown_reasons"] = dict(REASONS)
     summary["inferred"] = inferred.summary()
     summary["inferred_figures"] = ["by_cause", "attribution", "prefill_tokens (estimated from usage.prompt_tokens)",
                                    "longest_step_s (inferred step spacing)", "inferred"]
     return ClientStallReport(StallReport(stalls, events, json_safe(summary)), inferred)  # type: ignore[arg-type]
-
-
-def _by_reason(stalls: pl.DataFrame) -> dict[str, dict[str, float | int]]:
-    if stalls.is_empty():
-        return {}
-    rows = (stalls.filter(pl.col("cause") == "unknown").drop_nulls("unknown_reason").group_by("unknown_reason")
-            .agg(pl.len().alias("count"), pl.col("gap_s").sum()))
-    return {r["unknown_reason"]: {"count": int(r["count"]), "stalled_s": float(r["gap_s"])} for r in rows.to_dicts()}
 
 
 def client_only(tables: Mapping[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:

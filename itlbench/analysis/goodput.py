@@ -2,14 +2,16 @@
 
 A request is good when its status is "ok" and
   TTFT ≤ the TTFT target of its class and prompt bucket (no target: met), and
-  its own ITL statistic (p99 — linear interpolation — or max of its gaps) ≤ the ITL target
-  (no target, or a stream with no gaps: met).
+  each of its own ITL statistics that has a target (p99 — linear interpolation — and/or max of its
+  gaps) ≤ that target (no target, or a stream with no gaps: met).
 goodput = good requests / window seconds; fraction = good / requests in the window.
 
 SLO grammar (`--slo`), comma-separated items layered over the defaults:
   [CLASS/]ttft:BUCKET=DUR | [CLASS/]ttft=DUR (all buckets) | [CLASS/]itl_p99=DUR | [CLASS/]itl_max=DUR
 DUR is a number with unit us, ms, s or m (bare number = seconds) or "off" (no target). Items without
-CLASS/ set the default every class inherits; CLASS/ items override for that class only.
+CLASS/ set the default every class inherits; CLASS/ items override for that class only. CLASS is a
+workload name or `injected`. ITL targets given together all apply (`itl_p99=50ms,itl_max=500ms`); the
+first one given in a scope replaces the targets it inherits. A target given twice is refused.
 """
 
 from __future__ import annotations
@@ -36,14 +38,23 @@ SLO_FIX = "e.g. 'ttft:le2k=2s,itl_p99=150ms,injected/ttft=off'; buckets: " + ", 
 
 @dataclass(frozen=True)
 class ClassSlo:
-    """Targets for one class: TTFT per bucket (None = none) and one ITL statistic's target."""
+    """Targets for one class: TTFT per bucket (None = none) and ITL targets per statistic (p99, max), every
+    one of which a request must meet; `itl_stat`/`itl_s` name the first, for readers of one ITL target."""
 
     ttft_s: dict[str, float | None] = field(default_factory=lambda: dict(DEFAULT_TTFT_S))
-    itl_stat: str = "p99"
-    itl_s: float | None = 0.2
+    itl_targets: dict[str, float | None] = field(default_factory=lambda: {"p99": 0.2})
+
+    @property
+    def itl_stat(self) -> str:
+        return next(iter(self.itl_targets), "p99")
+
+    @property
+    def itl_s(self) -> float | None:
+        return self.itl_targets.get(self.itl_stat)
 
     def to_dict(self) -> dict[str, object]:
-        return {"ttft_s": dict(self.ttft_s), "itl_stat": self.itl_stat, "itl_s": self.itl_s}
+        return {"ttft_s": dict(self.ttft_s), "itl_stat": self.itl_stat, "itl_s": self.itl_s,
+                "itl_targets": dict(self.itl_targets)}
 
 
 @dataclass(frozen=True)
@@ -77,7 +88,9 @@ def _duration(item: str, text: str) -> float | None:
     return value
 
 
-def _apply(slo: ClassSlo, item: str, key: str, value: float | None) -> ClassSlo:
+def _apply(slo: ClassSlo, item: str, key: str, value: float | None, first_itl: bool) -> ClassSlo:
+    """`slo` with one item applied; the first ITL item of a scope replaces the inherited ITL targets, later
+    ones add to them, so `itl_p99=50ms,itl_max=500ms` holds a request to both."""
     if key == "ttft":
         return replace(slo, ttft_s=dict.fromkeys(BUCKET_LABELS, value))
     if key.startswith("ttft:"):
@@ -86,13 +99,15 @@ def _apply(slo: ClassSlo, item: str, key: str, value: float | None) -> ClassSlo:
             raise ConfigError("--slo", f"{item!r}: unknown prompt bucket {bucket!r}", SLO_FIX)
         return replace(slo, ttft_s={**slo.ttft_s, bucket: value})
     if key.startswith("itl_") and key[4:] in ITL_STATS:
-        return replace(slo, itl_stat=key[4:], itl_s=value)
+        kept = {} if first_itl else slo.itl_targets
+        return replace(slo, itl_targets={**kept, key[4:]: value})
     raise ConfigError("--slo", f"{item!r}: unknown target {key!r}", SLO_FIX)
 
 
 def _items(spec: str) -> list[tuple[str, str, str, float | None]]:
-    """(item, class or '', key, seconds) per comma-separated item."""
+    """(item, class or '', key, seconds) per comma-separated item; a target given twice is refused."""
     out = []
+    seen: set[tuple[str, str]] = set()
     for raw in spec.split(","):
         item = raw.strip()
         if not item:
@@ -103,22 +118,40 @@ def _items(spec: str) -> list[tuple[str, str, str, float | None]]:
         cls, _, key = left.rpartition("/")
         if not key:
             raise ConfigError("--slo", f"{item!r} names no target", SLO_FIX)
+        _check_class(item, cls)
+        if (cls, key) in seen:
+            raise ConfigError("--slo", f"{item!r}: {left!r} is given twice", "give each target once")
+        seen.add((cls, key))
         out.append((item, cls, key, _duration(item, value)))
     return out
+
+
+def _check_class(item: str, cls: str) -> None:
+    """A misspelt class would silently set a target no request has: only the classes a run can hold."""
+    from itlbench.workloads.catalog import CATALOG, FIXED_PREFIX
+
+    known = [*CATALOG, "injected"]
+    if cls and cls not in known and not cls.startswith(FIXED_PREFIX):
+        raise ConfigError("--slo", f"{item!r}: unknown class {cls!r}",
+                          f"classes: {', '.join(known)} or fixed:IN:OUT (the workload's name)")
+
+
+def _layer(slo: ClassSlo, items: list[tuple[str, str, str, float | None]]) -> ClassSlo:
+    """`slo` with `items` (all of one scope) applied in order."""
+    first_itl = True
+    for item, _cls, key, value in items:
+        slo = _apply(slo, item, key, value, first_itl and key.startswith("itl_"))
+        first_itl = first_itl and not key.startswith("itl_")
+    return slo
 
 
 def parse_slo(spec: str | None, base: SloSet | None = None) -> SloSet:
     """Parse an --slo string over `base` (default SLOs when None); raises ConfigError("--slo", ...)."""
     base = base or SloSet()
     items = _items(spec or "")
-    default = base.default
-    for item, cls, key, value in items:
-        if not cls:
-            default = _apply(default, item, key, value)
-    classes: dict[str, ClassSlo] = {}
-    for item, cls, key, value in items:
-        if cls:
-            classes[cls] = _apply(classes.get(cls, default), item, key, value)
+    default = _layer(base.default, [i for i in items if not i[1]])
+    names = dict.fromkeys(i[1] for i in items if i[1])
+    classes = {cls: _layer(default, [i for i in items if i[1] == cls]) for cls in names}
     merged = {**base.classes, **classes}
     return SloSet(default, merged, ",".join(filter(None, [base.spec, (spec or "").strip()])))
 
@@ -136,18 +169,23 @@ def _targets(slos: SloSet, classes: list[str | None]) -> tuple[pl.DataFrame, pl.
     for cls in classes:
         slo = slos.for_class(cls)
         ttft_rows += [{"cls": cls, "bucket": b, "ttft_target_s": slo.ttft_s.get(b)} for b in BUCKET_LABELS]
-        itl_rows.append({"cls": cls, "itl_stat": slo.itl_stat, "itl_target_s": slo.itl_s})
+        itl_rows.append({"cls": cls, **{f"itl_{stat}_target_s": slo.itl_targets.get(stat) for stat in ITL_STATS}})
     ttft = pl.DataFrame(ttft_rows, schema={"cls": pl.Utf8, "bucket": pl.Utf8, "ttft_target_s": pl.Float64})
-    itl = pl.DataFrame(itl_rows, schema={"cls": pl.Utf8, "itl_stat": pl.Utf8, "itl_target_s": pl.Float64})
+    itl = pl.DataFrame(itl_rows, schema={"cls": pl.Utf8, **{f"itl_{stat}_target_s": pl.Float64 for stat in ITL_STATS}})
     return ttft, itl
+
+
+def _itl_met(stat: str) -> pl.Expr:
+    """One ITL statistic met: no target, no gaps, or the request's own value within it."""
+    target, value = pl.col(f"itl_{stat}_target_s"), pl.col(f"itl_{stat}_s")
+    return target.is_null() | value.is_null() | (value <= target)
 
 
 def judge(ttft: pl.DataFrame, gaps: pl.DataFrame | None, slos: SloSet,
           itl_rows: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Per request (rows of ttft.ttft_table): ttft_ok, itl_ok, good. `itl_rows` (request_itl rows) stands
-    in for the gaps when a large run computed them request by request."""
+    """Per request (rows of ttft.ttft_table): ttft_ok, itl_ok (every ITL target met), good. `itl_rows`
+    (request_itl rows) stands in for the gaps when a large run computed them request by request."""
     ttft_targets, itl_targets = _targets(slos, ttft["cls"].unique().to_list())
-    itl_value = pl.when(pl.col("itl_stat") == "max").then(pl.col("itl_max_s")).otherwise(pl.col("itl_p99_s"))
     return (
         ttft.join(ttft_targets, on=["cls", "bucket"], how="left", nulls_equal=True)
         .join(itl_targets, on="cls", how="left", nulls_equal=True)
@@ -157,10 +195,9 @@ def judge(ttft: pl.DataFrame, gaps: pl.DataFrame | None, slos: SloSet,
                 pl.col("ttft_target_s").is_null()
                 | (pl.col("ttft_s") <= pl.col("ttft_target_s")).fill_null(False)
             ).alias("ttft_ok"),
-            (
-                pl.col("itl_target_s").is_null() | itl_value.is_null() | (itl_value <= pl.col("itl_target_s"))
-            ).alias("itl_ok"),
+            *[_itl_met(stat).alias(f"itl_{stat}_ok") for stat in ITL_STATS],
         )
+        .with_columns(pl.all_horizontal(*[f"itl_{stat}_ok" for stat in ITL_STATS]).alias("itl_ok"))
         .with_columns(
             ((pl.col("status") == "ok").fill_null(False) & pl.col("ttft_ok") & pl.col("itl_ok")).alias("good")
         )
@@ -180,17 +217,20 @@ def _ttft_misses(judged: pl.DataFrame) -> list[dict[str, object]]:
 
 
 def _itl_misses(judged: pl.DataFrame) -> list[dict[str, object]]:
-    value = pl.when(pl.col("itl_stat") == "max").then(pl.col("itl_max_s")).otherwise(pl.col("itl_p99_s"))
-    missed = judged.filter(~pl.col("itl_ok")).with_columns(value.alias("itl_value_s"))
+    return [miss for stat in ITL_STATS for miss in _stat_misses(judged, stat)]
+
+
+def _stat_misses(judged: pl.DataFrame, stat: str) -> list[dict[str, object]]:
+    """Requests that missed one ITL statistic's target, per class."""
+    missed = judged.filter(~pl.col(f"itl_{stat}_ok"))
     if missed.is_empty():
         return []
     totals = judged.group_by("cls").agg(pl.len().alias("of"))
     rows = (missed.group_by("cls").agg(
-        pl.len().alias("missed"), pl.col("itl_stat").first().alias("stat"),
-        pl.col("itl_target_s").first().alias("target_s"),
-        pl.col("itl_value_s").median().alias("median_s"), pl.col("itl_value_s").max().alias("worst_s"))
+        pl.len().alias("missed"), pl.col(f"itl_{stat}_target_s").first().alias("target_s"),
+        pl.col(f"itl_{stat}_s").median().alias("median_s"), pl.col(f"itl_{stat}_s").max().alias("worst_s"))
         .join(totals, on="cls", nulls_equal=True).sort("missed", descending=True))
-    return [{"slo": f"itl_{row.pop('stat')}", **row} for row in rows.iter_rows(named=True)]
+    return [{"slo": f"itl_{stat}", **row} for row in rows.iter_rows(named=True)]
 
 
 def goodput(judged: pl.DataFrame, window_s: float, slos: SloSet) -> dict[str, object]:

@@ -25,6 +25,7 @@ from itlbench.analysis.stats import describe, ns_to_s
 ITL_KEYS: tuple[str, ...] = ("p50", "p90", "p95", "p99", "p999", "max", "mean", "count")
 TPOT_KEYS: tuple[str, ...] = ("p50", "p90", "p99", "mean", "count")
 BUNDLING_WARN_FRACTION = 0.05
+TOGETHER_WARN_FRACTION = 0.5  # most gaps 0: the tokens came in together, there is no ITL to measure
 
 
 _STAMP_COLUMNS = {"stamp": pl.Utf8, "t_read_ns": pl.Int64, "read_chunks": pl.Int64}
@@ -151,3 +152,58 @@ def bundling_of(n: int, bundled: int, tokens: int, warn_fraction: float = BUNDLI
         "warn_fraction": warn_fraction,
         "warning": warning,
     }
+
+
+def open_gap_table(chunks: pl.DataFrame, requests: pl.DataFrame, lo_ns: int, hi_ns: int) -> pl.DataFrame:
+    """The gaps no token closed inside [lo_ns, hi_ns): per request, from its last chunk before hi_ns to
+    hi_ns (its next chunk came later, or never) or to the moment it was cut (cancelled, timed out,
+    failed: `done_ns`), whichever came first. A stream that froze is a stall by the definition, yet
+    `gap_table` holds only gaps a later chunk closed, so without these it would count nowhere.
+    Columns as `gap_table` plus `open` (True) and `censored` (still waiting at hi_ns: a lower bound).
+    A request that finished ok closed its stream and has none."""
+    tagged = _tagged_chunks(chunks, requests)
+    last = tagged.filter(pl.col("t_ns") < hi_ns).group_by("request_id", maintain_order=True).last()
+    later = tagged.filter(pl.col("t_ns") >= hi_ns).select("request_id").unique()
+    status = requests.select("request_id", "status", "done_ns")
+    cut = pl.min_horizontal(pl.col("done_ns").fill_null(hi_ns), pl.lit(hi_ns))
+    end = (pl.when(pl.col("_later")).then(pl.lit(hi_ns))
+           .when(pl.col("status") == "ok").then(pl.lit(None, dtype=pl.Int64))
+           .otherwise(cut))
+    return (
+        last.join(later.with_columns(pl.lit(True).alias("_later")), on="request_id", how="left")
+        .join(status, on="request_id", how="left")
+        .with_columns(pl.col("_later").fill_null(False), pl.col("t_ns").alias("t_prev_ns"))
+        .with_columns(end.cast(pl.Int64).alias("t_ns"))
+        .filter(pl.col("t_ns").is_not_null() & (pl.col("t_ns") > lo_ns) & (pl.col("t_ns") > pl.col("t_prev_ns")))
+        .select("request_id", "cls", "injected", "t_prev_ns", "t_ns",
+                ns_to_s(pl.col("t_ns") - pl.col("t_prev_ns")).alias("gap_s"),
+                pl.lit(1, dtype=pl.Int64).alias("n_tokens"),
+                pl.when(pl.col("stamp") == "kernel").then(pl.lit("kernel")).otherwise(pl.lit("user")).alias("stamp"),
+                pl.when(pl.col("stamp") == "kernel").then(pl.lit(0, dtype=pl.Int64)).alias("late_bound_ns"),
+                pl.lit(True).alias("open"), (pl.col("t_ns") >= hi_ns).alias("censored"))
+    )
+
+
+def with_open(gaps: pl.DataFrame, opened: pl.DataFrame) -> pl.DataFrame:
+    """The closed gaps (`open` False) and the open ones, one frame for find_stalls."""
+    closed = gaps.with_columns(pl.lit(False).alias("open"), pl.lit(False).alias("censored"))
+    return pl.concat([closed, opened], how="diagonal_relaxed") if opened.height else closed
+
+
+def arrived_together(gaps: pl.DataFrame, warn_fraction: float = TOGETHER_WARN_FRACTION) -> dict[str, object]:
+    """How many of the steady gaps are 0: chunks delivered in one read with the one before them. A proxy
+    that buffers the stream (or a server that sends the response whole) gives ITL p50..max of 0 ms, which
+    is no measurement; `bundling` does not see it (one token per chunk) and the shared-read check calls
+    it the server's delivery, so this names it."""
+    zero = int((gaps["gap_s"] <= 0).sum()) if gaps.height else 0
+    return arrived_together_of(gaps.height, zero, warn_fraction)
+
+
+def arrived_together_of(n: int, zero: int, warn_fraction: float = TOGETHER_WARN_FRACTION) -> dict[str, object]:
+    """`arrived_together` from its counts: steady gaps, and those of 0 s."""
+    fraction = zero / n if n else 0.0
+    warning = None
+    if n and fraction > warn_fraction:
+        warning = (f"tokens arrived together ({fraction:.0%} of {n:,} gaps are 0): a proxy may be buffering the "
+                   "stream, or the server sent whole responses; ITL is not measurable")
+    return {"gaps": n, "zero_gaps": zero, "fraction": fraction, "warn_fraction": warn_fraction, "warning": warning}

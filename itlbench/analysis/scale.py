@@ -61,6 +61,7 @@ class ChunkFigures:
     reasoning_itl: Pooled = field(default_factory=Pooled)  # steady gaps of requests that reasoned, by phase
     answer_itl: Pooled = field(default_factory=Pooled)
     steady_gaps: int = 0
+    zero_gaps: int = 0  # steady gaps of 0 s (itl.arrived_together)
     kernel: int = 0
     shared: int = 0
     chunks: int = 0  # the window's requests' chunks (bundling)
@@ -74,7 +75,6 @@ class ChunkFigures:
     tpot: pl.DataFrame | None = None
     spans: pl.DataFrame | None = None  # per request with gaps in the window: request_id, injected, lo_ns, hi_ns,
     # gaps, mean_s, max_s, median_s
-    open_gaps: pl.DataFrame | None = None  # steady gaps open across the window's end: request_id, t_prev_ns
     sample: pl.DataFrame | None = None  # background: t_prev_ns, t_ns, gap_s, request_id (every D-th steady gap)
     token_bins: np.ndarray = field(default_factory=lambda: np.zeros(0))
     quantiles: dict[str, dict[str, float | None]] = field(default_factory=dict)
@@ -145,13 +145,13 @@ def _one(chunks: pl.DataFrame, ctx: Context, acc: ChunkFigures, parts: dict[str,
     parts["handoff"].append(reasoning.handoff_rows(gaps))
     kernel = steady.filter(pl.col("stamp") == "kernel")
     acc.steady_gaps += steady.height
+    acc.zero_gaps += int((steady["gap_s"] <= 0).sum()) if steady.height else 0
     acc.kernel += kernel.height
     acc.shared += int((kernel["late_bound_ns"] > 0).sum())
-    parts["stalls"].append(find_stalls(steady, ctx.params))
+    opened = itl.steady(itl.open_gap_table(chunks, ctx.all_requests, lo, hi))  # streams that froze or were cut
+    parts["stalls"].append(find_stalls(itl.with_open(steady, opened), ctx.params))
     parts["request_itl"].append(request_itl(gaps))
     parts["spans"].append(_spans(gaps))
-    parts["open_gaps"].append(every.filter(~pl.col("injected") & (pl.col("t_prev_ns") < hi) & (pl.col("t_ns") >= hi))
-                              .select("request_id", "t_prev_ns"))
     parts["sample"].append(steady.gather_every(ctx.every).select("request_id", "t_prev_ns", "t_ns", "gap_s"))
     mine = chunks.join(ctx.window_ids, on="request_id", how="semi")
     parts["tpot"].append(_tpot_rows(mine, ctx.requests))
@@ -247,8 +247,8 @@ def chunk_figures(run_dir: str | Path, window: RunWindow, all_requests: pl.DataF
     ctx = Context(window, all_requests, requests.select("request_id"), requests, params,
                   max(1, math.ceil(rows / SAMPLE_POINTS)))
     acc = ChunkFigures(token_bins=np.zeros(max(1, math.ceil(window.seconds))))
-    parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("stalls", "request_itl", "spans", "open_gaps",
-                                                            "sample", "tpot", "handoff")}
+    parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("stalls", "request_itl", "spans", "sample", "tpot",
+                                                            "handoff")}
     with partitions(run_dir, count) as pieces:
         acc.partitions = len(pieces)
         keep = Path(tempfile.mkdtemp(prefix="itlbench-gaps-")) if len(pieces) > 1 else None
@@ -272,5 +272,5 @@ def chunk_figures(run_dir: str | Path, window: RunWindow, all_requests: pl.DataF
     acc.stalls = stalls.sort("t_prev_ns", "request_id") if stalls.height else parts["stalls"][0]
     acc.request_itl, acc.tpot = _concat(parts["request_itl"]), _concat(parts["tpot"]).sort("request_id")
     acc.handoff = _concat(parts["handoff"])
-    acc.spans, acc.open_gaps, acc.sample = (_concat(parts[k]) for k in ("spans", "open_gaps", "sample"))
+    acc.spans, acc.sample = (_concat(parts[k]) for k in ("spans", "sample"))
     return acc

@@ -3,7 +3,13 @@
 A gap (see itl.py) is a stall when gap ≥ max(factor × median gap of its request, floor_s).
   stalled_s  Σ of the whole stalled gaps (not the excess over the median)
   worst_s    the longest stalled gap
-  victims    distinct requests with at least one stall
+  victims    distinct requests with at least one stall (requests, not streams: a closed-loop stream
+             sends many requests in a window)
+stalled_s sums gaps over streams, so it is in stream-seconds and can exceed the window's length.
+A gap still open when the window closes (the stream stopped and never resumed, or was cancelled, timed
+out or cut while waiting) is judged like the others, from its last token to the window's end or the
+cut, whichever came first (itl.open_gap_table; `open` marks it, its length is a lower bound). Every
+stall has one cause: `unknown` (with `unknown_reason`) where nothing explains it.
 An *event* is a cluster of stalls whose gaps [t_prev, t_next] overlap (transitively, across
 streams): one engine hiccup seen by many streams. Attribution of an interval [lo, hi] (a stall's
 gap, or an event's span): engine steps with prefill tokens > 0 overlapping it, their prefill
@@ -55,9 +61,12 @@ class StallReport:
 
 
 def find_stalls(gaps: pl.DataFrame, params: StallParams) -> pl.DataFrame:
-    """The stalled gaps, with the median and threshold that flagged them."""
+    """The stalled gaps, with the median and threshold that flagged them. The median is of the closed
+    gaps only: an open gap (see itl.open_gap_table) is censored, no sample of the stream's rhythm."""
+    if "open" not in gaps.columns:
+        gaps = gaps.with_columns(pl.lit(False).alias("open"), pl.lit(False).alias("censored"))
     return (
-        gaps.with_columns(pl.col("gap_s").median().over("request_id").alias("median_gap_s"))
+        gaps.with_columns(pl.col("gap_s").filter(~pl.col("open")).median().over("request_id").alias("median_gap_s"))
         .with_columns(
             pl.max_horizontal(pl.col("median_gap_s") * params.factor, pl.lit(params.floor_s)).alias(
                 "threshold_s"
@@ -225,6 +234,16 @@ def _attach(
     return frame.join(attribute(intervals, steps, requests).rename({"id": key}), on=key, how="left")
 
 
+def steps_reaching(all_steps: pl.DataFrame, gaps: pl.DataFrame, hi_ns: int) -> pl.DataFrame:
+    """The steps that can explain the window's stalls: a gap that closed in the window may have opened
+    before it, and the steps that held it then are outside the window's own (a prefill ending exactly at
+    the window's start left such gaps with no step and no cause)."""
+    if gaps.is_empty() or all_steps.is_empty():
+        return all_steps.clear()
+    lo = int(gaps["t_prev_ns"].min())  # type: ignore[arg-type]
+    return all_steps.filter((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi_ns))
+
+
 _NO_INTERVALS = {"start_ns": pl.Int64, "end_ns": pl.Int64}
 
 
@@ -254,13 +273,29 @@ def analyze_found_stalls(
     stalls = _with_overlap(_with_overlap(stalls, "t_prev_ns", "t_ns", pauses, "client_pause_s"),
                            "t_prev_ns", "t_ns", scrapes, "scrape_s")
     stalls = _with_overlap(stalls, "t_prev_ns", "t_ns", starved, "client_starved_s")
-    stalls = with_cause(_clip_client_pause(stalls), "gap_s", pl.col("gap_s"))
+    stalls = with_unknown(with_cause(_clip_client_pause(stalls), "gap_s", pl.col("gap_s")), steps)
     events = _attach(events, "event", "start_ns", "end_ns", steps, requests)
     events = _with_overlap(_with_overlap(events, "start_ns", "end_ns", pauses, "client_pause_s"),
                            "start_ns", "end_ns", scrapes, "scrape_s")
     events = _clip_client_pause(_with_overlap(events, "start_ns", "end_ns", starved, "client_starved_s"))
-    events = with_cause(events, "worst_s", ns_to_s(pl.col("end_ns") - pl.col("start_ns")))
+    events = with_unknown(with_cause(events, "worst_s", ns_to_s(pl.col("end_ns") - pl.col("start_ns"))), steps)
     return StallReport(stalls, events, stall_summary(stalls, events, steps, params, origin_ns))
+
+
+UNKNOWN_REASONS = {"no_step_log": "the engine published no step log, and neither the client's pauses nor a "
+                                  "scrape explain it",
+                   "no_steps": "no logged engine step overlaps it (e.g. a gap that began before the first step "
+                               "the log holds)"}
+
+
+def with_unknown(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """Every stall (event) in exactly one cause: what `with_cause` left unexplained is `unknown`, and
+    `unknown_reason` says why, so by_cause sums to the totals."""
+    reason = "no_step_log" if steps.is_empty() else "no_steps"
+    unexplained = pl.col("cause").is_null()
+    return frame.with_columns(
+        pl.when(unexplained).then(pl.lit(reason)).otherwise(pl.lit(None, dtype=pl.Utf8)).alias("unknown_reason"),
+        pl.col("cause").fill_null("unknown"))
 
 
 def _starved(pauses: pl.DataFrame) -> pl.DataFrame:
@@ -309,6 +344,7 @@ def event_records(events: pl.DataFrame, limit: int, origin_ns: int) -> list[dict
         "client_pause_s",
         "scrape_s",
         "cause",
+        *[c for c in ("unknown_reason", "open") if c in top.columns],
     ).to_dicts()
     return json_safe(rows)  # type: ignore[return-value]
 
@@ -316,17 +352,22 @@ def event_records(events: pl.DataFrame, limit: int, origin_ns: int) -> list[dict
 def stall_summary(
     stalls: pl.DataFrame, events: pl.DataFrame, steps: pl.DataFrame, params: StallParams, origin_ns: int
 ) -> dict[str, object]:
+    """The stall figures; `stalled_s` is in stream-seconds, `victims` counts requests."""
     n = stalls.height
     return json_safe(
         {
             "count": n,
             "stalled_s": float(stalls["gap_s"].sum()) if n else 0.0,
+            "stalled_unit": "stream-seconds (gaps summed over streams)",
             "worst_s": stalls["gap_s"].max() if n else None,
             "victims": stalls["request_id"].n_unique() if n else 0,
             "events": events.height,
             "events_with_injected_prefill": int(events["injected_prefill"].sum()) if events.height else 0,
             "attribution_source": "engine_steps" if steps.height else "unavailable",
+            "victims_unit": "requests",
+            "open": open_summary(stalls),
             "by_cause": _by_cause(stalls),
+            "by_unknown_reason": by_unknown_reason(stalls),
             "overlapping_scrape": int((stalls["scrape_s"] > 0).sum()) if n and "scrape_s" in stalls.columns else 0,
             "attribution": event_records(events, params.top_events, origin_ns),
             "params": {"factor": params.factor, "floor_s": params.floor_s},
@@ -338,5 +379,24 @@ def _by_cause(stalls: pl.DataFrame) -> dict[str, dict[str, float | int]]:
     """Stall count and stalled seconds per cause (causes other than client and scrape need the step log)."""
     if stalls.is_empty() or "cause" not in stalls.columns:
         return {}
-    rows = stalls.drop_nulls("cause").group_by("cause").agg(pl.len().alias("count"), pl.col("gap_s").sum())
+    rows = stalls.with_columns(pl.col("cause").fill_null("unknown")).group_by("cause").agg(pl.len().alias("count"), pl.col("gap_s").sum())
     return {r["cause"]: {"count": int(r["count"]), "stalled_s": float(r["gap_s"])} for r in rows.to_dicts()}
+
+
+def by_unknown_reason(stalls: pl.DataFrame) -> dict[str, dict[str, float | int]]:
+    """Count and stalled seconds of the `unknown` stalls per reason (what the attribution lacked)."""
+    if stalls.is_empty() or "unknown_reason" not in stalls.columns:
+        return {}
+    rows = (stalls.filter(pl.col("cause") == "unknown").drop_nulls("unknown_reason").group_by("unknown_reason")
+            .agg(pl.len().alias("count"), pl.col("gap_s").sum()))
+    return {r["unknown_reason"]: {"count": int(r["count"]), "stalled_s": float(r["gap_s"])} for r in rows.to_dicts()}
+
+
+def open_summary(stalls: pl.DataFrame) -> dict[str, float | int]:
+    """Stalls no token closed: the stream stopped and was cut, or was still stalled when the window closed
+    (`at_window_end`, censored there: its length is a lower bound)."""
+    if stalls.is_empty() or "open" not in stalls.columns:
+        return {"count": 0, "stalled_s": 0.0, "at_window_end": 0}
+    opened = stalls.filter(pl.col("open"))
+    return {"count": opened.height, "stalled_s": float(opened["gap_s"].sum()) if opened.height else 0.0,
+            "at_window_end": int(opened["censored"].sum()) if opened.height else 0}

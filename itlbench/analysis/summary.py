@@ -9,9 +9,13 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
   itl_all_s.{same}                                     pooled gaps, all streams
   itl_per_token_s.{same}                               per-token view, steady streams
   tpot_s.{p50,p90,p99,mean,count}                      per-request mean, steady streams
-  stalls.{count,stalled_s,worst_s,victims,events,events_with_injected_prefill,attribution_source,params,
-         overlapping_scrape}
-  stalls.by_cause.<prefill|scrape|client|preemption|engine|outside_engine>.{count,stalled_s}
+  stalls.{count,stalled_s (stream-seconds: summed over streams),worst_s,victims (distinct requests),events,
+         events_with_injected_prefill,attribution_source,params,overlapping_scrape,stalled_unit,victims_unit}
+  stalls.open.{count,stalled_s,at_window_end}  stalls no token closed (the stream froze; censored at the window's
+                                               end or the cut), counted in every other stall figure too
+  stalls.by_cause.<prefill|scrape|client|preemption|engine|outside_engine|unknown>.{count,stalled_s}  every
+                    stall in exactly one cause: they sum to count and stalled_s
+  stalls.by_unknown_reason.<no_step_log|no_steps>.{count,stalled_s}
   stalls.attribution[]  top events, the most stream-seconds stalled first: {event,start_s (from measure start),
                         span_s,stalls,victims,worst_s,stalled_s,prefill_steps,prefill_tokens,prefill_s,injected_prefill,prefill_request_ids,
                         injected_request_ids,longest_step_s,preemptions,client_pause_s,scrape_s,cause}
@@ -20,14 +24,19 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
   goodput.{requests_per_s,fraction,good,total,not_ok,slos}
   goodput.misses[]  every SLO requests missed: {slo (ttft|itl_p99|itl_max),cls,bucket,target_s,missed,of,
                     median_s,worst_s}
-  requests.{total,ok,error,timeout,cancelled,injected}
+  requests.{total,ok,error,timeout,cancelled,injected,outside_window,outside_window_failed,in_flight_at_start,
+           in_flight_at_start_failed}  (in_flight_at_start: sent in the warm-up, still streaming or frozen when
+           the window opened; their in-window gaps and stalls count)
   failures.{count,total,by_kind.<kind>.{count,example},line}  failed requests by requests.error_kind
-  cache.{requests_reporting,prompt_tokens,cached_tokens,cached_fraction,injected[],server,warnings}
+  cache.{requests_reporting,prompt_tokens,cached_tokens,cached_fraction,injected[],server,warnings,preemptions}
+                    (preemptions: the engine's in the window; a preempted request's re-prefill hits the cache)
   scrapes.{count,failed,by_reason,in_window,longest_s,total_s}  /metrics reads of an external engine
   client_pauses.{count,wall_s,measured_wall_s,cpu_s,runq_s,starved_fraction,line}  the client's loop pauses
   gpu.nvml  'NVML', or 'no NVML: <why>' alone; with NVML also gpu.{samples,power_w_mean,sm_util_mean,
             mem_util_mean,energy_j,energy_per_output_token_j}  (the window's NVML samples, analysis/gpu.py)
   bundling.{fraction,chunks,bundled_chunks,tokens_per_chunk,warn_fraction,warning}
+  arrived_together.{gaps,zero_gaps,fraction,warn_fraction,warning}  steady gaps of 0 s: above warn_fraction
+                    the tokens came in together (a buffering proxy) and validity withdraws ITL
   reasoning  null unless some request of the window reasoned (streamed delta.reasoning[_content]); then
              {requests,answered,request_share,chunk_share,ttfa_s.<bucket|all>.{TTFT keys},ttfa_by_class_s.<cls>,
              reasoning_s.{TTFT keys},itl_reasoning_s.{ITL keys},itl_answer_s.{ITL keys},handoff_s.{TTFT keys}}
@@ -78,7 +87,13 @@ from itlbench.analysis.scale import ChunkFigures, chunk_figures
 from itlbench.analysis.scrapes import scrape_summary
 from itlbench.analysis.server_timings import server_timings_check
 from itlbench.analysis.split import time_split
-from itlbench.analysis.stalls import StallParams, StallReport, analyze_found_stalls, analyze_stalls
+from itlbench.analysis.stalls import (
+    StallParams,
+    StallReport,
+    analyze_found_stalls,
+    analyze_stalls,
+    steps_reaching,
+)
 from itlbench.analysis.starvation import pause_breakdown
 from itlbench.analysis.stats import json_safe
 from itlbench.analysis.validity import StampCounts, ValidityThresholds, check_validity
@@ -89,9 +104,13 @@ from itlbench.rundir import TABLES, read_run_doc, read_table, unreadable_parts
 STATUSES = ("ok", "error", "timeout", "cancelled")
 
 
-def request_counts(requests: pl.DataFrame, all_requests: pl.DataFrame | None = None) -> dict[str, int]:
+def request_counts(requests: pl.DataFrame, all_requests: pl.DataFrame | None = None,
+                   measure_start_ns: int | None = None) -> dict[str, int]:
     """Counts by status of the measured window's requests, and how many were sent outside it (warm-up)
-    and failed there: a run aborted in its warm-up measured none, and must still say what failed."""
+    and failed there: a run aborted in its warm-up measured none, and must still say what failed. Of
+    those, `in_flight_at_start` were sent in the warm-up but still streaming (or frozen) when the window
+    opened: their gaps and stalls in the window count in its ITL and stall figures, so they are not
+    warm-up only (`in_flight_at_start_failed`: those that then did not finish ok)."""
     out = {"total": requests.height}
     for status in STATUSES:
         out[status] = requests.filter(pl.col("status") == status).height
@@ -100,6 +119,11 @@ def request_counts(requests: pl.DataFrame, all_requests: pl.DataFrame | None = N
         outside = all_requests.join(requests.select("request_id"), on="request_id", how="anti")
         out["outside_window"] = outside.height
         out["outside_window_failed"] = outside.filter(pl.col("status") != "ok").height
+        if measure_start_ns is not None:
+            carried = outside.filter((pl.col("scheduled_ns") < measure_start_ns)
+                                     & (pl.coalesce("done_ns", "last_token_ns") >= measure_start_ns))
+            out["in_flight_at_start"] = carried.height
+            out["in_flight_at_start_failed"] = carried.filter(pl.col("status").fill_null("") != "ok").height
     return out
 
 
@@ -137,6 +161,7 @@ def _itl_section(chunks: pl.DataFrame, requests: pl.DataFrame, gaps: pl.DataFram
         "itl_per_token_s": itl.per_token(steady),
         "tpot_s": itl.tpot(itl.tpot_table(chunks, requests).filter(~pl.col("injected"))),
         "bundling": itl.bundling(chunks),
+        "arrived_together": itl.arrived_together(steady),
     }
 
 
@@ -158,14 +183,17 @@ def summarize(
     all_requests = t["all_requests"]
     gaps = itl.gap_table(t["all_chunks"], all_requests).filter(
         (pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
-    stalls = analyze_stalls(itl.steady(gaps), steps, all_requests, stall_params, window.measure_start_ns,
-                            t["client_pauses"], t["scrapes"])
+    opened = itl.open_gap_table(t["all_chunks"], all_requests, window.measure_start_ns, window.end_ns)
+    stall_gaps = itl.with_open(itl.steady(gaps), itl.steady(opened))
+    stalls = analyze_stalls(stall_gaps, steps_reaching(t["all_steps"], stall_gaps, window.end_ns), all_requests,
+                            stall_params, window.measure_start_ns, t["client_pauses"], t["scrapes"])
     client_stalls = int((stalls.summary.get("by_cause") or {}).get("client", {}).get("count", 0))  # type: ignore[union-attr]
     itl_section = _itl_section(chunks, requests, gaps)
     validity = check_validity(ttft_rows, t["client_samples"], itl_section["itl_s"],  # type: ignore[arg-type]
                               thresholds, t["client_pauses"], client_stalls,
                               tag_gaps(itl.steady(gaps), t["all_chunks"], all_requests, t["client_pauses"]),
-                              requests=live_in(all_requests, window.measure_start_ns, window.end_ns), steps=steps)
+                              requests=live_in(all_requests, window.measure_start_ns, window.end_ns), steps=steps,
+                              together=itl_section["arrived_together"])  # type: ignore[arg-type]
     windowed = t["all_chunks"].filter((pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
     phased = reasoning.gap_phase(gaps, all_requests)
     itl_section["reasoning"] = reasoning.section(
@@ -193,7 +221,8 @@ def summarize_dir(
     requests, steps, all_requests = t["requests"], t["steps"], t["all_requests"]
     ttft_rows = ttft.ttft_table(requests, steps)
     c = chunk_figures(run_dir, window, all_requests, requests, stall_params, partitions)
-    stalls = analyze_found_stalls(c.stalls, steps, all_requests, stall_params,  # type: ignore[arg-type]
+    stalls = analyze_found_stalls(c.stalls, steps_reaching(t["all_steps"], c.stalls, window.end_ns),  # type: ignore[arg-type]
+                                  all_requests, stall_params,
                                   window.measure_start_ns, t["client_pauses"], t["scrapes"])
     client_stalls = int((stalls.summary.get("by_cause") or {}).get("client", {}).get("count", 0))  # type: ignore[union-attr]
     itl_section: dict[str, object] = {
@@ -202,6 +231,7 @@ def summarize_dir(
         "itl_per_token_s": describe_pooled(c.per_token, c.quantiles["itl_per_token_s"], itl.ITL_KEYS),
         "tpot_s": itl.tpot(c.tpot.filter(~pl.col("injected"))),  # type: ignore[union-attr]
         "bundling": itl.bundling_of(c.chunks, c.bundled, c.tokens),
+        "arrived_together": itl.arrived_together_of(c.steady_gaps, c.zero_gaps),
         "reasoning": reasoning.section(
             reasoning.request_table(ttft_rows, requests), requests,
             describe_pooled(c.reasoning_itl, c.quantiles["itl_reasoning_s"], itl.ITL_KEYS),
@@ -211,13 +241,14 @@ def summarize_dir(
     tagged = _tagged_gaps(run_dir, window, all_requests, t["client_pauses"]) if c.chunks <= TAG_MAX_CHUNKS else None
     if tagged is not None:  # who made each shared read late: only the client's lateness withdraws ITL
         validity = check_validity(ttft_rows, t["client_samples"], itl_section["itl_s"],  # type: ignore[arg-type]
-                                  thresholds, t["client_pauses"], client_stalls, tagged, requests=live, steps=steps)
+                                  thresholds, t["client_pauses"], client_stalls, tagged, requests=live, steps=steps,
+                                  together=itl_section["arrived_together"])  # type: ignore[arg-type]
     else:  # too large to hold every read: the counts' rule (shared reads, whoever caused them)
         late = c.quantiles["late_bound_s"]
         stamps = StampCounts(c.steady_gaps, c.kernel, c.shared, lambda q: late.get(str(q)))
         validity = check_validity(ttft_rows, t["client_samples"], itl_section["itl_s"],  # type: ignore[arg-type]
                                   thresholds, t["client_pauses"], client_stalls, stamps=stamps, requests=live,
-                                  steps=steps)
+                                  steps=steps, together=itl_section["arrived_together"])  # type: ignore[arg-type]
     judged = judge(ttft_rows, None, slos, c.request_itl)
     out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judged, slos, validity,
                     throughput(requests, None, window.seconds, c.out_tokens),
@@ -269,9 +300,9 @@ def _assemble(window: RunWindow, ttft_rows: pl.DataFrame, itl_section: dict[str,
         "split": time_split(t["steps"], t["server_metrics"], window),
         "throughput": thr,
         "goodput": goodput(judged, window.seconds, slos),
-        "requests": request_counts(requests, t.get("all_requests")),
+        "requests": request_counts(requests, t.get("all_requests"), window.measure_start_ns),
         "failures": failure_summary(requests),
-        "cache": cache_summary(requests, t["server_metrics"], window),
+        "cache": cache_summary(requests, t["server_metrics"], window, t["steps"], t.get("all_steps")),
         "scrapes": scrape_summary(t["scrapes"], window),
         "client_pauses": pause_breakdown(t["client_pauses"]),
         "gpu": gpu_summary(t["gpu_samples"], None, out_tokens, gpu_status),

@@ -210,11 +210,12 @@ def check_validity(ttft: pl.DataFrame, samples: pl.DataFrame, itl: dict[str, obj
                    thresholds: ValidityThresholds | None = None, pauses: pl.DataFrame | None = None,
                    client_stalls: int = 0, gaps: pl.DataFrame | None = None,
                    stamps: StampCounts | None = None, requests: pl.DataFrame | None = None,
-                   steps: pl.DataFrame | None = None) -> dict[str, object]:
+                   steps: pl.DataFrame | None = None, together: dict[str, object] | None = None) -> dict[str, object]:
     """{valid, reasons, affected, standing, disturbances, figures, thresholds}; `ttft` holds
     ttft.ttft_table rows, `itl` the pooled ITL statistics being reported, `gaps` the gaps behind them
     (itl.gap_table), or `stamps` their counts when a large run does not hold them; `requests` and
-    `steps` (the window's) let it name what disturbed the path to the engine."""
+    `steps` (the window's) let it name what disturbed the path to the engine; `together`
+    (itl.arrived_together) withdraws ITL when the tokens came in together."""
     th = thresholds or ValidityThresholds()
     stamp = stamp_figures_of(stamps, samples, itl) if stamps is not None else stamp_figures(gaps, samples, itl)
     f = {**figures(ttft, samples, itl), **stamp, **pause_figures(pauses),
@@ -245,6 +246,9 @@ def check_validity(ttft: pl.DataFrame, samples: pl.DataFrame, itl: dict[str, obj
                        "the ITL tail overstates the server's")
     ttft_p50 = ttft["ttft_s"].drop_nulls().median() if "ttft_s" in ttft.columns else None
     d_affected, disturbances = disturbance_checks(f, ttft_p50, th.max_distortion, th.late_fraction)  # type: ignore[arg-type]
+    if together and together.get("warning"):  # itl.arrived_together: the path delivered no gaps to measure
+        d_affected += ["itl_s", "itl_all_s", "itl_per_token_s", "tpot_s", "stalls", "goodput"]
+        disturbances = [*disturbances, str(together["warning"])]
     affected += d_affected
     reasons += disturbances
     affected = list(dict.fromkeys(affected))

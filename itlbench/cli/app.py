@@ -65,18 +65,22 @@ def write_report(run_dir: object) -> None:
     if html is not None:
         console.print(f"[bold]Report[/] {html}", highlight=False)
     else:
-        console.print(f"[yellow]warning:[/] no report written ({problem}); the records and summary.json are "
-                      f"complete: retry with `itlbench report {run_dir}`", highlight=False)
+        console.print(f"[yellow]warning:[/] no report written ({problem}); the records are complete: retry "
+                      f"with `itlbench report {run_dir}` (--out DIR where it cannot be written)", highlight=False)
+
+
+SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}  # the shell's 128 + signal number, as an unhandled signal would give
 
 
 def ended_early_code(run_dir: object) -> int:
-    """A finished run's exit status: 1 when it was aborted (failures in a row) or its server died, 130 when
-    interrupted, else 0. Its records and summary are kept either way."""
+    """A finished run's exit status: 1 when it was aborted (failures in a row) or its server died; 130 when
+    interrupted by Ctrl-C/SIGINT (or an unknown signal), 143 by SIGTERM, so a script or job runner sees the
+    signal; else 0. Its records and summary are kept either way."""
     from pathlib import Path
 
     from itlbench.report.data import read_json
 
     doc = read_json(Path(str(run_dir)) / "run.json") or {}
-    if doc.get("interrupted"):
-        return 130
+    if doc.get("interrupted") or doc.get("stop_reason") == "interrupted":
+        return SIGNAL_EXIT.get(str(doc.get("signal")), 130)
     return EXIT_ENDED_EARLY if doc.get("aborted_reason") or doc.get("server_exit_code") is not None else 0

@@ -11,6 +11,7 @@ import typer
 
 from itlbench.cli.app import AsJson, app, console, fail, print_json, write_report
 from itlbench.errors import ConfigError, ItlbenchError
+from itlbench.rundir.reader import not_a_run
 
 
 @app.command()
@@ -31,7 +32,7 @@ def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory writte
     from itlbench.report.terminal import cut_short, engine_warnings, print_summary
 
     if not (run_dir / "run.json").is_file():
-        fail(ItlbenchError(f"{run_dir} has no run.json: not a run directory"))
+        fail(not_a_run(run_dir))
     if server_log is not None:
         _analyze_server_log(run_dir, server_log, as_json)
         return
@@ -113,7 +114,11 @@ def _summary_written(run_dir: Path, compute: Callable[[Path], dict[str, Any]], n
         summary = compute(run_dir)
     except ItlbenchError as exc:
         fail(exc)
-    RunStore(run_dir).write_json(name, summary)
+    try:
+        RunStore(run_dir).write_json(name, summary)
+    except OSError as exc:  # a run shared read-only: its figures still print
+        console.print(f"[yellow]warning:[/] {name} not saved ({exc.strerror or exc}: {run_dir}); the figures "
+                      "printed are complete", highlight=False)
     return summary
 
 
@@ -124,11 +129,15 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run directory written
     from itlbench.report.run_report import write_run_report
 
     if not (run_dir / "run.json").is_file():
-        fail(ConfigError("RUN_DIR", f"{run_dir} has no run.json", "pass a directory written by `itlbench run`"))
+        fail(not_a_run(run_dir))
     try:
         written = write_run_report(run_dir, out)
     except ItlbenchError as exc:
         fail(exc)
+        return
+    except OSError as exc:  # a read-only run directory, a full disk
+        fail(ConfigError("--out", f"cannot write the report into {out or run_dir} ({exc.strerror or exc})",
+                         "pass --out DIR to write it elsewhere"))
         return
     console.print(f"[bold]Report[/] {written.html}  (markdown: {written.markdown})", highlight=False)
     print(written.html)
@@ -137,7 +146,8 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run directory written
 @app.command()
 def compare(
     run_dirs: Annotated[list[Path], typer.Argument(help="Finished run directories (budgets, policies, engines).")],
-    out: Annotated[Path | None, typer.Option(help="Report directory (default reports/<time>-compare).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Report directory (default reports/<time>-compare); not one that "
+                                            "holds a run, sweep, capacity search or comparison.")] = None,
     slo: Annotated[str | None, typer.Option(help="SLOs to judge the runs by, e.g. 'ttft:le2k=2s,itl_p99=150ms'.")] = None,
     force: Annotated[bool, typer.Option(help="Compare runs whose workload, seed or injection differ.")] = False,
     as_json: AsJson = False,
@@ -145,18 +155,19 @@ def compare(
     """Compare finished runs: one row each, overlaid figures and a verdict per SLO."""
     import datetime as dt
 
-    from itlbench.report.compare import write_compare_report
+    from itlbench.report.compare import check_compare_out, write_compare_report
     from itlbench.report.compare_print import comparison_doc, print_comparison
 
     for d in run_dirs:
         if not (d / "run.json").is_file():
-            fail(ConfigError("DIR", f"{d} has no run.json", "pass directories written by `itlbench run`"))
+            fail(not_a_run(d, "DIR"))
     seen: dict[Path, Path] = {}
     for d in run_dirs:  # two rows of one run would read as two settings that agree
         if (first := seen.setdefault(d.resolve(), d)) is not d:
             fail(ConfigError("DIR", f"the run {first} is given twice", "name each run once"))
     target = out or Path("reports") / (dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S") + "-compare")
     try:
+        check_compare_out(target)  # never over a run's, a sweep's or another comparison's report
         command = shlex.join(["itlbench", "compare", *map(str, run_dirs), *(["--slo", slo] if slo else []),
                               *(["--force"] if force else [])])
         written, rows, verdict = write_compare_report(run_dirs, target, slo, force, command=command)

@@ -8,9 +8,15 @@ from typing import Annotated
 import typer
 
 from itlbench.cli.app import AsJson, app, console, ended_early_code, fail, print_json, write_report
-from itlbench.cli.engine_options import engine_config_from_flags, engine_options
+from itlbench.cli.engine_options import (
+    ENGINE_FIELDS,
+    engine_config_from_flags,
+    engine_options,
+    flag_of,
+    given_on_command_line,
+)
 from itlbench.core.engine_config import EngineConfig
-from itlbench.errors import ItlbenchError
+from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.serving.build import require_engine_for
 from itlbench.units import parse_duration_s
 
@@ -21,6 +27,29 @@ ReceiveOtlp = Annotated[str | None, typer.Option(help="Receive the server's OTLP
                                                  "--otlp-traces-endpoint http://HOST:PORT/v1/traces).")]
 
 
+ENDPOINT_FLAGS = ("seed", "model")  # engine flags an --endpoint run uses too: the workload's seed, the served model
+
+
+def refuse_engine_flags(ctx: typer.Context, endpoint: str | None) -> None:
+    """With --endpoint the bundled engine never starts: an engine flag the user typed would be silently ignored."""
+    given = [n for n in given_on_command_line(ctx, ENGINE_FIELDS) if n not in ENDPOINT_FLAGS] if endpoint else []
+    if given:
+        flag = flag_of(given[0])
+        raise ConfigError(flag, "configures the bundled engine, which --endpoint does not start", "set it on your server")
+
+
+def print_warmup_timeout(run_dir: Path) -> None:
+    """Say when the adaptive warm-up gave up on a stream's first token (run.json's `warmup_timeout`)."""
+    from itlbench.report.data import read_json
+
+    t = (read_json(run_dir / "run.json") or {}).get("warmup_timeout")
+    if isinstance(t, dict):
+        console.print(f"[yellow]warning:[/] the warm-up waited {t.get('waited_s', 0):.0f} s for the first token of "
+                      f"stream(s) {', '.join(map(str, t.get('streams_without_token') or []))}, which never came; "
+                      "the window opened without it (--request-timeout fails such a request sooner)",
+                      highlight=False, soft_wrap=True)
+
+
 def check_sim(engine: EngineConfig) -> None:
     """Refuse, before any server starts, what the simulated engine would refuse at start-up."""
     if engine.engine == "sim":
@@ -29,12 +58,28 @@ def check_sim(engine: EngineConfig) -> None:
         check_sim_config(engine)
 
 
+def plan_warnings(run_dir: Path) -> list[str]:
+    """What the load plan changed of what was asked (prompts shortened, trace rows skipped), from run.json."""
+    from itlbench.report.data import read_json
+
+    doc = read_json(run_dir / "run.json") or {}
+    return list((doc.get("plan") or {}).get("warnings") or [])
+
+
+def print_plan_warnings(run_dir: Path) -> None:
+    for warning in plan_warnings(run_dir):
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+
+
 @app.command()
 @engine_options(exclude=("model",))
 def run(
+    ctx: typer.Context,
     workload: Annotated[str, typer.Option(help="chat-short, chat, rag, summarization, code, agent, fixed:IN:OUT "
                                                   "(exact lengths) or trace.")] = "chat",
-    inject: Annotated[str | None, typer.Option(help="Long prompts to inject: 32k, 32k@20s, 2x16k@10s,40s, 32k/30s.")] = None,
+    inject: Annotated[list[str] | None, typer.Option(help="Long prompts to inject: 32k, 32k@20s, 2x16k@10s,40s, 32k/30s "
+                                                        "(every 30 s, from 15 s); repeat the flag or join with ';' "
+                                                        "for several.")] = None,
     streams: Annotated[int | None, typer.Option(help="Closed-loop steady streams (default 32; 0 with --rate or trace).")] = None,
     rate: Annotated[float | None, typer.Option(help="Open-loop arrivals per second (instead of or besides streams).")] = None,
     burstiness: Annotated[float, typer.Option(help="Gamma shape for --rate arrivals; 1 = Poisson.")] = 1.0,
@@ -103,12 +148,13 @@ def run(
     from itlbench.report.terminal import LiveProgress, cut_short, engine_warnings, print_summary
 
     try:
+        refuse_engine_flags(ctx, endpoint)
         engine = engine_config_from_flags(engine_flags, model=None if endpoint else model)
         if endpoint is None:
             require_engine_for(engine)
         seed = engine.seed
         check_sim(engine)
-        cfg = RunConfig(workload=workload, inject=inject, inject_max_tokens=inject_max_tokens, streams=streams,
+        cfg = RunConfig(workload=workload, inject=";".join(inject) if inject else None, inject_max_tokens=inject_max_tokens, streams=streams,
                         rate=rate, burstiness=burstiness, duration_s=parse_duration_s(duration, "--duration"),
                         warmup_s=parse_duration_s(warmup, "--warmup"), seed=seed,
                         adaptive_warmup=adaptive_warmup, ramp_s=parse_duration_s(ramp, "--ramp"),
@@ -137,13 +183,15 @@ def run(
         return
     if not as_json:
         print_summary(console, summary, run_dir)
+        print_plan_warnings(run_dir)
+        print_warmup_timeout(run_dir)
     if engine.engine == "sim" and engine.sim_time_scale != 1:
         console.print(f"[yellow]simulated at {engine.sim_time_scale:g}× speed: every time above is 1/"
                       f"{engine.sim_time_scale:g} of the simulated GPU's[/]", highlight=False)
     if report:
         write_report(run_dir)
     if as_json:
-        print_json({"run_dir": str(run_dir), "summary": summary, "warnings": engine_warnings(run_dir),
+        print_json({"run_dir": str(run_dir), "summary": summary, "warnings": engine_warnings(run_dir) + plan_warnings(run_dir),
                     "cut_short": cut_short(summary, run_dir)})
     else:
         print(run_dir)

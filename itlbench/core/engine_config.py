@@ -13,13 +13,14 @@ from typing import Any, Literal, get_type_hints
 from itlbench.core.json_fields import fits, type_name
 from itlbench.core.presets import CPU_DEFAULT_PRESET
 from itlbench.errors import ConfigError
-from itlbench.units import parse_tokens
+from itlbench.units import check_finite, parse_tokens
 
 Policy = Literal["budget", "prefill-first"]
 POLICIES: tuple[str, ...] = ("budget", "prefill-first")
 EngineKind = Literal["torch", "sim"]
 ENGINE_KINDS: tuple[str, ...] = ("torch", "sim")
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "sdpa", "flash", "triton")  # itlbench.engine.attention
+_DEFAULT_KV_LINK_GBPS = 400.0
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bfloat16", "float16", "fp8")  # bytes: itlbench.sim.hardware.kv_dtype_bytes
 
 
@@ -81,15 +82,16 @@ class EngineConfig:
     seed: int = option(0, "Seed for lengths, arrivals, prompts and the engine.")
     engine: EngineKind = option("torch", "torch (runs the model) or sim (the same scheduler on a virtual clock "
                                 "driven by the roofline cost model; no weights, no torch).")
-    gpu: str | None = option(None, "--engine sim: h100, h200, a100, l40s, rtx4090, cpu or a profile from "
-                             "`itlbench calibrate` (default h100).")
+    gpu: str | None = option(None, "--engine sim: h100, h200, b200, a100, a100-pcie, l40s, rtx4090 (each also as "
+                             "NAME-seeds, the source documents' arithmetic, and, where published, NAME-2025, vLLM's "
+                             "2025 kernels), cpu, or a profile from `itlbench calibrate` (default h100).")
     tp: int = option(1, "--engine sim: tensor-parallel degree: weights, heads, K/V and FLOPs split over this many "
                      "GPUs, two all-reduces per layer over the profile's link.")
     sim_time_scale: float = option(1.0, "--engine sim: run this many times faster than the simulated GPU (every "
                                    "measured time shrinks by the same factor).")
     disaggregate: bool = option(False, "--engine sim: prefill and decode on separate GPUs, K/V sent over a link.")
     prefill_gpu: str | None = option(None, "--disaggregate: the prefill pool's GPU (default: --gpu).")
-    kv_link_gbps: float = option(400.0, "--disaggregate: prefill → decode link, Gb/s.")
+    kv_link_gbps: float = option(_DEFAULT_KV_LINK_GBPS, "--disaggregate: prefill → decode link, Gb/s.")
     engine_process: bool | None = option(None, "Run the engine core in its own process, apart from the HTTP front "
                                          "end (default: yes when served from the command line).")
     torch_threads: int | None = option(None, "Torch intra-op threads of the engine (default: the cores available "
@@ -99,6 +101,7 @@ class EngineConfig:
         self.validate()
 
     def validate(self) -> None:
+        check_finite(self)
         if self.chunk_budget is not None and self.chunk_budget <= 0:
             raise ConfigError("chunk_budget", f"must be a positive token count or none, got {self.chunk_budget}",
                               "e.g. --chunk-budget 2048, or --chunk-budget none for unchunked prefill")
@@ -156,6 +159,15 @@ class EngineConfig:
             raise ConfigError("prefill_gpu", "only applies to disaggregated pools", "add --disaggregate")
         if not self.kv_link_gbps > 0:
             raise ConfigError("kv_link_gbps", f"must be > 0, got {self.kv_link_gbps}")
+        self._refuse_unused()
+
+    def _refuse_unused(self) -> None:
+        """A flag set away from its default that this engine would ignore is refused, not recorded as if it
+        had shaped the run (as --prefill-gpu without --disaggregate)."""
+        if self.kv_link_gbps != _DEFAULT_KV_LINK_GBPS and not self.disaggregate:
+            raise ConfigError("kv_link_gbps", "only applies to disaggregated pools", "add --disaggregate or drop it")
+        if self.sim_time_scale != 1 and self.engine != "sim":
+            raise ConfigError("sim_time_scale", "only applies to the simulated engine", "add --engine sim or drop it")
 
     def with_(self, **changes: object) -> EngineConfig:
         return replace(self, **changes)

@@ -58,20 +58,20 @@ def model_config_from_hf(raw: dict[str, Any], path: Path) -> ModelConfig:
         raise ConfigError("model", f"{path / 'config.json'} lacks {', '.join(missing)}",
                           "a Llama-architecture config.json is required")
     _check_architecture(raw)
-    heads, hidden = int(raw["num_attention_heads"]), int(raw["hidden_size"])
-    head_dim = raw.get("head_dim")
+    heads, hidden = _whole(raw, "num_attention_heads"), _whole(raw, "hidden_size")
+    head_dim = None if raw.get("head_dim") is None else _whole(raw, "head_dim")
     if head_dim is None:
         if heads <= 0 or hidden % heads:
             raise _refuse("head_dim", f"is absent and hidden_size={hidden} is not a multiple of "
                           f"num_attention_heads={heads}", "give head_dim explicitly")
         head_dim = hidden // heads
-    max_positions = int(raw.get("max_position_embeddings") or DEFAULT_MAX_POSITIONS)
+    max_positions = _whole(raw, "max_position_embeddings") if raw.get("max_position_embeddings") else DEFAULT_MAX_POSITIONS
     theta, scaling = _rope(raw, max_positions)
-    kv_heads = raw.get("num_key_value_heads")
+    kv_heads = None if raw.get("num_key_value_heads") is None else _whole(raw, "num_key_value_heads")
     return ModelConfig(
         name=raw.get("_name_or_path") or path.name,
-        vocab_size=int(raw["vocab_size"]), hidden_size=hidden,
-        intermediate_size=int(raw["intermediate_size"]), num_layers=int(raw["num_hidden_layers"]),
+        vocab_size=_whole(raw, "vocab_size"), hidden_size=hidden,
+        intermediate_size=_whole(raw, "intermediate_size"), num_layers=_whole(raw, "num_hidden_layers"),
         num_heads=heads, num_kv_heads=heads if kv_heads is None else int(kv_heads),
         head_dim=int(head_dim), max_position_embeddings=max_positions,
         rope_theta=theta, rope_scaling=scaling,
@@ -80,6 +80,19 @@ def model_config_from_hf(raw: dict[str, Any], path: Path) -> ModelConfig:
         bos_token_id=_token_id(raw, "bos_token_id", 1), eos_token_id=_token_id(raw, "eos_token_id", 2),
         extra_eos_token_ids=_more_eos_ids(raw),
         path=str(path))
+
+
+def _whole(raw: dict[str, Any], name: str) -> int:
+    """A count (layers, heads, sizes) as a whole number: `int()` would silently turn 32.5 layers into 32."""
+    value = raw[name]
+    try:
+        whole = int(value)
+        exact = not isinstance(value, bool) and float(value) == whole
+    except (TypeError, ValueError):
+        exact = False
+    if not exact:
+        raise _refuse(name, f"is {value!r}, not a whole number", f"give {name} as an integer")
+    return whole
 
 
 def _or(value: Any, default: Any) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import ssl
 import urllib.error
 import urllib.parse
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from itlbench.harness.bundled_server import BundledServer
 from itlbench.harness.http_json import CONTROL_REPLY_BYTES, request_json
 from itlbench.harness.run_config import RunConfig
 from itlbench.harness.token_probe import PROBE_LOW, probe_token_ids
+from itlbench.load.clients.sse import error_text
 from itlbench.load.target import Target
 from itlbench.rundir.coerce import as_count
 from itlbench.workloads.prompts import PromptBuilder
@@ -83,6 +85,8 @@ def _external(cfg: RunConfig) -> Connection:
                     max_event_bytes=cfg.limits.event_bytes, max_head_bytes=cfg.limits.head_bytes,
                     extra_body=dict(cfg.extra_body))
     steps_url = base if same_clock else None
+    if engine is None:  # an itlbench server serves both APIs and its listed model
+        check_api(target)
     if vocab is not None:
         return Connection(target, max_len, vocab, steps_url=steps_url, metrics_url=base, doc=doc)
     tpw = calibrate_text(target)
@@ -132,6 +136,9 @@ def _probe_models(cfg: RunConfig, base: str) -> dict[str, Any]:
     try:
         models = _get_json(f"{base}/models", cfg.api_key, raise_errors=True, max_bytes=cfg.limits.control_bytes) or {}
     except Exception as exc:  # noqa: BLE001 - any failure means the endpoint is unusable
+        if _untrusted_certificate(exc):
+            raise ConfigError("--endpoint", f"{base}'s TLS certificate was not trusted ({_ssl_reason(exc)})",
+                              "trust its CA with SSL_CERT_FILE=/path/ca.pem") from None
         raise ConfigError("--endpoint", f"GET {base}/models failed: {exc}",
                           "check the URL ends in /v1, the server is up and --api-key is right") from None
     data = models.get("data")  # the reply is untrusted: entries that are not objects with a str id are skipped
@@ -145,6 +152,53 @@ def _probe_models(cfg: RunConfig, base: str) -> dict[str, Any]:
     return {"models": ids, "model": model, "max_model_len": entry_max_len(entry),
             **({"model_from": "the only model GET /v1/models lists"} if not cfg.model else {}),
             **({"owned_by": owner} if isinstance(owner, str) and owner else {})}
+
+
+def _untrusted_certificate(exc: BaseException) -> bool:
+    """A TLS verify failure (self-signed or private CA): the fix is to trust its CA, not to check the URL."""
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    return isinstance(reason, ssl.SSLCertVerificationError)
+
+
+def _ssl_reason(exc: BaseException) -> str:
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    return str(getattr(reason, "verify_message", None) or reason)
+
+
+def check_api(target: Target) -> None:
+    """One tiny request to the URL the load will use: a 404 there (a chat-only server asked for completions, or
+    a model /v1/models lists but the server does not serve) is bad input, refused before any run directory."""
+    status, text = _post_status(target.url, _tiny_body(target.model, target.api), target.api_key)
+    if status != 404:
+        return
+    other = "chat" if target.api == "completions" else "completions"
+    other_url = target.url.rsplit("/", 2 if target.api == "chat" else 1)[0] + (
+        "/chat/completions" if other == "chat" else "/completions")
+    if _post_status(other_url, _tiny_body(target.model, other), target.api_key)[0] not in (0, 404):
+        raise ConfigError("--api", f"POST {target.url} answered HTTP 404: {text}",
+                          f"this server answers {other_url}: use --api {other}")
+    raise ConfigError("--model", f"POST {target.url} for model {target.model!r} answered HTTP 404: {text}",
+                      "check --api and give a model this server generates with via --model")
+
+
+def _tiny_body(model: str, api: str) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "max_tokens": 1, "temperature": 0.0}
+    if api == "chat":
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    else:
+        body["prompt"] = "hi"
+    return body
+
+
+def _post_status(url: str, body: dict[str, Any], api_key: str | None) -> tuple[int, str]:
+    """(HTTP status, the error body's message as `error_text` words it); 0 when nothing answered."""
+    try:
+        request_json(url, body, api_key, timeout=120)
+    except urllib.error.HTTPError as exc:
+        return exc.code, error_text(exc.code, exc.read(4096), exc.headers.get("Content-Type")).partition(": ")[2]
+    except (urllib.error.URLError, OSError, ValueError):
+        return 0, ""
+    return 200, ""
 
 
 def _only_model(ids: list[str], base: str) -> str:

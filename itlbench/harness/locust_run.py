@@ -50,7 +50,7 @@ JOB_FILE = "locust_job.json"
 
 def job_for_run(cfg: RunConfig, spec: LoadSpec, target: Target, run_dir: Path) -> LocustJob:
     """The Locust job of an `itlbench run`: the same plan, target and timeline the aiohttp driver gets."""
-    warmup = Warmup(min_s=cfg.warmup_s, adaptive=cfg.adaptive_warmup, max_s=cfg.max_warmup_s, ramp_s=cfg.ramp_s)
+    warmup = Warmup(min_s=cfg.warmup_s, adaptive=cfg.adaptive_warmup, max_s=cfg.warmup_limit_s, ramp_s=cfg.ramp_s)
     return LocustJob.for_plan(target, run_dir, duration_s=cfg.duration_s, warmup=warmup, plan_kwargs=spec_kwargs(spec),
                               drain_timeout_s=cfg.drain_timeout_s, workers=cfg.workers, master_bind=cfg.master_bind,
                               locust_ui=cfg.locust_ui, locust_ui_port=cfg.locust_ui_port,

@@ -115,7 +115,7 @@ async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection
             await stack.enter_async_context(sampler)
         try:
             return await _drive_observed(cfg, spec, conn, store, progress, sampler, telemetry, on_status,
-                                         driver_doc)
+                                         driver_doc, notes)
         finally:
             if sampler is not None:
                 sampler.finish()
@@ -128,25 +128,30 @@ async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection
 async def _drive_observed(cfg: RunConfig, spec: LoadSpec, conn: Connection, store: RunStore,
                           progress: ProgressFn | None, sampler: MetricsSampler | None,
                           telemetry: LiveTelemetry | None, on_status: Callable[[str], None],
-                          driver_doc: dict[str, Any] | None) -> DriveResult:
+                          driver_doc: dict[str, Any] | None, notes: dict[str, Any] | None = None) -> DriveResult:
+    """Drive with Ctrl-C and SIGTERM stopping the run cleanly; `notes` (run.json) gets `interrupted` and the
+    signal's name."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     interrupts = 0
 
-    def on_sigint() -> None:
+    def on_signal(signum: signal.Signals) -> None:
         nonlocal interrupts
         interrupts += 1
+        if notes is not None:  # run.json says a signal ended it: the exit status is 128 + its number
+            notes.setdefault("interrupted", True)
+            notes.setdefault("signal", signum.name)
         stop.set()
         if interrupts > 1:
             for task in asyncio.all_tasks(loop):
                 task.cancel()
 
     with contextlib.suppress(NotImplementedError, RuntimeError):
-        loop.add_signal_handler(signal.SIGINT, on_sigint)
-        loop.add_signal_handler(signal.SIGTERM, on_sigint)  # a terminated run still writes its records
+        loop.add_signal_handler(signal.SIGINT, on_signal, signal.SIGINT)
+        loop.add_signal_handler(signal.SIGTERM, on_signal, signal.SIGTERM)  # a terminated run still writes its records
     observers = _Observers.start(conn, store, sampler, telemetry)
     target = conn.target
-    warmup = Warmup(min_s=cfg.warmup_s, adaptive=cfg.adaptive_warmup, max_s=cfg.max_warmup_s, ramp_s=cfg.ramp_s)
+    warmup = Warmup(min_s=cfg.warmup_s, adaptive=cfg.adaptive_warmup, max_s=cfg.warmup_limit_s, ramp_s=cfg.ramp_s)
     baseline = None if sampler is None else functools.partial(sampler.scrape, "baseline")
     final = None if sampler is None else functools.partial(sampler.scrape, "final")
     try:
@@ -213,13 +218,16 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
     try:
         conn = connect(cfg, run_dir)
     except ItlbenchError:
-        if created:  # nothing was measured (the error carries the log tail)
-            shutil.rmtree(run_dir, ignore_errors=True)
-        else:
-            for child in list(run_dir.iterdir()):
-                shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+        _discard_run_dir(run_dir, created)  # nothing was measured (the error carries the log tail)
         _close_telemetry(telemetry)
         raise
+    try:  # the plan against the server's own context length: an --inject too long for it is bad input
+        build_load_plan(load_spec(cfg, conn))
+    except ConfigError as exc:
+        conn.close()
+        _discard_run_dir(run_dir, created)
+        _close_telemetry(telemetry)
+        raise _endpoint_fix(exc, cfg) from None
     try:
         run_doc.update(conn.doc)
         if cfg.endpoint is not None:  # the model asked for: --model, or the endpoint's only one
@@ -228,12 +236,12 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         _connect_telemetry(telemetry, cfg, conn, run_dir, run_doc)
         spec = load_spec(cfg, conn)
         run_doc["plan"] = build_load_plan(spec).description
+        gpu = _start_gpu_sampler(cfg, conn, store, run_doc)  # before the provisional run.json: it says why not
         t0 = time.perf_counter_ns()  # a provisional window, kept current at every flush (a SIGKILLed run)
         measure = t0 + int(cfg.warmup_s * 1e9)
         store.keep_doc_current("run.json", run_doc, run_start_ns=t0, measure_start_ns=measure,
                                planned_end_ns=measure + int(cfg.duration_s * 1e9))
         on_status("running")
-        gpu = _start_gpu_sampler(cfg, conn, store, run_doc)
         try:
             result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress, telemetry, on_status,
                                                        driver_doc, run_doc))
@@ -243,6 +251,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
                 run_doc["gpu_telemetry"] = gpu.doc()
     except (KeyboardInterrupt, asyncio.CancelledError):
         run_doc["interrupted"] = True
+        run_doc.setdefault("signal", "SIGINT")
     finally:
         store.close()
         if conn.server is not None:
@@ -250,11 +259,39 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         _close_telemetry(telemetry)
         run_doc.update(_window(result, started_ns, cfg))
         if result is not None:
-            run_doc["stop_reason"] = result.stop_reason
+            run_doc["stop_reason"] = _stop_reason(result, run_doc)
         if result is not None and result.aborted_reason:
             run_doc["aborted_reason"] = result.aborted_reason
+        if result is not None and getattr(result, "rate_limited", None):
+            run_doc["rate_limited"] = result.rate_limited
+        if result is not None and getattr(result, "warmup_timeout", None):
+            run_doc["warmup_timeout"] = result.warmup_timeout
         store.write_json("run.json", run_doc)  # also when the run raised: its records stay readable
     return finish_run_dir(run_dir, store, run_doc)
+
+
+def _discard_run_dir(run_dir: Path, created: bool) -> None:
+    """Bad input measured nothing: a directory this run made goes, one the user made stays, emptied."""
+    if created:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    for child in list(run_dir.iterdir()):
+        shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+
+
+def _endpoint_fix(exc: ConfigError, cfg: RunConfig) -> ConfigError:
+    """--max-model-len sizes only the bundled engine: measuring an endpoint, the fix is the server's own setting."""
+    if cfg.endpoint is None or "--max-model-len" not in exc.fix:
+        return exc
+    fix = exc.fix.replace("raise --max-model-len", "raise the context length the server was started with")
+    return ConfigError(exc.field, exc.problem, fix)
+
+
+def _stop_reason(result: DriveResult, run_doc: dict[str, Any]) -> str:
+    """The drive's own reason, but `interrupted` where a signal set the stop event (not the plain `stop_event`)."""
+    if run_doc.get("interrupted") and result.stop_reason == "stop_event":
+        return "interrupted"
+    return result.stop_reason
 
 
 def _sim_check(cfg: RunConfig, run_doc: dict[str, Any]) -> None:

@@ -7,12 +7,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from itlbench.core.engine_config import EngineConfig
+from itlbench.core.engine_config import EngineConfig, flag_of
 from itlbench.errors import ConfigError
 from itlbench.load.clients.limits import Limits
+from itlbench.units import check_finite
 from itlbench.workloads.build import check_load_shape
 
 PROMPT_FORMATS = ("auto", "ids", "text")
+
+WARMUP_WAIT_S = 60.0  # the adaptive warm-up waits at most this long past --warmup for a first token
 
 
 @dataclass
@@ -26,7 +29,7 @@ class RunConfig:
     duration_s: float = 60.0
     warmup_s: float = 5.0  # at least this long
     adaptive_warmup: bool = True  # ...and until every closed-loop stream has received a token
-    max_warmup_s: float = 300.0
+    max_warmup_s: float = 300.0  # the adaptive warm-up's hard cap (see warmup_limit_s)
     ramp_s: float = 0.0  # spread the streams' first sends over this many seconds
     drain_timeout_s: float = 120.0
     request_timeout_s: float = 600.0
@@ -61,12 +64,22 @@ class RunConfig:
     clock: str = "auto"  # auto | virtual | real: the simulator in-process on a virtual clock, or served (resolve_clock below)
 
     @property
+    def warmup_limit_s(self) -> float:
+        """How long the adaptive warm-up waits for every stream's first token: --warmup plus at most a minute
+        (less with a shorter --request-timeout, after which the request fails and its stream sends anew), so a
+        first token that never comes delays the window by a minute, not silently by five."""
+        return min(self.max_warmup_s, self.warmup_s + min(WARMUP_WAIT_S, self.request_timeout_s))
+
+    @property
     def virtual_clock(self) -> bool:
         """True when the run drives the simulator in-process on a virtual clock (resolve_clock below)."""
         return resolve_clock(self) == "virtual"
 
     def validate(self) -> None:
+        check_finite(self, lambda name: flag_of(name.removesuffix("_s")))
+        self.engine.validate()
         check_load_shape(self.streams, self.rate, self.burstiness, self.duration_s)
+        self._refuse_unused()
         if self.warmup_s < 0:
             raise ConfigError("--warmup", f"must be >= 0 seconds, got {self.warmup_s}")
         if self.request_timeout_s <= 0:
@@ -114,6 +127,14 @@ class RunConfig:
             check_run_options(self.metrics_port, self.otlp_endpoint, self.workers)
         self._validate_driver()
         _ = self.virtual_clock  # an impossible --clock fails here, before anything starts
+
+    def _refuse_unused(self) -> None:
+        """A load flag set away from its default that this run would ignore is refused, like the engine's."""
+        if self.burstiness != 1.0 and self.rate is None:
+            raise ConfigError("--burstiness", "only shapes --rate arrivals", "add --rate R or drop --burstiness")
+        if self.time_scale != 1.0 and self.workload != "trace":
+            raise ConfigError("--time-scale", "only applies to a trace replay",
+                              "add --workload trace --trace FILE or drop --time-scale")
 
     def _validate_driver(self) -> None:
         if self.driver not in ("aiohttp", "locust"):

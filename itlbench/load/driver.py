@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from itlbench.errors import ConfigError
+from itlbench.load.backoff import Backoff
 from itlbench.load.clients.kclock import measure_offset
 from itlbench.load.clients.kernel import make_stream_client
 from itlbench.load.clients.sse import Outcome, StreamClient, StreamObserver
@@ -101,6 +102,8 @@ class DriveResult:
     aborted_reason: str | None = None
     open_loop_truncated: bool = False
     client: ClientStats = field(default_factory=ClientStats)
+    rate_limited: dict[str, float | int] | None = None  # the waits a 429/503 asked for (load.backoff)
+    warmup_timeout: dict[str, Any] | None = None  # the adaptive warm-up gave up on these streams' first token
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -117,6 +120,7 @@ class _Run:
         self.counts = dict.fromkeys(("sent", *STATUSES), 0)
         self.in_flight = 0
         self.streak = FailureStreak(max_connection_errors)
+        self.backoff = Backoff()
         self.send_lags: list[int] = []
         self.requests: set[asyncio.Task[Outcome]] = set()
         self.open_loop_truncated = False
@@ -125,11 +129,23 @@ class _Run:
         self.end_ns = sys.maxsize
         self.measuring = asyncio.Event()
         self.duration_s = 0.0
+        self.waiting_for: str | None = None  # the stream the adaptive warm-up waits on ("s03"), for the live line
+        self.warmup_timeout: dict[str, Any] | None = None  # set when the warm-up's limit passed without it
+        self.ok_at_measure = 0
 
     def start_measuring(self, at_ns: int, duration_s: float) -> None:
         self.measure_start_ns = at_ns
         self.end_ns = at_ns + int(duration_s * 1e9)
+        self.ok_at_measure = self.counts["ok"]
         self.measuring.set()
+
+    def measured_nothing_after_warmup_timeout(self) -> str | None:
+        """An abort's reason when the warm-up gave up on a first token and then no request succeeded."""
+        if self.warmup_timeout is None or self.counts["ok"] > self.ok_at_measure:
+            return None
+        t = self.warmup_timeout
+        return (f"the warm-up waited {t['waited_s']:.0f} s for the first token of stream(s) "
+                f"{', '.join(t['streams_without_token'])}, which never came, and no request then succeeded")
 
     def stop(self, reason: str) -> None:
         """Stop sending now; in-flight requests are cancelled without a drain."""
@@ -174,7 +190,8 @@ class _Run:
             elapsed_s=elapsed_s, measuring=measuring, sent=c["sent"],
             done=c["ok"] + c["error"] + c["timeout"] + c["cancelled"], in_flight=self.in_flight,
             errors=c["error"] + c["timeout"], itl_p50_ms=ms_percentile(itl, 50), itl_p99_ms=ms_percentile(itl, 99),
-            ttft_p50_ms=ms_percentile(self.client.recent_ttft_ns, 50), cpu_percent=cpu, loop_lag_ms=lag_s * 1e3)
+            ttft_p50_ms=ms_percentile(self.client.recent_ttft_ns, 50), cpu_percent=cpu, loop_lag_ms=lag_s * 1e3,
+            waiting_for=self.waiting_for)
 
 
 async def _closed_stream(run: _Run, k: int, plans: Iterator[RequestPlan], first_at_ns: int) -> None:
@@ -190,7 +207,8 @@ async def _closed_stream(run: _Run, k: int, plans: Iterator[RequestPlan], first_
         await run.pause((due - _now()) / 1e9)
         if run.closed.is_set():
             return
-        await run.send(plan, due, plan.stream if plan.stream is not None else k)
+        out = await run.send(plan, due, plan.stream if plan.stream is not None else k)
+        await run.pause(run.backoff.wait_for(k, out.http_status, out.retry_after))  # a 429/503's Retry-After
         ready_ns = _now()
 
 
@@ -256,8 +274,13 @@ async def _warm_up(run: _Run, run_start_ns: int, warmup: Warmup, streams: int, s
     max_end = run_start_ns + int(max(warmup.max_s, warmup.min_s) * 1e9)
     await run.pause((min_end - _now()) / 1e9)
     if warmup.adaptive and streams:
+        ids = list(shard.stream_ids) if shard is not None else list(range(streams))
         while not run.closed.is_set() and _now() < max_end and len(run.client.streams_with_tokens) < streams:
+            _note_waiting(run, ids)
             await run.pause(0.02)
+        if not run.closed.is_set() and len(run.client.streams_with_tokens) < streams:
+            _warmup_gave_up(run, ids, (_now() - run_start_ns) / 1e9)
+        run.waiting_for = None
     start = min_end if not warmup.adaptive else max(min_end, _now())
     if before_measure is not None and not run.closed.is_set():
         await before_measure()
@@ -265,6 +288,23 @@ async def _warm_up(run: _Run, run_start_ns: int, warmup: Warmup, streams: int, s
     if shard is not None and shard.agree_measure_start is not None and not run.closed.is_set():
         start = await shard.agree_measure_start(start)
     run.start_measuring(start, run.duration_s)
+
+
+def _note_waiting(run: _Run, ids: list[int]) -> None:
+    """Name the stream the warm-up waits on (live line and log), so a first token that never comes is seen."""
+    missing = next((k for k in ids if k not in run.client.streams_with_tokens), None)
+    waiting = None if missing is None else f"s{missing:02d}"
+    if waiting is not None and waiting != run.waiting_for:
+        log.info("warm-up waiting for stream %s's first token", waiting)
+    run.waiting_for = waiting
+
+
+def _warmup_gave_up(run: _Run, ids: list[int], waited_s: float) -> None:
+    """The warm-up's limit passed with streams still without a token: measure anyway, and say so."""
+    missing = [f"s{k:02d}" for k in ids if k not in run.client.streams_with_tokens]
+    run.warmup_timeout = {"waited_s": round(waited_s, 3), "streams_without_token": missing}
+    log.warning("warm-up gave up after %.0f s waiting for the first token of stream(s) %s; measuring anyway",
+                waited_s, ", ".join(missing))
 
 
 async def _watch(event: asyncio.Event, run: _Run) -> None:
@@ -403,6 +443,8 @@ async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: Client
                 h.cancel()
             await asyncio.gather(*helpers, *closing, return_exceptions=True)
             await sink.aclose()
+    if run.aborted_reason is None and run.stop_reason is None:
+        run.aborted_reason = run.measured_nothing_after_warmup_timeout()
     stats = monitor.stats(run.send_lags)
     stats.dropped_rows = dict(sink.dropped)
     stats.stream_reader = client.stamp_source_name()
@@ -411,4 +453,4 @@ async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: Client
     measure_start = run.measure_start_ns if run.measure_start_ns is not None else run_start
     send_end = min(send_end, _now())
     return DriveResult(run_start, measure_start, send_end, _now(), dict(run.counts), reason,
-                       run.aborted_reason, run.open_loop_truncated, stats)
+                       run.aborted_reason, run.open_loop_truncated, stats, run.backoff.doc(), run.warmup_timeout)

@@ -23,12 +23,15 @@ class ProgressSnapshot:
     ttft_p50_ms: float | None
     cpu_percent: float
     loop_lag_ms: float
+    waiting_for: str | None = None  # the stream whose first token the adaptive warm-up still waits for
 
     def line(self) -> str:
         def ms(v: float | None) -> str:
             return "-" if v is None else f"{v:.1f}"
 
         phase = "measure" if self.measuring else "warmup"
+        if self.waiting_for is not None and not self.measuring:
+            phase += f" (waiting for {self.waiting_for}'s first token)"
         return (f"{self.elapsed_s:6.1f}s {phase} sent {self.sent} done {self.done} in-flight {self.in_flight} "
                 f"err {self.errors} | ITL p50 {ms(self.itl_p50_ms)} p99 {ms(self.itl_p99_ms)} ms "
                 f"TTFT p50 {ms(self.ttft_p50_ms)} ms | client CPU {self.cpu_percent:.0f}% "

@@ -70,18 +70,64 @@ class Row:
     group: str = ""  # the setting (repeats of one sweep point share it); label adds which run
 
 
+# Settings whose unset value means "nothing of that kind" rather than a default the run filled in.
+ABSENT_WHEN_UNSET = ("inject", "trace", "rate")
+
+
+def effective_setting(run: RunData, key: str) -> Any:
+    """The value a run used: an unset flag (None in its config) is what its load plan filled in (streams: 32), so
+    runs that left a default and runs that spelled it out compare equal and the refusal shows a number."""
+    value = run.config.get(key)
+    if value is None:
+        planned = (run.doc.get("plan") or {}).get(key)
+        if isinstance(planned, str | int | float):
+            value = planned
+    return value
+
+
+def shown_setting(key: str, value: Any) -> str:
+    """A setting's value for the refusal line: never Python's 'None' (no injection is 'none', an unknown default
+    'default')."""
+    if value is None:
+        return "none" if key in ABSENT_WHEN_UNSET else "default"
+    return str(value)
+
+
 def differing_settings(runs: list[RunData]) -> list[str]:
-    """'seed (a: 0, b: 1)' for every compared setting whose value is not the same in every run."""
+    """'seed (a: 0, b: 1)' for every compared setting whose effective value is not the same in every run."""
     out = []
     swept = swept_settings(runs)
     for key, name in COMPARED:
         if key in swept:
             continue
-        values = [r.config.get(key) for r in runs]
+        values = [effective_setting(r, key) for r in runs]
         if any(v != values[0] for v in values[1:]):
-            shown = ", ".join(f"{r.name}: {v}" for r, v in zip(runs, values, strict=True))
+            shown = ", ".join(f"{r.name}: {shown_setting(key, v)}" for r, v in zip(runs, values, strict=True))
             out.append(f"{name} ({shown})")
     return out
+
+
+# What `write_compare_report` writes, and the records of the other commands' directories (never overwritten).
+COMPARE_FILES = ("compare.json", "report.html", "report.md")
+OTHER_RECORDS = (("run.json", "a run"), ("sweep.json", "a sweep"), ("capacity.json", "a capacity search"),
+                 ("phases.json", "a phases study"))
+
+
+def check_compare_out(out: Path) -> None:
+    """Refuse an --out that holds a run, a sweep, a capacity search, a phases study or an earlier comparison:
+    writing there would replace their report.html/report.md (and a sweep's compare.json) without a word.
+    Other files (a README beside the comparison) stay and do not stop it. `sweep` writes its own comparison
+    into its directory through `write_compare_report`, which does not check."""
+    if not out.is_dir():
+        return  # a new directory, or a path that cannot be one (write_document's make_dir names it)
+    for name, what in OTHER_RECORDS:
+        if (out / name).exists():
+            raise ConfigError("--out", f"{out} already holds {what} ({name})", "choose a new directory")
+    clash = [name for name in COMPARE_FILES if (out / name).exists()]
+    clash += [f"figures/{p.name}" for p in sorted((out / "figures").glob("compare_*.png"))]
+    if clash:
+        raise ConfigError("--out", f"{out} already holds files compare would overwrite ({', '.join(clash[:3])}"
+                          + (f" and {len(clash) - 3} more" if len(clash) > 3 else "") + ")", "choose a new directory")
 
 
 def load_runs(dirs: list[Path], force: bool = False) -> list[RunData]:
@@ -175,12 +221,47 @@ def slo_checks(run: RunData, slos: SloSet) -> list[Check]:
                 continue
             stat, value = _stat(group["ttft_s"])
             name = "injected TTFT" if cls == "injected" else f"{cls} TTFT {stat}"
-            checks.append(Check(f"{name} ({bucket}, {group.height} requests)", float(targets[bucket]), value))  # type: ignore[arg-type]
+            checks.append(Check(f"{name} ({bucket}, {_requests(group.height)})", float(targets[bucket]), value))  # type: ignore[arg-type]
     return checks
 
 
+def _requests(n: int) -> str:
+    return f"{n:,} request" + ("" if n == 1 else "s")
+
+
+def _fixed(value: float, target: float, decimals: int) -> tuple[str, str] | None:
+    """Both durations in the target's unit (s from 1 s up, else ms) with `decimals` places, or None where they
+    still read the same; the target drops zeros it does not need (it was typed: 20 ms, not 20.00 ms)."""
+    scale, unit = (1.0, "s") if abs(target) >= 1 else (1e3, "ms")
+    a, b = f"{value * scale:.{decimals}f}", f"{target * scale:.{decimals}f}"
+    if a == b:
+        return None
+    if float(b) == round(target * scale, 9):
+        b = b.rstrip("0").rstrip(".")
+    return f"{a} {unit}", f"{b} {unit}"
+
+
+def distinct_durations(value: float | None, target: float) -> tuple[str, str]:
+    """The two durations as `fmt_s` writes them, with more places where that rounds two different values to one
+    text ('20 ms > 20 ms' for 20.04 ms against 20 ms reads as a contradiction)."""
+    a, b = fmt_s(value), fmt_s(target)
+    if value is None or a != b or value == target:
+        return a, b
+    for decimals in range(1, 10):
+        if (pair := _fixed(value, target, decimals)) is not None:
+            return pair
+    return a, b
+
+
 def _describe_miss(c: Check) -> str:
-    return f"{c.what} {fmt_s(c.value_s)} > {fmt_s(c.target_s)}"
+    value, target = distinct_durations(c.value_s, c.target_s)
+    return f"{c.what} {value} > {target}"
+
+
+def runs_list(labels: list[str]) -> str:
+    """Run labels in a sentence, joined by '; ': a label may hold a comma ('budget 512, prefill-first'), so
+    commas between labels would hide how many runs the list names."""
+    return "; ".join(labels)
 
 
 def verdict(rows: list[Row], slos: SloSet) -> list[str]:
@@ -193,7 +274,7 @@ def verdict(rows: list[Row], slos: SloSet) -> list[str]:
     spec = slos.spec or "the default SLOs"
     how = "on the run's pooled figures; goodput counts requests one by one"  # the two can disagree: say which
     if meets:
-        lines.append(f"Meets every SLO ({spec}; {how}): " + ", ".join(r.label for r, _ in meets) + ".")
+        lines.append(f"Meets every SLO ({spec}; {how}): " + runs_list([r.label for r, _ in meets]) + ".")
     else:
         lines.append(f"No run meets every SLO ({spec}; {how}).")
     lines += _hidden_gaps([r for r, _ in meets], slos)
@@ -205,37 +286,72 @@ def verdict(rows: list[Row], slos: SloSet) -> list[str]:
         lines += noise_verdict(rows)
     elif len(ranked) >= 2:
         best = min(ranked, key=lambda r: (r.worst_s, r.p99_s or 0.0))
-        text = f"Smoothest streams: {best.label} (worst gap {fmt_s(best.worst_s)}, ITL p99 {fmt_s(best.p99_s)})."
-        ttft_rows = [r for r in rows if r.injected_ttft_s is not None]
-        if best.injected_ttft_s is not None and ttft_rows:
-            fastest = min(ttft_rows, key=lambda r: r.injected_ttft_s)  # type: ignore[arg-type,return-value]
-            if fastest is not best:
-                text += (f" It costs the injected prompt {fmt_s(best.injected_ttft_s - fastest.injected_ttft_s)} "  # type: ignore[operator]
-                         f"of TTFT against {fastest.label} ({fmt_s(best.injected_ttft_s)} vs "
-                         f"{fmt_s(fastest.injected_ttft_s)})")
-            else:
-                text += " It also gives the injected prompt its fastest TTFT"
-        tps_rows = [r for r in rows if r.out_tps]
-        if best.out_tps and tps_rows:
-            top = max(tps_rows, key=lambda r: r.out_tps)  # type: ignore[arg-type,return-value]
-            if top is not best:
-                loss = 1 - best.out_tps / top.out_tps  # type: ignore[operator]
-                text += (f" and {loss:.0%} of output throughput against {top.label} "
-                         f"({best.out_tps:,.0f} vs {top.out_tps:,.0f} tokens/s).")
-            else:
-                text += " and loses no output throughput (it has the highest)."
-        elif not text.endswith("."):
-            text += "."
-        lines.append(text + " (One run per setting: no noise estimate; --repeat 3 gives one.)")
+        lines.append(smoothest_sentence(best, rows) + " (One run per setting: no noise estimate; --repeat 3 gives one.)")
     invalid = [r.label for r in rows if r.valid is False]
     if invalid:
-        lines.append("Treat with care (the client may have been the bottleneck): " + ", ".join(invalid) + ".")
+        lines.append("Treat with care (the client may have been the bottleneck): " + runs_list(invalid) + ".")
     cut = [r.label for r in rows if r.run.cut_short]
     if cut:
-        lines.append("Cut short: " + ", ".join(cut) + ".")
+        lines.append("Cut short: " + runs_list(cut) + ".")
     if empty := [r.label for r in rows if not measured(r.run)]:
-        lines.append("Measured nothing (no request fell in its window; its report says why): " + ", ".join(empty) + ".")
+        lines.append("Measured nothing (no request fell in its window; its report says why): " + runs_list(empty) + ".")
     return lines + _sim_checks(rows)
+
+
+def _ttft_clause(best: Row, rows: list[Row]) -> tuple[str, bool] | None:
+    """What the smoothest run did to the injected prompt's TTFT against the fastest other run, and whether that
+    is good news (None without an injection or another run to hold it against)."""
+    others = [r for r in rows if r is not best and r.injected_ttft_s is not None]
+    if best.injected_ttft_s is None or not others:
+        return None
+    fastest = min(others, key=lambda r: r.injected_ttft_s)  # type: ignore[arg-type,return-value]
+    mine, theirs = best.injected_ttft_s, fastest.injected_ttft_s
+    assert theirs is not None
+    a, b = distinct_durations(mine, theirs)
+    if theirs < mine:
+        return (f"costs the injected prompt {fmt_s(mine - theirs)} of TTFT against {fastest.label} "
+                f"({a} vs {b})"), False
+    if theirs == mine:
+        return f"gives the injected prompt as fast a TTFT as {fastest.label} ({a})", True
+    return f"gives the injected prompt its fastest TTFT ({a} vs {b} for {fastest.label})", True
+
+
+def _share(x: float) -> str:
+    """A share as a percentage that a small loss does not round away to '0%'."""
+    if x >= 0.01:
+        return f"{x:.0%}"
+    return f"{x:.1%}" if x >= 0.001 else "under 0.1%"
+
+
+def _throughput_clause(best: Row, rows: list[Row]) -> tuple[str, bool] | None:
+    """The smoothest run's output throughput against the highest other run's: what it loses, or that it has the
+    most (None where it or every other run has none)."""
+    others = [r for r in rows if r is not best and r.out_tps]
+    if not best.out_tps or not others:
+        return None
+    top = max(others, key=lambda r: r.out_tps)  # type: ignore[arg-type,return-value]
+    mine, theirs = best.out_tps, top.out_tps
+    assert theirs is not None
+    if theirs > mine:
+        places = next((d for d in range(3) if f"{mine:,.{d}f}" != f"{theirs:,.{d}f}"), 2)  # 999.6 vs 1,000.0
+        return (f"loses {_share(1 - mine / theirs)} of output throughput against {top.label} "
+                f"({mine:,.{places}f} vs {theirs:,.{places}f} tokens/s)"), False
+    if theirs == mine:
+        return f"matches the highest output throughput ({mine:,.0f} tokens/s, as does {top.label})", True
+    return f"has the highest output throughput ({mine:,.0f} vs {theirs:,.0f} tokens/s for {top.label})", True
+
+
+def smoothest_sentence(best: Row, rows: list[Row]) -> str:
+    """'Smoothest streams: X (...).' and what that setting costs or gains in TTFT and throughput, as one sentence
+    with its own verb per clause, 'but' between a gain and a loss."""
+    text = f"Smoothest streams: {best.label} (worst gap {fmt_s(best.worst_s)}, ITL p99 {fmt_s(best.p99_s)})."
+    clauses = [c for c in (_ttft_clause(best, rows), _throughput_clause(best, rows)) if c is not None]
+    if not clauses:
+        return text
+    said = clauses[0][0]
+    if len(clauses) == 2:
+        said += (" and " if clauses[0][1] == clauses[1][1] else " but ") + clauses[1][0]
+    return f"{text} It {'also ' if clauses[0][1] else ''}{said}."
 
 
 def _hidden_gaps(passing: list[Row], slos: SloSet) -> list[str]:
@@ -247,7 +363,8 @@ def _hidden_gaps(passing: list[Row], slos: SloSet) -> list[str]:
     hidden = [r for r in passing if r.worst_s is not None and r.worst_s > slo.itl_s]
     if not hidden:
         return []
-    runs = ", ".join(f"{r.label} (worst gap {fmt_s(r.worst_s)}, ITL p99 {fmt_s(r.p99_s)})" for r in hidden)
+    runs = runs_list([f"{r.label} (worst gap {distinct_durations(r.worst_s, slo.itl_s)[0]}, ITL p99 {fmt_s(r.p99_s)})"
+                      for r in hidden])
     return [f"Yet a steady stream waited longer than the {fmt_s(slo.itl_s)} ITL target in {runs}: a p99 leaves out the "
             f"few longest gaps, so --slo itl_max=DUR judges the worst one."]
 
@@ -262,9 +379,9 @@ def _sim_checks(rows: list[Row]) -> list[str]:
     seen: dict[str, list[str]] = {}
     for label, check in checks:
         seen.setdefault(check_line(check), []).append(label)
-    if len(seen) == 1:
+    if len(seen) == 1 and len(checks) == len(rows):  # every run simulated alike: the note is about all of them
         return [f"Simulated: {next(iter(seen))}."]
-    return [f"Simulated ({', '.join(labels)}): {line}." for line, labels in seen.items()]
+    return [f"Simulated ({runs_list(labels)}): {line}." for line, labels in seen.items()]
 
 
 def tradeoff_figure(rows: list[Row]) -> FigureSpec:
@@ -282,7 +399,8 @@ def tradeoff_figure(rows: list[Row]) -> FigureSpec:
     ax = fig.subplots()
     for i, (r, x, y) in enumerate(pts):
         ax.scatter([x], [y], s=60, color=RUN_COLORS[i % len(RUN_COLORS)], zorder=3)
-        tps = f", {r.out_tps:,.0f} tok/s" if r.out_tps else ""
+        # the throughput on a line of its own: after a comma it would read as part of a label that has commas
+        tps = f"\n{r.out_tps:,.0f} tok/s" if r.out_tps else ""
         ax.annotate(f"{r.label}{tps}", (x, y), xytext=(6, 4), textcoords="offset points", fontsize=8)
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_s(v)))
@@ -332,7 +450,8 @@ def build_compare_document(runs: list[RunData], slos: SloSet, title: str = "Comp
     ]
     if out_dir is not None:
         sections[-1].add(run_links(rows, out_dir))
-    return Document(f"{title}: {what}", f"{len(runs)} runs · {runs[0].engine.name} · "
+    engines = " / ".join(dict.fromkeys(r.engine.name for r in runs))  # every engine compared, not the first alone
+    return Document(f"{title}: {what}", f"{len(runs)} runs · {engines} · "
                     f"written {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}", callouts, sections, command)
 
 

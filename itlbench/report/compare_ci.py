@@ -13,6 +13,7 @@ errors apart (Welch's, from the runs' variances) and at least 5 % apart. Simulat
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -245,14 +246,56 @@ def swept_settings(runs: list[RunData]) -> set[str]:
     return {k for r in runs for k in ((r.doc.get("sweep") or {}).get("settings") or {})}
 
 
+def run_model(run: RunData) -> str | None:
+    """The model a run served: the bundled engine's preset or path, else the --model it asked for."""
+    eng = run.doc.get("engine") or {}
+    inner = eng.get("engine") or (eng.get("itlbench") or {}).get("engine") or {}
+    model = inner.get("model") if isinstance(inner, dict) else None
+    return str(model or (run.doc.get("config") or {}).get("model") or eng.get("served_model_name") or "") or None
+
+
+def run_backend(run: RunData) -> str:
+    """What produced a run's times: 'sim h100' (the cost model), 'torch cpu' (the bundled engine computing), or
+    an external server's name."""
+    if run.engine.external:
+        return run.engine.name
+    eng = run.engine_config or {}
+    device = str((run.doc.get("engine") or {}).get("device") or eng.get("device") or "")
+    if eng.get("engine") == "sim":
+        tp = int(eng.get("tp") or 1)
+        return f"sim {eng.get('gpu') or device.removeprefix('sim:') or '?'}" + (f" TP{tp}" if tp > 1 else "")
+    return "torch" + (f" {device}" if device and device != "auto" else "")
+
+
+def _mentions(label: str, name: str) -> bool:
+    """Whether `name` is a word of `label` (a model 'm' is not in 'vLLM')."""
+    return re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", label) is not None
+
+
+def _identities(runs: list[RunData], labels: list[str]) -> list[str]:
+    """Per run, the engine and model where the runs differ in them and its label does not say so already:
+    'llama-3.1-8b on sim h100' against 'tiny on torch cpu' (a simulated 8B and a real CPU model are not two
+    settings of one server), '' where every run shares both."""
+    backends, models = [run_backend(r) for r in runs], [run_model(r) for r in runs]
+    show_backend, show_model = len(set(backends)) > 1, len(set(models)) > 1
+    out = []
+    for lab, backend, model in zip(labels, backends, models, strict=True):
+        b = backend if show_backend and backend not in lab else ""
+        m = model if show_model and model and not _mentions(lab, model) else ""
+        out.append(f"{m} on {b}" if m and b else m or b)
+    return out
+
+
 def _groups(runs: list[RunData]) -> list[str]:
     """Each run's setting: its sweep point's label where a sweep wrote one, else what its engine says.
     Runs of several engines (sweeps of each, compared together) have their sweep labels prefixed by the
-    engine's name, so "budget 256" of vLLM and of llama.cpp never pool into one setting."""
+    engine's name, so "budget 256" of vLLM and of llama.cpp never pool into one setting; runs that differ in
+    engine or model are labelled with both ("budget 2048, tiny on torch cpu")."""
     swept = [(r.doc.get("sweep") or {}).get("label") for r in runs]
     several = len({r.engine.name for r in runs}) > 1
-    return [r.setting_label() if not lab else f"{r.engine.name}: {lab}" if several else lab
-            for r, lab in zip(runs, swept, strict=True)]
+    labels = [r.setting_label() if not lab else f"{r.engine.name}: {lab}" if several else lab
+              for r, lab in zip(runs, swept, strict=True)]
+    return [f"{lab}, {who}" if who else lab for lab, who in zip(labels, _identities(runs, labels), strict=True)]
 
 
 def repeat_groups(runs: list[RunData], labels: list[str]) -> list[str]:

@@ -156,12 +156,14 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
 
     t = TextTable("Steps: FLOPs, bytes, intensity; achievable = min(peak, bandwidth × intensity)",
                   ["case", "GEMM", "attention", "total", "bytes", "FLOP/B", "bound", "achievable", "roofline",
-                   "estimated"])
+                   "estimated", "runs"])
     marks = [p for p in doc["phases"] if p.get("does_not_run")]
-    for p in doc["phases"]:
-        t.add_row(p["case"] + ("*" * (marks.index(p) + 1) if p in marks else ""), _si(p["gemm_flops"], "FLOP"), _si(p["attention_flops"], "FLOP"), _si(p["flops"], "FLOP"),
+    for p in doc["phases"]:  # a case that would not run keeps its arithmetic, marked (a row of its own when turned)
+        runs = "no" + "*" * (marks.index(p) + 1) if p in marks else "yes"
+        t.add_row(p["case"], _si(p["gemm_flops"], "FLOP"), _si(p["attention_flops"], "FLOP"), _si(p["flops"], "FLOP"),
                   _si(p["bytes"], "B"), _num(p["intensity_flop_per_byte"]), p["bound"],
-                  _si(p["achievable_flop_per_s"], "FLOP/s"), _time(p["roofline_time_s"]), _time(p["estimated_time_s"]))
+                  _si(p["achievable_flop_per_s"], "FLOP/s"), _time(p["roofline_time_s"]), _time(p["estimated_time_s"]),
+                  runs)
     print_table(console, t)
     for i, p in enumerate(marks):
         console.print(f"[yellow]{'*' * (i + 1)} {p['case']} would not run: {p['does_not_run']}[/]", highlight=False)

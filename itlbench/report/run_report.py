@@ -117,12 +117,26 @@ def callouts(data: RunData) -> list[Callout]:
     warning = (s.get("bundling") or {}).get("warning")
     if warning:
         out.append(Callout("warn", warning))
+    together = (s.get("arrived_together") or {}).get("warning")
+    if together:
+        out.append(Callout("warn", together))
+    out += [Callout("info", w) for w in (s.get("cache") or {}).get("warnings") or []
+            if "preemptions in the window" in w]
     out += [Callout("warn", w) for w in serving_warnings(data.doc)]
     if data.engine.external:
         out.append(Callout("info", f"External engine: {data.engine.name} (identified by "
                                    f"{data.engine.detected_from}); server-side figures from {data.engine.source}."))
     return out
 
+
+
+def _open_note(stalls: dict[str, Any]) -> str:
+    """The stalls no token closed: the stream stopped (see stalls.open)."""
+    opened = stalls.get("open") or {}
+    if not opened.get("count"):
+        return ""
+    return (f"; {opened['count']} open, {opened.get('at_window_end', 0)} of them still stalled when the window "
+            "closed (counted to its end)")
 
 def _verdict(s: dict[str, Any]) -> Callout:
     """Whether the client kept up (or what bent the figures); on a virtual clock, that no client was there."""
@@ -244,14 +258,19 @@ def totals_table(data: RunData) -> Table:
     frac = split.get("prefill_frac")
     rows = [["requests (window)", f"{req.get('total', 0)} (ok {req.get('ok', 0)}, errors {req.get('error', 0)}, "
              f"timeouts {req.get('timeout', 0)}, injected {req.get('injected', 0)})"],
-            *([["requests (warm-up)", f"{req['outside_window']} ({req.get('outside_window_failed', 0)} failed)"]]
-              if req.get("outside_window") else []),
+            *([["requests (before the window)", f"{req['outside_window']} ({req.get('outside_window_failed', 0)} "
+                f"failed); {req.get('in_flight_at_start', 0)} still in flight when it opened, their gaps and stalls "
+                "in the window counted"]] if req.get("outside_window") else []),
             ["output throughput", f"{_num(thr.get('output_tokens_per_s'), '{:,.0f}')} tokens/s, "
              f"{_num(thr.get('requests_per_s'))} requests/s"],
             ["goodput", f"{_num(good.get('requests_per_s'))} requests/s ({good.get('good', 0)} of "
              f"{good.get('total', 0)} met every SLO)"],
-            ["stalls", f"{stalls.get('count', 0):,} gaps, {fmt_s(stalls.get('stalled_s'))} stalled, worst "
-             f"{fmt_s(stalls.get('worst_s'))}, {stalls.get('victims', 0)} requests; by cause: {causes}"],
+            ["stalls", f"{stalls.get('count', 0):,} gaps, {fmt_s(stalls.get('stalled_s'))} stalled (stream-seconds, "
+             f"summed over streams), worst {fmt_s(stalls.get('worst_s'))}, {stalls.get('victims', 0)} requests; "
+             f"by cause: {causes}" + _open_note(stalls)],
+            *([["preemptions", f"{(s.get('cache') or {})['preemptions']:,} in the window, "
+                f"{(s.get('cache') or {}).get('preemptions_run')} in the whole run"]]
+              if (s.get("cache") or {}).get("preemptions") else []),
             ["prefill : decode", f"{fmt_s(split.get('prefill_s'))} : {fmt_s(split.get('decode_s'))}"
              + (f" ({frac:.0%} prefill)" if frac is not None else "") + f", source {split.get('source')}"],
             ["GPU (NVML)", gpu_line(s.get("gpu"))],

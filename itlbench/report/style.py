@@ -28,10 +28,10 @@ MISSED = "#e45756"
 MUTED = "#9d9d9d"
 
 CAUSE_COLORS = {"prefill": PREFILL, "engine": "#9467bd", "preemption": "#8c564b",
-                "outside_engine": "#f2a900", "client": "#7f7f7f", None: "#e377c2"}
+                "outside_engine": "#f2a900", "client": "#7f7f7f", None: "#e377c2", "unknown": "#e377c2"}
 CAUSE_NAMES = {"prefill": "prefill step(s)", "engine": "one long engine step", "preemption": "preemption",
                "outside_engine": "outside the engine (HTTP, network)", "client": "the client's own pause",
-               None: "unknown (no step log)"}
+               None: "unknown (no step log)", "unknown": "unknown (no engine step explains it)"}
 PHASE_COLORS = {"prefill": PREFILL, "mixed": MIXED, "decode": DECODE, "idle": IDLE}
 RUN_COLORS = ("#4c78a8", "#e45756", "#54a24b", "#f58518", "#b279a2", "#72b7b2", "#9d755d", "#ff9da6")
 WIDTH_IN = 11.0

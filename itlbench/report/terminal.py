@@ -85,9 +85,8 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
     console.print(f"\n[bold]Run[/] {run_dir}  requests: {reqs.get('total', 0)} "
                   f"(ok {reqs.get('ok', 0)}, errors {reqs.get('error', 0)}, timeouts {reqs.get('timeout', 0)}, "
                   f"cancelled {reqs.get('cancelled', 0)}, injected {reqs.get('injected', 0)})")
-    if reqs.get("outside_window_failed") or (reqs.get("outside_window") and not reqs.get("total")):
-        console.print(f"  and {reqs['outside_window']} outside the measured window (warm-up), "
-                      f"{reqs.get('outside_window_failed', 0)} of them failed")
+    if (line := _outside_line(reqs)) is not None:
+        console.print(line, highlight=False)
     _print_cut_short(console, summary, run_dir)
     ttft = TextTable("TTFT by prompt bucket (s)", ("bucket", "count", "p50", "p90", "p99", "max"),
                      caption="— : too few requests for that percentile (p90 needs 10, p99 needs 100)")
@@ -108,12 +107,14 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
     stalls = summary.get("stalls", {})
     split = summary.get("split", {})
     thr = summary.get("throughput", {})
-    console.print(f"[bold]Stalls[/]: {stalls.get('count', 0)} gaps, {_s(stalls.get('stalled_s'))} s stalled, "
-                  f"worst {_s(stalls.get('worst_s'))} s, {stalls.get('victims', 0)} victim streams, "
-                  f"{stalls.get('events', 0)} events")
+    console.print(f"[bold]Stalls[/]: {stalls.get('count', 0)} gaps, {_s(stalls.get('stalled_s'))} stream-s stalled "
+                  f"(summed over streams), worst {_s(stalls.get('worst_s'))} s, {stalls.get('victims', 0)} victim "
+                  f"requests, {stalls.get('events', 0)} events")
+    if (line := open_stall_line(stalls)) is not None:
+        console.print(f"  [yellow]{line}[/]", highlight=False)
     causes = stalls.get("by_cause") or {}
     if causes:
-        console.print("  by cause: " + ", ".join(f"{k} {v['count']} ({_s(v['stalled_s'])} s)"
+        console.print("  by cause: " + ", ".join(f"{k} {v['count']} ({_s(v['stalled_s'])} stream-s)"
                                                    for k, v in sorted(causes.items())))
     for ev in (stalls.get("attribution") or [])[:3]:
         console.print(f"  • {_event_line(ev)}")
@@ -128,6 +129,9 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
     bundling = summary.get("bundling") or {}
     if bundling.get("warning"):
         console.print(f"[yellow]warning:[/] {bundling['warning']}")
+    together = summary.get("arrived_together") or {}
+    if together.get("warning"):
+        console.print(f"[bold red]warning:[/] {escape(str(together['warning']))}", highlight=False)
     _print_observer(console, summary)
     check = (summary.get("crosscheck") or {}).get("engine") or {}
     if (line := engine_check_line(check)) is not None:
@@ -262,8 +266,12 @@ def _print_observer(console: Console, summary: dict[str, Any]) -> None:
                          "requests)")
         if server.get("hit_fraction") is not None:
             parts.append(f"engine counters {server['hit_fraction']:.0%} hits")
-        console.print("[bold]Prefix cache[/] " + "; ".join(parts))
-    for warning in cache.get("warnings") or []:
+        if cache.get("preemptions"):
+            parts.append(f"{_preempted(cache)} (a re-prefill after a preemption hits the cache)")
+        console.print("[bold]Prefix cache[/] " + "; ".join(parts), highlight=False)
+    if cache.get("preemptions"):
+        console.print(f"[bold]Preemptions[/] {_preempted(cache, '')}", highlight=False)
+    for warning in [w for w in cache.get("warnings") or [] if "preemptions in the window" not in w]:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     starved = (summary.get("client_pauses") or {}).get("line")
     if starved:
@@ -277,13 +285,46 @@ def _print_observer(console: Console, summary: dict[str, Any]) -> None:
                       + (f", {scrapes['failed']} failed" if scrapes.get("failed") else ""))
 
 
+def _preempted(cache: dict[str, Any], noun: str = " preemptions") -> str:
+    run = cache.get("preemptions_run")
+    return f"{cache['preemptions']:,}{noun} in the window" + (f" ({run:,} in the whole run)" if run else "")
+
+
+def _outside_line(reqs: dict[str, Any]) -> str | None:
+    """Requests sent before the window: those still streaming (or frozen) in it count in its gaps and
+    stalls, so they are not called warm-up."""
+    outside, carried = reqs.get("outside_window") or 0, reqs.get("in_flight_at_start") or 0
+    if not (reqs.get("outside_window_failed") or (outside and not reqs.get("total")) or carried):
+        return None
+    line = f"  and {outside} sent before the measured window"
+    if carried:
+        line += (f": {carried} still in flight when it opened (their gaps and stalls in the window count; "
+                 f"{reqs.get('in_flight_at_start_failed', 0)} of them did not finish ok)")
+        warmup_failed = (reqs.get("outside_window_failed") or 0) - (reqs.get("in_flight_at_start_failed") or 0)
+        return line + f", {outside - carried} done in the warm-up ({warmup_failed} failed)"
+    return line + f" (warm-up), {reqs.get('outside_window_failed', 0)} of them failed"
+
+
+def open_stall_line(stalls: dict[str, Any]) -> str | None:
+    """The stalls no token closed, in words (the stream froze)."""
+    opened = stalls.get("open") or {}
+    if not opened.get("count"):
+        return None
+    at_end = opened.get("at_window_end") or 0
+    return (f"{opened['count']} of them open ({_s(opened.get('stalled_s'))} stream-s): the stream stopped and "
+            f"never resumed; {at_end} still stalled when the window closed (counted to the window's end, a lower "
+            f"bound), {opened['count'] - at_end} cut while stalled")
+
+
 def _event_line(ev: dict[str, Any]) -> str:
     injected = list(ev.get("injected_request_ids") or [])
     others = [r for r in (ev.get("prefill_request_ids") or []) if r not in injected]
     who = ", ".join([f"{r} (injected)" for r in injected[:3]] + [str(r) for r in others[:3]]) or "no prefill step"
     more = len(injected) + len(others) - min(len(injected), 3) - min(len(others), 3)
-    cause = ev.get("cause") or "unknown (no engine step log)"
-    line = (f"worst {_s(ev.get('worst_s'))} s across {ev.get('victims', '?')} streams "
+    cause = ev.get("cause") or "unknown"
+    if cause == "unknown" and ev.get("unknown_reason"):
+        cause += f" ({str(ev['unknown_reason']).replace('_', ' ')})"
+    line = (f"worst {_s(ev.get('worst_s'))} s across {ev.get('victims', '?')} requests "
             f"({_s(ev.get('stalled_s'))} stream-s stalled), cause: {cause}")
     if ev.get("prefill_steps"):
         line += (f"; overlapping prefill: {who}{f' +{more} more' if more > 0 else ''} "

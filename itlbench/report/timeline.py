@@ -25,7 +25,6 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from itlbench.analysis.stalls import StallParams
 from itlbench.report.data import RunData
 from itlbench.report.style import (
     CAUSE_COLORS,
@@ -209,11 +208,10 @@ def draw_rows(ax: Axes, data: RunData, spans: list[InjectedSpan], compact: bool 
             rows = {r: [(x, max(w, pixel)) for x, w in xs] for r, xs in rows.items()}
             add_bars(ax, rows, half, facecolors=CAUSE_COLORS.get(None if cause == "unknown" else cause),
                      edgecolors="white", linewidths=0.4 if data.window.seconds <= 120 and total <= 150 else 0.0)
-    for rid, lo, prefill in open_stalls(data, spans):
+    for rid, lo in open_stalls(data):
         if rid in mapping:
             ax.broken_barh([((lo - t0) / 1e9, data.window.seconds - (lo - t0) / 1e9)], (mapping[rid] - 0.4, 0.8),
-                           facecolors="none", edgecolors=CAUSE_COLORS["prefill" if prefill else None],
-                           hatch="xxx", linewidth=0.5)
+                           facecolors="none", edgecolors=STILL_OPEN, hatch="xxx", linewidth=0.5)
     time_axis(ax, data.window.seconds)
     ax.set_ylim(total - 0.5, -0.5)
     if total > steady_rows:
@@ -233,24 +231,17 @@ def draw_rows(ax: Axes, data: RunData, spans: list[InjectedSpan], compact: bool 
         ax.spines[side].set_visible(False)
 
 
-def open_stalls(data: RunData, spans: list[InjectedSpan]) -> list[tuple[str, int, bool]]:
-    """Steady gaps still open when the window closed and already past their stall threshold:
-    (request_id, start ns, overlaps an injected prefill). The analysis counts a gap when it ends,
-    so these are drawn (hatched) but not counted."""
-    end = data.window.end_ns
-    gaps = data.chunks.open_gaps
-    if gaps is None or gaps.is_empty():
+STILL_OPEN = "#333333"  # hatched over the stall's own colour, whatever its cause
+
+
+def open_stalls(data: RunData) -> list[tuple[str, int]]:
+    """Stalls still open when the window closed: (request_id, start ns). The analysis
+    counts them up to the window's end (a lower bound; `censored`); the hatching marks them as still open
+    there, a frozen stream that never sent another token among them."""
+    if data.stalls is None or data.stalls.is_empty() or "censored" not in data.stalls.columns:
         return []
-    medians = data.chunks.spans.select("request_id", "median_s")  # type: ignore[union-attr]
-    rule = StallParams.from_meta(data.doc)
-    floor, factor = rule.floor_s, rule.factor
-    out = []
-    for rid, lo, med in gaps.join(medians, on="request_id", how="left").select(
-            "request_id", "t_prev_ns", "median_s").iter_rows():
-        if (end - lo) / 1e9 >= max(factor * (med or 0.0), floor):
-            at = (lo - data.t0_ns) / 1e9
-            out.append((rid, lo, any(s.start_s <= data.window.seconds and s.end_s >= at for s in spans)))
-    return out
+    shut = data.stalls.filter(pl.col("censored").fill_null(False))
+    return [(rid, lo) for rid, lo in shut.select("request_id", "t_prev_ns").iter_rows()]
 
 
 def span_groups(spans: list[InjectedSpan], min_gap_s: float) -> list[list[InjectedSpan]]:
@@ -307,9 +298,9 @@ def stall_picture(data: RunData) -> Figure:
                Patch(color=WAITING, label="request sent, waiting for its first token")]
     causes = data.stalls["cause"].unique().to_list() if data.stalls.height else []
     handles += [Patch(color=CAUSE_COLORS.get(c), label=f"stalled: {CAUSE_NAMES.get(c, c)}") for c in causes]
-    if open_stalls(data, spans):
-        handles.append(Patch(facecolor="white", edgecolor=CAUSE_COLORS["prefill"], hatch="xxx",
-                             label="still stalled when the window closed"))
+    if open_stalls(data):
+        handles.append(Patch(facecolor="white", edgecolor=STILL_OPEN, hatch="xxx",
+                             label="still stalled when the window closed (counted to its end)"))
     if spans:
         src = "engine steps" if any(s.steps for s in spans) else "client send → first token"
         handles.append(Patch(color=INJECTED_SPAN, alpha=0.35, label=f"injected prompt's prefill ({src})"))

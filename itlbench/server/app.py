@@ -74,6 +74,7 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_get("/v1/models", _models)
+    app.router.add_get("/v1/models/{model}", _model)
     app.router.add_get("/v1/steps", _steps)
     app.router.add_get("/v1/engine", _engine_info)
     app.router.add_get("/health", _health)
@@ -281,12 +282,25 @@ async def _collect(stream: RequestStream, out: ResponseBuilder, num_prompt: int,
 
 
 # ---- introspection ------------------------------------------------------------------------
-async def _models(request: web.Request) -> web.Response:
-    state = _state(request)
+def _model_object(state: ServerState) -> dict[str, Any]:
+    """The served model as OpenAI's model object (the one entry of /v1/models)."""
     engine = state.engine.engine
-    model = {"id": state.model_name, "object": "model", "created": 0, "owned_by": "itlbench",
-             "root": engine.model_config.name, "max_model_len": engine.max_model_len}
-    return web.json_response({"object": "list", "data": [model]})
+    return {"id": state.model_name, "object": "model", "created": 0, "owned_by": "itlbench",
+            "root": engine.model_config.name, "max_model_len": engine.max_model_len}
+
+
+async def _models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [_model_object(_state(request))]})
+
+
+async def _model(request: web.Request) -> web.Response:
+    """GET /v1/models/{model}: the model object as OpenAI returns it, 404 (OpenAI's shape) for another name."""
+    state = _state(request)
+    name = request.match_info["model"]
+    if name != state.model_name:
+        raise ApiError(404, f"model: {name!r} does not exist; this server serves {state.model_name!r}",
+                       "model", "invalid_request_error", "model_not_found")
+    return web.json_response(_model_object(state))
 
 
 async def _health(request: web.Request) -> web.Response:

@@ -19,6 +19,7 @@ from itlbench.core.request import SamplingParams
 from itlbench.errors import ConfigError
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
+CHAT_ROLES = ("system", "user", "assistant", "tool")  # as OpenAI's chat API: any other would render as a new tag
 
 
 @dataclass
@@ -78,7 +79,29 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         raise ApiError(400, f"body: malformed JSON ({exc})", "body") from exc
     if not isinstance(body, dict):
         raise ApiError(400, "body: expected a JSON object", "body")
+    if (field := _lone_surrogate(body, "")) is not None:
+        raise bad(field, "holds a lone UTF-16 surrogate (e.g. \\ud800), which is not text; send valid Unicode")
     return body
+
+
+def _lone_surrogate(value: Any, path: str) -> str | None:
+    """The field path of the first string JSON decoded with a lone surrogate: valid JSON, but no text can be
+    tokenized or echoed from it, so it is the client's 400, never the server's 500."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    if isinstance(value, dict):
+        items: Any = ((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        if value and isinstance(value[0], int):  # a token-id prompt: no strings to check
+            return None
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    return next((hit for sub, v in items if (hit := _lone_surrogate(v, sub)) is not None), None)
 
 
 def parse_completion(body: dict[str, Any]) -> GenerationRequest:
@@ -102,6 +125,8 @@ def render_chat(messages: Any) -> str:
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise bad(f"messages[{i}].role", "each message needs a string role")
+        if msg["role"] not in CHAT_ROLES:
+            raise bad(f"messages[{i}].role", f"{msg['role'][:40]!r} is not a role; use one of {', '.join(CHAT_ROLES)}")
         parts.append(f"<|{msg['role']}|>\n{_content_text(msg.get('content'), i)}\n")
     parts.append("<|assistant|>\n")
     return "".join(parts)

@@ -212,6 +212,20 @@ class Hardware:
     def graph_step_overhead_s(self) -> float:
         return self.step_overhead_s if self.graph_overhead_s is None else self.graph_overhead_s
 
+    @property
+    def the_label(self) -> str:
+        """The label as a sentence names it: 'the H100 SXM', but 'this CPU (…)' as it is."""
+        return self.label if self.label.startswith("this ") else f"the {self.label}"
+
+    def formats(self) -> list[str]:
+        """The --dtype values this profile runs, for a fix that names only what works here."""
+        own = ["bfloat16", "float16"] if self.dtype in HALF_DTYPES else [self.dtype]
+        return own + ["fp8"] * bool(self.peak_flops_fp8) + ["fp4"] * bool(self.peak_flops_fp4)
+
+    def _no_rate(self, dtype: str, rate: str, gpus: str) -> ConfigError:
+        return ConfigError("dtype", f"{self.the_label} profile has no {rate} tensor rate",
+                           f"use --dtype {_either(self.formats())} here, or a GPU with {rate} ({gpus})")
+
     def for_dtype(self, dtype: str) -> Hardware:
         """This GPU serving `dtype`: fp8 (fp4) swaps in the FP8 (NVFP4) tensor rate and its GEMM efficiency;
         bf16 and fp16 share one rate; 'auto' is the profile's own dtype."""
@@ -219,18 +233,16 @@ class Hardware:
             return self
         if dtype == "fp8":
             if not self.peak_flops_fp8:
-                raise ConfigError("dtype", f"the {self.label} profile has no FP8 tensor rate",
-                                  "use --dtype bfloat16, or a GPU with FP8 (h100, h200, l40s, b200)")
+                raise self._no_rate(dtype, "FP8", "h100, h200, l40s, b200")
             return self.with_(dtype="fp8")
         if dtype == "fp4":
             if not self.peak_flops_fp4:
-                raise ConfigError("dtype", f"the {self.label} profile has no FP4 tensor rate",
-                                  "use --dtype fp8 or bfloat16, or a GPU with NVFP4 (b200)")
+                raise self._no_rate(dtype, "FP4", "b200")
             return self.with_(dtype="fp4")
         if dtype in HALF_DTYPES and self.dtype in HALF_DTYPES:
             return self.with_(dtype=dtype)
-        raise ConfigError("dtype", f"the simulated {self.label} runs {self.dtype}, not {dtype}",
-                          "use --dtype auto, bfloat16, float16, fp8 or fp4, or calibrate a profile in that dtype")
+        raise ConfigError("dtype", f"{self.the_label} (simulated) runs {self.dtype}, not {dtype}",
+                          f"use --dtype {_either(['auto', *self.formats()])}, or calibrate a profile in {dtype}")
 
     def with_(self, **changes: object) -> Hardware:
         return replace(self, **changes)
@@ -280,3 +292,8 @@ def _measured_allreduce(raw: object) -> dict[str, tuple[tuple[float, float], ...
                               fix)
         out[str(int(tp))] = pts
     return out
+
+
+def _either(options: list[str]) -> str:
+    """'a', 'a or b', 'a, b or c'."""
+    return options[0] if len(options) == 1 else f"{', '.join(options[:-1])} or {options[-1]}"

@@ -116,7 +116,7 @@ class CostModel:
         the K/V, or the dtype's default (the weights', FP8 under fp4). A degree past the GPUs one link joins is
         refused: its all-reduces would cross servers, over links no profile prices."""
         if tp > hw.link_domain and hw.link_bw > 0:
-            raise ConfigError("tp", f"{tp} GPUs exceed the {hw.label}'s {hw.interconnect} domain of {hw.link_domain}",
+            raise ConfigError("tp", f"{tp} GPUs exceed {hw.the_label}'s {hw.interconnect} domain of {hw.link_domain}",
                               f"use --tp {hw.link_domain} or less: all-reduces between servers (InfiniBand, Ethernet) "
                               "are not modelled; a profile JSON whose link joins more GPUs sets link_domain")
         return cls(model, hw.dtype_bytes, hw.counting, tp, cuda_graphs, kv_dtype_bytes or hw.default_kv_bytes,
@@ -167,7 +167,7 @@ class CostModel:
         if self.tp == 1 or rows == 0:
             return 0.0
         if not hw.link_bw > 0:
-            raise ConfigError("tp", f"the {hw.label} profile has no GPU-to-GPU link (link_bw)",
+            raise ConfigError("tp", f"{hw.the_label} profile has no GPU-to-GPU link (link_bw)",
                               "use --tp 1, or a profile with link_bw and link_latency_s")
         message = rows * self.model.hidden_size * self.act_bytes
         measured = hw.allreduce_measured.get(str(self.tp))

@@ -96,12 +96,12 @@ def sim_kv_blocks(config: EngineConfig, cost: CostModel, hw: Hardware, max_model
         shard = f", {cost.weight_bytes_per_gpu / 2**30:.1f} GiB per GPU at --tp {cost.tp}" if cost.tp > 1 else ""
         weights = f"{cost.model.name}'s weights ({cost.weight_bytes / 2**30:.1f} GiB{shard})"
         fits_whole = cost.weight_bytes_per_gpu < hw.memory_bytes  # a runtime at a higher utilisation may have room
-        raise ConfigError("gpu", f"{weights} do not fit in {GPU_MEMORY_UTILIZATION:.0%} of the {hw.label}'s "
+        raise ConfigError("gpu", f"{weights} do not fit in {GPU_MEMORY_UTILIZATION:.0%} of {hw.the_label}'s "
                           f"{hw.memory_bytes / 2**30:.1f} GiB",
                           "choose a larger GPU, a higher --tp, --dtype fp8 (fp4 on a B200), a smaller model"
                           + (", or give the K/V room a runtime reports with --kv-memory-gib" if fits_whole else ""))
     if tokens < max_model_len:
-        raise ConfigError("max_model_len", f"{max_model_len} tokens of KV cache do not fit on the {hw.label} "
+        raise ConfigError("max_model_len", f"{max_model_len} tokens of KV cache do not fit on {hw.the_label} "
                           f"(room for {tokens} beside the weights)", f"use --max-model-len {tokens} or less")
     per_request = math.ceil(max_model_len / config.block_size)
     return min(tokens // config.block_size, config.max_num_seqs * per_request)
@@ -112,7 +112,7 @@ def _tokens_in(kv_memory_gib: float, cost: CostModel, hw: Hardware) -> int:
     (the whole GPU: a runtime run at more than vLLM's 90 % reports room the default would not have)."""
     left = (hw.memory_bytes - cost.weight_bytes_per_gpu) / 2**30
     if left <= 0:
-        raise ConfigError("gpu", f"{cost.model.name}'s weights do not fit on the {hw.label}",
+        raise ConfigError("gpu", f"{cost.model.name}'s weights do not fit on {hw.the_label}",
                           "choose a larger GPU, a higher --tp, --dtype fp8 (fp4 on a B200), or a smaller model")
     if kv_memory_gib > left:
         raise ConfigError("kv_memory_gib", f"{kv_memory_gib:g} GiB of K/V does not fit beside the weights on the "

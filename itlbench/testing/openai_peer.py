@@ -16,6 +16,11 @@ client's probes, are always served properly):
   fail_after        streaming requests after the first `fail_after` get a 500 with a plain-text body
   no_headers        the request is read and never answered
   close_mid_stream  three chunks, then the connection is cut
+  rate_limited      every other streaming request gets a 429 with `Retry-After: retry_after` (a rate limit)
+  no_first_token    headers, then nothing: the first token never comes
+and these fail every request, the probes' too:
+  chat_only         /v1/completions is a 404 `{"detail": "Not Found"}` (a chat-only server); chat works
+  unknown_model     both APIs answer 404 model_not_found for the model /v1/models lists
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-FAULTS = ("html", "non_sse", "truncated", "bad_json", "fail_after", "no_headers", "close_mid_stream")
+FAULTS = ("html", "non_sse", "truncated", "bad_json", "fail_after", "no_headers", "close_mid_stream", "rate_limited",
+          "no_first_token", "chat_only", "unknown_model")
 BLOCK = 16
 
 
@@ -45,6 +51,7 @@ class PeerConfig:
     max_model_len: int = 32768
     fault: str | None = None
     fail_after: int = 0
+    retry_after: str | None = "1"  # the rate_limited fault's Retry-After header (None: none sent)
     prefill_s_per_token: float = 1e-5  # what /metrics reports as prefill time (no real compute)
     keepalive_s: float = 75.0  # idle keep-alive connections are closed after this (uvicorn: 5 s)
     # chat streams of other shapes: the first `reasoning_chunks` chunks carry reasoning in
@@ -140,6 +147,11 @@ class OpenAIPeer:
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if self.cfg.fault == "chat_only" and not request.path.endswith("/chat/completions"):
+            return web.json_response({"detail": "Not Found"}, status=404)
+        if self.cfg.fault == "unknown_model":
+            return web.json_response({"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                                "type": "NotFoundError", "code": 404}}, status=404)
         tokens = self._tokens(body)
         if isinstance(tokens, web.Response):
             return tokens
@@ -169,6 +181,18 @@ class OpenAIPeer:
                 {"index": 0, "text": " x" * n_out, "finish_reason": "length"}], "usage": usage})
         if fault == "fail_after":
             return web.Response(status=500, text="Internal Server Error")
+        if fault == "rate_limited" and c.streamed % 2:
+            headers = {"Retry-After": cfg.retry_after} if cfg.retry_after is not None else None
+            return web.json_response({"error": {"message": "Rate limit reached", "type": "rate_limit_error"}},
+                                     status=429, headers=headers)
+        if fault == "no_first_token":
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            hang = asyncio.get_running_loop().create_future()
+            self._hung.append(hang)
+            with contextlib.suppress(asyncio.CancelledError):
+                await hang
+            return resp
         if fault == "no_headers":
             hang = asyncio.get_running_loop().create_future()
             self._hung.append(hang)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 
@@ -14,6 +15,7 @@ from itlbench.workloads.catalog import WorkloadSpec, get_workload
 from itlbench.workloads.injection import Injection, injection_times, parse_injections
 from itlbench.workloads.plan import LoadPlan, RequestPlan
 from itlbench.workloads.prompts import Prompt, PromptBuilder
+from itlbench.workloads.sampling import lognormal_mu
 from itlbench.workloads.sources import Context, Ids, requests
 from itlbench.workloads.trace import TraceReplay, load_trace, replay
 
@@ -84,7 +86,7 @@ def _check_sources(spec: LoadSpec, workload: WorkloadSpec) -> None:
                           "add --workload trace or drop --trace")
     if workload.from_trace and spec.rate is not None:
         raise ConfigError("--rate", "a trace replays its own arrival times",
-                          "drop --rate; use --trace-time-scale to speed it up")
+                          "drop --rate; use --time-scale to speed it up")
 
 
 def _check_injections(spec: LoadSpec, injections: list[Injection], default_at: float) -> None:
@@ -97,10 +99,53 @@ def _check_injections(spec: LoadSpec, injections: list[Injection], default_at: f
             raise ConfigError("--inject", f"'{inj.spec}' needs {inj.tokens} + {spec.inject_max_tokens} "
                               f"tokens but max_model_len is {spec.max_model_len}",
                               f"inject at most {room} tokens or raise --max-model-len")
+        if inj.every_s is not None and inj.every_s > spec.duration_s:
+            raise ConfigError("--inject", f"'{inj.spec}' repeats every {inj.every_s:g} s, longer than the "
+                              f"{spec.duration_s:g} s run", "use a period up to --duration, or a time like 32k@10s")
         late = [t for t in inj.at_s if t >= spec.duration_s]
         if late:
             raise ConfigError("--inject", f"'{inj.spec}' is at {late[0]:g} s, after the run ends "
                               f"({spec.duration_s:g} s)", "use an earlier time or a longer --duration")
+
+
+def _check_fits(spec: LoadSpec, workload: WorkloadSpec) -> list[str]:
+    """Refuse a workload whose lengths (fixed) or mean lengths do not fit the context; warn, with the
+    expected share, when the tails of a catalog mix will be shortened to fit."""
+    if workload.from_trace:
+        return []
+    out = spec.output_tokens or workload.mean_out
+    first = workload.sessions.initial_tokens if workload.sessions else workload.mean_in
+    if first + out > spec.max_model_len:
+        what = "needs" if workload.sigma == 0 else "averages"
+        raise ConfigError("--workload", f"'{workload.name}' {what} {first} + {out} tokens a request but "
+                          f"max_model_len is {spec.max_model_len}",
+                          f"keep prompt + output within {spec.max_model_len} tokens, or use a longer-context model")
+    share = clipped_share(first, workload.sigma, spec.max_model_len - out)
+    if share < 0.001:
+        return []
+    return [f"--workload {workload.name}: about {share:.1%} of prompts (expected from its lengths) are shortened "
+            f"to fit max_model_len {spec.max_model_len}: to at most about {spec.max_model_len - out} tokens"]
+
+
+def clipped_share(mean: float, sigma: float, cap: int) -> float:
+    """The share of lognormal lengths (mean `mean`, log-space `sigma`) above `cap`."""
+    if sigma <= 0:
+        return float(mean > cap)
+    z = (math.log(cap) - lognormal_mu(mean, sigma)) / sigma
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def _trace_warnings(rep: TraceReplay, max_model_len: int) -> list[str]:
+    """What a replay changed of its trace: rows skipped as unusable, rows shortened to fit."""
+    out = []
+    rows = len(rep.send_at_s)
+    if rep.invalid_rows:
+        out.append(f"--trace: {rep.invalid_rows} of {rows + rep.invalid_rows} rows skipped: "
+                   "a missing, zero or negative token count")
+    if rep.clipped_rows:
+        out.append(f"--trace: {rep.clipped_rows} of {rows} rows shortened to fit max_model_len "
+                   f"{max_model_len} (prompt + output)")
+    return out
 
 
 def _streams(spec: LoadSpec, workload: WorkloadSpec) -> int:
@@ -167,6 +212,7 @@ def build_load_plan(spec: LoadSpec, builder: PromptBuilder | None = None) -> Loa
     workload = get_workload(spec.workload)
     _check_numbers(spec)
     _check_sources(spec, workload)
+    warnings = _check_fits(spec, workload)
     default_at = spec.duration_s / 2 if spec.inject_at_s is None else spec.inject_at_s
     injections = parse_injections(spec.inject, default_at)
     _check_injections(spec, injections, default_at)
@@ -179,6 +225,7 @@ def build_load_plan(spec: LoadSpec, builder: PromptBuilder | None = None) -> Loa
         trace = load_trace(spec.trace_path or "", spec.trace_offset, spec.trace_limit)
         rep = replay(trace, spec.max_model_len, spec.trace_time_scale, spec.output_tokens)
         ctx.trace = trace
+        warnings += _trace_warnings(rep, spec.max_model_len)
     n_streams = _streams(spec, workload)
     if n_streams == 0 and spec.rate is None and rep is None and not injections:
         raise ConfigError("--streams", "nothing to send: no streams, no --rate, no --inject",
@@ -189,8 +236,9 @@ def build_load_plan(spec: LoadSpec, builder: PromptBuilder | None = None) -> Loa
         feeds.append(_arrivals(ctx, spec))
     if rep is not None:
         feeds.append(_replayed(ctx, rep, spec.duration_s))
-    return LoadPlan(streams=[_stream(ctx, i) for i in range(n_streams)], open_loop=_merge(feeds),
-                    description=_describe(spec, workload, n_streams, builder, schedule, rep))
+    desc = _describe(spec, workload, n_streams, builder, schedule, rep)
+    desc["warnings"] = warnings
+    return LoadPlan(streams=[_stream(ctx, i) for i in range(n_streams)], open_loop=_merge(feeds), description=desc)
 
 
 def _describe(spec: LoadSpec, workload: WorkloadSpec, n_streams: int, builder: PromptBuilder,
@@ -217,7 +265,7 @@ def _describe(spec: LoadSpec, workload: WorkloadSpec, n_streams: int, builder: P
             "path": spec.trace_path, "time_scale": spec.trace_time_scale,
             "offset": spec.trace_offset, "limit": spec.trace_limit, "rows": len(rep.send_at_s),
             "rows_in_run": int(np.sum(rep.send_at_s < spec.duration_s)),
-            "clipped_rows": rep.clipped_rows,
+            "clipped_rows": rep.clipped_rows, "invalid_rows": rep.invalid_rows,
             "span_s": float(rep.send_at_s[-1]) if len(rep.send_at_s) else 0.0,
         }
     return desc

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from itlbench.errors import ConfigError
+from itlbench.units import parse_tokens
 
 
 @dataclass(frozen=True)
@@ -66,16 +67,24 @@ CATALOG: dict[str, WorkloadSpec] = {spec.name: spec for spec in _entries()}
 
 
 FIXED_PREFIX = "fixed:"
+MAX_FIXED_TOKENS = 1 << 24  # 16M tokens: past every model's context, and still exact in a float
 
 
 def fixed_workload(name: str) -> WorkloadSpec:
     """`fixed:IN:OUT`: every prompt exactly IN tokens and every output exactly OUT (with forced lengths),
     the shape of `vllm bench`'s random dataset at zero range, for reproducing published latency tables."""
     parts = name[len(FIXED_PREFIX):].split(":")
-    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+    fix = "e.g. --workload fixed:2048:128 or fixed:4k:1k (k = 1024 tokens)"
+    if len(parts) != 2:
+        raise ConfigError("--workload", f"'{name}' is not fixed:IN:OUT with two positive token counts", fix)
+    try:
+        mean_in, mean_out = (parse_tokens(p, "--workload", fix) for p in parts)
+    except ConfigError:
         raise ConfigError("--workload", f"'{name}' is not fixed:IN:OUT with two positive token counts",
-                          "e.g. --workload fixed:2048:128")
-    mean_in, mean_out = int(parts[0]), int(parts[1])
+                          fix) from None
+    if max(mean_in, mean_out) > MAX_FIXED_TOKENS:
+        raise ConfigError("--workload", f"'{name}' asks for more than {MAX_FIXED_TOKENS:,} tokens",
+                          "give lengths within the model's context, e.g. fixed:2048:128")
     return WorkloadSpec(name, mean_in, mean_out, 0.0, f"every prompt {mean_in} tokens, every output {mean_out}")
 
 

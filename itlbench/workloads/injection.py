@@ -9,8 +9,10 @@ repeated flags).
   Without ``@`` the single send time is the default the caller gives.
 - ``Nx``: N copies sent together at *each* time: ``2x16k@10s,40s`` sends four prompts,
   two at 10 s and two at 40 s.
-- ``/PERIOD``: repeat every PERIOD, starting at the ``@`` time (at most one) or else at the
-  default time, until the run ends: ``32k/30s`` with default 20 s sends at 20, 50, 80 s, ...
+- ``/PERIOD``: repeat every PERIOD until the run ends, starting at the ``@`` time (at most one)
+  or else half a period in: ``32k/30s`` sends at 15, 45, 75 s, ..., so a D-second run gets
+  about D/PERIOD prompts, each in the middle of its own PERIOD. A period longer than the run
+  is refused (`build._check_injections`).
 """
 
 from __future__ import annotations
@@ -71,13 +73,19 @@ def parse_one(piece: str, default_at_s: float) -> Injection:
     count = int(match["count"]) if match["count"] else 1
     if count < 1:
         raise _bad(piece, "the count must be >= 1")
-    at = tuple(_time(piece, t) for t in match["at"].split(",")) if match["at"] else (float(default_at_s),)
     every = _time(piece, match["every"]) if match["every"] else None
     if every is not None and every <= 0:
         raise _bad(piece, "the period must be > 0")
+    at = tuple(_time(piece, t) for t in match["at"].split(",")) if match["at"] else (_default_start(every, default_at_s),)
     if every is not None and len(at) > 1:
         raise _bad(piece, "a repeating spec takes one start time")
     return Injection(_tokens(piece, match["num"], match["k"]), count, at, every, piece.strip())
+
+
+def _default_start(every_s: float | None, default_at_s: float) -> float:
+    """A one-off spec goes at the caller's default time; a periodic one half a period in, so that
+    "every P" over D seconds sends about D/P prompts rather than starting half-way through the run."""
+    return float(default_at_s) if every_s is None else every_s / 2
 
 
 def _pieces(text: str | Iterable[str] | None) -> list[str]:

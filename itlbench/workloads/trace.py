@@ -40,6 +40,7 @@ class Trace:
     output_tokens: np.ndarray  # int64
     blocks: tuple[tuple[int, ...], ...] | None = None  # Mooncake: each row's prefix-block ids
     format: str = "azure"
+    invalid_rows: int = 0  # selected rows skipped: a missing, zero or negative token count
 
     def __len__(self) -> int:
         return len(self.offsets_s)
@@ -55,6 +56,7 @@ class TraceReplay:
     clipped_rows: int  # rows whose prompt or output had to be shortened to fit max_model_len
     blocks: tuple[tuple[int, ...], ...] | None = None  # shared-prefix block ids per row (Mooncake)
     block_tokens: int = MOONCAKE_BLOCK_TOKENS
+    invalid_rows: int = 0  # rows of the trace skipped as unusable (Trace.invalid_rows)
 
 
 def _is_jsonl(path: Path) -> bool:
@@ -144,14 +146,26 @@ def load_trace(path: str | Path, offset: int = 0, limit: int | None = None) -> T
         kind = "burstgpt" if all(c in raw.columns for c in BURSTGPT_COLUMNS) else "azure"
         frame = _parse(raw, path).slice(offset, limit)
     if frame.height == 0:
-        raise ConfigError("--trace", f"'{path}' has no rows from row {offset}",
-                          "use a smaller offset")
-    t = frame["t"].to_numpy().astype(np.float64)
+        where = f"after its first {offset}" if offset else "below its header"
+        raise ConfigError("--trace", f"'{path}' has no rows {where}", "give a trace with at least one request")
+    return _usable(path, frame, blocks, kind)
+
+
+def _usable(path: Path, frame: pl.DataFrame, blocks: tuple[tuple[int, ...], ...] | None, kind: str) -> Trace:
+    """The rows with usable lengths (a missing, zero or negative count is not one), offsets from the first;
+    none usable is an error rather than a replay of one-token guesses."""
+    prompt = frame["prompt"].fill_null(0).to_numpy().astype(np.int64)
+    output = frame["output"].fill_null(0).to_numpy().astype(np.int64)
+    keep = (prompt >= 1) & (output >= 1)
+    if not keep.any():
+        raise ConfigError("--trace", f"none of the {frame.height} rows of '{path}' has usable token counts",
+                          "every row needs prompt and output tokens >= 1")
+    t = frame["t"].to_numpy().astype(np.float64)[keep]
     offsets = t - t[0]
     if np.any(np.diff(offsets) < 0):
         raise ConfigError("--trace", f"'{path}' is not sorted by TIMESTAMP", "sort it by time")
-    return Trace(str(path), offsets, frame["prompt"].to_numpy().astype(np.int64),
-                 frame["output"].to_numpy().astype(np.int64), blocks, kind)
+    kept_blocks = None if blocks is None else tuple(b for b, k in zip(blocks, keep, strict=True) if k)
+    return Trace(str(path), offsets, prompt[keep], output[keep], kept_blocks, kind, int((~keep).sum()))
 
 
 def replay(trace: Trace, max_model_len: int, time_scale: float = 1.0,
@@ -159,10 +173,11 @@ def replay(trace: Trace, max_model_len: int, time_scale: float = 1.0,
     """Send times = offsets / time_scale (2.0 plays twice as fast); prompts shortened so that
     prompt + output <= max_model_len, outputs to at most max_model_len - 1."""
     if time_scale <= 0:
-        raise ConfigError("--trace-time-scale", f"must be > 0, got {time_scale}",
+        raise ConfigError("--time-scale", f"must be > 0, got {time_scale}",
                           "2.0 replays twice as fast, 0.5 half as fast")
     out_raw = trace.output_tokens if output_tokens is None else np.full(len(trace), output_tokens)
     out = np.clip(out_raw, 1, max_model_len - 1)
     prompt = np.clip(trace.prompt_tokens, 1, max_model_len - out)
     clipped = (out != out_raw) | (prompt != trace.prompt_tokens)
-    return TraceReplay(trace.offsets_s / time_scale, prompt, out, int(clipped.sum()), trace.blocks)
+    return TraceReplay(trace.offsets_s / time_scale, prompt, out, int(clipped.sum()), trace.blocks,
+                       invalid_rows=trace.invalid_rows)

@@ -461,7 +461,8 @@ def test_summary_keys_and_json(tables):
     s = summarize(tables, WINDOW)
     json.dumps(s, allow_nan=False)
     assert s["requests"] == {"total": 5, "ok": 4, "error": 1, "timeout": 0, "cancelled": 0, "injected": 1,
-                             "outside_window": 1, "outside_window_failed": 0}
+                             "outside_window": 1, "outside_window_failed": 0, "in_flight_at_start": 0,
+                             "in_flight_at_start_failed": 0}
     assert s["ttft_s"]["all"]["count"] == 4
     assert s["ttft_s"]["le2k"]["count"] == 1 and s["ttft_s"]["le2k"]["max"] == pytest.approx(0.025)
     # one le128 request cannot support a median of its parts (ttft_table has them per request)

@@ -143,7 +143,7 @@ def test_a_run_aborted_in_its_warmup_says_why_keeps_its_records_and_exits_1(tmp_
     text = _flat(result.output)
     assert result.exit_code == 1, result.output
     assert "Cut short: it was aborted: 50 requests in a row failed, the last with prompt: needs" in text
-    assert "outside the measured window (warm-up)" in text
+    assert "sent before the measured window (warm-up)" in text
     failed = pl.read_parquet(out / "requests").filter(pl.col("status") == "error").height
     assert failed >= 50 and f"{failed} of them failed" in text
     assert json.loads((out / "summary.json").read_text())["requests"]["outside_window_failed"] == failed
@@ -189,3 +189,51 @@ def test_every_out_that_cannot_be_made_is_a_one_line_error(tmp_path: Path, comma
     result = runner.invoke(app, [*command, "--out", str(blocker / "out")], terminal_width=400)
     assert result.exit_code == 2, result.output
     assert "error: --out: cannot create" in _flat(result.output) and "Traceback" not in result.output
+
+
+SIM = ["--engine", "sim", "--model", "llama-3-8b", "--gpu", "h100", "--duration", "10"]
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["--time-scale", "nan"], "--time-scale"), (["--time-scale", "inf"], "--time-scale"),
+    (["--rate", "inf"], "--rate"), (["--stall-factor", "nan"], "--stall-factor"),
+    (["--stall-factor", "inf"], "--stall-factor"), (["--sim-time-scale", "inf"], "--sim-time-scale"),
+    (["--kv-link-gbps", "inf", "--disaggregate"], "--kv-link-gbps"), (["--burstiness", "inf", "--rate", "2"], "--burstiness"),
+    (["--kv-memory-gib", "nan"], "--kv-memory-gib"),
+    (["--burstiness", "0.5"], "--burstiness"), (["--time-scale", "5"], "--time-scale"),
+    (["--kv-link-gbps", "100"], "--kv-link-gbps"),
+    (["--workload", "fixed:200000:10"], "--workload"), (["--workload", "fixed:8000:500"], "--workload"),
+    (["--workload", "fixed:99999999999999999999:10"], "--workload"), (["--workload", "summarization"], "--workload"),
+    (["--slo", "injectd/ttft=off"], "--slo"), (["--slo", "itl_p99=20ms,itl_p99=500ms"], "--slo"),
+    (["--inject", "4k/30s", "--duration", "20"], "--inject"),
+])
+def test_bad_sim_run_flags_exit_2_naming_the_flag_and_leave_nothing(tmp_path, args, flag):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--out", str(out), *SIM, *args], terminal_width=200)
+    assert result.exit_code == 2, result.output
+    assert f"error: {flag}" in _flat(result.output)
+    assert "Traceback" not in result.output
+    assert not out.exists()
+
+
+def test_sim_time_scale_on_the_torch_engine_is_refused():
+    from itlbench.core.engine_config import EngineConfig
+    from itlbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="only applies to the simulated engine") as err:
+        EngineConfig(engine="torch", sim_time_scale=2.0)
+    assert err.value.field == "sim_time_scale"
+
+
+def test_repeated_inject_flags_are_joined(tmp_path, monkeypatch):
+    import itlbench.harness.orchestrate as orchestrate
+
+    seen = {}
+
+    def fake_run(cfg, **_):
+        seen["inject"] = cfg.inject
+        raise orchestrate.ConfigError("--inject", "stop here")
+
+    monkeypatch.setattr(orchestrate, "run_load_test", fake_run)
+    runner.invoke(app, ["run", "--out", str(tmp_path / "r"), *SIM, "--inject", "8k@2s", "--inject", "4k@6s"])
+    assert seen["inject"] == "8k@2s;4k@6s"

@@ -165,9 +165,11 @@ def test_a_gap_under_a_scrape_gets_the_scrape_cause() -> None:
     report = analyze_stalls(gaps, frame("steps", []), frame("requests", []), StallParams(), 0, pauses, scrapes)
     causes = report.stalls.sort("t_prev_ns")["cause"].to_list()
     assert causes[:2] == ["scrape", "scrape"]  # not "client", although the client paused in it
-    assert causes[2:] == [None, None]  # no step log, no scrape, no pause: unknown
+    assert causes[2:] == ["unknown", "unknown"]  # no step log, no scrape, no pause: unknown, counted as such
+    assert report.stalls.sort("t_prev_ns")["unknown_reason"].to_list()[2:] == ["no_step_log", "no_step_log"]
     assert report.summary["by_cause"]["scrape"]["count"] == 2 and report.summary["overlapping_scrape"] == 2
-    assert {e["cause"] for e in report.summary["attribution"]} == {"scrape", None}
+    assert report.summary["by_cause"]["unknown"]["count"] == 2
+    assert {e["cause"] for e in report.summary["attribution"]} == {"scrape", "unknown"}
     # a client starved of CPU under the same scrape: its stall is the client's, not the scrape's
     starved = pauses.with_columns(pl.lit(0.0).alias("cpu_s"), pl.lit(0.37).alias("runq_s"))
     report = analyze_stalls(gaps, frame("steps", []), frame("requests", []), StallParams(), 0, starved, scrapes)
@@ -286,3 +288,52 @@ def test_loop_pauses_say_whether_the_loop_worked_or_slept() -> None:
     wall = lambda r: (r["end_ns"] - r["start_ns"]) / 1e9  # noqa: E731
     assert slept["cpu_s"] < 0.2 * wall(slept)
     assert busy["cpu_s"] + busy["runq_s"] > 0.8 * wall(busy) and busy["cpu_s"] > slept["cpu_s"]
+
+
+def test_a_rate_limited_server_is_waited_out_not_aborted_and_the_waits_recorded(tmp_path: Path) -> None:
+    """Every other request gets a 429 with Retry-After: 1 s. Each stream waits before its next send, so the
+    run is not 50 refusals in milliseconds, and run.json says how long the server made it wait."""
+    with serve_in_thread(PeerConfig(tick_s=0.002, fault="rate_limited", retry_after="1")) as (peer, url):
+        run_dir, summary = run_load_test(_cfg(url, tmp_path / "429", adaptive_warmup=False, inject=None,
+                                              duration_s=2.5))
+    doc = read_run_doc(run_dir)
+    assert "aborted_reason" not in doc and doc["stop_reason"] == "completed"
+    requests = read_table(run_dir, "requests")
+    assert requests.filter(pl.col("http_status") == 429).height >= 2 and summary["requests"]["ok"] >= 2
+    assert requests.height < 20  # two streams, each waiting 1 s after each refusal: not hundreds
+    limited = doc["rate_limited"]
+    assert limited["waits"] >= 2 and limited["with_retry_after"] == limited["waits"] and limited["max_wait_s"] == 1.0
+
+
+@pytest.mark.parametrize(("fault", "flag", "fix"), [("chat_only", "--api", "use --api chat"),
+                                                    ("unknown_model", "--model", "--model")])
+def test_a_404_at_the_probe_is_bad_input_naming_the_flag_and_leaves_no_run_dir(tmp_path: Path, fault: str,
+                                                                               flag: str, fix: str) -> None:
+    with serve_in_thread(PeerConfig(fault=fault)) as (_, url):
+        with pytest.raises(ConfigError) as info:
+            run_load_test(_cfg(url, tmp_path / fault, inject=None))
+    assert info.value.field == flag and fix in info.value.fix and "HTTP 404" in str(info.value)
+    assert "'detail'" not in str(info.value)  # the server's JSON as sent, never a Python dict repr
+    assert not (tmp_path / fault).exists()
+
+
+def test_an_untrusted_certificate_says_so_and_how_to_trust_it(tmp_path: Path) -> None:
+    """A TLS verify failure is named as such, with SSL_CERT_FILE as the fix (not 'check the URL')."""
+    import ssl
+    import urllib.error
+
+    from itlbench.harness import connect as connect_mod
+
+    def refuse(*_a: object, **_k: object) -> None:
+        raise urllib.error.URLError(ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] "
+                                                                    "self-signed certificate"))
+
+    orig = connect_mod.request_json
+    connect_mod.request_json = refuse  # type: ignore[assignment]
+    try:
+        with pytest.raises(ConfigError) as info:
+            run_load_test(_cfg("https://127.0.0.1:1/v1", tmp_path / "tls", inject=None))
+    finally:
+        connect_mod.request_json = orig
+    assert "certificate was not trusted" in str(info.value) and "SSL_CERT_FILE=/path/ca.pem" in info.value.fix
+    assert "check the URL" not in str(info.value) and not (tmp_path / "tls").exists()

@@ -63,12 +63,12 @@ def test_records_identical_to_the_aiohttp_reader(tmp_path: Path, cfg: PacedConfi
 def test_error_status_recorded_like_the_aiohttp_reader(tmp_path: Path) -> None:
     rows = {}
     for reader in ("kernel", "aiohttp"):
-        with serve_in_thread(PacedConfig(status=503)) as (_, url):
+        with serve_in_thread(PacedConfig(status=500)) as (_, url):  # not 503: that one backs the stream off
             run(LoadPlan(streams=[plans("e", 5, count=2)]), url, tmp_path / reader, duration_s=0.5,
                 target_kw={"stream_reader": reader})
         rows[reader] = _records(tmp_path / reader)[0]
     assert rows["kernel"] == rows["aiohttp"]
-    assert [r["http_status"] for r in rows["kernel"]] == [503, 503]
+    assert [r["http_status"] for r in rows["kernel"]] == [500, 500]
     assert "paced server set to fail" in rows["kernel"][0]["error"]
 
 

@@ -59,11 +59,11 @@ def test_token_ids_count_bundled_tokens(tmp_path, max_tokens, expected_chunks):
 
 
 def test_non_200_is_recorded_with_status(tmp_path):
-    with serve_in_thread(PacedConfig(status=503)) as (_, url):
+    with serve_in_thread(PacedConfig(status=500)) as (_, url):  # not 503: that one backs the stream off (backoff.py)
         res = run(LoadPlan(streams=[plans("e", 5, count=3)]), url, tmp_path, duration_s=0.5)
     req = table(tmp_path, "requests")
     assert res.counts["error"] == 3 and res.aborted_reason is None
-    assert req["http_status"].to_list() == [503] * 3
+    assert req["http_status"].to_list() == [500] * 3
     assert all("paced server set to fail" in e for e in req["error"].to_list())
 
 

@@ -12,6 +12,7 @@ from itlbench.report.compare_ci import repeat_groups, run_labels
 @dataclass
 class _Engine:
     name: str
+    external: bool = True  # a server's name is its label's prefix; the bundled engine's are in test_compare_verdict
 
 
 @dataclass

@@ -137,7 +137,7 @@ def test_reproduce_command_parses_back_to_the_run_settings(tmp_path: Path) -> No
     command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
     params = command.make_context("run", args).params
     cfg = data.config
-    assert params["workload"] == cfg["workload"] and params["inject"] == cfg["inject"]
+    assert params["workload"] == cfg["workload"] and ";".join(params["inject"]) == cfg["inject"]  # a repeatable flag
     assert params["streams"] == cfg["streams"]
     assert parse_duration_s(params["duration"], "--duration") == cfg["duration_s"]
     assert params["seed"] == cfg["seed"] and params["chunk_budget"] == "2048" and params["model"] == "cpu-small"
@@ -172,7 +172,7 @@ def test_compare_refuses_runs_of_different_workloads_naming_the_settings(tmp_pat
     result = runner.invoke(app, ["compare", str(a), str(b), "--out", str(tmp_path / "cmp")], terminal_width=400)
     assert result.exit_code == 2, result.output
     out = _flat(result.output)
-    assert "error: DIR: the runs differ in seed (a: 0, b: 7); inject (a: 8k@4s, b: None)" in out
+    assert "error: DIR: the runs differ in seed (a: 0, b: 7); inject (a: 8k@4s, b: none)" in out
     assert "--force" in out and "Traceback" not in out
     assert not (tmp_path / "cmp").exists()
     forced = runner.invoke(app, ["compare", str(a), str(b), "--force", "--out", str(tmp_path / "cmp")],
@@ -220,7 +220,7 @@ def test_compare_ranks_the_shorter_stall_smoother_and_judges_slos(tmp_path: Path
 def test_compare_labels_an_external_engine_row_and_its_source(tmp_path: Path) -> None:
     runs = load_runs([build_run(tmp_path / "ours"), build_run(tmp_path / "theirs", external=True)], force=True)
     rows = make_rows(runs)
-    assert [r.label for r in rows] == ["budget 2048", "vLLM"]
+    assert [r.label for r in rows] == ["budget 2048, cpu-small on torch", "vLLM, m"]  # engines and models differ
     assert rows[1].run.engine.source.startswith("server counters (vllm:* from /metrics)")
     assert rows[0].run.engine.source == "engine step log"
 

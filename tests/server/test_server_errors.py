@@ -47,6 +47,8 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "ignore_eos": 1}, "ignore_eos"),
     ({"prompt": "x", "stop_token_ids": ["a"]}, "stop_token_ids"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"prompt": "\ud800", "max_tokens": 2}, "prompt"),  # a lone surrogate: valid JSON, not text
+    ({"prompt": "\ud800", "max_tokens": 2, "stream": True}, "prompt"),
 ]
 BAD_CHAT = [
     ({"max_tokens": 3}, "messages"),
@@ -54,6 +56,10 @@ BAD_CHAT = [
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5000}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]}, "messages[0].content[0].text"),
+    ({"messages": [{"role": "\ud800", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
 ]
 
 
@@ -80,6 +86,16 @@ def test_unknown_model_is_404(server):
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-9", prompt="x", max_tokens=2)
     assert client.completions.create(model="tiny", prompt="x", max_tokens=2).usage.completion_tokens >= 1
+
+
+def test_get_one_model_returns_the_model_object(server):
+    """GET /v1/models/{model} answers the served model's object (as OpenAI does), 404 for another name."""
+    with urllib.request.urlopen(f"{server.base_url}/models/tiny", timeout=30) as resp:
+        model = json.loads(resp.read())
+    assert model["id"] == "tiny" and model["object"] == "model"
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(f"{server.base_url}/models/gpt-9", timeout=30)
+    assert info.value.code == 404 and json.loads(info.value.read())["error"]["param"] == "model"
 
 
 def test_sdk_sees_bad_request(server):

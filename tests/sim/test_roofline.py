@@ -215,7 +215,7 @@ def test_roofline_marks_the_cases_that_would_not_run() -> None:
     assert why["decode batch 32 @ 120k"].startswith("3,932,192 tokens of K/V, over the ")
     result = runner.invoke(app, ["roofline", "--model", "llama-3-8b", "--gpu", "h100", "--compare", "none"],
                            env={"COLUMNS": "200"})
-    assert "prefill 32k*" in result.stdout and "* prefill 32k would not run: past llama-3-8b's 8k-token context" \
+    assert "no*" in result.stdout and "* prefill 32k would not run: past llama-3-8b's 8k-token context" \
         in result.stdout
 
 
@@ -262,3 +262,28 @@ def test_a_context_phase_cost_is_charged_on_steps_with_prompt_work_only() -> Non
         assert cm.time(shape, hw).total_s - cm.time(shape, GPUS["h100"]).total_s == pytest.approx(0.002)
     assert cm.time(decode, hw).total_s == cm.time(decode, GPUS["h100"]).total_s
     assert all(g.prefill_overhead_s == 0.0 for g in GPUS.values())
+
+
+def test_a_dtype_a_gpu_lacks_is_refused_naming_only_what_runs_there() -> None:
+    """The fix never suggests a format the same GPU also lacks (fp8 on an A100, bfloat16 on the CPU)."""
+    from itlbench.errors import ConfigError
+    from itlbench.sim.hardware import GPUS
+
+    for gpu, dtype, fix in (("a100", "fp4", "use --dtype bfloat16 or float16 here, or a GPU with FP4 (b200)"),
+                            ("rtx4090", "fp8", "use --dtype bfloat16 or float16 here, or a GPU with FP8"),
+                            ("h100", "float32", "use --dtype auto, bfloat16, float16 or fp8, or calibrate")):
+        with pytest.raises(ConfigError) as err:
+            GPUS[gpu].for_dtype(dtype)
+        assert fix in str(err.value), str(err.value)
+
+
+def test_the_gpu_flag_help_names_every_preset() -> None:
+    """The help is text in the torch-free config (core cannot import the simulator): it must not drift."""
+    from dataclasses import fields
+
+    from itlbench.core.engine_config import EngineConfig
+    from itlbench.sim.hardware import GPUS, KERNELS, SEEDS
+
+    text = next(f for f in fields(EngineConfig) if f.name == "gpu").metadata["help"]
+    assert all(name in text for name in GPUS) and "NAME-seeds" in text and "NAME-2025" in text
+    assert all(name.removesuffix("-seeds") in GPUS for name in SEEDS) and all(k.endswith("-2025") for k in KERNELS)

@@ -97,7 +97,7 @@ def test_missing_file_and_wrong_columns(tmp_path: Path) -> None:
 def test_bad_scale_and_limit(small_csv: Path) -> None:
     with pytest.raises(ConfigError) as err:
         replay(load_trace(small_csv), 4096, time_scale=0)
-    assert err.value.field == "--trace-time-scale"
+    assert err.value.field == "--time-scale"  # the flag `itlbench run` has
     with pytest.raises(ConfigError):
         load_trace(small_csv, limit=0)
 
@@ -141,3 +141,35 @@ def test_real_azure_trace_first_1000_rows() -> None:
     clipped = replay(trace, max_model_len=2048)
     too_long = np.sum(trace.prompt_tokens + np.minimum(trace.output_tokens, 2047) > 2048)
     assert clipped.clipped_rows == too_long > 0
+
+
+def _burst(tmp_path: Path, rows: list[tuple[str, str, str]]) -> Path:
+    path = tmp_path / "burst.csv"
+    path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                    + "".join(f"{t},m,{p},{o},0,Conversation log\n" for t, p, o in rows))
+    return path
+
+
+def test_unusable_and_shortened_rows_are_warned_with_counts(tmp_path: Path) -> None:
+    path = _burst(tmp_path, [("0", "100", "10"), ("1", "-5", "10"), ("2", "0", "10"), ("3", "50", ""),
+                             ("4", "500000", "10")])
+    plan = build_load_plan(LoadSpec(workload="trace", trace_path=str(path), max_model_len=8192))
+    assert plan.description["warnings"] == [
+        "--trace: 3 of 5 rows skipped: a missing, zero or negative token count",
+        "--trace: 1 of 2 rows shortened to fit max_model_len 8192 (prompt + output)"]
+    assert [r.prompt_tokens for r in plan.open_loop] == [100, 8182]
+    assert plan.description["trace"]["invalid_rows"] == 3
+
+
+def test_a_trace_with_no_usable_row_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="none of the 2 rows") as err:
+        load_trace(_burst(tmp_path, [("0", "0", "10"), ("1", "5", "")]))
+    assert err.value.field == "--trace"
+
+
+def test_a_header_only_trace_names_no_offset_flag(tmp_path: Path) -> None:
+    path = tmp_path / "empty.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    with pytest.raises(ConfigError) as err:
+        load_trace(path)
+    assert "below its header" in str(err.value) and "offset" not in str(err.value)

@@ -42,9 +42,10 @@ def moon_jsonl(tmp_path: Path) -> Path:
 def test_burstgpt_rows_keep_their_gaps_and_lengths(burst_csv: Path) -> None:
     trace = load_trace(burst_csv)
     assert trace.format == "burstgpt"
-    np.testing.assert_allclose(trace.offsets_s, [0.0, 40.0, 41.5, 45.25])
-    assert trace.prompt_tokens.tolist() == [472, 1087, 417, 38]
-    assert trace.output_tokens.tolist() == [18, 0, 276, 201]
+    np.testing.assert_allclose(trace.offsets_s, [0.0, 41.5, 45.25])  # the row of 0 output tokens is skipped
+    assert trace.prompt_tokens.tolist() == [472, 417, 38]
+    assert trace.output_tokens.tolist() == [18, 276, 201]
+    assert trace.invalid_rows == 1
     later = load_trace(burst_csv, offset=2)
     np.testing.assert_allclose(later.offsets_s, [0.0, 3.75])
 

@@ -114,16 +114,17 @@ def test_text_prompts_use_one_token_words_and_calibrate() -> None:
         builder.calibrate(0)
 
 
-def test_every_prompt_is_exact_and_clipped_to_context() -> None:
-    for name in ("chat-short", "chat", "rag", "summarization", "code", "agent"):
-        plan = build_load_plan(LoadSpec(workload=name, streams=2, max_model_len=6000, rate=5.0,
-                                        duration_s=4.0, inject="5k@1s", seed=9))
-        reqs = [r for s in plan.streams for r in _take(s, 40)] + list(plan.open_loop)
-        for r in reqs:
-            assert r.prompt_tokens >= 1 and r.max_tokens >= 1
-            assert r.prompt_tokens + r.max_tokens <= 6000
-            assert r.prompt_token_ids is not None and len(r.prompt_token_ids) == r.prompt_tokens
-        assert len({r.request_id for r in reqs}) == len(reqs)
+@pytest.mark.parametrize("name, context", [("chat-short", 6000), ("chat", 6000), ("rag", 9000),
+                                           ("summarization", 34000), ("code", 6000), ("agent", 6000)])
+def test_every_prompt_is_exact_and_clipped_to_context(name: str, context: int) -> None:
+    plan = build_load_plan(LoadSpec(workload=name, streams=2, max_model_len=context, rate=5.0,
+                                    duration_s=4.0, inject="5k@1s", seed=9))
+    reqs = [r for s in plan.streams for r in _take(s, 40)] + list(plan.open_loop)
+    for r in reqs:
+        assert r.prompt_tokens >= 1 and r.max_tokens >= 1
+        assert r.prompt_tokens + r.max_tokens <= context
+        assert r.prompt_token_ids is not None and len(r.prompt_token_ids) == r.prompt_tokens
+    assert len({r.request_id for r in reqs}) == len(reqs)
 
 
 def test_rag_requests_sharing_a_document_share_its_prefix() -> None:
@@ -204,7 +205,7 @@ def test_open_loop_is_time_ordered_within_duration() -> None:
     reqs = list(plan.open_loop)
     times = [r.send_at_s for r in reqs]
     assert times == sorted(times) and 0 <= times[0] and times[-1] < 10.0
-    assert [r.send_at_s for r in reqs if r.injected] == [2.0, 5.0, 8.0]  # /3s starts at 5 s
+    assert [r.send_at_s for r in reqs if r.injected] == [1.5, 2.0, 4.5, 7.5]  # /3s: half a period in
     assert reqs[0].request_id.startswith(("o-", "inj-"))
     assert plan.description["arrivals"] == "gamma"
 
@@ -258,3 +259,44 @@ def test_a_malformed_fixed_shape_names_the_flag_and_the_form(name: str) -> None:
     with pytest.raises(ConfigError) as err:
         get_workload(name)
     assert err.value.field == "--workload" and "fixed:IN:OUT" in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["fixed:200000:10", "fixed:8000:500", "fixed:99999999999999999999:10",
+                                  "summarization"])
+def test_lengths_beyond_the_context_are_refused(name: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build_load_plan(LoadSpec(workload=name, streams=1, max_model_len=8192))
+    assert err.value.field == "--workload" and ("8192" in str(err.value) or "16,777,216" in str(err.value))
+
+
+def test_fixed_lengths_take_k_as_1024() -> None:
+    plan = build_load_plan(LoadSpec(workload="fixed:4k:1k", streams=1, max_model_len=8192))
+    first = next(plan.streams[0])
+    assert (first.prompt_tokens, first.max_tokens) == (4096, 1024)
+    assert plan.description["warnings"] == []
+
+
+def test_a_mix_whose_tail_is_shortened_warns_how_many() -> None:
+    plan = build_load_plan(LoadSpec(workload="code", streams=1, max_model_len=4096))
+    (warning,) = plan.description["warnings"]
+    assert warning.startswith("--workload code: about ") and "4046 tokens" in warning
+    assert build_load_plan(LoadSpec(workload="code", streams=1)).description["warnings"] == []
+
+
+def test_a_period_longer_than_the_run_is_refused() -> None:
+    with pytest.raises(ConfigError, match="repeats every 30 s") as err:
+        build_load_plan(LoadSpec(workload="chat", streams=1, duration_s=20.0, inject="8k/30s"))
+    assert err.value.field == "--inject"
+
+
+@pytest.mark.parametrize("inject, duration, count", [("8k/30s", 60.0, 2), ("8k/1s", 20.0, 20), ("1k/10s", 60.0, 6)])
+def test_every_period_sends_about_duration_over_period(inject: str, duration: float, count: int) -> None:
+    plan = build_load_plan(LoadSpec(workload="chat", streams=1, duration_s=duration, inject=inject))
+    assert len(plan.description["injections"]) == count
+
+
+def test_trace_with_rate_names_the_time_scale_flag(tmp_path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.680590,100,10\n")
+    with pytest.raises(ConfigError, match="use --time-scale to speed it up"):
+        build_load_plan(LoadSpec(workload="trace", trace_path=str(path), rate=5.0))

@@ -49,6 +49,7 @@ class ResponseHead:
     length: int | None  # Content-Length; None with chunked or a close-delimited body
     keep_alive: bool
     content_type: str | None = None
+    retry_after: str | None = None
 
 
 def parse_head(head: bytes) -> ResponseHead:
@@ -73,7 +74,7 @@ def parse_head(head: bytes) -> ResponseHead:
     conn = headers.get("connection", "").lower()
     keep_alive = "close" not in conn and (parts[0] != "HTTP/1.0" or "keep-alive" in conn)
     return ResponseHead(int(parts[1]), chunked, length, keep_alive and (chunked or length is not None),
-                        headers.get("content-type"))
+                        headers.get("content-type"), headers.get("retry-after"))
 
 
 class ChunkedDecoder:

@@ -265,7 +265,8 @@ class KernelConnection:
         ex, head = self.ex, self.head
         assert ex is not None and head is not None
         if self.error_body is not None:
-            ex.error = error_text(head.status, b"".join(self.error_body)[:ERROR_BODY_BYTES])
+            ex.error = error_text(head.status, b"".join(self.error_body)[:ERROR_BODY_BYTES], head.content_type)
+            ex.retry_after = head.retry_after
         else:
             ex.leftover = self.sse.pending
         done = self.done

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ class _Exchange:
     cached_reported: int | None = None
     completion_reported: int | None = None
     http_status: int | None = None
+    retry_after: str | None = None  # a 429/503's Retry-After header, as sent
     status: str = "error"
     error: str | None = None
     error_kind: str | None = None
@@ -112,6 +114,7 @@ class Outcome:
     first_token_ns: int | None
     error_kind: str | None = None
     error: str | None = None  # the failure in words, for an abort's reason (the record keeps it too)
+    retry_after: str | None = None  # a 429/503's Retry-After header: the stream waits that long (load.backoff)
 
 
 def build_body(plan: RequestPlan, target: Target) -> dict[str, Any]:
@@ -218,7 +221,7 @@ class StreamClient:
             self._record(ex, _now())
         return Outcome(ex.status, ex.connection_error, ex.http_status, ex.tokens, ex.sent_ns,
                        ex.times[0] if ex.times else None, ex.error_kind if ex.status != "ok" else None,
-                       ex.error if ex.status != "ok" else None)
+                       ex.error if ex.status != "ok" else None, ex.retry_after)
 
     async def _exchange(self, ex: _Exchange) -> None:
         assert self._session is not None, "use StreamClient as an async context manager"
@@ -232,6 +235,7 @@ class StreamClient:
         async with self._session.post(self.target.url, data=data, headers=headers) as resp:
             ex.http_status = resp.status
             if resp.status != 200:
+                ex.retry_after = resp.headers.get("Retry-After")
                 ex.error, ex.error_kind = await _error_message(resp), "http_status"
                 return
             ex.content_type = resp.headers.get("Content-Type")
@@ -376,16 +380,29 @@ def _unfinished(ex: _Exchange) -> tuple[str, str]:
 
 
 async def _error_message(resp: aiohttp.ClientResponse) -> str:
-    return error_text(resp.status, await resp.content.read(4096))
+    return error_text(resp.status, await resp.content.read(4096), resp.headers.get("Content-Type"))
 
 
-def error_text(status: int, raw: bytes) -> str:
-    """`HTTP <status>: <message>` from an error response's body (OpenAI JSON shape, else its text)."""
-    body = raw.decode(errors="replace")
+def error_text(status: int, raw: bytes, content_type: str | None = None) -> str:
+    """`HTTP <status>: <message>`: an OpenAI error's message, else the body as the server sent it (JSON stays
+    JSON, never a Python repr); an HTML error page (a proxy's 502) is cut to its title or first line of text."""
+    body = raw.decode(errors="replace").strip()
     try:
         obj = json.loads(body)
-        err = obj.get("error", obj) if isinstance(obj, dict) else obj
-        msg = err.get("message", err) if isinstance(err, dict) else err
-        return f"HTTP {status}: {msg}"
     except ValueError:
-        return f"HTTP {status}: {body.strip()[:500]}"
+        return f"HTTP {status}: {html_gist(body) if _is_html(body, content_type) else body[:500]}"
+    err = obj.get("error", obj) if isinstance(obj, dict) else obj
+    msg = err.get("message") if isinstance(err, dict) else err
+    return f"HTTP {status}: {msg if isinstance(msg, str) and msg else body[:500]}"
+
+
+def _is_html(body: str, content_type: str | None) -> bool:
+    return "html" in (content_type or "").lower() or body[:200].lower().lstrip().startswith(("<!doctype", "<html"))
+
+
+def html_gist(body: str) -> str:
+    """An HTML page's <title>, else its first line of text: one line, not a page of markup."""
+    title = re.search(r"<title[^>]*>(.*?)</title>", body, re.IGNORECASE | re.DOTALL)
+    text = title.group(1) if title else re.sub(r"<[^>]+>", "\n", body)
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return (" ".join(line.split())[:200] or "an HTML page") + " (HTML page)"

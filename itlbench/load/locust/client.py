@@ -105,7 +105,8 @@ class GeventStreamClient(StreamClient):
         ex.http_status = resp.status_code
         ex.content_type = resp.headers.get("Content-Type")
         if ex.http_status != 200:
-            ex.error, ex.error_kind = error_text(ex.http_status, _error_body(resp, raw)), "http_status"
+            ex.error, ex.error_kind = error_text(ex.http_status, _error_body(resp, raw), ex.content_type), "http_status"
+            ex.retry_after = resp.headers.get("Retry-After")
             return
         try:
             self._read_lines(raw, ex)

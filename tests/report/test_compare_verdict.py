@@ -1,0 +1,208 @@
+"""`itlbench compare`'s verdict reads right in every case, its run lists and labels are unambiguous, and it never
+writes over another command's directory."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from itlbench.analysis.goodput import parse_slo
+from itlbench.cli import app
+from itlbench.report.compare import (
+    Row,
+    differing_settings,
+    distinct_durations,
+    load_runs,
+    make_rows,
+    slo_checks,
+    smoothest_sentence,
+    tradeoff_figure,
+    verdict,
+    write_compare_report,
+)
+from itlbench.report.data import load_run
+from tests.support.report_runs import build_run
+
+runner = CliRunner()
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _row(label: str, worst_s: float, ttft_s: float | None, tps: float | None) -> Row:
+    """A row with only what the smoothest-setting sentence reads."""
+    return Row(None, label, worst_s, 0.01, worst_s / 2, worst_s, ttft_s, None, tps, 0, 0.0, None, True)  # type: ignore[arg-type]
+
+
+# (smoothest's TTFT, other's TTFT, smoothest's tok/s, other's tok/s) -> the sentence after "Smoothest streams: a (…)."
+SENTENCES = [
+    ((0.071, 0.100, 477.0, 2523.0),
+     "It also gives the injected prompt its fastest TTFT (71 ms vs 100 ms for b) but loses 81% of output "
+     "throughput against b (477 vs 2,523 tokens/s)."),
+    ((0.182, 0.108, 2957.0, 2948.0),
+     "It costs the injected prompt 74 ms of TTFT against b (182 ms vs 108 ms) but has the highest output "
+     "throughput (2,957 vs 2,948 tokens/s for b)."),
+    ((0.182, 0.108, 1000.0, 1000.0),
+     "It costs the injected prompt 74 ms of TTFT against b (182 ms vs 108 ms) but matches the highest output "
+     "throughput (1,000 tokens/s, as does b)."),
+    ((0.182, 0.108, 900.0, 1000.0),
+     "It costs the injected prompt 74 ms of TTFT against b (182 ms vs 108 ms) and loses 10% of output throughput "
+     "against b (900 vs 1,000 tokens/s)."),
+    ((0.100, 0.100, 1000.0, 999.0),
+     "It also gives the injected prompt as fast a TTFT as b (100 ms) and has the highest output throughput "
+     "(1,000 vs 999 tokens/s for b)."),
+    ((None, None, 790.0, 1216.0), "It loses 35% of output throughput against b (790 vs 1,216 tokens/s)."),
+    ((None, None, 1216.0, 790.0), "It also has the highest output throughput (1,216 vs 790 tokens/s for b)."),
+    ((None, None, 800.0, 800.0), "It also matches the highest output throughput (800 tokens/s, as does b)."),
+    ((None, None, 999.6, 1000.0), "It loses under 0.1% of output throughput against b (999.6 vs 1,000.0 tokens/s)."),
+    ((None, None, 995.0, 1000.0), "It loses 0.5% of output throughput against b (995 vs 1,000 tokens/s)."),
+    ((None, None, None, 1000.0), ""),
+    ((0.071, 0.100, None, None), "It also gives the injected prompt its fastest TTFT (71 ms vs 100 ms for b)."),
+]
+
+
+@pytest.mark.parametrize(("figures", "expected"), SENTENCES)
+def test_the_smoothest_setting_sentence_says_what_it_gains_and_loses(
+        figures: tuple[float | None, float | None, float | None, float | None], expected: str) -> None:
+    """Each clause has its verb ('loses 81%', never 'gives … 81% of output throughput' for a run that has 19% of
+    the best), 'but' between a gain and a loss, and no stray '. and' where there is no injected prompt."""
+    ttft_a, ttft_b, tps_a, tps_b = figures
+    best, other = _row("a", 0.02, ttft_a, tps_a), _row("b", 0.05, ttft_b, tps_b)
+    text = smoothest_sentence(best, [best, other])
+    head = "Smoothest streams: a (worst gap 20 ms, ITL p99 10 ms)."
+    assert text == (f"{head} {expected}" if expected else head)
+    assert ". and" not in text and ".." not in text
+
+
+def test_a_miss_shows_enough_digits_to_differ_from_its_target(tmp_path: Path) -> None:
+    """'ITL p99 20 ms > 20 ms' read as a contradiction: the measured value gets the places that tell it apart."""
+    assert distinct_durations(0.020041147, 0.020) == ("20.04 ms", "20 ms")
+    assert distinct_durations(1.523, 1.52) == ("1.523 s", "1.52 s")
+    assert distinct_durations(0.0203, 0.0200004) == ("20.3 ms", "20.0 ms")  # the target keeps places it needs
+    assert distinct_durations(0.045, 0.020) == ("45 ms", "20 ms")  # apart already: as fmt_s writes them
+    run = load_runs([build_run(tmp_path / "a")])[0]
+    itl_p99 = slo_checks(run, parse_slo("itl_p99=1s"))[0].value_s
+    assert itl_p99 is not None
+    target = f"{itl_p99 * 1e3 - 0.004:.3f}ms"  # just under the measured p99: rounds to the same whole ms
+    lines = verdict(make_rows([run]), parse_slo(f"itl_p99={target},injected/ttft=off"))
+    miss = next(line for line in lines if " misses: " in line)
+    found = re.search(r"ITL p99 ([\d.]+ m?s) > ([\d.]+ m?s)", miss)
+    assert found and found[1] != found[2] and found[1] != "20 ms", miss
+
+
+def test_a_check_of_one_request_says_request(tmp_path: Path) -> None:
+    run = load_runs([build_run(tmp_path / "a")])[0]
+    names = [c.what for c in slo_checks(run, parse_slo("ttft=1ms"))]
+    assert "injected TTFT (le8k, 1 request)" in names and "chat TTFT max (le512, 4 requests)" in names
+
+
+def test_labels_with_commas_are_listed_apart(tmp_path: Path) -> None:
+    """Sweep labels like 'budget 512, prefill-first': a list of them joined by ', ' hid how many runs it named;
+    the trade-off figure's labels put the throughput on a line of their own for the same reason."""
+    runs = load_runs([build_run(tmp_path / "a"), build_run(tmp_path / "b", stall_scale=0.1)])
+    for run, label in zip(runs, ("budget 512, prefill-first", "unchunked, prefill-first"), strict=True):
+        run.doc["sweep"] = {"point": label, "label": label, "settings": {}, "repeat": 1, "repeats": 1}
+    rows = make_rows(runs)
+    lines = verdict(rows, parse_slo("itl_max=5s,injected/ttft=off"))
+    assert lines[0].endswith("): budget 512, prefill-first; unchunked, prefill-first."), lines[0]
+    spec = tradeoff_figure(rows)
+    assert spec.figure is not None
+    texts = [t.get_text() for t in spec.figure.axes[0].texts]
+    assert all(t.split("\n")[0] in {r.label for r in rows} and t.endswith(" tok/s") for t in texts), texts
+
+
+def _doc(run: Path) -> dict[str, Any]:
+    return json.loads((run / "run.json").read_text())
+
+
+def _set(run: Path, config: dict[str, Any], plan: dict[str, Any] | None) -> Path:
+    doc = _doc(run)
+    doc["config"].update(config)
+    if plan is not None:
+        doc["plan"] = plan
+    (run / "run.json").write_text(json.dumps(doc))
+    return run
+
+
+def test_a_refusal_names_the_value_a_run_used_never_none(tmp_path: Path) -> None:
+    """An unset --streams is the 32 its load plan filled in: shown as 32 (a run that spelt it out compares
+    equal), 'none' for no injection, 'default' where an older run recorded no plan."""
+    planned = _set(build_run(tmp_path / "base"), {"streams": None}, {"streams": 32})
+    explicit = _set(build_run(tmp_path / "thirty2"), {"streams": 32}, None)
+    four = build_run(tmp_path / "four", inject=False)
+    old = _set(build_run(tmp_path / "old"), {"streams": None}, None)
+    assert differing_settings([load_run(planned), load_run(explicit)]) == []
+    diffs = differing_settings([load_run(planned), load_run(four)])
+    assert diffs == ["streams (base: 32, four: 4)", "inject (base: 8k@4s, four: none)"]
+    assert differing_settings([load_run(old), load_run(four)])[0] == "streams (old: default, four: 4)"
+    result = runner.invoke(app, ["compare", str(planned), str(four), "--out", str(tmp_path / "c")], terminal_width=300)
+    assert result.exit_code == 2 and "None" not in result.output and "streams (base: 32, four: 4)" in result.output
+
+
+def test_runs_of_different_engines_or_models_say_which_in_their_labels(tmp_path: Path) -> None:
+    """A simulated 8B on an H100 and the bundled engine computing a CPU model are not two settings of one
+    server: each label names its model and engine, and the simulator's note names the run it is about."""
+    sim = tmp_path / "sim"
+    made = runner.invoke(app, ["run", "--engine", "sim", "--model", "llama-3.1-8b", "--duration", "3s",
+                               "--no-live", "--no-report", "--out", str(sim)])
+    assert made.exit_code == 0, made.output
+    real = build_run(tmp_path / "real")
+    rows = make_rows(load_runs([sim, real], force=True))
+    assert [r.label for r in rows] == ["budget 2048, llama-3.1-8b on sim h100", "budget 2048, cpu-small on torch"]
+    lines = verdict(rows, parse_slo(None))
+    simulated = [line for line in lines if line.startswith("Simulated")]
+    assert len(simulated) == 1 and simulated[0].startswith("Simulated (budget 2048, llama-3.1-8b on sim h100): H100")
+    # the same engine and model on another GPU: the GPU tells them apart, and one note covers both runs
+    a, b = load_run(sim), load_run(sim)
+    b.doc["engine"] = {**b.doc["engine"], "device": "sim:a100",
+                       "engine": {**b.doc["engine"]["engine"], "gpu": "a100"}}
+    rows = make_rows([a, b])
+    assert [r.label for r in rows] == ["budget 2048, sim h100", "budget 2048, sim a100"]
+    assert [line for line in verdict(rows, parse_slo(None)) if line.startswith("Simulated")][0].startswith(
+        "Simulated: H100")
+
+
+def _refused(args: list[str], tmp_path: Path) -> str:
+    result = runner.invoke(app, ["compare", *args], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    return result.output.strip()
+
+
+def test_compare_refuses_an_out_that_holds_another_commands_records(tmp_path: Path) -> None:
+    """--out over a run, a sweep, a capacity search or an earlier comparison replaced their report without a
+    word; each is a one-line error that writes nothing. A directory with other files (a README) still takes
+    the comparison, and a sweep still writes its own comparison into its directory."""
+    run = build_run(tmp_path / "a")
+    before = sorted(p.name for p in run.iterdir())
+    assert _refused([str(run), "--out", str(run)], tmp_path) == (
+        f"error: --out: {run} already holds a run (run.json) (choose a new directory)")
+    assert sorted(p.name for p in run.iterdir()) == before
+    for record, what in (("sweep.json", "a sweep"), ("capacity.json", "a capacity search")):
+        other = tmp_path / record.split(".")[0]
+        other.mkdir()
+        (other / record).write_text("{}")
+        (other / "report.html").write_text("its own report")
+        assert _refused([str(run), "--out", str(other)], tmp_path) == (
+            f"error: --out: {other} already holds {what} ({record}) (choose a new directory)")
+        assert (other / "report.html").read_text() == "its own report" and not (other / "compare.json").exists()
+    readme = tmp_path / "notes"
+    readme.mkdir()
+    (readme / "README.md").write_text("how these runs were made")
+    made = runner.invoke(app, ["compare", str(run), "--out", str(readme)], terminal_width=400)
+    assert made.exit_code == 0, made.output
+    assert (readme / "compare.json").is_file() and (readme / "README.md").read_text() == "how these runs were made"
+    again = _refused([str(run), "--out", str(readme)], tmp_path)
+    assert again.startswith(f"error: --out: {readme} already holds files compare would overwrite (compare.json, "
+                            "report.html, report.md and ") and again.endswith("(choose a new directory)")
+    sweep = tmp_path / "swept"  # what `sweep` does after its points: its comparison beside sweep.json
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text("{}")
+    written, _, _ = write_compare_report([run], sweep, title="Sweep")
+    assert written.html == sweep / "report.html" and (sweep / "compare.json").is_file()
