@@ -234,13 +234,14 @@ def _attach(
     return frame.join(attribute(intervals, steps, requests).rename({"id": key}), on=key, how="left")
 
 
-def steps_reaching(all_steps: pl.DataFrame, gaps: pl.DataFrame, hi_ns: int) -> pl.DataFrame:
-    """The steps that can explain the window's stalls: a gap that closed in the window may have opened
-    before it, and the steps that held it then are outside the window's own (a prefill ending exactly at
-    the window's start left such gaps with no step and no cause)."""
-    if gaps.is_empty() or all_steps.is_empty():
-        return all_steps.clear()
-    lo = int(gaps["t_prev_ns"].min())  # type: ignore[arg-type]
+def steps_reaching(all_steps: pl.DataFrame, gaps: pl.DataFrame, lo_ns: int, hi_ns: int) -> pl.DataFrame:
+    """The window's steps and those before it that can explain its stalls: a gap that closed in the window
+    may have opened before it, and the steps that held it then are outside the window's own (a prefill
+    ending exactly at the window's start left such gaps with no step and no cause). With no gap, the
+    window's steps alone (whether the run has a step log is the same answer either way)."""
+    if all_steps.is_empty():
+        return all_steps
+    lo = min(lo_ns, int(gaps["t_prev_ns"].min())) if gaps.height else lo_ns  # type: ignore[arg-type]
     return all_steps.filter((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi_ns))
 
 

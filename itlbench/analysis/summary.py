@@ -185,7 +185,7 @@ def summarize(
         (pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
     opened = itl.open_gap_table(t["all_chunks"], all_requests, window.measure_start_ns, window.end_ns)
     stall_gaps = itl.with_open(itl.steady(gaps), itl.steady(opened))
-    stalls = analyze_stalls(stall_gaps, steps_reaching(t["all_steps"], stall_gaps, window.end_ns), all_requests,
+    stalls = analyze_stalls(stall_gaps, steps_reaching(t["all_steps"], stall_gaps, window.measure_start_ns, window.end_ns), all_requests,
                             stall_params, window.measure_start_ns, t["client_pauses"], t["scrapes"])
     client_stalls = int((stalls.summary.get("by_cause") or {}).get("client", {}).get("count", 0))  # type: ignore[union-attr]
     itl_section = _itl_section(chunks, requests, gaps)
@@ -221,7 +221,7 @@ def summarize_dir(
     requests, steps, all_requests = t["requests"], t["steps"], t["all_requests"]
     ttft_rows = ttft.ttft_table(requests, steps)
     c = chunk_figures(run_dir, window, all_requests, requests, stall_params, partitions)
-    stalls = analyze_found_stalls(c.stalls, steps_reaching(t["all_steps"], c.stalls, window.end_ns),  # type: ignore[arg-type]
+    stalls = analyze_found_stalls(c.stalls, steps_reaching(t["all_steps"], c.stalls, window.measure_start_ns, window.end_ns),  # type: ignore[arg-type]
                                   all_requests, stall_params,
                                   window.measure_start_ns, t["client_pauses"], t["scrapes"])
     client_stalls = int((stalls.summary.get("by_cause") or {}).get("client", {}).get("count", 0))  # type: ignore[union-attr]
@@ -252,8 +252,7 @@ def summarize_dir(
     judged = judge(ttft_rows, None, slos, c.request_itl)
     out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judged, slos, validity,
                     throughput(requests, None, window.seconds, c.out_tokens),
-                    engine_check(requests, None, t["all_steps"], c.worst_gap), gpu_status)
-    out["unreadable_parts"] = unreadable_parts(run_dir)
+                    engine_check(requests, None, t["all_steps"], c.worst_gap), gpu_status, unreadable_parts(run_dir))
     return json_safe(out), RunAnalysis(c, stalls, ttft_rows, judged)  # type: ignore[return-value]
 
 
@@ -284,7 +283,7 @@ class RunAnalysis:
 def _assemble(window: RunWindow, ttft_rows: pl.DataFrame, itl_section: dict[str, object],
               stall_summary: dict[str, object], t: dict[str, pl.DataFrame], judged: pl.DataFrame, slos: SloSet,
               validity: dict[str, object], thr: dict[str, float | None], engine: dict[str, object],
-              gpu_status: str | None = None) -> dict[str, object]:
+              gpu_status: str | None = None, unreadable: list[str] | None = None) -> dict[str, object]:
     requests = t["requests"]
     out_tokens = (thr.get("output_tokens_per_s") or 0.0) * window.seconds
     return {
@@ -307,6 +306,7 @@ def _assemble(window: RunWindow, ttft_rows: pl.DataFrame, itl_section: dict[str,
         "client_pauses": pause_breakdown(t["client_pauses"]),
         "gpu": gpu_summary(t["gpu_samples"], None, out_tokens, gpu_status),
         "valid": validity["valid"],
+        "unreadable_parts": unreadable or [],  # record files left out (summarize_dir reads them from disk)
         "validity": {k: v for k, v in validity.items() if k != "valid"},
         "crosscheck": {"engine": engine, "prompt_tokens": prompt_token_check(requests),
                        "output_tokens": output_token_check(requests),
