@@ -18,7 +18,9 @@ from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.experiments.capacity import (
     CapacityPlan,
     RunJudgement,
+    SearchInterrupted,
     SearchPoint,
+    SearchStopped,
     answer_line,
     judge_run,
     measure_point,
@@ -35,7 +37,16 @@ from itlbench.experiments.served import (
     free_port,
     substitute,
 )
-from itlbench.experiments.sweep import default_sweep_dir, stopped_early, terminate_as_interrupt
+from itlbench.experiments.sweep import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    default_sweep_dir,
+    remove_if_empty,
+    repeat_seed,
+    stopped_early,
+    terminate_as_interrupt,
+    with_seed,
+)
 from itlbench.rundir.outdir import make_dir
 from itlbench.telemetry.span_capture import SpanCapture, capture, save_and_warn
 from itlbench.units import parse_duration_s
@@ -66,6 +77,7 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
     def say(text: str) -> None:
         console.print(f"[dim]{text}[/]", highlight=False)
 
+    target: Path | None = None
     try:
         for flag in OWNED:
             if any(a == flag or a.startswith(flag + "=") for a in run_args):
@@ -83,6 +95,7 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
             raise ConfigError("--out", f"{target} already holds files", "choose a new directory")
         make_dir(target)
         extra = [*run_args, *(["--slo", slo] if slo else []), *(["--model", model] if model else [])]
+        first_seed = repeat_seed(extra, served=serve is not None or endpoint is not None)
         counts: dict[float, int] = {}
         with terminate_as_interrupt() as arm, capture(receive_otlp, say) as spans, \
                 _target(serve, endpoint, model, target, timeout_s, say, spans) as (flags, name):
@@ -90,16 +103,28 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
             def run_once(load: float) -> RunJudgement:
                 counts[load] = counts.get(load, 0) + 1
                 run_dir = target / f"{axis}{plan.fmt(load)}" / f"run{counts[load]}"
-                code = invoke_run([*extra, *flags, f"--{axis}", plan.fmt(load), "--no-live", "--out", str(run_dir)])
+                seed = None if first_seed is None else first_seed + counts[load] - 1
+                args = extra if seed is None else with_seed(extra, seed)
+                code = invoke_run([*args, *flags, f"--{axis}", plan.fmt(load), "--no-live", "--out", str(run_dir)])
                 arm()
-                if code == 2 and not any(target.glob("*/run*/run.json")):
-                    raise typer.Exit(2)  # the first run refused its options (it said why)
-                if not (run_dir / "run.json").is_file():
-                    raise ItlbenchError(f"capacity: the run at {axis} {plan.fmt(load)} wrote nothing (exit {code})")
+                return _judged(run_dir, code, load, seed)
+
+            def _judged(run_dir: Path, code: int, load: float, seed: int | None) -> RunJudgement:
+                """The run's verdict, or why the search cannot go on (interrupted, refused, nothing written)."""
+                if code == EXIT_USAGE and not any(target.glob("*/run*/run.json")):
+                    remove_if_empty(target)
+                    raise typer.Exit(EXIT_USAGE)  # the first run refused its options (it said why)
+                kept = (run_dir / "run.json").is_file()
+                if code == EXIT_INTERRUPTED and not kept:
+                    raise SearchInterrupted()
+                if not kept:
+                    raise SearchStopped(f"the run at {axis} {plan.fmt(load)} wrote nothing (exit {code}; its "
+                                        "error is above)")
                 save_and_warn(spans, run_dir, say)
                 judged = judge_run(run_dir, slo, plan.budget)
-                if stopped_early(run_dir):  # Ctrl-C or SIGTERM ended the run: end the search
-                    raise KeyboardInterrupt
+                judged.seed = seed
+                if code == EXIT_INTERRUPTED or stopped_early(run_dir):  # Ctrl-C or SIGTERM: end the search
+                    raise SearchInterrupted(run=judged)
                 if judged.disturbed:
                     say(f"{axis} {plan.fmt(load)}: {run_dir.name} missed while disturbed "
                         f"({judged.disturbed[0][:140]})")
@@ -112,6 +137,11 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
         write_capacity_json(result, target)
         command = shlex.join(["itlbench", *sys.argv[1:]]) if sys.argv[1:2] == ["capacity"] else "itlbench capacity"
         written = write_capacity_report(result, target, command, name)
+    except KeyboardInterrupt:  # before the search began (a --serve server starting) or while writing its files
+        kept = f"what it wrote is in {target}" if target is not None and target.is_dir() else "nothing was written"
+        console.print(f"[bold yellow]interrupted:[/] capacity: stopped before the search had an answer; {kept}",
+                      highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     except ServerFailed as exc:
         fail(ItlbenchError(f"capacity: {exc}"))
         return
@@ -125,5 +155,5 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
         console.print(f"[bold]Sim check[/] {check_line(check)}", highlight=False)
     console.print(f"[bold]Report[/] {written.html}", highlight=False)
     print(target)
-    if result.interrupted:
-        raise typer.Exit(130)
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)  # 130 interrupted, 1 no capacity found: every record is written

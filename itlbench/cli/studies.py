@@ -22,8 +22,10 @@ def sweep(
     ctx: typer.Context,
     chunk_budget: Annotated[str | None, typer.Option("--chunk-budget", help="Budgets to run, comma-separated; "
                                                      "'none' = unchunked (default 256,512,2048,8192,none when "
-                                                     "nothing else is swept).")] = None,
-    policy: Annotated[str, typer.Option("--policy", help="budget, prefill-first, or both comma-separated.")] = "budget",
+                                                     "nothing else is swept); with --serve, values go into the "
+                                                     "command as typed (SGLang's -1 = unchunked).")] = None,
+    policy: Annotated[str, typer.Option("--policy", help="budget, prefill-first, or both (= budget,prefill-first), "
+                                        "comma-separated.")] = "budget",
     max_num_seqs: Annotated[str | None, typer.Option("--max-num-seqs", help="Running-sequence caps to sweep, "
                                                      "e.g. 32,64 ({max_num_seqs} in --serve).")] = None,
     rate: Annotated[str | None, typer.Option(help="Open-loop arrival rates to sweep, e.g. 1,2,4,8.")] = None,
@@ -36,7 +38,8 @@ def sweep(
     serve_timeout: Annotated[str, typer.Option(help="How long a --serve server may take to answer /health.")] = "600s",
     model: Annotated[str | None, typer.Option(help="The served model's name (with --serve; also fills {model}), or "
                                               "the bundled engine's preset.")] = None,
-    repeat: Annotated[int, typer.Option(help="Runs per point (different prompt salts, same seed); ≥ 3 gives each "
+    repeat: Annotated[int, typer.Option(help="Runs per point (different prompt salts, same seed; --engine sim, "
+                                        "which has no noise of its own: seeds seed, seed+1, …); ≥ 3 gives each "
                                         "figure a 95 % interval and a significance verdict.")] = 1,
     out: Annotated[Path | None, typer.Option(help="Sweep directory (default reports/<time>-sweep-…).")] = None,
     slo: Annotated[str | None, typer.Option(help="SLOs for each run and the verdict.")] = None,
@@ -44,6 +47,9 @@ def sweep(
     as_json: AsJson = False,
 ) -> None:
     """Run the same seeded workload once per point (any `itlbench run` option after these), then compare.
+
+    Exit status: 0 compared (a point that failed is named in the comparison); 1 no run finished;
+    2 bad input (nothing written); 130 interrupted (sweep.json gives every point's status).
 
     Examples: itlbench sweep --chunk-budget 512,2048,none --workload rag --inject 32k --duration 30;
     itlbench sweep --serve 'vllm serve M --port {port} --max-num-batched-tokens {chunk_budget}'
@@ -55,6 +61,7 @@ def sweep(
         SweepPlan,
         default_sweep_dir,
         missing_lines,
+        repeat_seed,
         run_sweep,
     )
     from itlbench.report.compare import write_compare_report
@@ -73,10 +80,11 @@ def sweep(
         if budgets is None and not any((max_num_seqs, rate, streams, set_)) and (
                 serve is None or "{chunk_budget}" in serve):
             budgets = "256,512,2048,8192,none"
-        axes = parse_axes(budgets, policy, max_num_seqs, rate, streams, set_)
+        axes = parse_axes(budgets, policy, max_num_seqs, rate, streams, set_, served=serve is not None)
         plan = SweepPlan(axes, repeat=repeat, serve=serve, model=model,
                          serve_timeout_s=parse_duration_s(serve_timeout, "--serve-timeout"),
-                         otlp=receive_otlp is not None)
+                         otlp=receive_otlp is not None,
+                         first_seed=repeat_seed(run_args, serve is not None) if repeat > 1 else None)
         target = out or default_sweep_dir(run_args)
 
         def say(s: str) -> None:
@@ -90,12 +98,14 @@ def sweep(
         for line in missing:
             console.print(f"[yellow]{line}[/]", highlight=False)
         if not result.run_dirs:  # not a usage error: the points ran and failed (sweep.json says why)
-            console.print(f"[bold red]error:[/] sweep: no run finished; nothing to compare (see {target}/sweep.json)",
+            what = "[bold yellow]interrupted:[/] sweep" if result.interrupted else "[bold red]error:[/] sweep"
+            console.print(f"{what}: no run finished; nothing to compare (see {target}/sweep.json)",
                           highlight=False, soft_wrap=True)
             raise typer.Exit(130 if result.interrupted else 1)
         command = shlex.join(["itlbench", *sys.argv[1:]]) if sys.argv[1:2] == ["sweep"] else "itlbench sweep"
+        # force: simulator repeats differ in seed on purpose (each run.json says so under sweep.varies)
         written, rows, verdict = write_compare_report(result.run_dirs, target, slo, title="Sweep", command=command,
-                                                      missing=missing)
+                                                      missing=missing, force=plan.first_seed is not None)
     except SweepAborted as exc:
         raise typer.Exit(exc.code) from None
     except ItlbenchError as exc:
@@ -137,8 +147,9 @@ def capacity(
     rate_max: Annotated[float | None, typer.Option("--rate-max", help="Highest load to try (rate or streams).")] = None,
     resolution: Annotated[float, typer.Option(help="Stop bisecting when the bracket is this share of the load "
                                               "(streams: one apart).")] = 0.1,
-    repeat: Annotated[int, typer.Option(help="Runs per point near the boundary (a point meets only if all do).")] = 2,
-    max_points: Annotated[int, typer.Option(help="Most points the search may run.")] = 14,
+    repeat: Annotated[int, typer.Option(help="Runs per point near the boundary (a point meets only if all do; "
+                                        "--engine sim, which has no noise of its own: seeds seed, seed+1, …).")] = 2,
+    max_points: Annotated[int, typer.Option(help="Most points the search may run (≥ 1).")] = 14,
     serve: Annotated[str | None, typer.Option(help="Server command template ({port}, {model}; {otlp_endpoint} with "
                                               "--receive-otlp), started once for the search.")] = None,
     serve_timeout: Annotated[str, typer.Option(help="How long a --serve server may take to answer /health.")] = "600s",
@@ -149,6 +160,10 @@ def capacity(
 ) -> None:
     """Search the highest rate (or stream count) at which every SLO and the stall budget hold; any `itlbench run`
     option after these sets the workload.
+
+    Exit status: 0 a capacity was found; 1 none was (no load tried met), or the search ended early (a point's
+    window held no request, too short for its load: give a longer --duration); 2 bad input (nothing written);
+    130 interrupted (capacity.json and the report say what was established so far).
 
     Example: itlbench capacity --workload chat --slo itl_p99=100ms --stall-budget worst=1s,victims=10% --duration 20
     """

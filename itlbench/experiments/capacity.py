@@ -16,6 +16,12 @@ missed is one they name as affected: the client paused or read late, so ITL and 
 doing) is not taken as the server's: that run is kept, marked disturbed, and run again, at most
 `DISTURBED_RERUNS` times a point. A shared 2-core box stalls client and server together now and then;
 once in a full test run, a search answered 2 streams for a test server built to hold 3.
+
+A point whose window held no request measured nothing: below it there is still less to measure, so the
+search stops there and says the window is too short for that load (a longer --duration), instead of
+halving on. Ctrl-C or SIGTERM ends the search with what it had established (`interrupted`), the point
+cut short kept beside the others. The simulator has no noise of its own, so with `--engine sim` a
+point's runs take seeds seed, seed+1, … (as `sweep --repeat` does): a point meets for several loads.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Any
 import polars as pl
 
 from itlbench.analysis.goodput import parse_slo
-from itlbench.errors import ConfigError
+from itlbench.errors import EXIT_ENDED_EARLY, ConfigError
 from itlbench.report.data import load_run
 from itlbench.units import parse_duration_s
 
@@ -90,10 +96,17 @@ class RunJudgement:
     misses: list[str]
     disturbed: list[str] = field(default_factory=list)
     rerun: bool = False
+    interrupted: bool = False  # Ctrl-C or SIGTERM cut the run short: kept, never counted
+    seed: int | None = None  # the seed it ran, where the search varies it (the simulator)
 
     @property
     def met(self) -> bool:
         return not self.misses
+
+    @property
+    def empty(self) -> bool:
+        """No request in its window (and none failed): it measured nothing at all."""
+        return self.figures.get("requests") == 0 and not self.figures.get("failed_requests")
 
 
 def judge_run(run_dir: Path, slo: str | None, budget: StallBudget) -> RunJudgement:
@@ -119,7 +132,7 @@ def judge_run(run_dir: Path, slo: str | None, budget: StallBudget) -> RunJudgeme
         "achieved_rps": (s.get("throughput") or {}).get("requests_per_s"),
         "output_tokens_per_s": (s.get("throughput") or {}).get("output_tokens_per_s"),
         "failed_requests": float((requests.get("error") or 0) + (requests.get("timeout") or 0)),
-        "requests": float(requests.get("total") or 0)}
+        "requests": float(requests.get("total") or 0), "window_s": run.window.seconds}
     missed: list[tuple[str, str]] = [  # (what, the summary figure it rests on)
         (f"{c.what} {fmt_s(c.value_s)} > {fmt_s(c.target_s)}", "itl_s" if c.what.startswith("ITL") else "ttft_s")
         for c in slo_checks(run, parse_slo(slo)) if not c.ok]
@@ -152,13 +165,41 @@ def measure_point(load: float, phase: str, repeats: int, run_once: Callable[[], 
                   reruns: int = DISTURBED_RERUNS) -> SearchPoint:
     """`repeats` judged runs at one load; a disturbed run is run again (at most `reruns` times)."""
     pt = SearchPoint(load, phase)
-    while len(pt.counted) < repeats:
-        judged = run_once()
-        pt.runs.append(judged)
-        if judged.disturbed and reruns > 0:
-            judged.rerun = True
-            reruns -= 1
+    try:
+        while len(pt.counted) < repeats:
+            judged = run_once()
+            pt.runs.append(judged)
+            if judged.disturbed and reruns > 0:
+                judged.rerun = True
+                reruns -= 1
+            if judged.empty:  # more runs at this load measure nothing either
+                break
+    except SearchInterrupted as exc:
+        if exc.run is not None:
+            pt.runs.append(exc.run)
+        raise SearchInterrupted(point=pt) from exc
+    except KeyboardInterrupt as exc:
+        raise SearchInterrupted(point=pt) from exc
     return pt
+
+
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a point: `run` is the run it cut short (if it recorded one), `point` the point
+    with the runs it had, so the search keeps both."""
+
+    def __init__(self, run: RunJudgement | None = None, point: SearchPoint | None = None) -> None:
+        super().__init__("interrupted")
+        if run is not None:
+            run.interrupted = True
+        self.run, self.point = run, point
+
+
+class SearchStopped(Exception):
+    """A run at some load left nothing to judge (it wrote nothing): the search ends there, `reason` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass
@@ -166,20 +207,28 @@ class SearchPoint:
     load: float
     phase: str  # bracket, bisect, confirm
     runs: list[RunJudgement] = field(default_factory=list)
+    interrupted: bool = False  # Ctrl-C cut it short: its runs are kept, its verdict is not the search's
 
     @property
     def counted(self) -> list[RunJudgement]:
-        """The runs the verdict rests on: all but the disturbed ones run again."""
-        return [r for r in self.runs if not r.rerun]
+        """The runs the verdict rests on: all but the disturbed ones run again and those cut short."""
+        return [r for r in self.runs if not r.rerun and not r.interrupted]
 
     @property
     def met(self) -> bool:
         return bool(self.counted) and all(r.met for r in self.counted)
 
+    @property
+    def empty(self) -> bool:
+        """Every counted run's window held no request: the point measured nothing."""
+        return bool(self.counted) and all(r.empty for r in self.counted)
+
     def as_dict(self, root: Path) -> dict[str, Any]:
-        return {"load": self.load, "phase": self.phase, "met": self.met,
+        return {"load": self.load, "phase": self.phase, "met": self.met, "measured_nothing": self.empty,
+                "interrupted": self.interrupted,
                 "runs": [{"run_dir": str(r.run_dir.relative_to(root)), "met": r.met, "misses": r.misses,
-                          "figures": r.figures, "disturbed": r.disturbed, "rerun": r.rerun} for r in self.runs]}
+                          "figures": r.figures, "disturbed": r.disturbed, "rerun": r.rerun,
+                          "interrupted": r.interrupted, "seed": r.seed} for r in self.runs]}
 
 
 @dataclass
@@ -201,6 +250,8 @@ class CapacityPlan:
                               f"got {self.start:g}", "e.g. --start 1")
         if self.load_max is not None and self.load_max < self.start:
             raise ConfigError("--rate-max", f"{self.load_max:g} is below --start {self.start:g}", "raise it")
+        if self.max_points < 1:
+            raise ConfigError("--max-points", f"must be ≥ 1, got {self.max_points}", "e.g. --max-points 14")
         if not 0 < self.resolution < 1:
             raise ConfigError("--resolution", f"must be between 0 and 1, got {self.resolution:g}", "e.g. 0.1")
         if self.repeat < 1:
@@ -218,12 +269,22 @@ class CapacityResult:
     max_load: float | None  # the highest load met (None: even the lowest tried missed)
     missed_at: float | None  # the lowest load missed (None: held up to load_max)
     interrupted: bool = False
+    interrupted_at: float | None = None  # the load whose point Ctrl-C cut short
+    stopped: str | None = None  # why the search ended before it had an answer (a point measured nothing)
+
+    @property
+    def exit_code(self) -> int:
+        """130 interrupted; 0 a capacity was found; 1 none was, or the search ended early (a point measured
+        nothing, a run wrote nothing): a script tells an answer from none without reading capacity.json."""
+        if self.interrupted:
+            return 130
+        return 0 if self.max_load is not None and self.stopped is None else EXIT_ENDED_EARLY
 
     @property
     def inversions(self) -> list[tuple[float, float]]:
         """(met, missed) pairs where a load met above one that missed: the noise exceeds the boundary's slope."""
-        met = [p.load for p in self.points if p.met]
-        missed = [p.load for p in self.points if p.runs and not p.met]
+        met = [p.load for p in self.points if p.met and not p.interrupted]
+        missed = [p.load for p in self.points if p.counted and not p.met and not p.empty]
         return sorted({(m, x) for m in met for x in missed if m > x})
 
     @property
@@ -239,6 +300,7 @@ class CapacityResult:
                 "margin": None if self.max_load is None or self.missed_at is None else self.missed_at - self.max_load,
                 "slo": p.slo, "stall_budget": p.budget.as_dict(), "resolution": p.resolution, "repeat": p.repeat,
                 "confirmed": self.confirmed, "monotone": not self.inversions, "interrupted": self.interrupted,
+                "interrupted_at": self.interrupted_at, "stopped": self.stopped,
                 "points": [pt.as_dict(root) for pt in self.points]}
 
 
@@ -256,18 +318,32 @@ def _mid(plan: CapacityPlan, lo: float, hi: float) -> float | None:
     return None if (hi - lo) <= plan.resolution * lo else (lo + hi) / 2
 
 
+def too_short(plan: CapacityPlan, pt: SearchPoint) -> str:
+    """Why a point with no request in its window ends the search, and the --duration that would measure it."""
+    window = max((r.figures.get("window_s") or 0.0 for r in pt.counted), default=0.0)
+    span = f"{window:g} s measured window" if window else "measured window"
+    unit, hint = ("requests/s", f", e.g. --duration {math.ceil(10 / pt.load)}s for about 10 requests") \
+        if plan.axis == "rate" else ("streams", "")
+    return (f"at {plan.fmt(pt.load)} {unit} the {span} held no request, too short for that load: the search "
+            f"stopped there, as lower loads would measure nothing either (give a longer --duration{hint})")
+
+
 def search(plan: CapacityPlan, measure: Callable[[float, str, int], SearchPoint],
            on_status: Callable[[str], None] = lambda s: None) -> CapacityResult:
-    """Bracket, bisect, confirm. `measure(load, phase, repeats)` runs a point and judges it."""
+    """Bracket, bisect, confirm. `measure(load, phase, repeats)` runs a point and judges it. A point that
+    measured nothing stops the search (`stopped`); Ctrl-C returns what was established (`interrupted`)."""
     points: list[SearchPoint] = []
-    tried: dict[float, SearchPoint] = {}
     lo: float | None = None
     hi: float | None = None
+    at: list[float] = []  # the load being measured
 
     def run(load: float, phase: str, repeats: int) -> bool:
+        at.append(load)
         pt = measure(load, phase, repeats)
         points.append(pt)
-        tried[load] = pt
+        if pt.empty:
+            on_status(f"{plan.axis} {plan.fmt(load)} ({phase}): measured nothing (no request in its window)")
+            raise SearchStopped(too_short(plan, pt))
         word = "met" if pt.met else "missed: " + "; ".join(next((r.misses for r in pt.counted if r.misses), []))[:160]
         on_status(f"{plan.axis} {plan.fmt(load)} ({phase}): {word}")
         return pt.met
@@ -306,8 +382,14 @@ def search(plan: CapacityPlan, measure: Callable[[float, str, int], SearchPoint]
             hi = lo
             lower = [p.load for p in points if p.met and p.load < lo]
             lo = max(lower) if lower else None
-    except KeyboardInterrupt:
-        return CapacityResult(plan, points, lo, hi, interrupted=True)
+    except SearchStopped as exc:
+        return CapacityResult(plan, points, lo, hi, stopped=exc.reason)
+    except KeyboardInterrupt as exc:
+        cut = exc.point if isinstance(exc, SearchInterrupted) else None
+        if cut is not None and cut.runs:
+            cut.interrupted = True
+            points.append(cut)
+        return CapacityResult(plan, points, lo, hi, interrupted=True, interrupted_at=at[-1] if at else None)
     return CapacityResult(plan, points, lo, hi)
 
 
@@ -317,16 +399,40 @@ def write_capacity_json(result: CapacityResult, out_dir: Path) -> Path:
     return path
 
 
+def _so_far(result: CapacityResult, unit: str, what: str) -> str:
+    """What an interrupted search had established: a bracket, a floor, or only misses."""
+    p, met, missed = result.plan, result.max_load, result.missed_at
+    if met is not None and missed is not None:
+        return (f"so far {p.fmt(met)} {unit} met {what} and {p.fmt(missed)} {unit} missed, so the capacity lies "
+                "between them (not confirmed)")
+    if met is not None:
+        return f"so far {what} held up to {p.fmt(met)} {unit} (capacity ≥ {p.fmt(met)}, not confirmed)"
+    if missed is not None:
+        return f"so far no load tried met {what} (the lowest tried, {p.fmt(missed)} {unit}, missed)"
+    return "no point had finished, so nothing was established"
+
+
 def answer_line(result: CapacityResult) -> str:
-    """The answer in one sentence, with its margin (where the boundary lies between)."""
+    """The answer in one sentence, with its margin (where the boundary lies between); an interrupted or
+    stopped search says so first, with what it had established."""
     p = result.plan
     unit = "requests/s" if p.axis == "rate" else "streams"
     what = "every SLO" + (" and the stall budget" if p.budget.spec else "")
+    if result.interrupted:
+        where = "" if result.interrupted_at is None else f" at {p.fmt(result.interrupted_at)} {unit}"
+        return f"Search interrupted (Ctrl-C or SIGTERM){where}: {_so_far(result, unit, what)}."
     if result.max_load is None:
-        return (f"No load tried meets {what}: even {p.fmt(min(pt.load for pt in result.points))} {unit} misses."
-                if result.points else "No point was measured.")
-    caveat = "" if result.confirmed else (f" Not confirmed: the search stopped (--max-points {p.max_points} or an "
-                                          f"interruption) before {p.fmt(result.max_load)} ran {p.repeat} times.")
+        measured = [pt.load for pt in result.points if pt.counted and not pt.empty]
+        found = (f"even {p.fmt(min(measured))} {unit} misses {what}" if measured else "no point measured anything")
+        if result.stopped:
+            return f"No capacity found: {found}, and {result.stopped}."
+        return (f"No load tried meets {what}: even {p.fmt(min(measured))} {unit} misses." if measured
+                else "No point was measured.")
+    why = "" if result.stopped else f" (--max-points {p.max_points})"
+    caveat = "" if result.confirmed else (f" Not confirmed: the search stopped{why} before "
+                                          f"{p.fmt(result.max_load)} ran {p.repeat} times.")
+    if result.stopped:
+        caveat += f" The search ended early: {result.stopped}."
     if result.inversions:
         hi_met, lo_missed = max(result.inversions, key=lambda t: t[0] - t[1])
         caveat += (f" Not monotone: {p.fmt(hi_met)} {unit} met but {p.fmt(lo_missed)} missed, so the run-to-run "

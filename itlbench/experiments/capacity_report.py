@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from itlbench.experiments.capacity import CapacityResult, answer_line
+from itlbench.experiments.capacity import CapacityResult, SearchPoint, answer_line
 from itlbench.report.document import Callout, Document, Section, Table, Written, write_document
 from itlbench.report.figure_spec import FigureSpec
 from itlbench.report.style import fmt_s, new_figure, seconds_log_yaxis, tidy
@@ -27,6 +27,15 @@ def _share(v: float | None) -> str:
     return "—" if v is None else f"{v:.1%}"
 
 
+def _met_cell(pt: SearchPoint) -> str:
+    """yes / NO, or why the point has no verdict the search used (cut short, or nothing in its window)."""
+    if pt.interrupted:
+        return "cut short"
+    if pt.empty:
+        return "measured nothing"
+    return "yes" if pt.met else "NO"
+
+
 def points_table(result: CapacityResult) -> Table:
     rows = []
     for i, pt in enumerate(result.points, 1):
@@ -34,7 +43,7 @@ def points_table(result: CapacityResult) -> Table:
         misses = sorted({m for r in pt.counted for m in r.misses})
         again = len(pt.runs) - len(pt.counted)
         runs = f"{len(pt.counted)}" + (f" (+{again} disturbed, run again)" if again else "")
-        rows.append([str(i), result.plan.fmt(pt.load), pt.phase, runs, "yes" if pt.met else "NO",
+        rows.append([str(i), result.plan.fmt(pt.load), pt.phase, runs, _met_cell(pt),
                      fmt_s(_mean([x["itl_p99_s"] for x in f])), fmt_s(_mean([x["worst_gap_s"] for x in f])),
                      fmt_s(_mean([x["ttft_p90_s"] for x in f])), _share(_mean([x["stalled_share"] for x in f])),
                      _share(_mean([x["victims_share"] for x in f])),
@@ -117,7 +126,8 @@ def write_capacity_report(result: CapacityResult, out_dir: Path, command: str, t
                f"{p.repeat} runs per point near the boundary"]
     doc = Document(f"Capacity by {p.axis}: {target}",
                    f"{len(result.points)} points · written {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-                   [Callout("info" if result.max_load is not None else "warn", line), *sim_callouts(result)],
+                   [Callout("info" if result.exit_code == 0 else "warn", line),
+                    *sim_callouts(result)],
                    [Section("Answer").add(line, "; ".join(targets) + ".",
                                           "The search doubled the load until a point missed, then bisected "
                                           "between the highest point met and the lowest missed; points near the "

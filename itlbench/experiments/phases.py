@@ -20,6 +20,7 @@ import contextlib
 import datetime as dt
 import json
 import shlex
+import shutil
 import statistics
 import time
 from collections import defaultdict
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from itlbench.core.engine_config import EngineConfig
-from itlbench.errors import ConfigError
+from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.experiments.phases_report import (
     DECODE_PROMPT,
     LINEAR_SLACK,
@@ -280,6 +281,16 @@ def _say_what_does_not_fit(explicit: list[int], cap: int | None, context: int, r
         on_status(f"--max-prompt {cap:,} is beyond {room}: the longest prompt tried is {max(lengths):,}")
 
 
+def _discard(out: Path, created: bool) -> None:
+    """Bad input (a length the context cannot hold) or an engine that never started measured nothing: no
+    directory is left (its server.log included), and a directory the user made is left empty."""
+    if created:
+        shutil.rmtree(out, ignore_errors=True)
+    elif out.is_dir():
+        for child in out.iterdir():
+            shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+
+
 def run_phases(cfg: PhasesConfig, on_status: Callable[[str], None] = lambda s: None) -> Written:
     """Start (or reach) the engine, measure, and write report.html/.md and phases.json."""
     from itlbench.harness.connect import connect
@@ -293,7 +304,12 @@ def run_phases(cfg: PhasesConfig, on_status: Callable[[str], None] = lambda s: N
                         engine=cfg.engine or EngineConfig(), seed=cfg.seed, out=out)
     run_cfg.validate()
     on_status("starting the bundled engine" if cfg.endpoint is None else f"probing {cfg.endpoint}")
-    conn = connect(run_cfg, out)
+    created = not out.exists()
+    try:
+        conn = connect(run_cfg, out)
+    except ItlbenchError:
+        _discard(out, created)
+        raise
     try:
         context = conn.max_model_len
         reserve = cfg.output_tokens + 1
@@ -308,6 +324,10 @@ def run_phases(cfg: PhasesConfig, on_status: Callable[[str], None] = lambda s: N
         samples, decode, rows = asyncio.run(_measure(cfg, conn.target, builder, lengths, conn.steps_url, on_status))
         engine_name = (str(conn.doc.get("engine", {}).get("served_model_name") or cfg.model or "external")
                        if cfg.endpoint is None else f"{cfg.endpoint} ({conn.target.model})")
+    except ItlbenchError:
+        conn.close()
+        _discard(out, created)
+        raise
     finally:
         conn.close()
     table, sat, linear, superlinear = summarize(samples, lengths)

@@ -3,18 +3,24 @@
 A point is one value per axis. It knows three renderings of itself: its directory name (`b256-r2`),
 its label in a comparison (`budget 256, rate 2`), and what it changes: `itlbench run` flags for the
 bundled engine and the load, or `{placeholder}` values for a `--serve` command template.
+
+Values go into commands as typed, but they are told apart by what they mean: `8k` and `8192` are one
+budget, `1` and `1.0` one rate, so listing both is refused (the sweep would measure one point twice).
 """
 
 from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from itlbench.core.engine_config import parse_chunk_budget
 from itlbench.errors import ConfigError
 
 POLICIES = ("budget", "prefill-first")
+BOTH_POLICIES = "both"  # --policy both: every policy
+SERVED_UNCHUNKED = "-1"  # SGLang's --chunked-prefill-size -1: chunking off; only a --serve template takes it
 ENGINE_AXES = ("chunk_budget", "policy", "max_num_seqs")  # the server's settings
 LOAD_AXES = ("rate", "streams")  # the client's: always `itlbench run` flags
 _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
@@ -54,7 +60,7 @@ class Point:
         parts = []
         for axis, v in self._ordered():
             if axis.name == "chunk_budget":
-                parts.append("unchunked" if parse_chunk_budget(v) is None else f"b{v}")
+                parts.append("unchunked" if is_unchunked(v) else f"b{v}")
             elif axis.name == "policy":
                 if v != "budget":
                     parts.append(v)
@@ -73,7 +79,7 @@ class Point:
         parts = []
         for axis, v in self._ordered():
             if axis.name == "chunk_budget":
-                parts.append("unchunked" if parse_chunk_budget(v) is None else f"budget {v}")
+                parts.append("unchunked" if is_unchunked(v) else f"budget {v}")
             elif axis.name == "policy":
                 if v != "budget":
                     parts.append(v)
@@ -99,8 +105,36 @@ class Point:
         return self.placeholders()
 
 
+def is_unchunked(value: str) -> bool:
+    """Whether a budget as typed turns chunking off: `none` (itlbench's spelling) or `-1` (SGLang's, --serve)."""
+    return value.strip() == SERVED_UNCHUNKED or parse_chunk_budget(value) is None
+
+
+def budget_tokens(value: str, served: bool) -> int | None:
+    """A budget's token count (None: unchunked). `-1` only reaches a --serve command, which takes it as typed;
+    the bundled engine has its own word for it, so there it is refused rather than guessed."""
+    if value.strip() == SERVED_UNCHUNKED:
+        if not served:
+            raise ConfigError("--chunk-budget", "-1 turns chunking off only in a --serve command (SGLang's "
+                              "--chunked-prefill-size -1)", "the bundled engine spells it none")
+        return None
+    return parse_chunk_budget(value)
+
+
 def _split(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def refuse_duplicates(flag: str, values: Sequence[str], meaning: Callable[[str], object], what: str,
+                      fix: str = "list each value once") -> None:
+    """Two values that mean the same (`8k` and `8192`) would run one point twice under two names: refused."""
+    seen: dict[object, str] = {}
+    for v in values:
+        key = meaning(v)
+        if key in seen:
+            same = f"{seen[key]!r} and {v!r} are the same {what}" if seen[key] != v else f"{v!r} is listed twice"
+            raise ConfigError(flag, same, fix)
+        seen[key] = v
 
 
 def _numbers(name: str, text: str, kind: type) -> tuple[str, ...]:
@@ -116,6 +150,7 @@ def _numbers(name: str, text: str, kind: type) -> tuple[str, ...]:
         if not ok:
             raise ConfigError(flag, f"{v!r} is not a positive {'integer' if kind is int else 'number'}",
                               f"e.g. {flag} {'8,16,32' if kind is int else '1,2,4'}")
+    refuse_duplicates(flag, values, kind, name.replace("_", " "))
     return tuple(values)
 
 
@@ -129,27 +164,43 @@ def parse_user_sets(sets: list[str]) -> list[Axis]:
             raise ConfigError("--set", f"{item!r} is not name=v1,v2", "e.g. --set max_model_len=4096,8192")
         if name in ENGINE_AXES or name in LOAD_AXES or name == "port":
             raise ConfigError("--set", f"{name!r} has its own flag", f"use --{name.replace('_', '-')} instead")
+        refuse_duplicates("--set", _split(values), str, f"{name} (the template gets the text as typed)")
         axes.append(Axis(name, tuple(_split(values)), user=True))
     return axes
 
 
+def parse_budgets(text: str, served: bool) -> tuple[str, ...]:
+    """`--chunk-budget` values as typed, each checked (and told apart) by its token count."""
+    budgets = _split(text)
+    if not budgets:
+        raise ConfigError("--chunk-budget", "no budget given", "e.g. --chunk-budget 256,512,2048,8192,none")
+    refuse_duplicates("--chunk-budget", budgets, lambda b: budget_tokens(b, served), "budget")
+    return tuple(budgets)
+
+
+def parse_policies(text: str) -> list[str]:
+    """`--policy` names; `both` is every policy (the help and the error offer it)."""
+    names = [n for p in _split(text) for n in (POLICIES if p == BOTH_POLICIES else (p,))] or ["budget"]
+    for p in names:
+        if p not in POLICIES:
+            raise ConfigError("--policy", f"unknown policy {p!r}", "use budget, prefill-first or both, "
+                              "comma-separated")
+    both = BOTH_POLICIES in _split(text)
+    refuse_duplicates("--policy", names, str, "policy",
+                      f"{BOTH_POLICIES} already means {','.join(POLICIES)}" if both else "list each value once")
+    return names
+
+
 def parse_axes(chunk_budgets: str | None, policies: str | None, max_num_seqs: str | None = None,
-               rates: str | None = None, streams: str | None = None, sets: list[str] | None = None) -> list[Axis]:
-    """The sweep's axes, in the order they vary slowest to fastest (bad values name their flag)."""
+               rates: str | None = None, streams: str | None = None, sets: list[str] | None = None,
+               served: bool = False) -> list[Axis]:
+    """The sweep's axes, in the order they vary slowest to fastest (bad values name their flag);
+    `served`: the values go into a --serve template (where `-1` may mean unchunked)."""
     axes: list[Axis] = []
     if chunk_budgets is not None:
-        budgets = _split(chunk_budgets)
-        if not budgets:
-            raise ConfigError("--chunk-budget", "no budget given", "e.g. --chunk-budget 256,512,2048,8192,none")
-        for b in budgets:
-            parse_chunk_budget(b)
-        axes.append(Axis("chunk_budget", tuple(budgets)))
+        axes.append(Axis("chunk_budget", parse_budgets(chunk_budgets, served)))
     if policies is not None:
-        names = _split(policies) or ["budget"]
-        for p in names:
-            if p not in POLICIES:
-                raise ConfigError("--policy", f"unknown policy {p!r}", "use budget, prefill-first or both, "
-                                  "comma-separated")
+        names = parse_policies(policies)
         if names != ["budget"]:
             axes.insert(0, Axis("policy", tuple(names)))
     if max_num_seqs is not None:
@@ -163,7 +214,7 @@ def parse_axes(chunk_budgets: str | None, policies: str | None, max_num_seqs: st
 
 
 def grid(axes: list[Axis]) -> list[Point]:
-    """Every combination, first axis slowest; refuses a value listed twice (two points, one directory)."""
+    """Every combination, first axis slowest; refuses two points that would share a directory."""
     points = [Point(tuple(zip(axes, combo, strict=True))) for combo in itertools.product(*(a.values for a in axes))]
     names = [p.dirname for p in points]
     if len(set(names)) < len(names):

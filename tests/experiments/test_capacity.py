@@ -15,6 +15,7 @@ from itlbench.errors import ConfigError
 from itlbench.experiments.capacity import (
     CapacityPlan,
     RunJudgement,
+    SearchInterrupted,
     SearchPoint,
     answer_line,
     measure_point,
@@ -114,6 +115,75 @@ def test_a_start_that_misses_searches_down_and_rate_max_caps_the_search() -> Non
     assert result.confirmed
 
 
+def _nothing_below(load_with_requests: float):
+    """A measure function whose every point misses, and whose window holds no request below a load."""
+    calls: list[float] = []
+
+    def measure(load: float, phase: str, repeats: int) -> SearchPoint:
+        calls.append(load)
+        empty = load < load_with_requests
+        figures = {"requests": 0.0 if empty else 4.0, "failed_requests": 0.0, "window_s": 5.0}
+        return measure_point(load, phase, repeats, lambda: RunJudgement(
+            Path("."), figures, ["no request finished"] if empty else ["ITL p99 8.2 ms > 1.0 ms"]))
+
+    return measure, calls
+
+
+def test_a_point_that_measured_nothing_stops_the_search_and_says_the_window_is_too_short() -> None:
+    """`--slo itl_p99=1ms --duration 5`: 1 request/s misses, 0.5 has no request in its 5 s window; halving on
+    to 1/64 of the start measured nothing six more times."""
+    measure, calls = _nothing_below(1.0)
+    result = search(CapacityPlan(start=1, repeat=2), measure)
+    assert calls == [1, 0.5] and result.max_load is None and result.missed_at == 1
+    assert result.stopped and "held no request" in result.stopped
+    line = answer_line(result)
+    assert line.startswith("No capacity found: even 1 requests/s misses every SLO, and at 0.5 requests/s the 5 s "
+                           "measured window held no request, too short for that load")
+    assert "--duration 20s" in line
+    assert result.exit_code == 1, "no capacity found is not a success"
+    assert result.as_dict(Path("."))["points"][1]["measured_nothing"] is True
+
+
+def test_exit_status_tells_an_answer_from_none() -> None:
+    measure, _ = _threshold(3.0)
+    assert search(CapacityPlan(start=1, repeat=1), measure).exit_code == 0
+    measure, _ = _threshold(0.0)  # every load misses, down to start/64
+    result = search(CapacityPlan(start=1, repeat=1), measure)
+    assert result.max_load is None and result.exit_code == 1 and answer_line(result).startswith("No load tried")
+
+
+def test_an_interrupted_search_says_so_and_what_it_had_established() -> None:
+    """Ctrl-C during the third point, its first run judged: the point is kept, the answer is not claimed."""
+    inner, _ = _threshold(100.0)
+
+    def measure(load: float, phase: str, repeats: int) -> SearchPoint:
+        if load == 4:
+            runs = iter([RunJudgement(Path("."), {}, [])])
+
+            def run_once() -> RunJudgement:
+                if (judged := next(runs, None)) is not None:
+                    return judged
+                raise SearchInterrupted(run=RunJudgement(Path("."), {}, ["ITL p99 60 ms > 52 ms"]))
+
+            return measure_point(load, phase, 5, run_once)
+        return inner(load, phase, repeats)
+
+    result = search(CapacityPlan(start=1, repeat=2), measure)
+    assert result.interrupted and result.interrupted_at == 4 and result.exit_code == 130
+    assert [p.load for p in result.points] == [1, 2, 4] and result.points[-1].interrupted
+    assert [r.interrupted for r in result.points[-1].runs] == [False, True], "the cut run is kept, not counted"
+    assert answer_line(result) == ("Search interrupted (Ctrl-C or SIGTERM) at 4 requests/s: so far every SLO held "
+                                   "up to 2 requests/s (capacity ≥ 2, not confirmed).")
+    assert "Capacity ≥" not in answer_line(result)
+
+    def at_once(load: float, phase: str, repeats: int) -> SearchPoint:
+        raise SearchInterrupted()
+
+    first = search(CapacityPlan(start=1), at_once)
+    assert first.interrupted and first.points == [] and answer_line(first) == (
+        "Search interrupted (Ctrl-C or SIGTERM) at 1 requests/s: no point had finished, so nothing was established.")
+
+
 @pytest.mark.parametrize(("spec", "says"), [("worst=1x", "--stall-budget"), ("stalled=150%", "share"),
                                             ("freeze=1s", "worst=DUR")])
 def test_bad_stall_budgets_name_the_flag(spec: str, says: str) -> None:
@@ -126,10 +196,12 @@ def test_bad_stall_budgets_name_the_flag(spec: str, says: str) -> None:
 
 def test_bad_capacity_options_exit_2_with_one_line(tmp_path: Path) -> None:
     for args, flag in ((["--axis", "tokens"], "--axis"), (["--rate", "3"], "--rate"),
-                       (["--slo", "itl_p99=fast"], "--slo"), (["--serve", "srv"], "--serve")):
+                       (["--slo", "itl_p99=fast"], "--slo"), (["--serve", "srv"], "--serve"),
+                       (["--max-points", "0"], "--max-points"), (["--max-points=-3"], "--max-points")):
         result = runner.invoke(app, ["capacity", "--out", str(tmp_path / "c"), *args], terminal_width=300)
         assert result.exit_code == 2, result.output
         assert f"error: {flag}" in " ".join(result.output.split()) and "Traceback" not in result.output
+        assert not (tmp_path / "c").exists(), "bad input writes nothing"
 
 
 # --- against a real server: the paced server slows down beyond a known load ---------------------------------

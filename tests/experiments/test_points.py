@@ -80,3 +80,37 @@ def test_own_settings_need_a_template_and_repeat_must_be_positive() -> None:
     with pytest.raises(ConfigError) as err:
         SweepPlan(parse_axes("256", None), repeat=0)
     assert err.value.field == "--repeat"
+
+
+def test_policy_both_is_budget_and_prefill_first() -> None:
+    """The help and the refusal offer `both`: it must be taken."""
+    points = grid(parse_axes("512", "both"))
+    assert [p.dirname for p in points] == ["b512", "b512-prefill-first"]
+    with pytest.raises(ConfigError) as err:
+        parse_axes("512", "both,budget")
+    assert err.value.field == "--policy" and "both already means budget,prefill-first" in str(err.value)
+
+
+@pytest.mark.parametrize(("kwargs", "flag", "says"), [
+    ({"chunk_budgets": "8k,8192"}, "--chunk-budget", "'8k' and '8192' are the same budget"),
+    ({"chunk_budgets": "512,0.5k"}, "--chunk-budget", "'512' and '0.5k' are the same budget"),
+    ({"chunk_budgets": "none,off"}, "--chunk-budget", "'none' and 'off' are the same budget"),
+    ({"chunk_budgets": "none,-1", "served": True}, "--chunk-budget", "'none' and '-1' are the same budget"),
+    ({"rates": "1,1.0"}, "--rate", "'1' and '1.0' are the same rate"),
+    ({"streams": "8,08"}, "--streams", "'8' and '08' are the same streams"),
+    ({"max_num_seqs": "32,32"}, "--max-num-seqs", "'32' is listed twice"),
+])
+def test_values_that_mean_the_same_are_refused_not_run_twice(kwargs: dict, flag: str, says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_axes(kwargs.pop("chunk_budgets", None), None, **kwargs)
+    assert err.value.field == flag and says in str(err.value)
+
+
+def test_minus_one_is_unchunked_in_a_serve_template_and_refused_for_the_bundled_engine() -> None:
+    """SGLang's --chunked-prefill-size -1 turns chunking off; docs/reports.md's example sweeps it."""
+    points = grid(parse_axes("512,2048,-1", None, served=True))
+    assert [p.dirname for p in points] == ["b512", "b2048", "unchunked"]
+    assert points[2].label == "unchunked" and points[2].placeholders() == {"chunk_budget": "-1"}
+    with pytest.raises(ConfigError) as err:
+        parse_axes("512,-1", None)
+    assert err.value.field == "--chunk-budget" and "the bundled engine spells it none" in str(err.value)
