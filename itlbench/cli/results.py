@@ -155,8 +155,9 @@ def compare(
     """Compare finished runs: one row each, overlaid figures and a verdict per SLO."""
     import datetime as dt
 
-    from itlbench.report.compare import check_compare_out, write_compare_report
+    from itlbench.report.compare import write_compare_report
     from itlbench.report.compare_print import comparison_doc, print_comparison
+    from itlbench.report.compare_runs import check_compare_out
 
     for d in run_dirs:
         if not (d / "run.json").is_file():

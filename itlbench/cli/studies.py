@@ -103,9 +103,8 @@ def sweep(
                           highlight=False, soft_wrap=True)
             raise typer.Exit(130 if result.interrupted else 1)
         command = shlex.join(["itlbench", *sys.argv[1:]]) if sys.argv[1:2] == ["sweep"] else "itlbench sweep"
-        # force: simulator repeats differ in seed on purpose (each run.json says so under sweep.varies)
         written, rows, verdict = write_compare_report(result.run_dirs, target, slo, title="Sweep", command=command,
-                                                      missing=missing, force=plan.first_seed is not None)
+                                                      missing=missing)
     except SweepAborted as exc:
         raise typer.Exit(exc.code) from None
     except ItlbenchError as exc:

@@ -15,14 +15,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from itlbench.errors import ConfigError
+from itlbench.load.aio import finish, first_of, install_sigint
 from itlbench.load.backoff import Backoff
 from itlbench.load.clients.kclock import measure_offset
 from itlbench.load.clients.kernel import make_stream_client
@@ -49,16 +49,6 @@ class DriveObserver(StreamObserver, Protocol):
     def on_sample(self, row: dict[str, Any]) -> None: ...
 
     def on_pause(self, row: dict[str, Any]) -> None: ...
-
-
-def install_uvloop() -> bool:
-    """Use uvloop's faster event loop for later `asyncio.run` calls when it is installed."""
-    try:
-        import uvloop
-    except ImportError:
-        return False
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    return True
 
 
 @dataclass(frozen=True)
@@ -214,7 +204,7 @@ async def _closed_stream(run: _Run, k: int, plans: Iterator[RequestPlan], first_
 
 async def _open_loop(run: _Run, feed: Iterator[RequestPlan]) -> None:
     """Send each plan at its time (counted from the start of measurement) without waiting for earlier ones."""
-    await _first(run.measuring.wait(), run.closed.wait())
+    await first_of(run.measuring.wait(), run.closed.wait())
     if run.measure_start_ns is None or run.closed.is_set():
         return
     for plan in feed:
@@ -248,16 +238,6 @@ async def _sample(run: _Run, monitor: ClientMonitor, sink: RowSink, run_start_ns
                 log.exception("progress callback failed; live progress disabled")
                 on_progress = None
         await sink.pump()
-
-
-async def _first(*aws: Coroutine[Any, Any, Any]) -> None:
-    """Wait until the first of several awaitables completes; cancel the rest."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in tasks:
-            t.cancel()
 
 
 Hook = Callable[[], Awaitable[object]]
@@ -310,33 +290,6 @@ def _warmup_gave_up(run: _Run, ids: list[int], waited_s: float) -> None:
 async def _watch(event: asyncio.Event, run: _Run) -> None:
     await event.wait()
     run.stop("stop_event")
-
-
-def _install_sigint(run: _Run) -> Callable[[], None]:
-    """Ctrl-C stops the run cleanly (records kept) instead of unwinding it; returns the undo."""
-    loop = asyncio.get_running_loop()
-    previous = signal.getsignal(signal.SIGINT)
-    try:
-        loop.add_signal_handler(signal.SIGINT, run.stop, "interrupted")
-    except (ValueError, RuntimeError, NotImplementedError):  # not the main thread, or no signals
-        return lambda: None
-
-    def restore() -> None:
-        loop.remove_signal_handler(signal.SIGINT)
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-
-    return restore
-
-
-async def _finish(tasks: set[asyncio.Task], timeout: float) -> None:
-    """Let tasks end within `timeout`, then cancel the rest and wait for them to record."""
-    if not tasks:
-        return
-    _, pending = await asyncio.wait(tasks, timeout=timeout)
-    for t in pending:
-        t.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
 
 
 def _pause_writer(sink: RowSink, observer: DriveObserver | None) -> Callable[[dict[str, object]], None]:
@@ -421,7 +374,7 @@ async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: Client
                    asyncio.create_task(watchdog.run())]
         if stop_event is not None:
             helpers.append(asyncio.create_task(_watch(stop_event, run)))
-        restore = _install_sigint(run) if handle_sigint and stop_event is None else (lambda: None)
+        restore = install_sigint(run.stop) if handle_sigint and stop_event is None else (lambda: None)
         send_end = sys.maxsize
         closing: list[asyncio.Task[object]] = []  # after_measure, running beside the drain
         try:
@@ -431,11 +384,11 @@ async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: Client
             run.closed.set()
             if after_measure is not None:
                 closing.append(asyncio.ensure_future(after_measure()))
-            await _finish(workers | set(run.requests), 0.0 if run.stop_reason else drain_timeout_s)
+            await finish(workers | set(run.requests), 0.0 if run.stop_reason else drain_timeout_s)
             await asyncio.gather(*closing, return_exceptions=True)
         except asyncio.CancelledError:
             run.stop("cancelled")
-            await _finish(workers | set(run.requests), 0.0)
+            await finish(workers | set(run.requests), 0.0)
             raise
         finally:
             restore()

@@ -26,7 +26,8 @@ from typing import Any
 import polars as pl
 
 from itlbench.errors import ConfigError
-from itlbench.load.driver import DriveResult, Shard, Warmup, drive, install_uvloop
+from itlbench.load.aio import install_uvloop
+from itlbench.load.driver import DriveResult, Shard, Warmup, drive
 from itlbench.load.observers.client_monitor import ClientStats
 from itlbench.load.progress import ProgressSnapshot
 from itlbench.load.target import Target

@@ -23,7 +23,6 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.analysis.goodput import SloSet, parse_slo
 from itlbench.analysis.stats import supported_quantile
-from itlbench.errors import ConfigError
 from itlbench.report.compare_ci import (
     METHOD,
     ci_json,
@@ -34,20 +33,15 @@ from itlbench.report.compare_ci import (
     repeated,
     rows_as_dicts,
     run_labels,
-    swept_settings,
 )
 from itlbench.report.compare_figures import cdf_figure, gaps_figure, timelines_figure
-from itlbench.report.data import RunData, load_run
+from itlbench.report.compare_runs import differing_settings, load_runs
+from itlbench.report.data import RunData
 from itlbench.report.document import Callout, Document, Links, Section, Table, Written, write_document
 from itlbench.report.figure_spec import FigureSpec
 from itlbench.report.load_curve import load_axis, load_figure
 from itlbench.report.reproduce import reproduce_command
 from itlbench.report.style import RUN_COLORS, fmt_s, new_figure, tidy
-
-# Settings that define the question a run answers; runs that differ in one answer different ones.
-COMPARED = (("workload", "workload"), ("streams", "streams"), ("rate", "rate"), ("burstiness", "burstiness"),
-            ("duration_s", "duration"), ("seed", "seed"), ("inject", "inject"),
-            ("inject_max_tokens", "inject-max-tokens"), ("trace", "trace"), ("time_scale", "time-scale"))
 
 
 @dataclass
@@ -68,77 +62,6 @@ class Row:
     goodput: float | None
     valid: bool | None
     group: str = ""  # the setting (repeats of one sweep point share it); label adds which run
-
-
-# Settings whose unset value means "nothing of that kind" rather than a default the run filled in.
-ABSENT_WHEN_UNSET = ("inject", "trace", "rate")
-
-
-def effective_setting(run: RunData, key: str) -> Any:
-    """The value a run used: an unset flag (None in its config) is what its load plan filled in (streams: 32), so
-    runs that left a default and runs that spelled it out compare equal and the refusal shows a number."""
-    value = run.config.get(key)
-    if value is None:
-        planned = (run.doc.get("plan") or {}).get(key)
-        if isinstance(planned, str | int | float):
-            value = planned
-    return value
-
-
-def shown_setting(key: str, value: Any) -> str:
-    """A setting's value for the refusal line: never Python's 'None' (no injection is 'none', an unknown default
-    'default')."""
-    if value is None:
-        return "none" if key in ABSENT_WHEN_UNSET else "default"
-    return str(value)
-
-
-def differing_settings(runs: list[RunData]) -> list[str]:
-    """'seed (a: 0, b: 1)' for every compared setting whose effective value is not the same in every run."""
-    out = []
-    swept = swept_settings(runs)
-    for key, name in COMPARED:
-        if key in swept:
-            continue
-        values = [effective_setting(r, key) for r in runs]
-        if any(v != values[0] for v in values[1:]):
-            shown = ", ".join(f"{r.name}: {shown_setting(key, v)}" for r, v in zip(runs, values, strict=True))
-            out.append(f"{name} ({shown})")
-    return out
-
-
-# What `write_compare_report` writes, and the records of the other commands' directories (never overwritten).
-COMPARE_FILES = ("compare.json", "report.html", "report.md")
-OTHER_RECORDS = (("run.json", "a run"), ("sweep.json", "a sweep"), ("capacity.json", "a capacity search"),
-                 ("phases.json", "a phases study"))
-
-
-def check_compare_out(out: Path) -> None:
-    """Refuse an --out that holds a run, a sweep, a capacity search, a phases study or an earlier comparison:
-    writing there would replace their report.html/report.md (and a sweep's compare.json) without a word.
-    Other files (a README beside the comparison) stay and do not stop it. `sweep` writes its own comparison
-    into its directory through `write_compare_report`, which does not check."""
-    if not out.is_dir():
-        return  # a new directory, or a path that cannot be one (write_document's make_dir names it)
-    for name, what in OTHER_RECORDS:
-        if (out / name).exists():
-            raise ConfigError("--out", f"{out} already holds {what} ({name})", "choose a new directory")
-    clash = [name for name in COMPARE_FILES if (out / name).exists()]
-    clash += [f"figures/{p.name}" for p in sorted((out / "figures").glob("compare_*.png"))]
-    if clash:
-        raise ConfigError("--out", f"{out} already holds files compare would overwrite ({', '.join(clash[:3])}"
-                          + (f" and {len(clash) - 3} more" if len(clash) > 3 else "") + ")", "choose a new directory")
-
-
-def load_runs(dirs: list[Path], force: bool = False) -> list[RunData]:
-    if len(dirs) < 1:
-        raise ConfigError("DIR", "no run directory given", "pass one or more directories written by `itlbench run`")
-    runs = [load_run(d) for d in dirs]
-    diffs = differing_settings(runs)
-    if diffs and not force:
-        raise ConfigError("DIR", "the runs differ in " + "; ".join(diffs),
-                          "compare runs of one seeded workload and injection, or pass --force")
-    return runs
 
 
 def _or_max(stats: dict[str, Any], key: str) -> float | None:

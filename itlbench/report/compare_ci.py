@@ -242,8 +242,10 @@ def differences_table(rows: Sequence[Any]) -> Any:
 
 
 def swept_settings(runs: list[RunData]) -> set[str]:
-    """The run settings a sweep varied on purpose (its load axes): they may differ between the runs."""
-    return {k for r in runs for k in ((r.doc.get("sweep") or {}).get("settings") or {})}
+    """The run settings a sweep varied on purpose (its load axes, and the seed of a simulator's repeats):
+    they may differ between the runs."""
+    return {k for r in runs for sweep in [r.doc.get("sweep") or {}]
+            for k in [*(sweep.get("settings") or {}), *(sweep.get("varies") or [])]}
 
 
 def run_model(run: RunData) -> str | None:

@@ -213,7 +213,7 @@ def draw_rows(ax: Axes, data: RunData, spans: list[InjectedSpan], compact: bool 
             ax.broken_barh([((lo - t0) / 1e9, data.window.seconds - (lo - t0) / 1e9)], (mapping[rid] - 0.4, 0.8),
                            facecolors="none", edgecolors=STILL_OPEN, hatch="xxx", linewidth=0.5)
     time_axis(ax, data.window.seconds)
-    ax.set_ylim(total - 0.5, -0.5)
+    ax.set_ylim(max(total, 1) - 0.5, -0.5)  # no stream at all: one empty row, not a zero-height axis
     if total > steady_rows:
         ax.axhline(steady_rows - 0.5, color=MUTED, linewidth=0.6)
     ticks = list(range(0, steady_rows, max(1, steady_rows // 8)))

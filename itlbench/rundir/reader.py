@@ -79,14 +79,16 @@ def _read_json(run_dir: str | Path, name: str, fix: str) -> dict[str, Any]:
     return doc
 
 
-STUDY_DOCS = {"sweep.json": "a sweep", "capacity.json": "a capacity search", "compare.json": "a comparison"}
+# The document each command writes into its directory, and what that makes the directory.
+RECORD_DOCS = {"run.json": "a run", "sweep.json": "a sweep", "capacity.json": "a capacity search",
+               "phases.json": "a phases study", "compare.json": "a comparison"}
 
 
 def not_a_run(path: str | Path, flag: str = "RUN_DIR") -> ConfigError:
     """The error for a path without run.json, pointing into a sweep's or capacity search's directory (whose
     runs are one level down, and whose own report is its report.html) rather than only refusing it."""
     root = Path(path)
-    kind = next((what for name, what in STUDY_DOCS.items() if (root / name).is_file()), None)
+    kind = next((what for name, what in RECORD_DOCS.items() if name != "run.json" and (root / name).is_file()), None)
     if kind is None:
         return ConfigError(flag, f"{root} has no run.json", "pass a directory written by `itlbench run`")
     runs = sorted(str(p.parent) for p in root.glob("*/run.json")) or sorted(str(p.parent) for p in root.glob("*/*/run.json"))

@@ -91,3 +91,4 @@ def test_simulator_repeats_run_successive_seeds_and_are_compared(tmp_path: Path)
     assert seeds == [4, 5]
     assert json.loads((out / "sweep.json").read_text())["points"][0]["seeds"] == [4, 5]
     assert (out / "compare.json").is_file()
+    assert "Compared with --force" not in (out / "report.md").read_text()  # the seed is a setting the sweep varied

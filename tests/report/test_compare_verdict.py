@@ -15,9 +15,7 @@ from itlbench.analysis.goodput import parse_slo
 from itlbench.cli import app
 from itlbench.report.compare import (
     Row,
-    differing_settings,
     distinct_durations,
-    load_runs,
     make_rows,
     slo_checks,
     smoothest_sentence,
@@ -25,6 +23,7 @@ from itlbench.report.compare import (
     verdict,
     write_compare_report,
 )
+from itlbench.report.compare_runs import differing_settings, load_runs
 from itlbench.report.data import load_run
 from tests.support.report_runs import build_run
 

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from itlbench.analysis.goodput import parse_slo
 from itlbench.cli import app
-from itlbench.report.compare import differing_settings, load_runs, make_rows, verdict
+from itlbench.report.compare import make_rows, verdict
+from itlbench.report.compare_runs import differing_settings, load_runs
 from itlbench.report.data import load_run
 from itlbench.report.run_report import headline, write_run_report
 from itlbench.report.timeline import _segments, injected_spans, stall_picture
