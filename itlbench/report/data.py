@@ -159,16 +159,21 @@ def unreadable_line(summary: dict[str, Any]) -> str | None:
             f"{'are' if len(parts) > 1 else 'is'} left out of every figure: {shown}")
 
 
+SIGNAL_WORDS = {"SIGINT": "Ctrl-C (SIGINT)", "SIGTERM": "SIGTERM"}
+
+
 def run_cut_short(doc: dict[str, Any], measured_s: float, window_inferred: bool = False) -> list[str]:
     """`cut_short_reasons` from run.json and the measured window's length: what the terminal prints too."""
     reasons: list[str] = []
     if window_inferred or doc.get("provisional"):
         reasons.append("the run was killed before it wrote its end time; its window is inferred from "
                        "the records it had flushed")
-    if doc.get("interrupted"):
+    signal = doc.get("signal")
+    if signal:  # the signal the run recorded: one sentence, naming it
+        reasons.append(f"it was stopped by {SIGNAL_WORDS.get(str(signal), str(signal))}")
+    elif doc.get("interrupted"):
         reasons.append("it was interrupted (Ctrl-C)")
-    stop = doc.get("stop_reason")
-    if stop in ("stop_event", "interrupted"):
+    elif doc.get("stop_reason") in ("stop_event", "interrupted"):
         reasons.append("it was stopped by a signal")
     if doc.get("aborted_reason"):
         reasons.append(f"it was aborted: {doc['aborted_reason']}")

@@ -39,7 +39,8 @@ def test_a_signal_stops_the_run_keeps_its_records_and_exits_128_plus_its_number(
     doc = json.loads((tmp_path / "run" / "run.json").read_text())
     assert doc["interrupted"] is True and doc["signal"] == signal.Signals(sig).name
     assert doc["stop_reason"] == "interrupted"
-    assert "Cut short" in output and "Traceback" not in output
+    words = "Ctrl-C (SIGINT)" if sig == signal.SIGINT else "SIGTERM"
+    assert f"Cut short: it was stopped by {words};" in " ".join(output.split()) and "Traceback" not in output
     assert list((tmp_path / "run").glob("requests*"))
 
 
