@@ -294,8 +294,8 @@ def _outside_line(reqs: dict[str, Any]) -> str | None:
     """Requests sent before the window: those still streaming (or frozen) in it count in its gaps and
     stalls, so they are not called warm-up."""
     outside, carried = reqs.get("outside_window") or 0, reqs.get("in_flight_at_start") or 0
-    if not (reqs.get("outside_window_failed") or (outside and not reqs.get("total")) or carried):
-        return None
+    if not (reqs.get("outside_window_failed") or (outside and not reqs.get("total"))):
+        return None  # streams carrying their first requests into the window are every closed-loop run's normal
     line = f"  and {outside} sent before the measured window"
     if carried:
         line += (f": {carried} still in flight when it opened (their gaps and stalls in the window count; "
