@@ -38,6 +38,8 @@ def export_model_command(
 ) -> None:
     """Write a preset with the bundled engine's seeded weights and tokenizer, so the same model runs in
     the bundled engine, transformers, vLLM (hf) and llama.cpp (gguf)."""
+    from itlbench.export.hf import size_text
+
     format = format or ("gguf" if out.suffix.lower() == ".gguf" else "hf")
     try:
         require_torch_engine()  # the seeded weights are drawn by the torch model
@@ -59,7 +61,7 @@ def export_model_command(
     except OSError as exc:  # a read-only or full disk, met while writing
         fail(ConfigError("OUT", f"cannot write {out} ({exc.strerror or exc})", "name a place this user can write"))
         return
-    console.print(f"{preset}: {_count(done.model.num_params)} parameters, {_bytes(weight_bytes)} of float32 weights "
+    console.print(f"{preset}: {_count(done.model.num_params)} parameters, {size_text(weight_bytes)} of float32 weights "
                   f"(seed {seed}, {format})", highlight=False)
     print(done.path)
 
@@ -70,13 +72,6 @@ def _count(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
     return str(n)
-
-
-def _bytes(n: int) -> str:
-    for scale, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n} B"
 
 
 @app.command()

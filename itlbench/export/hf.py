@@ -66,16 +66,17 @@ def check_room(preset: str, cfg: ModelConfig, out: Path, field: str) -> None:
 
     need = cfg.num_params * 4
     if need > (memory := psutil.virtual_memory().available):
-        raise ConfigError("PRESET", f"{preset} has {_size(need)} of float32 weights, more than this machine's "
-                          f"{_size(memory)} of free memory", "export a smaller preset (tiny, cpu-small, cpu-medium, "
+        raise ConfigError("PRESET", f"{preset} has {size_text(need)} of float32 weights, more than this machine's "
+                          f"{size_text(memory)} of free memory", "export a smaller preset (tiny, cpu-small, cpu-medium, "
                           "llama-3.2-1b)")
     disk_at = next((p for p in (out, *out.parents) if p.exists()), Path("."))
     if need > (disk := shutil.disk_usage(disk_at).free):
-        raise ConfigError(field, f"{preset}'s {_size(need)} of float32 weights do not fit the {_size(disk)} "
+        raise ConfigError(field, f"{preset}'s {size_text(need)} of float32 weights do not fit the {size_text(disk)} "
                           f"free under {disk_at}", "write it where there is room")
 
 
-def _size(n: float) -> str:
+def size_text(n: float) -> str:
+    """Bytes as the refusals and the export line say them (decimal units: 607.5 kB)."""
     for unit, name in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
         if n >= unit:
             return f"{n / unit:,.1f} {name}"

@@ -156,10 +156,10 @@ def test_export_refuses_what_this_machine_cannot_hold_before_drawing_a_weight(tm
 
 def test_an_out_ending_gguf_writes_a_gguf_file_and_says_its_size_as_a_reader_would(tmp_path: Path) -> None:
     """Without --format, `m.gguf` is the llama.cpp file the name asks for (not a directory of that name);
-    a tiny preset's size is said in k and KiB, not '0.2 M' and '1 MiB'."""
+    a tiny preset's size is said in k and kB (as the refusals say it), not '0.2 M' and '1 MiB'."""
     out = tmp_path / "m.gguf"
     r = runner.invoke(app, ["export-model", "tiny", str(out)], terminal_width=300)
     assert r.exit_code == 0, r.output
     assert out.is_file() and out.read_bytes()[:4] == b"GGUF"
     params = TINY.num_params
-    assert f"tiny: {params / 1e3:.3g} k parameters, " in r.output and " KiB of float32 weights" in r.output
+    assert f"tiny: {params / 1e3:.3g} k parameters, " in r.output and " kB of float32 weights" in r.output
