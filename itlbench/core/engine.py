@@ -123,12 +123,12 @@ class SteppedEngine(Protocol):
 def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:
     """The context limit a config asks for, checked against the model's."""
     limit = model_config.max_position_embeddings
-    if config.max_model_len is None:
-        return limit
-    if config.max_model_len > limit:
+    if config.max_model_len is not None and config.max_model_len > limit:
         raise ConfigError("max_model_len", f"{config.max_model_len} exceeds the model's "
                           f"max_position_embeddings={limit}", f"use at most {limit}")
-    return config.max_model_len
+    max_len = config.max_model_len or limit
+    model_config.check_window(max_len, f"pass --max-model-len {model_config.sliding_window} or less")
+    return max_len
 
 
 class Engine:

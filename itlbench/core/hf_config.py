@@ -1,9 +1,13 @@
-"""Hugging Face Llama `config.json`: read either layout transformers writes, write the current one.
+"""Hugging Face `config.json`: read either layout transformers writes, write the current one (Llama only).
 
 transformers 5 keeps RoPE settings in `rope_parameters` (with `rope_theta` inside it); older files
 carry top-level `rope_theta` and `rope_scaling`. Both are read with transformers' precedence and
 defaults. A key that would change the model's math and that the engine does not implement is
 refused with an error naming it: serving a model slightly wrong is worse than not serving it.
+
+Besides Llama, the dense decoders of the same shape are read (Mistral, Qwen2/2.5, Qwen3: `FAMILIES`) for
+what prices shapes only (the simulator, roofline); the bundled engine refuses them (`require_engine_family`).
+Mixture-of-experts models are refused everywhere: the cost model prices dense layers only.
 
 Torch-free, like the rest of the configuration.
 """
@@ -14,17 +18,27 @@ import json
 from pathlib import Path
 from typing import Any
 
-from itlbench.core.model_config import ModelConfig, RopeScaling
+from itlbench.core.model_config import FAMILIES, ModelConfig, RopeScaling
 from itlbench.errors import ConfigError
 
 # transformers' LlamaConfig defaults, used where config.json leaves a key out.
 DEFAULT_THETA = 10_000.0
 DEFAULT_RMS_NORM_EPS = 1e-6
-DEFAULT_MAX_POSITIONS = 2048
 ROPE_TYPES = ("default", "linear", "llama3")
 ACTIVATIONS = ("silu", "swish")  # the same function under two names
 ARCHITECTURES = ("LlamaForCausalLM",)
 _ENGINE = "the bundled engine"
+# each family's causal-LM class, and transformers' defaults where config.json leaves a key out
+FAMILY_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                       "qwen3": "Qwen3ForCausalLM"}
+DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 131_072, "qwen2": 32_768, "qwen3": 32_768}
+DEFAULT_HEAD_DIM = {"qwen3": 128}  # Qwen3Config's, whatever hidden_size / num_attention_heads is
+DEFAULT_MAX_WINDOW_LAYERS = 28  # Qwen2Config's and Qwen3Config's: layers from this index on slide
+# model_types (and keys) of mixture-of-experts models, whose MLP the dense cost model would misprice
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx", "olmoe", "phimoe",
+             "granitemoe", "jamba", "minimax", "llama4", "gpt_oss")
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+SHAPE_ONLY = "--engine sim and `itlbench roofline` accept mistral, qwen2 and qwen3 shapes"
 
 
 def read_hf_config(path: Path) -> ModelConfig:
@@ -51,21 +65,25 @@ def _refuse(name: str, problem: str, fix: str) -> ConfigError:
 
 
 def model_config_from_hf(raw: dict[str, Any], path: Path) -> ModelConfig:
-    """Map transformers' LlamaConfig keys to ModelConfig, refusing what the engine would compute wrong."""
+    """Map transformers' LlamaConfig keys (and its Mistral, Qwen2 and Qwen3 configs') to ModelConfig,
+    refusing what the engine or the cost model would get wrong."""
+    _refuse_experts(raw)
     missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                            "num_attention_heads") if k not in raw]
     if missing:
         raise ConfigError("model", f"{path / 'config.json'} lacks {', '.join(missing)}",
                           "a Llama-architecture config.json is required")
-    _check_architecture(raw)
+    family = _check_architecture(raw)
     heads, hidden = _whole(raw, "num_attention_heads"), _whole(raw, "hidden_size")
     head_dim = None if raw.get("head_dim") is None else _whole(raw, "head_dim")
+    head_dim = DEFAULT_HEAD_DIM.get(family) if head_dim is None else head_dim
     if head_dim is None:
         if heads <= 0 or hidden % heads:
             raise _refuse("head_dim", f"is absent and hidden_size={hidden} is not a multiple of "
                           f"num_attention_heads={heads}", "give head_dim explicitly")
         head_dim = hidden // heads
-    max_positions = _whole(raw, "max_position_embeddings") if raw.get("max_position_embeddings") else DEFAULT_MAX_POSITIONS
+    max_positions = (_whole(raw, "max_position_embeddings") if raw.get("max_position_embeddings")
+                     else DEFAULT_MAX_POSITIONS[family])
     theta, scaling = _rope(raw, max_positions)
     kv_heads = None if raw.get("num_key_value_heads") is None else _whole(raw, "num_key_value_heads")
     return ModelConfig(
@@ -79,7 +97,7 @@ def model_config_from_hf(raw: dict[str, Any], path: Path) -> ModelConfig:
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         bos_token_id=_token_id(raw, "bos_token_id", 1), eos_token_id=_token_id(raw, "eos_token_id", 2),
         extra_eos_token_ids=_more_eos_ids(raw),
-        path=str(path))
+        path=str(path), family=family, sliding_window=_window(raw, family))
 
 
 def _whole(raw: dict[str, Any], name: str) -> int:
@@ -113,28 +131,65 @@ def _more_eos_ids(raw: dict[str, Any]) -> tuple[int, ...]:
     return tuple(int(v) for v in value[1:]) if isinstance(value, list) else ()
 
 
-def _check_architecture(raw: dict[str, Any]) -> None:
+def _refuse_experts(raw: dict[str, Any]) -> None:
     model_type = raw.get("model_type", "llama")
-    if model_type != "llama":
-        raise _refuse("model_type", f"{model_type!r} is not a Llama model",
-                      f"{_ENGINE} implements model_type 'llama' (LlamaForCausalLM) only")
-    archs = raw.get("architectures") or list(ARCHITECTURES)
-    if not any(a in ARCHITECTURES for a in archs):
-        raise _refuse("architectures", f"{archs} names no causal-LM Llama",
-                      f"{_ENGINE} implements {', '.join(ARCHITECTURES)}")
+    key = next((k for k in EXPERT_KEYS if raw.get(k)), None)
+    if key is None and model_type not in MOE_TYPES:
+        return
+    experts = f"{raw[key]} experts" if key else "experts"
+    raise _refuse(key or "model_type", f"{model_type!r} is a mixture-of-experts model ({experts})",
+                  "the cost model prices dense layers only: simulate a dense llama, mistral, qwen2 or qwen3")
+
+
+def _check_architecture(raw: dict[str, Any]) -> str:
+    """The family (model_type) of a config the engine or the simulator reads right."""
+    model_type = raw.get("model_type", "llama")
+    if model_type not in FAMILIES:
+        raise _refuse("model_type", f"{model_type!r} is not a Llama-shaped dense decoder itlbench reads",
+                      f"{_ENGINE} computes 'llama' (LlamaForCausalLM); {SHAPE_ONLY}")
+    arch = FAMILY_ARCHITECTURE[model_type]
+    archs = raw.get("architectures") or [arch]
+    if arch not in archs:
+        raise _refuse("architectures", f"{archs} names no {arch}", f"a {model_type} config.json names {arch}")
     act = raw.get("hidden_act", "silu")
     if act not in ACTIVATIONS:
         raise _refuse("hidden_act", f"{act!r} is not implemented", f"{_ENGINE} implements SwiGLU (hidden_act 'silu')")
-    for name in ("attention_bias", "mlp_bias"):
+    for name in ("attention_bias", "mlp_bias") if model_type != "qwen2" else ():  # Qwen2's fixed biases: qkv_bias
         if raw.get(name):
             raise _refuse(name, "is true; bias terms are not implemented",
                           f"{_ENGINE} implements bias-free projections (as in every Llama release)")
     if raw.get("quantization_config"):
         raise _refuse("quantization_config", "quantized checkpoints are not implemented",
                       "use unquantized safetensors")
-    if raw.get("sliding_window"):
+    if model_type == "llama" and raw.get("sliding_window"):
         raise _refuse("sliding_window", f"{raw['sliding_window']} is set; sliding-window attention is not "
                       "implemented", f"{_ENGINE} attends over the full context")
+    return model_type
+
+
+def _window(raw: dict[str, Any], family: str) -> int | None:
+    """The sliding window when any layer slides, as transformers decides: Mistral's every layer; Qwen's layers
+    from max_window_layers on, and only under use_sliding_window; `layer_types` where config.json lists them."""
+    window = raw.get("sliding_window")
+    if family == "llama" or window is None:
+        return None
+    if family != "mistral":
+        layer_types = raw.get("layer_types")
+        if isinstance(layer_types, list):
+            slides = "sliding_attention" in layer_types
+        else:
+            first = int(_or(raw.get("max_window_layers"), DEFAULT_MAX_WINDOW_LAYERS))
+            slides = bool(raw.get("use_sliding_window")) and first < _whole(raw, "num_hidden_layers")
+        if not slides:
+            return None
+    return _whole(raw, "sliding_window")
+
+
+def require_engine_family(model: ModelConfig) -> None:
+    """The bundled engine computes Llama only: refuse, naming config.json's key, a family it would compute wrong."""
+    if model.family != "llama":
+        raise _refuse("model_type", f"{model.family!r} ({model.name}): {_ENGINE} computes Llama "
+                      "(LlamaForCausalLM) only", SHAPE_ONLY)
 
 
 def _rope(raw: dict[str, Any], max_positions: int) -> tuple[float, RopeScaling | None]:
@@ -178,6 +233,9 @@ def _rope(raw: dict[str, Any], max_positions: int) -> tuple[float, RopeScaling |
 
 def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
     """The model as a transformers 5 LlamaConfig (`rope_parameters` layout), loadable by transformers and vLLM."""
+    if cfg.family != "llama":
+        raise ConfigError("model.family", f"{cfg.name} is a {cfg.family} model; only Llama configs are written",
+                          "export a Llama preset")
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     s = cfg.rope_scaling
     if s is not None and s.rope_type == "linear":

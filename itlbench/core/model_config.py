@@ -1,5 +1,10 @@
 """`ModelConfig`: the shapes of a Llama-3-architecture decoder, and its RoPE scaling.
 
+Mistral, Qwen2 and Qwen3 are dense decoders of the same shape (RMSNorm, RoPE, grouped-query attention,
+SwiGLU) and cost the same per step but for tiny extras: Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm.
+The record carries their `family` so that the simulator and roofline can price them while the bundled
+engine, which computes Llama only, refuses them.
+
 Torch-free on purpose: the scheduler, block manager, simulator and CLI read these without torch.
 """
 
@@ -10,6 +15,8 @@ from dataclasses import dataclass
 from itlbench.errors import ConfigError
 
 ROPE_SCALINGS: tuple[str, ...] = ("llama3", "linear")
+# config.json model_types of dense Llama-shaped decoders: the bundled engine computes the first only
+FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -34,7 +41,8 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shapes of a Llama-3-architecture decoder; all the engine needs to build it."""
+    """Shapes of a Llama-3-architecture decoder; all the engine needs to build it (a `family` other than
+    llama: all the simulator needs to price it)."""
 
     name: str
     vocab_size: int
@@ -53,6 +61,8 @@ class ModelConfig:
     eos_token_id: int = 2
     extra_eos_token_ids: tuple[int, ...] = ()  # instruct models end turns on more than one id
     path: str | None = None  # local Hugging Face directory the shapes came from, if any
+    family: str = "llama"  # config.json model_type, one of FAMILIES
+    sliding_window: int | None = None  # tokens a layer attends over when some layers slide; None: full context
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
@@ -60,15 +70,42 @@ class ModelConfig:
         _validate_model(self)
 
     @property
+    def qkv_bias(self) -> bool:
+        """Qwen2 adds a bias to the q, k and v projections (not o, not the MLP)."""
+        return self.family == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        """Qwen3 RMS-normalises each head's q and k (one head_dim weight each, shared by the heads)."""
+        return self.family == "qwen3"
+
+    @property
+    def vector_params(self) -> int:
+        """The one-dimensional parameters: the norms' weights, and Qwen2's q/k/v biases or Qwen3's q/k norms."""
+        d, hd = self.hidden_size, self.head_dim
+        per_layer = 2 * d
+        if self.qkv_bias:
+            per_layer += (self.num_heads + 2 * self.num_kv_heads) * hd
+        if self.qk_norm:
+            per_layer += 2 * hd
+        return self.num_layers * per_layer + d
+
+    @property
     def num_params(self) -> int:
-        """Parameter count (embeddings included once when tied)."""
+        """Parameter count (embeddings included once when tied), transformers' count of the same model."""
         d, h, kv, hd, f = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate_size
         attn = d * (h * hd) + 2 * d * (kv * hd) + (h * hd) * d
         mlp = 3 * d * f
-        per_layer = attn + mlp + 2 * d
         embed = self.vocab_size * d
         head = 0 if self.tie_word_embeddings else self.vocab_size * d
-        return self.num_layers * per_layer + embed + head + d
+        return self.num_layers * (attn + mlp) + self.vector_params + embed + head
+
+    def check_window(self, context: int, fix: str) -> None:
+        """Refuse a context longer than a sliding window: every cost here attends over the whole context."""
+        if self.sliding_window is not None and self.sliding_window < context:
+            raise ConfigError("config.json sliding_window", f"{self.sliding_window} is shorter than the "
+                              f"{context}-token context asked for, and the cost model prices attention over the "
+                              "whole context, not a window", fix)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -90,5 +127,9 @@ def _validate_model(cfg: ModelConfig) -> None:
         raise ConfigError("model.num_kv_heads",
                           f"{cfg.num_kv_heads} does not divide num_heads={cfg.num_heads}",
                           "grouped-query attention needs num_heads % num_kv_heads == 0")
+    if cfg.family not in FAMILIES:
+        raise ConfigError("model.family", f"unknown {cfg.family!r}", f"use one of {', '.join(FAMILIES)}")
+    if cfg.sliding_window is not None and cfg.sliding_window <= 0:
+        raise ConfigError("model.sliding_window", f"must be > 0 or null, got {cfg.sliding_window}")
     if cfg.head_dim % 2:
         raise ConfigError("model.head_dim", f"must be even for RoPE, got {cfg.head_dim}")

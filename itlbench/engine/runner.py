@@ -20,6 +20,7 @@ import torch
 
 from itlbench.core.engine import RunnerInfo, StepRun, WallClock
 from itlbench.core.engine_config import EngineConfig
+from itlbench.core.hf_config import require_engine_family
 from itlbench.core.model_config import ModelConfig
 from itlbench.core.nvtx import nvtx_range
 from itlbench.core.scheduler_output import SchedulerOutput
@@ -122,6 +123,7 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, max_model_len: int,
                  attention_backend: str | None = None) -> None:
+        require_engine_family(model_config)  # a Mistral or Qwen config is the simulator's, not this Llama's
         self.config, self.model_config, self.max_model_len = config, model_config, max_model_len
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)

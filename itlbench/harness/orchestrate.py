@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from itlbench import __version__
 from itlbench.analysis.goodput import parse_slo
 from itlbench.core.engine_config import EngineConfig
+from itlbench.core.hf_config import require_engine_family
 from itlbench.core.presets import load_model_config
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.harness.connect import Connection, connect
@@ -385,6 +386,7 @@ def _preflight(cfg: RunConfig) -> None:
                           f"use at most {model.max_position_embeddings}")
     max_len = cfg.engine.max_model_len or model.max_position_embeddings
     if cfg.engine.engine != "sim":  # the simulator has no kernels to check, and may run without torch
+        require_engine_family(model)  # the bundled engine computes Llama only
         from itlbench.engine.attention import preflight as attention_preflight
 
         attention_preflight(cfg.engine)  # e.g. --attention flash where flash-attn is missing

@@ -79,6 +79,8 @@ def _gemm_row(g: Gemm, cm: CostModel, hw: Hardware, rows: Sequence[int]) -> dict
 
 def roofline_doc(model: ModelConfig, hw: Hardware, compare: Sequence[Hardware], prompts: Sequence[int],
                  batches: Sequence[int], context: int, tp: int = 1, kv_dtype_bytes: int | None = None) -> dict[str, Any]:
+    model.check_window(max(context, *prompts), f"use --context and --prompt of at most {model.sliding_window} "
+                       "tokens")
     cm = CostModel.for_hardware(model, hw, tp=tp, kv_dtype_bytes=kv_dtype_bytes)
     gemms = [_gemm_row(g, cm, hw, (1, *batches, *prompts)) for g in cm.gemms()]
     phases = [_phase_row(cm, hw, f"prefill {format_tokens(p)}", "prefill", StepShape.prefill(p))
@@ -89,7 +91,7 @@ def roofline_doc(model: ModelConfig, hw: Hardware, compare: Sequence[Hardware], 
     return {
         "model": {"name": model.name, "params": cm.params, "layers": model.num_layers, "hidden": model.hidden_size,
                   "heads": model.num_heads, "kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
-                  "vocab": model.vocab_size, "tied_embeddings": model.tie_word_embeddings},
+                  "vocab": model.vocab_size, "tied_embeddings": model.tie_word_embeddings, "family": model.family},
         "hardware": hw.to_dict() | {"ridge_flop_per_byte": hw.ridge, "gemm_peak_flop_per_s": hw.gemm_peak,
                                     "gemm_efficiency": hw.gemm_efficiency},
         "counting": cm.counting,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from itlbench.core.engine import Engine, SteppedEngine, resolve_max_model_len
 from itlbench.core.engine_config import EngineConfig
+from itlbench.core.hf_config import require_engine_family
 from itlbench.core.model_config import ModelConfig
 from itlbench.core.presets import load_model_config
 from itlbench.errors import ConfigError
@@ -42,8 +43,10 @@ def torch_engine_available() -> bool:
 
 
 def require_engine_for(config: EngineConfig) -> None:
-    """Refuse up front, in one line, a config whose engine is not installed (the simulator always is)."""
+    """Refuse up front, in one line, a config whose engine is not installed (the simulator always is) or cannot
+    compute the model (the bundled engine computes Llama only; the simulator prices Mistral and Qwen too)."""
     if config.engine != "sim":
+        require_engine_family(load_model_config(config.model))
         require_torch_engine()
 
 

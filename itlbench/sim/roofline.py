@@ -95,7 +95,8 @@ class CostModel:
         q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
         self.layer_linear_params = m.num_layers * (m.hidden_size * (q + 2 * kv) + q * m.hidden_size
                                                    + 3 * m.hidden_size * m.intermediate_size)
-        self.norm_params = (2 * m.num_layers + 1) * m.hidden_size
+        # the norms (and Qwen2's q/k/v biases, Qwen3's q/k norms: a few thousand per layer), whole on each GPU
+        self.norm_params = m.vector_params
         self.table_params = m.vocab_size * m.hidden_size  # one embedding table (or LM head)
         self.params = m.num_params
         # the embedding and LM head in the weights' dtype unless told otherwise (FP8 and NVFP4 checkpoints keep them 16-bit)

@@ -150,6 +150,7 @@ def check_sim_config(config: EngineConfig) -> None:
     """Refuse, before any server starts, what a simulated engine would refuse at start-up."""
     model = load_model_config(config.model)
     max_len = config.max_model_len or model.max_position_embeddings
+    model.check_window(max_len, f"pass --max-model-len {model.sliding_window} or less")
     gpus = [("--gpu", config.gpu or DEFAULT_GPU)]
     if config.disaggregate and config.prefill_gpu:
         gpus.append(("--prefill-gpu", config.prefill_gpu))
