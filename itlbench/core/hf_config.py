@@ -73,7 +73,8 @@ def model_config_from_hf(raw: dict[str, Any], path: Path) -> ModelConfig:
     if missing:
         raise ConfigError("model", f"{path / 'config.json'} lacks {', '.join(missing)}",
                           "a Llama-architecture config.json is required")
-    family = _check_architecture(raw)
+    refusals: list[ConfigError] = []  # keys that change the math the bundled engine does, not a step's cost
+    family = _check_architecture(raw, refusals)
     heads, hidden = _whole(raw, "num_attention_heads"), _whole(raw, "hidden_size")
     head_dim = None if raw.get("head_dim") is None else _whole(raw, "head_dim")
     head_dim = DEFAULT_HEAD_DIM.get(family) if head_dim is None else head_dim
@@ -84,7 +85,7 @@ def model_config_from_hf(raw: dict[str, Any], path: Path) -> ModelConfig:
         head_dim = hidden // heads
     max_positions = (_whole(raw, "max_position_embeddings") if raw.get("max_position_embeddings")
                      else DEFAULT_MAX_POSITIONS[family])
-    theta, scaling = _rope(raw, max_positions)
+    theta, scaling = _rope(raw, max_positions, refusals)
     kv_heads = None if raw.get("num_key_value_heads") is None else _whole(raw, "num_key_value_heads")
     return ModelConfig(
         name=raw.get("_name_or_path") or path.name,
@@ -97,7 +98,13 @@ def model_config_from_hf(raw: dict[str, Any], path: Path) -> ModelConfig:
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         bos_token_id=_token_id(raw, "bos_token_id", 1), eos_token_id=_token_id(raw, "eos_token_id", 2),
         extra_eos_token_ids=_more_eos_ids(raw),
-        path=str(path), family=family, sliding_window=_window(raw, family))
+        path=str(path), family=family, sliding_window=_window(raw, family),
+        engine_refusal=_as_refusal(refusals))
+
+
+def _as_refusal(refusals: list[ConfigError]) -> tuple[str, str, str] | None:
+    """The first key the bundled engine would compute wrong, as (field, problem, fix); None when it computes all."""
+    return None if not refusals else (refusals[0].field, refusals[0].problem, refusals[0].fix or "")
 
 
 def _whole(raw: dict[str, Any], name: str) -> int:
@@ -141,8 +148,9 @@ def _refuse_experts(raw: dict[str, Any]) -> None:
                   "the cost model prices dense layers only: simulate a dense llama, mistral, qwen2 or qwen3")
 
 
-def _check_architecture(raw: dict[str, Any]) -> str:
-    """The family (model_type) of a config the engine or the simulator reads right."""
+def _check_architecture(raw: dict[str, Any], refusals: list[ConfigError]) -> str:
+    """The family (model_type) of a config the simulator prices right; what the engine would compute wrong goes
+    to `refusals` (an activation, a bias, a quantized checkpoint: none changes a step's shapes)."""
     model_type = raw.get("model_type", "llama")
     if model_type not in FAMILIES:
         raise _refuse("model_type", f"{model_type!r} is not a Llama-shaped dense decoder itlbench reads",
@@ -153,14 +161,14 @@ def _check_architecture(raw: dict[str, Any]) -> str:
         raise _refuse("architectures", f"{archs} names no {arch}", f"a {model_type} config.json names {arch}")
     act = raw.get("hidden_act", "silu")
     if act not in ACTIVATIONS:
-        raise _refuse("hidden_act", f"{act!r} is not implemented", f"{_ENGINE} implements SwiGLU (hidden_act 'silu')")
+        refusals.append(_refuse("hidden_act", f"{act!r} is not implemented", f"{_ENGINE} implements SwiGLU (hidden_act 'silu')"))
     for name in ("attention_bias", "mlp_bias") if model_type != "qwen2" else ():  # Qwen2's fixed biases: qkv_bias
         if raw.get(name):
-            raise _refuse(name, "is true; bias terms are not implemented",
-                          f"{_ENGINE} implements bias-free projections (as in every Llama release)")
+            refusals.append(_refuse(name, "is true; bias terms are not implemented",
+                                    f"{_ENGINE} implements bias-free projections (as in every Llama release)"))
     if raw.get("quantization_config"):
-        raise _refuse("quantization_config", "quantized checkpoints are not implemented",
-                      "use unquantized safetensors")
+        refusals.append(_refuse("quantization_config", "quantized checkpoints are not implemented",
+                                "use unquantized safetensors (the simulator prices them: --engine sim --dtype fp8)"))
     if model_type == "llama" and raw.get("sliding_window"):
         raise _refuse("sliding_window", f"{raw['sliding_window']} is set; sliding-window attention is not "
                       "implemented", f"{_ENGINE} attends over the full context")
@@ -186,14 +194,18 @@ def _window(raw: dict[str, Any], family: str) -> int | None:
 
 
 def require_engine_family(model: ModelConfig) -> None:
-    """The bundled engine computes Llama only: refuse, naming config.json's key, a family it would compute wrong."""
+    """The bundled engine computes Llama only: refuse, naming config.json's key, a family or a key (a RoPE, a
+    bias, a quantized checkpoint) it would compute wrong. The simulator and roofline read shapes and skip this."""
     if model.family != "llama":
         raise _refuse("model_type", f"{model.family!r} ({model.name}): {_ENGINE} computes Llama "
                       "(LlamaForCausalLM) only", SHAPE_ONLY)
+    if model.engine_refusal is not None:
+        raise ConfigError(*model.engine_refusal)
 
 
-def _rope(raw: dict[str, Any], max_positions: int) -> tuple[float, RopeScaling | None]:
-    """(θ, scaling) from `rope_scaling` (older layout; transformers lets it win) or `rope_parameters`."""
+def _rope(raw: dict[str, Any], max_positions: int, refusals: list[ConfigError]) -> tuple[float, RopeScaling | None]:
+    """(θ, scaling) from `rope_scaling` (older layout; transformers lets it win) or `rope_parameters`. A RoPE the
+    engine does not implement goes to `refusals` with scaling None: positions change no step's cost."""
     source = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
     params = raw.get(source) or {}
     if not isinstance(params, dict):
@@ -205,29 +217,31 @@ def _rope(raw: dict[str, Any], max_positions: int) -> tuple[float, RopeScaling |
     theta = float(_or(params.get("rope_theta"), _or(raw.get("rope_theta"), DEFAULT_THETA)))
     partial = float(_or(params.get("partial_rotary_factor"), _or(raw.get("partial_rotary_factor"), 1.0)))
     if partial != 1.0:
-        raise _refuse(f"{source}.partial_rotary_factor", f"{partial} rotates only part of each head",
-                      f"{_ENGINE} rotates whole heads (partial_rotary_factor 1.0)")
+        refusals.append(_refuse(f"{source}.partial_rotary_factor", f"{partial} rotates only part of each head",
+                                f"{_ENGINE} rotates whole heads (partial_rotary_factor 1.0)"))
+        return theta, None
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type not in ROPE_TYPES:
-        raise _refuse(f"{source}.rope_type", f"{rope_type!r} is not implemented",
-                      f"{_ENGINE} implements {', '.join(ROPE_TYPES)}; serve this model with an engine "
-                      f"that implements {rope_type}")
+        refusals.append(_refuse(f"{source}.rope_type", f"{rope_type!r} is not implemented",
+                                f"{_ENGINE} implements {', '.join(ROPE_TYPES)}; serve this model with an engine "
+                                f"that implements {rope_type}"))
+        return theta, None
     if rope_type == "default":
         return theta, None
-
-    def need(name: str) -> float:
-        if params.get(name) is None:
-            raise _refuse(f"{source}.{name}", f"is required for rope_type {rope_type!r}", "add it to config.json")
-        return float(params[name])
-
-    factor = need("factor")
+    missing = [n for n in ("factor", *(("low_freq_factor", "high_freq_factor") if rope_type == "llama3" else ()))
+               if params.get(n) is None]
+    if missing:
+        refusals.append(_refuse(f"{source}.{missing[0]}", f"is required for rope_type {rope_type!r}",
+                                "add it to config.json"))
+        return theta, None
     if rope_type == "linear":
-        return theta, RopeScaling(rope_type="linear", factor=factor)
+        return theta, RopeScaling(rope_type="linear", factor=float(params["factor"]))
     # transformers lets a top-level original_max_position_embeddings win, else defaults to the model's.
     original = _or(raw.get("original_max_position_embeddings"),
                    _or(params.get("original_max_position_embeddings"), max_positions))
-    return theta, RopeScaling(rope_type="llama3", factor=factor, low_freq_factor=need("low_freq_factor"),
-                              high_freq_factor=need("high_freq_factor"),
+    return theta, RopeScaling(rope_type="llama3", factor=float(params["factor"]),
+                              low_freq_factor=float(params["low_freq_factor"]),
+                              high_freq_factor=float(params["high_freq_factor"]),
                               original_max_position_embeddings=int(original))
 
 

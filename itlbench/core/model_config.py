@@ -63,6 +63,9 @@ class ModelConfig:
     path: str | None = None  # local Hugging Face directory the shapes came from, if any
     family: str = "llama"  # config.json model_type, one of FAMILIES
     sliding_window: int | None = None  # tokens a layer attends over when some layers slide; None: full context
+    # (config.json key, problem, fix) of what the bundled engine would compute wrong (a YaRN RoPE, a bias, a
+    # quantized checkpoint): none changes a step's shapes, so the simulator and roofline price the model anyway
+    engine_refusal: tuple[str, str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:

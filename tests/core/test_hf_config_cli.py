@@ -87,3 +87,31 @@ def test_a_sliding_window_shorter_than_the_context_is_refused_in_one_line(tmp_pa
     roofline = CliRunner().invoke(app, ["roofline", "--model", model, "--gpu", "h100"], terminal_width=200)
     assert roofline.exit_code == 2
     _one_error_line(roofline.output, "config.json sliding_window: 4096")
+
+
+# huggingface.co/Qwen/Qwen2.5-7B-Instruct's model card: add this rope_scaling for prompts past 32,768 tokens
+YARN = {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"}
+# an FP8 checkpoint's config.json carries how it was quantized (compressed-tensors, as vLLM reads it)
+FP8 = {"quant_method": "compressed-tensors", "format": "float-quantized",
+       "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float"}}}}
+
+
+def test_keys_that_change_only_the_engines_math_are_priced_by_the_simulator_and_refused_by_the_engine(
+        tmp_path: Path) -> None:
+    """A YaRN RoPE or a quantized checkpoint changes what the bundled engine computes, not a step's shapes."""
+    yarn = str(_model_dir(tmp_path, "Qwen2.5-7B-Instruct", {**QWEN25_7B, "rope_scaling": YARN}))
+    sim = CliRunner().invoke(app, ["run", "--engine", "sim", "--model", yarn, "--gpu", "h100", *FAST,
+                                   "--out", str(tmp_path / "sim")], terminal_width=200)
+    assert sim.exit_code == 0, sim.output
+    llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80,
+             "num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 128256,
+             "max_position_embeddings": 131072, "rope_theta": 500000.0, "quantization_config": FP8}
+    fp8 = str(_model_dir(tmp_path, "Llama-3.1-70B-FP8", llama))
+    roof = CliRunner().invoke(app, ["roofline", "--model", fp8, "--gpu", "h100", "--tp", "2", "--dtype", "fp8", "--json"])
+    assert roof.exit_code == 0, roof.output
+    assert json.loads(roof.output)["model"]["layers"] == 80
+    real = CliRunner().invoke(app, ["run", "--engine", "torch", "--device", "cpu", "--model", fp8, *FAST,
+                                    "--out", str(tmp_path / "real")], terminal_width=200)
+    assert real.exit_code == 2, real.output
+    _one_error_line(real.output, "config.json quantization_config: quantized checkpoints are not implemented")
+    assert "--engine sim --dtype fp8" in " ".join(real.output.split()) and not (tmp_path / "real").exists()
