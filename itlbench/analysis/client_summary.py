@@ -56,10 +56,10 @@ def inferred_split(inferred: InferredSteps, window: RunWindow) -> dict[str, obje
 
 
 def summarize_client(tables: Mapping[str, pl.DataFrame], window: RunWindow, slos: SloSet | None = None,
-                     params: StallParams | None = None) -> dict[str, object]:
+                     params: StallParams | None = None, plan: Mapping[str, object] | None = None) -> dict[str, object]:
     """summary.json's keys from client records alone, stalls and split inferred (see the module docstring)."""
     params = params or StallParams()
-    out = summarize(client_only(tables), window, slos, params)
+    out = summarize(client_only(tables), window, slos, params, plan=plan)
     report = windowed_client_stalls(tables, window, params)
     out["stalls"] = report.report.summary
     out["split"] = inferred_split(report.inferred, window)
@@ -93,5 +93,6 @@ def analyze_run_client(run_dir: str | Path) -> dict[str, object]:
         raise ConfigError("run_dir", f"{path} not found", "pass a directory written by `itlbench run`")
     meta = json.loads(path.read_text())
     slo = meta.get("slo")
+    plan = meta.get("plan")
     return summarize_client(load_tables(run_dir), _window_from(meta), parse_slo(slo if isinstance(slo, str) else None),
-                            StallParams.from_meta(meta))
+                            StallParams.from_meta(meta), plan=plan if isinstance(plan, dict) else None)

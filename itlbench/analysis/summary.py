@@ -21,6 +21,9 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
                         injected_request_ids,longest_step_s,preemptions,client_pause_s,scrape_s,cause}
   split.{prefill_s,decode_s,prefill_frac,source}  (+ mixed_steps, cost_model | unattributed_s)
   throughput.{requests_per_s,output_tokens_per_s,input_tokens_per_s}
+  offered  null for a closed-loop run; else the open-loop arrivals scheduled in the window against the nominal
+           --rate: {nominal_rps,arrivals,window_s,offered_rps,expected_arrivals,shortfall,count_noise,completed,
+           achieved_rps,line,note} (analysis/offered.py)
   goodput.{requests_per_s,fraction,good,total,not_ok,slos}
   goodput.misses[]  every SLO requests missed: {slo (ttft|itl_p99|itl_max),cls,bucket,target_s,missed,of,
                     median_s,worst_s}
@@ -81,6 +84,7 @@ from itlbench.analysis.disturbance import live_in
 from itlbench.analysis.failures import failure_summary
 from itlbench.analysis.goodput import SloSet, goodput, judge, parse_slo
 from itlbench.analysis.gpu import gpu_summary
+from itlbench.analysis.offered import offered_load
 from itlbench.analysis.pooled import describe_pooled
 from itlbench.analysis.read_together import tag_gaps
 from itlbench.analysis.scale import ChunkFigures, chunk_figures
@@ -172,9 +176,10 @@ def summarize(
     stall_params: StallParams | None = None,
     thresholds: ValidityThresholds | None = None,
     gpu_status: str | None = None,
+    plan: Mapping[str, object] | None = None,
 ) -> dict[str, object]:
     """Every metric of one run over its measurement window (see the module docstring for keys);
-    `gpu_status` is run.json's `gpu_telemetry.nvml` (why a run has no GPU samples)."""
+    `gpu_status` is run.json's `gpu_telemetry.nvml` (why a run has no GPU samples), `plan` its load plan."""
     slos = slos or SloSet()
     stall_params = stall_params or StallParams()
     t = select_window(tables, window)
@@ -200,7 +205,8 @@ def summarize(
         reasoning.request_table(ttft_rows, requests), requests, reasoning.pooled_phase(phased, "reasoning"),
         reasoning.pooled_phase(phased, "answer"), reasoning.handoff_rows(phased))
     out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judge(ttft_rows, gaps, slos), slos, validity,
-                    throughput(requests, windowed, window.seconds), engine_check(requests, chunks, t["all_steps"]), gpu_status)
+                    throughput(requests, windowed, window.seconds), engine_check(requests, chunks, t["all_steps"]), gpu_status,
+                    offered=offered_load(all_requests, window, plan))
     return json_safe(out)  # type: ignore[return-value]
 
 
@@ -212,6 +218,7 @@ def summarize_dir(
     thresholds: ValidityThresholds | None = None,
     partitions: int | None = None,
     gpu_status: str | None = None,
+    plan: Mapping[str, object] | None = None,
 ) -> tuple[dict[str, object], RunAnalysis]:
     """`summarize` of a stored run without holding its chunks (analysis/scale.py): the same keys and
     figures, pooled percentiles selected exactly out of core. Also returns what the report draws."""
@@ -252,7 +259,8 @@ def summarize_dir(
     judged = judge(ttft_rows, None, slos, c.request_itl)
     out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judged, slos, validity,
                     throughput(requests, None, window.seconds, c.out_tokens),
-                    engine_check(requests, None, t["all_steps"], c.worst_gap), gpu_status, unreadable_parts(run_dir))
+                    engine_check(requests, None, t["all_steps"], c.worst_gap), gpu_status, unreadable_parts(run_dir),
+                    offered_load(all_requests, window, plan))
     return json_safe(out), RunAnalysis(c, stalls, ttft_rows, judged)  # type: ignore[return-value]
 
 
@@ -283,7 +291,8 @@ class RunAnalysis:
 def _assemble(window: RunWindow, ttft_rows: pl.DataFrame, itl_section: dict[str, object],
               stall_summary: dict[str, object], t: dict[str, pl.DataFrame], judged: pl.DataFrame, slos: SloSet,
               validity: dict[str, object], thr: dict[str, float | None], engine: dict[str, object],
-              gpu_status: str | None = None, unreadable: list[str] | None = None) -> dict[str, object]:
+              gpu_status: str | None = None, unreadable: list[str] | None = None,
+              offered: dict[str, object] | None = None) -> dict[str, object]:
     requests = t["requests"]
     out_tokens = (thr.get("output_tokens_per_s") or 0.0) * window.seconds
     return {
@@ -298,6 +307,7 @@ def _assemble(window: RunWindow, ttft_rows: pl.DataFrame, itl_section: dict[str,
         "stalls": stall_summary,
         "split": time_split(t["steps"], t["server_metrics"], window),
         "throughput": thr,
+        "offered": offered,
         "goodput": goodput(judged, window.seconds, slos),
         "requests": request_counts(requests, t.get("all_requests"), window.measure_start_ns),
         "failures": failure_summary(requests),
@@ -350,8 +360,10 @@ def summarize_meta(run_dir: str | Path, meta: dict[str, object],
     slo = meta.get("slo")
     gpu_doc = meta.get("gpu_telemetry")
     gpu_status = gpu_doc.get("nvml") if isinstance(gpu_doc, dict) and isinstance(gpu_doc.get("nvml"), str) else None
+    plan = meta.get("plan")
     summary, analysis = summarize_dir(run_dir, window, parse_slo(slo if isinstance(slo, str) else None),
-                                      StallParams.from_meta(meta), gpu_status=gpu_status)
+                                      StallParams.from_meta(meta), gpu_status=gpu_status,
+                                      plan=plan if isinstance(plan, dict) else None)
     if isinstance(meta.get("sim_check"), dict):  # a simulated engine: its preset's published error bar
         summary["sim_check"] = meta["sim_check"]
     if meta.get("clock") == "virtual":  # harness.virtual_run: simulated time, no client to check

@@ -5,6 +5,8 @@ highest point met and the lowest missed until they are within `--resolution` of 
 one apart). Points inside the bracket are the ones near the boundary, so each runs `--repeat` times and
 counts as met only when every repeat meets (the answer must hold when re-run); the answer is re-run
 too before it is reported. Every run is an ordinary `itlbench run` into `<dir>/<axis><load>[/runN]`.
+The rate axis is the nominal --rate; where the answer's windows offered well below it, the verdict says what
+they offered (capacity_offered.py).
 
 A point meets when: no request failed, every `--slo` target holds (the same checks as `compare`'s
 verdict), and the stall budget holds: the worst gap of any steady stream (`worst=`), the stalled time as
@@ -37,6 +39,7 @@ import polars as pl
 
 from itlbench.analysis.goodput import parse_slo
 from itlbench.errors import EXIT_ENDED_EARLY, ConfigError
+from itlbench.experiments.capacity_offered import offered_caveat, offered_doc, offered_tag, point_offered
 from itlbench.report.data import load_run
 from itlbench.units import parse_duration_s
 
@@ -132,7 +135,8 @@ def judge_run(run_dir: Path, slo: str | None, budget: StallBudget) -> RunJudgeme
         "achieved_rps": (s.get("throughput") or {}).get("requests_per_s"),
         "output_tokens_per_s": (s.get("throughput") or {}).get("output_tokens_per_s"),
         "failed_requests": float((requests.get("error") or 0) + (requests.get("timeout") or 0)),
-        "requests": float(requests.get("total") or 0), "window_s": run.window.seconds}
+        "requests": float(requests.get("total") or 0), "window_s": run.window.seconds,
+        **{k: (s.get("offered") or {}).get(k) for k in ("offered_rps", "arrivals", "expected_arrivals", "count_noise")}}
     missed: list[tuple[str, str]] = [  # (what, the summary figure it rests on)
         (f"{c.what} {fmt_s(c.value_s)} > {fmt_s(c.target_s)}", "itl_s" if c.what.startswith("ITL") else "ttft_s")
         for c in slo_checks(run, parse_slo(slo)) if not c.ok]
@@ -225,7 +229,7 @@ class SearchPoint:
 
     def as_dict(self, root: Path) -> dict[str, Any]:
         return {"load": self.load, "phase": self.phase, "met": self.met, "measured_nothing": self.empty,
-                "interrupted": self.interrupted,
+                "interrupted": self.interrupted, "offered_rps": point_offered(self),
                 "runs": [{"run_dir": str(r.run_dir.relative_to(root)), "met": r.met, "misses": r.misses,
                           "figures": r.figures, "disturbed": r.disturbed, "rerun": r.rerun,
                           "interrupted": r.interrupted, "seed": r.seed} for r in self.runs]}
@@ -300,7 +304,7 @@ class CapacityResult:
                 "margin": None if self.max_load is None or self.missed_at is None else self.missed_at - self.max_load,
                 "slo": p.slo, "stall_budget": p.budget.as_dict(), "resolution": p.resolution, "repeat": p.repeat,
                 "confirmed": self.confirmed, "monotone": not self.inversions, "interrupted": self.interrupted,
-                "interrupted_at": self.interrupted_at, "stopped": self.stopped,
+                "interrupted_at": self.interrupted_at, "stopped": self.stopped, **offered_doc(self),
                 "points": [pt.as_dict(root) for pt in self.points]}
 
 
@@ -345,7 +349,7 @@ def search(plan: CapacityPlan, measure: Callable[[float, str, int], SearchPoint]
             on_status(f"{plan.axis} {plan.fmt(load)} ({phase}): measured nothing (no request in its window)")
             raise SearchStopped(too_short(plan, pt))
         word = "met" if pt.met else "missed: " + "; ".join(next((r.misses for r in pt.counted if r.misses), []))[:160]
-        on_status(f"{plan.axis} {plan.fmt(load)} ({phase}): {word}")
+        on_status(f"{plan.axis} {plan.fmt(load)} ({phase}{offered_tag(pt)}): {word}")
         return pt.met
 
     load: float | None = plan.start
@@ -431,6 +435,7 @@ def answer_line(result: CapacityResult) -> str:
     why = "" if result.stopped else f" (--max-points {p.max_points})"
     caveat = "" if result.confirmed else (f" Not confirmed: the search stopped{why} before "
                                           f"{p.fmt(result.max_load)} ran {p.repeat} times.")
+    caveat += offered_caveat(result)  # its runs offered well below the nominal rate: what they showed, the fix
     if result.stopped:
         caveat += f" The search ended early: {result.stopped}."
     if result.inversions:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from itlbench.experiments.capacity import CapacityResult, SearchPoint, answer_line
+from itlbench.experiments.capacity_offered import point_offered
 from itlbench.report.document import Callout, Document, Section, Table, Written, write_document
 from itlbench.report.figure_spec import FigureSpec
 from itlbench.report.style import fmt_s, new_figure, seconds_log_yaxis, tidy
@@ -37,24 +38,28 @@ def _met_cell(pt: SearchPoint) -> str:
 
 
 def points_table(result: CapacityResult) -> Table:
+    rate = result.plan.axis == "rate"  # an open-loop search: what each point offered beside its nominal rate
     rows = []
     for i, pt in enumerate(result.points, 1):
         f = [r.figures for r in pt.counted]
         misses = sorted({m for r in pt.counted for m in r.misses})
         again = len(pt.runs) - len(pt.counted)
         runs = f"{len(pt.counted)}" + (f" (+{again} disturbed, run again)" if again else "")
-        rows.append([str(i), result.plan.fmt(pt.load), pt.phase, runs, _met_cell(pt),
+        offered = [] if not rate else ["—" if (o := point_offered(pt)) is None else f"{o:.2f}"]
+        rows.append([str(i), result.plan.fmt(pt.load), *offered, pt.phase, runs, _met_cell(pt),
                      fmt_s(_mean([x["itl_p99_s"] for x in f])), fmt_s(_mean([x["worst_gap_s"] for x in f])),
                      fmt_s(_mean([x["ttft_p90_s"] for x in f])), _share(_mean([x["stalled_share"] for x in f])),
                      _share(_mean([x["victims_share"] for x in f])),
                      "—" if _mean([x["achieved_rps"] for x in f]) is None
                      else f"{_mean([x['achieved_rps'] for x in f]):.2f}",
                      "; ".join(misses[:3]) + (" …" if len(misses) > 3 else "")])
-    return Table(["#", result.plan.axis, "phase", "runs", "met", "ITL p99", "worst gap", "TTFT p90", "stalled",
+    return Table(["#", result.plan.axis, *(["offered req/s"] if rate else []), "phase", "runs", "met", "ITL p99", "worst gap", "TTFT p90", "stalled",
                   "streams stalled", "achieved req/s", "what missed"], rows,
                  "Every point of the search in the order it ran (figures: mean over the point's runs; a point "
                  "meets only when every run does; a run that missed while the client's own validity checks "
-                 "failed is run again and left out)", align_right_from=1)
+                 "failed is run again and left out"
+                 + ("; rate is the nominal --rate, offered the arrivals each run's window held over its length"
+                    if rate else "") + ")", align_right_from=1)
 
 
 def curve_figure(result: CapacityResult) -> FigureSpec:
@@ -83,7 +88,7 @@ def curve_figure(result: CapacityResult) -> FigureSpec:
     if result.max_load is not None:
         ax.axvline(result.max_load, color=MET, linestyle="--", linewidth=1.0, label="capacity")
     seconds_log_yaxis(ax)
-    ax.set_xlabel("offered rate (requests/s)" if axis == "rate" else "steady streams")
+    ax.set_xlabel("nominal rate (requests/s)" if axis == "rate" else "steady streams")
     ax.legend(fontsize=8, frameon=False)
     tidy(ax)
     spec.figure = fig
@@ -132,7 +137,11 @@ def write_capacity_report(result: CapacityResult, out_dir: Path, command: str, t
                                           "The search doubled the load until a point missed, then bisected "
                                           "between the highest point met and the lowest missed; points near the "
                                           "boundary run several times and meet only when every run meets, and "
-                                          "the answer itself is re-run before it is reported."),
+                                          "the answer itself is re-run before it is reported."
+                                          + (" The rate is the nominal --rate, which scales one seeded Poisson "
+                                             "arrival sequence; what a run offered is the arrivals its window held "
+                                             "over the window's length, which in a short window can sit well "
+                                             "below the nominal rate." if p.axis == "rate" else "")),
                     Section("The search").add(points_table(result), curve_figure(result),
                                               *rerun_lines(result))], command)
     return write_document(doc, out_dir)

@@ -124,6 +124,11 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
                   + f"  [dim]source: {split.get('source', 'unavailable')}[/]")
     console.print(f"[bold]Throughput[/] {_s(thr.get('requests_per_s'))} req/s, "
                   f"{_s(thr.get('output_tokens_per_s'))} output tok/s")
+    offered = summary.get("offered") or {}
+    if offered.get("line"):  # open loop: the arrivals its window held against the nominal --rate
+        console.print(f"[bold]Offered[/] {escape(str(offered['line']).removeprefix('Offered '))}", highlight=False)
+        if offered.get("note"):
+            console.print(f"  [yellow]{escape(str(offered['note']))}[/]", highlight=False)
     console.print(f"[bold]GPU[/] {escape(gpu_line(summary.get('gpu')))}", highlight=False)
     _print_goodput(console, summary.get("goodput") or {})
     bundling = summary.get("bundling") or {}

@@ -84,3 +84,37 @@ def test_a_run_option_the_first_run_refuses_leaves_no_directory(tmp_path: Path) 
     result = runner.invoke(app, ["capacity", *SIM, "--no-such-flag", "--out", str(out)], terminal_width=300)
     assert result.exit_code == 2 and "--no-such-flag" in result.output, result.output
     assert not out.exists()
+
+
+def test_a_short_window_says_what_it_offered_beside_the_nominal_rate(tmp_path: Path) -> None:
+    """The tester's case: at 4 requests/s a 10 s window held 26 arrivals (seed 0), so 2.6 requests/s were
+    offered. The run, capacity.json and the verdict say so, and the arrivals counted are the records of the run."""
+    import polars as pl
+
+    from itlbench.workloads.arrivals import arrival_times
+
+    out = tmp_path / "cap"
+    result = runner.invoke(app, ["capacity", *SIM, "--duration", "10", "--start", "4", "--rate-max", "4",
+                                 "--repeat", "1", "--no-report", "--out", str(out)], terminal_width=300)
+    assert result.exit_code == 0, result.output
+    text = _flat(result.output)
+    assert "Offered 2.6 req/s of the nominal 4.0 (26 arrivals in 10.0 s); achieved 2.6 req/s (26 completed)" in text
+    assert "rate 4 (bracket, offered 2.6): met" in text
+    assert ("Capacity ≥ 4 requests/s" in text and "Offered only 2.6 requests/s at 4 (35% below the nominal: its "
+            "10 s windows held 26 arrivals where the rate implies 40), so what the server was shown to sustain is "
+            "2.6 requests/s offered") in text
+    assert "--duration 100s" in text
+    run_dir = out / "rate4" / "run1"
+    offered = json.loads((run_dir / "summary.json").read_text())["offered"]
+    assert offered["offered_rps"] <= offered["nominal_rps"] == 4.0 and offered["window_s"] == 10.0
+    doc = json.loads((run_dir / "run.json").read_text())
+    records = pl.read_parquet(run_dir / "requests" / "*.parquet").filter(
+        pl.col("stream").is_null() & ~pl.col("injected")
+        & pl.col("scheduled_ns").is_between(doc["measure_start_ns"], doc["end_ns"], closed="left"))
+    planned = list(arrival_times(4.0, 10.0, 1.0, [0, 4]))  # the plan's arrivals (workloads/build.py's seed)
+    assert offered["arrivals"] == records.height == len(planned) == 26
+    assert offered["completed"] == records.filter(pl.col("status") == "ok").height
+    cap = json.loads((out / "capacity.json").read_text())
+    assert cap["max_rate"] == 4 and cap["max_rate_offered"] == pytest.approx(2.6)
+    assert cap["offered_at_max"]["shortfall"] == pytest.approx(0.35) and "--duration 100s" in cap["offered_note"]
+    assert cap["points"][0]["offered_rps"] == pytest.approx(2.6)

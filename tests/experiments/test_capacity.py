@@ -297,3 +297,32 @@ def test_a_simulated_capacity_report_says_how_far_to_trust_the_simulator(tmp_pat
     report = (out / "report.md").read_text()
     assert "> ⚠️ How far to trust the simulator: H100 SXM in fp8: MAPE " in report
     assert "K/V room only 5% of each GPU's memory (4.0 GiB): a runtime keeps about 2.9 GiB of that back" in report
+
+
+def _offering(share: float, capacity: float = 5.0):
+    """A measure function whose runs offered `share` of each nominal rate (10 s windows, Poisson counts)."""
+    def measure(load: float, phase: str, repeats: int) -> SearchPoint:
+        pt = SearchPoint(load, phase)
+        for _ in range(repeats):
+            figures = {"offered_rps": load * share, "arrivals": load * share * 10, "expected_arrivals": load * 10,
+                       "window_s": 10.0, "count_noise": (load * 10) ** -0.5}
+            pt.runs.append(RunJudgement(Path("."), figures, ["missed"] if load > capacity else []))
+        return pt
+
+    return measure
+
+
+def test_an_answer_offered_well_below_its_nominal_rate_says_what_was_offered_and_the_fix() -> None:
+    result = search(CapacityPlan(start=4, resolution=0.5, repeat=1), _offering(0.65))
+    line, doc = answer_line(result), result.as_dict(Path("."))
+    assert (result.max_load, result.missed_at) == (4, 6)  # the search keys on the nominal rate, as it sets it
+    assert ("Offered only 2.6 requests/s at 4 (35% below the nominal: its 10 s windows held 26 arrivals where the "
+            "rate implies 40), so what the server was shown to sustain is 2.6 requests/s offered; the lowest miss, "
+            "6 requests/s, offered 3.9.") in line
+    assert "--duration 100s" in line
+    assert doc["max_rate_offered"] == pytest.approx(2.6) and doc["offered_at_max"]["shortfall"] == pytest.approx(0.35)
+    assert [p["offered_rps"] for p in doc["points"]] == pytest.approx([2.6, 5.2, 3.9])
+    near = search(CapacityPlan(start=4, resolution=0.5, repeat=1), _offering(0.95))
+    assert "Offered" not in answer_line(near) and near.as_dict(Path("."))["offered_note"] is None
+    closed = search(CapacityPlan(axis="streams", start=4, repeat=1), _threshold(5)[0])
+    assert "Offered" not in answer_line(closed) and closed.as_dict(Path("."))["max_rate_offered"] is None
