@@ -2,8 +2,9 @@
 
 A load sweep asks where the server starts to suffer. The figure draws, per load point (mean over a
 point's repeats, one line per other setting such as the chunk budget): ITL p50 and p99 and the worst
-gap; TTFT p90 per prompt bucket; and the achieved request rate against the offered one, where a
-server that cannot keep up falls below the diagonal.
+gap; TTFT p90 per prompt bucket; and the achieved request rate against the offered one (the arrivals
+the seeded schedule put in the window; a short window offers less or more than the nominal rate, the
+diagonal), where a server that cannot keep up falls below what was offered.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def curve_points(runs: list[RunData], axis: str) -> dict[str, list[dict[str, flo
             point: dict[str, float | None] = {
                 "load": load, "itl_p50_s": mean([i.get("p50") for i in itl]),
                 "itl_p99_s": mean([i.get("p99") for i in itl]), "worst_gap_s": mean([i.get("max") for i in itl]),
-                "achieved_rps": mean([(g.summary.get("throughput") or {}).get("requests_per_s") for g in group])}
+                "achieved_rps": mean([(g.summary.get("throughput") or {}).get("requests_per_s") for g in group]),
+                "offered_rps": mean([(g.summary.get("offered") or {}).get("offered_rps") for g in group])}
             for b in (*BUCKET_LABELS, "all"):
                 point[f"ttft_p90_{b}_s"] = mean([_ttft_p90(g.summary, b) for g in group])
             pts.append(point)
@@ -76,11 +78,12 @@ def curve_points(runs: list[RunData], axis: str) -> dict[str, list[dict[str, flo
 
 def load_figure(runs: list[RunData], rows: object = None) -> FigureSpec:
     axis = load_axis(runs) or "rate"
-    offered = "offered rate (requests/s)" if axis == "rate" else "steady streams"
+    offered = "nominal rate (requests/s)" if axis == "rate" else "steady streams"
     spec = FigureSpec("compare_load", "Latency against load",
                       f"Per {offered.split(' (')[0]} (mean over repeats; one colour per other setting): ITL p50 "
                       "(dashed) and p99 (solid) and the worst gap (dotted); TTFT p90 per prompt bucket; and the "
-                      "achieved request rate — below the diagonal the server no longer keeps up.")
+                      "achieved request rate against the offered one (hollow: the arrivals in the window) — "
+                      "below what was offered the server no longer keeps up.")
     curves = curve_points(runs, axis)
     fig = new_figure(3.6, 11.0)
     ax_itl, ax_ttft, ax_rate = fig.subplots(1, 3)
@@ -98,9 +101,13 @@ def load_figure(runs: list[RunData], rows: object = None) -> FigureSpec:
                          color=color, alpha=1.0 - 0.12 * j, label=f"{series} {b}" if len(curves) > 1 else b)
         ax_rate.plot(x, [np.nan if p["achieved_rps"] is None else p["achieved_rps"] for p in pts], marker="o",
                      ms=3, color=color, label=series)
+        if any(p["offered_rps"] is not None for p in pts):
+            ax_rate.plot(x, [np.nan if p["offered_rps"] is None else p["offered_rps"] for p in pts], marker="o",
+                         ms=5, mfc="none", linestyle="none", color=color)
     if axis == "rate":
         top = max((p["load"] for pts in curves.values() for p in pts), default=1.0)
-        ax_rate.plot([0, top], [0, top], color="#999999", linewidth=0.8, linestyle="--", label="offered")
+        ax_rate.plot([0, top], [0, top], color="#999999", linewidth=0.8, linestyle="--", label="nominal")
+        ax_rate.plot([], [], marker="o", ms=5, mfc="none", linestyle="none", color="#555555", label="offered")
     for ax, title in ((ax_itl, "inter-token latency"), (ax_ttft, "TTFT p90 by prompt bucket"),
                       (ax_rate, "achieved requests/s")):
         ax.set_title(title, fontsize=9, loc="left")
@@ -118,5 +125,7 @@ def load_figure(runs: list[RunData], rows: object = None) -> FigureSpec:
         ax_itl.plot([], [], style, color="#555555", label=name)
     ax_itl.legend(fontsize=7, frameon=False)
     ax_ttft.legend(fontsize=7, frameon=False)
+    if axis == "rate":
+        ax_rate.legend(fontsize=7, frameon=False)
     spec.figure = fig
     return spec

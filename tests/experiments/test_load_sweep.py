@@ -39,3 +39,20 @@ def test_a_streams_sweep_draws_latency_against_load(tmp_path: Path, monkeypatch:
     (series,) = curves.values()
     assert [p["load"] for p in series] == [2.0, 8.0]
     assert series[1]["achieved_rps"] is not None and series[1]["itl_p99_s"] > series[0]["itl_p99_s"]
+
+
+def test_a_rate_sweep_draws_what_each_point_offered_beside_its_nominal_rate(tmp_path: Path) -> None:
+    """A short window offers fewer or more arrivals than the nominal rate: the curve carries the offered rate."""
+    out = tmp_path / "rates"
+    result = runner.invoke(app, ["sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100", "--rate", "2,4",
+                                 "--workload", "fixed:256:16", "--duration", "10", "--warmup", "1", "--no-live",
+                                 "--out", str(out)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    runs = [load_run(p) for p in sorted(q for q in out.iterdir() if (q / "summary.json").is_file())]
+    (series,) = curve_points(runs, "rate").values()
+    assert [p["load"] for p in series] == [2.0, 4.0]
+    for point, run in zip(series, runs, strict=True):
+        offered = run.summary["offered"]
+        assert point["offered_rps"] == pytest.approx(offered["arrivals"] / offered["window_s"])
+    assert any(p["offered_rps"] != p["load"] for p in series), "a 10 s Poisson window rarely offers the nominal exactly"
+    assert (out / "figures" / "compare_load.png").stat().st_size > 10_000
