@@ -21,6 +21,7 @@ import pytest
 
 from itlbench.engine.cpu import build
 from itlbench.engine.cpu.build import TMP_PREFIX, BuildError, build_library, cache_dir, find_compiler
+from itlbench.system.cache import CACHE_ENV
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
@@ -116,7 +117,7 @@ def test_library_in_a_directory_others_can_write_is_refused(tmp_path: Path, monk
     root = tmp_path / "shared"
     (root / "kernels").mkdir(parents=True)
     (root / "kernels").chmod(0o777)
-    monkeypatch.setenv(build.CACHE_ENV, str(root))
+    monkeypatch.setenv(CACHE_ENV, str(root))
     with pytest.raises(BuildError, match="lets group or others write it"):
         cache_dir()
 
@@ -124,7 +125,7 @@ def test_library_in_a_directory_others_can_write_is_refused(tmp_path: Path, monk
 def test_cache_falls_back_when_home_cache_is_not_writable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    monkeypatch.delenv(build.CACHE_ENV, raising=False)
+    monkeypatch.delenv(CACHE_ENV, raising=False)
     monkeypatch.setenv("HOME", str(blocker / "home"))  # ~/.cache cannot be created (even by root)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache_dir() == tmp_path / "xdg" / "itlbench"
@@ -142,7 +143,7 @@ def test_planted_per_user_temp_directory_is_refused(tmp_path: Path, monkeypatch:
         pytest.skip("chown to another user needs root")
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    monkeypatch.delenv(build.CACHE_ENV, raising=False)
+    monkeypatch.delenv(CACHE_ENV, raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", str(blocker / "home"))
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
@@ -184,7 +185,7 @@ def test_real_clang_is_refused_before_compiling(monkeypatch: pytest.MonkeyPatch,
     from itlbench.engine.cpu import native
 
     monkeypatch.setenv("CC", "clang")
-    monkeypatch.setenv(build.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     kernel, why = native.build()
     assert kernel is None and why is not None and "clang" in why and "\n" not in why
     assert not list((tmp_path / "kernels").glob("*.so")), "nothing was compiled"
@@ -195,7 +196,7 @@ def test_native_build_reports_every_line_of_the_compilers_error(tmp_path: Path,
     from itlbench.engine.cpu import native
 
     monkeypatch.delenv("CC", raising=False)
-    monkeypatch.setenv(build.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     kernel, why = native.build(variants=[["-fno-such-option-a", "-fno-such-option-b"]])
     assert kernel is None and why is not None
     assert "-fno-such-option-a" in why and "-fno-such-option-b" in why, why
@@ -208,7 +209,7 @@ def test_the_real_library_is_compiled_once_by_processes_started_at_once(tmp_path
     cc = tmp_path / "gcc-counting"
     cc.write_text(f'#!/bin/sh\n[ "$1" = --version ] || echo "$@" >> {log}\nexec gcc "$@"\n')
     cc.chmod(0o755)
-    env = {**os.environ, "CC": str(cc), build.CACHE_ENV: str(tmp_path / "cache"), "ITLBENCH_NATIVE": "1",
+    env = {**os.environ, "CC": str(cc), CACHE_ENV: str(tmp_path / "cache"), "ITLBENCH_NATIVE": "1",
            "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     env.pop("ITLBENCH_NATIVE_ARCH", None)
     code = ("from itlbench.engine.cpu import native\n"
@@ -259,7 +260,7 @@ def test_a_library_planted_where_native_loads_it_is_compiled_over(tmp_path: Path
     from itlbench.engine.cpu import native
 
     monkeypatch.setenv("CC", str(_stub_gcc(tmp_path)))
-    monkeypatch.setenv(build.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     kernel, why = native.build(variants=[[]])
     assert kernel is not None and kernel.lib.itl_marker() == 42, why
     evil = tmp_path / "evil.so"
@@ -277,7 +278,7 @@ def test_a_killed_native_compile_leaves_nothing_after_the_next_build(tmp_path: P
     from itlbench.engine.cpu import native
 
     monkeypatch.setenv("CC", str(_stub_gcc(tmp_path)))
-    monkeypatch.setenv(build.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     proc = _native_in_child({**os.environ, "STUB_SLEEP": "30"})
     deadline = time.monotonic() + 60
     while _runs(tmp_path) == 0 and time.monotonic() < deadline:  # the compile has started

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from itlbench.cli import app
+from itlbench.sim import accuracy
 from itlbench.sim.accuracy import (
     TIGHT_KV_SHARE,
     Accuracy,
@@ -196,3 +197,62 @@ def test_a_deployment_whose_weights_overflow_the_gpu_is_told_so_not_warned_of_a_
     assert out["published_check"]["fits"] is False and out["kv_capacity_tokens"] == 0
     two = json.loads(CliRunner().invoke(app, [*args, "--tp", "2", "--json"]).stdout)  # 117 GB a GPU: it fits
     assert "fits" not in two["published_check"] and two["kv_capacity_tokens"] > 400_000
+
+
+# ----------------------------------------------------------------- the error bars, computed once
+
+def _fresh(monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
+    """A new process's view: nothing held in memory, the cache directory at `cache`."""
+    monkeypatch.setenv("ITLBENCH_CACHE_DIR", str(cache))
+    accuracy._held_out_errors.cache_clear()  # (the package's files, and so source_key, are the same)
+
+
+def test_the_error_bars_are_computed_once_and_read_back_by_the_next_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fresh(monkeypatch, tmp_path)
+    computed = accuracy._held_out_errors()
+    stored = tmp_path / "sim" / "held-out-errors.json"
+    assert stored.is_file() and (stored.stat().st_mode & 0o077) == 0 and (stored.parent.stat().st_mode & 0o077) == 0
+    _fresh(monkeypatch, tmp_path)
+
+    def must_not_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("recomputed although this code's errors are stored")
+
+    monkeypatch.setattr(accuracy, "errors", must_not_run)
+    assert accuracy._held_out_errors() == computed
+    assert len(computed) == sum(not f.fit for f in FIGURES) and all(f.fit is False for f, _ in computed)
+
+
+def test_changed_code_a_planted_or_a_damaged_file_is_computed_afresh(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def fake_errors(params: dict, figures: list) -> list:
+        calls.append(len(figures))
+        return [(f, 1.0, 0.01 * len(calls)) for f in figures]
+
+    monkeypatch.setattr(accuracy, "errors", fake_errors)
+    _fresh(monkeypatch, tmp_path)
+    accuracy._held_out_errors()
+    stored = tmp_path / "sim" / "held-out-errors.json"
+    doc = json.loads(stored.read_text())
+    _fresh(monkeypatch, tmp_path)
+    monkeypatch.setattr(accuracy, "source_key", lambda: "another version of the code")
+    assert {e for _, e in accuracy._held_out_errors()} == {0.02} and len(calls) == 2
+    for damage in ("planted", "truncated"):
+        stored.write_text(json.dumps({**doc, "errors": [0.5] * len(doc["errors"])}) if damage == "planted"
+                          else stored.read_text()[:100])
+        if damage == "planted":
+            stored.chmod(0o666)  # others could have written it: never read
+        _fresh(monkeypatch, tmp_path)
+        monkeypatch.setattr(accuracy, "source_key", lambda: doc["key"])
+        assert 0.5 not in {e for _, e in accuracy._held_out_errors()}
+    assert len(calls) == 4
+
+
+def test_a_cache_that_cannot_be_written_only_costs_the_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setattr(accuracy, "errors", lambda params, figures: [(f, 1.0, 0.03) for f in figures])
+    _fresh(monkeypatch, blocker / "cache")
+    assert {e for _, e in accuracy._held_out_errors()} == {0.03}

@@ -7,9 +7,8 @@ Why each rule:
   file and renames it into place; the others wait on the lock and then load the finished file. No
   process ever loads a half-written library, and a compile killed midway leaves only a temporary
   file, which the next compile (holding the lock, so no other compile is running) removes.
-- a cache directory that works: `$ITLBENCH_CACHE_DIR`, else `$XDG_CACHE_HOME/itlbench`, else
-  `~/.cache/itlbench`, else `<tmp>/itlbench-<uid>` (mode 0700), the first that can be created and
-  written (containers often have a read-only or absent home).
+- a cache directory that works and is ours alone (`system/cache.py`: `$ITLBENCH_CACHE_DIR`, else
+  `$XDG_CACHE_HOME/itlbench`, else `~/.cache/itlbench`, else `<tmp>/itlbench-<uid>`).
 - load only what this user built: loading a library runs its code, so a `.so` is loaded only when it
   is a regular file owned by the current user and not writable by group or others, in a directory
   with the same properties (so nobody else can swap it between the check and the load). Anything
@@ -25,7 +24,6 @@ import fcntl
 import logging
 import os
 import shutil
-import stat
 import subprocess
 import sysconfig
 import tempfile
@@ -33,9 +31,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from itlbench.system.cache import CacheDirError, private_cache_dir, untrusted
+
 log = logging.getLogger("itlbench.engine")
 
-CACHE_ENV = "ITLBENCH_CACHE_DIR"
 LOCK_NAME = ".build.lock"
 TMP_PREFIX = ".tmp-"  # a compile's output before its rename; any left while the lock is free is a dead compile's
 COMPILE_TIMEOUT_S = 120.0
@@ -97,59 +96,10 @@ def _not_gcc(path: str, version: str) -> str | None:
 
 def cache_dir() -> Path:
     """The first usable cache root (see the module docstring); its `kernels/` exists and is ours."""
-    problems = []
-    for root in cache_candidates():
-        problem = _private_dir(root / "kernels", root)
-        if problem is None:
-            return root
-        problems.append(problem)
-    raise BuildError("no usable cache directory: " + "; ".join(problems) + f" (set {CACHE_ENV} to a writable one)")
-
-
-def cache_candidates() -> list[Path]:
-    explicit = os.environ.get(CACHE_ENV)
-    if explicit:
-        return [Path(explicit)]
-    found = []
-    if xdg := os.environ.get("XDG_CACHE_HOME"):
-        found.append(Path(xdg) / "itlbench")
-    with contextlib.suppress(RuntimeError, KeyError):  # no home directory at all
-        found.append(Path.home() / ".cache" / "itlbench")
-    found.append(Path(tempfile.gettempdir()) / f"itlbench-{os.getuid()}")
-    return list(dict.fromkeys(found))
-
-
-def _private_dir(path: Path, root: Path) -> str | None:
-    """Create `path` (and a per-user temporary root) with mode 0700; why it is unusable, or None."""
     try:
-        if root.parent == Path(tempfile.gettempdir()):
-            root.mkdir(mode=0o700, exist_ok=True)  # a shared temporary directory: ours alone
-            if problem := untrusted(root, want_dir=True):
-                return f"{root}: {problem}"
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:
-        return f"{path}: {exc.strerror or exc}"
-    if not os.access(path, os.W_OK | os.X_OK):
-        return f"{path}: not writable"
-    problem = untrusted(path, want_dir=True)
-    return f"{path}: {problem}" if problem else None
-
-
-def untrusted(path: Path, want_dir: bool = False) -> str | None:
-    """Why `path` must not be trusted (loaded from, or written into), or None: it must be a real
-    file or directory (no symlink) owned by this user and not writable by group or others."""
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    kind_ok = stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(st.st_mode)
-    if not kind_ok:
-        return "a symbolic link" if stat.S_ISLNK(st.st_mode) else f"not a {'directory' if want_dir else 'file'}"
-    if st.st_uid != os.getuid():
-        return f"owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
-    if st.st_mode & 0o022:
-        return f"mode {stat.S_IMODE(st.st_mode):o} lets group or others write it"
-    return None
+        return private_cache_dir("kernels").parent
+    except CacheDirError as exc:
+        raise BuildError(str(exc)) from None
 
 
 @contextlib.contextmanager
