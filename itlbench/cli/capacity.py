@@ -29,15 +29,7 @@ from itlbench.experiments.capacity import (
     write_capacity_json,
 )
 from itlbench.experiments.capacity_report import recorded_sim_check, write_capacity_report
-from itlbench.experiments.served import (
-    OTLP_FIELD,
-    ServedServer,
-    ServerFailed,
-    check_template,
-    free_port,
-    substitute,
-)
-from itlbench.experiments.sweep import (
+from itlbench.experiments.run_options import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
     default_sweep_dir,
@@ -46,6 +38,14 @@ from itlbench.experiments.sweep import (
     stopped_early,
     terminate_as_interrupt,
     with_seed,
+)
+from itlbench.experiments.served import (
+    OTLP_FIELD,
+    ServedServer,
+    ServerFailed,
+    check_template,
+    free_port,
+    substitute,
 )
 from itlbench.rundir.outdir import make_dir
 from itlbench.telemetry.span_capture import SpanCapture, capture, save_and_warn

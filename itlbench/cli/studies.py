@@ -41,6 +41,11 @@ def sweep(
     repeat: Annotated[int, typer.Option(help="Runs per point (different prompt salts, same seed; --engine sim, "
                                         "which has no noise of its own: seeds seed, seed+1, …); ≥ 3 gives each "
                                         "figure a 95 % interval and a significance verdict.")] = 1,
+    order: Annotated[str | None, typer.Option(help="With --repeat: 'interleaved' runs round k of every point "
+                                              "before round k+1, so the machine's drift over the sweep falls on "
+                                              "every point alike (the default; with --serve it starts each server "
+                                              "once a round); 'grouped' runs a point's repeats back to back (the "
+                                              "default with --serve: one server a point).")] = None,
     out: Annotated[Path | None, typer.Option(help="Sweep directory (default reports/<time>-sweep-…).")] = None,
     slo: Annotated[str | None, typer.Option(help="SLOs for each run and the verdict.")] = None,
     receive_otlp: ReceiveOtlp = None,
@@ -56,14 +61,8 @@ def sweep(
     --chunk-budget 256,2048,8192 --model M --repeat 3
     """
     from itlbench.experiments.points import parse_axes
-    from itlbench.experiments.sweep import (
-        SweepAborted,
-        SweepPlan,
-        default_sweep_dir,
-        missing_lines,
-        repeat_seed,
-        run_sweep,
-    )
+    from itlbench.experiments.run_options import default_sweep_dir, repeat_seed
+    from itlbench.experiments.sweep import SweepAborted, SweepPlan, missing_lines, order_notes, run_sweep
     from itlbench.report.compare import write_compare_report
     from itlbench.report.compare_print import comparison_doc, print_comparison
     from itlbench.telemetry.span_capture import capture
@@ -81,7 +80,7 @@ def sweep(
                 serve is None or "{chunk_budget}" in serve):
             budgets = "256,512,2048,8192,none"
         axes = parse_axes(budgets, policy, max_num_seqs, rate, streams, set_, served=serve is not None)
-        plan = SweepPlan(axes, repeat=repeat, serve=serve, model=model,
+        plan = SweepPlan(axes, repeat=repeat, serve=serve, model=model, order=order,
                          serve_timeout_s=parse_duration_s(serve_timeout, "--serve-timeout"),
                          otlp=receive_otlp is not None,
                          first_seed=repeat_seed(run_args, serve is not None) if repeat > 1 else None)
@@ -104,7 +103,7 @@ def sweep(
             raise typer.Exit(130 if result.interrupted else 1)
         command = shlex.join(["itlbench", *sys.argv[1:]]) if sys.argv[1:2] == ["sweep"] else "itlbench sweep"
         written, rows, verdict = write_compare_report(result.run_dirs, target, slo, title="Sweep", command=command,
-                                                      missing=missing)
+                                                      missing=missing, notes=order_notes(result))
     except SweepAborted as exc:
         raise typer.Exit(exc.code) from None
     except ItlbenchError as exc:

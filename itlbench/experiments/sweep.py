@@ -12,6 +12,12 @@ what happened: `ok` (every repeat finished), `interrupted` (Ctrl-C or SIGTERM cu
 finished are compared, a cut-off run's records are kept but not compared), `failed` (the reason
 is beside it) or `not run`.
 
+With `--repeat N` the runs go in rounds by default (`--order interleaved`): round k runs every point's k-th
+repeat, so a machine that slows or speeds up over the sweep (another job, heat, a neighbour on the host)
+moves every point alike instead of passing for the difference between two points. A `--serve` sweep keeps
+a point's repeats together by default (`--order grouped`): interleaved, each server would be started once a
+round, and a real server's start takes minutes; the comparison then says the order was grouped.
+
 The simulator on its virtual clock has no noise: repeats of one seed give identical figures, and a
 95 % interval over them is a point. So with `--engine sim` repeat k runs seed + k - 1 (each run's
 seed is in its run.json): the spread is the load's, as docs/simulator.md says.
@@ -19,18 +25,23 @@ seed is in its run.json): the spread is the load's, as docs/simulator.md says.
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
 import json
-import re
-import signal
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from itlbench.errors import EXIT_ENDED_EARLY, ConfigError
 from itlbench.experiments.points import Axis, Point, grid
+from itlbench.experiments.run_options import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    check_run_args,
+    remove_if_empty,
+    stopped_early,
+    terminate_as_interrupt,
+    with_seed,
+)
 from itlbench.experiments.served import (
     OTLP_FIELD,
     ServedServer,
@@ -44,10 +55,10 @@ from itlbench.report.data import read_json
 from itlbench.rundir.outdir import make_dir
 from itlbench.telemetry.span_capture import SpanCapture, save_and_warn
 
-OWNED_FLAGS = ("--chunk-budget", "--policy", "--out", "--max-num-seqs")
 InvokeRun = Callable[[list[str]], int]
-EXIT_USAGE, EXIT_INTERRUPTED = 2, 130  # `itlbench run`'s statuses for refused options and Ctrl-C
 OK, INTERRUPTED, FAILED, NOT_RUN, RUNNING = "ok", "interrupted", "failed", "not run", "running"
+INTERLEAVED, GROUPED = "interleaved", "grouped"
+ORDERS = (INTERLEAVED, GROUPED)
 
 
 @dataclass
@@ -61,10 +72,18 @@ class SweepPlan:
     model: str | None = None
     otlp: bool = False  # --receive-otlp: {otlp_endpoint} may appear in the template
     first_seed: int | None = None  # repeats run first_seed, first_seed + 1, … (the simulator); None: one seed
+    order: str | None = None  # INTERLEAVED or GROUPED; None: interleaved unless --serve
 
     def __post_init__(self) -> None:
         if self.repeat < 1:
             raise ConfigError("--repeat", f"must be ≥ 1, got {self.repeat}", "e.g. --repeat 3")
+        if self.order is not None and self.order not in ORDERS:
+            raise ConfigError("--order", f"unknown order {self.order!r}", f"use one of {', '.join(ORDERS)}")
+        if self.order is not None and self.repeat == 1:
+            raise ConfigError("--order", "orders the repeats of each point, and there is one run a point",
+                              "add --repeat 3, or leave --order out")
+        if self.order is None:
+            self.order = GROUPED if self.serve is not None else INTERLEAVED
         if self.serve is not None:
             check_template(self.serve, [a.name for a in self.axes if a.name not in ("rate", "streams")], self.otlp)
         elif any(a.user for a in self.axes):
@@ -74,6 +93,13 @@ class SweepPlan:
     @property
     def points(self) -> list[Point]:
         return grid(self.axes)
+
+    @property
+    def rounds(self) -> list[range]:
+        """The repeats each pass over the points runs: one a round when interleaved, all at once when grouped."""
+        if self.order == GROUPED or self.repeat == 1:
+            return [range(1, self.repeat + 1)]
+        return [range(i, i + 1) for i in range(1, self.repeat + 1)]
 
 
 @dataclass
@@ -95,20 +121,29 @@ class PointResult:
     def interrupt(self, reason: str) -> None:
         self.status, self.reason = INTERRUPTED, reason
 
+    @property
+    def server_logs(self) -> list[Path]:
+        """`server.log` (one server for the point), or `server-run<k>.log` (one a round, interleaved)."""
+        return sorted(self.dir.glob("server*.log"), key=lambda p: (len(p.name), p.name)) if self.dir.is_dir() else []
+
     def as_dict(self, root: Path) -> dict[str, Any]:
-        log = self.dir / "server.log"
+        logs = self.server_logs
         return {"point": self.point.dirname, "label": self.point.label, "settings": self.point.as_dict(),
                 "status": self.status, "reason": self.reason,
                 "runs": [str(r.relative_to(root)) for r in self.runs],
                 "partial_runs": [str(r.relative_to(root)) for r in self.partial],
                 "seeds": self.seeds or None, "serve_command": self.command,
-                "server_log": str(log.relative_to(root)) if log.is_file() else None}
+                "server_log": str(logs[0].relative_to(root)) if logs else None,
+                "server_logs": [str(log.relative_to(root)) for log in logs] or None}
 
 
 @dataclass
 class SweepResult:
     points: list[PointResult]
     interrupted: bool = False
+    cut: PointResult | None = None  # the point whose run the interruption cut, if it came during one
+    order: str = INTERLEAVED
+    repeat: int = 1
 
     @property
     def run_dirs(self) -> list[Path]:
@@ -118,89 +153,6 @@ class SweepResult:
     @property
     def missing(self) -> list[PointResult]:
         return [p for p in self.points if p.status != OK]
-
-
-def check_run_args(args: Sequence[str], served: bool) -> None:
-    for flag in (*OWNED_FLAGS, "--endpoint"):
-        if any(a == flag or a.startswith(flag + "=") for a in args):
-            if flag == "--endpoint":
-                raise ConfigError("--endpoint", "a sweep restarts the engine for every point",
-                                  "give the server's start command as --serve 'CMD --port {port} …', or measure "
-                                  "a running server with `itlbench run --endpoint` and `itlbench compare`")
-            raise ConfigError(flag, "is set by the sweep itself", "give it to `itlbench sweep`, not as a run option")
-    if served and _flag_value(args, "--engine") is not None:
-        raise ConfigError("--engine", "is the served command's business with --serve", "put it in the template")
-
-
-def _flag_value(args: Sequence[str], flag: str) -> str | None:
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
-def repeat_seed(args: Sequence[str], served: bool) -> int | None:
-    """The first repeat's seed where repeats must vary it (the bundled simulator: it has no noise of its own,
-    so repeats of one seed are one run), else None (repeats keep the seed; the machine gives the spread)."""
-    if served or _flag_value(args, "--engine") != "sim":
-        return None
-    text = _flag_value(args, "--seed")
-    try:
-        return 0 if text is None else int(text)
-    except ValueError:
-        raise ConfigError("--seed", f"cannot read {text!r} as a whole number", "e.g. --seed 7") from None
-
-
-def with_seed(args: Sequence[str], seed: int) -> list[str]:
-    """`args` with `--seed` set to `seed` (the user's own --seed taken out, not given twice)."""
-    out: list[str] = []
-    skip = False
-    for a in args:
-        if skip:
-            skip = False
-        elif a == "--seed":
-            skip = True
-        elif not a.startswith("--seed="):
-            out.append(a)
-    return [*out, "--seed", str(seed)]
-
-
-def default_sweep_dir(args: Sequence[str], reports_dir: Path = Path("reports"), kind: str = "sweep") -> Path:
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
-    parts = [stamp, kind, _flag_value(args, "--workload") or "chat"]
-    inject = _flag_value(args, "--inject")
-    if inject:
-        parts.append("inj" + re.sub(r"[^0-9a-zA-Z]+", "_", inject))
-    return reports_dir / "-".join(parts)
-
-
-def stopped_early(run_dir: Path) -> bool:
-    doc = read_json(run_dir / "run.json") or {}
-    return bool(doc.get("interrupted")) or doc.get("stop_reason") in ("stop_event", "interrupted")
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-@contextlib.contextmanager
-def terminate_as_interrupt() -> Iterator[Callable[[], None]]:
-    """SIGTERM raises KeyboardInterrupt (so `finally` stops the point's server) until the block ends; the
-    yielded function re-arms it after a run, whose event loop resets SIGTERM to the default on leaving."""
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def arm() -> None:
-        with contextlib.suppress(ValueError):  # not the main thread: nothing to arm
-            signal.signal(signal.SIGTERM, _raise_interrupt)
-
-    arm()
-    try:
-        yield arm
-    finally:
-        with contextlib.suppress(ValueError, TypeError):
-            signal.signal(signal.SIGTERM, previous)
 
 
 def annotate_run(run_dir: Path, point: Point, repeat: int, of: int, command: str | None,
@@ -240,9 +192,10 @@ def _cut_reason(i: int, of: int, kept: bool, done: bool) -> str:
 
 def _runs_of_point(plan: SweepPlan, point: Point, point_dir: Path, args: list[str], invoke_run: InvokeRun,
                    result: PointResult, server: ServedServer | None, on_status: Callable[[str], None],
-                   arm: Callable[[], None], spans: SpanCapture | None = None) -> bool:
-    """The point's repeats, setting its status; False when the sweep must stop (a run was interrupted)."""
-    for i in range(1, plan.repeat + 1):
+                   arm: Callable[[], None], spans: SpanCapture | None, repeats: range) -> bool:
+    """The point's `repeats`, setting its status (ok once its last repeat is); False when the sweep must stop
+    (a run was interrupted)."""
+    for i in repeats:
         run_dir = point_dir if plan.repeat == 1 else point_dir / f"run{i}"
         if plan.repeat > 1:
             on_status(f"  repeat {i}/{plan.repeat}")
@@ -273,7 +226,7 @@ def _runs_of_point(plan: SweepPlan, point: Point, point_dir: Path, args: list[st
                         + ("" if not kept or finished(run_dir) else ", without a summary.json")
                         + " (its error is above)")
             return True
-    result.status = OK
+    result.status = OK if repeats.stop > plan.repeat else RUNNING
     return True
 
 
@@ -286,46 +239,69 @@ def run_sweep(plan: SweepPlan, run_args: list[str], out_dir: Path, invoke_run: I
     points = plan.points
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ConfigError("--out", f"{out_dir} already holds files", "choose a new directory")
-    result = SweepResult([PointResult(p, out_dir / p.dirname) for p in points])
+    result = SweepResult([PointResult(p, out_dir / p.dirname) for p in points], order=plan.order or INTERLEAVED,
+                         repeat=plan.repeat)
     current: PointResult | None = None
     with terminate_as_interrupt() as arm:
         try:
             _write_manifest(plan, result, out_dir)
-            for n, pr in enumerate(result.points, 1):
-                current, pr.status = pr, RUNNING
-                on_status(f"sweep {n}/{len(points)}: {pr.point.dirname}")
-                args = [*run_args, *pr.point.run_args(served=plan.serve is not None)]
-                try:
-                    if plan.serve is None:
-                        go_on = _runs_of_point(plan, pr.point, pr.dir, args, invoke_run, pr, None, on_status, arm,
-                                               spans)
-                    else:
-                        go_on = _served_point(plan, pr.point, pr.dir, args, invoke_run, pr, on_status, arm, spans)
-                except SweepAborted:
-                    if n == 1:
-                        (out_dir / "sweep.json").unlink(missing_ok=True)
-                        remove_if_empty(out_dir)
-                        raise
-                    pr.fail("its run refused the options (exit 2; its error is above)")
-                    go_on = True
-                current = None
-                _write_manifest(plan, result, out_dir)
-                if not go_on:
-                    result.interrupted = True
+            for r, repeats in enumerate(plan.rounds, 1):
+                for n, pr in enumerate(result.points, 1):
+                    if pr.status == FAILED:  # a point that failed in an earlier round is not run again
+                        continue
+                    current, pr.status = pr, RUNNING
+                    rnd = f"round {r}/{len(plan.rounds)}, " if len(plan.rounds) > 1 else ""
+                    on_status(f"sweep {rnd}point {n}/{len(points)}: {pr.point.dirname}")
+                    if not _point_round(plan, pr, repeats, run_args, invoke_run, on_status, arm, spans,
+                                        first=n == 1 and r == 1, out_dir=out_dir):
+                        result.interrupted = True
+                        result.cut = pr if pr.status == INTERRUPTED else None
+                        break
+                    current = None
+                    _write_manifest(plan, result, out_dir)
+                if result.interrupted:
                     break
         except KeyboardInterrupt:  # outside a run (between runs, a server starting or stopping)
             result.interrupted = True
             if current is not None and current.status == RUNNING:
+                result.cut = current
                 current.interrupt("interrupted before its run finished"
                                   + (": its records are kept, left out of the comparison" if current.partial else ""))
+    if result.interrupted:
+        _cut_rounds(result, plan.repeat)
     if out_dir.exists():
         _write_manifest(plan, result, out_dir)
     return result
 
 
+def _point_round(plan: SweepPlan, pr: PointResult, repeats: range, run_args: list[str], invoke_run: InvokeRun,
+                 on_status: Callable[[str], None], arm: Callable[[], None], spans: SpanCapture | None,
+                 first: bool, out_dir: Path) -> bool:
+    """The point's runs of one round (all of them when grouped); False when the sweep must stop."""
+    args = [*run_args, *pr.point.run_args(served=plan.serve is not None)]
+    try:
+        if plan.serve is None:
+            return _runs_of_point(plan, pr.point, pr.dir, args, invoke_run, pr, None, on_status, arm, spans, repeats)
+        return _served_point(plan, pr.point, pr.dir, args, invoke_run, pr, on_status, arm, spans, repeats)
+    except SweepAborted:
+        if first:
+            (out_dir / "sweep.json").unlink(missing_ok=True)
+            remove_if_empty(out_dir)
+            raise
+        pr.fail("its run refused the options (exit 2; its error is above)")
+        return True
+
+
+def _cut_rounds(result: SweepResult, repeat: int) -> None:
+    """After an interruption, a point left between rounds has finished runs but not all: interrupted, not ok."""
+    for pr in result.points:
+        if pr.status == RUNNING:
+            pr.interrupt(f"interrupted after {len(pr.runs)} of its {repeat} runs (its finished runs are compared)")
+
+
 def _served_point(plan: SweepPlan, point: Point, point_dir: Path, args: list[str], invoke_run: InvokeRun,
                   pr: PointResult, on_status: Callable[[str], None], arm: Callable[[], None],
-                  spans: SpanCapture | None) -> bool:
+                  spans: SpanCapture | None, repeats: range) -> bool:
     assert plan.serve is not None
     port = free_port()
     values = {"port": str(port), **({"model": plan.model} if plan.model else {}), **point.placeholders(),
@@ -333,35 +309,28 @@ def _served_point(plan: SweepPlan, point: Point, point_dir: Path, args: list[str
     pr.command = substitute(plan.serve, values)
     # `itlbench run` wants an empty run directory: the log waits beside it and moves in when the server stops
     server = ServedServer(pr.command, port, point_dir.parent / f".{point.dirname}.server.log", plan.serve_timeout_s)
+    log_name = "server.log" if len(repeats) == plan.repeat else f"server-run{repeats.start}.log"
     on_status(f"  server: {pr.command}")
     try:
         with server:
             return _runs_of_point(plan, point, point_dir, [*args, "--endpoint", server.base_url], invoke_run, pr,
-                                  server, on_status, arm, spans)
+                                  server, on_status, arm, spans, repeats)
     except ServerFailed as exc:
         pr.fail(exc.reason)
-        on_status(f"  point {point.dirname} failed: {exc.reason}; its log: {point_dir / 'server.log'}")
+        on_status(f"  point {point.dirname} failed: {exc.reason}; its log: {point_dir / log_name}")
         if exc.log_tail:
             on_status("  " + tail(server.log_path, 3).replace("\n", "\n  "))
         return True
     finally:
         if server.log_path.is_file():
             point_dir.mkdir(parents=True, exist_ok=True)
-            server.log_path.replace(point_dir / "server.log")
-
-
-def remove_if_empty(path: Path) -> None:
-    """Bad input found by the first run: the empty directories made for it go (any file stays)."""
-    for sub in sorted(path.rglob("*"), reverse=True) if path.exists() else []:
-        if sub.is_dir() and not any(sub.iterdir()):
-            sub.rmdir()
-    if path.exists() and not any(path.iterdir()):
-        path.rmdir()
+            server.log_path.replace(point_dir / log_name)
 
 
 def _write_manifest(plan: SweepPlan, result: SweepResult, out_dir: Path) -> None:
     make_dir(out_dir)
-    doc = {"axes": {a.name: list(a.values) for a in plan.axes}, "repeat": plan.repeat, "serve": plan.serve,
+    doc = {"axes": {a.name: list(a.values) for a in plan.axes}, "repeat": plan.repeat, "order": plan.order,
+           "serve": plan.serve,
            "repeat_seeds": None if plan.first_seed is None else [plan.first_seed + i for i in range(plan.repeat)],
            "interrupted": result.interrupted, "not_run": [p.point.dirname for p in result.points
                                                           if p.status == NOT_RUN],
@@ -376,7 +345,7 @@ def _labels(points: list[PointResult]) -> str:
 
 def interrupted_line(result: SweepResult) -> str:
     """The sweep's interruption in one sentence: where, and which points did not run."""
-    cut = next((p for p in result.points if p.status == INTERRUPTED), None)
+    cut = result.cut
     last = next((p for p in reversed(result.points) if p.status not in (NOT_RUN, RUNNING)), None)
     where = f" during {cut.point.label}" if cut else f" after {last.point.label}" if last else ""
     not_run = [p for p in result.points if p.status == NOT_RUN]
@@ -389,7 +358,7 @@ def missing_lines(result: SweepResult) -> list[str]:
     """The interruption, then one sentence per point not measured whole, for the comparison's verdict."""
     out = [interrupted_line(result)] if result.interrupted else []
     for p in result.missing:
-        log = " (its server.log is in " + str(p.dir) + ")" if (p.dir / "server.log").is_file() else ""
+        log = f" (its {p.server_logs[-1].name} is in {p.dir})" if p.server_logs else ""
         if p.status == INTERRUPTED:
             out.append(f"Point {p.point.label} was {p.reason}{log}.")
         elif p.status == FAILED:
@@ -397,6 +366,14 @@ def missing_lines(result: SweepResult) -> list[str]:
         else:
             out.append(f"Missing point {p.point.label}: it did not run (the sweep was interrupted first).")
     return out
+
+
+def order_notes(result: SweepResult) -> list[str]:
+    """What the order of the repeats means for the verdict: said where they ran grouped."""
+    if result.order != GROUPED or result.repeat == 1:
+        return []
+    return ["Repeats ran grouped (point after point, one server each): a machine that drifted over the sweep can "
+            "read as a difference between points; --order interleaved runs them in rounds to balance it."]
 
 
 class SweepAborted(Exception):

@@ -343,14 +343,19 @@ def run_links(rows: list[Row], out_dir: Path) -> Links:
 
 
 def build_compare_document(runs: list[RunData], slos: SloSet, title: str = "Comparison",
-                           command: str = "", out_dir: Path | None = None, missing: list[str] | None = None) -> Document:
+                           command: str = "", out_dir: Path | None = None, missing: list[str] | None = None,
+                           notes: list[str] | None = None) -> Document:
+    """`missing`: the points a sweep could not measure (a warning); `notes`: how it ran, where that bears on the
+    verdict (its repeats' order)."""
     rows = make_rows(runs)
     labels = [r.label for r in rows]
     groups = [r.group for r in rows]
-    lines = verdict(rows, slos) + list(missing or [])
+    lines = verdict(rows, slos) + list(notes or []) + list(missing or [])
     diffs = differing_settings(runs)
     callouts = [Callout("info", " ".join(line for line in lines if line.startswith(("Meets", "No run", "Yet a steady",
                                                                                  "Smoothest", "No setting"))))]
+    if notes:
+        callouts.append(Callout("info", " ".join(notes)))
     if missing:
         callouts.append(Callout("warn", " ".join(missing)))
     if diffs:
@@ -380,15 +385,16 @@ def build_compare_document(runs: list[RunData], slos: SloSet, title: str = "Comp
 
 def write_compare_report(dirs: list[Path], out_dir: Path, slo: str | None = None, force: bool = False,
                          title: str = "Comparison", command: str = "",
-                         missing: list[str] | None = None) -> tuple[Written, list[Row], list[str]]:
+                         missing: list[str] | None = None,
+                         notes: list[str] | None = None) -> tuple[Written, list[Row], list[str]]:
     """The report and compare.json (rows, verdict, ci95 per setting and figure, every pairwise difference's
     verdict, and the points a sweep could not measure)."""
     runs = load_runs(dirs, force)
     slos = parse_slo(slo)
-    doc = build_compare_document(runs, slos, title, command, out_dir, missing)
+    doc = build_compare_document(runs, slos, title, command, out_dir, missing, notes)
     rows = make_rows(runs)
     written = write_document(doc, out_dir)
-    lines = verdict(rows, slos) + list(missing or [])
+    lines = verdict(rows, slos) + list(notes or []) + list(missing or [])
     from itlbench.report.compare_ci import all_differences
 
     (out_dir / "compare.json").write_text(json.dumps({

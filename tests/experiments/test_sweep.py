@@ -11,7 +11,8 @@ import pytest
 
 from itlbench.errors import ConfigError
 from itlbench.experiments.points import parse_axes
-from itlbench.experiments.sweep import SweepPlan, missing_lines, repeat_seed, run_sweep, with_seed
+from itlbench.experiments.run_options import repeat_seed, with_seed
+from itlbench.experiments.sweep import SweepPlan, SweepResult, missing_lines, order_notes, run_sweep
 
 # what one stand-in run does: "done" (run.json + summary.json, exit 0), "cut" (run.json only, exit 130: Ctrl-C
 # while it was analysed), "nothing" (exit 130 before it recorded anything), "done-then-ctrl-c" (finished,
@@ -25,7 +26,7 @@ def _fake_run(script: Script, calls: list[list[str]]) -> Callable[[list[str]], i
     def invoke(args: list[str]) -> int:
         calls.append(args)
         out = Path(args[args.index("--out") + 1])
-        what = script.get(out.name, "done")
+        what = script.get(f"{out.parent.name}/{out.name}", script.get(out.name, "done"))
         if what == "raise":
             raise KeyboardInterrupt
         if what == "nothing":
@@ -41,9 +42,9 @@ def _fake_run(script: Script, calls: list[list[str]]) -> Callable[[list[str]], i
 
 
 def _sweep(tmp_path: Path, script: Script, budgets: str = "512,2048,8192,none", repeat: int = 1,
-           first_seed: int | None = None) -> tuple[dict, list[str], list[list[str]], object]:
+           first_seed: int | None = None, order: str | None = None) -> tuple[dict, list[str], list[list[str]], object]:
     calls: list[list[str]] = []
-    plan = SweepPlan(parse_axes(budgets, None), repeat=repeat, first_seed=first_seed)
+    plan = SweepPlan(parse_axes(budgets, None), repeat=repeat, first_seed=first_seed, order=order)
     result = run_sweep(plan, ["--engine", "sim"], tmp_path / "sw", _fake_run(script, calls))
     manifest = json.loads((tmp_path / "sw" / "sweep.json").read_text())
     return manifest, missing_lines(result), calls, result
@@ -101,10 +102,63 @@ def test_simulator_repeats_run_successive_seeds_and_record_them(tmp_path: Path) 
     assert first == 7
     manifest, _, calls, _ = _sweep(tmp_path, {}, budgets="512,none", repeat=3, first_seed=first)
     seeds = [int(c[c.index("--seed") + 1]) for c in calls]
-    assert seeds == [7, 8, 9, 7, 8, 9] and all(c.count("--seed") == 1 for c in calls)
+    assert seeds == [7, 7, 8, 8, 9, 9] and all(c.count("--seed") == 1 for c in calls)  # in rounds
     assert manifest["repeat_seeds"] == [7, 8, 9] and manifest["points"][0]["seeds"] == [7, 8, 9]
     doc = json.loads((tmp_path / "sw" / "b512" / "run2" / "run.json").read_text())
     assert doc["sweep"]["seed"] == 8 and doc["sweep"]["varies"] == ["seed"]
+
+
+def _runs_called(calls: list[list[str]]) -> list[str]:
+    return ["/".join(Path(c[c.index("--out") + 1]).parts[-2:]) for c in calls]
+
+
+def test_repeats_run_in_rounds_so_drift_falls_on_every_point_alike(tmp_path: Path) -> None:
+    manifest, lines, calls, _ = _sweep(tmp_path, {}, budgets="512,none", repeat=3)
+    assert _runs_called(calls) == ["b512/run1", "unchunked/run1", "b512/run2", "unchunked/run2", "b512/run3",
+                                   "unchunked/run3"]
+    assert manifest["order"] == "interleaved" and set(_statuses(manifest).values()) == {"ok"} and lines == []
+    assert [p["runs"] for p in manifest["points"]] == [[f"{d}/run{i}" for i in (1, 2, 3)] for d in ("b512", "unchunked")]
+    _, _, grouped, _ = _sweep(tmp_path / "g", {}, budgets="512,none", repeat=2, order="grouped")
+    assert _runs_called(grouped) == ["b512/run1", "b512/run2", "unchunked/run1", "unchunked/run2"]
+
+
+def test_an_interrupt_between_rounds_leaves_each_point_with_the_runs_it_finished(tmp_path: Path) -> None:
+    manifest, lines, calls, result = _sweep(tmp_path, {"unchunked/run2": "cut"}, budgets="512,2048,none", repeat=3)
+    assert _runs_called(calls)[-1] == "unchunked/run2" and len(calls) == 6
+    assert _statuses(manifest) == {"b512": "interrupted", "b2048": "interrupted", "unchunked": "interrupted"}
+    assert manifest["points"][0]["reason"] == "interrupted after 2 of its 3 runs (its finished runs are compared)"
+    assert manifest["points"][2]["runs"] == ["unchunked/run1"] and manifest["points"][2]["partial_runs"] == [
+        "unchunked/run2"]
+    assert len(result.run_dirs) == 5  # type: ignore[attr-defined]
+    assert lines[0] == "Sweep interrupted (Ctrl-C or SIGTERM) during unchunked: every point had started."
+
+
+def test_a_point_that_fails_in_a_round_is_not_run_again(tmp_path: Path) -> None:
+    def failing(args: list[str]) -> int:
+        calls.append(args)
+        return 1 if "unchunked" in args[args.index("--out") + 1] else _fake_run({}, [])(args)
+
+    calls: list[list[str]] = []
+    plan = SweepPlan(parse_axes("512,none", None), repeat=3)
+    run_sweep(plan, ["--engine", "sim"], tmp_path / "sw", failing)
+    manifest = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    assert _runs_called(calls) == ["b512/run1", "unchunked/run1", "b512/run2", "b512/run3"]
+    assert _statuses(manifest) == {"b512": "ok", "unchunked": "failed"}
+
+
+def test_an_order_needs_repeats_to_order() -> None:
+    with pytest.raises(ConfigError) as err:
+        SweepPlan(parse_axes("512,none", None), repeat=1, order="grouped")
+    assert err.value.field == "--order" and "--repeat" in (err.value.fix or "")
+    with pytest.raises(ConfigError) as err:
+        SweepPlan(parse_axes("512,none", None), repeat=3, order="random")
+    assert err.value.field == "--order"
+    served = SweepPlan(parse_axes("512,none", None, served=True), repeat=3, serve="srv --port {port} {chunk_budget}")
+    assert served.order == "grouped" and len(served.rounds) == 1
+    # the verdict says when repeats ran grouped, and only then
+    assert "--order interleaved" in order_notes(SweepResult([], order="grouped", repeat=3))[0]
+    assert order_notes(SweepResult([], order="interleaved", repeat=3)) == []
+    assert order_notes(SweepResult([], order="grouped", repeat=1)) == []
 
 
 def test_only_the_bundled_simulator_varies_the_seed() -> None:
