@@ -10,7 +10,7 @@ import itertools
 import operator
 import threading
 from collections import deque
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 
 def phase_of(prefill_tokens: int, decode_tokens: int) -> str:
@@ -75,7 +75,9 @@ class StepRecord:
         return self.prefill_tokens + self.decode_tokens
 
     def to_dict(self) -> dict[str, object]:
-        d = asdict(self)
+        """Every field by name (ids as a list): built from the fields directly, since `asdict`'s recursive deep
+        copy took a third of a simulated step's cost."""
+        d = dict(zip(_FIELDS, _as_row(self), strict=True))
         d["prefill_request_ids"] = list(self.prefill_request_ids)
         return d
 

@@ -18,7 +18,6 @@ exactly as it does for a served run.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import itertools
 import sys
@@ -298,11 +297,7 @@ class VirtualDrive:
         log = self.engine.step_log
         if log.last_step == last:
             return
-        rows = []
-        for rec in log.since(last + 1):
-            row = dataclasses.asdict(rec)
-            row["prefill_request_ids"] = list(rec.prefill_request_ids)
-            rows.append(row)
+        rows = [rec.to_dict() for rec in log.since(last + 1)]
         self.steps += len(rows)
         self.out.add_many("steps", rows)
 
