@@ -96,15 +96,18 @@ def source_key() -> str:
     return digest.hexdigest()
 
 
-def _stored_path() -> Path | None:
+KEPT_VERSIONS = 4  # stored error files of other code (another checkout, an older install) kept beside this one's
+
+
+def _stored_path(key: str) -> Path | None:
     with contextlib.suppress(CacheDirError):
-        return private_cache_dir("sim") / "held-out-errors.json"
+        return private_cache_dir("sim") / f"held-out-errors-{key[:16]}.json"
     return None
 
 
 def _read_stored(key: str, held: list[Figure]) -> list[float] | None:
     """The stored errors when they are this user's, of this code and of these figures; else None."""
-    path = _stored_path()
+    path = _stored_path(key)
     if path is None or not path.exists() or untrusted(path) is not None:
         return None
     try:
@@ -118,10 +121,14 @@ def _read_stored(key: str, held: list[Figure]) -> list[float] | None:
 def _store(key: str, held: list[Figure], errs: list[float]) -> None:
     """Write atomically (a concurrent reader sees the old file or the new, never half of one); a cache that
     cannot be written only costs the next process the seconds again."""
-    path = _stored_path()
+    path = _stored_path(key)
     if path is None:
         return
     doc = {"key": key, "figures": [f.key for f in held], "errors": errs}
+    others = sorted(path.parent.glob("held-out-errors-*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in [p for p in others if p != path][KEPT_VERSIONS - 1:]:
+        with contextlib.suppress(OSError):
+            old.unlink()
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)

@@ -5,6 +5,7 @@ and in `itlbench roofline`; a profile no figure checks says it is unvalidated.""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -211,8 +212,8 @@ def test_the_error_bars_are_computed_once_and_read_back_by_the_next_process(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _fresh(monkeypatch, tmp_path)
     computed = accuracy._held_out_errors()
-    stored = tmp_path / "sim" / "held-out-errors.json"
-    assert stored.is_file() and (stored.stat().st_mode & 0o077) == 0 and (stored.parent.stat().st_mode & 0o077) == 0
+    (stored,) = (tmp_path / "sim").glob("held-out-errors-*.json")
+    assert stored.name == f"held-out-errors-{accuracy.source_key()[:16]}.json" and stored.is_file() and (stored.stat().st_mode & 0o077) == 0 and (stored.parent.stat().st_mode & 0o077) == 0
     _fresh(monkeypatch, tmp_path)
 
     def must_not_run(*args: object, **kwargs: object) -> None:
@@ -234,11 +235,12 @@ def test_changed_code_a_planted_or_a_damaged_file_is_computed_afresh(
     monkeypatch.setattr(accuracy, "errors", fake_errors)
     _fresh(monkeypatch, tmp_path)
     accuracy._held_out_errors()
-    stored = tmp_path / "sim" / "held-out-errors.json"
+    (stored,) = (tmp_path / "sim").glob("held-out-errors-*.json")
     doc = json.loads(stored.read_text())
     _fresh(monkeypatch, tmp_path)
     monkeypatch.setattr(accuracy, "source_key", lambda: "another version of the code")
     assert {e for _, e in accuracy._held_out_errors()} == {0.02} and len(calls) == 2
+    assert len(list((tmp_path / "sim").glob("held-out-errors-*.json"))) == 2, "another checkout's file is kept"
     for damage in ("planted", "truncated"):
         stored.write_text(json.dumps({**doc, "errors": [0.5] * len(doc["errors"])}) if damage == "planted"
                           else stored.read_text()[:100])
@@ -256,3 +258,17 @@ def test_a_cache_that_cannot_be_written_only_costs_the_time(tmp_path: Path, monk
     monkeypatch.setattr(accuracy, "errors", lambda params, figures: [(f, 1.0, 0.03) for f in figures])
     _fresh(monkeypatch, blocker / "cache")
     assert {e for _, e in accuracy._held_out_errors()} == {0.03}
+
+
+def test_the_files_of_other_code_are_pruned_to_a_few(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(accuracy, "errors", lambda params, figures: [(f, 1.0, 0.04) for f in figures])
+    (tmp_path / "sim").mkdir(mode=0o700)
+    for i in range(6):
+        old = tmp_path / "sim" / f"held-out-errors-{i:016x}.json"
+        old.write_text("{}")
+        os.utime(old, (1_000_000 + i, 1_000_000 + i))
+    _fresh(monkeypatch, tmp_path)
+    accuracy._held_out_errors()
+    kept = sorted(p.name for p in (tmp_path / "sim").glob("held-out-errors-*.json"))
+    assert len(kept) == accuracy.KEPT_VERSIONS and f"held-out-errors-{accuracy.source_key()[:16]}.json" in kept
+    assert "held-out-errors-0000000000000005.json" in kept and "held-out-errors-0000000000000000.json" not in kept
