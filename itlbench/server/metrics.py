@@ -14,14 +14,17 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from itlbench.core.metric_buckets import LATENCY_BUCKETS
+from itlbench.core.metric_buckets import ITL_BUCKETS, REQUEST_BUCKETS
 from itlbench.core.request import Request, RequestOutput
 from itlbench.core.steps import StepRecord
 
 PREFIX = "itlbench_"
 TOKEN_BUCKETS: tuple[float, ...] = tuple(float(m * 10**e) for e in range(6) for m in (1, 2, 5)) + (1e6,)
 STEP_TOKEN_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(18))
-RATIO_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+# Token-budget use per step: log-spaced from 0.1 % (a decode step of a few streams under a 2k-8k budget
+# uses 0.1-1 %), then every 10 % up to a full budget (a long prompt's chunks fill it).
+RATIO_BUCKETS: tuple[float, ...] = (0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+                                    0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 PHASES = ("prefill", "decode", "mixed", "idle")
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -48,16 +51,16 @@ class ServerMetrics:
 
     def _build_request_metrics(self) -> None:
         m = self.model_name
-        self.ttft = self._hist("time_to_first_token_seconds", "Arrival to first token.", LATENCY_BUCKETS).labels(m)
+        self.ttft = self._hist("time_to_first_token_seconds", "Arrival to first token.", REQUEST_BUCKETS).labels(m)
         self.itl = self._hist("inter_token_latency_seconds", "Gap between a request's token outputs.",
-                              LATENCY_BUCKETS).labels(m)
-        self.e2e = self._hist("e2e_request_latency_seconds", "Arrival to finish.", LATENCY_BUCKETS).labels(m)
+                              ITL_BUCKETS).labels(m)
+        self.e2e = self._hist("e2e_request_latency_seconds", "Arrival to finish.", REQUEST_BUCKETS).labels(m)
         self.queue_time = self._hist("request_queue_time_seconds", "Arrival to first scheduled step.",
-                                     LATENCY_BUCKETS).labels(m)
+                                     REQUEST_BUCKETS).labels(m)
         self.prefill_time = self._hist("request_prefill_time_seconds", "First scheduled step to first token.",
-                                       LATENCY_BUCKETS).labels(m)
+                                       REQUEST_BUCKETS).labels(m)
         self.decode_time = self._hist("request_decode_time_seconds", "First token to finish.",
-                                      LATENCY_BUCKETS).labels(m)
+                                      REQUEST_BUCKETS).labels(m)
         self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens of requests that produced a token.").labels(m)
         self.generation_tokens = self._counter("generation_tokens", "Generated tokens.").labels(m)
         self.request_success = self._counter("request_success", "Finished requests by reason.", ["finished_reason"])
@@ -77,7 +80,7 @@ class ServerMetrics:
         self.iteration_tokens = self._hist("iteration_tokens_total", "Tokens scheduled per engine step.",
                                            STEP_TOKEN_BUCKETS).labels(m)
         self.step_duration = self._hist("engine_step_duration_seconds", "Engine step wall time by phase.",
-                                        LATENCY_BUCKETS, ["phase"])
+                                        ITL_BUCKETS, ["phase"])
         self.steps = self._counter("engine_steps", "Engine steps by phase.", ["phase"])
         self._phase_children = {p: (self.step_duration.labels(m, p), self.steps.labels(m, p)) for p in PHASES}
         self.step_prefill = self._hist("engine_step_prefill_tokens", "Prefill tokens per step.",

@@ -3,9 +3,9 @@
 Labels are bounded: workload (catalog names, "injected", "trace"), prompt_bucket (six buckets),
 injected, outcome (four statuses), cause (six stall causes). What identifies the run (run id,
 workload, chunk budget, engine) is on one `itlbench_client_run_info` gauge, never on every series.
-Latency buckets are the server's (from 0.25 ms, containing all of vLLM's), so client and server
-histograms compare bucket for bucket. Per chunk this costs two observations and a median update;
-nothing here runs when the flag is off.
+Latency buckets are the server's (core/metric_buckets.py: ITL dense from 1 ms to 100 ms, each set
+containing vLLM's for the same latency), so client and server histograms compare bucket for bucket.
+Per chunk this costs two observations and a median update; nothing here runs when the flag is off.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from itlbench.core.metric_buckets import LATENCY_BUCKETS
+from itlbench.core.metric_buckets import ITL_BUCKETS, REQUEST_BUCKETS
 from itlbench.telemetry.live_stalls import CAUSES
 from itlbench.workloads.plan import RequestPlan
 
@@ -58,13 +58,13 @@ class ClientMetrics:
         r = self.registry
         self.ttft = Histogram(PREFIX + "time_to_first_token_seconds",
                               "Scheduled send to first token-carrying chunk.",
-                              ["workload", "prompt_bucket", "injected"], buckets=LATENCY_BUCKETS, registry=r)
+                              ["workload", "prompt_bucket", "injected"], buckets=REQUEST_BUCKETS, registry=r)
         self.itl = Histogram(PREFIX + "inter_token_latency_seconds", "Every gap between consecutive content "
-                             "chunks of a stream.", ["workload", "injected"], buckets=LATENCY_BUCKETS, registry=r)
+                             "chunks of a stream.", ["workload", "injected"], buckets=ITL_BUCKETS, registry=r)
         self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Scheduled send to end of stream.",
-                             ["workload", "prompt_bucket", "injected"], buckets=LATENCY_BUCKETS, registry=r)
+                             ["workload", "prompt_bucket", "injected"], buckets=REQUEST_BUCKETS, registry=r)
         self.send_lag = Histogram(PREFIX + "send_lag_seconds", "Scheduled send to actual send (client lag).",
-                                  buckets=LATENCY_BUCKETS, registry=r)
+                                  buckets=ITL_BUCKETS, registry=r)
         self.requests = Counter(PREFIX + "requests", "Finished requests by outcome.", ["outcome", "injected"],
                                 registry=r)
         self.sent = Counter(PREFIX + "requests_sent", "Requests sent.", ["injected"], registry=r)

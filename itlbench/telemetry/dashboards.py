@@ -199,18 +199,22 @@ def _client_latency(b: Board) -> None:
 
 def _stalls_and_steps(b: Board) -> None:
     b.row("Stalls and the engine steps behind them (bundled engine)")
-    b.add("timeseries", "Stalled gaps by cause",
-          "Gaps ≥ max(stall factor × the stream's median gap so far, stall floor), counted per interval by cause: "
-          "prefill, client, preemption, engine, outside_engine, unknown (no step log).",
-          [Q(f"sum by (cause) (increase({C}stalls_total[{RI}]))", "{{cause}}")], "short", stack=True, bars=True)
-    b.add("timeseries", "Stalled seconds by cause", "Seconds of stalled gaps per second of wall time (summed over "
-          "streams: 32 streams stalled 1 s each read 32).",
-          [Q(f"sum by (cause) (rate({C}stalled_seconds_total[{RI}]))", "{{cause}}")], "s", stack=True)
+    b.add("timeseries", "Stalled gaps by cause (count so far in the run)",
+          "Gaps ≥ max(stall factor × the stream's median gap so far, stall floor), by cause: prefill, client, "
+          "preemption, engine, outside_engine, unknown (no step log). Whole counts since the run began (each "
+          "run starts from 0): a step up is a stall, once its cause is decided. (An increase() per interval "
+          "would extrapolate to fractions and show one stall in several overlapping windows.)",
+          [Q(f"sum by (cause) ({C}stalls_total)", "{{cause}}")], "short", stack=True)
+    b.add("timeseries", "Stalled seconds by cause (streams stalled at once)", "Seconds of stalled gaps per "
+          "second of wall time, summed over streams: the mean number of streams inside a stalled gap (32 "
+          "streams each stalled for the whole interval read 32). Counted when a stall's cause is decided.",
+          [Q(f"sum by (cause) (rate({C}stalled_seconds_total[{RI}]))", "{{cause}}")], "short", stack=True)
     step_sum = 'itlbench_engine_step_duration_seconds_sum{phase!="idle", ' + ENGINE + "}"
-    b.add("timeseries", "Prefill:decode split (engine seconds per second)",
-          "Engine step time by step phase. prefill and decode steps are pure; mixed steps carry both (the "
-          "post-run analysis apportions them with a cost model).",
-          [Q(f"sum by (phase) (rate({step_sum}[{RI}]))", "{{phase}}")], "s", stack=True)
+    b.add("timeseries", "Prefill:decode split (share of engine wall time)",
+          "Engine step seconds per second of wall time, by step phase: steps run one after another, so the "
+          "stack is the engine's busy share (100 % = never idle). prefill and decode steps are pure; mixed "
+          "steps carry both (the post-run analysis apportions them with a cost model).",
+          [Q(f"sum by (phase) (rate({step_sum}[{RI}]))", "{{phase}}")], "percentunit", stack=True)
     b.add("timeseries", "Engine steps per second by phase", "The phase of every step over time: prefill, decode, "
           "mixed (emergent from the token budget, never declared).",
           [Q(f'sum by (phase) (rate(itlbench_engine_steps_total{{phase!="idle", {ENGINE}}}[{RI}]))', "{{phase}}")],
@@ -224,10 +228,12 @@ def _stalls_and_steps(b: Board) -> None:
     def used(part: str) -> str:
         return f"itlbench_engine_step_budget_used_ratio_{part}{{{ENGINE}}}"
 
-    b.add("timeseries", "Token-budget use per step",
-          "Scheduled tokens ÷ chunk budget (chunked steps only). Decode steps use a sliver (p50); the steps "
-          "that carry a long prompt's chunks fill it (p99).",
-          [Q(quantile(0.5, ratio), "p50"), Q(quantile(0.99, ratio), "p99"),
+    b.add("timeseries", "Token-budget use per step (p50, fullest step, mean)",
+          "Scheduled tokens ÷ chunk budget, chunked steps only. p50: the typical step; decode steps use a sliver "
+          "(one token per running stream). max: the fullest step of the interval, read as the upper edge of its "
+          "bucket (histogram_quantile(1, …)); the steps that carry a long prompt's chunks fill the budget, so it "
+          "jumps towards 100 % at each injection, however many decode steps surround them.",
+          [Q(quantile(0.5, ratio), "p50"), Q(quantile(1, ratio), "max"),
            Q(f"sum(rate({used('sum')}[{RI}])) / sum(rate({used('count')}[{RI}]))", "mean")],
           "percentunit")
     b.add("timeseries", "Tokens scheduled per second: prefill vs decode", "Prefill and decode tokens the engine "

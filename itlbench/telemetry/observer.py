@@ -17,6 +17,7 @@ from itlbench.load.sink import RowWriter
 from itlbench.load.target import Target
 from itlbench.telemetry.client_metrics import BOOLS, ClientMetrics
 from itlbench.telemetry.live_stalls import RunningMedian, StallDetector
+from itlbench.telemetry.metrics_server import MetricsServer, say
 from itlbench.telemetry.options import parse_listen
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,8 @@ class LiveTelemetry:
         self.tracing: Any = None
         self.stalls = StallDetector(self._on_stall, factor=stall_factor, floor_s=stall_floor_s) if metrics else None
         self.metrics_url: str | None = None
-        self._httpd: Any = None
+        self._httpd: MetricsServer | None = None
+        self._sent_any = False  # a request went out: there are final values a scraper may not have read
 
     # ---- lifecycle ----------------------------------------------------------------------------
     @classmethod
@@ -66,15 +68,14 @@ class LiveTelemetry:
         return tel
 
     def _serve(self, host: str, port: int) -> None:
-        from prometheus_client import start_http_server
-
         assert self.metrics is not None
         try:
-            self._httpd, _ = start_http_server(port, addr=host, registry=self.metrics.registry)
+            self._httpd = MetricsServer(host, port, self.metrics.registry)
         except OSError as exc:
             raise ConfigError("--metrics-port", f"cannot listen on {host}:{port} ({exc.strerror or exc})",
                               "choose a free port") from None
-        self.metrics_url = f"http://{host}:{self._httpd.server_port}/metrics"
+        self.metrics_url = self._httpd.url
+        say(f"client metrics for Prometheus: {self.metrics_url}")
 
     def connect(self, target: Target, *, has_steps: bool, provider_name: str, run_info: dict[str, str]) -> None:
         """Bind to the target once it is known: span attributes, run info, step-log availability."""
@@ -86,13 +87,17 @@ class LiveTelemetry:
 
             self.tracing = ClientTracing(self.providers, target, provider_name)
 
-    def close(self) -> None:
-        """Settle the last stalls, stop serving, export what the OTLP exporters still hold."""
+    def close(self, linger: bool = True) -> None:
+        """Settle the last stalls, let a scraper read the final values, stop serving, export what the OTLP
+        exporters still hold. `linger`: where something has scraped /metrics, keep serving until a scrape
+        begun after this call has been answered, at most about one scrape interval (see `MetricsServer`);
+        not where no request was ever sent (a run that failed before its load)."""
         if self.stalls is not None:
             self.stalls.settle(_now(), final=True)
         if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
+            if linger and self._sent_any:
+                self._httpd.linger()
+            self._httpd.stop()
             self._httpd = None
         if self.providers is not None:
             self.providers.shutdown()
@@ -105,6 +110,7 @@ class LiveTelemetry:
     # ---- the driver's observer hooks (event loop) ----------------------------------------------
     def on_start(self, ex: Any) -> dict[str, str] | None:
         now = _now()
+        self._sent_any = True
         plan = ex.plan
         flag = BOOLS[plan.injected]
         m = self.metrics

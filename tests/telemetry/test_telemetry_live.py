@@ -208,6 +208,23 @@ def test_live_stalls_are_counted_with_their_cause(live: Live) -> None:
     assert info[0]["metric"]["run_id"] == live.run_dir.name
 
 
+def test_the_run_s_final_client_values_reach_prometheus(live: Live) -> None:
+    """The client's /metrics stays up after the run until Prometheus has scraped its final values: the
+    requests counted equal the records, and none is left in flight."""
+    requests = pl.read_parquet(live.run_dir / "requests/*.parquet")
+    window = f"[{int(live.end - live.start) + 5}s]"
+    assert live.last(f"sum(last_over_time(itlbench_client_requests_total{window}))") == requests.height
+    assert live.last(f"sum(last_over_time(itlbench_client_requests_in_flight{window}))") == 0
+    assert live.last(f"sum(last_over_time(itlbench_client_requests_sent_total{window}))") == requests.height
+
+
+def test_the_stalls_panel_counts_whole_stalls(live: Live) -> None:
+    (panel,) = [p for b in dashboards().values() for p in b["panels"] if p["title"].startswith("Stalled gaps by cause")]
+    series = live.series(substitute(panel["targets"][0]["expr"], "itlbench_", RATE_INTERVAL))
+    values = [float(v) for s in series for _, v in s["values"]]
+    assert values and max(values) >= 1 and all(v == int(v) for v in values), values
+
+
 def _pairs(live: Live) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     servers = {s["parent_span_id"]: s for s in live.spans if s["kind"] == "SERVER"}
     clients = [s for s in live.spans if s["kind"] == "CLIENT"]
