@@ -41,6 +41,7 @@ from itlbench.report.document import Callout, Document, Links, Section, Table, W
 from itlbench.report.figure_spec import FigureSpec
 from itlbench.report.load_curve import load_axis, load_figure
 from itlbench.report.reproduce import reproduce_command
+from itlbench.report.slos import slo_text
 from itlbench.report.style import RUN_COLORS, fmt_s, new_figure, tidy
 
 
@@ -103,7 +104,18 @@ def comparison_table(rows: list[Row]) -> Table:
     return Table(["setting", "worst gap", "ITL p50", "ITL p99", "ITL p99.9", "injected TTFT", "output tok/s",
                   "stalls", "stalled", "goodput req/s", "valid", "engine", "server-side figures from"], out,
                  "One row per run (steady streams' ITL; injected TTFT is the median over injected prompts, or the "
-                 "worst where they are too few for a median; — where too few samples support a percentile)")
+                 "worst where they are too few for a median; — where too few samples support a percentile; "
+                 f"{_goodput_slos(rows)})")
+
+
+def _goodput_slos(rows: list[Row]) -> str:
+    """What the goodput column was judged against: each run's own SLOs when it ran (not this comparison's
+    --slo), the defaults said as such."""
+    texts = list(dict.fromkeys(t for r in rows if (t := slo_text(r.run.summary)) is not None))
+    if len(texts) == 1:
+        return f"goodput as each run judged it, against {texts[0]}"
+    return ("goodput as each run judged it, against its own SLOs, which differ between the runs (each run's report "
+            "lists them)")
 
 
 @dataclass(frozen=True)
@@ -213,9 +225,8 @@ def verdict(rows: list[Row], slos: SloSet) -> list[str]:
     invalid = [r.label for r in rows if r.valid is False]
     if invalid:
         lines.append("Treat with care (the client may have been the bottleneck): " + runs_list(invalid) + ".")
-    cut = [r.label for r in rows if r.run.cut_short]
-    if cut:
-        lines.append("Cut short: " + runs_list(cut) + ".")
+    for r in (r for r in rows if r.run.cut_short and measured(r.run)):  # its row covers the window it measured
+        lines.append(f"Cut short: {r.label}: {'; '.join(r.run.cut_short)}; its row covers only that.")
     if empty := [r.label for r in rows if not measured(r.run)]:
         lines.append("Measured nothing (no request fell in its window; its report says why): " + runs_list(empty) + ".")
     return lines + _sim_checks(rows)
@@ -351,11 +362,14 @@ def build_compare_document(runs: list[RunData], slos: SloSet, title: str = "Comp
     labels = [r.label for r in rows]
     groups = [r.group for r in rows]
     lines = verdict(rows, slos) + list(notes or []) + list(missing or [])
+    short = [line for line in lines if line.startswith("Cut short: ")]
     diffs = differing_settings(runs)
     callouts = [Callout("info", " ".join(line for line in lines if line.startswith(("Meets", "No run", "Yet a steady",
                                                                                  "Smoothest", "No setting"))))]
     if notes:
         callouts.append(Callout("info", " ".join(notes)))
+    if short:
+        callouts.append(Callout("warn", " ".join(short)))
     if missing:
         callouts.append(Callout("warn", " ".join(missing)))
     if diffs:

@@ -9,7 +9,7 @@ import polars as pl
 from itlbench.report.compare_ci import run_styles
 from itlbench.report.data import RunData
 from itlbench.report.figure_spec import FigureSpec
-from itlbench.report.style import fmt_s, gap_cdf_axes, new_figure, seconds_log_yaxis, tidy
+from itlbench.report.style import fmt_s, gap_cdf_axes, new_figure, seconds_log_xaxis, seconds_log_yaxis, tidy
 from itlbench.report.timeline import draw_rows, injected_spans
 
 
@@ -112,7 +112,7 @@ def cdf_figure(runs: list[RunData], labels: list[str], groups: list[str] | None 
     if n_min is None:
         spec.note = "No run has inter-token gaps to compare."
         return spec
-    ax.set_xscale("log")
+    seconds_log_xaxis(ax)
     gap_cdf_axes(ax, max(0.5 / n_min, 0.01), 1 - 0.5 / n_min)
     spec.figure = fig
     return spec

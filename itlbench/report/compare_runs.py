@@ -8,7 +8,8 @@ from typing import Any
 
 from itlbench.errors import ConfigError
 from itlbench.report.compare_ci import swept_settings
-from itlbench.report.data import RunData, load_run
+from itlbench.report.data import CUT_SHORT_FRACTION, RunData, load_run
+from itlbench.report.durations import fmt_s
 from itlbench.rundir.reader import RECORD_DOCS
 
 # Settings that define the question a run answers; runs that differ in one answer different ones.
@@ -40,8 +41,21 @@ def shown_setting(key: str, value: Any) -> str:
     return str(value)
 
 
+def measured_duration(run: RunData) -> str:
+    """A run's duration as its figures cover it: the planned --duration, and where the run was cut short the
+    window it measured beside it (a 30 s run stopped by Ctrl-C after 14.1 s has 14.1 s of figures)."""
+    planned = effective_setting(run, "duration_s")
+    measured = run.window.seconds
+    if isinstance(planned, int | float) and planned > 0:
+        if measured < CUT_SHORT_FRACTION * planned:
+            return f"{fmt_s(measured)} measured of {planned:g} s planned"
+        return f"{planned:g} s"
+    return f"{fmt_s(measured)} measured"
+
+
 def differing_settings(runs: list[RunData]) -> list[str]:
-    """'seed (a: 0, b: 1)' for every compared setting whose effective value is not the same in every run."""
+    """'seed (a: 0, b: 1)' for every compared setting whose effective value is not the same in every run; a
+    duration is shown as each run measured it."""
     out = []
     swept = swept_settings(runs)
     for key, name in COMPARED:
@@ -49,7 +63,8 @@ def differing_settings(runs: list[RunData]) -> list[str]:
             continue
         values = [effective_setting(r, key) for r in runs]
         if any(v != values[0] for v in values[1:]):
-            shown = ", ".join(f"{r.name}: {shown_setting(key, v)}" for r, v in zip(runs, values, strict=True))
+            shown = ", ".join(f"{r.name}: {measured_duration(r) if key == 'duration_s' else shown_setting(key, v)}"
+                              for r, v in zip(runs, values, strict=True))
             out.append(f"{name} ({shown})")
     return out
 

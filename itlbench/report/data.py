@@ -24,6 +24,7 @@ from itlbench.analysis.scale import ChunkFigures
 from itlbench.analysis.summary import recall, summarize_meta
 from itlbench.analysis.window import RunWindow
 from itlbench.errors import ConfigError
+from itlbench.report.durations import fmt_s
 from itlbench.report.engines import EngineLabel, detect_engine
 from itlbench.rundir.reader import read_table
 from itlbench.rundir.schema import TABLES, empty
@@ -182,5 +183,5 @@ def run_cut_short(doc: dict[str, Any], measured_s: float, window_inferred: bool 
         reasons.append(f"the engine server died during the run (exit code {code})")
     planned = (doc.get("config") or {}).get("duration_s")
     if isinstance(planned, int | float) and planned > 0 and measured_s < CUT_SHORT_FRACTION * planned:
-        reasons.append(f"it measured {measured_s:.1f} s of the planned {planned:g} s")
+        reasons.append(f"it measured {fmt_s(measured_s)} of the planned {planned:g} s")
     return reasons

@@ -23,6 +23,8 @@ class Table:
     rows: list[list[str]]
     caption: str = ""
     align_right_from: int = 1  # columns from this index on are numbers
+    withdrawn: str = ""  # why the run's validity verdict withdrew figures of this table (said above it)
+    invalid_rows: frozenset[int] = frozenset()  # rows holding a withdrawn figure (their label says so too)
 
 
 @dataclass
@@ -90,6 +92,7 @@ padding-bottom:3px}.subtitle{color:#555;margin-top:0}
 .bad{background:#fde4e4;border-left:5px solid #e45756}.info{background:#eef3f9;border-left:5px solid #4c78a8}
 figure{margin:14px 0 22px 0}figure img{max-width:100%;height:auto;border:1px solid #eee}
 figcaption{color:#444;font-size:0.92em;margin-top:4px}.note{color:#666;font-style:italic}
+.withdrawn{color:#b3261e;font-weight:bold}tr.invalid td{background:#fde4e4;color:#7a1c16}
 table{border-collapse:collapse;margin:8px 0 14px 0;font-size:0.92em}
 th,td{border-bottom:1px solid #e3e3e3;padding:4px 10px;text-align:left;vertical-align:top}
 th{background:#f6f6f6}td.n{text-align:right;font-variant-numeric:tabular-nums}td.k{white-space:nowrap}
@@ -122,10 +125,12 @@ def _cell_class(t: Table, column: int, cell: str) -> str:
 def _html_table(t: Table) -> str:
     head = "".join(f"<th>{_esc(h)}</th>" for h in t.headers)
     body = []
-    for row in t.rows:
+    for k, row in enumerate(t.rows):
         cells = "".join(f"<td{_cell_class(t, i, c)}>{_esc(c)}</td>" for i, c in enumerate(row))
-        body.append(f"<tr>{cells}</tr>")
-    cap = f"<caption>{_esc(t.caption)}</caption>" if t.caption else ""
+        tr = '<tr class="invalid">' if k in t.invalid_rows else "<tr>"
+        body.append(f"{tr}{cells}</tr>")
+    mark = f'<span class="withdrawn">{_esc(withdrawn_text(t.withdrawn))}</span> ' if t.withdrawn else ""
+    cap = f"<caption>{mark}{_esc(t.caption)}</caption>" if t.caption or mark else ""
     return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
@@ -134,6 +139,8 @@ def _md_table(t: Table) -> str:
         return c.replace("|", "\\|").replace("\n", " ")
 
     lines = []
+    if t.withdrawn:
+        lines += [f"**{withdrawn_text(t.withdrawn)}**", ""]
     if t.caption:
         lines += [f"*{t.caption}*", ""]
     lines.append("| " + " | ".join(cell(h) for h in t.headers) + " |")
@@ -164,6 +171,11 @@ def write_document(doc: Document, out_dir: Path, stem: str = "report") -> Writte
     return Written(html_path, md_path, paths)
 
 
+def withdrawn_text(why: str) -> str:
+    """The one wording of a withdrawn figure's mark, above a table or in a figure's caption."""
+    return f"Not valid: {why}."
+
+
 def _html_block(b: Block, pngs: dict[str, bytes]) -> str:
     if isinstance(b, str):
         return f"<p>{_esc(b)}</p>"
@@ -177,8 +189,9 @@ def _html_block(b: Block, pngs: dict[str, bytes]) -> str:
         return "<ul>" + "".join(f'<li><a href="{_esc(h)}.html">{_esc(t)}</a></li>' for t, h in b.items) + "</ul>"
     if b.key in pngs:
         data = base64.b64encode(pngs[b.key]).decode()
+        mark = f'<span class="withdrawn">{_esc(withdrawn_text(b.withdrawn))}</span> ' if b.withdrawn else ""
         return (f'<figure id="fig-{b.key}"><img alt="{_esc(b.title)}" src="data:image/png;base64,{data}">'
-                f"<figcaption><b>{_esc(b.title)}.</b> {_esc(b.caption)}</figcaption></figure>")
+                f"<figcaption>{mark}<b>{_esc(b.title)}.</b> {_esc(b.caption)}</figcaption></figure>")
     return f'<p class="note"><b>{_esc(b.title)}:</b> {_esc(b.note or "not available for this run")}</p>'
 
 
@@ -194,7 +207,8 @@ def _md_block(b: Block, figures: set[str]) -> str:
     if isinstance(b, Links):
         return "\n".join(f"- [{t}]({h}.md)" for t, h in b.items)
     if b.key in figures:
-        return f"![{b.title}](figures/{b.key}.png)\n\n**{b.title}.** {b.caption}"
+        mark = f"**{withdrawn_text(b.withdrawn)}** " if b.withdrawn else ""
+        return f"![{b.title}](figures/{b.key}.png)\n\n{mark}**{b.title}.** {b.caption}"
     return f"*{b.title}: {b.note or 'not available for this run'}*"
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import polars as pl
 
+from itlbench.report.durations import fmt_s
+
 PREFIX_ENGINES = {"vllm:": "vLLM", "sglang:": "SGLang", "llamacpp:": "llama.cpp server", "itlbench_": "itlbench server"}
 OWNED_BY_ENGINES = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp server",
                     "llama.cpp": "llama.cpp server", "library": "Ollama", "ollama": "Ollama"}
@@ -75,3 +77,18 @@ def detect_engine(doc: dict[str, Any], server_metrics: pl.DataFrame, steps: pl.D
     else:
         source = "client only (no step log, no engine /metrics)"
     return EngineLabel(name, True, source, found)
+
+
+def engine_check_line(check: dict[str, Any]) -> str | None:
+    """The engine cross-check in one line for the report and the terminal: the worst client gap against the
+    engine time inside it, every duration as `fmt_s` writes it (a 4.4 ms gap is not "0.00 s")."""
+    if check.get("longest_step_s") is None or check.get("worst_client_gap_s") is None:
+        return None
+    line = f"worst client gap {fmt_s(check['worst_client_gap_s'])}"
+    if check.get("worst_gap_steps") is not None:
+        n = check["worst_gap_steps"]
+        line += (f" ({check['worst_gap_request_id']}): {n} engine step{'' if n == 1 else 's'} inside it kept the "
+                 f"engine busy {fmt_s(check['worst_gap_engine_busy_s'])}, the longest "
+                 f"{fmt_s(check.get('worst_gap_longest_step_s') or 0.0)}; "
+                 f"{fmt_s(check['worst_gap_unexplained_s'])} not engine time")
+    return line + f"; longest step of the run {fmt_s(check['longest_step_s'])}"

@@ -23,6 +23,7 @@ class FigureSpec:
     figure: Figure | None = None
     note: str | None = None
     inferred: bool = False  # drawn from steps inferred from the client's stamps, not from a step log
+    withdrawn: str | None = None  # why the run's validity verdict withdrew what this figure shows
 
 
 def steps_s(data: RunData, whole_run: bool = False, steps: pl.DataFrame | None = None) -> pl.DataFrame:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.patches import Patch
 
 from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.report.data import RunData
 from itlbench.report.figure_spec import FigureSpec, inferred_for, steps_s
+from itlbench.report.slos import itl_target, slo_text
 from itlbench.report.steps_figure import engine_steps_figure
 from itlbench.report.style import (
     DECODE,
@@ -27,6 +29,8 @@ from itlbench.report.style import (
     fmt_s,
     gap_cdf_axes,
     new_figure,
+    seconds_log_xaxis,
+    seconds_yaxis,
     tidy,
     time_axis,
 )
@@ -35,7 +39,8 @@ from itlbench.report.timeline import injected_spans, stall_picture
 
 def ttft_figure(data: RunData) -> FigureSpec:
     caption = ("Left: every request's TTFT by prompt bucket (dots; injected prompts in orange), median as a "
-               "bar; right: where the median TTFT went (client lag, server queue, prefill).")
+               "bar from zero (a log axis only where the TTFTs span decades); right: where the median TTFT went "
+               "(client lag, server queue, prefill).")
     spec = FigureSpec("ttft", "Time to first token by prompt length", caption)
     t = data.ttft.filter(pl.col("ttft_s") > 0)
     present = [b for b in BUCKET_LABELS if t.filter(pl.col("bucket") == b).height]
@@ -44,6 +49,7 @@ def ttft_figure(data: RunData) -> FigureSpec:
         return spec
     fig = new_figure(3.6)
     left, right = fig.subplots(1, 2, width_ratios=[1.3, 1])
+    logged = seconds_yaxis(left, t["ttft_s"].to_list())  # before the bars, which start at zero on a linear axis
     rng = np.random.default_rng(0)
     for i, b in enumerate(present):
         rows = t.filter(pl.col("bucket") == b)
@@ -56,8 +62,9 @@ def ttft_figure(data: RunData) -> FigureSpec:
         left.bar(i, med, width=0.7, color="#dddddd", zorder=1)
         left.text(i, med, f"{fmt_s(med)}\n(n={rows.height})", ha="center", va="bottom", fontsize=7)
     left.set_xticks(range(len(present)), present)
-    left.set_yscale("log")
-    left.set_ylabel("TTFT (s)")
+    if not logged:
+        left.set_ylim(0, float(t["ttft_s"].max()) * 1.18)  # type: ignore[arg-type]  # room for the median's label
+    left.set_ylabel("TTFT" + (" (log)" if logged else ""))
     left.set_xlabel("prompt bucket (k = 1024 tokens)")
     tidy(left)
     _ttft_parts(right, t, present, data.engine.has_steps)
@@ -100,9 +107,15 @@ def pooled_cdf(data: RunData) -> tuple[np.ndarray, np.ndarray, int]:
     return x, y, data.chunks.itl.count
 
 
+SLO_REACH = 3.0  # an ITL target beyond this many times the longest gap drawn is marked at the axis' edge
+
+
 def itl_figure(data: RunData) -> FigureSpec:
     caption = ("The share of gaps at or below each length (log x; the y axis stretches the tail so "
-               "p99 and p99.9 are visible): pooled over every gap, and per request (its mean, TPOT).")
+               "p99 and p99.9 are visible): pooled over every gap; per request its TPOT (mean gap) over the "
+               "steady requests sent in the window, as the table below counts them; and per request its worst "
+               "gap in the window, over every steady request with a gap there (those still in flight when it "
+               "opened too).")
     spec = FigureSpec("itl_cdf", "Inter-token latency distribution", caption)
     x, y, n = pooled_cdf(data)
     if n < 2:
@@ -111,15 +124,22 @@ def itl_figure(data: RunData) -> FigureSpec:
     fig = new_figure(3.8)
     ax = fig.subplots()
     ax.step(x, y, where="post", color=STREAMING, linewidth=1.6, label=f"pooled, every gap (n={n:,})")
+    drawn = [float(x.max())]
+    tpot = data.chunks.tpot
+    means = (tpot.filter(~pl.col("injected"))["tpot_s"].drop_nulls().to_numpy()
+             if tpot is not None and tpot.height else np.array([]))
+    if len(means) >= 2:  # the table's TPOT row, request for request
+        xm, ym = _cdf(means)
+        ax.step(xm, ym, where="post", color=GOOD, linewidth=1.2, label=f"per request, TPOT (mean gap; n={len(xm):,})")
+        drawn.append(float(xm.max()))
     spans = data.chunks.spans
-    per_req = (spans.filter(~pl.col("injected")).select(pl.col("mean_s").alias("m"), pl.col("max_s").alias("mx"))
-               if spans is not None and spans.height else pl.DataFrame(schema={"m": pl.Float64, "mx": pl.Float64}))
-    if per_req.height >= 2:
-        xm, ym = _cdf(per_req["m"].to_numpy())
-        ax.step(xm, ym, where="post", color=GOOD, linewidth=1.2, label=f"per request, mean gap (n={len(xm):,})")
-        xx, yx = _cdf(per_req["mx"].to_numpy())
+    worst = (spans.filter(~pl.col("injected"))["max_s"].drop_nulls().to_numpy()
+             if spans is not None and spans.height else np.array([]))
+    if len(worst) >= 2:
+        xx, yx = _cdf(worst)
         ax.step(xx, yx, where="post", color=MISSED, linewidth=1.0, linestyle="--",
-                label="per request, worst gap")
+                label=f"per request, worst gap in the window (n={len(xx):,})")
+        drawn.append(float(xx.max()))
     itl = data.summary.get("itl_s") or {}
     for key, label in (("p50", "p50"), ("p99", "p99"), ("p999", "p99.9"), ("max", "max")):
         v = itl.get(key)
@@ -127,26 +147,36 @@ def itl_figure(data: RunData) -> FigureSpec:
             q = {"p50": 0.5, "p99": 0.99, "p999": 0.999, "max": 1 - 0.5 / n}[key]
             ax.plot([v], [q], marker="o", color="black", markersize=4, zorder=4)
             ax.annotate(f"{label} {fmt_s(v)}", (v, q), xytext=(5, -3), textcoords="offset points", fontsize=8)
-    target = _itl_target(data)
-    if target:
-        ax.axvline(target[1], color="black", linestyle="--", linewidth=0.8)
-        ax.text(target[1], 0.02, f" SLO {target[0]} {fmt_s(target[1])}", fontsize=8, rotation=90,
-                va="bottom", transform=ax.get_xaxis_transform())
-    ax.set_xscale("log")
+            drawn.append(float(v))
+    seconds_log_xaxis(ax)
     positive = x[x > 0]
-    if len(positive):
-        ax.set_xlim(left=max(float(positive[0]), float(np.quantile(positive, 0.01)) / 3))
+    if len(positive) and max(drawn) > 0:
+        lo, hi = max(float(positive[0]), float(np.quantile(positive, 0.01))) / 1.5, max(drawn) * 1.6
+        hi = _slo_line(ax, data, lo, hi)
+        ax.set_xlim(lo, hi)
     gap_cdf_axes(ax, max(0.5 / n, 0.005), 1 - min(0.5 / n, 0.001))
     spec.figure = fig
     return spec
 
 
-def _itl_target(data: RunData) -> tuple[str, float] | None:
-    slos = (data.summary.get("goodput") or {}).get("slos") or {}
-    default = slos.get("default") or {}
-    if default.get("itl_s"):
-        return f"itl_{default.get('itl_stat', 'p99')}", float(default["itl_s"])
-    return None
+def _slo_line(ax: Axes, data: RunData, lo: float, hi: float) -> float:
+    """The ITL target as a dashed line where it sits near the gaps drawn (returns the x limit that shows it); far
+    from them (a 200 ms default against 2 ms gaps) a label at the axis' edge with its value and an arrow, so
+    the target does not squash the data against the other edge."""
+    target = itl_target(data.summary)
+    if target is None:
+        return hi
+    name, value, default = target
+    label = f"SLO {name} {fmt_s(value)}" + (" (default)" if default else "")
+    if lo <= value <= hi / 1.6 * SLO_REACH:
+        ax.axvline(value, color="black", linestyle="--", linewidth=0.8)
+        ax.text(value, 0.02, f" {label}", fontsize=8, rotation=90, va="bottom", transform=ax.get_xaxis_transform())
+        return max(hi, value * 1.3)
+    right = value > hi
+    ax.annotate(f"{label}, off the scale →" if right else f"← {label}, off the scale",
+                xy=(0.995 if right else 0.005, 0.04), xycoords="axes fraction", ha="right" if right else "left",
+                va="bottom", fontsize=8, bbox={"boxstyle": "round,pad=0.3", "fc": "white", "ec": "#999999", "lw": 0.6})
+    return hi
 
 
 def split_figure(data: RunData) -> FigureSpec:
@@ -177,14 +207,10 @@ def split_figure(data: RunData) -> FigureSpec:
                      lambda v: f"{v:,.0f}"))
     fig = new_figure(0.9 + 0.55 * len(rows))
     ax = fig.subplots()
-    for i, (_, a, b, fmt) in enumerate(rows):
+    for i, (_, a, b, _) in enumerate(rows):
         total = (a + b) or 1.0
         ax.barh(i, a / total, color=PREFILL, height=0.6)
         ax.barh(i, b / total, left=a / total, color=DECODE, height=0.6)
-        for left, v, name in ((0.0, a, "prefill"), (a / total, b, "decode")):
-            if v / total > 0.08:
-                ax.text(left + v / total / 2, i, f"{name} {fmt(v)} ({v / total:.0%})", ha="center",
-                        va="center", color="white", fontsize=9, fontweight="bold")
     ax.set_yticks(range(len(rows)), [r[0] for r in rows])
     ax.invert_yaxis()
     ax.set_xlim(0, 1)
@@ -192,8 +218,41 @@ def split_figure(data: RunData) -> FigureSpec:
     ax.set_xlabel(f"share (time source: {split.get('source')})")
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
+    fig.draw_without_rendering()  # settle the layout: the labels are placed by their drawn widths
+    for i, (_, a, b, fmt) in enumerate(rows):
+        total = (a + b) or 1.0
+        _split_labels(ax, i, [("prefill", a, fmt(a), 0.0), ("decode", b, fmt(b), a / total)], total)
     spec.figure = fig
     return spec
+
+
+def _split_labels(ax: Axes, row: int, parts: list[tuple[str, float, str, float]], total: float) -> None:
+    """Each part's label inside its segment, centred where it fits; else from the segment's own edge into the
+    other one (a thin prefill's label starts at the bar's left end, never over the axis' row labels), and
+    outside the bar on its right where even that would run past the other part's label."""
+    renderer = FigureCanvasAgg(ax.figure).get_renderer()  # type: ignore[arg-type]  # what savefig draws with
+    axes_px = ax.get_window_extent(renderer).width
+    texts = [(f"{name} {shown} ({v / total:.0%})", v / total, left) for name, v, shown, left in parts if v > 0]
+    widths = []
+    for text, *_ in texts:
+        probe = ax.text(0, row, text, fontsize=9, fontweight="bold")
+        widths.append(probe.get_window_extent(renderer).width / axes_px + 0.02)  # in axes fractions, with a margin
+        probe.remove()
+    placed: list[tuple[float, float]] = []  # the spans taken so far, in axes fractions
+    for k, ((text, share, left), width) in enumerate(zip(texts, widths, strict=True)):
+        first = k == 0 and left == 0.0
+        if width <= share:
+            x, ha, span = left + share / 2, "center", (left + share / 2 - width / 2, left + share / 2 + width / 2)
+        elif first:
+            x, ha, span = 0.01, "left", (0.01, 0.01 + width)
+        else:
+            x, ha, span = left + share - 0.01, "right", (left + share - 0.01 - width, left + share - 0.01)
+        if any(span[0] < b and a < span[1] for a, b in placed):  # would overlap: beside the bar instead
+            ax.text(1.01, row, text, ha="left", va="center", fontsize=8, color="#333333",
+                    transform=ax.get_yaxis_transform())
+            continue
+        placed.append(span)
+        ax.text(x, row, text, ha=ha, va="center", color="white", fontsize=9, fontweight="bold")
 
 
 def throughput_figure(data: RunData) -> FigureSpec:
@@ -235,6 +294,8 @@ def throughput_figure(data: RunData) -> FigureSpec:
 def goodput_figure(data: RunData) -> FigureSpec:
     caption = ("Per SLO class, the requests in the window that met every target (green) and why the others "
                "did not: TTFT over target, ITL over target, or the request failed.")
+    if (slos := slo_text(data.summary)) is not None:
+        caption += f" Judged against {slos}."
     spec = FigureSpec("goodput", "Goodput per class", caption)
     j = data.judged
     if j.is_empty():

@@ -14,7 +14,6 @@ from typing import Any
 import polars as pl
 
 from itlbench.analysis.buckets import BUCKET_LABELS
-from itlbench.analysis.crosscheck import engine_check_line
 from itlbench.analysis.definitions import DEFINITIONS
 from itlbench.analysis.gpu import gpu_line
 from itlbench.analysis.stalls import StallParams
@@ -29,11 +28,14 @@ from itlbench.report.document import (
     Written,
     write_document,
 )
-from itlbench.report.engines import serving_warnings
+from itlbench.report.engines import engine_check_line, serving_warnings
+from itlbench.report.figure_spec import FigureSpec
 from itlbench.report.figures import run_figures
 from itlbench.report.reproduce import reproduce_command
-from itlbench.report.style import fmt_s, fmt_tokens
+from itlbench.report.slos import slo_text
+from itlbench.report.style import BAD_TEXT, fmt_s, fmt_tokens
 from itlbench.report.timeline import injected_spans, layout
+from itlbench.report.withdrawn import Withdrawn
 
 DEFINITION_NAMES = {"ttft": "TTFT", "itl": "ITL", "reasoning": "Reasoning streams", "stall": "Stall", "split": "Prefill:decode split",
                     "prompt_buckets": "Prompt buckets", "goodput": "Goodput", "validity": "Validity",
@@ -56,9 +58,33 @@ def title_of(data: RunData) -> str:
     return " · ".join(parts)
 
 
+class _Marks:
+    """A headline's marks: each withdrawn figure flagged where it is stated, its reasons said once at the end."""
+
+    def __init__(self, summary: dict[str, Any]) -> None:
+        self.gone = Withdrawn.of(summary)
+        self.named: dict[str, list[str]] = {}  # why → the figures it withdrew, in the order stated
+
+    def flag(self, text: str, figure: str, name: str) -> str:
+        """`text` (a sentence or a clause) with '(not valid)' before its full stop when `figure` was withdrawn."""
+        why = self.gone.why(figure)
+        if why is None:
+            return text
+        parts = self.gone.parts(figure)
+        self.named.setdefault(why, []).append(f"{name} {', '.join(parts)}" if parts else name)
+        mark = f"({', '.join(parts) + ' ' if parts else ''}not valid)"
+        return f"{text.removesuffix('.')} {mark}." if text.endswith(".") else f"{text} {mark}"
+
+    def why(self) -> list[str]:
+        return [f"Not valid: {', '.join(dict.fromkeys(names))}, as the verdict above says ({why})."
+                for why, names in self.named.items()]
+
+
 def headline(data: RunData) -> str:
-    """The run in two plain sentences: what the injected prompt did, then the steady streams' ITL."""
+    """The run in two plain sentences: what the injected prompt did, then the steady streams' ITL; a figure
+    the run's validity verdict withdrew is marked where it is stated, and why is said after."""
     s, out = data.summary, []
+    marks = _Marks(s)
     stalls = s.get("stalls") or {}
     spans = injected_spans(data)
     if spans:
@@ -72,26 +98,29 @@ def headline(data: RunData) -> str:
         if hit.height:
             victims = hit["request_id"].n_unique()
             who = f"all {streams} steady streams" if victims >= streams else f"{victims} of {streams} steady streams"
-            out.append(f"While {span.request_id} ({size}) was prefilled {how}, {who} froze: {hit.height:,} "
-                       f"stalled gaps, the worst {fmt_s(hit['gap_s'].max())}.")  # type: ignore[arg-type]
+            out.append(marks.flag(f"While {span.request_id} ({size}) was prefilled {how}, {who} froze: {hit.height:,} "
+                                  f"stalled gaps, the worst {fmt_s(hit['gap_s'].max())}.",  # type: ignore[arg-type]
+                                  "stalls", "the stalls"))
         else:
-            out.append(f"{span.request_id} ({size}) was prefilled {how} without stalling any steady stream "
-                       f"(a stall: {StallParams.from_meta(data.doc).rule()}).")
+            out.append(marks.flag(f"{span.request_id} ({size}) was prefilled {how} without stalling any steady stream "
+                                  f"(a stall: {StallParams.from_meta(data.doc).rule()}).", "stalls", "the stalls"))
         if span.ttft_s is not None:
-            out.append(f"Its own first token came after {fmt_s(span.ttft_s)}.")
+            out.append(marks.flag(f"Its own first token came after {fmt_s(span.ttft_s)}.", "ttft_by_class_s.injected",
+                                  f"{span.request_id}'s TTFT"))
         if len(spans) > 1:
             out.append(f"({len(spans)} prompts were injected; the figures shade every one.)")
     elif stalls.get("count"):
-        out.append(f"{stalls['count']:,} stalled gaps in {stalls.get('victims', 0)} requests, worst "
-                   f"{fmt_s(stalls.get('worst_s'))}; no prompt was injected.")
+        out.append(marks.flag(f"{stalls['count']:,} stalled gaps in {stalls.get('victims', 0)} requests, worst "
+                              f"{fmt_s(stalls.get('worst_s'))}; no prompt was injected.", "stalls", "the stalls"))
     else:
-        out.append(f"No stream stalled (a stall: {StallParams.from_meta(data.doc).rule()}) and no prompt was injected.")
+        out.append(marks.flag(f"No stream stalled (a stall: {StallParams.from_meta(data.doc).rule()}) and no prompt "
+                              "was injected.", "stalls", "the stalls"))
     itl = s.get("itl_s") or {}
     thr = (s.get("throughput") or {}).get("output_tokens_per_s")
-    out.append(f"Steady streams: ITL p50 {fmt_s(itl.get('p50'))}, p99 {fmt_s(itl.get('p99'))}, "
-               f"p99.9 {fmt_s(itl.get('p999'))}, worst {fmt_s(itl.get('max'))}"
-               + (f"; {thr:,.0f} output tokens/s." if thr is not None else "."))
-    return " ".join(out)
+    out.append(marks.flag("Steady streams' ITL", "itl_s", "ITL") + f": p50 {fmt_s(itl.get('p50'))}, p99 "
+               f"{fmt_s(itl.get('p99'))}, p99.9 {fmt_s(itl.get('p999'))}, worst {fmt_s(itl.get('max'))}"
+               + (marks.flag(f"; {thr:,.0f} output tokens/s.", "throughput", "throughput") if thr is not None else "."))
+    return " ".join(out + marks.why())
 
 
 def callouts(data: RunData) -> list[Callout]:
@@ -104,7 +133,9 @@ def callouts(data: RunData) -> list[Callout]:
         out.append(Callout("bad", lost + "."))
     req = s.get("requests") or {}
     if req.get("total"):
-        out += [Callout("info", headline(data)), _verdict(s)]
+        line, verdict = headline(data), _verdict(s)
+        # an invalid run says so before it states any figure, and its headline is no plain statement of fact
+        out += [verdict, Callout("warn", line)] if s.get("valid") is False else [Callout("info", line), verdict]
     else:  # no headline and no verdict on figures that are not there
         warmup = (f" ({req['outside_window']:,} were sent in the warm-up, {req.get('outside_window_failed', 0):,} "
                   f"of them failed)" if req.get("outside_window") else "")
@@ -181,7 +212,7 @@ def events_table(data: RunData) -> Table | None:
         others = [r for r in ev.get("prefill_request_ids") or [] if r not in injected]
         who = ", ".join([f"{r} (injected)" for r in injected[:2]] + others[:2])
         more = len(injected) + len(others) - min(2, len(injected)) - min(2, len(others))
-        rows.append([f"{ev.get('start_s', 0):.2f} s", str(ev.get("victims")), str(ev.get("stalls")),
+        rows.append([fmt_s(ev.get("start_s", 0)), str(ev.get("victims")), str(ev.get("stalls")),
                      fmt_s(ev.get("worst_s")), fmt_s(ev.get("stalled_s")), str(ev.get("cause") or "unknown"),
                      (who + (f" +{more}" if more > 0 else "")) or "—",
                      fmt_tokens(ev.get("prefill_tokens")) if ev.get("prefill_tokens") else "—",
@@ -189,34 +220,47 @@ def events_table(data: RunData) -> Table | None:
     return Table(["start", "streams", "stalls", "worst gap", "stalled", "cause", "prefilling", "prefill tokens",
                   "longest step"], rows, "Stall events (stalls overlapping across streams), the most stream-seconds "
                  "stalled first",
-                 align_right_from=1)
+                 align_right_from=1, withdrawn=Withdrawn.of(data.summary).why("stalls") or "")
 
 
 def ttft_table(data: RunData) -> Table:
     s = data.summary
+    gone = Withdrawn.of(s)
     ttft, parts = s.get("ttft_s") or {}, s.get("ttft_breakdown_s") or {}
-    rows = []
+    rows, invalid = [], set()
     for b in (*BUCKET_LABELS, "all"):
         d = ttft.get(b) or {}
         if not d.get("count"):
             continue
         p = parts.get(b) or {}
-        rows.append([b, str(d["count"]), fmt_s(d.get("p50")), fmt_s(d.get("p90")), fmt_s(d.get("p99")),
-                     fmt_s(d.get("max")), fmt_s(p.get("client_lag_p50")), fmt_s(p.get("queue_p50")),
-                     fmt_s(p.get("prefill_p50"))])
+        key = "ttft_s" if b == "all" else f"ttft_s.{b}"
+        if gone.why(key):
+            invalid.add(len(rows))
+        rows.append([gone.label(key, b), str(d["count"]), fmt_s(d.get("p50")), fmt_s(d.get("p90")),
+                     fmt_s(d.get("p99")), fmt_s(d.get("max")), fmt_s(p.get("client_lag_p50")),
+                     fmt_s(p.get("queue_p50")), fmt_s(p.get("prefill_p50"))])
     return Table(["bucket", "requests", "p50", "p90", "p99", "max", "client lag p50", "queue p50", "prefill p50"],
-                 rows, "TTFT by prompt bucket")
+                 rows, "TTFT by prompt bucket", withdrawn=gone.why("ttft_s") or "", invalid_rows=frozenset(invalid))
+
+
+ITL_VIEWS = (("itl_s", "pooled gaps, steady streams"), ("itl_all_s", "pooled gaps, all streams"),
+             ("itl_per_token_s", "per token, steady streams"), ("tpot_s", "per request mean (TPOT)"))
 
 
 def itl_table(data: RunData) -> Table:
     s = data.summary
-    rows = []
-    for key, name in (("itl_s", "pooled gaps, steady streams"), ("itl_all_s", "pooled gaps, all streams"),
-                      ("itl_per_token_s", "per token, steady streams"), ("tpot_s", "per request mean (TPOT)")):
+    gone = Withdrawn.of(s)
+    rows, invalid = [], set()
+    for key, name in ITL_VIEWS:
         d = s.get(key) or {}
-        rows.append([name, f"{d.get('count') or 0:,}", fmt_s(d.get("p50")), fmt_s(d.get("p90")),
+        if gone.why(key):
+            invalid.add(len(rows))
+        rows.append([gone.label(key, name), f"{d.get('count') or 0:,}", fmt_s(d.get("p50")), fmt_s(d.get("p90")),
                      fmt_s(d.get("p99")), fmt_s(d.get("p999")), fmt_s(d.get("max"))])
-    return Table(["view", "samples", "p50", "p90", "p99", "p99.9", "max"], rows, "Inter-token latency")
+    return Table(["view", "samples", "p50", "p90", "p99", "p99.9", "max"], rows,
+                 "Inter-token latency (samples: gaps, or for TPOT the steady requests sent in the window with two "
+                 "tokens or more)", withdrawn=gone.any_of(*(k for k, _ in ITL_VIEWS)) or "",
+                 invalid_rows=frozenset(invalid))
 
 
 def reasoning_section(data: RunData) -> Section | None:
@@ -237,8 +281,9 @@ def reasoning_section(data: RunData) -> Section | None:
         if d.get("count"):
             rows.append([b, str(d["count"]), fmt_s(d.get("p50")), fmt_s(d.get("p90")), fmt_s(d.get("p99")),
                          fmt_s(d.get("max"))])
+    gone = Withdrawn.of(data.summary)
     by_bucket = Table(["bucket", "requests", "p50", "p90", "p99", "max"], rows,
-                      "Time to first answer token (TTFA) by prompt bucket")
+                      "Time to first answer token (TTFA) by prompt bucket", withdrawn=gone.why("ttft_s") or "")
     phases = []
     for key, name in (("reasoning_s", "reasoning time (first token → first answer)"),
                       ("itl_reasoning_s", "ITL, reasoning phase"), ("itl_answer_s", "ITL, answer phase"),
@@ -246,39 +291,50 @@ def reasoning_section(data: RunData) -> Section | None:
         d = r.get(key) or {}
         phases.append([name, f"{d.get('count') or 0:,}", fmt_s(d.get("p50")), fmt_s(d.get("p90")),
                        fmt_s(d.get("p99")), fmt_s(d.get("max"))])
-    by_phase = Table(["figure", "samples", "p50", "p90", "p99", "max"], phases, "Reasoning and answer phases")
+    by_phase = Table(["figure", "samples", "p50", "p90", "p99", "max"], phases, "Reasoning and answer phases",
+                     withdrawn=gone.any_of("ttft_s", "itl_s") or "")
     return Section("Reasoning and answer").add(lead, by_bucket, by_phase)
 
 
 def totals_table(data: RunData) -> Table:
     s = data.summary
+    gone = Withdrawn.of(s)
     thr, good, req = s.get("throughput") or {}, s.get("goodput") or {}, s.get("requests") or {}
     split, stalls = s.get("split") or {}, s.get("stalls") or {}
     causes = ", ".join(f"{k} {v['count']}" for k, v in sorted((stalls.get("by_cause") or {}).items())) or "—"
     frac = split.get("prefill_frac")
+
+    def flag(text: str, figure: str) -> str:
+        return text + (f" — {mark}" if (mark := gone.mark(figure)) else "")
+
+    slos = slo_text(s)
     rows = [["requests (window)", f"{req.get('total', 0)} (ok {req.get('ok', 0)}, errors {req.get('error', 0)}, "
              f"timeouts {req.get('timeout', 0)}, injected {req.get('injected', 0)})"],
             *([["requests (before the window)", f"{req['outside_window']} ({req.get('outside_window_failed', 0)} "
                 f"failed); {req.get('in_flight_at_start', 0)} still in flight when it opened, their gaps and stalls "
                 "in the window counted"]] if req.get("outside_window") else []),
-            ["output throughput", f"{_num(thr.get('output_tokens_per_s'), '{:,.0f}')} tokens/s, "
-             f"{_num(thr.get('requests_per_s'))} requests/s"],
-            ["goodput", f"{_num(good.get('requests_per_s'))} requests/s ({good.get('good', 0)} of "
-             f"{good.get('total', 0)} met every SLO)"],
-            ["stalls", f"{stalls.get('count', 0):,} gaps, {fmt_s(stalls.get('stalled_s'))} stalled (stream-seconds, "
-             f"summed over streams), worst {fmt_s(stalls.get('worst_s'))}, {stalls.get('victims', 0)} requests; "
-             f"by cause: {causes}" + _open_note(stalls)],
+            ["output throughput", flag(f"{_num(thr.get('output_tokens_per_s'), '{:,.0f}')} tokens/s, "
+                                       f"{_num(thr.get('requests_per_s'))} requests/s", "throughput")],
+            ["goodput", flag(f"{_num(good.get('requests_per_s'))} requests/s ({good.get('good', 0)} of "
+                             f"{good.get('total', 0)} met every SLO)", "goodput")],
+            *([["SLOs judged", slos[0].upper() + slos[1:]]] if slos else []),
+            ["stalls", flag(f"{stalls.get('count', 0):,} gaps, {fmt_s(stalls.get('stalled_s'))} stalled "
+                            f"(stream-seconds, summed over streams), worst {fmt_s(stalls.get('worst_s'))}, "
+                            f"{stalls.get('victims', 0)} requests; by cause: {causes}" + _open_note(stalls), "stalls")],
             *([["preemptions", f"{(s.get('cache') or {})['preemptions']:,} in the window, "
                 f"{(s.get('cache') or {}).get('preemptions_run')} in the whole run"]]
               if (s.get("cache") or {}).get("preemptions") else []),
-            ["prefill : decode", f"{fmt_s(split.get('prefill_s'))} : {fmt_s(split.get('decode_s'))}"
-             + (f" ({frac:.0%} prefill)" if frac is not None else "") + f", source {split.get('source')}"],
+            ["prefill : decode", flag(f"{fmt_s(split.get('prefill_s'))} : {fmt_s(split.get('decode_s'))}"
+                                      + (f" ({frac:.0%} prefill)" if frac is not None else "")
+                                      + f", source {split.get('source')}", "split")],
             ["GPU (NVML)", gpu_line(s.get("gpu"))],
-            ["measured window", f"{data.window.seconds:.1f} s"]]
+            ["measured window", fmt_s(data.window.seconds)]]
     check = (s.get("crosscheck") or {}).get("engine") or {}
     if (line := engine_check_line(check)) is not None:
         rows.append(["engine cross-check", line])
-    return Table(["", ""], rows, align_right_from=9)
+    figures = {"output throughput": "throughput", "goodput": "goodput", "stalls": "stalls", "prefill : decode": "split"}
+    invalid = frozenset(i for i, r in enumerate(rows) if r[0] in figures and gone.mark(figures[r[0]]))
+    return Table(["", ""], rows, align_right_from=9, invalid_rows=invalid)
 
 
 def _kv_table(title: str, d: dict[str, Any], skip: tuple[str, ...] = ()) -> Table:
@@ -296,7 +352,10 @@ def reproduce_section(data: RunData) -> Section:
         sec.add("It was started as:", Code(" ".join(str(a) for a in doc["argv"])))
     sec.add(f"Engine: {data.engine.name} (identified by {data.engine.detected_from}); server-side figures from "
             f"{data.engine.source}. Run created {doc.get('created', '?')}, itlbench {doc.get('itlbench_version', '?')}.")
-    sec.add(_kv_table("Settings (run.json config)", data.config, skip=("out", "reports_dir", "live", "engine")))
+    config = data.config
+    if config.get("slo") is None and slo_text(data.summary):  # '—' would hide that goodput used targets
+        config["slo"] = "none given: the default SLOs applied (listed as 'SLOs judged' under The run in numbers)"
+    sec.add(_kv_table("Settings (run.json config)", config, skip=("out", "reports_dir", "live", "engine")))
     if data.engine_config:
         sec.add(_kv_table("Engine (scheduler and model)", data.engine_config, skip=("extra",)))
     model = ((doc.get("engine") or {}).get("model")) or {}
@@ -315,7 +374,8 @@ def goodput_misses(data: RunData) -> list[Table]:
              f"{m.get('missed')} of {m.get('of')}", fmt_s(m.get("median_s")), fmt_s(m.get("worst_s"))]
             for m in misses]
     return [Table(["SLO", "class", "bucket", "target", "missed", "median of the misses", "worst"], rows,
-                  "Why requests missed their SLOs", align_right_from=3)]
+                  "Why requests missed their SLOs", align_right_from=3,
+                  withdrawn=Withdrawn.of(data.summary).why("goodput") or "")]
 
 
 def chunk_story(data: RunData) -> list[str]:
@@ -332,8 +392,9 @@ def chunk_story(data: RunData) -> list[str]:
                 "ended, so every stream waited that long for its next token."]
     first, longest = float(mine["dur_s"][0]), float(mine["dur_s"].max())  # type: ignore[arg-type]
     text = (f"{mine.height} steps prefilled {rid}, each a chunk of at most the token budget; every stream got one "
-            f"token per step, so its gaps are as long as the steps. The first chunk took {fmt_s(first)}, the "
-            f"longest {fmt_s(longest)}")
+            "token per step, so its gaps are as long as the steps. "
+            + (f"The first chunk was the longest, {fmt_s(first)}" if int(mine["dur_s"].arg_max() or 0) == 0 else
+               f"The first chunk took {fmt_s(first)}, the longest {fmt_s(longest)}"))
     if longest > 1.5 * first:
         text += (f" ({longest / first:.1f}× the first): a chunk late in the prompt attends to everything "
                  "prefilled before it, so chunks get dearer as the prefix grows.")
@@ -349,8 +410,28 @@ def sweep_command(doc: dict[str, Any]) -> str:
     return cmd.replace("itlbench sweep", "itlbench sweep --chunk-budget 512,2048,8192,none", 1)
 
 
+FIGURE_FIGURES = {"stalls": "stalls", "ttft": "ttft_s", "itl_cdf": "itl_s", "throughput": "throughput",
+                  "split": "split", "goodput": "goodput"}  # report figure → the summary figure it shows
+
+
+def mark_withdrawn(data: RunData, figs: list[FigureSpec]) -> None:
+    """Each figure showing what the validity verdict withdrew says so in its caption and on the image itself
+    (figures/*.png travel without their caption)."""
+    gone = Withdrawn.of(data.summary)
+    for spec in figs:
+        why = gone.why(FIGURE_FIGURES[spec.key]) if spec.key in FIGURE_FIGURES else None
+        if why is None:
+            continue
+        spec.withdrawn = why
+        if spec.figure is not None:
+            spec.figure.suptitle(f"NOT VALID: {why}", x=0.01, ha="left", color=BAD_TEXT, fontsize=9,
+                                 fontweight="bold")
+
+
 def build_document(data: RunData) -> Document:
-    figs = {f.key: f for f in run_figures(data)}
+    figures = run_figures(data)
+    mark_withdrawn(data, figures)
+    figs = {f.key: f for f in figures}
     story = Section("What the streams saw").add(figs["stalls"])
     if (t := events_table(data)) is not None:
         story.add(t)

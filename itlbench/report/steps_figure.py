@@ -78,7 +78,7 @@ def engine_steps_figure(data: RunData) -> FigureSpec:
     ax2 = ax.twinx()
     ax2.hlines(w * 1e3, x, x + w, colors="black", linewidth=2.0, zorder=3)
     ax2.set_ylabel("step duration (ms)")
-    ax2.set_ylim(bottom=0)
+    ax2.set_ylim(0, float(w.max()) * 1e3 * 1.3 if len(w) and w.max() > 0 else None)  # headroom for the labels
     ax2.spines["top"].set_visible(False)
     _annotate_chunks(ax2, data, s, spans)
     handles = [Patch(color=DECODE, label="decode tokens"), Patch(color=PREFILL, label="prefill tokens"),
@@ -110,11 +110,16 @@ def _annotate_chunks(ax: Axes, data: RunData, s: pl.DataFrame, spans: list[Injec
     if mine.height < 2:
         return
     first = mine.row(0, named=True)
-    longest = mine.sort("dur_s").row(-1, named=True)
-    for row, what in ((first, "first chunk"), (longest, "longest chunk")):
+    longest = mine.row(int(mine["dur_s"].arg_max() or 0), named=True)  # the earliest of equals: the first, if it ties
+    if (longest["t_s"], longest["dur_s"]) == (first["t_s"], first["dur_s"]):  # one chunk is both: said once, not two labels on one spot
+        labels = [(first, "first and longest chunk", "center", 0)]
+    else:  # the earlier label leans left and the later right, so two close chunks' labels do not cover each other
+        early, late = sorted(((first, "first chunk"), (longest, "longest chunk")), key=lambda r: r[0]["t_s"])
+        labels = [(early[0], early[1], "right", -4), (late[0], late[1], "left", 4)]
+    for row, what, ha, dx in labels:
         ax.annotate(f"{what}: {fmt_tokens(row['prefill_tokens'])} tokens, {fmt_s(row['dur_s'])}",
-                    xy=(row["t_s"] + row["dur_s"] / 2, row["dur_s"] * 1e3), xytext=(0, 12),
-                    textcoords="offset points", ha="center", fontsize=8,
+                    xy=(row["t_s"] + row["dur_s"] / 2, row["dur_s"] * 1e3), xytext=(dx, 12),
+                    textcoords="offset points", ha=ha, fontsize=8,
                     arrowprops={"arrowstyle": "-", "color": "#444444", "linewidth": 0.6})
 
 

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from matplotlib.axes import Axes
+from matplotlib.axis import Axis
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
+from itlbench.report.durations import fmt_s
 from itlbench.units import format_tokens
 
 STREAMING = "#4c78a8"        # tokens arriving at their usual pace
@@ -26,6 +29,7 @@ INJECTED_SPAN = "#f58518"    # the injected prompt's prefill, shaded behind ever
 GOOD = "#54a24b"
 MISSED = "#e45756"
 MUTED = "#9d9d9d"
+BAD_TEXT = "#b3261e"          # a withdrawn figure's mark (as the HTML's .withdrawn)
 
 CAUSE_COLORS = {"prefill": PREFILL, "engine": "#9467bd", "preemption": "#8c564b",
                 "outside_engine": "#f2a900", "client": "#7f7f7f", None: "#e377c2", "unknown": "#e377c2"}
@@ -63,7 +67,7 @@ def gap_cdf_axes(ax: Axes, lo_q: float, hi_q: float) -> None:
     ticks = [q for q in (0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999) if lo_q <= q <= hi_q]
     ax.set_yticks(ticks, [f"{q * 100:g} %" for q in ticks])
     ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("gap between consecutive tokens of one stream (s)")
+    ax.set_xlabel("gap between consecutive tokens of one stream")  # the ticks carry their units
     ax.set_ylabel("share of gaps ≤ x")
     ax.legend(fontsize=8, frameon=False, loc="upper left")
     tidy(ax)
@@ -71,15 +75,44 @@ def gap_cdf_axes(ax: Axes, lo_q: float, hi_q: float) -> None:
 
 def seconds_log_yaxis(ax: Axes) -> None:
     """A log y axis of seconds labelled as durations ("50 ms"), minor ticks too where the view spans
-    under a decade (else matplotlib's own 10^-2 labels would sit between "100 ms" and "1 s")."""
+    under two decades (else matplotlib's own 10^-2 labels would sit between "100 ms" and "1 s")."""
     ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_s(v)))
+    _duration_ticks(ax.yaxis, ax.get_ylim)
+
+
+def seconds_log_xaxis(ax: Axes) -> None:
+    """`seconds_log_yaxis` for the x axis."""
+    ax.set_xscale("log")
+    _duration_ticks(ax.xaxis, ax.get_xlim)
+
+
+def _duration_ticks(axis: Axis, limits: Callable[[], tuple[float, float]]) -> None:
+    """Major ticks as durations; minor ones too where the view is narrow enough to need them: every one
+    within a decade, the 2s and 5s within two (a view with no decade inside it has no major label)."""
+    axis.set_major_formatter(FuncFormatter(lambda v, _: fmt_s(v)))
 
     def minor(v: float, _: int) -> str:
-        lo, hi = ax.get_ylim()
-        return fmt_s(v) if lo > 0 and math.log10(hi / lo) < 1 else ""
+        lo, hi = limits()
+        if lo <= 0 or hi <= lo:
+            return ""
+        span = math.log10(hi / lo)
+        lead = round(v / 10 ** math.floor(math.log10(v) + 1e-9)) if v > 0 else 0
+        return fmt_s(v) if span < 1 or (span < 2 and lead in (2, 5)) else ""
 
-    ax.yaxis.set_minor_formatter(FuncFormatter(minor))
+    axis.set_minor_formatter(FuncFormatter(minor))
+
+
+def seconds_yaxis(ax: Axes, values: Iterable[float], ratio: float = 20.0) -> bool:
+    """A y axis of seconds labelled as durations: log only where the values span decades (more than
+    `ratio`× from the least to the most, as report/load_curve.py decides), else linear from zero, so
+    bars start at zero and a 4 % difference looks like one. Returns whether it went log."""
+    positive = [float(v) for v in values if v is not None and float(v) > 0]
+    if positive and max(positive) / min(positive) > ratio:
+        seconds_log_yaxis(ax)
+        return True
+    ax.set_ylim(0, max(positive) * 1.15 if positive else 1.0)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_s(v)))
+    return False
 
 
 def png_bytes(fig: Figure) -> bytes:
@@ -92,20 +125,6 @@ def save_png(fig: Figure, path: Path) -> bytes:
     data = png_bytes(fig)
     path.write_bytes(data)
     return data
-
-
-def fmt_s(value: float | None) -> str:
-    """Seconds the way a person reads them: 1.88 s, 46 ms, 0.3 ms."""
-    if value is None:
-        return "—"
-    v = float(value)
-    if abs(v) >= 10:
-        return f"{v:,.1f} s"
-    if abs(v) >= 1:
-        return f"{v:.2f} s"
-    if abs(v) >= 0.01:
-        return f"{v * 1e3:.0f} ms"
-    return f"{v * 1e3:.1f} ms"
 
 
 def fmt_tokens(n: int | float | None) -> str:

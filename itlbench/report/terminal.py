@@ -10,12 +10,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from itlbench.analysis.crosscheck import engine_check_line
 from itlbench.analysis.gpu import gpu_line
 from itlbench.load.progress import ProgressSnapshot
 from itlbench.report.data import read_json, run_cut_short, unreadable_line
-from itlbench.report.engines import serving_warnings
+from itlbench.report.durations import fmt_s
+from itlbench.report.engines import engine_check_line, serving_warnings
+from itlbench.report.slos import slo_text
 from itlbench.report.tables import TextTable, print_table
+from itlbench.report.withdrawn import Withdrawn
 
 BUCKET_ORDER = ("le128", "le512", "le2k", "le8k", "le32k", "gt32k")
 
@@ -28,7 +30,8 @@ def _num(v: Any) -> str:
     return "—" if v is None else f"{float(v):,.1f}"
 
 
-def _s(v: Any) -> str:
+def _rate(v: Any) -> str:
+    """A rate (requests/s, tokens/s); durations go through `fmt_s`."""
     return "—" if v is None else f"{float(v):,.2f}"
 
 
@@ -88,49 +91,56 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
     if (line := _outside_line(reqs)) is not None:
         console.print(line, highlight=False)
     _print_cut_short(console, summary, run_dir)
-    ttft = TextTable("TTFT by prompt bucket (s)", ("bucket", "count", "p50", "p90", "p99", "max"),
+    gone = Withdrawn.of(summary)
+    ttft = TextTable("TTFT by prompt bucket", ("bucket", "count", "p50", "p90", "p99", "max"),
                      caption="— : too few requests for that percentile (p90 needs 10, p99 needs 100)")
     buckets = summary.get("ttft_s", {})
     for name in (*BUCKET_ORDER, "all"):
         b = buckets.get(name)
         if b and b.get("count"):
-            ttft.add_row(name, str(b.get("count")), *_stat_row(b, ("p50", "p90", "p99", "max"), _s))
+            label = gone.label("ttft_s" if name == "all" else f"ttft_s.{name}", name)
+            ttft.add_row(label, str(b.get("count")), *_stat_row(b, ("p50", "p90", "p99", "max"), fmt_s))
     print_table(console, ttft)
-    _print_injected(console, summary)
+    _print_withdrawn(console, gone, "TTFT", "ttft_s")
+    _print_injected(console, summary, gone)
     itl = summary.get("itl_s", {})
     itl_t = TextTable("Inter-token latency, pooled per gap, steady streams (ms)",
                       ("gaps", "p50", "p90", "p95", "p99", "p99.9", "max"), labels=0,
                       caption=None if (itl.get("count") or 0) >= 1000 else "— : too few gaps for that percentile")
     itl_t.add_row(str(itl.get("count", 0)), *_stat_row(itl, ("p50", "p90", "p95", "p99", "p999", "max")))
     print_table(console, itl_t)
+    _print_withdrawn(console, gone, "ITL", "itl_s")
     _print_reasoning(console, summary.get("reasoning"))
     stalls = summary.get("stalls", {})
     split = summary.get("split", {})
     thr = summary.get("throughput", {})
-    console.print(f"[bold]Stalls[/]: {stalls.get('count', 0)} gaps, {_s(stalls.get('stalled_s'))} stream-s stalled "
-                  f"(summed over streams), worst {_s(stalls.get('worst_s'))} s, {stalls.get('victims', 0)} victim "
-                  f"requests, {stalls.get('events', 0)} events")
+    console.print(f"[bold]Stalls[/]: {stalls.get('count', 0)} gaps, {fmt_s(stalls.get('stalled_s'))} stalled "
+                  f"(stream-seconds, summed over streams), worst {fmt_s(stalls.get('worst_s'))}, "
+                  f"{stalls.get('victims', 0)} victim requests, {stalls.get('events', 0)} events", highlight=False)
+    _print_withdrawn(console, gone, "Stalls", "stalls")
     if (line := open_stall_line(stalls)) is not None:
         console.print(f"  [yellow]{line}[/]", highlight=False)
     causes = stalls.get("by_cause") or {}
     if causes:
-        console.print("  by cause: " + ", ".join(f"{k} {v['count']} ({_s(v['stalled_s'])} stream-s)"
-                                                   for k, v in sorted(causes.items())))
+        console.print("  by cause: " + ", ".join(f"{k} {v['count']} ({fmt_s(v['stalled_s'])} stalled)"
+                                                   for k, v in sorted(causes.items())), highlight=False)
     for ev in (stalls.get("attribution") or [])[:3]:
-        console.print(f"  • {_event_line(ev)}")
+        console.print(f"  • {_event_line(ev)}", highlight=False)
     frac = split.get("prefill_frac")
-    console.print(f"[bold]Prefill:decode[/] {_s(split.get('prefill_s'))} s : {_s(split.get('decode_s'))} s"
+    console.print(f"[bold]Prefill:decode[/] {fmt_s(split.get('prefill_s'))} : {fmt_s(split.get('decode_s'))}"
                   + (f" ({frac * 100:.0f} % prefill)" if frac is not None else "")
-                  + f"  [dim]source: {split.get('source', 'unavailable')}[/]")
-    console.print(f"[bold]Throughput[/] {_s(thr.get('requests_per_s'))} req/s, "
-                  f"{_s(thr.get('output_tokens_per_s'))} output tok/s")
+                  + f"  [dim]source: {split.get('source', 'unavailable')}[/]", highlight=False)
+    _print_withdrawn(console, gone, "Prefill:decode", "split")
+    console.print(f"[bold]Throughput[/] {_rate(thr.get('requests_per_s'))} req/s, "
+                  f"{_rate(thr.get('output_tokens_per_s'))} output tok/s")
+    _print_withdrawn(console, gone, "Throughput", "throughput")
     offered = summary.get("offered") or {}
     if offered.get("line"):  # open loop: the arrivals its window held against the nominal --rate
         console.print(f"[bold]Offered[/] {escape(str(offered['line']).removeprefix('Offered '))}", highlight=False)
         if offered.get("note"):
             console.print(f"  [yellow]{escape(str(offered['note']))}[/]", highlight=False)
     console.print(f"[bold]GPU[/] {escape(gpu_line(summary.get('gpu')))}", highlight=False)
-    _print_goodput(console, summary.get("goodput") or {})
+    _print_goodput(console, summary, gone)
     bundling = summary.get("bundling") or {}
     if bundling.get("warning"):
         console.print(f"[yellow]warning:[/] {bundling['warning']}")
@@ -140,7 +150,7 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
     _print_observer(console, summary)
     check = (summary.get("crosscheck") or {}).get("engine") or {}
     if (line := engine_check_line(check)) is not None:
-        console.print(f"[bold]Engine check[/] {line}")
+        console.print(f"[bold]Engine check[/] {line}", highlight=False)
     _print_validity(console, summary)
     clock = summary.get("clock") or {}
     if clock.get("kind") == "virtual":
@@ -165,14 +175,14 @@ def _print_reasoning(console: Console, r: dict[str, Any] | None) -> None:
                   + (f" ({share:.0%} of those with a first token)" if share is not None else "")
                   + (f", {chunk:.0%} of their chunks reasoning" if chunk is not None else "")
                   + f"; {r.get('answered', 0)} reached an answer", highlight=False)
-    table = TextTable("Reasoning streams: first answer token (s) and ITL by phase (ms)",
+    table = TextTable("Reasoning streams: first answer token and ITL by phase (ms)",
                       ("figure", "count", "p50", "p90", "p99", "max"),
                       caption="ITL answer includes the gap into the answer (also alone as 'gap into answer')")
     ttfa = (r.get("ttfa_s") or {}).get("all") or {}
     keys = ("p50", "p90", "p99", "max")
-    table.add_row("TTFA (s)", str(ttfa.get("count", 0)), *_stat_row(ttfa, keys, _s))
+    table.add_row("TTFA", str(ttfa.get("count", 0)), *_stat_row(ttfa, keys, fmt_s))
     reason = r.get("reasoning_s") or {}
-    table.add_row("reasoning time (s)", str(reason.get("count", 0)), *_stat_row(reason, keys, _s))
+    table.add_row("reasoning time", str(reason.get("count", 0)), *_stat_row(reason, keys, fmt_s))
     for label, key in (("ITL reasoning (ms)", "itl_reasoning_s"), ("ITL answer (ms)", "itl_answer_s"),
                        ("gap into answer (ms)", "handoff_s")):
         d = r.get(key) or {}
@@ -204,16 +214,29 @@ def print_engine_warnings(console: Console, run_dir: Path) -> None:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
 
 
-def _print_goodput(console: Console, good: dict[str, Any]) -> None:
-    """Goodput with the reason it is what it is: each SLO missed, by how many requests and how far."""
-    console.print(f"[bold]Goodput[/] {_s(good.get('requests_per_s'))} req/s ({good.get('good', 0)} of "
+def _print_withdrawn(console: Console, gone: Withdrawn, name: str, figure: str) -> None:
+    """Under a figure the run's validity verdict withdrew: that it is not valid, and why (as the report says)."""
+    if (mark := gone.mark(figure)):
+        console.print(f"  [bold red]{escape(name)} {escape(mark.split(': ', 1)[0])}[/]: {escape(mark.split(': ', 1)[1])}",
+                      highlight=False)
+
+
+def _print_goodput(console: Console, summary: dict[str, Any], gone: Withdrawn | None = None) -> None:
+    """Goodput with the SLOs it was judged against (the defaults, said so, where no --slo was given) and the
+    reason it is what it is: each SLO missed, by how many requests and how far."""
+    good = summary.get("goodput") or {}
+    console.print(f"[bold]Goodput[/] {_rate(good.get('requests_per_s'))} req/s ({good.get('good', 0)} of "
                   f"{good.get('total', 0)} requests met every SLO)")
+    if (slos := slo_text(summary)) is not None:
+        console.print(f"  judged against {escape(slos)}", highlight=False)
+    _print_withdrawn(console, gone or Withdrawn.of(summary), "Goodput", "goodput")
     if good.get("not_ok"):
         console.print(f"  {good['not_ok']} requests did not complete (error, timeout or cancelled)")
     for miss in (good.get("misses") or [])[:5]:
         what = f"TTFT {miss.get('bucket')}" if miss["slo"] == "ttft" else f"ITL {miss['slo'].removeprefix('itl_')}"
-        console.print(f"  missed {what} ≤ {_s(miss.get('target_s'))} s ({miss.get('cls')}): {miss.get('missed')} of "
-                      f"{miss.get('of')} requests, median {_s(miss.get('median_s'))} s, worst {_s(miss.get('worst_s'))} s")
+        console.print(f"  missed {what} ≤ {fmt_s(miss.get('target_s'))} ({miss.get('cls')}): {miss.get('missed')} of "
+                      f"{miss.get('of')} requests, median {fmt_s(miss.get('median_s'))}, worst "
+                      f"{fmt_s(miss.get('worst_s'))}", highlight=False)
 
 
 def _print_validity(console: Console, summary: dict[str, Any]) -> None:
@@ -237,23 +260,25 @@ def _cached(entry: dict[str, Any] | None) -> str:
     return f"; cached {entry['cached_tokens']:,} tokens ({entry['cached_fraction'] or 0:.0%})"
 
 
-def _print_injected(console: Console, summary: dict[str, Any]) -> None:
+def _print_injected(console: Console, summary: dict[str, Any], gone: Withdrawn | None = None) -> None:
     """Each injected prompt's TTFT beside the engine's own prefill span for it, when it has one, and the
-    prompt tokens the server says it served from its prefix cache."""
+    prompt tokens the server says it served from its prefix cache; '(not valid)' on a TTFT the verdict withdrew."""
+    bad = " (not valid)" if (gone or Withdrawn.of(summary)).why("ttft_by_class_s.injected") else ""
     by_class = (summary.get("ttft_by_class_s") or {}).get("injected") or {}
     checks = ((summary.get("crosscheck") or {}).get("engine") or {}).get("injected") or []
     cache = {c["request_id"]: c for c in (summary.get("cache") or {}).get("injected") or []}
     for c in checks:
         console.print(f"[bold]Injected[/] {c['request_id']} ({c['prompt_tokens']:,} tokens): TTFT "
-                      f"{_s(c['client_ttft_s'])} s; engine prefill {_s(c['engine_prefill_span_s'])} s over "
-                      f"{c['prefill_steps']} steps{_cached(cache.get(c['request_id']))}")
+                      f"{fmt_s(c['client_ttft_s'])}{bad}; engine prefill {fmt_s(c['engine_prefill_span_s'])} over "
+                      f"{c['prefill_steps']} step{'' if c['prefill_steps'] == 1 else 's'}"
+                      f"{_cached(cache.get(c['request_id']))}", highlight=False)
     if not checks and cache:
         for c in list(cache.values())[:8]:
             console.print(f"[bold]Injected[/] {c['request_id']} ({c['prompt_tokens'] or 0:,} tokens): TTFT "
-                          f"{_s(c['ttft_s'])} s{_cached(c)}")
+                          f"{fmt_s(c['ttft_s'])}{bad}{_cached(c)}", highlight=False)
     elif not checks and by_class.get("count"):
-        console.print(f"[bold]Injected[/] {by_class['count']} prompts: TTFT p50 {_s(by_class.get('p50'))} s, "
-                      f"max {_s(by_class.get('max'))} s")
+        console.print(f"[bold]Injected[/] {by_class['count']} prompts: TTFT p50 {fmt_s(by_class.get('p50'))}, "
+                      f"max {fmt_s(by_class.get('max'))}{bad}", highlight=False)
 
 
 def _print_observer(console: Console, summary: dict[str, Any]) -> None:
@@ -286,7 +311,7 @@ def _print_observer(console: Console, summary: dict[str, Any]) -> None:
         reasons = ", ".join(f"{k} {v}" for k, v in (scrapes.get("by_reason") or {}).items())
         inside = scrapes.get("in_window") or 0
         console.print(f"[bold]/metrics[/] {scrapes['count']} scrapes ({reasons}), "
-                      f"{inside if inside else 'none'} inside the window, longest {_ms(scrapes.get('longest_s'))} ms"
+                      f"{inside if inside else 'none'} inside the window, longest {fmt_s(scrapes.get('longest_s'))}"
                       + (f", {scrapes['failed']} failed" if scrapes.get("failed") else ""))
 
 
@@ -316,7 +341,7 @@ def open_stall_line(stalls: dict[str, Any]) -> str | None:
     if not opened.get("count"):
         return None
     at_end = opened.get("at_window_end") or 0
-    return (f"{opened['count']} of them open ({_s(opened.get('stalled_s'))} stream-s): the stream stopped and "
+    return (f"{opened['count']} of them open ({fmt_s(opened.get('stalled_s'))} stalled): the stream stopped and "
             f"never resumed; {at_end} still stalled when the window closed (counted to the window's end, a lower "
             f"bound), {opened['count'] - at_end} cut while stalled")
 
@@ -329,13 +354,13 @@ def _event_line(ev: dict[str, Any]) -> str:
     cause = ev.get("cause") or "unknown"
     if cause == "unknown" and ev.get("unknown_reason"):
         cause += f" ({str(ev['unknown_reason']).replace('_', ' ')})"
-    line = (f"worst {_s(ev.get('worst_s'))} s across {ev.get('victims', '?')} requests "
-            f"({_s(ev.get('stalled_s'))} stream-s stalled), cause: {cause}")
+    line = (f"worst {fmt_s(ev.get('worst_s'))} across {ev.get('victims', '?')} requests "
+            f"({fmt_s(ev.get('stalled_s'))} stalled, stream-seconds), cause: {cause}")
     if ev.get("prefill_steps"):
         line += (f"; overlapping prefill: {who}{f' +{more} more' if more > 0 else ''} "
-                 f"({ev.get('prefill_tokens', 0)} tokens, {_s(ev.get('prefill_s'))} s)")
+                 f"({ev.get('prefill_tokens', 0)} tokens, {fmt_s(ev.get('prefill_s'))})")
     elif ev.get("longest_step_s") is not None:
-        line += f"; longest engine step {_ms(ev.get('longest_step_s'))} ms"
+        line += f"; longest engine step {fmt_s(ev.get('longest_step_s'))}"
     return line
 
 

@@ -36,6 +36,7 @@ from itlbench.report.style import (
     fmt_s,
     fmt_tokens,
     new_figure,
+    seconds_log_yaxis,
     tidy,
     time_axis,
 )
@@ -336,7 +337,7 @@ def _gap_panel(ax: Axes, data: RunData, spans: list[InjectedSpan]) -> None:
         else:  # most tokens came in one read with the one before: 0 has no place on a log axis
             ax.text(0.002, 0.02, " median gap 0 (most tokens arrived with the one before), below the axis",
                     transform=ax.transAxes, fontsize=7, va="bottom", color="#555555")
-        ax.set_yscale("log")
-    ax.set_ylabel("gap before each token (s)")
+        seconds_log_yaxis(ax)  # ticks as durations ("5 ms"), not 5 × 10⁻³
+    ax.set_ylabel("gap before each token")
     ax.set_xlabel("seconds since measurement start")
     tidy(ax)
