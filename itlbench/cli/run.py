@@ -22,9 +22,11 @@ from itlbench.units import parse_duration_s
 
 OtlpEndpoint = Annotated[str | None, typer.Option(help="Export OpenTelemetry spans and GenAI metrics over OTLP/HTTP "
                                                   "to this base URL (e.g. http://127.0.0.1:4318).")]
-ReceiveOtlp = Annotated[str | None, typer.Option(help="Receive the server's OTLP/HTTP request spans on [HOST:]PORT (or "
-                                                 "auto) and save each run's to RUN/otel_spans.jsonl (vLLM: "
-                                                 "--otlp-traces-endpoint http://HOST:PORT/v1/traces).")]
+ReceiveOtlp = Annotated[str | None, typer.Option(help="Receive the OTLP/HTTP request spans of the server given with "
+                                                 "--endpoint or --serve on [HOST:]PORT (or auto) and save each run's "
+                                                 "to RUN/otel_spans.jsonl (vLLM: --otlp-traces-endpoint "
+                                                 "http://HOST:PORT/v1/traces); the bundled engine's steps are "
+                                                 "recorded without it.")]
 
 
 ENDPOINT_FLAGS = ("seed", "model")  # engine flags an --endpoint run uses too: the workload's seed, the served model
@@ -168,7 +170,7 @@ def run(
                         workers=workers, live=live, metrics_port=metrics_port, otlp_endpoint=otlp_endpoint,
                         driver=driver, master_bind=master_bind, locust_ui=locust_ui, locust_ui_port=locust_ui_port,
                         stream_reader=stream_reader, limits=Limits.parse(limits),
-                        extra_body=parse_extra_body(extra_body), clock=clock)
+                        extra_body=parse_extra_body(extra_body), clock=clock, receive_otlp=receive_otlp is not None)
         cfg.validate()
         from itlbench.harness.orchestrate import run_load_test
         from itlbench.telemetry.span_capture import capture, save_and_warn

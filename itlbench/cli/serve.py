@@ -28,7 +28,7 @@ def serve(
     ctx: typer.Context,
     engine_config: Annotated[str | None, typer.Option(
         help="The whole engine configuration as JSON (what `itlbench run` hands its server); "
-             "replaces the engine flags above.")] = None,
+             "replaces the engine flags (--model … --torch-threads, listed below), which are then refused.")] = None,
     host: Annotated[str, typer.Option(help="Bind address (loopback unless told otherwise).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = 8000,
     api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY", help="Require this bearer key; prefer setting ITLBENCH_API_KEY (a value given here shows in ps).")] = None,
@@ -46,7 +46,15 @@ def serve(
     otlp_endpoint: OtlpEndpoint = None,
     engine_flags: dict | None = None,
 ) -> None:
-    """Serve the bundled engine with an OpenAI-compatible API, /metrics and /v1/steps."""
+    """Serve the bundled engine with an OpenAI-compatible API, /metrics and /v1/steps.
+
+    --engine sim serves the simulator on a thread of this process (no engine process, no torch; --engine-process
+    and --torch-threads are refused): each step takes the time the cost model prices, and the tokens are made up:
+    the same text for the same prompt under temperature 0, or for the same prompt and seed. It never emits EOS, so
+    a response runs to its max_tokens, except a request that sets no max_tokens and does not send ignore_eos (a
+    chat request's default is the rest of the context): that one ends with EOS after a plausible length, lognormal
+    with a mean of 500 tokens, drawn like its tokens (else from --seed), as a model's answer would end.
+    """
     try:
         if engine_config is not None:
             _refuse_engine_flags(ctx)
@@ -54,6 +62,7 @@ def serve(
         else:
             engine = engine_config_from_flags(engine_flags)
         load_model_config(engine.model)  # a bad --model fails here, not in the engine process
+        _refuse_process_flags_for_sim(engine)
         check_sim(engine)
         require_engine_for(engine)
         if max_body_mib <= 0:
@@ -86,6 +95,17 @@ def serve(
                                    otlp_endpoint=otlp_endpoint, limits=limits))
     except ItlbenchError as exc:
         fail(exc)
+
+
+def _refuse_process_flags_for_sim(engine: EngineConfig) -> None:
+    """The simulator computes nothing: it always runs on a thread of the server, without torch, so a flag that
+    asks for an engine process or torch threads would be silently ignored."""
+    if engine.engine != "sim":
+        return
+    for name, given in (("engine_process", engine.engine_process), ("torch_threads", engine.torch_threads)):
+        if given:
+            raise ConfigError(flag_of(name), "does not apply to --engine sim, which runs on a thread of the server "
+                              "and uses no torch", "drop it")
 
 
 def _refuse_engine_flags(ctx: typer.Context) -> None:

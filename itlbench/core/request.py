@@ -32,6 +32,10 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    # The client set no max_tokens (max_tokens is then the rest of the context): the response runs until the
+    # model stops. A model decides that itself; the simulator, which never emits EOS otherwise, ends such a
+    # response with EOS at a seeded, plausible length (sim/runner.py NATURAL_LENGTH) unless ignore_eos.
+    open_ended: bool = False
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:

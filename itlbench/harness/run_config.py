@@ -62,6 +62,7 @@ class RunConfig:
     limits: Limits = field(default_factory=Limits)  # caps on what a server may make the client hold (--limits)
     extra_body: dict[str, Any] = field(default_factory=dict)  # fields added to every request (--extra-body)
     clock: str = "auto"  # auto | virtual | real: the simulator in-process on a virtual clock, or served (resolve_clock below)
+    receive_otlp: bool = False  # --receive-otlp given: an external server's request spans are received (check_receive_otlp)
 
     @property
     def warmup_limit_s(self) -> float:
@@ -127,6 +128,8 @@ class RunConfig:
             check_run_options(self.metrics_port, self.otlp_endpoint, self.workers)
         self._validate_driver()
         _ = self.virtual_clock  # an impossible --clock fails here, before anything starts
+        if self.receive_otlp:
+            check_receive_otlp(self)
 
     def _refuse_unused(self) -> None:
         """A load flag set away from its default that this run would ignore is refused, like the engine's."""
@@ -156,6 +159,25 @@ class RunConfig:
         if not 0 <= self.locust_ui_port < 65536:
             raise ConfigError("--locust-ui-port", f"{self.locust_ui_port} is not a port", "e.g. 8089, or 0 for a free one")
         require_locust()
+
+
+def check_receive_otlp(cfg: RunConfig) -> None:
+    """--receive-otlp takes the request spans of a server given with --endpoint (vLLM's `llm_request` spans, which
+    `analyze --attribution otel` reads). Without --endpoint itlbench runs the bundled engine itself, whose step log
+    the run already records step by step, so it is refused up front rather than waited on for spans that never
+    come: the in-process simulator has no server to send any, and the bundled server's own spans (not vLLM's)
+    go to an OTLP collector with --otlp-endpoint."""
+    if cfg.endpoint is not None:
+        return
+    if cfg.virtual_clock:
+        raise ConfigError("--receive-otlp", "the simulator runs in this process on a virtual clock: no server runs, "
+                          "so none sends spans (the run records the simulated engine's steps themselves)",
+                          "drop --receive-otlp, or use it with --endpoint URL, a server that exports spans "
+                          "(vLLM started with --otlp-traces-endpoint)")
+    raise ConfigError("--receive-otlp", "receives the spans of a server given with --endpoint (vLLM's "
+                      "--otlp-traces-endpoint); the bundled engine itlbench starts here has its step log recorded "
+                      "instead", "drop --receive-otlp, or send the bundled server's own spans to an OTLP collector "
+                      "with --otlp-endpoint URL")
 
 
 # fields itlbench itself sets on every request: --extra-body may not change what the run means

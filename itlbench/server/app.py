@@ -33,7 +33,7 @@ from itlbench.server.protocol import (
     parse_completion,
     parse_json,
 )
-from itlbench.server.responses import SSE_DONE, ResponseBuilder, sse
+from itlbench.server.responses import SSE_DONE, ResponseBuilder, sse, usage
 from itlbench.server.steps import STEPS_FOLLOWERS, stream_steps
 from itlbench.serving.client import EngineClient, EngineDeadError, QueueFullError, RequestStream
 
@@ -166,7 +166,7 @@ async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
         try:
             if req.stream:
                 return await _stream(request, stream, out, req, len(prompt_ids))
-            return await _collect(stream, out, len(prompt_ids), state.engine.engine.tokenizer)
+            return await _collect(stream, out, req, len(prompt_ids), state.engine.engine)
         finally:
             stream.abort()  # no-op when finished; frees KV blocks when the client went away
 
@@ -243,18 +243,24 @@ async def _stream(request: web.Request, stream: RequestStream, out: ResponseBuil
                   req: GenerationRequest, num_prompt: int) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
+    continuous = req.continuous_usage
     if req.chat:
-        await resp.write(sse(out.role_chunk()))
-    detok = IncrementalDetokenizer(_state(request).engine.engine.tokenizer)
+        await resp.write(sse(out.role_chunk(usage(num_prompt, 0) if continuous else None)))
+    engine = _state(request).engine.engine
+    detok = IncrementalDetokenizer(engine.tokenizer)
     generated, cached = 0, None
     try:
         async for o in stream:
             cached = o.num_cached_tokens
             if not o.new_token_ids and not o.finished:
                 continue
-            generated += len(o.new_token_ids)
-            text = detok.push(o.new_token_ids, final=o.finished)
-            await resp.write(sse(out.chunk(text, list(o.new_token_ids), o.finish_reason if o.finished else None)))
+            ids = list(o.new_token_ids)
+            generated += len(ids)
+            reason = o.finish_reason if o.finished else None
+            shown, stop_reason = _stop_token(req, ids, reason, engine)
+            text = detok.push(shown, final=o.finished)
+            await resp.write(sse(out.chunk(text, ids, reason, stop_reason,
+                                           usage(num_prompt, generated, cached) if continuous else None)))
     except EngineDeadError as exc:
         await resp.write(sse(ApiError(500, str(exc), None, "internal_server_error", "engine_error").body()))
     else:
@@ -265,8 +271,8 @@ async def _stream(request: web.Request, stream: RequestStream, out: ResponseBuil
     return resp
 
 
-async def _collect(stream: RequestStream, out: ResponseBuilder, num_prompt: int,
-                   tokenizer: Any) -> web.Response:
+async def _collect(stream: RequestStream, out: ResponseBuilder, req: GenerationRequest, num_prompt: int,
+                   engine: Any) -> web.Response:
     ids: list[int] = []
     reason: str | None = None
     cached = None
@@ -277,8 +283,21 @@ async def _collect(stream: RequestStream, out: ResponseBuilder, num_prompt: int,
             reason = o.finish_reason if o.finished else None
     except EngineDeadError as exc:
         raise ApiError(500, str(exc), None, "internal_server_error", "engine_error") from exc
-    text = await _off_loop(len(ids) > DECODE_OFF_LOOP_IDS, tokenizer.decode, ids)
-    return web.json_response(out.full(text, ids, reason, num_prompt, cached))
+    shown, stop_reason = _stop_token(req, ids, reason, engine)
+    text = await _off_loop(len(shown) > DECODE_OFF_LOOP_IDS, engine.tokenizer.decode, shown)
+    return web.json_response(out.full(text, ids, reason, num_prompt, cached, stop_reason))
+
+
+def _stop_token(req: GenerationRequest, ids: list[int], reason: str | None, engine: Any) -> tuple[list[int], int | None]:
+    """The ids whose text is shown, and vLLM's `stop_reason`. A response a stop token or EOS ended (finish
+    reason "stop", the token last) keeps the token in `token_ids` and usage, but not its text, unless
+    include_stop_str_in_output; `stop_reason` is that token when it is one of stop_token_ids, null for EOS."""
+    if reason != "stop" or not ids:
+        return ids, None
+    last = ids[-1]
+    eos = not req.ignore_eos and last in engine.model_config.eos_token_ids
+    stop_reason = None if eos or last not in req.stop_token_ids else last
+    return (ids if req.include_stop_str_in_output else ids[:-1]), stop_reason
 
 
 # ---- introspection ------------------------------------------------------------------------

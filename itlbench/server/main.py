@@ -110,7 +110,7 @@ async def start_server(config: ServerConfig, engine: SteppedEngine | None = None
         driver = AsyncEngine(engine, max_waiting=config.max_waiting, observer=observer)
         driver.start()
         info = engine.runner_info
-        layout = {"engine_process": False, "torch_threads": _torch_threads(),
+        layout = {"engine_process": False, "torch_threads": None if sim else _torch_threads(),
                   "decode_kernel": info.decode_kernel, "weight_layout": info.weight_layout,
                   "warnings": list(info.warnings)}
     else:
@@ -169,11 +169,14 @@ def _log_startup(server: RunningServer, engine: object, layout: dict[str, object
         log.warning("serving on %s without an API key: anyone who reaches this port can send load and read "
                     "/v1/steps; set ITLBENCH_API_KEY (or --api-key) or bind 127.0.0.1", server.config.host)
     budget = "none" if cfg.chunk_budget is None else cfg.chunk_budget
-    log.info("itlbench serving model=%s device=%s dtype=%s chunk_budget=%s policy=%s%s engine_process=%s "
-             "torch_threads=%s decode=%s weights=%s url=%s", server.config.model_name, getattr(engine, "device", "?"),
-             getattr(engine, "dtype", "?"), budget, cfg.policy, " mixed" if cfg.mixed else "",
-             "yes" if layout["engine_process"] else "no", layout["torch_threads"], layout["decode_kernel"],
-             layout["weight_layout"], server.base_url)
+    if cfg.engine == "sim":  # no engine process, no torch, no kernels: say what runs instead
+        where = "simulated on a thread of the server (no engine process, no torch)"
+    else:
+        where = (f"engine_process={'yes' if layout['engine_process'] else 'no'} torch_threads={layout['torch_threads']} "
+                 f"decode={layout['decode_kernel']} weights={layout['weight_layout']}")
+    log.info("itlbench serving model=%s device=%s dtype=%s chunk_budget=%s policy=%s%s %s url=%s",
+             server.config.model_name, getattr(engine, "device", "?"), getattr(engine, "dtype", "?"), budget,
+             cfg.policy, " mixed" if cfg.mixed else "", where, server.base_url)
     for warning in layout.get("warnings") or ():  # also in GET /v1/engine (serving.warnings), so in run.json
         log.warning("%s", warning)
 

@@ -2,7 +2,9 @@
 
 Every rejection names the offending field in `param` and in the message so load-test operators
 can fix a client without reading server logs. Unknown fields are ignored, as OpenAI-compatible
-servers commonly do, except those whose semantics this engine cannot honour.
+servers commonly do; a known field this engine cannot honour (tools, response_format, penalties, ...)
+is refused with a 400 naming it, unless its value is the one that changes nothing (`tools: []`,
+`response_format: {"type": "text"}`, `presence_penalty: 0`, ...), which SDKs and harnesses send as defaults.
 
 Chat template (documented, model-agnostic): each message renders as ``<|{role}|>\\n{content}\\n``
 and the prompt ends with ``<|assistant|>\\n``; the result is tokenized like a completion prompt.
@@ -58,6 +60,8 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     max_tokens_param: str = "max_tokens"
+    include_stop_str_in_output: bool = False  # vLLM's: the stop token's (or EOS's) text stays in the output
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats (with include_usage): usage on every chunk
 
     @property
     def prompt_param(self) -> str:
@@ -67,7 +71,8 @@ class GenerationRequest:
         try:
             return SamplingParams(max_tokens=max_tokens, min_tokens=self.min_tokens,
                                   temperature=self.temperature, top_p=self.top_p, seed=self.seed,
-                                  ignore_eos=self.ignore_eos, stop_token_ids=self.stop_token_ids)
+                                  ignore_eos=self.ignore_eos, stop_token_ids=self.stop_token_ids,
+                                  open_ended=self.max_tokens is None)
         except ConfigError as exc:
             raise bad(exc.field, exc.problem) from exc
 
@@ -175,13 +180,15 @@ def _parse_common(body: dict[str, Any], *, chat: bool, prompt: str | list[int]) 
     elif not chat:
         max_tokens = DEFAULT_COMPLETION_MAX_TOKENS
     stream = _opt_bool(body, "stream", False)
+    include_usage, continuous = _stream_options(body, stream)
     return GenerationRequest(
         chat=chat, model=model, prompt=prompt, max_tokens=max_tokens,
         min_tokens=_opt_int(body, "min_tokens") or 0,
         temperature=_opt_float(body, "temperature", 1.0), top_p=_opt_float(body, "top_p", 1.0),
         seed=_opt_int(body, "seed"), ignore_eos=_opt_bool(body, "ignore_eos", False),
         stop_token_ids=_token_ids(body, "stop_token_ids"), stream=stream,
-        include_usage=_include_usage(body, stream))
+        include_usage=include_usage, continuous_usage=continuous,
+        include_stop_str_in_output=_opt_bool(body, "include_stop_str_in_output", False))
 
 
 def _reject_unsupported(body: dict[str, Any]) -> None:
@@ -197,17 +204,49 @@ def _reject_unsupported(body: dict[str, Any]) -> None:
         raise bad("logprobs", "logprobs are not supported")
     if body.get("stop") not in (None, [], ""):
         raise bad("stop", "stop strings are not supported; use stop_token_ids")
+    if body.get("prompt_logprobs") is not None:
+        raise bad("prompt_logprobs", "logprobs are not supported")
+    for name, neutral in _NEUTRAL_NUMBERS.items():
+        value = _opt_float(body, name, neutral)
+        if value != neutral and not (name == "top_k" and value in (-1, 0)):
+            raise bad(name, f"is not implemented by this engine (got {value:g}); leave it out or send {neutral:g}")
+    for name in _EMPTY_OR_ABSENT:
+        if body.get(name) not in (None, [], {}, ""):
+            raise bad(name, f"{_WHAT[name]} not supported by this engine; leave it out")
+    for name in ("tool_choice", "function_call"):
+        if body.get(name) not in (None, "none", "auto"):
+            raise bad(name, "tool calls are not supported by this engine; leave it out (or send none)")
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise bad("response_format", "structured output is not supported by this engine; leave it out or send "
+                  '{"type": "text"}')
+    if body.get("use_beam_search"):
+        raise bad("use_beam_search", "beam search is not supported by this engine")
 
 
-def _include_usage(body: dict[str, Any], stream: bool) -> bool:
+# Fields this engine does not implement, refused unless they hold the value that changes nothing (top_k:
+# also -1 or 0, vLLM's "all tokens"); json null counts as absent everywhere.
+_NEUTRAL_NUMBERS = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+                    "length_penalty": 1.0, "top_k": -1.0, "min_p": 0.0}
+_WHAT = {"tools": "tool calls are", "functions": "function calls are", "logit_bias": "logit_bias is",
+         "suffix": "suffix (fill-in-the-middle) is", "allowed_token_ids": "allowed_token_ids is",
+         "bad_words": "bad_words is", "guided_json": "guided decoding is", "guided_regex": "guided decoding is",
+         "guided_choice": "guided decoding is", "guided_grammar": "guided decoding is",
+         "structured_outputs": "structured output is"}
+_EMPTY_OR_ABSENT = tuple(_WHAT)
+
+
+def _stream_options(body: dict[str, Any], stream: bool) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats) of stream_options; the second only counts with the first, as in vLLM."""
     opts = body.get("stream_options")
     if opts is None:
-        return False
+        return False, False
     if not isinstance(opts, dict):
         raise bad("stream_options", "must be an object")
     if not stream:
         raise bad("stream_options", "only allowed when stream is true")
-    return _opt_bool(opts, "include_usage", False, prefix="stream_options.")
+    include = _opt_bool(opts, "include_usage", False, prefix="stream_options.")
+    return include, include and _opt_bool(opts, "continuous_usage_stats", False, prefix="stream_options.")
 
 
 def _check_positive(name: str, value: int) -> None:

@@ -1,7 +1,9 @@
 """OpenAI response and stream-chunk bodies for completions and chat completions.
 
 Choices carry a non-standard `token_ids` list (like vLLM's `return_token_ids`) so clients count
-tokens exactly even when byte-level text for a token is empty or held back mid-character.
+tokens exactly even when byte-level text for a token is empty or held back mid-character. A response
+that a stop token or EOS ended lists that token in `token_ids` (and counts it in usage) but leaves its
+text out, as vLLM does unless `include_stop_str_in_output`.
 """
 
 from __future__ import annotations
@@ -42,19 +44,31 @@ class ResponseBuilder:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model,
                 "choices": choices}
 
-    def chunk(self, text: str, token_ids: list[int], finish_reason: str | None) -> dict[str, Any]:
+    def chunk(self, text: str, token_ids: list[int], finish_reason: str | None, stop_reason: int | None = None,
+              usage_now: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One streamed step; the last carries `finish_reason` and vLLM's `stop_reason` (the stop token id that
+        ended it, null for EOS); `usage_now`: the usage so far (stream_options.continuous_usage_stats)."""
         if self.chat:
             choice = {"index": 0, "delta": {"content": text}, "logprobs": None,
                       "finish_reason": finish_reason, "token_ids": token_ids}
-            return self._envelope("chat.completion.chunk", [choice])
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
-                  "token_ids": token_ids}
-        return self._envelope("text_completion", [choice])
+            body = self._envelope("chat.completion.chunk", [choice])
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
+                      "token_ids": token_ids}
+            body = self._envelope("text_completion", [choice])
+        if finish_reason is not None:
+            choice["stop_reason"] = stop_reason
+        if usage_now is not None:
+            body["usage"] = usage_now
+        return body
 
-    def role_chunk(self) -> dict[str, Any]:
+    def role_chunk(self, usage_now: dict[str, Any] | None = None) -> dict[str, Any]:
         """Chat streams open with the assistant role and no content, as OpenAI's do."""
         choice = {"index": 0, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}
-        return self._envelope("chat.completion.chunk", [choice])
+        body = self._envelope("chat.completion.chunk", [choice])
+        if usage_now is not None:
+            body["usage"] = usage_now
+        return body
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int,
                     cached_tokens: int | None = None) -> dict[str, Any]:
@@ -63,14 +77,14 @@ class ResponseBuilder:
         return body
 
     def full(self, text: str, token_ids: list[int], finish_reason: str | None,
-             prompt_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+             prompt_tokens: int, cached_tokens: int | None = None, stop_reason: int | None = None) -> dict[str, Any]:
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish_reason, "token_ids": token_ids}
+                      "finish_reason": finish_reason, "stop_reason": stop_reason, "token_ids": token_ids}
             body = self._envelope("chat.completion", [choice])
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
-                      "token_ids": token_ids}
+                      "stop_reason": stop_reason, "token_ids": token_ids}
             body = self._envelope("text_completion", [choice])
         body["usage"] = usage(prompt_tokens, len(token_ids), cached_tokens)
         return body

@@ -4,7 +4,10 @@ roofline cost model (sim/roofline.py) on a virtual clock.
 `Engine(config.with_(engine="sim", gpu="h100"))` builds the same engine the torch runner gets, minus
 the model: no weights, no KV tensors, no torch. Each step's cost comes from its chunks' token counts
 (rows, rows that sample, cached context, causal pairs) on the chosen hardware, and the tokens are
-made up (seeded, never EOS, so lengths are the requested ones).
+made up (`SimTokens`): a function of the context under temperature 0 (greedy) or of the request's seed and
+context, else drawn from the engine's --seed; never EOS, so lengths are the requested ones, except where a
+request set no max_tokens and does not ignore EOS: that one ends with EOS at a plausible length, as a
+model's answer would (NATURAL_LENGTH, seeded like its tokens).
 
 Two clocks. Served (`PacedClock`), a step ends `cost / sim_time_scale` after it started on the
 perf_counter clock: the engine thread sleeps until then, so streams are paced exactly as the
@@ -15,15 +18,18 @@ step costs: nothing sleeps, and a run of minutes of simulated time takes millise
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import time
+from array import array
 from collections.abc import Iterable
 
 from itlbench.core.engine import Engine, RunnerInfo, StepRun, resolve_max_model_len
 from itlbench.core.engine_config import EngineConfig
 from itlbench.core.model_config import ModelConfig
 from itlbench.core.presets import load_model_config
+from itlbench.core.request import Request
 from itlbench.core.scheduler_output import ScheduledChunk, SchedulerOutput
 from itlbench.errors import ConfigError
 from itlbench.sim.hardware import kv_dtype_bytes
@@ -177,9 +183,7 @@ class SimRunner:
         self._info = RunnerInfo(device=f"sim:{self.hardware.name}{tp}", dtype=self.hardware.dtype,
                                 attention=config.attention, block_size=config.block_size)
         self.last: StepTime | None = None
-        self._vocab = model_config.vocab_size
-        self._stop_ids = model_config.eos_token_ids
-        self._rng = random.Random(config.seed)
+        self.tokens = SimTokens(model_config.vocab_size, model_config.eos_token_ids, config.seed)
 
     def describe(self) -> str:
         """The simulated deployment in one line, so a run says what it priced (GPU, dtypes, K/V room)."""
@@ -204,13 +208,109 @@ class SimRunner:
         """Charge the step's cost to the clock; a made-up token for every chunk that samples."""
         self.last = self.step_time(output)
         self.clock.charge(self.last.total_s)
-        return StepRun({c.request.request_id: self._token() for c in output.chunks if c.samples})
+        token = self.tokens.next
+        return StepRun({c.request.request_id: token(c.request) for c in output.chunks if c.samples})
 
-    def _token(self) -> int:
-        token = self._rng.randrange(self._vocab)
-        while token in self._stop_ids:  # never end a stream early: lengths are the requested ones
-            token = (token + 1) % self._vocab
+
+# Where the simulator ends a response whose client set no max_tokens (and does not ignore EOS): a lognormal
+# length with the mean and spread of the `chat` workload's answers (workloads/catalog.py), drawn per request
+# like its tokens. A real model's answer ends where its EOS falls; the simulator has no model to say where.
+NATURAL_LENGTH_MEAN = 500
+NATURAL_LENGTH_SIGMA = 0.6
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser: 64 well-mixed bits from any 64."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def _prompt_key(prompt: list[int]) -> int:
+    """64 bits of the whole prompt (BLAKE2b: the same in every process and Python version)."""
+    return int.from_bytes(hashlib.blake2b(array("q", prompt).tobytes(), digest_size=8).digest(), "little")
+
+
+_KEY, _FOLDED, _EOS_AT, _REQUEST = range(4)  # a context: [key, folded, eos_at, request]
+
+
+class SimTokens:
+    """The simulator's made-up tokens, as deterministic as a model's where a model's would be.
+
+    Temperature 0 (greedy): each token is a function of the context (prompt and the tokens so far), like an
+    argmax; a seed with temperature > 0: a function of the seed and the context, so the same request with the
+    same seed gives the same text, another seed another. Otherwise a draw from the engine's generator
+    (seeded by --seed), as unseeded sampling is. EOS is never drawn, so lengths are the requested ones; an
+    open-ended request (`SamplingParams.open_ended`, not ignoring EOS) ends with EOS after NATURAL_LENGTH
+    tokens, drawn from its seed and prompt where it has a key, else from the engine's generator.
+
+    A request's context is kept as [key, folded, eos_at, request]: the running hash of its prompt and of the
+    `folded` output tokens so far (one multiply-xorshift a token), and the output index of its EOS (or None).
+    """
+
+    def __init__(self, vocab: int, stop_ids: Iterable[int], seed: int) -> None:
+        self.vocab = vocab
+        self.stop_ids = frozenset(stop_ids)
+        self.eos = min(self.stop_ids) if self.stop_ids else None
+        self.rng = random.Random(seed)
+        self._contexts: dict[str, list] = {}
+        self._prune_at = 64
+
+    def next(self, req: Request) -> int:
+        """The token `req` samples next (its output index is `req.num_output_tokens`)."""
+        ctx = self._contexts.get(req.request_id)
+        outputs = req.output_token_ids
+        if ctx is None or ctx[_REQUEST] is not req or ctx[_FOLDED] > len(outputs):
+            ctx = self._context(req)
+            if ctx is None:
+                return self._avoid_stop(self.rng.randrange(self.vocab))
+        n = len(outputs)
+        if ctx[_EOS_AT] == n:
+            return self.eos  # type: ignore[return-value]
+        key = ctx[_KEY]
+        if key is None:  # open-ended but not keyed: its tokens are draws
+            return self._avoid_stop(self.rng.randrange(self.vocab))
+        for i in range(ctx[_FOLDED], n):
+            key = ((key ^ outputs[i]) * _GOLDEN) & _MASK
+            key ^= key >> 29
+        ctx[_KEY], ctx[_FOLDED] = key, n
+        token = (key >> 11) % self.vocab
+        return token if token not in self.stop_ids else self._avoid_stop(token)
+
+    def _avoid_stop(self, token: int) -> int:
+        while token in self.stop_ids:  # never end a stream early: lengths are the requested ones
+            token = (token + 1) % self.vocab
         return token
+
+    def _context(self, req: Request) -> list | None:
+        """A new context for `req`; None where it needs none (its tokens are draws and its length is given)."""
+        sp = req.sampling
+        keyed = sp.temperature == 0.0 or sp.seed is not None
+        open_ended = sp.open_ended and not sp.ignore_eos and self.eos is not None
+        if not keyed and not open_ended:
+            return None
+        key = None
+        if keyed:
+            key = _prompt_key(req.prompt_token_ids)
+            if sp.temperature != 0.0:  # a seed picks the sample; greedy ignores it, as vLLM does
+                key = _mix(key ^ _mix((sp.seed or 0) & _MASK))
+        eos_at = self._natural_end(req, key) if open_ended else None
+        ctx = [key, 0, eos_at, req]
+        if len(self._contexts) >= self._prune_at:  # drop finished (and aborted) requests' contexts
+            self._contexts = {rid: c for rid, c in self._contexts.items() if not c[_REQUEST].is_finished}
+            self._prune_at = max(64, 2 * len(self._contexts))
+        self._contexts[req.request_id] = ctx
+        return ctx
+
+    def _natural_end(self, req: Request, key: int | None) -> int:
+        """The output index of an open-ended request's EOS: NATURAL_LENGTH tokens, EOS included, at least
+        min_tokens; past max_tokens it never comes (the request ends at its length)."""
+        rng = self.rng if key is None else random.Random(key ^ 0x5EED)
+        mu = math.log(NATURAL_LENGTH_MEAN) - NATURAL_LENGTH_SIGMA ** 2 / 2
+        length = max(1, req.sampling.min_tokens, round(rng.lognormvariate(mu, NATURAL_LENGTH_SIGMA)))
+        return length - 1
 
 
 def offline_engine(config: EngineConfig, model_config: ModelConfig | None = None, start_ns: int = 0,

@@ -139,6 +139,25 @@ def test_greedy_stream_matches_direct_engine(client):
     assert served == reference[0]
 
 
+def test_a_stop_token_ends_the_response_without_its_text(server, client):
+    """vLLM's stop_token_ids: the token is in token_ids and usage, its text is not (unless include_stop_str_in_output)."""
+    prompt = [11, 42, 99, 7, 300, 123, 64, 5]
+    greedy = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0}
+    decode = server.server.engine.engine.tokenizer.decode
+    ids = token_ids(client.completions.create(**greedy, extra_body={"ignore_eos": True}).choices[0])
+    k = next(i for i in range(1, 12) if ids[i] not in ids[:i] and decode([ids[i]]))
+    stop = {"ignore_eos": True, "stop_token_ids": [ids[k]]}
+    r = client.completions.create(**greedy, extra_body=stop)
+    assert r.choices[0].finish_reason == "stop" and token_ids(r.choices[0]) == ids[:k + 1]
+    assert r.choices[0].text == decode(ids[:k]) != decode(ids[:k + 1])  # before: the stop token's text too
+    assert r.choices[0].model_extra["stop_reason"] == ids[k] and r.usage.completion_tokens == k + 1
+    chunks = [c for c in client.completions.create(**greedy, stream=True, extra_body=stop) if c.choices]
+    assert "".join(c.choices[0].text for c in chunks) == decode(ids[:k])
+    assert chunks[-1].choices[0].text == "" and token_ids(chunks[-1].choices[0]) == [ids[k]]
+    kept = client.completions.create(**greedy, extra_body={**stop, "include_stop_str_in_output": True})
+    assert kept.choices[0].text == decode(ids[:k + 1])
+
+
 def test_token_counters_move_by_tokens_served(server, client):
     before = scrape(server)
     served = 0
