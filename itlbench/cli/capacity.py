@@ -87,6 +87,11 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
             raise ConfigError("--serve", "given together with --endpoint", "use one: a command to start, or a URL")
         if serve is not None:
             check_template(serve, [], otlp=receive_otlp is not None)
+        elif receive_otlp is not None and endpoint is None:
+            raise ConfigError("--receive-otlp", "receives the spans of a server given with --serve or --endpoint; "
+                              "the bundled engine's steps are recorded by each run itself",
+                              "drop --receive-otlp, or search a server that exports spans (vLLM's "
+                              "--otlp-traces-endpoint {otlp_endpoint} in --serve)")
         plan = CapacityPlan(axis=axis, start=start, load_max=rate_max, resolution=resolution, repeat=repeat,
                             max_points=max_points, slo=slo, budget=parse_stall_budget(stall_budget))
         timeout_s = parse_duration_s(serve_timeout, "--serve-timeout")

@@ -13,7 +13,7 @@ import typer
 from itlbench.cli.app import AsJson, app, console, fail, print_json
 from itlbench.cli.engine_options import engine_config_from_flags, engine_options
 from itlbench.cli.run import ReceiveOtlp
-from itlbench.errors import ItlbenchError
+from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.serving.build import require_engine_for
 
 
@@ -79,6 +79,11 @@ def sweep(
         if budgets is None and not any((max_num_seqs, rate, streams, set_)) and (
                 serve is None or "{chunk_budget}" in serve):
             budgets = "256,512,2048,8192,none"
+        if receive_otlp is not None and serve is None:
+            raise ConfigError("--receive-otlp", "receives the spans of each point's --serve server; the bundled "
+                              "engine's steps are recorded by each run itself",
+                              "drop --receive-otlp, or sweep a server that exports spans (vLLM's "
+                              "--otlp-traces-endpoint {otlp_endpoint} in --serve)")
         axes = parse_axes(budgets, policy, max_num_seqs, rate, streams, set_, served=serve is not None)
         plan = SweepPlan(axes, repeat=repeat, serve=serve, model=model, order=order,
                          serve_timeout_s=parse_duration_s(serve_timeout, "--serve-timeout"),

@@ -151,3 +151,13 @@ def test_a_capacity_search_keeps_each_runs_spans(tmp_path: Path, monkeypatch: py
         spans = read_spans(doc_path.parent / SPANS_FILE)
         assert record["request_spans"] == len(spans) == len(ids) > 0, record
         assert {s["attributes"]["gen_ai.request.id"] for s in spans} == ids
+
+
+def test_sweep_and_capacity_refuse_to_wait_for_spans_the_bundled_engine_never_sends(tmp_path: Path) -> None:
+    for cmd in (["sweep", "--chunk-budget", "256,none"], ["capacity"]):
+        res = runner.invoke(app, [*cmd, "--engine", "sim", "--receive-otlp", "auto", "--out", str(tmp_path / cmd[0]),
+                                  "--duration", "2"], terminal_width=200)
+        assert res.exit_code == 2, res.output
+        errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and errors[0].startswith("error: --receive-otlp: receives the spans"), res.output
+        assert not (tmp_path / cmd[0]).exists()
