@@ -11,12 +11,42 @@ nearer the nominal rate.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from itlbench.analysis.offered import SHORTFALL_NOTE, TARGET_NOISE, fmt_rate, round_up_s, steady_duration_s
 
-if TYPE_CHECKING:
-    from itlbench.experiments.capacity import CapacityResult, SearchPoint
+
+# What of capacity.py's records this module reads, as protocols: capacity.py imports this module, not the reverse.
+class _Run(Protocol):
+    @property
+    def figures(self) -> dict[str, float | None]: ...
+
+
+class SearchPoint(Protocol):
+    @property
+    def load(self) -> float: ...
+
+    @property
+    def counted(self) -> Sequence[_Run]: ...
+
+
+class _Plan(Protocol):
+    @property
+    def axis(self) -> str: ...
+
+    def fmt(self, load: float) -> str: ...
+
+
+class CapacityResult(Protocol):
+    @property
+    def plan(self) -> _Plan: ...
+    @property
+    def points(self) -> Sequence[SearchPoint]: ...
+    @property
+    def max_load(self) -> float | None: ...
+    @property
+    def missed_at(self) -> float | None: ...
 
 
 def _mean(values: list[Any]) -> float | None:
