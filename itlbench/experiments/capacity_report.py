@@ -14,6 +14,7 @@ from itlbench.experiments.capacity import CapacityResult, SearchPoint, answer_li
 from itlbench.experiments.capacity_offered import point_offered
 from itlbench.report.document import Callout, Document, Section, Table, Written, write_document
 from itlbench.report.figure_spec import FigureSpec
+from itlbench.report.slos import slo_text
 from itlbench.report.style import fmt_s, new_figure, seconds_log_yaxis, tidy
 
 MET, MISSED = "#2a9d4b", "#c0392b"
@@ -123,10 +124,20 @@ def sim_callouts(result: CapacityResult) -> list[Callout]:
     return [Callout("warn" if check_is_loose(check) else "info", f"How far to trust the simulator: {check_line(check)}.")]
 
 
+def judged_slos(result: CapacityResult) -> str:
+    """The SLOs the search judged its runs against, every target spelled out (as the runs' summaries recorded them)."""
+    for run in (r for pt in result.points for r in pt.runs):
+        with contextlib.suppress(OSError, ValueError):
+            text = slo_text(json.loads((run.run_dir / "summary.json").read_text()))
+            if text:
+                return text
+    return f"--slo {result.plan.slo}" if result.plan.slo else "the defaults"
+
+
 def write_capacity_report(result: CapacityResult, out_dir: Path, command: str, target: str) -> Written:
     p = result.plan
     line = answer_line(result)
-    targets = [f"SLOs: {p.slo or 'the defaults'}", f"stall budget: {p.budget.spec or 'none'}",
+    targets = [f"SLOs: {judged_slos(result)}", f"stall budget: {p.budget.spec or 'none'}",
                f"resolution {p.resolution:.0%}" if p.axis == "rate" else "resolution: one stream",
                f"{p.repeat} runs per point near the boundary"]
     doc = Document(f"Capacity by {p.axis}: {target}",

@@ -118,3 +118,6 @@ def test_a_short_window_says_what_it_offered_beside_the_nominal_rate(tmp_path: P
     assert cap["max_rate"] == 4 and cap["max_rate_offered"] == pytest.approx(2.6)
     assert cap["offered_at_max"]["shortfall"] == pytest.approx(0.35) and "--duration 100s" in cap["offered_note"]
     assert cap["points"][0]["offered_rps"] == pytest.approx(2.6)
+    # the report says which SLOs judged the runs, the defaults spelled out
+    assert "SLOs: the default SLOs (no --slo given" in _flat((out / "report.md").read_text())
+    assert "ITL p99 ≤ 200 ms" in _flat((out / "report.md").read_text())
