@@ -49,14 +49,15 @@ class CapacityResult(Protocol):
     def missed_at(self) -> float | None: ...
 
 
-def _mean(values: list[Any]) -> float | None:
+def mean_of(values: list[Any]) -> float | None:
+    """The mean of the numbers among `values` (None, absent figures, left out); None when there are none."""
     vals = [float(v) for v in values if isinstance(v, int | float)]
     return sum(vals) / len(vals) if vals else None
 
 
 def point_offered(pt: SearchPoint) -> float | None:
     """The point's offered rate: the mean over its counted runs (None: closed loop, or no summary said)."""
-    return _mean([r.figures.get("offered_rps") for r in pt.counted])
+    return mean_of([r.figures.get("offered_rps") for r in pt.counted])
 
 
 def offered_tag(pt: SearchPoint) -> str:
@@ -68,14 +69,14 @@ def offered_tag(pt: SearchPoint) -> str:
 def offered_at(result: CapacityResult, load: float | None) -> dict[str, float | None] | None:
     """What the runs at `load` offered, over every point run there: mean offered rate, arrivals, expected."""
     runs = [r for p in result.points if p.load == load for r in p.counted]
-    offered = _mean([r.figures.get("offered_rps") for r in runs])
+    offered = mean_of([r.figures.get("offered_rps") for r in runs])
     if load is None or result.plan.axis != "rate" or offered is None:
         return None
     return {"nominal_rps": load, "offered_rps": offered, "shortfall": 1 - offered / load,
-            "arrivals": _mean([r.figures.get("arrivals") for r in runs]),
-            "expected_arrivals": _mean([r.figures.get("expected_arrivals") for r in runs]),
-            "window_s": _mean([r.figures.get("window_s") for r in runs]),
-            "count_noise": _mean([r.figures.get("count_noise") for r in runs])}
+            "arrivals": mean_of([r.figures.get("arrivals") for r in runs]),
+            "expected_arrivals": mean_of([r.figures.get("expected_arrivals") for r in runs]),
+            "window_s": mean_of([r.figures.get("window_s") for r in runs]),
+            "count_noise": mean_of([r.figures.get("count_noise") for r in runs])}
 
 
 def steadier_duration_s(at: dict[str, float | None]) -> int:

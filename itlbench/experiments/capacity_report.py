@@ -11,18 +11,13 @@ from typing import Any
 import numpy as np
 
 from itlbench.experiments.capacity import CapacityResult, SearchPoint, answer_line
-from itlbench.experiments.capacity_offered import point_offered
+from itlbench.experiments.capacity_offered import mean_of, point_offered
 from itlbench.report.document import Callout, Document, Section, Table, Written, write_document
 from itlbench.report.figure_spec import FigureSpec
 from itlbench.report.slos import slo_text
 from itlbench.report.style import fmt_s, new_figure, seconds_log_yaxis, tidy
 
 MET, MISSED = "#2a9d4b", "#c0392b"
-
-
-def _mean(values: list[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return float(np.mean(vals)) if vals else None
 
 
 def _share(v: float | None) -> str:
@@ -48,11 +43,11 @@ def points_table(result: CapacityResult) -> Table:
         runs = f"{len(pt.counted)}" + (f" (+{again} disturbed, run again)" if again else "")
         offered = [] if not rate else ["—" if (o := point_offered(pt)) is None else f"{o:.2f}"]
         rows.append([str(i), result.plan.fmt(pt.load), *offered, pt.phase, runs, _met_cell(pt),
-                     fmt_s(_mean([x["itl_p99_s"] for x in f])), fmt_s(_mean([x["worst_gap_s"] for x in f])),
-                     fmt_s(_mean([x["ttft_p90_s"] for x in f])), _share(_mean([x["stalled_share"] for x in f])),
-                     _share(_mean([x["victims_share"] for x in f])),
-                     "—" if _mean([x["achieved_rps"] for x in f]) is None
-                     else f"{_mean([x['achieved_rps'] for x in f]):.2f}",
+                     fmt_s(mean_of([x["itl_p99_s"] for x in f])), fmt_s(mean_of([x["worst_gap_s"] for x in f])),
+                     fmt_s(mean_of([x["ttft_p90_s"] for x in f])), _share(mean_of([x["stalled_share"] for x in f])),
+                     _share(mean_of([x["victims_share"] for x in f])),
+                     "—" if mean_of([x["achieved_rps"] for x in f]) is None
+                     else f"{mean_of([x['achieved_rps'] for x in f]):.2f}",
                      "; ".join(misses[:3]) + (" …" if len(misses) > 3 else "")])
     return Table(["#", result.plan.axis, *(["offered req/s"] if rate else []), "phase", "runs", "met", "ITL p99", "worst gap", "TTFT p90", "stalled",
                   "streams stalled", "achieved req/s", "what missed"], rows,
@@ -77,7 +72,7 @@ def curve_figure(result: CapacityResult) -> FigureSpec:
     ax = fig.subplots()
     for key, marker in (("itl_p99_s", "o"), ("worst_gap_s", "s"), ("ttft_p90_s", "^")):
         xs = [p.load for p in pts]
-        ys = [_mean([r.figures[key] for r in p.counted]) for p in pts]
+        ys = [mean_of([r.figures[key] for r in p.counted]) for p in pts]
         ax.plot(xs, [np.nan if y is None else y for y in ys], color="#999999", linewidth=0.8)
         for p, y in zip(pts, ys, strict=True):
             if y is not None:

@@ -13,12 +13,11 @@ from collections import defaultdict
 from typing import Any
 
 import numpy as np
-from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.report.data import RunData
 from itlbench.report.figure_spec import FigureSpec
-from itlbench.report.style import RUN_COLORS, fmt_s, new_figure, tidy
+from itlbench.report.style import RUN_COLORS, new_figure, seconds_yaxis, tidy
 
 LOAD_KEYS = ("rate", "streams")
 
@@ -87,7 +86,6 @@ def load_figure(runs: list[RunData], rows: object = None) -> FigureSpec:
     curves = curve_points(runs, axis)
     fig = new_figure(3.6, 11.0)
     ax_itl, ax_ttft, ax_rate = fig.subplots(1, 3)
-    secs = FuncFormatter(lambda v, _: fmt_s(v))
     for i, (series, pts) in enumerate(curves.items()):
         color = RUN_COLORS[i % len(RUN_COLORS)]
         x = [p["load"] for p in pts]
@@ -113,14 +111,8 @@ def load_figure(runs: list[RunData], rows: object = None) -> FigureSpec:
         ax.set_title(title, fontsize=9, loc="left")
         ax.set_xlabel(offered)
         tidy(ax)
-    for ax in (ax_itl, ax_ttft):
-        lo, hi = ax.get_ylim()
-        if lo > 0 and hi / lo > 20:  # log only where the values span decades (else its ticks say little)
-            ax.set_yscale("log")
-            ax.yaxis.set_minor_formatter(NullFormatter())
-        else:
-            ax.set_ylim(bottom=0)
-        ax.yaxis.set_major_formatter(secs)
+    for ax in (ax_itl, ax_ttft):  # log only where the values span decades, else linear from zero
+        seconds_yaxis(ax, [float(y) for line in ax.get_lines() for y in line.get_ydata()])
     for style, name in (("--", "ITL p50"), ("-", "ITL p99"), (":", "worst gap")):
         ax_itl.plot([], [], style, color="#555555", label=name)
     ax_itl.legend(fontsize=7, frameon=False)

@@ -104,7 +104,7 @@ def _duration_ticks(axis: Axis, limits: Callable[[], tuple[float, float]]) -> No
 
 def seconds_yaxis(ax: Axes, values: Iterable[float], ratio: float = 20.0) -> bool:
     """A y axis of seconds labelled as durations: log only where the values span decades (more than
-    `ratio`× from the least to the most, as report/load_curve.py decides), else linear from zero, so
+    `ratio`× from the least to the most), else linear from zero, so
     bars start at zero and a 4 % difference looks like one. Returns whether it went log."""
     positive = [float(v) for v in values if v is not None and float(v) > 0]
     if positive and max(positive) / min(positive) > ratio:
