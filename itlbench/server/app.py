@@ -14,7 +14,7 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +35,7 @@ from itlbench.server.protocol import (
 )
 from itlbench.server.responses import SSE_DONE, ResponseBuilder, sse, usage
 from itlbench.server.steps import STEPS_FOLLOWERS, stream_steps
+from itlbench.server.stop_strings import StopStrings
 from itlbench.serving.client import EngineClient, EngineDeadError, QueueFullError, RequestStream
 
 log = logging.getLogger("itlbench.server")
@@ -160,13 +161,14 @@ async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
     request_id = f"{'chatcmpl' if req.chat else 'cmpl'}-{uuid.uuid4().hex}"
     traced = (_UNTRACED if state.tracing is None
               else state.tracing.begin(request, req, request_id, arrival_ns, len(prompt_ids), max_tokens))
-    with traced:
+    stops = _stop_strings(req, state.engine.engine)
+    with traced, _stop_verdict(state, traced, request_id, stops):
         stream = await _admit(state.engine, prompt_ids, sampling, request_id, arrival_ns)
         out = ResponseBuilder(request_id, state.model_name, req.chat)
         try:
             if req.stream:
-                return await _stream(request, stream, out, req, len(prompt_ids))
-            return await _collect(stream, out, req, len(prompt_ids), state.engine.engine)
+                return await _stream(request, stream, out, req, len(prompt_ids), stops)
+            return await _collect(stream, out, req, len(prompt_ids), state.engine.engine, stops)
         finally:
             stream.abort()  # no-op when finished; frees KV blocks when the client went away
 
@@ -240,7 +242,7 @@ async def _admit(engine: EngineClient, prompt_ids: list[int], sampling: Any, req
 
 
 async def _stream(request: web.Request, stream: RequestStream, out: ResponseBuilder,
-                  req: GenerationRequest, num_prompt: int) -> web.StreamResponse:
+                  req: GenerationRequest, num_prompt: int, stops: StopStrings | None) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
     continuous = req.continuous_usage
@@ -255,12 +257,17 @@ async def _stream(request: web.Request, stream: RequestStream, out: ResponseBuil
             if not o.new_token_ids and not o.finished:
                 continue
             ids = list(o.new_token_ids)
-            generated += len(ids)
             reason = o.finish_reason if o.finished else None
             shown, stop_reason = _stop_token(req, ids, reason, engine)
-            text = detok.push(shown, final=o.finished)
+            if stops is None:
+                text = detok.push(shown, final=o.finished)
+            else:
+                text, ids, reason, stop_reason = _cut(stops, stream, generated, shown, ids, reason, stop_reason)
+            generated += len(ids)
             await resp.write(sse(out.chunk(text, ids, reason, stop_reason,
                                            usage(num_prompt, generated, cached) if continuous else None)))
+            if reason is not None:
+                break  # finished; after a stop string, what the engine made meanwhile is dropped
     except EngineDeadError as exc:
         await resp.write(sse(ApiError(500, str(exc), None, "internal_server_error", "engine_error").body()))
     else:
@@ -272,26 +279,80 @@ async def _stream(request: web.Request, stream: RequestStream, out: ResponseBuil
 
 
 async def _collect(stream: RequestStream, out: ResponseBuilder, req: GenerationRequest, num_prompt: int,
-                   engine: Any) -> web.Response:
+                   engine: Any, stops: StopStrings | None) -> web.Response:
     ids: list[int] = []
     reason: str | None = None
+    stop_reason: int | str | None = None
+    texts: list[str] = []  # with stop strings: decoded as streamed, so the text is the streamed text
     cached = None
     try:
         async for o in stream:
             cached = o.num_cached_tokens
-            ids.extend(o.new_token_ids)
             reason = o.finish_reason if o.finished else None
+            if stops is None:
+                ids.extend(o.new_token_ids)
+                continue
+            new = list(o.new_token_ids)
+            shown, stop_reason = _stop_token(req, new, reason, engine)
+            text, new, reason, stop_reason = _cut(stops, stream, len(ids), shown, new, reason, stop_reason)
+            ids.extend(new)
+            texts.append(text)
+            if reason is not None:
+                break
     except EngineDeadError as exc:
         raise ApiError(500, str(exc), None, "internal_server_error", "engine_error") from exc
-    shown, stop_reason = _stop_token(req, ids, reason, engine)
-    text = await _off_loop(len(shown) > DECODE_OFF_LOOP_IDS, engine.tokenizer.decode, shown)
+    if stops is None:
+        shown, stop_reason = _stop_token(req, ids, reason, engine)
+        text = await _off_loop(len(shown) > DECODE_OFF_LOOP_IDS, engine.tokenizer.decode, shown)
+    else:
+        text = "".join(texts)
     return web.json_response(out.full(text, ids, reason, num_prompt, cached, stop_reason))
+
+
+def _stop_strings(req: GenerationRequest, engine: Any) -> StopStrings | None:
+    if not req.stop:
+        return None
+    return StopStrings(engine.tokenizer, req.stop, req.include_stop_str_in_output, req.min_tokens)
+
+
+@contextlib.contextmanager
+def _stop_verdict(state: ServerState, traced: Any, request_id: str, stops: StopStrings | None) -> Iterator[None]:
+    """With stop strings, the front end says how the request ended: metrics hold its finish until then, and
+    record (as the trace does) "stop" and the tokens kept when a stop string ended it, whatever the engine,
+    which may have run on to max_tokens meanwhile, reported."""
+    if stops is None:
+        yield
+        return
+    state.metrics.await_verdict(request_id)
+    try:
+        yield
+    finally:
+        if stops.matched is None:
+            state.metrics.verdict(request_id, None)
+        else:
+            state.metrics.verdict(request_id, "stop", stops.num_tokens)
+            if traced is not _UNTRACED:
+                traced.verdict = ("stop", stops.num_tokens)
+
+
+def _cut(stops: StopStrings, stream: RequestStream, done: int, shown: list[int], ids: list[int],
+         reason: str | None, stop_reason: int | None) -> tuple[str, list[int], str | None, int | str | None]:
+    """One engine output through the stop strings: (text, ids kept, finish_reason, stop_reason). A match
+    keeps the ids up to the one that completed it, and ends the engine's request as a "stop" finish after
+    `done` + those (the engine may have run a step further meanwhile, as vLLM's does)."""
+    fed = stops.feed(shown, final=reason is not None)
+    if fed.matched is None:
+        return fed.text, ids, reason, stop_reason
+    ids = ids[:fed.num_tokens]
+    stream.abort("stop", done + len(ids))
+    return fed.text, ids, "stop", fed.matched
 
 
 def _stop_token(req: GenerationRequest, ids: list[int], reason: str | None, engine: Any) -> tuple[list[int], int | None]:
     """The ids whose text is shown, and vLLM's `stop_reason`. A response a stop token or EOS ended (finish
     reason "stop", the token last) keeps the token in `token_ids` and usage, but not its text, unless
-    include_stop_str_in_output; `stop_reason` is that token when it is one of stop_token_ids, null for EOS."""
+    include_stop_str_in_output; `stop_reason` is that token when it is one of stop_token_ids, null for EOS.
+    (A stop string's `stop_reason` is the string: `_cut`.)"""
     if reason != "stop" or not ids:
         return ids, None
     last = ids[-1]

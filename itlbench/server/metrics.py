@@ -4,11 +4,19 @@ One dashboard then serves vLLM (`vllm:`), SGLang and itlbench through a prefix v
 happen on the engine thread from step records and request outputs; the per-token path is a dict
 lookup and one histogram observation. A private `CollectorRegistry` keeps several servers in one
 process (tests, sweeps) from colliding.
+
+A request with stop strings is ended by the front end (server/stop_strings.py), which sees its tokens a
+step or more after the engine made them: by then the engine may have finished it itself ("length", EOS).
+Its finish is therefore held until the front end's verdict (`await_verdict`, `verdict`) and recorded
+with the response's reason and token count, as vLLM's front end records it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
@@ -29,6 +37,14 @@ PHASES = ("prefill", "decode", "mixed", "idle")
 FINISH_REASONS = ("stop", "length", "abort")
 
 
+@dataclass
+class _Held:
+    """A request whose finish waits for the front end's verdict: whichever of the two comes second records."""
+
+    finish: tuple[RequestOutput, Request | None] | None = None
+    verdict: tuple[str, int] | None = None
+
+
 class ServerMetrics:
     """All server-side series, labelled with `model_name`; implements the engine observer hooks."""
 
@@ -36,6 +52,8 @@ class ServerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
         self._last_token_ns: dict[str, int] = {}
+        self._held: dict[str, _Held] = {}  # engine thread and event loop: under _lock
+        self._lock = threading.Lock()
         self._build_request_metrics()
         self._build_engine_metrics()
 
@@ -149,7 +167,44 @@ class ServerMetrics:
         if req is not None and req.arrival_ns:
             self.ttft.observe((out.time_ns - req.arrival_ns) / 1e9)
 
+    # ---- stop strings (event loop) -------------------------------------------------------------
+    def await_verdict(self, request_id: str) -> None:
+        """Hold `request_id`'s finish until `verdict` (call before the request is added)."""
+        with self._lock:
+            self._held[request_id] = _Held()
+
+    def verdict(self, request_id: str, reason: str | None, num_output_tokens: int | None = None) -> None:
+        """How the response ended: `reason` "stop" (a stop string, after `num_output_tokens`) overrides the
+        engine's finish; None lets the engine's stand (also for a request never admitted)."""
+        with self._lock:
+            held = self._held.get(request_id)
+            if held is None:
+                return
+            if held.finish is None:
+                if reason is None:
+                    del self._held[request_id]  # the engine's finish, when it comes, is recorded as it is
+                else:
+                    held.verdict = (reason, num_output_tokens or 0)
+                return
+            del self._held[request_id]
+        out, req = held.finish
+        if reason is not None:
+            out = _overridden(out, (reason, num_output_tokens or 0))
+        self._record_finish(out, req)
+
     def _finished(self, out: RequestOutput, req: Request | None) -> None:
+        if self._held:
+            with self._lock:
+                held = self._held.get(out.request_id)
+                if held is not None:
+                    if held.verdict is None:
+                        held.finish = (out, req)
+                        return
+                    del self._held[out.request_id]
+                    out = _overridden(out, held.verdict)
+        self._record_finish(out, req)
+
+    def _record_finish(self, out: RequestOutput, req: Request | None) -> None:
         self.request_success.labels(self.model_name, out.finish_reason or "stop").inc()
         self.request_prompt_tokens.observe(out.num_prompt_tokens)
         self.request_generation_tokens.observe(out.num_output_tokens)
@@ -164,6 +219,16 @@ class ServerMetrics:
         if req.first_token_ns:
             self.decode_time.observe((end - req.first_token_ns) / 1e9)
 
+    @property
+    def num_held(self) -> int:
+        """Finishes waiting for a verdict (tests: none is left behind)."""
+        return len(self._held)
+
     # ---- exposition --------------------------------------------------------------------------
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _overridden(out: RequestOutput, verdict: tuple[str, int]) -> RequestOutput:
+    reason, kept = verdict
+    return dataclasses.replace(out, finish_reason=reason, num_output_tokens=min(out.num_output_tokens, kept))

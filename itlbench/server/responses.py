@@ -3,7 +3,8 @@
 Choices carry a non-standard `token_ids` list (like vLLM's `return_token_ids`) so clients count
 tokens exactly even when byte-level text for a token is empty or held back mid-character. A response
 that a stop token or EOS ended lists that token in `token_ids` (and counts it in usage) but leaves its
-text out, as vLLM does unless `include_stop_str_in_output`.
+text out, as vLLM does unless `include_stop_str_in_output`; one that a stop string ended lists the tokens
+up to the one that completed it, and its text ends before the string (after it, with that flag).
 """
 
 from __future__ import annotations
@@ -44,10 +45,10 @@ class ResponseBuilder:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model,
                 "choices": choices}
 
-    def chunk(self, text: str, token_ids: list[int], finish_reason: str | None, stop_reason: int | None = None,
-              usage_now: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One streamed step; the last carries `finish_reason` and vLLM's `stop_reason` (the stop token id that
-        ended it, null for EOS); `usage_now`: the usage so far (stream_options.continuous_usage_stats)."""
+    def chunk(self, text: str, token_ids: list[int], finish_reason: str | None,
+              stop_reason: int | str | None = None, usage_now: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One streamed step; the last carries `finish_reason` and vLLM's `stop_reason` (the stop token id or
+        stop string that ended it, null for EOS); `usage_now`: the usage so far (continuous_usage_stats)."""
         if self.chat:
             choice = {"index": 0, "delta": {"content": text}, "logprobs": None,
                       "finish_reason": finish_reason, "token_ids": token_ids}
@@ -77,7 +78,8 @@ class ResponseBuilder:
         return body
 
     def full(self, text: str, token_ids: list[int], finish_reason: str | None,
-             prompt_tokens: int, cached_tokens: int | None = None, stop_reason: int | None = None) -> dict[str, Any]:
+             prompt_tokens: int, cached_tokens: int | None = None,
+             stop_reason: int | str | None = None) -> dict[str, Any]:
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                       "finish_reason": finish_reason, "stop_reason": stop_reason, "token_ids": token_ids}

@@ -157,6 +157,8 @@ class ServerTracing:
     def end(self, s: ServerSpan, exc: BaseException | None) -> None:
         self._traced.pop(s.request_id, None)
         t, span = s.trace, s.span
+        if s.verdict is not None:  # a stop string ended it: the response's reason and tokens, not the engine's
+            t.finish_reason, t.output_tokens = s.verdict
         now = _now()
         attrs = t.attributes()
         attrs[ga.GEN_AI_USAGE_OUTPUT_TOKENS] = t.output_tokens
@@ -200,11 +202,12 @@ def _error_type(exc: BaseException | None, t: EngineTrace) -> str | None:
 class ServerSpan:
     """`with tracing.begin(...):` around a request's admission and response; errors mark the span."""
 
-    __slots__ = ("tracing", "span", "request_id", "trace", "base")
+    __slots__ = ("tracing", "span", "request_id", "trace", "base", "verdict")
 
     def __init__(self, tracing: ServerTracing, span: Any, request_id: str, trace: EngineTrace,
                  base: dict[str, Any]) -> None:
         self.tracing, self.span, self.request_id, self.trace, self.base = tracing, span, request_id, trace, base
+        self.verdict: tuple[str, int] | None = None  # (finish reason, output tokens) the front end decided
 
     def __enter__(self) -> ServerSpan:
         return self

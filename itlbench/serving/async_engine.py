@@ -45,6 +45,8 @@ class _Add:
 @dataclass
 class _Abort:
     request_id: str
+    reason: str = "abort"
+    num_output_tokens: int | None = None
 
 
 @dataclass
@@ -123,9 +125,9 @@ class AsyncEngine:
                  request_id: str | None = None) -> AsyncIterator[RequestOutput]:
         return generate(self, prompt, sampling, request_id)
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, reason: str = "abort", num_output_tokens: int | None = None) -> None:
         with self._shared.cond:
-            self._shared.commands.append(_Abort(request_id))
+            self._shared.commands.append(_Abort(request_id, reason, num_output_tokens))
             self._shared.cond.notify()
 
     async def wait_for_step(self, step: int, timeout: float) -> bool:
@@ -162,7 +164,7 @@ class AsyncEngine:
             if isinstance(cmd, _Add):
                 self._do_add(cmd)
             else:
-                self._do_abort(cmd.request_id)
+                self._do_abort(cmd)
 
     def _do_add(self, cmd: _Add) -> None:
         fut = cmd.stream._admitted
@@ -179,13 +181,15 @@ class AsyncEngine:
             with self._shared.cond:
                 self._shared.pending_adds -= 1
 
-    def _do_abort(self, request_id: str) -> None:
+    def _do_abort(self, cmd: _Abort) -> None:
+        request_id = cmd.request_id
         req = self._requests.get(request_id)
         if req is None:
             return
         self.engine.abort(request_id)
-        out = RequestOutput(request_id, (), True, "abort", req.num_prompt_tokens, req.num_output_tokens,
-                            req.num_cached_tokens, time.perf_counter_ns())
+        out = RequestOutput(request_id, (), True, cmd.reason, req.num_prompt_tokens,
+                            _kept(req.num_output_tokens, cmd.num_output_tokens), req.num_cached_tokens,
+                            time.perf_counter_ns())
         self._observe([], [out])
         del self._requests[request_id]
         self._call(self._unregister, request_id)
@@ -287,6 +291,11 @@ class AsyncEngine:
             stream = self._streams.pop(rid, None)
             if stream is not None:
                 stream._put(err)
+
+
+def _kept(made: int, kept: int | None) -> int:
+    """The output tokens a finish reports: those the response kept when the front end ended it."""
+    return made if kept is None else min(made, kept)
 
 
 def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

@@ -34,7 +34,7 @@ class EngineObserver(Protocol):
 
 
 class _Aborts(Protocol):
-    def abort(self, request_id: str) -> None: ...
+    def abort(self, request_id: str, reason: str = "abort", num_output_tokens: int | None = None) -> None: ...
 
 
 class RequestStream:
@@ -78,11 +78,13 @@ class RequestStream:
             if not self.finished:
                 self.abort()
 
-    def abort(self) -> None:
-        """Free the request's KV blocks; safe to call from the event loop at any time."""
+    def abort(self, reason: str = "abort", num_output_tokens: int | None = None) -> None:
+        """Free the request's KV blocks; safe to call from the event loop at any time. `reason` "stop": the
+        front end ended it (a stop string) after `num_output_tokens` tokens, which metrics record as a
+        finish, not an abort (tokens the engine made meanwhile are not counted there)."""
         if not self.finished and self.request is not None:
             self.finished = True
-            self._owner.abort(self.request.request_id)
+            self._owner.abort(self.request.request_id, reason, num_output_tokens)
 
 
 async def generate(client: EngineClient, prompt: str | Sequence[int], sampling: SamplingParams,
@@ -167,7 +169,7 @@ class EngineClient(Protocol):
     def generate(self, prompt: str | Sequence[int], sampling: SamplingParams,
                  request_id: str | None = None) -> AsyncIterator[RequestOutput]: ...
 
-    def abort(self, request_id: str) -> None: ...
+    def abort(self, request_id: str, reason: str = "abort", num_output_tokens: int | None = None) -> None: ...
 
     async def wait_for_step(self, step: int, timeout: float) -> bool: ...
 

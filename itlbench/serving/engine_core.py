@@ -57,7 +57,7 @@ class EngineCore:
                 if msg[0] == "add":
                     replies.append(self._add(*msg[1:]))
                 elif msg[0] == "abort":
-                    out = self._abort(msg[1])
+                    out = self._abort(*msg[1:])
                     if out is not None:
                         outputs.append(out)
             records: list[StepRecord] = []
@@ -80,12 +80,16 @@ class EngineCore:
         self._requests[request_id] = req
         return ("admitted", request_id, req.num_prompt_tokens)
 
-    def _abort(self, request_id: str) -> RequestOutput | None:
+    def _abort(self, request_id: str, reason: str = "abort", num_output_tokens: int | None = None) -> RequestOutput | None:
+        """End a request the front end gave up on ("abort") or ended itself ("stop": a stop string, after
+        `num_output_tokens`, which its finish reports)."""
         req = self._requests.get(request_id)
         if req is None or not self.engine.abort(request_id):
             return None
-        return RequestOutput(request_id, (), True, "abort", req.num_prompt_tokens, req.num_output_tokens,
-                             req.num_cached_tokens, time.perf_counter_ns())
+        made = req.num_output_tokens
+        kept = made if num_output_tokens is None else min(made, num_output_tokens)
+        return RequestOutput(request_id, (), True, reason, req.num_prompt_tokens, kept, req.num_cached_tokens,
+                             time.perf_counter_ns())
 
     def _step(self) -> tuple[list[RequestOutput], list[StepRecord], tuple[Any, ...] | None]:
         """Outputs and new records of one step; on a failed step, every in-flight request is aborted

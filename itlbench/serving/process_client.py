@@ -204,8 +204,8 @@ class EngineProcessClient:
                  request_id: str | None = None) -> AsyncIterator[RequestOutput]:
         return generate(self, prompt, sampling, request_id)
 
-    def abort(self, request_id: str) -> None:
-        self._write(("abort", request_id))
+    def abort(self, request_id: str, reason: str = "abort", num_output_tokens: int | None = None) -> None:
+        self._write(("abort", request_id, reason, num_output_tokens))
 
     async def wait_for_step(self, step: int, timeout: float) -> bool:
         """Wait on the event loop until step record `step` exists (or timeout)."""

@@ -55,8 +55,9 @@ def test_protocol_accepts_token_lists_and_chat_parts():
                        "max_completion_tokens": 9, "max_tokens": 2})
     assert chat.prompt == "<|user|>\nhi\n<|assistant|>\n" and chat.max_tokens == 9
     assert render_chat([{"role": "system", "content": None}]) == "<|system|>\n\n<|assistant|>\n"
+    assert parse_completion({"prompt": "x", "stop": ["\n"]}).stop == ("\n",)
     with pytest.raises(ApiError) as info:
-        parse_completion({"prompt": "x", "stop": ["\n"]})
+        parse_completion({"prompt": "x", "stop": [1]})
     assert info.value.param == "stop"
 
 
