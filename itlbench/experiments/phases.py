@@ -144,6 +144,10 @@ async def _measure(cfg: PhasesConfig, target: Any, builder: PromptBuilder, lengt
                    on_status: Callable[[str], None]) -> tuple[list[Sample], list[dict[str, Any]], _Rows]:
     rows = _Rows()
     follower = StepsFollower(steps_url, rows) if steps_url else None
+    if follower is not None and steps_url is not None:  # not the engine's earlier history
+        from itlbench.harness.step_catchup import start_step
+
+        follower.next_step = await start_step(steps_url, cfg.api_key)
     task = asyncio.create_task(follower.run()) if follower else None
     samples: list[Sample] = []
     decode: list[dict[str, Any]] = []

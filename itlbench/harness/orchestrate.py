@@ -30,7 +30,7 @@ from itlbench.harness.connect import Connection, connect
 from itlbench.harness.finish import finish_run_dir
 from itlbench.harness.run_config import RunConfig
 from itlbench.harness.run_doc import config_doc, hardware, load_spec, versions
-from itlbench.harness.step_catchup import until_caught_up
+from itlbench.harness.step_catchup import start_step, until_caught_up
 from itlbench.load.driver import DriveResult, ProgressSnapshot, Warmup, drive
 from itlbench.load.multiproc import drive_workers
 from itlbench.load.observers.gpu_sampler import GpuSampler, nvml_index, why_not_sampled
@@ -82,10 +82,13 @@ class _Observers:
     tasks: list[asyncio.Task[None]]
 
     @classmethod
-    def start(cls, conn: Connection, store: RunStore, sampler: MetricsSampler | None,
-              telemetry: LiveTelemetry | None = None) -> _Observers:
+    async def start(cls, conn: Connection, store: RunStore, sampler: MetricsSampler | None,
+                    telemetry: LiveTelemetry | None = None, api_key: str | None = None) -> _Observers:
+        """Begin following at the engine's next step: the steps of its earlier runs are not this run's."""
         writer = telemetry.tee(store) if telemetry is not None else store  # live stall causes
         steps = StepsFollower(conn.steps_url, writer) if conn.steps_url else None
+        if steps is not None and conn.steps_url is not None:
+            steps.next_step = await start_step(conn.steps_url, api_key)
         tasks = [asyncio.create_task(steps.run())] if steps else []
         if sampler is not None and sampler.interval_s > 0:
             tasks.append(asyncio.create_task(sampler.run_periodic()))
@@ -150,7 +153,7 @@ async def _drive_observed(cfg: RunConfig, spec: LoadSpec, conn: Connection, stor
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, on_signal, signal.SIGINT)
         loop.add_signal_handler(signal.SIGTERM, on_signal, signal.SIGTERM)  # a terminated run still writes its records
-    observers = _Observers.start(conn, store, sampler, telemetry)
+    observers = await _Observers.start(conn, store, sampler, telemetry, cfg.api_key)
     target = conn.target
     warmup = Warmup(min_s=cfg.warmup_s, adaptive=cfg.adaptive_warmup, max_s=cfg.warmup_limit_s, ramp_s=cfg.ramp_s)
     baseline = None if sampler is None else functools.partial(sampler.scrape, "baseline")

@@ -7,11 +7,13 @@ import asyncio
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import polars as pl
 from aiohttp import web
 
-from itlbench.harness.step_catchup import until_caught_up
+from itlbench.harness.step_catchup import start_step, until_caught_up
 
 
 @dataclass
@@ -72,3 +74,45 @@ def test_an_engine_gone_or_answering_without_a_step_number_is_not_waited_for() -
     t0 = time.monotonic()
     asyncio.run(until_caught_up(_Follower(next_step=0), f"http://127.0.0.1:{port}", None, 5.0))
     assert time.monotonic() - t0 < 2.0
+
+
+# ---- where a run's share of the log begins ------------------------------------------------------------
+
+def _start(reply: Any) -> int:
+    async def main() -> int:
+        runner, url = await _engine(reply)
+        try:
+            return await start_step(url, None)
+        finally:
+            await runner.cleanup()
+    return asyncio.run(main())
+
+
+def test_a_run_follows_from_the_engines_next_step_or_from_0_where_it_does_not_say() -> None:
+    assert _start({"last_step": 9}) == 10
+    assert _start({"last_step": -1}) == 0  # no step run yet
+    for reply in ({"last_step": "many"}, {"last_step": None}, {}, [1, 2]):
+        assert _start(reply) == 0, reply
+
+
+def test_a_second_run_against_a_served_engine_holds_only_its_own_steps(tmp_path: Path) -> None:
+    """Before: each run followed from step 0, so the second run fetched the first's steps as well (a served
+    engine keeps 200,000), and reported the longest of them as its own longest step."""
+    from itlbench.harness.bundled_server import BundledServer
+    from itlbench.harness.orchestrate import run_load_test
+    from itlbench.harness.run_config import RunConfig
+    from itlbench.rundir.reader import read_table
+    from tests.support.servers import TINY_ENGINE
+
+    def run(out: Path, url: str) -> pl.DataFrame:
+        cfg = RunConfig(endpoint=url, model="tiny", workload="chat-short", streams=2, duration_s=1.0, warmup_s=0.0,
+                        drain_timeout_s=20.0, request_timeout_s=20.0, out=out)
+        run_load_test(cfg)
+        return read_table(out, "steps")
+
+    with BundledServer(TINY_ENGINE, tmp_path / "server.log") as srv:
+        first = run(tmp_path / "a", srv.base_url)
+        second = run(tmp_path / "b", srv.base_url)
+    assert first.height > 0 and second.height > 0
+    assert second["step"].min() > first["step"].max()
+    assert second["step"].is_unique().all() and (second["step"].diff().drop_nulls() == 1).all()
