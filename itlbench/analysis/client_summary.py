@@ -17,6 +17,7 @@ import polars as pl
 from itlbench.analysis import itl
 from itlbench.analysis.client_attribution import ClientStallReport, client_only, client_stalls
 from itlbench.analysis.goodput import SloSet, parse_slo
+from itlbench.analysis.gpu import gpu_status_of
 from itlbench.analysis.inferred_steps import InferredSteps
 from itlbench.analysis.split import split_from_metrics
 from itlbench.analysis.stalls import StallParams
@@ -56,10 +57,12 @@ def inferred_split(inferred: InferredSteps, window: RunWindow) -> dict[str, obje
 
 
 def summarize_client(tables: Mapping[str, pl.DataFrame], window: RunWindow, slos: SloSet | None = None,
-                     params: StallParams | None = None, plan: Mapping[str, object] | None = None) -> dict[str, object]:
-    """summary.json's keys from client records alone, stalls and split inferred (see the module docstring)."""
+                     params: StallParams | None = None, plan: Mapping[str, object] | None = None,
+                     gpu_status: str | None = None) -> dict[str, object]:
+    """summary.json's keys from client records alone, stalls and split inferred (see the module docstring);
+    `gpu_status` is run.json's word on why there are no GPU samples, as summary.json has it."""
     params = params or StallParams()
-    out = summarize(client_only(tables), window, slos, params, plan=plan)
+    out = summarize(client_only(tables), window, slos, params, gpu_status=gpu_status, plan=plan)
     report = windowed_client_stalls(tables, window, params)
     out["stalls"] = report.report.summary
     out["split"] = inferred_split(report.inferred, window)
@@ -95,4 +98,5 @@ def analyze_run_client(run_dir: str | Path) -> dict[str, object]:
     slo = meta.get("slo")
     plan = meta.get("plan")
     return summarize_client(load_tables(run_dir), _window_from(meta), parse_slo(slo if isinstance(slo, str) else None),
-                            StallParams.from_meta(meta), plan=plan if isinstance(plan, dict) else None)
+                            StallParams.from_meta(meta), plan=plan if isinstance(plan, dict) else None,
+                            gpu_status=gpu_status_of(meta))

@@ -28,6 +28,13 @@ def energy_j(samples: pl.DataFrame) -> float | None:
     return float(((p[1:] + p[:-1]) / 2 * (t[1:] - t[:-1]) / 1e9).sum())
 
 
+def gpu_status_of(meta: dict[str, Any]) -> str | None:
+    """run.json's `gpu_telemetry.nvml`: why a run has no GPU samples ('NVML' where it sampled), None where
+    run.json predates GPU telemetry."""
+    doc = meta.get("gpu_telemetry")
+    return doc.get("nvml") if isinstance(doc, dict) and isinstance(doc.get("nvml"), str) else None
+
+
 def gpu_summary(samples: pl.DataFrame, window: RunWindow | None, output_tokens: float,
                 status: str | None) -> dict[str, Any]:
     """`gpu.{nvml,samples,power_w_mean,sm_util_mean,mem_util_mean,energy_j,energy_per_output_token_j}`,

@@ -79,6 +79,8 @@ def test_analyze_attribution_client_writes_summary_client_beside_summary(runs: d
     assert doc["stalls"]["attribution_source"] == "client_inferred"
     assert doc["attribution"]["ignored"] == ["steps", "server_metrics"]
     assert (run_dir / "summary.json").read_text() == before
+    # why there are no GPU samples is run.json's, as in summary.json (was: "a run from before it was sampled")
+    assert doc["gpu"] == json.loads(before)["gpu"] and "from before" not in doc["gpu"]["nvml"], doc["gpu"]
     bad = CliRunner().invoke(app, ["analyze", str(run_dir), "--attribution", "oracle"])
     assert bad.exit_code == 2 and "--attribution" in bad.output and "Traceback" not in bad.output
 
