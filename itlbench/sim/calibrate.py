@@ -83,16 +83,27 @@ def _model_from_dict(d: dict[str, Any]) -> ModelConfig:
     return ModelConfig(**d, rope_scaling=RopeScaling(**rope) if rope else None)
 
 
+def _engine_docs(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(engine configuration, engine info) of a run of itlbench's engine: started by the run, or served by
+    `itlbench serve` and reached with --endpoint (run.json nests that server's GET /v1/engine under
+    `engine.itlbench`; its steps were followed on the same clock). Empty for other servers."""
+    info = _object(doc.get("engine"))
+    if info.get("external"):
+        served = _object(info.get("itlbench"))
+        return _object(served.get("engine")), served
+    return _object(_object(doc.get("config")).get("engine")), info
+
+
 def read_run_steps(run_dir: str | Path) -> RunSteps:
     """A bundled-engine run's non-empty steps in its measured window, its model and its dtype."""
     run_dir = Path(run_dir)
     doc = _run_doc(run_dir)
-    engine_cfg = _object(_object(doc.get("config")).get("engine"))
-    info = _object(doc.get("engine"))
+    engine_cfg, info = _engine_docs(doc)
     model_name = engine_cfg.get("model")
-    if not model_name or info.get("external"):
-        raise ConfigError("RUN_DIR", f"{run_dir} was not run against the bundled engine",
-                          "calibrate from runs of `itlbench run` without --endpoint")
+    if not model_name:
+        raise ConfigError("RUN_DIR", f"{run_dir} was not run against itlbench's engine (it has no step log)",
+                          "calibrate from runs of `itlbench run` without --endpoint, or with --endpoint at "
+                          "`itlbench serve` on the same machine")
     if engine_cfg.get("engine", engine_cfg.get("runner")) == "sim":  # "runner": run.json before 0.2
         raise ConfigError("RUN_DIR", f"{run_dir} is a simulated run", "calibrate from runs of the real engine")
     model = _model_from_dict(info["model"]) if isinstance(info.get("model"), dict) else load_model_config(model_name)

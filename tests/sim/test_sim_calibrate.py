@@ -135,3 +135,28 @@ def test_calibrate_refuses_one_run_given_twice(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["calibrate", str(run), str(run) + "/", "--base", "h100"], terminal_width=300)
     assert result.exit_code == 2
     assert "error: RUN_DIR: " in result.output and "is given twice (its steps would count double)" in result.output
+
+
+def test_a_run_against_itlbench_serve_calibrates_and_another_server_is_refused(tmp_path: Path) -> None:
+    """A GPU box runs `itlbench serve` and is driven with --endpoint: run.json nests the server's engine and model
+    under engine.itlbench, and its steps were followed on the same clock. Before, calibrate refused every
+    --endpoint run."""
+    from itlbench.harness.bundled_server import BundledServer
+    from itlbench.harness.orchestrate import run_load_test
+    from itlbench.harness.run_config import RunConfig
+    from itlbench.testing.openai_peer import PeerConfig, serve_in_thread
+    from tests.support.servers import TINY_ENGINE
+
+    def run(url: str, model: str, out: Path) -> Path:
+        return run_load_test(RunConfig(endpoint=url, model=model, workload="chat-short", streams=4, duration_s=2.0,
+                                       warmup_s=0.5, drain_timeout_s=30.0, out=out, live=False))[0]
+
+    with BundledServer(TINY_ENGINE, tmp_path / "server.log") as srv:
+        served = run(srv.base_url, "tiny", tmp_path / "served")
+    cal = calibrate([served], base=load_hardware("h100"))
+    assert cal.fit_steps > 20 and cal.errors["all"]["steps"] > 5
+    assert cal.profile.dtype == "float32" and cal.profile.counting == "executed"
+    with serve_in_thread(PeerConfig(tick_s=0.002)) as (_, url):
+        other = run(url, "peer", tmp_path / "other")
+    result = CliRunner().invoke(app, ["calibrate", str(other)])
+    assert result.exit_code == 2 and "itlbench serve" in result.output and "Traceback" not in result.output
