@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = "cli.md"
-WIDTH = 88  # columns the help is rendered at: fits the page; at 80, rich cuts long flag names
+WIDTH = 88  # columns the help is rendered at: fits the page; narrower, long flag names fold onto two lines
 
 INTRO = """# CLI reference
 

@@ -12,11 +12,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from itlbench.cli.engine_options import ENGINE_FIELDS, flag_of
+from itlbench.cli.help_format import FlowingTyper
 from itlbench.errors import EXIT_ENDED_EARLY, ConfigError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Measure what long prompts do to streaming LLM latency: TTFT by prompt bucket, "
-                       "ITL tails, stalls and their cause, prefill:decode split.")
+app = FlowingTyper(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                   help="Measure what long prompts do to streaming LLM latency: TTFT by prompt bucket, "
+                        "ITL tails, stalls and their cause, prefill:decode split.")
 # emoji=False: a user's text such as `fixed:a:b` must print as typed, not as rich's `:a:` emoji
 console = Console(stderr=True, emoji=False)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from itlbench.cli import app
+from itlbench.cli.help_format import flowing
 from itlbench.rundir.schema import frame
 from itlbench.rundir.store import RunStore
 
@@ -20,6 +22,41 @@ MS = 1_000_000
 def _flat(text: str) -> str:
     """Rich wraps long lines to the terminal; compare words, not line breaks."""
     return " ".join(text.split())
+
+
+def _paragraphs() -> dict[str, list[str]]:
+    """Each command's docstring paragraphs, each joined into one line as a reader reads it."""
+    return {info.name or info.callback.__name__: [" ".join(p.split()) for p in inspect.getdoc(info.callback).split("\n\n")]
+            for info in app.registered_commands}
+
+
+def test_help_flows_instead_of_keeping_the_docstrings_line_breaks():
+    """Given room, every paragraph of a command's help is one line, in the command list and in its --help
+    (typer 0.29 kept the docstring's breaks: 'runs in' ending a line at any width)."""
+    wide = {"COLUMNS": "1000"}
+    listing = runner.invoke(app, ["--help"], env=wide).output.splitlines()
+    for name, paragraphs in _paragraphs().items():
+        assert any(paragraphs[0] in line for line in listing), name
+        shown = runner.invoke(app, [name, "--help"], env=wide).output.splitlines()
+        for paragraph in paragraphs:
+            assert any(paragraph in line for line in shown), (name, paragraph)
+
+
+@pytest.mark.parametrize("width", ["80", "88"])
+def test_option_help_folds_a_long_word_instead_of_cutting_it(width: str):
+    """Each `…` in --help is one the help text itself holds: none from rich cutting a URL or an SLO example."""
+    import typer.main
+
+    for name, command in typer.main.get_command(app).commands.items():
+        written = sum((p.help or "").count("…") for p in command.params) + (command.help or "").count("…")
+        shown = runner.invoke(app, [name, "--help"], env={"COLUMNS": width}).output
+        assert shown.count("…") == written, (name, [line for line in shown.splitlines() if "…" in line])
+
+
+def test_flowing_keeps_paragraphs_and_click_verbatim_blocks():
+    assert flowing("One\n  two.\n\nThree\nfour.") == "One two.\n\nThree four."
+    assert flowing("Lead.\n\n\b\na\nb") == "Lead.\n\n\b\na\nb"
+    assert flowing(None) is None
 
 
 def test_workloads_lists_the_catalog_as_table_and_json():
@@ -237,3 +274,4 @@ def test_repeated_inject_flags_are_joined(tmp_path, monkeypatch):
     monkeypatch.setattr(orchestrate, "run_load_test", fake_run)
     runner.invoke(app, ["run", "--out", str(tmp_path / "r"), *SIM, "--inject", "8k@2s", "--inject", "4k@6s"])
     assert seen["inject"] == "8k@2s;4k@6s"
+

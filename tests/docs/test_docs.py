@@ -108,6 +108,17 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert "--chunk-budget" in reference and "Usage: itlbench run" in reference
 
 
+def test_the_cli_reference_is_drawn_at_its_width_with_nothing_cut() -> None:
+    """docs/gen_cli.py draws every --help at WIDTH columns (typer reads TERMINAL_WIDTH when its help module
+    is first imported: the app must not import it early), each flag and word whole (folded, never `…`)."""
+    out = subprocess.run([sys.executable, str(ROOT / "docs" / "gen_cli.py")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    boxes = {len(line) for line in out.stdout.splitlines() if line.startswith("╭")}
+    assert boxes == {88}, boxes
+    assert "--unchunked-prefill-…" not in out.stdout and "http://127.0.0.1:4318…" not in out.stdout
+
+
 def test_every_documented_command_is_one_the_cli_accepts() -> None:
     options = cli_options()
     commands = [c for page in command_pages() for c in commands_in(page)]

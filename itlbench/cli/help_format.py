@@ -1,0 +1,85 @@
+"""How `--help` reads: flowing paragraphs and nothing cut to `…`, at any terminal width.
+
+typer 0.29 keeps the hard line breaks of a docstring's first paragraph in the command list and of every
+later one in a command's `--help`, and its options table cuts a flag name or a long word (a URL, an SLO
+example) that does not fit its column. `FlowingTyper` fixes both for every command it registers, without
+a docstring written on one line: the help is rejoined when the command is registered, and typer's table
+class is swapped for `HelpTable` when help is drawn (not at import: typer reads TERMINAL_WIDTH then).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+import typer.core
+from rich.table import Table
+from rich.text import Text
+
+Command = TypeVar("Command", bound=Callable[..., Any])
+
+
+def flowing(doc: str | None) -> str | None:
+    """A docstring with each paragraph on one line, so rich wraps it at the terminal's width.
+    A paragraph starting with \\b stays as written, as click means it."""
+    if not doc:
+        return doc
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") else " ".join(line.strip() for line in p.splitlines())
+                       for p in paragraphs)
+
+
+class HelpTable(Table):
+    """typer's options table with nothing cut to `…`: a flag name or a word of help too long for its column
+    folds onto the next line (typer's cut `--no-adaptive-warmup`, a URL or an SLO example at 80 columns,
+    and `--unchunked-prefill-cap` in the CLI reference at 88)."""
+
+    def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+        super().add_row(*renderables, **kwargs)
+        for column in self.columns:
+            column.overflow = "fold"
+        for cell in renderables:  # the help cell is a rich Columns of Texts, which keep their own overflow
+            for item in getattr(cell, "renderables", ()):
+                if isinstance(item, Text):
+                    item.overflow = "fold"
+
+
+def _folding_tables() -> None:
+    """typer draws every --help table with rich_utils.Table: make it a HelpTable (imported here, lazily)."""
+    from typer import rich_utils
+
+    rich_utils.Table = HelpTable  # type: ignore[misc]
+
+
+class HelpCommand(typer.core.TyperCommand):
+    """A command whose --help is drawn with HelpTable."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _folding_tables()
+        super().format_help(ctx, formatter)
+
+
+class HelpGroup(typer.core.TyperGroup):
+    """The app's own --help (the command list), drawn with HelpTable."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _folding_tables()
+        super().format_help(ctx, formatter)
+
+
+class FlowingTyper(typer.Typer):
+    """A typer app whose commands' help flows and is never cut (see the module docstring)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(cls=HelpGroup, **kwargs)
+
+    def command(self, name: str | None = None, **kwargs: Any) -> Callable[[Command], Command]:
+        register = super().command
+
+        def decorator(func: Command) -> Command:
+            help_text = kwargs.pop("help", None) or flowing(inspect.getdoc(func))
+            return register(name, help=help_text, cls=kwargs.pop("cls", None) or HelpCommand, **kwargs)(func)
+
+        return decorator
