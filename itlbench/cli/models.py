@@ -9,6 +9,7 @@ import typer
 
 from itlbench.cli.app import AsJson, app, console, fail, print_json, stdout_console
 from itlbench.errors import ConfigError, ItlbenchError
+from itlbench.rundir.reader import require_records
 from itlbench.serving.build import require_torch_engine
 
 
@@ -96,6 +97,8 @@ def calibrate(
             raise ConfigError("--holdout", f"must be between 0 and 1, got {holdout}")
         if tp < 1:
             raise ConfigError("--tp", f"must be >= 1, got {tp}")
+        for run_dir in run_dirs:
+            require_records(run_dir)
         result = fit(run_dirs, base=load_hardware(base, "--base") if base else None, holdout=holdout, seed=seed, name=name,
                      tp=tp)
         try:

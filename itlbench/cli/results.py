@@ -11,7 +11,7 @@ import typer
 
 from itlbench.cli.app import AsJson, app, console, fail, print_json, write_report
 from itlbench.errors import ConfigError, ItlbenchError
-from itlbench.rundir.reader import not_a_run
+from itlbench.rundir.reader import not_a_run, require_records
 
 
 @app.command()
@@ -31,8 +31,7 @@ def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory writte
     from itlbench.analysis.summary import analyze_run
     from itlbench.report.terminal import cut_short, engine_warnings, print_summary
 
-    if not (run_dir / "run.json").is_file():
-        fail(not_a_run(run_dir))
+    _require_run(run_dir)
     if server_log is not None:
         _analyze_server_log(run_dir, server_log, as_json)
         return
@@ -53,6 +52,16 @@ def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory writte
                     "cut_short": cut_short(summary, run_dir)})
     else:
         print(run_dir)
+
+
+def _require_run(run_dir: Path, flag: str = "RUN_DIR") -> None:
+    """A run directory with its records, else one line saying what is missing (never a summary of nothing)."""
+    if not (run_dir / "run.json").is_file():
+        fail(not_a_run(run_dir, flag))
+    try:
+        require_records(run_dir, flag)
+    except ConfigError as exc:
+        fail(exc)
 
 
 def _analyze_client(run_dir: Path, as_json: bool) -> None:
@@ -128,8 +137,7 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run directory written
     """Write report.html (self-contained) and report.md with figures/ for one run."""
     from itlbench.report.run_report import write_run_report
 
-    if not (run_dir / "run.json").is_file():
-        fail(not_a_run(run_dir))
+    _require_run(run_dir)
     try:
         written = write_run_report(run_dir, out)
     except ItlbenchError as exc:
@@ -160,8 +168,7 @@ def compare(
     from itlbench.report.compare_runs import check_compare_out
 
     for d in run_dirs:
-        if not (d / "run.json").is_file():
-            fail(not_a_run(d, "DIR"))
+        _require_run(d, "DIR")
     seen: dict[Path, Path] = {}
     for d in run_dirs:  # two rows of one run would read as two settings that agree
         if (first := seen.setdefault(d.resolve(), d)) is not d:

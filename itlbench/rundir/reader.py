@@ -79,6 +79,37 @@ def _read_json(run_dir: str | Path, name: str, fix: str) -> dict[str, Any]:
     return doc
 
 
+def _json_object(path: Path) -> dict[str, Any]:
+    """A JSON object's members, or none where the file is missing or does not read (refused where it is read)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _recorded(run_dir: Path) -> tuple[str, dict[str, str]]:
+    """What each table held when the run ended, and which document says so: run.json's compaction (rows),
+    else summary.json's request count (a run kept without its records, as the committed examples are)."""
+    compaction = _json_object(run_dir / "run.json").get("compaction")
+    if isinstance(compaction, dict):
+        return "run.json", {t: f"{c['rows']:,} rows" for t, c in compaction.items()
+                            if t in TABLES and isinstance(c, dict) and isinstance(c.get("rows"), int) and c["rows"] > 0}
+    total = (_json_object(run_dir / "summary.json").get("requests") or {}).get("total")
+    return "summary.json", {"requests": f"{total:,} requests"} if isinstance(total, int) and total > 0 else {}
+
+
+def require_records(run_dir: str | Path, flag: str = "RUN_DIR") -> None:
+    """Refuse a run whose records are gone, every part file of a table deleted, moved or never copied: read as
+    empty, they would make a summary and report of a run that measured nothing (and overwrite the real ones)."""
+    source, counted = _recorded(Path(run_dir))
+    gone = [f"{table}/ ({what})" for table, what in counted.items() if not _all_parts(run_dir, table)]
+    if gone:
+        raise ConfigError(flag, f"{run_dir} lacks the part files {source} counts: {', '.join(gone)}",
+                          "restore them from a copy of the run directory, or run it again; without them it reads "
+                          "as a run that measured nothing")
+
+
 # The document each command writes into its directory, and what that makes the directory.
 RECORD_DOCS = {"run.json": "a run", "sweep.json": "a sweep", "capacity.json": "a capacity search",
                "phases.json": "a phases study", "compare.json": "a comparison"}

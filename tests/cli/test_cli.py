@@ -275,3 +275,37 @@ def test_repeated_inject_flags_are_joined(tmp_path, monkeypatch):
     runner.invoke(app, ["run", "--out", str(tmp_path / "r"), *SIM, "--inject", "8k@2s", "--inject", "4k@6s"])
     assert seen["inject"] == "8k@2s;4k@6s"
 
+
+@pytest.mark.parametrize("command", ["analyze", "report", "compare", "calibrate"])
+def test_a_run_whose_parquet_files_are_gone_is_refused_not_read_as_empty(tmp_path: Path, command: str):
+    """run.json counts each table's rows when the run ends: a table with none of its part files left is
+    bad input (exit 2, one line naming it), not a summary and report of a run that measured nothing."""
+    from tests.support.report_runs import build_run
+
+    run = build_run(tmp_path / "run")
+    doc = json.loads((run / "run.json").read_text())
+    doc["compaction"] = {"requests": {"parts_before": 2, "parts_after": 1, "rows": 9},
+                         "scrapes": {"parts_before": 0, "parts_after": 0, "rows": 0}}  # none recorded: none missing
+    (run / "run.json").write_text(json.dumps(doc))
+    for part in (run / "requests").glob("*.parquet"):
+        part.unlink()
+    args = [command, str(run), *([str(build_run(tmp_path / "other"))] if command == "compare" else [])]
+    result = runner.invoke(app, args, terminal_width=300)
+    assert result.exit_code == 2, result.output
+    assert "lacks the part files run.json counts: requests/ (9 rows)" in _flat(result.output)
+    assert "Traceback" not in result.output
+
+
+def test_a_run_kept_without_its_records_is_refused_by_its_summarys_count(tmp_path: Path):
+    """A run copied with only its JSON and report (as the committed examples are): `report` would have drawn a
+    run of nothing over the real report.html."""
+    from tests.support.report_runs import build_run
+
+    run = build_run(tmp_path / "run")
+    runner.invoke(app, ["analyze", str(run)])
+    total = json.loads((run / "summary.json").read_text())["requests"]["total"]
+    for part in run.glob("*/*.parquet"):
+        part.unlink()
+    result = runner.invoke(app, ["report", str(run)], terminal_width=300)
+    assert result.exit_code == 2, result.output
+    assert f"lacks the part files summary.json counts: requests/ ({total} requests)" in _flat(result.output)
