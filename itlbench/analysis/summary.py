@@ -184,7 +184,7 @@ def summarize(
     stall_params = stall_params or StallParams()
     t = select_window(tables, window)
     requests, chunks, steps = t["requests"], t["chunks"], t["steps"]
-    ttft_rows = ttft.ttft_table(requests, steps)
+    ttft_rows = ttft.ttft_table(requests, t["all_steps"])  # a window request may be prefilled after it closes
     all_requests = t["all_requests"]
     gaps = itl.gap_table(t["all_chunks"], all_requests).filter(
         (pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
@@ -226,7 +226,7 @@ def summarize_dir(
     stall_params = stall_params or StallParams()
     t = select_window({name: read_table(run_dir, name) for name in TABLES if name != "chunks"}, window)
     requests, steps, all_requests = t["requests"], t["steps"], t["all_requests"]
-    ttft_rows = ttft.ttft_table(requests, steps)
+    ttft_rows = ttft.ttft_table(requests, t["all_steps"])  # a window request may be prefilled after it closes
     c = chunk_figures(run_dir, window, all_requests, requests, stall_params, partitions)
     stalls = analyze_found_stalls(c.stalls, steps_reaching(t["all_steps"], c.stalls, window.measure_start_ns, window.end_ns),  # type: ignore[arg-type]
                                   all_requests, stall_params,

@@ -544,3 +544,19 @@ def test_stall_events_are_listed_by_the_stream_seconds_they_stalled() -> None:
     events = pl.DataFrame([event(0, 31, 0.3), event(1, 31, 0.35), event(2, 30, 3.5), event(3, 2, 0.2)])
     top = event_records(events, 3, 0)
     assert [e["event"] for e in top] == [2, 1, 0] and top[0]["stalled_s"] == pytest.approx(105.0)
+
+
+def test_a_window_request_prefilled_after_the_window_keeps_its_ttft_parts() -> None:
+    """A request sent late in the window may queue behind a long prefill and be prefilled after the window
+    closes: its queue and prefill are read off every step, not the window's (else the report's TTFT
+    breakdown drew the median as all client lag)."""
+    tables = {
+        "requests": frame("requests", [_req("a", "sa", "chat", 100, 1900, 1900, [2500, 2510]),
+                                       _req("b", "sb", "chat", 100, 1950, 1950, [2600, 2610])]),
+        "chunks": frame("chunks", _chunks("a", [2500, 2510]) + _chunks("b", [2600, 2610])),
+        "steps": frame("steps", [_step(0, 2400, 2500, prefill=100, ids=["sa"]),
+                                 _step(1, 2500, 2600, prefill=100, ids=["sb"])]),
+    }
+    parts = summarize(tables, RunWindow(run_start_ns=0, measure_start_ns=1000 * MS, end_ns=2000 * MS))[
+        "ttft_breakdown_s"]["le128"]
+    assert parts["queue_p50"] == pytest.approx(0.525) and parts["prefill_p50"] == pytest.approx(0.1)
