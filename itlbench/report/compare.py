@@ -18,7 +18,6 @@ from typing import Any
 
 import polars as pl
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.analysis.goodput import SloSet, parse_slo
@@ -42,7 +41,7 @@ from itlbench.report.figure_spec import FigureSpec
 from itlbench.report.load_curve import load_axis, load_figure
 from itlbench.report.reproduce import reproduce_command
 from itlbench.report.slos import slo_text
-from itlbench.report.style import RUN_COLORS, fmt_s, new_figure, tidy
+from itlbench.report.style import RUN_COLORS, fmt_s, new_figure, seconds_log_xaxis, seconds_yaxis, tidy
 
 
 @dataclass
@@ -320,9 +319,9 @@ def _sim_checks(rows: list[Row]) -> list[str]:
 
 def tradeoff_figure(rows: list[Row]) -> FigureSpec:
     inj = all(r.injected_ttft_s is not None for r in rows)
-    ylabel = "injected prompt's TTFT (s)" if inj else "TTFT p99, all requests (s)"
+    ylabel = "injected prompt's TTFT" if inj else "TTFT p99, all requests"
     spec = FigureSpec("compare_tradeoff", "The trade-off",
-                      f"Each run's worst gap (what the steady streams suffered) against the {ylabel.split(' (')[0]} "
+                      f"Each run's worst gap (what the steady streams suffered) against the {ylabel} "
                       "(what the long prompt paid); labels give the output throughput.")
     pts = [(r, r.worst_s, r.injected_ttft_s if inj else r.ttft_p99_s) for r in rows]
     pts = [(r, x, y) for r, x, y in pts if x is not None and y is not None]
@@ -336,12 +335,11 @@ def tradeoff_figure(rows: list[Row]) -> FigureSpec:
         # the throughput on a line of its own: after a comma it would read as part of a label that has commas
         tps = f"\n{r.out_tps:,.0f} tok/s" if r.out_tps else ""
         ax.annotate(f"{r.label}{tps}", (x, y), xytext=(6, 4), textcoords="offset points", fontsize=8)
-    ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_s(v)))
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    seconds_log_xaxis(ax)  # durations on every tick, minor ones too where the gaps lie within a decade
+    seconds_yaxis(ax, [y for _, _, y in pts])
     ax.set_xlabel("worst gap in any steady stream (log)")
     ax.set_ylabel(ylabel)
-    ax.margins(x=0.3, y=0.2)
+    ax.margins(x=0.3)
     tidy(ax)
     spec.figure = fig
     return spec

@@ -77,7 +77,9 @@ def _ttft_parts(ax: Axes, t: pl.DataFrame, present: list[str], has_steps: bool) 
              ("prefill_s", "prefill", PREFILL)) if has_steps else \
         (("client_lag_s", "client lag", MUTED), ("server_s", "server (queue + prefill; no step log)", PREFILL))
     for i, b in enumerate(present):
-        rows = t.filter(pl.col("bucket") == b)
+        rows = t.filter(pl.col("bucket") == b).drop_nulls([c for c, _, _ in parts])
+        if not rows.height:  # no request of the bucket with every part known: no bar, rather than a false 100 %
+            continue
         meds = [max(0.0, float(rows[c].median() or 0.0)) for c, _, _ in parts]  # type: ignore[arg-type]
         total = sum(meds) or 1.0
         left = 0.0

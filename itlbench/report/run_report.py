@@ -262,6 +262,14 @@ def mark_withdrawn(data: RunData, figs: list[FigureSpec]) -> None:
                                  fontweight="bold")
 
 
+def injected_prefill_line(check: dict[str, Any]) -> str:
+    """An injected prompt's client TTFT beside the engine's prefill of it: '1 step', as the terminal says."""
+    steps = check.get("prefill_steps")
+    return (f"{check['request_id']} ({fmt_tokens(check.get('prompt_tokens'))} tokens): client TTFT "
+            f"{fmt_s(check.get('client_ttft_s'))}, engine prefill span {fmt_s(check.get('engine_prefill_span_s'))} "
+            f"over {steps} step{'' if steps == 1 else 's'}.")
+
+
 def build_document(data: RunData) -> Document:
     figures = run_figures(data)
     mark_withdrawn(data, figures)
@@ -272,9 +280,7 @@ def build_document(data: RunData) -> Document:
     why = Section("Why: the engine's steps").add(*chunk_story(data), figs["engine_steps"])
     check = ((data.summary.get("crosscheck") or {}).get("engine") or {}).get("injected") or []
     for c in check:
-        why.add(f"{c['request_id']} ({fmt_tokens(c.get('prompt_tokens'))} tokens): client TTFT "
-                f"{fmt_s(c.get('client_ttft_s'))}, engine prefill span {fmt_s(c.get('engine_prefill_span_s'))} "
-                f"over {c.get('prefill_steps')} steps.")
+        why.add(injected_prefill_line(c))
     if data.engine_config and not data.engine.external and injected_spans(data):
         why.add("To weigh this stall against the long prompt's TTFT and the throughput, run the same workload at "
                 "several budgets:", Code(sweep_command(data.doc)))

@@ -10,6 +10,7 @@ from matplotlib.axes import Axes
 from matplotlib.collections import PolyCollection
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
 
 from itlbench.report.data import RunData
 from itlbench.report.figure_spec import INFERRED_CAPTION, FigureSpec, inferred_for, steps_s, zoom
@@ -77,7 +78,8 @@ def engine_steps_figure(data: RunData) -> FigureSpec:
     tidy(ax)
     ax2 = ax.twinx()
     ax2.hlines(w * 1e3, x, x + w, colors="black", linewidth=2.0, zorder=3)
-    ax2.set_ylabel("step duration (ms)")
+    ax2.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_s(v / 1e3)))  # drawn in ms, read as "4.81 s"
+    ax2.set_ylabel("step duration")
     ax2.set_ylim(0, float(w.max()) * 1e3 * 1.3 if len(w) and w.max() > 0 else None)  # headroom for the labels
     ax2.spines["top"].set_visible(False)
     _annotate_chunks(ax2, data, s, spans)
@@ -115,12 +117,17 @@ def _annotate_chunks(ax: Axes, data: RunData, s: pl.DataFrame, spans: list[Injec
         labels = [(first, "first and longest chunk", "center", 0)]
     else:  # the earlier label leans left and the later right, so two close chunks' labels do not cover each other
         early, late = sorted(((first, "first chunk"), (longest, "longest chunk")), key=lambda r: r[0]["t_s"])
-        labels = [(early[0], early[1], "right", -4), (late[0], late[1], "left", 4)]
+        labels = [(early[0], early[1], *_early_lean(early[0]["t_s"], *ax.get_xlim())), (late[0], late[1], "left", 4)]
     for row, what, ha, dx in labels:
         ax.annotate(f"{what}: {fmt_tokens(row['prefill_tokens'])} tokens, {fmt_s(row['dur_s'])}",
                     xy=(row["t_s"] + row["dur_s"] / 2, row["dur_s"] * 1e3), xytext=(dx, 12),
                     textcoords="offset points", ha=ha, fontsize=8,
                     arrowprops={"arrowstyle": "-", "color": "#444444", "linewidth": 0.6})
+
+
+def _early_lean(x: float, lo: float, hi: float) -> tuple[str, int]:
+    """The earlier label leans left, unless its chunk is near the left edge: it would cover the tick labels."""
+    return ("right", -4) if x - lo > 0.3 * (hi - lo) else ("left", 4)
 
 
 def _engine_metrics(data: RunData, spec: FigureSpec) -> FigureSpec:

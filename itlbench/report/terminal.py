@@ -78,6 +78,11 @@ class LiveProgress:
         self._progress.update(self._task, completed=min(measured, self.total_s), line=line, description=stage)
 
 
+def counted(n: Any, noun: str) -> str:
+    """'1 event', '31 events': a count a reader reads, not '1 events'."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _stat_row(d: dict[str, Any], keys: tuple[str, ...], fmt: Any = _ms) -> list[str]:
     return [fmt(d.get(k)) for k in keys]
 
@@ -114,9 +119,10 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
     stalls = summary.get("stalls", {})
     split = summary.get("split", {})
     thr = summary.get("throughput", {})
-    console.print(f"[bold]Stalls[/]: {stalls.get('count', 0)} gaps, {fmt_s(stalls.get('stalled_s'))} stalled "
+    console.print(f"[bold]Stalls[/]: {counted(stalls.get('count', 0), 'gap')}, {fmt_s(stalls.get('stalled_s'))} stalled "
                   f"(stream-seconds, summed over streams), worst {fmt_s(stalls.get('worst_s'))}, "
-                  f"{stalls.get('victims', 0)} victim requests, {stalls.get('events', 0)} events", highlight=False)
+                  f"{counted(stalls.get('victims', 0), 'victim request')}, {counted(stalls.get('events', 0), 'event')}",
+                  highlight=False)
     _print_withdrawn(console, gone, "Stalls", "stalls")
     if (line := open_stall_line(stalls)) is not None:
         console.print(f"  [yellow]{line}[/]", highlight=False)
@@ -336,13 +342,13 @@ def _outside_line(reqs: dict[str, Any]) -> str | None:
 
 
 def open_stall_line(stalls: dict[str, Any]) -> str | None:
-    """The stalls no token closed, in words (the stream froze)."""
+    """The stalls no token closed in the window, in words: a stream may well have resumed after it."""
     opened = stalls.get("open") or {}
     if not opened.get("count"):
         return None
     at_end = opened.get("at_window_end") or 0
-    return (f"{opened['count']} of them open ({fmt_s(opened.get('stalled_s'))} stalled): the stream stopped and "
-            f"never resumed; {at_end} still stalled when the window closed (counted to the window's end, a lower "
+    return (f"{opened['count']} of them open ({fmt_s(opened.get('stalled_s'))} stalled): no token ended them in "
+            f"the window; {at_end} still stalled when the window closed (counted to the window's end, a lower "
             f"bound), {opened['count'] - at_end} cut while stalled")
 
 
@@ -354,7 +360,7 @@ def _event_line(ev: dict[str, Any]) -> str:
     cause = ev.get("cause") or "unknown"
     if cause == "unknown" and ev.get("unknown_reason"):
         cause += f" ({str(ev['unknown_reason']).replace('_', ' ')})"
-    line = (f"worst {fmt_s(ev.get('worst_s'))} across {ev.get('victims', '?')} requests "
+    line = (f"worst {fmt_s(ev.get('worst_s'))} across {counted(ev.get('victims', '?'), 'request')} "
             f"({fmt_s(ev.get('stalled_s'))} stalled, stream-seconds), cause: {cause}")
     if ev.get("prefill_steps"):
         line += (f"; overlapping prefill: {who}{f' +{more} more' if more > 0 else ''} "

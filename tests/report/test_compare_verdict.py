@@ -205,3 +205,18 @@ def test_compare_refuses_an_out_that_holds_another_commands_records(tmp_path: Pa
     (sweep / "sweep.json").write_text("{}")
     written, _, _ = write_compare_report([run], sweep, title="Sweep")
     assert written.html == sweep / "report.html" and (sweep / "compare.json").is_file()
+
+
+def test_the_tradeoff_axes_are_labelled_as_durations_even_within_one_decade(tmp_path: Path) -> None:
+    """Worst gaps of 162 and 461 ms left the log x axis without one label, and the TTFT axis read 0.58, 0.60."""
+    runs = load_runs([build_run(tmp_path / "a"), build_run(tmp_path / "b", stall_scale=0.5)])
+    spec = tradeoff_figure(make_rows(runs))
+    ax = spec.figure.axes[0]
+    spec.figure.canvas.draw()
+    x = [t.get_text() for t in (*ax.get_xticklabels(), *ax.get_xticklabels(minor=True)) if t.get_text()]
+    left, right = ax.get_xlim()
+    shown = [t for t in ax.get_xticklabels(minor=True) if t.get_text() and left <= t.get_position()[0] <= right]
+    assert len(shown) >= 2 and all(t.endswith((" ms", " s")) for t in x), x
+    y = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert y and all(t.endswith((" ms", " s")) for t in y), y
+    assert ax.get_ylabel() == "injected prompt's TTFT"

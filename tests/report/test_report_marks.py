@@ -20,11 +20,11 @@ from itlbench.report.document import FigureSpec, Table
 from itlbench.report.durations import fmt_s
 from itlbench.report.engines import engine_check_line
 from itlbench.report.figures import itl_figure, split_figure, ttft_figure
-from itlbench.report.run_report import build_document, headline, write_run_report
+from itlbench.report.run_report import build_document, headline, injected_prefill_line, write_run_report
 from itlbench.report.slos import slo_text
 from itlbench.report.steps_figure import engine_steps_figure
 from itlbench.report.style import new_figure, seconds_yaxis
-from itlbench.report.terminal import print_summary
+from itlbench.report.terminal import open_stall_line, print_summary
 from itlbench.report.withdrawn import Withdrawn
 from tests.support.report_runs import build_run
 
@@ -229,3 +229,59 @@ def test_compare_names_the_duration_each_run_measured(tmp_path: Path) -> None:
     assert cut in verdict(make_rows(runs), parse_slo(None))
     doc = build_compare_document(runs, parse_slo(None))  # and as a warning at the top of the comparison
     assert [c.text for c in doc.callouts if c.level == "warn"] == [cut]
+
+
+def test_a_bucket_whose_ttft_parts_are_unknown_draws_no_share_bar() -> None:
+    """A known client lag beside an unknown queue and prefill is not 100 % of the TTFT."""
+    from itlbench.report.figures import _ttft_parts
+
+    t = pl.DataFrame({"bucket": ["le8k", "le32k"], "client_lag_s": [0.001, 0.01], "queue_s": [None, 0.04],
+                      "prefill_s": [None, 41.0], "server_s": [41.0, 41.04]})
+    ax = new_figure(2).subplots()
+    _ttft_parts(ax, t, ["le8k", "le32k"], has_steps=True)
+    bars = [(round(p.get_y() + p.get_height() / 2), p.get_width()) for p in ax.patches]
+    assert bars and {row for row, _ in bars} == {1}, bars  # only le32k (row 1) has a bar
+    assert sum(width for _, width in bars) == pytest.approx(1.0)
+
+
+def test_the_reports_injected_prefill_line_says_1_step_not_1_steps() -> None:
+    check = {"request_id": "inj-000", "prompt_tokens": 32768, "client_ttft_s": 1.51, "engine_prefill_span_s": 1.49}
+    assert injected_prefill_line(check | {"prefill_steps": 1}) == (
+        "inj-000 (32k tokens): client TTFT 1.51 s, engine prefill span 1.49 s over 1 step.")
+    assert injected_prefill_line(check | {"prefill_steps": 17}).endswith("over 17 steps.")
+
+
+def test_the_terminal_counts_one_stall_event_in_the_singular(tmp_path: Path) -> None:
+    data = load_run(build_run(tmp_path / "run"))
+    stalls = {**data.summary["stalls"], "count": 1, "victims": 1, "events": 1}
+    event = {"worst_s": 0.059, "victims": 1, "stalled_s": 0.059, "cause": "client", "longest_step_s": 0.0052}
+    console = Console(record=True, width=240, color_system=None)
+    print_summary(console, {**data.summary, "stalls": {**stalls, "attribution": [event]}}, data.run_dir)
+    out = _flat(console.export_text())
+    assert "1 gap," in out and "1 victim request, 1 event" in out, out
+    assert "• worst 59 ms across 1 request (59 ms stalled" in out
+
+
+def test_an_open_stall_is_not_said_never_to_have_resumed() -> None:
+    """Open means no token closed the gap inside the window: the stream may have resumed just after it."""
+    line = open_stall_line({"open": {"count": 31, "stalled_s": 15.1, "at_window_end": 31}})
+    assert line is not None and "never resumed" not in line
+    assert line.startswith("31 of them open (15.1 s stalled): no token ended them in the window; 31 still stalled")
+
+
+def test_the_step_duration_axis_reads_as_durations(tmp_path: Path) -> None:
+    """'375 ms' and '1.00 s' on the ticks, as the docs promise for every tick label, not '5000' under '(ms)'."""
+    fig = engine_steps_figure(load_run(build_run(tmp_path / "run"))).figure
+    fig.canvas.draw()
+    ax2 = fig.axes[1]
+    ticks = [t.get_text() for t in ax2.get_yticklabels() if t.get_text()]
+    assert ticks and all(t.endswith((" ms", " s", " µs")) for t in ticks), ticks
+    assert ax2.get_ylabel() == "step duration"
+
+
+def test_the_first_chunks_label_stays_inside_the_axes_near_its_left_edge() -> None:
+    """A first chunk 5 s into a 52 s view: its label leaning left covered the tick labels ('250')."""
+    from itlbench.report.steps_figure import _early_lean
+
+    assert _early_lean(5.2, 0.0, 52.0) == ("left", 4)
+    assert _early_lean(30.0, 0.0, 52.0) == ("right", -4)
