@@ -196,6 +196,7 @@ def phases(
 ) -> None:
     """Prefill and decode measured apart (the source documents' exercise A): time and tokens/s per prompt length."""
     from itlbench.experiments.phases import PhasesConfig, run_phases
+    from itlbench.experiments.phases_report import print_phases, read_phases
 
     try:
         engine = None if endpoint else engine_config_from_flags(engine_flags, model=model)
@@ -209,5 +210,6 @@ def phases(
     except ItlbenchError as exc:
         fail(exc)
         return
+    print_phases(console, read_phases(written.html.parent), output_tokens)
     console.print(f"[bold]Report[/] {written.html}", highlight=False)
     print(written.html.parent)

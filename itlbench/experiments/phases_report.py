@@ -3,14 +3,29 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.ticker import NullFormatter
+from rich.console import Console
 
 from itlbench.report.document import Callout, Document, Section, Table
 from itlbench.report.figure_spec import FigureSpec
-from itlbench.report.style import DECODE, PREFILL, fmt_s, fmt_tokens, new_figure, tidy
+from itlbench.report.style import (
+    DECODE,
+    PREFILL,
+    count_log_yaxis,
+    fmt_s,
+    fmt_tokens,
+    new_figure,
+    seconds_log_yaxis,
+    tidy,
+)
+from itlbench.report.tables import TextTable, print_table
 
 SATURATION_SHARE = 0.9  # throughput within 10 % of its best: saturated
 LINEAR_SLACK = 1.25  # per-token cost 25 % above its best: no longer linear
@@ -51,10 +66,9 @@ def phases_figure(result: PhasesResult) -> FigureSpec:
         left.axvline(result.superlinear_from_tokens, color="#555555", linestyle=":", linewidth=0.8)
         left.text(result.superlinear_from_tokens, 0.97, f" superlinear from {fmt_tokens(result.superlinear_from_tokens)}",
                   transform=left.get_xaxis_transform(), fontsize=8, va="top")
-    left.set_xscale("log")
-    left.set_yscale("log")
-    left.set_xlabel("prompt tokens")
-    left.set_ylabel("prefill time (s)")
+    _lengths_xaxis(left, n)
+    seconds_log_yaxis(left)
+    left.set_ylabel("prefill time")
     left.legend(fontsize=8, frameon=False)
     tidy(left)
     right.plot(n, tps, "o-", color=PREFILL, label="prefill tokens/s")
@@ -66,9 +80,8 @@ def phases_figure(result: PhasesResult) -> FigureSpec:
         right.axvline(result.saturation_tokens, color="#555555", linestyle=":", linewidth=0.8)
         right.text(result.saturation_tokens, 0.55, f" saturates at {fmt_tokens(result.saturation_tokens)}",
                    transform=right.get_xaxis_transform(), fontsize=8)
-    right.set_xscale("log")
-    right.set_yscale("log")
-    right.set_xlabel("prompt tokens")
+    _lengths_xaxis(right, n)
+    count_log_yaxis(right)
     right.set_ylabel("tokens per second")
     right.legend(fontsize=8, frameon=False)
     tidy(right)
@@ -76,18 +89,32 @@ def phases_figure(result: PhasesResult) -> FigureSpec:
     return spec
 
 
-def phases_document(result: PhasesResult, output_tokens: int, command: str) -> Document:
-    table = Table(["prompt tokens", "requests", "client TTFT", "engine prefill", "prefill tok/s",
-                   "decode step (batch 1)", "decode tok/s (batch 1)"],
-                  [[fmt_tokens(r["prompt_tokens"]), str(r["requests"]), fmt_s(r["client_ttft_s"]),
-                    fmt_s(r["engine_prefill_s"]), f"{r['prefill_tokens_per_s']:,.0f}" if r["prefill_tokens_per_s"] else "—",
-                    fmt_s(r["decode_step_s"]), f"{r['decode_tokens_per_s']:,.0f}" if r["decode_tokens_per_s"] else "—"]
-                   for r in result.rows], "Prefill per prompt length (medians)")
+def _lengths_xaxis(ax: Axes, lengths: np.ndarray) -> None:
+    """A log axis of prompt tokens ticked at the lengths measured, written as the table writes them ("1k")."""
+    ax.set_xscale("log")
+    ax.set_xticks(lengths, [fmt_tokens(int(v)) for v in lengths])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("prompt tokens")
+
+
+def phases_tables(result: PhasesResult, output_tokens: int) -> tuple[Table, Table]:
+    """The prefill table (one row a prompt length) and the decode table (batch 1 and batched)."""
+    prefill = Table(["prompt tokens", "requests", "client TTFT", "engine prefill", "prefill tok/s",
+                     "decode step (batch 1)", "decode tok/s (batch 1)"],
+                    [[fmt_tokens(r["prompt_tokens"]), str(r["requests"]), fmt_s(r["client_ttft_s"]),
+                      fmt_s(r["engine_prefill_s"]), f"{r['prefill_tokens_per_s']:,.0f}" if r["prefill_tokens_per_s"] else "—",
+                      fmt_s(r["decode_step_s"]), f"{r['decode_tokens_per_s']:,.0f}" if r["decode_tokens_per_s"] else "—"]
+                     for r in result.rows], "Prefill per prompt length (medians)")
     decode = Table(["batch (measured)", "client gap", "engine decode step", "tok/s per stream", "tok/s total"],
                    [[f"{d['batch']} ({d['batch_measured']})", fmt_s(d["client_gap_s"]), fmt_s(d["engine_step_s"]),
                      f"{d['tokens_per_s_per_stream']:,.0f}" if d["tokens_per_s_per_stream"] else "—",
                      f"{d['tokens_per_s_total']:,.0f}" if d["tokens_per_s_total"] else "—"] for d in result.decode],
                    f"Decode ({DECODE_PROMPT}-token prompts, {output_tokens} output tokens each)")
+    return prefill, decode
+
+
+def phases_verdict(result: PhasesResult) -> str:
+    """Where prefill throughput saturates and where its time stops growing linearly, in words."""
     lines = []
     if result.saturation_tokens:
         lines.append(f"Prefill throughput saturates at about {fmt_tokens(result.saturation_tokens)} tokens "
@@ -100,7 +127,12 @@ def phases_document(result: PhasesResult, output_tokens: int, command: str) -> D
     elif result.linear_until_tokens:
         lines.append(f"Prefill time stays linear up to the longest length tried, "
                      f"{fmt_tokens(result.linear_until_tokens)} tokens.")
-    callouts = [Callout("info", " ".join(lines) or "Too few lengths to read a trend.")]
+    return " ".join(lines) or "Too few lengths to read a trend."
+
+
+def phases_document(result: PhasesResult, output_tokens: int, command: str) -> Document:
+    table, decode = phases_tables(result, output_tokens)
+    callouts = [Callout("info", phases_verdict(result))]
     notes = [f"Engine: {result.engine}; times from {result.source}. Prompt context: {result.context:,} tokens. "
              "Client TTFT includes HTTP; the engine's prefill is the sum of the steps that prefilled the prompt."]
     sections = [Section("Prefill").add(*notes, phases_figure(result), table),
@@ -110,3 +142,16 @@ def phases_document(result: PhasesResult, output_tokens: int, command: str) -> D
     return Document("Prefill vs decode, measured apart", f"{result.engine} · "
                     f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}", callouts, sections,
                     command)
+
+
+def read_phases(study_dir: Path) -> PhasesResult:
+    """The study phases.json holds, as the report was drawn from it."""
+    doc = json.loads((study_dir / "phases.json").read_text())
+    return PhasesResult(**{f.name: doc[f.name] for f in fields(PhasesResult) if f.name in doc})
+
+
+def print_phases(console: Console, result: PhasesResult, output_tokens: int) -> None:
+    """The report's tables and verdict on the terminal, as `run` prints its figures (the figure stays in the report)."""
+    for table in phases_tables(result, output_tokens):
+        print_table(console, TextTable(table.caption, table.headers, table.rows))
+    console.print(phases_verdict(result), highlight=False)

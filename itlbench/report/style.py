@@ -77,19 +77,27 @@ def seconds_log_yaxis(ax: Axes) -> None:
     """A log y axis of seconds labelled as durations ("50 ms"), minor ticks too where the view spans
     under two decades (else matplotlib's own 10^-2 labels would sit between "100 ms" and "1 s")."""
     ax.set_yscale("log")
-    _duration_ticks(ax.yaxis, ax.get_ylim)
+    _log_ticks(ax.yaxis, ax.get_ylim)
 
 
 def seconds_log_xaxis(ax: Axes) -> None:
     """`seconds_log_yaxis` for the x axis."""
     ax.set_xscale("log")
-    _duration_ticks(ax.xaxis, ax.get_xlim)
+    _log_ticks(ax.xaxis, ax.get_xlim)
 
 
-def _duration_ticks(axis: Axis, limits: Callable[[], tuple[float, float]]) -> None:
-    """Major ticks as durations; minor ones too where the view is narrow enough to need them: every one
-    within a decade, the 2s and 5s within two (a view with no decade inside it has no major label)."""
-    axis.set_major_formatter(FuncFormatter(lambda v, _: fmt_s(v)))
+def count_log_yaxis(ax: Axes) -> None:
+    """A log y axis of counts or rates labelled as numbers ("2,000"), not matplotlib's 2×10^3."""
+    ax.set_yscale("log")
+    _log_ticks(ax.yaxis, ax.get_ylim, lambda v: f"{v:,.0f}" if v >= 1 else f"{v:g}")
+
+
+def _log_ticks(axis: Axis, limits: Callable[[], tuple[float, float]],
+                    fmt: Callable[[float], str] = fmt_s) -> None:
+    """Major ticks as `fmt` writes them (durations by default); minor ones too where the view is narrow enough
+    to need them: every one within a decade, the 2s and 5s within two (a view with no decade inside it has no
+    major label)."""
+    axis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v)))
 
     def minor(v: float, _: int) -> str:
         lo, hi = limits()
@@ -97,7 +105,7 @@ def _duration_ticks(axis: Axis, limits: Callable[[], tuple[float, float]]) -> No
             return ""
         span = math.log10(hi / lo)
         lead = round(v / 10 ** math.floor(math.log10(v) + 1e-9)) if v > 0 else 0
-        return fmt_s(v) if span < 1 or (span < 2 and lead in (2, 5)) else ""
+        return fmt(v) if span < 1 or (span < 2 and lead in (2, 5)) else ""
 
     axis.set_minor_formatter(FuncFormatter(minor))
 
