@@ -32,6 +32,7 @@ from itlbench.experiments.capacity_report import recorded_sim_check, write_capac
 from itlbench.experiments.run_options import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
+    bundled_target,
     default_sweep_dir,
     remove_if_empty,
     repeat_seed,
@@ -57,10 +58,10 @@ OWNED = ("--rate", "--streams", "--out", "--endpoint", "--repeat")
 @contextlib.contextmanager
 def _target(serve: str | None, endpoint: str | None, model: str | None, out: Path,
             timeout_s: float, say: Callable[[str], None],
-            spans: SpanCapture | None = None) -> Iterator[tuple[list[str], str]]:
+            spans: SpanCapture | None = None, bundled: str = "the bundled engine") -> Iterator[tuple[list[str], str]]:
     """The run flags that point at the server under test, and its name for the report."""
     if serve is None:
-        yield ([] if endpoint is None else ["--endpoint", endpoint]), endpoint or "the bundled engine"
+        yield ([] if endpoint is None else ["--endpoint", endpoint]), endpoint or bundled
         return
     port = free_port()
     command = substitute(serve, {"port": str(port), **({"model": model} if model else {}),
@@ -103,7 +104,7 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
         first_seed = repeat_seed(extra, served=serve is not None or endpoint is not None)
         counts: dict[float, int] = {}
         with terminate_as_interrupt() as arm, capture(receive_otlp, say) as spans, \
-                _target(serve, endpoint, model, target, timeout_s, say, spans) as (flags, name):
+                _target(serve, endpoint, model, target, timeout_s, say, spans, bundled_target(run_args)) as (flags, name):
 
             def run_once(load: float) -> RunJudgement:
                 counts[load] = counts.get(load, 0) + 1

@@ -38,6 +38,14 @@ def _flag_value(args: Sequence[str], flag: str) -> str | None:
     return None
 
 
+def bundled_target(args: Sequence[str]) -> str:
+    """The bundled engine as a study's report names it: `--engine sim` is the simulator on its GPU, not the model."""
+    if _flag_value(args, "--engine") != "sim":
+        return "the bundled engine"
+    gpu = _flag_value(args, "--gpu")
+    return f"the simulated engine ({gpu})" if gpu else "the simulated engine"
+
+
 def repeat_seed(args: Sequence[str], served: bool) -> int | None:
     """The first repeat's seed where repeats must vary it (the bundled simulator: it has no noise of its own,
     so repeats of one seed are one run), else None (repeats keep the seed; the machine gives the spread)."""

@@ -121,3 +121,13 @@ def test_a_short_window_says_what_it_offered_beside_the_nominal_rate(tmp_path: P
     # the report says which SLOs judged the runs, the defaults spelled out
     assert "SLOs: the default SLOs (no --slo given" in _flat((out / "report.md").read_text())
     assert "ITL p99 ≤ 200 ms" in _flat((out / "report.md").read_text())
+    # a search of the simulator names it, not "the bundled engine" (the model the simulator stands in for)
+    assert (out / "report.md").read_text().startswith("# Capacity by rate: the simulated engine (h100)")
+
+
+def test_the_bundled_target_is_named_by_its_engine() -> None:
+    from itlbench.experiments.run_options import bundled_target
+
+    assert bundled_target(["--workload", "chat"]) == "the bundled engine"
+    assert bundled_target(["--engine", "sim", "--gpu=b200"]) == "the simulated engine (b200)"
+    assert bundled_target(["--engine=sim"]) == "the simulated engine"
