@@ -1,10 +1,11 @@
-"""How `--help` reads: flowing paragraphs and nothing cut to `…`, at any terminal width.
+"""How `--help` reads: flowing paragraphs, nothing cut to `…` and no type on a flag, at any terminal width.
 
 typer 0.29 keeps the hard line breaks of a docstring's first paragraph in the command list and of every
-later one in a command's `--help`, and its options table cuts a flag name or a long word (a URL, an SLO
-example) that does not fit its column. `FlowingTyper` fixes both for every command it registers, without
-a docstring written on one line: the help is rejoined when the command is registered, and typer's table
-class is swapped for `HelpTable` when help is drawn (not at import: typer reads TERMINAL_WIDTH then).
+later one in a command's `--help`; its options table cuts a flag name or a long word (a URL, an SLO
+example) that does not fit its column, and gives a flag a type (`--json <bool>`) as if it took a value.
+`FlowingTyper` fixes these for every command it registers, without a docstring written on one line: the
+help is rejoined when the command is registered, and typer's table class is swapped for `HelpTable` when
+help is drawn (not at import: typer reads TERMINAL_WIDTH then).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import click
 import typer
 import typer.core
 from rich.table import Table
@@ -53,11 +55,19 @@ def _folding_tables() -> None:
     rich_utils.Table = HelpTable  # type: ignore[misc]
 
 
+def _untyped_flags(command: click.Command, ctx: click.Context) -> None:
+    """A flag takes no value: typer's type column ('--json <bool>', '--help <bool>') reads as one to give."""
+    for param in command.get_params(ctx):
+        if getattr(param, "is_flag", False):
+            param.display_type_rich = lambda ctx: None  # type: ignore[attr-defined]
+
+
 class HelpCommand(typer.core.TyperCommand):
-    """A command whose --help is drawn with HelpTable."""
+    """A command whose --help is drawn with HelpTable, its flags without a type."""
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         _folding_tables()
+        _untyped_flags(self, ctx)
         super().format_help(ctx, formatter)
 
 
@@ -66,6 +76,7 @@ class HelpGroup(typer.core.TyperGroup):
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         _folding_tables()
+        _untyped_flags(self, ctx)
         super().format_help(ctx, formatter)
 
 

@@ -53,6 +53,13 @@ def test_option_help_folds_a_long_word_instead_of_cutting_it(width: str):
         assert shown.count("…") == written, (name, [line for line in shown.splitlines() if "…" in line])
 
 
+def test_a_flag_has_no_type_in_help_as_if_it_took_a_value():
+    """`--json <bool>` read as `--json true`; a value-taking option keeps its type."""
+    shown = runner.invoke(app, ["selftest", "--help"], env={"COLUMNS": "120"}).output
+    assert "<bool>" not in shown and "<float>" in shown
+    assert "<bool>" not in runner.invoke(app, ["--help"], env={"COLUMNS": "120"}).output
+
+
 def test_flowing_keeps_paragraphs_and_click_verbatim_blocks():
     assert flowing("One\n  two.\n\nThree\nfour.") == "One two.\n\nThree four."
     assert flowing("Lead.\n\n\b\na\nb") == "Lead.\n\n\b\na\nb"
