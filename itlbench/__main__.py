@@ -1,6 +1,6 @@
 """`python -m itlbench ...` is the `itlbench` command."""
 
-from itlbench.cli import app
+from itlbench.cli import main
 
 if __name__ == "__main__":
-    app(prog_name="python -m itlbench")
+    main(prog_name="python -m itlbench")

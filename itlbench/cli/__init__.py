@@ -2,9 +2,12 @@
 
 from itlbench.cli import models, results, run, selftest, serve, studies  # noqa: F401 - each registers its commands
 from itlbench.cli.app import app
+from itlbench.cli.streams import protect_std_streams
 
-__all__ = ["app"]
+__all__ = ["app", "main"]
 
 
-def main() -> None:  # pragma: no cover - console entry
-    app()
+def main(prog_name: str | None = None) -> None:
+    """The console entry: a reader that closes the pipe early cannot end a command before its files are written."""
+    protect_std_streams()
+    app(prog_name=prog_name)
