@@ -25,8 +25,8 @@ DEFINITIONS: dict[str, str] = {
         "Phase ITL pools the steady gaps of requests that reasoned; the section appears only when one did."
     ),
     "stall": (
-        "Stall: a gap ≥ max(stall_factor × the stream's median gap, stall_floor). Reported: count, total "
-        "stalled seconds (sum of the stalled gaps), worst gap, victim streams, and attribution: which "
+        "Stall: a gap ≥ max(stall_factor × the request's median gap, stall_floor). Reported: count, total "
+        "stalled seconds (sum of the stalled gaps), worst gap, victim requests, and attribution: which "
         "in-flight prefill (injected or not) overlapped the gap, from the engine's step log when available. "
         "Stalls whose gaps overlap across streams form one event."
     ),

@@ -107,7 +107,7 @@ def run(
                                                  "(default 0: only just before and just after the measured "
                                                  "window).")] = "0",
     slo: Annotated[str | None, typer.Option(help="SLOs, e.g. 'ttft:le2k=2s,itl_p99=150ms'.")] = None,
-    stall_factor: Annotated[float, typer.Option(help="A stall is a gap ≥ factor × the stream's median gap…")] = 5.0,
+    stall_factor: Annotated[float, typer.Option(help="A stall is a gap ≥ factor × its request's median gap…")] = 5.0,
     stall_floor: Annotated[str, typer.Option(help="…and at least this long.")] = "50ms",
     inject_max_tokens: Annotated[int, typer.Option(help="Output tokens of each injected request.")] = 16,
     trace: Annotated[Path | None, typer.Option(help="Trace for --workload trace: an Azure LLM inference CSV, a "
