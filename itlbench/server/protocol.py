@@ -202,7 +202,8 @@ def _reject_unsupported(body: dict[str, Any]) -> None:
         raise bad("best_of", f"only best_of=1 is supported, got {best_of}")
     if body.get("echo"):
         raise bad("echo", "echo is not supported")
-    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
+    logprobs = body.get("logprobs")  # 0 on /v1/completions asks for the sampled token's own (0 == False in Python)
+    if (logprobs is not None and logprobs is not False) or body.get("top_logprobs") is not None:
         raise bad("logprobs", "logprobs are not supported")
     if body.get("prompt_logprobs") is not None:
         raise bad("prompt_logprobs", "logprobs are not supported")

@@ -165,7 +165,8 @@ def test_the_no_op_values_sdks_send_are_accepted(client):
 
 def test_unsupported_parameters_are_refused_by_both_parsers():
     for body, param in (({"suffix": "x"}, "suffix"), ({"prompt_logprobs": 1}, "prompt_logprobs"),
-                        ({"min_p": 0.1}, "min_p"), ({"use_beam_search": True}, "use_beam_search")):
+                        ({"min_p": 0.1}, "min_p"), ({"use_beam_search": True}, "use_beam_search"),
+                        ({"logprobs": 0}, "logprobs"), ({"logprobs": 2}, "logprobs")):  # 0: the sampled token's
         with pytest.raises(ApiError) as info:
             parse_completion({"prompt": "x", **body})
         assert info.value.param == param
@@ -175,7 +176,8 @@ def test_unsupported_parameters_are_refused_by_both_parsers():
     with pytest.raises(ApiError, match="presence_penalty: must be a number"):
         parse_chat({"messages": [{"role": "user", "content": "x"}], "presence_penalty": "high"})
     assert parse_chat({"messages": [{"role": "user", "content": "x"}], "presence_penalty": None,
-                       "tools": None, "function_call": "auto"}).chat
+                       "tools": None, "function_call": "auto", "logprobs": False}).chat
+    assert parse_completion({"prompt": "x", "logprobs": None}).max_tokens
 
 
 def test_the_sims_greedy_tokens_skip_eos_and_ignore_the_engines_seed():
