@@ -25,6 +25,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from itlbench.errors import ItlbenchError
 from itlbench.harness.run_config import RunConfig
 from itlbench.load.driver import DriveResult, Warmup
@@ -38,7 +40,7 @@ from itlbench.load.locust.job import (
     parse_host_port,
     spec_kwargs,
 )
-from itlbench.load.multiproc import merge_worker_parts
+from itlbench.load.multiproc import MERGED_PART_BASE, merge_worker_parts
 from itlbench.load.observers.client_monitor import ClientStats
 from itlbench.load.progress import ProgressSnapshot
 from itlbench.load.target import Target
@@ -179,6 +181,7 @@ async def drive_locust(job: LocustJob, store: RunStore, *, on_progress: Callable
         raise
     exit_codes = await procs.close(grace_s=15.0)
     result = _collect(run_dir, job, doc, events, exit_codes)
+    _say_lost_in_flight(doc["workers_died"], on_status)
     if result is None:
         raise ItlbenchError(f"the Locust run produced no result: {'; '.join(events['errors']) or 'see the log'}\n"
                             + _tail(run_dir / LOG_FILE))
@@ -210,6 +213,8 @@ def _collect(run_dir: Path, job: LocustJob, doc: dict[str, Any], events: dict[st
     doc["worker_processes"] = workers
     doc["workers_died"] = [{k: w[k] for k in ("k", "host", "pid", "died_reason", "died_ns", "exit_code")}
                            for w in workers if w.get("state") == "died"]
+    for died in doc["workers_died"]:
+        died["requests_in_flight"] = _drop_in_flight(run_dir, died["k"])
     doc["locust_stats"] = master.get("locust_stats", [])
     doc["master_cpu_s"] = master.get("master_cpu_s")
     if events["errors"]:
@@ -219,6 +224,35 @@ def _collect(run_dir: Path, job: LocustJob, doc: dict[str, Any], events: dict[st
         return None
     res["client"] = ClientStats(**res["client"])
     return DriveResult(**res)
+
+
+def _drop_in_flight(run_dir: Path, k: int) -> list[str]:
+    """Drop the chunks of a dead worker's requests in flight (they never got a row): the analysis would
+    read each as a stream frozen until the window closed, an `outside_engine` stall the server never made.
+    Returns their ids; the requests the worker finished keep their chunks."""
+    part = f"part-{MERGED_PART_BASE + k:05d}.parquet"
+    chunks_path, requests_path = run_dir / "chunks" / part, run_dir / "requests" / part
+    if not chunks_path.is_file():
+        return []
+    chunks = pl.read_parquet(chunks_path)
+    done = (pl.read_parquet(requests_path, columns=["request_id"])["request_id"] if requests_path.is_file()
+            else pl.Series("request_id", [], dtype=pl.Utf8))
+    orphan = ~pl.col("request_id").is_in(done.implode())
+    lost = chunks.filter(orphan)["request_id"].unique().sort().to_list()
+    if lost:
+        tmp = chunks_path.with_name("." + part + ".tmp")
+        chunks.filter(~orphan).write_parquet(tmp)
+        os.replace(tmp, chunks_path)
+    return lost
+
+
+def _say_lost_in_flight(died: list[dict[str, Any]], on_status: Callable[[str], None]) -> None:
+    for w in died:
+        lost = w.get("requests_in_flight") or []
+        if lost:
+            shown = ", ".join(lost[:5]) + (f" +{len(lost) - 5} more" if len(lost) > 5 else "")
+            on_status(f"Locust worker {w['k']} died with {len(lost)} request(s) in flight ({shown}): not recorded, "
+                      "their partial chunks dropped; what it finished before is kept")
 
 
 def _tail(path: Path, lines: int = 25) -> str:

@@ -346,7 +346,7 @@ def _start_telemetry(cfg: RunConfig) -> LiveTelemetry | None:
     from itlbench.telemetry.observer import LiveTelemetry
 
     return LiveTelemetry.start(cfg.metrics_port, cfg.otlp_endpoint, stall_factor=cfg.stall_factor,
-                               stall_floor_s=cfg.stall_floor_s)
+                               stall_floor_s=cfg.stall_floor_s, workloads=_live_workloads(cfg))
 
 
 def _connect_telemetry(telemetry: LiveTelemetry | None, cfg: RunConfig, conn: Connection, run_dir: Path,
@@ -363,6 +363,12 @@ def _connect_telemetry(telemetry: LiveTelemetry | None, cfg: RunConfig, conn: Co
     telemetry.connect(conn.target, has_steps=conn.steps_url is not None,
                       provider_name="itlbench" if ecfg else "openai", run_info=info)
     run_doc["telemetry"] = telemetry.doc()
+
+
+def _live_workloads(cfg: RunConfig) -> list[tuple[str, bool]]:
+    """The (workload label, injected) pairs the run's requests carry (RequestPlan.workload)."""
+    pairs = [(get_workload(cfg.workload).name, False)]
+    return pairs + [("injected", True)] if cfg.inject else pairs
 
 
 def _close_telemetry(telemetry: LiveTelemetry | None) -> None:

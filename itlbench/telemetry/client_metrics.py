@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.core.metric_buckets import ITL_BUCKETS, REQUEST_BUCKETS
 from itlbench.telemetry.live_stalls import CAUSES
 from itlbench.workloads.plan import RequestPlan
@@ -101,14 +103,25 @@ class ClientMetrics:
 
     def children(self, plan: RequestPlan, bucket: str) -> tuple[Any, Any, Any]:
         """(ttft, itl, e2e) histogram children of a request's labels, cached."""
-        key = (plan.workload, bucket, plan.injected)
+        return self._child(plan.workload, bucket, plan.injected)
+
+    def _child(self, workload: str, bucket: str, injected: bool) -> tuple[Any, Any, Any]:
+        key = (workload, bucket, injected)
         got = self._children.get(key)
         if got is None:
-            flag = BOOLS[plan.injected]
-            got = (self.ttft.labels(plan.workload, bucket, flag), self.itl.labels(plan.workload, flag),
-                   self.e2e.labels(plan.workload, bucket, flag))
+            flag = BOOLS[injected]
+            got = (self.ttft.labels(workload, bucket, flag), self.itl.labels(workload, flag),
+                   self.e2e.labels(workload, bucket, flag))
             self._children[key] = got
         return got
+
+    def zero_workloads(self, workloads: Iterable[tuple[str, bool]]) -> None:
+        """Zero series for every prompt bucket of these (workload, injected) pairs before the load: a
+        series born at its first request is first scraped at 1, and rate() never sees that request (a
+        bucket's only request, or the first injection, would be missing from the TTFT panels)."""
+        for workload, injected in workloads:
+            for bucket in BUCKET_LABELS:
+                self._child(workload, bucket, injected)
 
     def stall(self, cause: str, gap_s: float) -> None:
         count, seconds = self._stall_children[cause]

@@ -240,12 +240,14 @@ def _stalls_and_steps(b: Board) -> None:
           "ran per second.",
           [Q(f"sum(rate(itlbench_engine_step_prefill_tokens_sum{{{ENGINE}}}[{RI}]))", "prefill"),
            Q(f"sum(rate(itlbench_engine_step_decode_tokens_sum{{{ENGINE}}}[{RI}]))", "decode")], TOKS, stack=True)
-    b.add("table", "Engine and run", "The bundled engine's configuration and the client's run: a chunk-budget "
-          "change shows as a new row.",
+    # over the whole range, not at its end: an instant query lists only what is up now, so a finished run
+    # (its client gone) and an engine's earlier chunk budget vanished from the table
+    b.add("table", "Engine and run", "Every engine configuration and client run of the time range, one row "
+          "each: a chunk-budget change shows as a new row, a finished run stays listed.",
           [Q(f"max by (model_name, chunk_budget, policy, mixed, max_num_seqs, kv_blocks, device, dtype) "
-             f"(itlbench_engine_config_info{{{ENGINE}}})", fmt="table", instant=True),
-           Q(f"max by (run_id, workload, chunk_budget, policy, engine, model) ({C}run_info)", fmt="table",
-             instant=True)], "short",
+             f"(last_over_time(itlbench_engine_config_info{{{ENGINE}}}[$__range]))", fmt="table", instant=True),
+           Q(f"max by (run_id, workload, chunk_budget, policy, engine, model) (last_over_time({C}run_info[$__range]))",
+             fmt="table", instant=True)], "short",
           options={"showHeader": True, "cellHeight": "sm"})
 
 

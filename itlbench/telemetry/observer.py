@@ -7,8 +7,11 @@ A telemetry fault is logged once and switches that part off: it never changes a 
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from itlbench.analysis.buckets import bucket_for
@@ -21,6 +24,7 @@ from itlbench.telemetry.metrics_server import MetricsServer, say
 from itlbench.telemetry.options import parse_listen
 
 log = logging.getLogger(__name__)
+OTLP_CLOSE_S = 5.0  # the most the end of a run waits for the OTLP exporters (a healthy collector takes ms)
 _now = time.perf_counter_ns
 
 
@@ -53,7 +57,9 @@ class LiveTelemetry:
     # ---- lifecycle ----------------------------------------------------------------------------
     @classmethod
     def start(cls, metrics_port: str | None, otlp_endpoint: str | None, *, stall_factor: float = 5.0,
-              stall_floor_s: float = 0.05) -> LiveTelemetry | None:
+              stall_floor_s: float = 0.05, workloads: Sequence[tuple[str, bool]] = ()) -> LiveTelemetry | None:
+        """`workloads`: the (workload, injected) label pairs the plan sends, whose latency series are served
+        at zero from the first scrape (see ClientMetrics.zero_workloads)."""
         if metrics_port is None and otlp_endpoint is None:
             return None
         providers = None
@@ -64,16 +70,17 @@ class LiveTelemetry:
         tel = cls(ClientMetrics() if metrics_port is not None else None, providers,
                   stall_factor=stall_factor, stall_floor_s=stall_floor_s)
         if metrics_port is not None:
-            tel._serve(*parse_listen(metrics_port))
+            tel._serve(*parse_listen(metrics_port), workloads=workloads)
         return tel
 
-    def _serve(self, host: str, port: int) -> None:
+    def _serve(self, host: str, port: int, workloads: Sequence[tuple[str, bool]] = ()) -> None:
         assert self.metrics is not None
+        self.metrics.zero_workloads(workloads)
         try:
             self._httpd = MetricsServer(host, port, self.metrics.registry)
         except OSError as exc:
             raise ConfigError("--metrics-port", f"cannot listen on {host}:{port} ({exc.strerror or exc})",
-                              "choose a free port") from None
+                              _listen_hint(exc)) from None
         self.metrics_url = self._httpd.url
         say(f"client metrics for Prometheus: {self.metrics_url}")
 
@@ -100,7 +107,9 @@ class LiveTelemetry:
             self._httpd.stop()
             self._httpd = None
         if self.providers is not None:
-            self.providers.shutdown()
+            if not self.providers.shutdown_within(OTLP_CLOSE_S):
+                say(f"the OTLP collector at {self.providers.endpoint} did not take the run's last spans and metrics "
+                    f"within {OTLP_CLOSE_S:g} s: they are lost (the run's records are complete)")
             self.providers = None
 
     def doc(self) -> dict[str, str | None]:
@@ -189,6 +198,16 @@ class LiveTelemetry:
     def _on_stall(self, cause: str, gap_s: float) -> None:
         if self.metrics is not None:
             self.metrics.stall(cause, gap_s)
+
+
+def _listen_hint(exc: OSError) -> str:
+    """The fix for a failed bind: a port in use wants another port, an address not on this machine (a typo,
+    another host's IP) wants a local one; "choose a free port" sent the latter looking for the wrong thing."""
+    if exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT) or isinstance(exc, socket.gaierror):
+        return "use an address of this machine: 127.0.0.1, or 0.0.0.0 to expose it"
+    if exc.errno == errno.EACCES:
+        return "use a port above 1023 (e.g. 9464)"
+    return "choose a free port (0 picks one)"
 
 
 class _StepTap:

@@ -50,8 +50,10 @@ def check_endpoint(url: str | None, flag: str = "--otlp-endpoint") -> str | None
 
 
 def probe_collector(base: str, flag: str = "--otlp-endpoint", timeout_s: float = 3.0) -> None:
-    """Fail before a run when nothing accepts connections at the collector's address: the SDK would retry each
-    export batch in the background and print a warning for every try, and the spans would be lost anyway."""
+    """Fail before a run when nothing at the collector's address takes OTLP/HTTP: the SDK would retry each
+    export batch in the background and print a warning for every try, and the spans would be lost anyway.
+    A listening port is not enough: a gRPC port (4317), a UI or a proxy accepts the connection and then
+    answers every batch with an error, so an empty export (a valid request with no spans) must get a 2xx."""
     parsed = urllib.parse.urlparse(base)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     try:
@@ -59,6 +61,26 @@ def probe_collector(base: str, flag: str = "--otlp-endpoint", timeout_s: float =
     except OSError as exc:
         raise ConfigError(flag, f"nothing answers at {base} ({exc.strerror or exc})",
                           "start the OTLP collector first, or leave the flag out") from None
+    why = _empty_export_fails(f"{base}/v1/traces", timeout_s)
+    if why is not None:
+        raise ConfigError(flag, f"{base} is not an OTLP/HTTP collector ({base}/v1/traces: {why})",
+                          "give the collector's OTLP/HTTP address, port 4318 (4317 is gRPC)")
+
+
+def _empty_export_fails(url: str, timeout_s: float) -> str | None:
+    """Why an empty ExportTraceServiceRequest to `url` was not accepted, or None where it was."""
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=b"", method="POST", headers={"Content-Type": "application/x-protobuf"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return None if 200 <= resp.status < 300 else f"HTTP {resp.status}"
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code} {exc.reason}"
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+        return f"no HTTP answer: {getattr(exc, 'reason', None) or exc or type(exc).__name__}"
 
 
 def require_sdk(flag: str = "--otlp-endpoint") -> None:
@@ -89,6 +111,19 @@ class OtelProviders:
         """Export everything still buffered, then stop the exporter threads."""
         self.tracer_provider.shutdown()
         self.meter_provider.shutdown()
+
+    def shutdown_within(self, timeout_s: float) -> bool:
+        """`shutdown()`, waited for at most `timeout_s`; False where it had not finished. A collector gone
+        mid-run makes the SDK retry every buffered batch with backoff, about 10 s apiece: a run's run.json,
+        summary and report must not wait on that (the rest goes on in a daemon thread)."""
+        done = threading.Event()
+
+        def shut() -> None:
+            self.shutdown()
+            done.set()
+
+        threading.Thread(target=shut, name="itlbench-otlp-shutdown", daemon=True).start()
+        return done.wait(timeout_s)
 
 
 def make_providers(endpoint: str, service_name: str, export_interval_s: float = 5.0) -> OtelProviders:

@@ -26,7 +26,7 @@ def targets(board: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def substitute(expr: str, prefix: str = "itlbench_", rate_interval: str = "20s") -> str:
-    """Grafana's interpolation as a user's default selection does it ('All' is .*)."""
-    return (expr.replace("$__rate_interval", rate_interval).replace("${prefix}", prefix)
+def substitute(expr: str, prefix: str = "itlbench_", rate_interval: str = "20s", range_: str = "1h") -> str:
+    """Grafana's interpolation as a user's default selection does it ('All' is .*; `range_` the time range)."""
+    return (expr.replace("$__rate_interval", rate_interval).replace("$__range", range_).replace("${prefix}", prefix)
             .replace("$model_name", ".*").replace("$workload", ".*"))

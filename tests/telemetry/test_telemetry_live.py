@@ -218,11 +218,37 @@ def test_the_run_s_final_client_values_reach_prometheus(live: Live) -> None:
     assert live.last(f"sum(last_over_time(itlbench_client_requests_sent_total{window}))") == requests.height
 
 
+def test_every_latency_series_exists_from_the_client_s_first_scrape(live: Live) -> None:
+    """A series born at its first request (a prompt bucket's first, the first injection) is first scraped above
+    0, and rate() never counts that request: it went missing from the TTFT and latency panels. Every label set
+    the plan sends is served, at zero, from the first scrape on."""
+    first: dict[str, float] = {}
+    for name in ("time_to_first_token_seconds_count", "e2e_request_latency_seconds_count",
+                 "inter_token_latency_seconds_count"):
+        series = live.series(f"itlbench_client_{name}")
+        assert series, name
+        first |= {json.dumps(s["metric"], sort_keys=True): float(s["values"][0][0]) for s in series}
+    assert any('"injected": "true"' in k for k in first) and any('"prompt_bucket": "gt32k"' in k for k in first)
+    born_late = {k: t - min(first.values()) for k, t in first.items() if t > min(first.values())}
+    assert not born_late, f"series born after the first scrape (seconds later): {born_late}"
+
+
 def test_the_stalls_panel_counts_whole_stalls(live: Live) -> None:
     (panel,) = [p for b in dashboards().values() for p in b["panels"] if p["title"].startswith("Stalled gaps by cause")]
     series = live.series(substitute(panel["targets"][0]["expr"], "itlbench_", RATE_INTERVAL))
     values = [float(v) for s in series for _, v in s["values"]]
     assert values and max(values) >= 1 and all(v == int(v) for v in values), values
+
+
+def test_the_engine_and_run_table_keeps_a_finished_run(live: Live) -> None:
+    """Read after the run (client and server gone), the table still names the engine's configuration and the
+    run: its instant queries look over the dashboard's range, not only at its end."""
+    (panel,) = [p for b in dashboards().values() for p in b["panels"] if p["title"] == "Engine and run"]
+    window = f"{int(live.end - live.start) + 5}s"
+    engine, runs = (live.get("/api/v1/query", query=substitute(t["expr"], range_=window), time=live.end)["result"]
+                    for t in panel["targets"])
+    assert [e["metric"]["chunk_budget"] for e in engine] == [str(BUDGET)], engine
+    assert [r["metric"]["run_id"] for r in runs] == [live.run_dir.name], runs
 
 
 def _pairs(live: Live) -> list[tuple[dict[str, Any], dict[str, Any]]]:

@@ -7,6 +7,7 @@ import random
 import statistics
 import subprocess
 import sys
+import time
 import urllib.request
 
 import polars as pl
@@ -143,6 +144,18 @@ def test_a_port_in_use_fails_before_anything_starts(tmp_path) -> None:
         first.close()
 
 
+@pytest.mark.parametrize(("listen", "hint"), [
+    ("198.51.100.7:9464", "use an address of this machine"),  # TEST-NET-2: on no interface here
+    ("no-such-host.invalid:9464", "use an address of this machine"),
+])
+def test_an_address_not_on_this_machine_is_told_so_not_to_choose_a_free_port(listen: str, hint: str) -> None:
+    from itlbench.telemetry.observer import LiveTelemetry
+
+    with pytest.raises(ConfigError) as err:
+        LiveTelemetry.start(listen, None)
+    assert err.value.field == "--metrics-port" and hint in str(err.value), str(err.value)
+
+
 def test_the_bundled_server_gets_the_otlp_endpoint() -> None:
     cmd = server_command(EngineConfig(model="tiny"), "127.0.0.1", 1234, "http://127.0.0.1:4318")
     assert cmd[-2:] == ["--otlp-endpoint", "http://127.0.0.1:4318"]
@@ -188,6 +201,64 @@ def test_a_collector_nobody_runs_is_a_one_line_error_before_the_run(tmp_path) ->
         assert r.exit_code == 2, r.output
         assert f"error: --otlp-endpoint: nothing answers at {url}" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "run").exists()
+
+
+def test_a_port_that_is_no_otlp_collector_is_a_one_line_error_before_the_run(tmp_path) -> None:
+    """A listening port that answers OTLP's POST /v1/traces with 404 (a UI, Prometheus, a proxy) passed the
+    connect-only probe: the run went on with a warning per export batch and no spans anywhere."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from typer.testing import CliRunner
+
+    from itlbench.cli import app
+
+    class NotACollector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            self.send_error(404)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotACollector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        for args in (["run", "--model", "tiny", "--duration", "2s", "--out", str(tmp_path / "run")],
+                     ["serve", "--engine", "sim", "--model", "llama-3.1-8b"]):
+            r = CliRunner().invoke(app, [*args, "--otlp-endpoint", url], terminal_width=300)
+            assert r.exit_code == 2, r.output
+            assert f"error: --otlp-endpoint: {url} is not an OTLP/HTTP collector" in r.output, r.output
+            assert "HTTP 404" in r.output and "4318" in r.output and "Traceback" not in r.output
+    finally:
+        server.shutdown()
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_collector_gone_mid_run_holds_the_end_of_the_run_at_most_a_few_seconds(capsys, monkeypatch) -> None:
+    """A collector that stops mid-run left the SDK retrying every buffered batch with backoff at shutdown: the
+    run's run.json, summary and report waited about 30 s (8 s for this one batch). The client waits
+    OTLP_CLOSE_S (1 s here) and says so."""
+    from itlbench.telemetry import observer
+    from itlbench.telemetry.observer import LiveTelemetry
+    from itlbench.telemetry.otel import make_providers
+    from itlbench.telemetry.otlp_receiver import OtlpReceiver
+
+    rx = OtlpReceiver().start()
+    providers = make_providers(rx.endpoint, "itlbench-client")
+    tracer = providers.tracer("test")
+    with tracer.start_as_current_span("before"):
+        pass
+    rx.stop()  # the collector goes away: nothing listens on its port now
+    for i in range(3):
+        with tracer.start_as_current_span(f"after-{i}"):
+            pass
+    monkeypatch.setattr(observer, "OTLP_CLOSE_S", 1.0)
+    t0 = time.monotonic()
+    LiveTelemetry(None, providers).close()
+    assert time.monotonic() - t0 < 3.0
+    err = capsys.readouterr().err
+    assert f"the OTLP collector at {rx.endpoint} did not take the run's last spans" in err and "Traceback" not in err
 
 
 def test_missing_sdk_names_the_extra() -> None:

@@ -19,10 +19,11 @@ import sys
 from typing import Any
 
 import gevent.event
+import locust.runners
 from locust import events
 from locust.env import Environment
 
-from itlbench.errors import ItlbenchError
+from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.load.locust import auth
 from itlbench.load.locust.job import (
     MSG_FAILED,
@@ -130,20 +131,42 @@ class Worker:
                                              "offset_ns": offset})
 
 
+def master_address(text: str) -> tuple[str, int]:
+    """--master as (host, port), refused at once where no master can be: port 0, or a host name that does
+    not resolve (Locust would retry it silently for five minutes)."""
+    host, port = parse_host_port(text, "--master")
+    if port == 0:
+        raise ConfigError("--master", "port 0 is no master's port", "pass the HOST:PORT `itlbench run` prints")
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConfigError("--master", f"cannot resolve {host!r} ({exc.strerror})",
+                          "give the master's host name or address") from None
+    return host, port
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="An itlbench Locust worker: connects to the master of `itlbench run "
                                             "--driver locust` and runs its share of the load.")
     p.add_argument("--master", required=True, help="HOST:PORT the master binds (printed by itlbench run).")
     args = p.parse_args(argv)
     try:
-        host, port = parse_host_port(args.master, "--master")
+        host, port = master_address(args.master)
         token = auth.token_from_env()
     except ItlbenchError as exc:
         sys.stderr.write(f"error: {exc}\n")
         sys.exit(2)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [worker {os.getpid()}] %(levelname)s %(name)s: %(message)s")
     env = Environment(user_classes=[ItlbenchUser], events=events)
-    env.create_worker_runner(host, port)
+    wait_s = locust.runners.CONNECT_TIMEOUT * locust.runners.CONNECT_RETRY_COUNT
+    log.info("connecting to the master at %s:%d (waiting up to %d s for it)", host, port, wait_s)
+    try:
+        env.create_worker_runner(host, port)
+    except ConnectionError:  # Locust gave up retrying: say so, not its bare traceback
+        sys.stderr.write(f"error: --master: no itlbench master answered at {host}:{port} within {wait_s:.0f} s "
+                         "(start `itlbench run --driver locust --master-bind HOST:PORT` first, and pass the "
+                         "address it prints)\n")
+        sys.exit(2)
     Worker(env, token)
     env.runner.greenlet.join()
 
