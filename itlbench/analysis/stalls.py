@@ -35,7 +35,7 @@ STR_LIST = pl.List(pl.Utf8)
 
 @dataclass(frozen=True)
 class StallParams:
-    """factor × the stream's median gap, but never below floor_s (tiny medians make noise stalls)."""
+    """factor × the request's median gap, but never below floor_s (tiny medians make noise stalls)."""
 
     factor: float = 5.0
     floor_s: float = 0.05

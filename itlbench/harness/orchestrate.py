@@ -217,8 +217,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
     result: DriveResult | None = None
     run_doc["driver"] = driver_doc = {"name": cfg.driver, "workers": cfg.workers}
     started_ns = time.perf_counter_ns()
-    on_status(f"starting the bundled engine ({cfg.engine.model})" if cfg.endpoint is None
-              else f"probing {cfg.endpoint}")
+    on_status(_starting(cfg))
     try:
         conn = connect(cfg, run_dir)
     except ItlbenchError:
@@ -369,6 +368,18 @@ def _live_workloads(cfg: RunConfig) -> list[tuple[str, bool]]:
     """The (workload label, injected) pairs the run's requests carry (RequestPlan.workload)."""
     pairs = [(get_workload(cfg.workload).name, False)]
     return pairs + [("injected", True)] if cfg.inject else pairs
+
+
+def _starting(cfg: RunConfig) -> str:
+    """The status line before the server answers: which engine is started (the simulator served on a real clock
+    is no bundled engine), or which endpoint is probed."""
+    if cfg.endpoint is not None:
+        return f"probing {cfg.endpoint}"
+    if cfg.engine.engine == "sim":
+        from itlbench.sim.runner import DEFAULT_GPU
+
+        return f"starting the simulated engine ({cfg.engine.model} on {cfg.engine.gpu or DEFAULT_GPU})"
+    return f"starting the bundled engine ({cfg.engine.model})"
 
 
 def _close_telemetry(telemetry: LiveTelemetry | None) -> None:

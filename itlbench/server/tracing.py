@@ -11,6 +11,7 @@ request, and nothing is imported or called when `--otlp-endpoint` is not given.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from itlbench.telemetry.otel import (
 )
 
 _now = time.perf_counter_ns
+log = logging.getLogger("itlbench.server")
 
 
 @dataclass
@@ -103,8 +105,11 @@ class ServerTracing:
         self._traced: dict[str, EngineTrace] = {}
         self._last_step: Any = None
 
-    def shutdown(self) -> None:
-        self.providers.shutdown()
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Export the last spans, waiting at most `timeout_s`: a collector gone mid-run has the SDK retry each
+        batch with backoff, which held a SIGTERMed server up for about 13 s."""
+        if not self.providers.shutdown_within(timeout_s):
+            log.warning("the OTLP collector took the last spans no faster than %g s: they are lost", timeout_s)
 
     # ---- engine observer hooks (engine thread, or the front end's loop) --------------------------
     def on_step(self, records: Sequence[Any], engine: Any) -> None:

@@ -78,7 +78,7 @@ class ClientMetrics:
                               registry=r)
         self.cpu = Gauge(PREFIX + "cpu_percent", "Client process CPU at the latest sample (100 = one core).",
                          registry=r)
-        self.stalls = Counter(PREFIX + "stalls", "Stalled gaps (gap >= max(factor x the stream's median gap, "
+        self.stalls = Counter(PREFIX + "stalls", "Stalled gaps (gap >= max(factor x its request's median gap, "
                               "floor)) by cause.", ["cause"], registry=r)
         self.stalled = Counter(PREFIX + "stalled_seconds", "Seconds of stalled gaps by cause.", ["cause"],
                                registry=r)

@@ -200,7 +200,7 @@ def _client_latency(b: Board) -> None:
 def _stalls_and_steps(b: Board) -> None:
     b.row("Stalls and the engine steps behind them (bundled engine)")
     b.add("timeseries", "Stalled gaps by cause (count so far in the run)",
-          "Gaps ≥ max(stall factor × the stream's median gap so far, stall floor), by cause: prefill, client, "
+          "Gaps ≥ max(stall factor × its request's median gap so far, stall floor), by cause: prefill, client, "
           "preemption, engine, outside_engine, unknown (no step log). Whole counts since the run began (each "
           "run starts from 0): a step up is a stall, once its cause is decided. (An increase() per interval "
           "would extrapolate to fractions and show one stall in several overlapping windows.)",

@@ -288,3 +288,23 @@ def test_span_times_follow_a_wall_clock_that_gains_on_the_monotonic_one() -> Non
     assert all(clock.epoch(t) == w for t, w in marks)  # each through its own reading, not the latest
     assert clock.epoch(now[0] + 50 * MS) == wall() + 50 * MS  # within refresh_ns: the last reading holds
     assert clock.offset_ns - base == 21_600_000_000  # 0.6 % of an hour
+
+
+def test_a_served_engine_whose_collector_is_gone_shuts_down_within_its_limit(caplog) -> None:
+    """`itlbench serve --otlp-endpoint` SIGTERMed after its collector stopped took about 13 s to exit: the
+    SDK retried each buffered batch with backoff. The server waits at most its limit and says the spans are lost."""
+    from itlbench.server.tracing import ServerTracing
+    from itlbench.telemetry.otel import make_providers
+    from itlbench.telemetry.otlp_receiver import OtlpReceiver
+
+    rx = OtlpReceiver().start()
+    tracing = ServerTracing(rx.endpoint, "tiny", providers=make_providers(rx.endpoint, "itlbench-server"))
+    rx.stop()
+    for i in range(3):
+        with tracing.tracer.start_as_current_span(f"after-{i}"):
+            pass
+    t0 = time.monotonic()
+    with caplog.at_level("WARNING", logger="itlbench.server"):
+        tracing.shutdown(timeout_s=1.0)
+    assert time.monotonic() - t0 < 3.0
+    assert "the last spans" in caplog.text and "lost" in caplog.text
