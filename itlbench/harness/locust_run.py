@@ -226,10 +226,14 @@ def _collect(run_dir: Path, job: LocustJob, doc: dict[str, Any], events: dict[st
     return DriveResult(**res)
 
 
+IN_FLIGHT_DIR = "in_flight_chunks"  # a dead worker's unfinished requests' chunks: kept, not analysed
+
+
 def _drop_in_flight(run_dir: Path, k: int) -> list[str]:
-    """Drop the chunks of a dead worker's requests in flight (they never got a row): the analysis would
-    read each as a stream frozen until the window closed, an `outside_engine` stall the server never made.
-    Returns their ids; the requests the worker finished keep their chunks."""
+    """Set aside the chunks of a dead worker's requests in flight (they never got a row): in `chunks` the
+    analysis would read each as a stream frozen until the window closed, an `outside_engine` stall the
+    server never made. They move to IN_FLIGHT_DIR, so no record is lost. Returns their ids; the requests the
+    worker finished keep their chunks."""
     part = f"part-{MERGED_PART_BASE + k:05d}.parquet"
     chunks_path, requests_path = run_dir / "chunks" / part, run_dir / "requests" / part
     if not chunks_path.is_file():
@@ -240,6 +244,8 @@ def _drop_in_flight(run_dir: Path, k: int) -> list[str]:
     orphan = ~pl.col("request_id").is_in(done.implode())
     lost = chunks.filter(orphan)["request_id"].unique().sort().to_list()
     if lost:
+        (run_dir / IN_FLIGHT_DIR).mkdir(exist_ok=True)
+        chunks.filter(orphan).write_parquet(run_dir / IN_FLIGHT_DIR / part)
         tmp = chunks_path.with_name("." + part + ".tmp")
         chunks.filter(~orphan).write_parquet(tmp)
         os.replace(tmp, chunks_path)
@@ -252,7 +258,7 @@ def _say_lost_in_flight(died: list[dict[str, Any]], on_status: Callable[[str], N
         if lost:
             shown = ", ".join(lost[:5]) + (f" +{len(lost) - 5} more" if len(lost) > 5 else "")
             on_status(f"Locust worker {w['k']} died with {len(lost)} request(s) in flight ({shown}): not recorded, "
-                      "their partial chunks dropped; what it finished before is kept")
+                      f"their partial chunks set aside in {IN_FLIGHT_DIR}/ (not analysed); what it finished before is kept")
 
 
 def _tail(path: Path, lines: int = 25) -> str:

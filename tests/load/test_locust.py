@@ -28,7 +28,7 @@ from itlbench.analysis.summary import analyze_run
 from itlbench.cli import app
 from itlbench.core.engine_config import EngineConfig
 from itlbench.errors import ItlbenchError
-from itlbench.harness.locust_run import drive_locust
+from itlbench.harness.locust_run import IN_FLIGHT_DIR, drive_locust
 from itlbench.harness.orchestrate import run_load_test
 from itlbench.harness.run_config import RunConfig
 from itlbench.load.driver import DriveResult, Warmup, drive
@@ -267,10 +267,10 @@ def test_a_killed_worker_keeps_its_records_and_is_named(tmp_path: Path):
 
 
 @pytest.mark.e2e
-def test_a_killed_worker_s_requests_in_flight_are_dropped_and_said(tmp_path: Path):
+def test_a_killed_worker_s_requests_in_flight_are_set_aside_and_said(tmp_path: Path):
     """Chunks of a dead worker's unfinished requests (handed over every 256 chunks) have no request row:
     the analysis read each as a stream frozen to the window's end, a stall of seconds blamed on
-    `outside_engine`. They are dropped, named in run.json and in one status line."""
+    `outside_engine`. They are set aside in in_flight_chunks/, named in run.json and in one status line."""
     proc, url = spawn(PacedConfig(tick_s=0.005))
 
     def shipped(k: int, table: str) -> bool:
@@ -295,6 +295,8 @@ def test_a_killed_worker_s_requests_in_flight_are_dropped_and_said(tmp_path: Pat
     chunks, requests = read_table(tmp_path, "chunks"), read_table(tmp_path, "requests")
     assert not chunks.filter(pl.col("request_id").is_in(pl.Series(lost).implode())).height
     assert chunks.filter(~pl.col("request_id").is_in(requests["request_id"].implode())).is_empty()
+    kept = pl.read_parquet(tmp_path / IN_FLIGHT_DIR / "*.parquet")  # set aside, not lost
+    assert sorted(kept["request_id"].unique().to_list()) == sorted(lost) and kept.height >= len(lost)
 
 
 @pytest.mark.e2e
