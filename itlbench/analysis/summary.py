@@ -83,7 +83,7 @@ from itlbench.analysis.definitions import DEFINITIONS
 from itlbench.analysis.disturbance import live_in
 from itlbench.analysis.failures import failure_summary
 from itlbench.analysis.goodput import SloSet, goodput, judge, parse_slo
-from itlbench.analysis.gpu import gpu_summary
+from itlbench.analysis.gpu import gpu_status_of, gpu_summary
 from itlbench.analysis.offered import offered_load
 from itlbench.analysis.pooled import describe_pooled
 from itlbench.analysis.read_together import tag_gaps
@@ -358,11 +358,9 @@ def summarize_meta(run_dir: str | Path, meta: dict[str, object],
     a simulated engine's summary says besides: the report of a run with no summary.json is drawn from this,
     so it must say what `itlbench analyze` would."""
     slo = meta.get("slo")
-    gpu_doc = meta.get("gpu_telemetry")
-    gpu_status = gpu_doc.get("nvml") if isinstance(gpu_doc, dict) and isinstance(gpu_doc.get("nvml"), str) else None
     plan = meta.get("plan")
     summary, analysis = summarize_dir(run_dir, window, parse_slo(slo if isinstance(slo, str) else None),
-                                      StallParams.from_meta(meta), gpu_status=gpu_status,
+                                      StallParams.from_meta(meta), gpu_status=gpu_status_of(meta),
                                       plan=plan if isinstance(plan, dict) else None)
     if isinstance(meta.get("sim_check"), dict):  # a simulated engine: its preset's published error bar
         summary["sim_check"] = meta["sim_check"]
