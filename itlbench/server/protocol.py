@@ -21,7 +21,9 @@ from itlbench.core.request import SamplingParams
 from itlbench.errors import ConfigError
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
-CHAT_ROLES = ("system", "user", "assistant", "tool")  # as OpenAI's chat API: any other would render as a new tag
+# OpenAI's chat roles: "developer" is what its SDK and newer models send in place of "system", "function" the
+# deprecated tool-result role; any other would render as a new tag.
+CHAT_ROLES = ("developer", "system", "user", "assistant", "tool", "function")
 
 
 @dataclass
@@ -203,8 +205,10 @@ def _reject_unsupported(body: dict[str, Any]) -> None:
     if body.get("echo"):
         raise bad("echo", "echo is not supported")
     logprobs = body.get("logprobs")  # 0 on /v1/completions asks for the sampled token's own (0 == False in Python)
-    if (logprobs is not None and logprobs is not False) or body.get("top_logprobs") is not None:
+    if logprobs is not None and logprobs is not False:
         raise bad("logprobs", "logprobs are not supported")
+    if body.get("top_logprobs") is not None:  # named itself: a client may send it without logprobs
+        raise bad("top_logprobs", "logprobs are not supported")
     if body.get("prompt_logprobs") is not None:
         raise bad("prompt_logprobs", "logprobs are not supported")
     for name, neutral in _NEUTRAL_NUMBERS.items():

@@ -116,6 +116,15 @@ def test_chat_non_streaming(client):
     assert r.usage.prompt_tokens == len(b"<|user|>\nhi\n<|assistant|>\n")
 
 
+def test_developer_and_function_messages_are_accepted(client):
+    """OpenAI's SDK sends "developer" (newer models' "system") and the deprecated "function"; both were a 400."""
+    messages = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"},
+                {"role": "function", "name": "f", "content": "1"}]
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
+    rendered = "<|developer|>\nbe brief\n<|user|>\nhi\n<|function|>\n1\n<|assistant|>\n"
+    assert r.usage.prompt_tokens == len(rendered.encode())
+
+
 def test_chat_streaming_role_first_then_content(client):
     stream = client.chat.completions.create(model="tiny", messages=[{"role": "system", "content": "be brief"},
                                                                     {"role": "user", "content": "hello"}],

@@ -60,6 +60,7 @@ BAD_CHAT = [
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]}, "messages[0].content[0].text"),
     ({"messages": [{"role": "\ud800", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),  # was named "logprobs"
 ]
 
 
