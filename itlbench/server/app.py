@@ -87,8 +87,14 @@ def _state(request: web.Request) -> ServerState:
     return request.app[STATE]
 
 
+# OpenAI's header naming the request: the SDKs read it into `request_id` (responses and errors alike), and
+# here it is the engine's request id, which /v1/steps, the metrics' traces and the server log name.
+REQUEST_ID_HEADER = "x-request-id"
+
+
 def error_response(err: ApiError) -> web.Response:
-    return web.json_response(err.body(), status=err.status)
+    headers = {REQUEST_ID_HEADER: err.request_id} if err.request_id else None
+    return web.json_response(err.body(), status=err.status, headers=headers)
 
 
 @web.middleware
@@ -140,17 +146,28 @@ def _check_content_type(request: web.Request) -> None:
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, parse_completion)
+    return await _generate(request, parse_completion, "cmpl")
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, parse_chat)
+    return await _generate(request, parse_chat, "chatcmpl")
 
 
 Parser = Callable[[dict[str, Any]], GenerationRequest]
 
 
-async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
+async def _generate(request: web.Request, parse: Parser, kind: str) -> web.StreamResponse:
+    """Serve one generation under a fresh request id, which every answer, an error too, carries in its
+    x-request-id header."""
+    request_id = f"{kind}-{uuid.uuid4().hex}"
+    try:
+        return await _serve(request, parse, request_id)
+    except ApiError as err:
+        err.request_id = request_id
+        raise
+
+
+async def _serve(request: web.Request, parse: Parser, request_id: str) -> web.StreamResponse:
     _check_content_type(request)
     raw = await _read_body(request)
     arrival_ns = time.perf_counter_ns()
@@ -158,7 +175,6 @@ async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
     req, prompt_ids = await _off_loop(len(raw) > OFF_LOOP_BYTES, _prepare, state, raw, parse)
     max_tokens = _max_tokens(state.engine.engine.max_model_len, req, len(prompt_ids))
     sampling = req.sampling(max_tokens)
-    request_id = f"{'chatcmpl' if req.chat else 'cmpl'}-{uuid.uuid4().hex}"
     traced = (_UNTRACED if state.tracing is None
               else state.tracing.begin(request, req, request_id, arrival_ns, len(prompt_ids), max_tokens))
     stops = _stop_strings(req, state.engine.engine)
@@ -243,7 +259,8 @@ async def _admit(engine: EngineClient, prompt_ids: list[int], sampling: Any, req
 
 async def _stream(request: web.Request, stream: RequestStream, out: ResponseBuilder,
                   req: GenerationRequest, num_prompt: int, stops: StopStrings | None) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                       REQUEST_ID_HEADER: out.request_id})
     await resp.prepare(request)
     continuous = req.continuous_usage
     if req.chat:
@@ -306,7 +323,8 @@ async def _collect(stream: RequestStream, out: ResponseBuilder, req: GenerationR
         text = await _off_loop(len(shown) > DECODE_OFF_LOOP_IDS, engine.tokenizer.decode, shown)
     else:
         text = "".join(texts)
-    return web.json_response(out.full(text, ids, reason, num_prompt, cached, stop_reason))
+    return web.json_response(out.full(text, ids, reason, num_prompt, cached, stop_reason),
+                             headers={REQUEST_ID_HEADER: out.request_id})
 
 
 def _stop_strings(req: GenerationRequest, engine: Any) -> StopStrings | None:

@@ -35,6 +35,7 @@ class ApiError(Exception):
     param: str | None = None
     type: str = "invalid_request_error"
     code: str | None = None
+    request_id: str | None = None  # the generation request it ends, sent as the x-request-id header
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,

@@ -125,6 +125,21 @@ def test_developer_and_function_messages_are_accepted(client):
     assert r.usage.prompt_tokens == len(rendered.encode())
 
 
+def test_every_generation_answer_names_its_request_in_x_request_id(client):
+    """The SDKs' `request_id` (of a response, a stream, an error) reads x-request-id, which was absent: it is
+    the response's id, the engine's request id that /v1/steps and the traces name."""
+    raw = client.chat.completions.with_raw_response.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                           max_tokens=2)
+    assert raw.request_id == raw.parse().id and raw.request_id.startswith("chatcmpl-")
+    with client.completions.with_streaming_response.create(model="tiny", prompt="hi", max_tokens=2,
+                                                           stream=True) as resp:
+        ids = {chunk.id for chunk in resp.parse()}
+    assert ids == {resp.request_id} and resp.request_id.startswith("cmpl-")
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="tiny", prompt="hi", max_tokens=0)
+    assert info.value.request_id.startswith("cmpl-")
+
+
 def test_chat_streaming_role_first_then_content(client):
     stream = client.chat.completions.create(model="tiny", messages=[{"role": "system", "content": "be brief"},
                                                                     {"role": "user", "content": "hello"}],
