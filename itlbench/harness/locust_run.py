@@ -25,8 +25,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import polars as pl
-
 from itlbench.errors import ItlbenchError
 from itlbench.harness.run_config import RunConfig
 from itlbench.load.driver import DriveResult, Warmup
@@ -40,7 +38,7 @@ from itlbench.load.locust.job import (
     parse_host_port,
     spec_kwargs,
 )
-from itlbench.load.multiproc import MERGED_PART_BASE, merge_worker_parts
+from itlbench.load.multiproc import IN_FLIGHT_DIR, merge_worker_parts, set_aside_in_flight
 from itlbench.load.observers.client_monitor import ClientStats
 from itlbench.load.progress import ProgressSnapshot
 from itlbench.load.target import Target
@@ -214,7 +212,7 @@ def _collect(run_dir: Path, job: LocustJob, doc: dict[str, Any], events: dict[st
     doc["workers_died"] = [{k: w[k] for k in ("k", "host", "pid", "died_reason", "died_ns", "exit_code")}
                            for w in workers if w.get("state") == "died"]
     for died in doc["workers_died"]:
-        died["requests_in_flight"] = _drop_in_flight(run_dir, died["k"])
+        died["requests_in_flight"] = set_aside_in_flight(run_dir, died["k"])
     doc["locust_stats"] = master.get("locust_stats", [])
     doc["master_cpu_s"] = master.get("master_cpu_s")
     if events["errors"]:
@@ -224,32 +222,6 @@ def _collect(run_dir: Path, job: LocustJob, doc: dict[str, Any], events: dict[st
         return None
     res["client"] = ClientStats(**res["client"])
     return DriveResult(**res)
-
-
-IN_FLIGHT_DIR = "in_flight_chunks"  # a dead worker's unfinished requests' chunks: kept, not analysed
-
-
-def _drop_in_flight(run_dir: Path, k: int) -> list[str]:
-    """Set aside the chunks of a dead worker's requests in flight (they never got a row): in `chunks` the
-    analysis would read each as a stream frozen until the window closed, an `outside_engine` stall the
-    server never made. They move to IN_FLIGHT_DIR, so no record is lost. Returns their ids; the requests the
-    worker finished keep their chunks."""
-    part = f"part-{MERGED_PART_BASE + k:05d}.parquet"
-    chunks_path, requests_path = run_dir / "chunks" / part, run_dir / "requests" / part
-    if not chunks_path.is_file():
-        return []
-    chunks = pl.read_parquet(chunks_path)
-    done = (pl.read_parquet(requests_path, columns=["request_id"])["request_id"] if requests_path.is_file()
-            else pl.Series("request_id", [], dtype=pl.Utf8))
-    orphan = ~pl.col("request_id").is_in(done.implode())
-    lost = chunks.filter(orphan)["request_id"].unique().sort().to_list()
-    if lost:
-        (run_dir / IN_FLIGHT_DIR).mkdir(exist_ok=True)
-        chunks.filter(orphan).write_parquet(run_dir / IN_FLIGHT_DIR / part)
-        tmp = chunks_path.with_name("." + part + ".tmp")
-        chunks.filter(~orphan).write_parquet(tmp)
-        os.replace(tmp, chunks_path)
-    return lost
 
 
 def _say_lost_in_flight(died: list[dict[str, Any]], on_status: Callable[[str], None]) -> None:

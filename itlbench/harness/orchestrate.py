@@ -190,7 +190,18 @@ async def _drive_elsewhere(cfg: RunConfig, spec: LoadSpec, target: Target, store
     # each worker process rebuilds the same seeded plan and takes its share
     return await drive_workers(functools.partial(build_load_plan, spec), target, store, workers=cfg.workers,
                                duration_s=cfg.duration_s, warmup=warmup, drain_timeout_s=cfg.drain_timeout_s,
-                               on_progress=progress)
+                               on_progress=progress, stop_event=stop)
+
+
+def _require_empty(run_dir: Path) -> None:
+    """--out must be new or empty: a run never mixes its records with other files (and says what is there)."""
+    if not run_dir.is_dir():
+        return
+    held = sorted(p.name for p in run_dir.iterdir())
+    if not held:
+        return
+    what = "a run" if "run.json" in held else "files (" + ", ".join(held[:3]) + (", ..." if len(held) > 3 else "") + ")"
+    raise ConfigError("--out", f"{run_dir} already holds {what}", "choose a new or empty directory")
 
 
 def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
@@ -201,8 +212,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError("--out", f"{run_dir} is a file, not a directory", "name a new or empty directory")
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError("--out", f"{run_dir} already holds a run", "choose a new directory")
+    _require_empty(run_dir)
     created = not run_dir.exists()  # a directory the user made stays, emptied, if nothing is measured
     make_dir(run_dir)
     if cfg.virtual_clock:  # the simulator in-process on a discrete-event clock: no server, no sleeping

@@ -6,6 +6,11 @@ Each worker builds the plan itself (`plan_factory` must be picklable: a module-l
 `perf_counter_ns` instant (CLOCK_MONOTONIC is shared by every process on a host), so their records
 line up. At the end each worker's parts are concatenated into the main run directory as
 `<table>/part-9NNNN.parquet` (N = worker) and the worker folders are removed.
+
+A worker that dies or fails takes its share of the load with it, so what followed would measure another
+load: the others are told to stop (one `halt` event, also set by the parent's stop event: Ctrl-C, SIGTERM),
+the run ends `aborted` naming the worker, and the chunks of its unfinished requests are set aside in
+`in_flight_chunks/` (kept, not analysed). Every record the workers wrote stays.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import multiprocessing as mp
 import os
 import queue
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -25,7 +31,7 @@ from typing import Any
 
 import polars as pl
 
-from itlbench.errors import ConfigError
+from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.load.aio import install_uvloop
 from itlbench.load.driver import DriveResult, Shard, Warmup, drive
 from itlbench.load.observers.client_monitor import ClientStats
@@ -50,8 +56,9 @@ def worker_dir(run_dir: str | Path, k: int) -> Path:
 
 
 def _worker(k: int, n: int, plan_factory: Callable[[], LoadPlan], target: Target, run_dir: str,
-            kwargs: dict[str, Any], start_q: Any, out_q: Any) -> None:
+            kwargs: dict[str, Any], start_q: Any, out_q: Any, halt: Any) -> None:
     die_with_parent()  # a run killed with SIGKILL leaves no client process behind (its flushed parts stay)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent relays it as `halt`
     install_uvloop()
     store = RunStore(worker_dir(run_dir, k))
     try:
@@ -59,41 +66,73 @@ def _worker(k: int, n: int, plan_factory: Callable[[], LoadPlan], target: Target
         ids = tuple(range(len(full.streams)))[k::n]
         plan = split_plan(full, k, n)
         out_q.put(("ready", k, None))
-        start_at = start_q.get()
+        start_at = _start_or_halt(start_q, halt)
 
         async def agree_measure_start(local_ns: int) -> int:
             out_q.put(("warm", k, local_ns))
-            while True:  # poll, so a stopped run's thread does not block interpreter exit
+            while not halt.is_set():  # poll, so a stopped run's thread does not block interpreter exit
                 with contextlib.suppress(queue.Empty):
                     return int(await asyncio.to_thread(start_q.get, True, 0.1))
+            return local_ns  # another worker is gone: no window will be agreed
 
-        shard = Shard(ids, len(full.streams), start_at, agree_measure_start)
-        res = asyncio.run(drive(plan, target, store, shard=shard,
-                                on_progress=lambda s: out_q.put(("progress", k, s)), **kwargs))
-        out_q.put(("done", k, res))
+        async def shard_run() -> DriveResult:
+            stop = asyncio.Event()
+            relay = asyncio.create_task(_relay(halt, stop))
+            try:
+                return await drive(plan, target, store, shard=Shard(ids, len(full.streams), start_at,
+                                                                    agree_measure_start),
+                                   on_progress=lambda s: out_q.put(("progress", k, s)), stop_event=stop, **kwargs)
+            finally:
+                relay.cancel()
+
+        out_q.put(("done", k, asyncio.run(shard_run())))
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides
         out_q.put(("failed", k, f"{type(e).__name__}: {e}"))
     finally:
         store.close()
 
 
-class _Collector:
-    """Reads worker messages; raises if a worker dies or fails."""
+def _start_or_halt(start_q: Any, halt: Any) -> int:
+    """The common start instant, or now where the run was halted before it was handed out."""
+    while not halt.is_set():
+        with contextlib.suppress(queue.Empty):
+            return int(start_q.get(True, 0.1))
+    return time.perf_counter_ns()
 
-    def __init__(self, q: Any, procs: list[Any], on_progress: Callable[[ProgressSnapshot], None] | None) -> None:
-        self.q, self.procs, self.on_progress = q, procs, on_progress
+
+async def _relay(halt: Any, stop: asyncio.Event) -> None:
+    """Set the drive's stop event once the parent sets `halt` (a process-shared event cannot wake a loop,
+    so it is polled: ten wake-ups a second)."""
+    while not halt.is_set():
+        await asyncio.sleep(0.1)
+    stop.set()
+
+
+class _Collector:
+    """Reads worker messages. A worker that fails, dies or goes silent is noted in `lost` and `halt` tells
+    the others to stop."""
+
+    def __init__(self, q: Any, procs: list[Any], on_progress: Callable[[ProgressSnapshot], None] | None,
+                 halt: Any) -> None:
+        self.q, self.procs, self.on_progress, self.halt = q, procs, on_progress, halt
         self.results: dict[int, DriveResult] = {}
+        self.lost: dict[int, str] = {}  # worker -> why it gave no result
         self.ready: set[int] = set()
         self.warm: dict[int, int] = {}  # worker -> when its streams were warm (perf_counter_ns)
         self.start_q: Any = None
         self.released = False
         self.progress: dict[int, ProgressSnapshot] = {}
 
+    def settled(self) -> bool:
+        return len(self.results) + len(self.lost) == len(self.procs)
+
     async def until(self, done: Callable[[], bool], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while not done():
             if time.monotonic() > deadline:
-                raise TimeoutError(f"workers did not report within {timeout_s:.0f} s")
+                for k in range(len(self.procs)):
+                    self._lose(k, f"did not report within {timeout_s:.0f} s")
+                return
             try:
                 kind, k, payload = await asyncio.to_thread(self.q.get, True, 0.25)
             except queue.Empty:
@@ -103,8 +142,8 @@ class _Collector:
 
     def _on_message(self, kind: str, k: int, payload: Any) -> None:
         if kind == "failed":
-            raise RuntimeError(f"load worker {k} failed: {payload}")
-        if kind == "ready":
+            self._lose(k, f"failed: {payload}")
+        elif kind == "ready":
             self.ready.add(k)
         elif kind == "warm":
             self.warm[k] = payload
@@ -127,40 +166,82 @@ class _Collector:
 
     def _check_alive(self) -> None:
         for k, p in enumerate(self.procs):
-            if p.exitcode not in (None, 0) and k not in self.results:
-                raise RuntimeError(f"load worker {k} exited with code {p.exitcode}")
+            if p.exitcode not in (None, 0):
+                self._lose(k, f"exited with {_exit_text(p.exitcode)}")
+
+    def _lose(self, k: int, why: str) -> None:
+        if k in self.results or k in self.lost:
+            return
+        self.lost[k] = why
+        self.halt.set()
+
+
+def _exit_text(code: int) -> str:
+    """`code 3`, or the signal that ended it (`SIGKILL`): multiprocessing gives -N for signal N."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return signal.Signals(-code).name
+    return f"code {code}"
 
 
 async def drive_workers(plan_factory: Callable[[], LoadPlan], target: Target, store: RunStore, *, workers: int,
                         duration_s: float, warmup: Warmup | None = None, drain_timeout_s: float = 30.0,
                         on_progress: Callable[[ProgressSnapshot], None] | None = None,
-                        start_delay_s: float = 0.3, **drive_kwargs: Any) -> DriveResult:
+                        stop_event: asyncio.Event | None = None, start_delay_s: float = 0.3,
+                        **drive_kwargs: Any) -> DriveResult:
     """`drive` in `workers` processes with one warmup and one measurement window; returns the combined
-    result after merging their records."""
+    result after merging their records (`aborted`, naming the worker, where one was lost)."""
     if workers < 1:
         raise ConfigError("workers", f"must be >= 1, got {workers}")
     warmup = warmup or Warmup()
     ctx = mp.get_context("spawn")
-    start_q, out_q = ctx.Queue(), ctx.Queue()
+    start_q, out_q, halt = ctx.Queue(), ctx.Queue(), ctx.Event()
     kwargs = dict(duration_s=duration_s, warmup=warmup, drain_timeout_s=drain_timeout_s, **drive_kwargs)
     procs = [ctx.Process(target=_worker, args=(k, workers, plan_factory, target, str(store.path), kwargs,
-                                               start_q, out_q)) for k in range(workers)]
+                                               start_q, out_q, halt)) for k in range(workers)]
     for p in procs:
         p.start()
-    collector = _Collector(out_q, procs, on_progress)
+    collector = _Collector(out_q, procs, on_progress, halt)
     collector.start_q = start_q
+    relay = asyncio.ensure_future(_halt_on(stop_event, halt)) if stop_event is not None else None
+    set_aside: dict[int, list[str]] = {}
     try:
-        await collector.until(lambda: len(collector.ready) == workers, 120.0)
+        await collector.until(lambda: len(collector.ready) + len(collector.lost) == workers, 120.0)
         start_at = time.perf_counter_ns() + int(start_delay_s * 1e9)
         for _ in procs:
             start_q.put(start_at)
         budget = start_delay_s + max(warmup.min_s, warmup.max_s if warmup.adaptive else 0.0) + duration_s \
             + drain_timeout_s + 60.0
-        await collector.until(lambda: len(collector.results) == workers, budget)
+        await collector.until(collector.settled, budget)
     finally:
+        halt.set()  # also where the parent was cancelled: the workers stop now, not at the window's end
+        if relay is not None:
+            relay.cancel()
         await asyncio.to_thread(_join, procs)
         merge_worker_parts(store.path, workers)
-    return combine_results([collector.results[k] for k in sorted(collector.results)])
+        set_aside = {k: set_aside_in_flight(store.path, k) for k in collector.lost}
+    if not collector.results:
+        raise ItlbenchError("every load worker was lost: " + _lost_text(collector.lost, set_aside))
+    result = combine_results([collector.results[k] for k in sorted(collector.results)])
+    if collector.lost:
+        result = replace(result, stop_reason="aborted", aborted_reason=_lost_text(collector.lost, set_aside))
+    return result
+
+
+async def _halt_on(stop_event: asyncio.Event, halt: Any) -> None:
+    await stop_event.wait()
+    halt.set()
+
+
+def _lost_text(lost: dict[int, str], set_aside: dict[int, list[str]]) -> str:
+    """`load worker 0 exited with SIGKILL (3 requests in flight set aside in in_flight_chunks/); the others
+    stopped`: why the run ended, for run.json and the terminal."""
+    parts = []
+    for k in sorted(lost):
+        n = len(set_aside.get(k, []))
+        aside = f" ({n} request(s) in flight set aside in {IN_FLIGHT_DIR}/)" if n else ""
+        parts.append(f"load worker {k} {lost[k]}{aside}")
+    return "; ".join(parts) + ": the other workers stopped, as their load alone would measure another one"
 
 
 def _join(procs: list[Any], timeout_s: float = 30.0) -> None:
@@ -187,6 +268,33 @@ def merge_worker_parts(run_dir: str | Path, workers: int) -> None:
             frame.write_parquet(tmp)
             os.replace(tmp, final)
     shutil.rmtree(run_dir / "workers", ignore_errors=True)
+
+
+IN_FLIGHT_DIR = "in_flight_chunks"  # a lost worker's unfinished requests' chunks: kept, not analysed
+
+
+def set_aside_in_flight(run_dir: str | Path, k: int) -> list[str]:
+    """Set aside the chunks of a lost worker's requests in flight (they never got a row): in `chunks` the
+    analysis would read each as a stream frozen until the window closed, an `outside_engine` stall the
+    server never made. They move to IN_FLIGHT_DIR, so no record is lost. Returns their ids; the requests the
+    worker finished keep their chunks."""
+    run_dir = Path(run_dir)
+    part = f"part-{MERGED_PART_BASE + k:05d}.parquet"
+    chunks_path, requests_path = run_dir / "chunks" / part, run_dir / "requests" / part
+    if not chunks_path.is_file():
+        return []
+    chunks = pl.read_parquet(chunks_path)
+    done = (pl.read_parquet(requests_path, columns=["request_id"])["request_id"] if requests_path.is_file()
+            else pl.Series("request_id", [], dtype=pl.Utf8))
+    orphan = ~pl.col("request_id").is_in(done.implode())
+    lost = chunks.filter(orphan)["request_id"].unique().sort().to_list()
+    if lost:
+        (run_dir / IN_FLIGHT_DIR).mkdir(exist_ok=True)
+        chunks.filter(orphan).write_parquet(run_dir / IN_FLIGHT_DIR / part)
+        tmp = chunks_path.with_name("." + part + ".tmp")
+        chunks.filter(~orphan).write_parquet(tmp)
+        os.replace(tmp, chunks_path)
+    return lost
 
 
 def combine_results(results: list[DriveResult]) -> DriveResult:

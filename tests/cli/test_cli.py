@@ -104,6 +104,19 @@ def test_bad_run_flags_exit_2_naming_the_flag_and_leave_nothing(tmp_path, args, 
     assert not out.exists(), "a rejected run must not leave a directory behind"
 
 
+@pytest.mark.parametrize(("held", "said"), [(["run.json", "chunks"], "already holds a run"),
+                                              (["w.out", "w.err"], "already holds files (w.err, w.out)")])
+def test_out_that_holds_something_is_refused_saying_what_it_holds(tmp_path, held, said):
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in held:
+        (out / name).write_text("x")
+    result = runner.invoke(app, ["run", "--out", str(out), "--duration", "1"], terminal_width=300)
+    assert result.exit_code == 2, result.output
+    assert f"error: --out: {out} {said} (choose a new or empty directory)" in _flat(result.output)
+    assert sorted(p.name for p in out.iterdir()) == sorted(held), "nothing there may be touched"
+
+
 def test_an_error_prints_the_users_text_as_typed_not_as_emoji(tmp_path):
     """rich reads `:a:` as an emoji code; an error must quote what the user typed."""
     result = runner.invoke(app, ["run", "--out", str(tmp_path / "run"), "--workload", "fixed:a:b"], terminal_width=200)

@@ -28,11 +28,12 @@ from itlbench.analysis.summary import analyze_run
 from itlbench.cli import app
 from itlbench.core.engine_config import EngineConfig
 from itlbench.errors import ItlbenchError
-from itlbench.harness.locust_run import IN_FLIGHT_DIR, drive_locust
+from itlbench.harness.locust_run import drive_locust
 from itlbench.harness.orchestrate import run_load_test
 from itlbench.harness.run_config import RunConfig
 from itlbench.load.driver import DriveResult, Warmup, drive
 from itlbench.load.locust.job import LocustJob, WarmupGate
+from itlbench.load.multiproc import IN_FLIGHT_DIR
 from itlbench.load.target import Target
 from itlbench.rundir.reader import read_table
 from itlbench.rundir.store import RunStore
