@@ -14,7 +14,7 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +23,7 @@ from aiohttp import web
 
 from itlbench.errors import ConfigError
 from itlbench.server.detok import IncrementalDetokenizer
-from itlbench.server.guard import DEFAULT_BODY_TIMEOUT_S, guard_middleware
+from itlbench.server.guard import DEFAULT_BODY_TIMEOUT_S, client_gone_quietly, guard_middleware
 from itlbench.server.metrics import ServerMetrics
 from itlbench.server.protocol import (
     ApiError,
@@ -178,15 +178,19 @@ async def _serve(request: web.Request, parse: Parser, request_id: str) -> web.St
     traced = (_UNTRACED if state.tracing is None
               else state.tracing.begin(request, req, request_id, arrival_ns, len(prompt_ids), max_tokens))
     stops = _stop_strings(req, state.engine.engine)
-    with traced, _stop_verdict(state, traced, request_id, stops):
-        stream = await _admit(state.engine, prompt_ids, sampling, request_id, arrival_ns)
-        out = ResponseBuilder(request_id, state.model_name, req.chat)
-        try:
-            if req.stream:
-                return await _stream(request, stream, out, req, len(prompt_ids), stops)
-            return await _collect(stream, out, req, len(prompt_ids), state.engine.engine, stops)
-        finally:
-            stream.abort()  # no-op when finished; frees KV blocks when the client went away
+    out = ResponseBuilder(request_id, state.model_name, req.chat)
+    if not req.stream:
+        with traced, _stop_verdict(state, traced, request_id, stops):
+            async with _admitted(state.engine, prompt_ids, sampling, request_id, arrival_ns) as stream:
+                return await _collect(stream, out, req, len(prompt_ids), state.engine.engine, stops)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                       REQUEST_ID_HEADER: request_id})
+    with client_gone_quietly():  # outside the span, which marks a client that left as client_disconnected
+        with traced, _stop_verdict(state, traced, request_id, stops):
+            async with _admitted(state.engine, prompt_ids, sampling, request_id, arrival_ns) as stream:
+                await resp.prepare(request)
+                await _stream(resp, state.engine.engine, stream, out, req, len(prompt_ids), stops)
+    return resp
 
 
 async def _read_body(request: web.Request) -> bytes:
@@ -245,6 +249,18 @@ def _max_tokens(max_model_len: int, req: GenerationRequest, num_prompt: int) -> 
     return req.max_tokens
 
 
+@contextlib.asynccontextmanager
+async def _admitted(engine: EngineClient, prompt_ids: list[int], sampling: Any, request_id: str,
+                    arrival_ns: int) -> AsyncIterator[RequestStream]:
+    """The request, admitted; aborted on the way out, a no-op when it finished, which frees its KV blocks
+    when the client went away."""
+    stream = await _admit(engine, prompt_ids, sampling, request_id, arrival_ns)
+    try:
+        yield stream
+    finally:
+        stream.abort()
+
+
 async def _admit(engine: EngineClient, prompt_ids: list[int], sampling: Any, request_id: str,
                  arrival_ns: int) -> RequestStream:
     try:
@@ -257,15 +273,12 @@ async def _admit(engine: EngineClient, prompt_ids: list[int], sampling: Any, req
         raise ApiError(503, str(exc), None, "service_unavailable", "engine_dead") from exc
 
 
-async def _stream(request: web.Request, stream: RequestStream, out: ResponseBuilder,
-                  req: GenerationRequest, num_prompt: int, stops: StopStrings | None) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                       REQUEST_ID_HEADER: out.request_id})
-    await resp.prepare(request)
+async def _stream(resp: web.StreamResponse, engine: Any, stream: RequestStream, out: ResponseBuilder,
+                  req: GenerationRequest, num_prompt: int, stops: StopStrings | None) -> None:
+    """The stream's SSE events: the role (chat), one chunk per engine step, the usage, [DONE]."""
     continuous = req.continuous_usage
     if req.chat:
         await resp.write(sse(out.role_chunk(usage(num_prompt, 0) if continuous else None)))
-    engine = _state(request).engine.engine
     detok = IncrementalDetokenizer(engine.tokenizer)
     generated, cached = 0, None
     try:
@@ -292,7 +305,6 @@ async def _stream(request: web.Request, stream: RequestStream, out: ResponseBuil
             await resp.write(sse(out.usage_chunk(num_prompt, generated, cached)))
     await resp.write(SSE_DONE)
     await resp.write_eof()
-    return resp
 
 
 async def _collect(stream: RequestStream, out: ResponseBuilder, req: GenerationRequest, num_prompt: int,

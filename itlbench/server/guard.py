@@ -18,17 +18,21 @@ The body's own deadline is the handler's (`app.read_body`): only it knows when t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
+import logging
 import resource
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from itlbench.errors import ConfigError
+
+log = logging.getLogger("itlbench.server")
 
 DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_HEAD_TIMEOUT_S = 10.0  # a head is a few hundred bytes: seconds even over a poor link
@@ -169,6 +173,18 @@ class GuardedProtocol(asyncio.Protocol):
         assert self._transport is not None
         self._transport.write(_reply(template, message))
         self._transport.close()
+
+
+@contextlib.contextmanager
+def client_gone_quietly() -> Iterator[None]:
+    """A write to a client that has left raises ConnectionResetError when the socket failed before aiohttp
+    saw the close (which otherwise cancels the handler): a client leaving mid-stream is ordinary, and let
+    through, aiohttp logs it as an ERROR with a traceback. Whoever wraps this returns its response as is;
+    the request itself is aborted by the caller's cleanup (app.py's `_serve`)."""
+    try:
+        yield
+    except ConnectionResetError:
+        log.debug("client went away mid-response")
 
 
 @web.middleware

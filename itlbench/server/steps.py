@@ -19,6 +19,7 @@ import json
 from aiohttp import web
 
 from itlbench.core.steps import StepLog
+from itlbench.server.guard import client_gone_quietly
 from itlbench.server.protocol import ApiError
 from itlbench.serving.client import EngineClient
 
@@ -70,19 +71,25 @@ async def stream_steps(request: web.Request, engine: EngineClient) -> web.Stream
     followers[0] += 1
     try:
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        step_log = engine.engine.step_log
-        next_step = since
-        while True:
-            data, last = await asyncio.to_thread(_page, step_log, next_step)
-            if last is not None:
-                await resp.write(data)
-                next_step = last + 1
-                continue  # more may be held already: the next page before any wait
-            if not follow or not engine.is_alive:
-                break
-            await engine.wait_for_step(next_step, _POLL_S)
-        await resp.write_eof()
+        with client_gone_quietly():  # a follower that leaves is no error
+            await resp.prepare(request)
+            await _write_steps(resp, engine, since, follow)
         return resp
     finally:
         followers[0] -= 1
+
+
+async def _write_steps(resp: web.StreamResponse, engine: EngineClient, since: int, follow: bool) -> None:
+    """Pages of step records from `since`; with `follow`, new ones as they come, while the engine lives."""
+    step_log = engine.engine.step_log
+    next_step = since
+    while True:
+        data, last = await asyncio.to_thread(_page, step_log, next_step)
+        if last is not None:
+            await resp.write(data)
+            next_step = last + 1
+            continue  # more may be held already: the next page before any wait
+        if not follow or not engine.is_alive:
+            break
+        await engine.wait_for_step(next_step, _POLL_S)
+    await resp.write_eof()
