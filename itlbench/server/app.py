@@ -237,12 +237,16 @@ def _prompt_ids(engine: Any, req: GenerationRequest) -> list[int]:
 
 
 def _max_tokens(max_model_len: int, req: GenerationRequest, num_prompt: int) -> int:
+    """The request's output cap: what it asked for, refused if the context cannot hold it; a default (the rest
+    of the context, or a completion's 16) is cut to what fits, as vLLM's, since the client asked for none."""
     room = max_model_len - num_prompt
     if room <= 0:
         raise bad(req.prompt_param, f"{num_prompt} prompt tokens leave no room in the "
                   f"{max_model_len}-token context")
     if req.max_tokens is None:
         return room
+    if req.max_tokens_defaulted:
+        return min(req.max_tokens, room)
     if req.max_tokens > room:
         raise bad(req.max_tokens_param, f"{num_prompt} prompt tokens + {req.max_tokens} {req.max_tokens_param} "
                   f"exceeds the {max_model_len}-token context; use at most {room}")

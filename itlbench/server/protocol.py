@@ -63,6 +63,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     max_tokens_param: str = "max_tokens"
+    max_tokens_defaulted: bool = False  # a completion's max_tokens is OpenAI's default (16), not the client's
     include_stop_str_in_output: bool = False  # vLLM's: the stop string's (stop token's, EOS's) text stays in the output
     continuous_usage: bool = False  # stream_options.continuous_usage_stats (with include_usage): usage on every chunk
     stop: tuple[str, ...] = ()  # OpenAI's stop strings (server/stop_strings.py)
@@ -181,12 +182,13 @@ def _parse_common(body: dict[str, Any], *, chat: bool, prompt: str | list[int]) 
     max_tokens = _opt_int(body, "max_tokens")
     if max_tokens is not None:
         _check_positive("max_tokens", max_tokens)
-    elif not chat:
+    defaulted = max_tokens is None and not chat
+    if defaulted:
         max_tokens = DEFAULT_COMPLETION_MAX_TOKENS
     stream = _opt_bool(body, "stream", False)
     include_usage, continuous = _stream_options(body, stream)
     return GenerationRequest(
-        chat=chat, model=model, prompt=prompt, max_tokens=max_tokens,
+        chat=chat, model=model, prompt=prompt, max_tokens=max_tokens, max_tokens_defaulted=defaulted,
         min_tokens=_opt_int(body, "min_tokens") or 0,
         temperature=_opt_float(body, "temperature", 1.0), top_p=_opt_float(body, "top_p", 1.0),
         seed=_opt_int(body, "seed"), ignore_eos=_opt_bool(body, "ignore_eos", False),

@@ -94,6 +94,16 @@ def test_completion_non_streaming(client):
     assert r.usage.completion_tokens == 7 and r.usage.total_tokens == r.usage.prompt_tokens + 7
 
 
+def test_a_completions_default_max_tokens_is_cut_to_the_context_an_explicit_one_is_not(client):
+    """OpenAI's default of 16 is the server's choice: a prompt 4 tokens short of the context got a 400 blaming
+    "16 max_tokens", a field the client never sent; now it runs to the context's end (vLLM's behaviour)."""
+    prompt = [5] * (ENGINE.max_model_len - 4)
+    r = client.completions.create(model="tiny", prompt=prompt, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 4 and r.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError, match="use at most 4"):
+        client.completions.create(model="tiny", prompt=prompt, max_tokens=16)
+
+
 def test_completion_streaming_exact_length_and_usage(client):
     stream = client.completions.create(model="tiny", prompt=[5, 6, 7, 8, 9], max_tokens=12, stream=True,
                                        stream_options={"include_usage": True},
