@@ -95,7 +95,7 @@ figcaption{color:#444;font-size:0.92em;margin-top:4px}.note{color:#666;font-styl
 .withdrawn{color:#b3261e;font-weight:bold}tr.invalid td{background:#fde4e4;color:#7a1c16}
 table{border-collapse:collapse;margin:8px 0 14px 0;font-size:0.92em}
 th,td{border-bottom:1px solid #e3e3e3;padding:4px 10px;text-align:left;vertical-align:top}
-th{background:#f6f6f6}td.n{text-align:right;font-variant-numeric:tabular-nums}td.k{white-space:nowrap}
+th{background:#f6f6f6}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}td.k{white-space:nowrap}
 caption{caption-side:top;text-align:left;color:#555;padding-bottom:4px}
 pre{background:#f6f6f6;padding:10px;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
 pre.command{font-size:0.85em;margin:4px 0 10px 0;padding:6px 10px}
@@ -123,7 +123,7 @@ def _cell_class(t: Table, column: int, cell: str) -> str:
 
 
 def _html_table(t: Table) -> str:
-    head = "".join(f"<th>{_esc(h)}</th>" for h in t.headers)
+    head = "".join(f"<th>{_esc(h)}</th>" for h in t.headers) if any(t.headers) else ""  # no blank bar over a key-value table
     body = []
     for k, row in enumerate(t.rows):
         cells = "".join(f"<td{_cell_class(t, i, c)}>{_esc(c)}</td>" for i, c in enumerate(row))
@@ -131,7 +131,8 @@ def _html_table(t: Table) -> str:
         body.append(f"{tr}{cells}</tr>")
     mark = f'<span class="withdrawn">{_esc(withdrawn_text(t.withdrawn))}</span> ' if t.withdrawn else ""
     cap = f"<caption>{mark}{_esc(t.caption)}</caption>" if t.caption or mark else ""
-    return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    thead = f"<thead><tr>{head}</tr></thead>" if head else ""
+    return f"<table>{cap}{thead}<tbody>{''.join(body)}</tbody></table>"
 
 
 def _md_table(t: Table) -> str:

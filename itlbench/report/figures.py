@@ -38,9 +38,9 @@ from itlbench.report.timeline import injected_spans, stall_picture
 
 
 def ttft_figure(data: RunData) -> FigureSpec:
-    caption = ("Left: every request's TTFT by prompt bucket (dots; injected prompts in orange), median as a "
-               "bar from zero (a log axis only where the TTFTs span decades); right: where the median TTFT went "
-               "(client lag, server queue, prefill).")
+    caption = ("Left: every request's TTFT by prompt bucket (dots; injected prompts in orange), the median {median} "
+               "and written under the bucket (p50) with its count; right: where the median TTFT went (client lag, server "
+               "queue, prefill).")
     spec = FigureSpec("ttft", "Time to first token by prompt length", caption)
     t = data.ttft.filter(pl.col("ttft_s") > 0)
     present = [b for b in BUCKET_LABELS if t.filter(pl.col("bucket") == b).height]
@@ -51,6 +51,7 @@ def ttft_figure(data: RunData) -> FigureSpec:
     left, right = fig.subplots(1, 2, width_ratios=[1.3, 1])
     logged = seconds_yaxis(left, t["ttft_s"].to_list())  # before the bars, which start at zero on a linear axis
     rng = np.random.default_rng(0)
+    ticks: list[str] = []
     for i, b in enumerate(present):
         rows = t.filter(pl.col("bucket") == b)
         for injected, color in ((False, STREAMING), (True, INJECTED_SPAN)):
@@ -58,18 +59,28 @@ def ttft_figure(data: RunData) -> FigureSpec:
             if len(part):
                 left.scatter(i + rng.uniform(-0.25, 0.25, len(part)), part, s=8 if not injected else 30,
                              color=color, alpha=0.6 if not injected else 1, linewidths=0, zorder=3)
-        med = float(rows["ttft_s"].median())  # type: ignore[arg-type]
-        left.bar(i, med, width=0.7, color="#dddddd", zorder=1)
-        left.text(i, med, f"{fmt_s(med)}\n(n={rows.height})", ha="center", va="bottom", fontsize=7)
-    left.set_xticks(range(len(present)), present)
-    if not logged:
-        left.set_ylim(0, float(t["ttft_s"].max()) * 1.18)  # type: ignore[arg-type]  # room for the median's label
+        med = ((data.summary.get("ttft_s") or {}).get(b) or {}).get("p50")  # as the table has it: — for one request
+        if med is not None:
+            _median_mark(left, i, float(med), logged)
+        ticks.append(f"{b}\np50 {fmt_s(med)}\nn={rows.height:,}")  # under the bucket: over it, the dots hid it
+    left.set_xticks(range(len(present)), ticks, fontsize=8)
+    spec.caption = caption.format(median="as a line across the bucket (a log axis: the TTFTs span decades, and a "
+                                         "bar has no zero to start from)" if logged else "as a bar from zero")
     left.set_ylabel("TTFT" + (" (log)" if logged else ""))
     left.set_xlabel("prompt bucket (k = 1024 tokens)")
     tidy(left)
     _ttft_parts(right, t, present, data.engine.has_steps)
     spec.figure = fig
     return spec
+
+
+def _median_mark(ax: Axes, i: int, med: float, logged: bool) -> None:
+    """A bucket's median: a bar from zero on a linear axis; on a log one a line across the bucket, since a bar
+    would start at the axis' arbitrary floor and its length would compare nothing."""
+    if logged:
+        ax.hlines(med, i - 0.35, i + 0.35, color="#555555", linewidth=2.5, zorder=2)
+    else:
+        ax.bar(i, med, width=0.7, color="#dddddd", zorder=1)
 
 
 def _ttft_parts(ax: Axes, t: pl.DataFrame, present: list[str], has_steps: bool) -> None:
@@ -156,7 +167,7 @@ def itl_figure(data: RunData) -> FigureSpec:
         lo, hi = max(float(positive[0]), float(np.quantile(positive, 0.01))) / 1.5, max(drawn) * 1.6
         hi = _slo_line(ax, data, lo, hi)
         ax.set_xlim(lo, hi)
-    gap_cdf_axes(ax, max(0.5 / n, 0.005), 1 - min(0.5 / n, 0.001))
+    gap_cdf_axes(ax, max(0.5 / n, 0.005), 1 - min(0.25 / n, 0.001))  # above the max's 1 - 0.5/n: not cut in half
     spec.figure = fig
     return spec
 
@@ -170,9 +181,8 @@ def _slo_line(ax: Axes, data: RunData, lo: float, hi: float) -> float:
         return hi
     name, value, default = target
     label = f"SLO {name} {fmt_s(value)}" + (" (default)" if default else "")
-    if lo <= value <= hi / 1.6 * SLO_REACH:
-        ax.axvline(value, color="black", linestyle="--", linewidth=0.8)
-        ax.text(value, 0.02, f" {label}", fontsize=8, rotation=90, va="bottom", transform=ax.get_xaxis_transform())
+    if lo <= value <= hi / 1.6 * SLO_REACH:  # named in the legend: a label along the line crossed the curves
+        ax.axvline(value, color="black", linestyle="--", linewidth=0.8, label=label)
         return max(hi, value * 1.3)
     right = value > hi
     ax.annotate(f"{label}, off the scale →" if right else f"← {label}, off the scale",
@@ -275,9 +285,9 @@ def throughput_figure(data: RunData) -> FigureSpec:
     ax = fig.subplots()
     ax.bar(edges[:-1], toks, width=1.0, align="edge", color=DECODE, alpha=0.85, linewidth=0, zorder=2)
     mean = float((data.summary.get("throughput") or {}).get("output_tokens_per_s") or toks.mean())
-    ax.axhline(mean, color="black", linestyle="--", linewidth=0.8)
-    ax.text(0.002, mean, f" mean {mean:,.0f} output tokens/s", transform=ax.get_yaxis_transform(),
-            fontsize=8, va="bottom")
+    # named in the legend: a label on the line sat among the bars' tops, which reach it in every steady second
+    mean_line = ax.axhline(mean, color="black", linestyle="--", linewidth=0.8,
+                           label=f"mean {mean:,.0f} output tokens/s")
     for span in injected_spans(data):
         ax.axvspan(span.start_s, span.end_s, color=INJECTED_SPAN, alpha=0.25, linewidth=0, zorder=0)
     time_axis(ax, seconds)
@@ -285,10 +295,13 @@ def throughput_figure(data: RunData) -> FigureSpec:
     ax.set_xlabel("seconds since measurement start")
     tidy(ax)
     ax2 = ax.twinx()
-    ax2.step(edges[1:], np.cumsum(reqs), where="post", color=GOOD, linewidth=1.4)
+    (done_line,) = ax2.step(edges[1:], np.cumsum(reqs), where="post", color=GOOD, linewidth=1.4,
+                            label="requests completed (cumulative, right axis)")
     ax2.set_ylabel("requests completed (cumulative)", color=GOOD)
     ax2.set_ylim(bottom=0)
     ax2.spines["top"].set_visible(False)
+    fig.legend(handles=[Patch(color=DECODE, alpha=0.85, label="output tokens per second"), mean_line, done_line],
+               loc="outside lower center", ncols=3, fontsize=8, frameon=False)
     spec.figure = fig
     return spec
 

@@ -34,6 +34,7 @@ from itlbench.report.run_tables import (
     goodput_misses,
     itl_table,
     kv_table,
+    loop_lag,
     reasoning_section,
     send_lag,
     totals_table,
@@ -184,8 +185,7 @@ def _verdict(s: dict[str, Any]) -> Callout:
                                "client, network or server in it; the client-side checks (send lag, event-loop "
                                "lag, client CPU) do not apply.")
     f = validity.get("figures") or {}
-    return Callout("ok", f"Valid run: the client kept up ({send_lag(f)}, event-loop lag p99 "
-                         f"{fmt_s(f.get('loop_lag_p99_s'))}, "
+    return Callout("ok", f"Valid run: the client kept up ({send_lag(f)}, {loop_lag(f)}, "
                          f"client CPU mean {f.get('cpu_mean_percent') or 0:.0f} % of a core).")
 
 

@@ -32,16 +32,31 @@ def send_lag(figures: dict[str, Any]) -> str:
     """The send lag's p99, or its largest where too few requests support a p99 (a short run)."""
     if figures.get("send_lag_p99_s") is not None or figures.get("send_lag_max_s") is None:
         return f"send lag p99 {fmt_s(figures.get('send_lag_p99_s'))}"
-    return (f"send lag at most {fmt_s(figures['send_lag_max_s'])} over {figures.get('requests_withsend_lag', 0)} "
+    return (f"send lag at most {fmt_s(figures['send_lag_max_s'])} over {figures.get('requests_with_send_lag', 0)} "
             "requests, too few for a p99")
 
 
+def loop_lag(figures: dict[str, Any]) -> str:
+    """The event-loop lag at the quantile the validity check judged it by (`loop_lag_stat`: p99, or p90 where a
+    short run's samples support no p99), so a valid short run does not read "p99 —" while its summary has a p90."""
+    stat = figures.get("loop_lag_stat")
+    if stat and figures.get("loop_lag_s") is not None:
+        return f"event-loop lag {stat} {fmt_s(figures['loop_lag_s'])}"
+    return f"event-loop lag p99 {fmt_s(figures.get('loop_lag_p99_s'))}"
+
+
+EVENT_ROWS = 8
+
+
 def events_table(data: RunData) -> Table | None:
-    events = (data.summary.get("stalls") or {}).get("attribution") or []
+    """The stall events, most stream-seconds first; a row's victims are requests (summary `victims`, as the
+    terminal and docs/measures.md count them), and the caption says how many events the rows leave out."""
+    stalls = data.summary.get("stalls") or {}
+    events = stalls.get("attribution") or []
     if not events:
         return None
     rows = []
-    for ev in events[:8]:
+    for ev in events[:EVENT_ROWS]:
         injected = list(ev.get("injected_request_ids") or [])
         others = [r for r in ev.get("prefill_request_ids") or [] if r not in injected]
         who = ", ".join([f"{r} (injected)" for r in injected[:2]] + others[:2])
@@ -51,9 +66,11 @@ def events_table(data: RunData) -> Table | None:
                      (who + (f" +{more}" if more > 0 else "")) or "—",
                      fmt_tokens(ev.get("prefill_tokens")) if ev.get("prefill_tokens") else "—",
                      fmt_s(ev.get("longest_step_s"))])
-    return Table(["start", "streams", "stalls", "worst gap", "stalled", "cause", "prefilling", "prefill tokens",
+    total = max(int(stalls.get("events") or 0), len(events))
+    shown = f" ({len(rows)} of {total:,})" if total > len(rows) else ""
+    return Table(["start", "requests", "stalls", "worst gap", "stalled", "cause", "prefilling", "prefill tokens",
                   "longest step"], rows, "Stall events (stalls overlapping across streams), the most stream-seconds "
-                 "stalled first",
+                 f"stalled first{shown}",
                  align_right_from=1, withdrawn=Withdrawn.of(data.summary).why("stalls") or "")
 
 

@@ -18,6 +18,7 @@ from itlbench.report.style import (
     DECODE,
     INJECTED_SPAN,
     PREFILL,
+    fit_labels,
     fmt_s,
     fmt_tokens,
     new_figure,
@@ -56,24 +57,12 @@ def engine_steps_figure(data: RunData) -> FigureSpec:
     ax.add_collection(_bars(x, w, np.zeros_like(d), d, DECODE, "none", 0.0))
     ax.add_collection(_bars(x, w, d, d + p, PREFILL, "white", np.where(p > 0, 0.5, 0.0)))
     ax.autoscale_view()
-    if hi > data.window.seconds:
-        ax.axvline(data.window.seconds, color="#555555", linestyle=":", linewidth=1)
-        ax.text(data.window.seconds, 0.5, " end of the measured window", rotation=90, fontsize=8,
-                transform=ax.get_xaxis_transform(), va="center")
-    budgets = s["token_budget"].drop_nulls() if "token_budget" in s.columns else None
-    if budgets is None:
-        pass  # inferred steps: the client cannot see the engine's budget
-    elif budgets.len():
-        b = int(budgets.max())  # type: ignore[arg-type]
-        ax.axhline(b, color="black", linestyle="--", linewidth=1)
-        ax.text(lo, b, f" token budget {b:,}", va="bottom", fontsize=8)
-    else:
-        ax.text(0.01, 0.97, "unchunked: no token budget (a prompt is prefilled in one step)",
-                transform=ax.transAxes, fontsize=8, va="top")
+    marks = _window_end(ax, data, hi) + _budget(ax, s)
     for span in spans:
         ax.axvspan(span.start_s, span.end_s, color=INJECTED_SPAN, alpha=0.12, linewidth=0, zorder=0)
     ax.set_xlim(lo, hi)
     ax.set_ylabel("tokens in the step")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))  # 32,768 as the labels write it
     ax.set_xlabel("seconds since measurement start")
     tidy(ax)
     ax2 = ax.twinx()
@@ -82,15 +71,36 @@ def engine_steps_figure(data: RunData) -> FigureSpec:
     ax2.set_ylabel("step duration")
     ax2.set_ylim(0, float(w.max()) * 1e3 * 1.3 if len(w) and w.max() > 0 else None)  # headroom for the labels
     ax2.spines["top"].set_visible(False)
-    _annotate_chunks(ax2, data, s, spans)
     handles = [Patch(color=DECODE, label="decode tokens"), Patch(color=PREFILL, label="prefill tokens"),
-               Line2D([], [], color="black", linewidth=2, label="step duration (right axis)")]
+               Line2D([], [], color="black", linewidth=2, label="step duration (right axis)"), *marks]
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
     kind = "Inferred engine steps" if view is not None else "Engine steps"
     ax.set_title(f"{kind} {where}: {s.height:,} steps, longest {fmt_s(float(w.max()) if len(w) else None)}",
                  fontsize=11, loc="left")
+    _annotate_chunks(ax2, data, s, spans)
     spec.figure = fig
     return spec
+
+
+def _window_end(ax: Axes, data: RunData, hi: float) -> list[Line2D]:
+    """The window's end as a dotted line where the view passes it, named in the legend: a label on the line ran
+    across the prefill bars it cuts through (a prefill that outlasts the window is the usual reason to see it)."""
+    if hi <= data.window.seconds:
+        return []
+    return [ax.axvline(data.window.seconds, color="#555555", linestyle=":", linewidth=1,
+                       label="end of the measured window")]
+
+
+def _budget(ax: Axes, s: pl.DataFrame) -> list[Line2D]:
+    """The token budget as a dashed line named in the legend (a label on it sat on the bars that fill it), or a
+    legend entry saying there is none; nothing for inferred steps, whose budget the client cannot see."""
+    budgets = s["token_budget"].drop_nulls() if "token_budget" in s.columns else None
+    if budgets is None:
+        return []
+    if budgets.len():
+        b = int(budgets.max())  # type: ignore[arg-type]
+        return [ax.axhline(b, color="black", linestyle="--", linewidth=1, label=f"token budget {b:,}")]
+    return [Line2D([], [], linestyle="none", label="unchunked: no token budget (a prompt is prefilled in one step)")]
 
 
 def _bars(x: np.ndarray, w: np.ndarray, y0: np.ndarray, y1: np.ndarray, color: str, edge: str,
@@ -118,11 +128,13 @@ def _annotate_chunks(ax: Axes, data: RunData, s: pl.DataFrame, spans: list[Injec
     else:  # the earlier label leans left and the later right, so two close chunks' labels do not cover each other
         early, late = sorted(((first, "first chunk"), (longest, "longest chunk")), key=lambda r: r[0]["t_s"])
         labels = [(early[0], early[1], *_early_lean(early[0]["t_s"], *ax.get_xlim())), (late[0], late[1], "left", 4)]
-    for row, what, ha, dx in labels:
-        ax.annotate(f"{what}: {fmt_tokens(row['prefill_tokens'])} tokens, {fmt_s(row['dur_s'])}",
-                    xy=(row["t_s"] + row["dur_s"] / 2, row["dur_s"] * 1e3), xytext=(dx, 12),
-                    textcoords="offset points", ha=ha, fontsize=8,
-                    arrowprops={"arrowstyle": "-", "color": "#444444", "linewidth": 0.6})
+    texts = [ax.annotate(f"{what}: {fmt_tokens(row['prefill_tokens'])} tokens, {fmt_s(row['dur_s'])}",
+                         xy=(row["t_s"] + row["dur_s"] / 2, row["dur_s"] * 1e3), xytext=(dx, 12),
+                         textcoords="offset points", ha=ha, fontsize=8, zorder=5,
+                         bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85},
+                         arrowprops={"arrowstyle": "-", "color": "#444444", "linewidth": 0.6})
+             for row, what, ha, dx in labels]
+    fit_labels(ax.figure, ax, texts)  # type: ignore[arg-type]  # a last chunk near the right edge ran past it
 
 
 def _early_lean(x: float, lo: float, hi: float) -> tuple[str, int]:

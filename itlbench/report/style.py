@@ -13,8 +13,11 @@ from pathlib import Path
 
 from matplotlib.axes import Axes
 from matplotlib.axis import Axis
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Annotation
 from matplotlib.ticker import FuncFormatter, NullFormatter
+from matplotlib.transforms import Bbox
 
 from itlbench.report.durations import fmt_s
 from itlbench.units import format_tokens
@@ -92,11 +95,15 @@ def count_log_yaxis(ax: Axes) -> None:
     _log_ticks(ax.yaxis, ax.get_ylim, lambda v: f"{v:,.0f}" if v >= 1 else f"{v:g}")
 
 
+MINOR_LABEL_PX = {"x": 180.0, "y": 100.0}  # a decade at least this long (pixels) has room for its 2s and 5s labelled
+
+
 def _log_ticks(axis: Axis, limits: Callable[[], tuple[float, float]],
                     fmt: Callable[[float], str] = fmt_s) -> None:
     """Major ticks as `fmt` writes them (durations by default); minor ones too where the view is narrow enough
-    to need them: every one within a decade, the 2s and 5s within two (a view with no decade inside it has no
-    major label)."""
+    to need them: every one within a decade, the 2s and 5s within two, or wherever a decade is drawn long
+    enough to hold them (20 ms and 50 ms between 10 and 100 ms, where a 2-core run's gaps lie: a view of 2.5
+    decades otherwise labels only 100 ms and 1 s, and the data between them cannot be read)."""
     axis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v)))
 
     def minor(v: float, _: int) -> str:
@@ -105,9 +112,16 @@ def _log_ticks(axis: Axis, limits: Callable[[], tuple[float, float]],
             return ""
         span = math.log10(hi / lo)
         lead = round(v / 10 ** math.floor(math.log10(v) + 1e-9)) if v > 0 else 0
-        return fmt(v) if span < 1 or (span < 2 and lead in (2, 5)) else ""
+        roomy = span < 2 or _decade_px(axis, span) >= MINOR_LABEL_PX[axis.axis_name]
+        return fmt(v) if span < 1 or (roomy and lead in (2, 5)) else ""
 
     axis.set_minor_formatter(FuncFormatter(minor))
+
+
+def _decade_px(axis: Axis, span: float) -> float:
+    """How many pixels one decade of the axis takes as drawn (its axes' extent over the decades it spans)."""
+    box = axis.axes.bbox
+    return (box.width if axis.axis_name == "x" else box.height) / span
 
 
 def seconds_yaxis(ax: Axes, values: Iterable[float], ratio: float = 20.0) -> bool:
@@ -121,6 +135,34 @@ def seconds_yaxis(ax: Axes, values: Iterable[float], ratio: float = 20.0) -> boo
     ax.set_ylim(0, max(positive) * 1.15 if positive else 1.0)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_s(v)))
     return False
+
+
+def fit_labels(fig: Figure, ax: Axes, labels: list[Annotation], gap_px: float = 2.0) -> float:
+    """Lay the figure out as savefig will, then move each label (offset in points) sideways into the axes'
+    width and lift one that would cover an earlier one above it: a label placed by its data point alone runs
+    past the edge for a point near it, or over its neighbour's. Returns how far (points) the highest was lifted."""
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw_without_rendering()
+    inside = ax.get_window_extent(renderer)
+    points = 72.0 / fig.dpi
+    placed: list[Bbox] = []
+    lifted = 0.0
+    for label in labels:
+        box = label.get_window_extent(renderer)
+        dx = max(0.0, inside.x0 - box.x0) - max(0.0, box.x1 - inside.x1)
+        dy = 0.0
+        for _ in range(len(placed)):  # each lift clears one neighbour; it may land on another
+            moved = box.translated(dx, dy)
+            above = [b.y1 + gap_px - moved.y0 for b in placed if moved.overlaps(b)]
+            if not above:
+                break
+            dy += max(above)
+        if dx or dy:
+            x, y = label.xyann
+            label.xyann = (x + dx * points, y + dy * points)
+        placed.append(box.translated(dx, dy))
+        lifted = max(lifted, dy * points)
+    return lifted
 
 
 def png_bytes(fig: Figure) -> bytes:

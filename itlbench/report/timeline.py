@@ -20,9 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from itlbench.report.data import RunData
@@ -33,6 +35,7 @@ from itlbench.report.style import (
     MUTED,
     STREAMING,
     WAITING,
+    fit_labels,
     fmt_s,
     fmt_tokens,
     new_figure,
@@ -283,19 +286,15 @@ def stall_picture(data: RunData) -> Figure:
     fig = new_figure(rows_h + 2.9)
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[rows_h, 2.3])
     draw_rows(top, data, spans)
-    groups = span_groups(spans, 0.25 * data.window.seconds)
-    for group, verdict in zip(groups, span_verdicts(data, groups), strict=True):
-        top.annotate(verdict, xy=(max(0.0, group[0].start_s), -0.5), xytext=(0, 4), textcoords="offset points",
-                     fontsize=9, fontweight="bold", color="#7a3a00", annotation_clip=False, va="bottom")
     if data.stalls.is_empty():
-        top.set_title("No stalls: every gap stayed under its stall threshold", fontsize=11, loc="left")
+        title = "No stalls: every gap stayed under its stall threshold"
     else:
         worst = data.stalls["gap_s"].max()
-        top.set_title(f"Where streams froze: {data.stalls.height:,} stalled gaps in "
-                      f"{data.stalls['request_id'].n_unique()} requests, worst {fmt_s(worst)}",  # type: ignore[arg-type]
-                      fontsize=11, loc="left", pad=18 if spans else 6)
-    _gap_panel(bottom, data, spans)
-    handles = [Patch(color=STREAMING, label="tokens arriving"),
+        title = (f"Where streams froze: {data.stalls.height:,} stalled gaps in "
+                 f"{data.stalls['request_id'].n_unique()} requests, worst {fmt_s(worst)}")  # type: ignore[arg-type]
+    top.set_title(title, fontsize=11, loc="left", pad=18 if spans else 6)
+    median = _gap_panel(bottom, data, spans)
+    handles: list[Artist] = [Patch(color=STREAMING, label="tokens arriving"),
                Patch(color=WAITING, label="request sent, waiting for its first token")]
     causes = data.stalls["cause"].unique().to_list() if data.stalls.height else []
     handles += [Patch(color=CAUSE_COLORS.get(c), label=f"stalled: {CAUSE_NAMES.get(c, c)}") for c in causes]
@@ -305,13 +304,31 @@ def stall_picture(data: RunData) -> Figure:
     if spans:
         src = "engine steps" if any(s.steps for s in spans) else "client send → first token"
         handles.append(Patch(color=INJECTED_SPAN, alpha=0.35, label=f"injected prompt's prefill ({src})"))
-    fig.legend(handles=handles, loc="outside lower center", ncols=min(4, len(handles)), fontsize=8, frameon=False)
+    if median is not None:
+        handles.append(median)
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles) if len(handles) <= 4 else 3, fontsize=8, frameon=False)
+    lifted = _span_labels(fig, top, data, spans)
+    if lifted:  # a label lifted over its neighbour's: the title makes room above both
+        top.set_title(title, fontsize=11, loc="left", pad=18 + lifted)
     return fig
 
 
-def _gap_panel(ax: Axes, data: RunData, spans: list[InjectedSpan]) -> None:
+def _span_labels(fig: Figure, ax: Axes, data: RunData, spans: list[InjectedSpan]) -> float:
+    """Each group of injected prefills' verdict above the rows, from where it began, kept within the axes' width
+    (a prefill late in the window would run its label past the figure's edge) and out of the layout (which
+    would otherwise shrink every row to make room for it); returns how far a label was lifted over another."""
+    groups = span_groups(spans, 0.25 * data.window.seconds)
+    labels = [ax.annotate(verdict, xy=(max(0.0, group[0].start_s), -0.5), xytext=(0, 4), textcoords="offset points",
+                          fontsize=9, fontweight="bold", color="#7a3a00", annotation_clip=False, va="bottom")
+              for group, verdict in zip(groups, span_verdicts(data, groups), strict=True)]
+    for label in labels:
+        label.set_in_layout(False)  # the title's pad keeps their room
+    return fit_labels(fig, ax, labels) if labels else 0.0
+
+
+def _gap_panel(ax: Axes, data: RunData, spans: list[InjectedSpan]) -> Line2D | None:
     """Steady gaps' sizes at their arrival (a background sample: every one in a run of up to
-    SAMPLE_POINTS gaps); every stall on top, in its cause's colour."""
+    SAMPLE_POINTS gaps); every stall on top, in its cause's colour. Returns the median's line, for the legend."""
     t0 = data.t0_ns
     steady = data.chunks.sample if data.chunks.sample is not None else pl.DataFrame(
         schema={"t_ns": pl.Int64, "gap_s": pl.Float64})
@@ -329,11 +346,10 @@ def _gap_panel(ax: Axes, data: RunData, spans: list[InjectedSpan]) -> None:
         ax.scatter(((part["t_ns"] - t0) / 1e9).to_numpy(), part["gap_s"].to_numpy(), s=9,
                    color=color, linewidths=0, zorder=3)
     med = data.chunks.quantiles.get("itl_s", {}).get("p50")
+    median = None
     if med is not None:
-        if med > 0:
-            ax.axhline(med, color="#555555", linestyle=":", linewidth=0.8)
-            ax.text(0.002, med, f" median gap {fmt_s(med)}", transform=ax.get_yaxis_transform(), fontsize=7,
-                    va="bottom", color="#555555")
+        if med > 0:  # named in the legend: a label on the line sat among the gaps drawn around it, unreadable
+            median = ax.axhline(med, color="#555555", linestyle=":", linewidth=0.8, label=f"median gap {fmt_s(med)}")
         else:  # most tokens came in one read with the one before: 0 has no place on a log axis
             ax.text(0.002, 0.02, " median gap 0 (most tokens arrived with the one before), below the axis",
                     transform=ax.transAxes, fontsize=7, va="bottom", color="#555555")
@@ -341,3 +357,4 @@ def _gap_panel(ax: Axes, data: RunData, spans: list[InjectedSpan]) -> None:
     ax.set_ylabel("gap before each token")
     ax.set_xlabel("seconds since measurement start")
     tidy(ax)
+    return median

@@ -128,8 +128,8 @@ def test_goodput_states_the_default_slos_it_was_judged_against(tmp_path: Path) -
     assert f"Judged against the default SLOs (no --slo given; docs/measures.md, Goodput): {targets}." in html
     assert '<td class="k">slo</td><td>none given: the default SLOs applied' in html  # not '—'
     assert f"judged against the default SLOs (no --slo given; docs/measures.md, Goodput): {targets}" in _terminal(data)
-    labels = [t.get_text() for t in itl_figure(data).figure.axes[0].texts]
-    assert any("SLO itl_p99 200 ms (default)" in t for t in labels), labels
+    legend = [t.get_text() for t in itl_figure(data).figure.axes[0].get_legend().get_texts()]
+    assert "SLO itl_p99 200 ms (default)" in legend, legend
     given = {"goodput": {"slos": parse_slo("itl_max=500ms,injected/ttft=off").to_dict()}}
     assert slo_text(given) == ("--slo itl_max=500ms,injected/ttft=off over the defaults: TTFT le128 ≤ 500 ms, "
                                "le512 ≤ 1.00 s, le2k ≤ 2.00 s, le8k ≤ 5.00 s, le32k ≤ 15.0 s, gt32k ≤ 60.0 s; "
