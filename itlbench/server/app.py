@@ -75,7 +75,7 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_get("/v1/models", _models)
-    app.router.add_get("/v1/models/{model}", _model)
+    app.router.add_get("/v1/models/{model:.+}", _model)  # a name may hold slashes (org/repo)
     app.router.add_get("/v1/steps", _steps)
     app.router.add_get("/v1/engine", _engine_info)
     app.router.add_get("/health", _health)
@@ -112,8 +112,11 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
                                             "(itlbench serve --max-body-mib raises it)", "body"))
     except web.HTTPException as exc:
         if exc.status >= 400:
-            return error_response(ApiError(exc.status, exc.reason, None, "not_found_error"
+            resp = error_response(ApiError(exc.status, exc.reason, None, "not_found_error"
                                            if exc.status == 404 else "invalid_request_error"))
+            if "Allow" in exc.headers:  # a 405 says which methods the path takes (RFC 9110)
+                resp.headers["Allow"] = exc.headers["Allow"]
+            return resp
         raise
     except (ConnectionResetError, ConnectionError):
         raise

@@ -99,6 +99,13 @@ def test_get_one_model_returns_the_model_object(server):
     assert info.value.code == 404 and json.loads(info.value.read())["error"]["param"] == "model"
 
 
+def test_a_wrong_method_is_405_saying_which_it_takes(server):
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(f"{server.base_url}/chat/completions", timeout=30)
+    assert info.value.code == 405 and info.value.headers["Allow"] == "POST"  # the header was dropped
+    assert json.loads(info.value.read())["error"]["type"] == "invalid_request_error"
+
+
 def test_sdk_sees_bad_request(server):
     client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
     with pytest.raises(openai.BadRequestError) as info:
@@ -118,8 +125,9 @@ def test_a_body_over_the_limit_is_413_naming_the_limit(server):
 
 @pytest.fixture(scope="module")
 def guarded():
-    """A second server with an API key and no waiting room: every admitted request is over capacity."""
-    cfg = ServerConfig(engine=ENGINE, port=0, api_key="sekret", max_waiting=0, served_model_name="bench")
+    """A second server with an API key and no waiting room: every admitted request is over capacity; its model
+    name has a slash, as a Hugging Face repo's has."""
+    cfg = ServerConfig(engine=ENGINE, port=0, api_key="sekret", max_waiting=0, served_model_name="org/bench")
     with BackgroundServer(cfg) as srv:
         yield srv
 
@@ -133,13 +141,22 @@ def test_api_key_is_required(guarded):
     with pytest.raises(openai.AuthenticationError):
         client.models.list()
     good = openai.OpenAI(base_url=guarded.base_url, api_key="sekret", max_retries=0)
-    assert [m.id for m in good.models.list().data] == ["bench"]
+    assert [m.id for m in good.models.list().data] == ["org/bench"]
+
+
+def test_a_model_name_with_a_slash_is_found_by_its_path(guarded):
+    """GET /v1/models/org/bench, the slash as typed (curl, a browser): was a bare 404 "Not Found"."""
+    req = urllib.request.Request(f"{guarded.base_url}/models/org/bench", headers={"Authorization": "Bearer sekret"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert json.loads(resp.read())["id"] == "org/bench"
+    client = openai.OpenAI(base_url=guarded.base_url, api_key="sekret", max_retries=0)
+    assert client.models.retrieve("org/bench").id == "org/bench"
 
 
 def test_over_capacity_is_429(guarded):
     client = openai.OpenAI(base_url=guarded.base_url, api_key="sekret", max_retries=0)
     with pytest.raises(openai.RateLimitError):
-        client.completions.create(model="bench", prompt="x", max_tokens=2)
+        client.completions.create(model="org/bench", prompt="x", max_tokens=2)
 
 
 def test_engine_step_failure_fails_request_and_recovers(guarded):
