@@ -191,7 +191,7 @@ def _parse_common(body: dict[str, Any], *, chat: bool, prompt: str | list[int]) 
         chat=chat, model=model, prompt=prompt, max_tokens=max_tokens, max_tokens_defaulted=defaulted,
         min_tokens=_opt_int(body, "min_tokens") or 0,
         temperature=_opt_float(body, "temperature", 1.0), top_p=_opt_float(body, "top_p", 1.0),
-        seed=_opt_int(body, "seed"), ignore_eos=_opt_bool(body, "ignore_eos", False),
+        seed=_seed(body), ignore_eos=_opt_bool(body, "ignore_eos", False),
         stop_token_ids=_token_ids(body, "stop_token_ids"), stream=stream,
         include_usage=include_usage, continuous_usage=continuous,
         include_stop_str_in_output=_opt_bool(body, "include_stop_str_in_output", False),
@@ -281,6 +281,18 @@ def _stream_options(body: dict[str, Any], stream: bool) -> tuple[bool, bool]:
         raise bad("stream_options", "only allowed when stream is true")
     include = _opt_bool(opts, "include_usage", False, prefix="stream_options.")
     return include, include and _opt_bool(opts, "continuous_usage_stats", False, prefix="stream_options.")
+
+
+SEED_RANGE = (-(2**63), 2**63 - 1)  # a signed 64-bit integer, as OpenAI's and vLLM's
+
+
+def _seed(body: dict[str, Any]) -> int | None:
+    """`seed`, refused outside 64 bits (as vLLM does), where the sampler's seed arithmetic made, say, 2**64 draw
+    exactly what seed 0 draws."""
+    seed = _opt_int(body, "seed")
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise bad("seed", f"must be a signed 64-bit integer, in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
+    return seed
 
 
 def _check_positive(name: str, value: int) -> None:

@@ -44,6 +44,8 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "stream": "yes"}, "stream"),
     ({"prompt": "x", "n": 2}, "n"),
     ({"prompt": "x", "seed": 1.5}, "seed"),
+    ({"prompt": "x", "seed": 2**64}, "seed"),  # drew exactly what seed 0 draws
+    ({"prompt": "x", "seed": -(2**63) - 1}, "seed"),
     ({"prompt": "x", "ignore_eos": 1}, "ignore_eos"),
     ({"prompt": "x", "stop_token_ids": ["a"]}, "stop_token_ids"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
@@ -78,6 +80,11 @@ def test_bad_chat_is_400_naming_the_field(server, body, param):
     status, err = post(f"{server.base_url}/chat/completions", body)
     assert status == 400, err
     assert err["error"]["param"] == param and param in err["error"]["message"]
+
+
+def test_the_64_bit_seeds_at_both_ends_are_served(server):
+    for seed in (2**63 - 1, -(2**63)):
+        assert post(f"{server.base_url}/completions", {**OK, "seed": seed})[0] == 200
 
 
 def test_unknown_model_is_404(server):
