@@ -87,31 +87,45 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"body: malformed JSON ({exc})", "body") from exc
+    except RecursionError as exc:  # valid JSON, but nested past the parser's stack: the client's 400, not a 500
+        raise ApiError(400, "body: JSON nested too deeply", "body") from exc
     if not isinstance(body, dict):
         raise ApiError(400, "body: expected a JSON object", "body")
-    if (field := _lone_surrogate(body, "")) is not None:
+    if (field := _lone_surrogate(body)) is not None:
         raise bad(field, "holds a lone UTF-16 surrogate (e.g. \\ud800), which is not text; send valid Unicode")
     return body
 
 
-def _lone_surrogate(value: Any, path: str) -> str | None:
+def _lone_surrogate(body: Any) -> str | None:
     """The field path of the first string JSON decoded with a lone surrogate: valid JSON, but no text can be
-    tokenized or echoed from it, so it is the client's 400, never the server's 500."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return path or "body"
-        return None
-    if isinstance(value, dict):
-        items: Any = ((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
-    elif isinstance(value, list):
-        if value and isinstance(value[0], int):  # a token-id prompt: no strings to check
-            return None
-        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
-    else:
-        return None
-    return next((hit for sub, v in items if (hit := _lone_surrogate(v, sub)) is not None), None)
+    tokenized or echoed from it, so it is the client's 400, never the server's 500. Walked with a stack, not
+    by recursion, which a body nested a thousand deep (that parses) would exhaust."""
+    stack: list[tuple[str, str | int | None, Any]] = [("", None, body)]  # (parent's path, key or index, value)
+    while stack:
+        parent, key, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return _field_path(parent, key) or "body"
+            continue
+        if isinstance(value, dict):
+            children: Any = value.items()
+        elif isinstance(value, list) and not (value and isinstance(value[0], int)):  # ints: a token-id prompt
+            children = enumerate(value)
+        else:
+            continue
+        where = _field_path(parent, key)
+        stack.extend(reversed([(where, k, v) for k, v in children]))  # reversed: popped in document order
+    return None
+
+
+def _field_path(parent: str, key: str | int | None) -> str:
+    if key is None:
+        return parent
+    if isinstance(key, int):
+        return f"{parent}[{key}]"
+    return f"{parent}.{key}" if parent else key
 
 
 def parse_completion(body: dict[str, Any]) -> GenerationRequest:

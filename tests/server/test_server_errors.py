@@ -51,6 +51,7 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
     ({"prompt": "\ud800", "max_tokens": 2}, "prompt"),  # a lone surrogate: valid JSON, not text
     ({"prompt": "\ud800", "max_tokens": 2, "stream": True}, "prompt"),
+    (b'{"prompt": "x", "extra": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "body"),  # was a 500 RecursionError
 ]
 BAD_CHAT = [
     ({"max_tokens": 3}, "messages"),
@@ -80,6 +81,17 @@ def test_bad_chat_is_400_naming_the_field(server, body, param):
     status, err = post(f"{server.base_url}/chat/completions", body)
     assert status == 400, err
     assert err["error"]["param"] == param and param in err["error"]["message"]
+
+
+def test_a_deep_but_parseable_body_is_walked_without_recursion(server):
+    """900 nested objects parse, but the lone-surrogate check recursed through them: a 500 RecursionError."""
+    deep = b'{"a": ' * 900 + b'"\\ud800"' + b"}" * 900
+    status, err = post(f"{server.base_url}/completions", b'{"prompt": "x", "max_tokens": 2, "extra": ' + deep + b"}")
+    assert status == 400 and err["error"]["param"] == "extra" + ".a" * 900
+    status, _ = post(f"{server.base_url}/completions", b'{"prompt": "x", "max_tokens": 2, "extra": [' + deep + b"]}")
+    assert status == 400
+    assert post(f"{server.base_url}/completions", b'{"prompt": "x", "max_tokens": 2, "extra": ' +
+                deep.replace(b"\\ud800", b"ok") + b"}")[0] == 200
 
 
 def test_the_64_bit_seeds_at_both_ends_are_served(server):
