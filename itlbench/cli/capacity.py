@@ -111,7 +111,8 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
                 run_dir = target / f"{axis}{plan.fmt(load)}" / f"run{counts[load]}"
                 seed = None if first_seed is None else first_seed + counts[load] - 1
                 args = extra if seed is None else with_seed(extra, seed)
-                code = invoke_run([*args, *flags, f"--{axis}", plan.fmt(load), "--no-live", "--out", str(run_dir)])
+                code = invoke_run([*args, *flags, f"--{axis}", plan.fmt(load), "--no-live", "--brief",
+                                   "--out", str(run_dir)])
                 arm()
                 return _judged(run_dir, code, load, seed)
 

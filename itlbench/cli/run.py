@@ -40,6 +40,18 @@ def refuse_engine_flags(ctx: typer.Context, endpoint: str | None) -> None:
         raise ConfigError(flag, "configures the bundled engine, which --endpoint does not start", "set it on your server")
 
 
+def print_brief(summary: dict, run_dir: Path) -> None:
+    """`--brief`: the run's one line, and why it ended early where it did."""
+    from rich.markup import escape
+
+    from itlbench.report.brief import brief_line
+    from itlbench.report.terminal import cut_short
+
+    console.print(escape(brief_line(summary, run_dir)), highlight=False)
+    if reasons := cut_short(summary, run_dir):
+        console.print(f"[bold red]Cut short[/]: {escape('; '.join(reasons))}", highlight=False)
+
+
 def print_warmup_timeout(run_dir: Path) -> None:
     """Say when the adaptive warm-up gave up on a stream's first token (run.json's `warmup_timeout`)."""
     from itlbench.report.data import read_json
@@ -142,6 +154,8 @@ def run(
                                             "clock; seconds of wall time), real (served over HTTP in real time) "
                                             "or auto (virtual unless a flag needs the server).")] = "auto",
     as_json: AsJson = False,
+    brief: Annotated[bool, typer.Option(help="One line instead of the summary tables (each point of a sweep or "
+                                             "capacity search prints so; `itlbench analyze DIR` prints them).")] = False,
     engine_flags: dict | None = None,
 ) -> None:
     """Drive a workload (and injected long prompts) against the bundled engine or --endpoint."""
@@ -183,8 +197,11 @@ def run(
     except ItlbenchError as exc:
         fail(exc)
         return
-    if not as_json:
+    if brief and not as_json:
+        print_brief(summary, run_dir)
+    elif not as_json:
         print_summary(console, summary, run_dir)
+    if not as_json:
         print_plan_warnings(run_dir)
         print_warmup_timeout(run_dir)
     if engine.engine == "sim" and engine.sim_time_scale != 1:

@@ -200,7 +200,7 @@ def _runs_of_point(plan: SweepPlan, point: Point, point_dir: Path, args: list[st
         if plan.repeat > 1:
             on_status(f"  repeat {i}/{plan.repeat}")
         seed = None if plan.first_seed is None else plan.first_seed + i - 1
-        code = invoke_run([*(args if seed is None else with_seed(args, seed)), "--out", str(run_dir)])
+        code = invoke_run([*(args if seed is None else with_seed(args, seed)), "--brief", "--out", str(run_dir)])
         arm()
         kept = (run_dir / "run.json").is_file()
         if kept:

@@ -98,7 +98,7 @@ def test_a_short_window_says_what_it_offered_beside_the_nominal_rate(tmp_path: P
                                  "--repeat", "1", "--no-report", "--out", str(out)], terminal_width=300)
     assert result.exit_code == 0, result.output
     text = _flat(result.output)
-    assert "Offered 2.6 req/s of the nominal 4.0 (26 arrivals in 10.0 s); achieved 2.6 req/s (26 completed)" in text
+    assert "26 of 26 ok · offered 2.6 of the nominal 4.0 req/s · TTFT" in text  # the point's line (run --brief)
     assert "rate 4 (bracket, offered 2.6): met" in text
     assert ("Capacity ≥ 4 requests/s" in text and "Offered only 2.6 requests/s at 4 (35% below the nominal: its "
             "10 s windows held 26 arrivals where the rate implies 40), so what the server was shown to sustain is "

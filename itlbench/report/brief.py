@@ -1,0 +1,73 @@
+"""One line per run: what `itlbench run --brief` prints, and so each point of a sweep or a capacity search.
+
+A point's tables live in its run directory (`itlbench analyze DIR` prints them, `report.html` draws them);
+a capacity search printing fourteen points' tables (~850 lines) buried its own progress and answer.
+The line keeps what a reader scans a list of points for: requests, TTFT, ITL, the worst stall, output
+throughput, goodput, the rate offered (open loop) and whether the run is valid (with the first reason where it is not).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from itlbench.report.durations import fmt_s
+
+
+def brief_line(summary: dict[str, Any], run_dir: Path | str) -> str:
+    """`DIR: 478 of 478 ok · TTFT p50 39 ms p99 173 ms · ITL p50 9.2 ms p99 53 ms · ...`."""
+    parts = [_requests(summary), _offered(summary), _ttft(summary), _itl(summary), _stalls(summary),
+             _throughput(summary)]
+    goodput = (summary.get("goodput") or {}).get("fraction")
+    if goodput is not None:
+        parts.append(f"goodput {goodput:.0%}")
+    parts.append(_validity(summary))
+    return f"{run_dir}: " + " · ".join(p for p in parts if p)
+
+
+def _requests(summary: dict[str, Any]) -> str:
+    reqs = summary.get("requests") or {}
+    return f"{reqs.get('ok', 0)} of {reqs.get('total', 0)} ok"
+
+
+def _offered(summary: dict[str, Any]) -> str:
+    """Open loop: the rate the window's arrivals made, beside the nominal one (a short window falls short)."""
+    offered = summary.get("offered") or {}
+    if offered.get("offered_rps") is None or offered.get("nominal_rps") is None:
+        return ""
+    return f"offered {offered['offered_rps']:.1f} of the nominal {offered['nominal_rps']:.1f} req/s"
+
+
+def _ttft(summary: dict[str, Any]) -> str:
+    ttft = summary.get("ttft_s") or {}
+    every = ttft.get("all") or {}
+    line = f"TTFT p50 {fmt_s(every.get('p50'))} p99 {fmt_s(every.get('p99'))}"
+    injected = (summary.get("ttft_by_class_s") or {}).get("injected") or {}
+    if injected.get("count"):  # the long prompt's own wait: the sweep's price of a smaller budget
+        line += f" (injected, longest {fmt_s(injected.get('max'))})"
+    return line
+
+
+def _itl(summary: dict[str, Any]) -> str:
+    itl = summary.get("itl_s") or {}
+    return f"ITL p50 {fmt_s(itl.get('p50'))} p99 {fmt_s(itl.get('p99'))} max {fmt_s(itl.get('max'))}"
+
+
+def _stalls(summary: dict[str, Any]) -> str:
+    stalls = summary.get("stalls") or {}
+    events = stalls.get("events") or 0
+    if not events:
+        return "no stalls"
+    return f"{events} stall event{'s' if events != 1 else ''} (worst {fmt_s(stalls.get('worst_s'))})"
+
+
+def _throughput(summary: dict[str, Any]) -> str:
+    rate = (summary.get("throughput") or {}).get("output_tokens_per_s")
+    return "" if rate is None else f"{rate:,.0f} output tok/s"
+
+
+def _validity(summary: dict[str, Any]) -> str:
+    if summary.get("valid", True):
+        return "valid"
+    reasons = (summary.get("validity") or {}).get("reasons") or []
+    return "NOT valid" + (f": {reasons[0]}" if reasons else "")

@@ -1,0 +1,39 @@
+"""`itlbench run --brief`: one line per run, from the run's own summary.json (what sweep and capacity print per point)."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from itlbench.cli import app
+from itlbench.report.brief import brief_line
+from itlbench.report.durations import fmt_s
+
+runner = CliRunner()
+
+
+def test_brief_run_prints_one_line_of_its_summary_instead_of_the_tables(tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100", "--streams", "4",
+                                 "--inject", "8k@2s", "--duration", "5", "--brief", "--no-report", "--out", str(out)],
+                           terminal_width=1000)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    flat = " ".join(result.output.split())  # the console wraps at its own width
+    line = " ".join(brief_line(summary, out).split())
+    assert line in flat and flat.count(f"{out}: ") == 1
+    itl, ttft = summary["itl_s"], summary["ttft_s"]["all"]
+    assert f"ITL p50 {fmt_s(itl['p50'])} p99 {fmt_s(itl['p99'])} max {fmt_s(itl['max'])}" in line
+    assert f"TTFT p50 {fmt_s(ttft['p50'])}" in line
+    assert f"(injected, longest {fmt_s(summary['ttft_by_class_s']['injected']['max'])})" in line
+    assert f"{summary['requests']['ok']} of {summary['requests']['total']} ok" in line
+    assert "TTFT by prompt bucket" not in result.output and "Inter-token latency" not in result.output
+
+
+def test_an_invalid_run_says_why_in_its_line():
+    summary = {"requests": {"ok": 3, "total": 4}, "valid": False, "stalls": {"events": 1, "worst_s": 1.5},
+               "validity": {"reasons": ["the client's loop was paused 2.0 s"]}, "goodput": {"fraction": 0.75}}
+    line = brief_line(summary, "R")
+    assert line.endswith("goodput 75% · NOT valid: the client's loop was paused 2.0 s")
+    assert "3 of 4 ok" in line and "1 stall event (worst 1.50 s)" in line
