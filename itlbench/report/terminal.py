@@ -105,6 +105,8 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
         if b and b.get("count"):
             label = gone.label("ttft_s" if name == "all" else f"ttft_s.{name}", name)
             ttft.add_row(label, str(b.get("count")), *_stat_row(b, ("p50", "p90", "p99", "max"), fmt_s))
+    if not any("—" in cell for row in ttft.rows for cell in row[2:]):
+        ttft.caption = None  # the key explains a mark the table does not show
     print_table(console, ttft)
     _print_withdrawn(console, gone, "TTFT", "ttft_s")
     _print_injected(console, summary, gone)

@@ -285,3 +285,15 @@ def test_the_first_chunks_label_stays_inside_the_axes_near_its_left_edge() -> No
 
     assert _early_lean(5.2, 0.0, 52.0) == ("left", 4)
     assert _early_lean(30.0, 0.0, 52.0) == ("right", -4)
+
+
+def test_the_ttft_tables_key_to_its_dash_shows_only_under_a_dash(tmp_path: Path) -> None:
+    """"— : too few requests" explained a mark a full table (a 600 s trace replay) did not show."""
+    data = load_run(build_run(tmp_path / "run"))
+    full = {"count": 200, "p50": 0.1, "p90": 0.2, "p99": 0.3, "max": 0.4}
+    key = "too few requests for that percentile"
+    for buckets, shown in (({"le512": full, "all": full}, False),
+                           ({"le512": full, "le2k": {**full, "count": 5, "p90": None, "p99": None}, "all": full}, True)):
+        console = Console(record=True, width=240, color_system=None)
+        print_summary(console, {**data.summary, "ttft_s": buckets}, data.run_dir)
+        assert (key in console.export_text()) is shown
