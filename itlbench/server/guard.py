@@ -180,7 +180,7 @@ def client_gone_quietly() -> Iterator[None]:
     """A write to a client that has left raises ConnectionResetError when the socket failed before aiohttp
     saw the close (which otherwise cancels the handler): a client leaving mid-stream is ordinary, and let
     through, aiohttp logs it as an ERROR with a traceback. Whoever wraps this returns its response as is;
-    the request itself is aborted by the caller's cleanup (app.py's `_serve`)."""
+    the request itself is aborted on the way out (app.py's `_admitted`)."""
     try:
         yield
     except ConnectionResetError:
