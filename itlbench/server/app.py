@@ -35,7 +35,7 @@ from itlbench.server.protocol import (
 )
 from itlbench.server.responses import SSE_DONE, ResponseBuilder, sse, usage
 from itlbench.server.steps import STEPS_FOLLOWERS, stream_steps
-from itlbench.server.stop_strings import StopStrings
+from itlbench.server.stop_strings import StopStrings, cut_at_stop
 from itlbench.serving.client import EngineClient, EngineDeadError, QueueFullError, RequestStream
 
 log = logging.getLogger("itlbench.server")
@@ -299,7 +299,7 @@ async def _stream(resp: web.StreamResponse, engine: Any, stream: RequestStream, 
             if stops is None:
                 text = detok.push(shown, final=o.finished)
             else:
-                text, ids, reason, stop_reason = _cut(stops, stream, generated, shown, ids, reason, stop_reason)
+                text, ids, reason, stop_reason = cut_at_stop(stops, stream, generated, shown, ids, reason, stop_reason)
             generated += len(ids)
             await resp.write(sse(out.chunk(text, ids, reason, stop_reason,
                                            usage(num_prompt, generated, cached) if continuous else None)))
@@ -330,7 +330,7 @@ async def _collect(stream: RequestStream, out: ResponseBuilder, req: GenerationR
                 continue
             new = list(o.new_token_ids)
             shown, stop_reason = _stop_token(req, new, reason, engine)
-            text, new, reason, stop_reason = _cut(stops, stream, len(ids), shown, new, reason, stop_reason)
+            text, new, reason, stop_reason = cut_at_stop(stops, stream, len(ids), shown, new, reason, stop_reason)
             ids.extend(new)
             texts.append(text)
             if reason is not None:
@@ -372,24 +372,11 @@ def _stop_verdict(state: ServerState, traced: Any, request_id: str, stops: StopS
                 traced.verdict = ("stop", stops.num_tokens)
 
 
-def _cut(stops: StopStrings, stream: RequestStream, done: int, shown: list[int], ids: list[int],
-         reason: str | None, stop_reason: int | None) -> tuple[str, list[int], str | None, int | str | None]:
-    """One engine output through the stop strings: (text, ids kept, finish_reason, stop_reason). A match
-    keeps the ids up to the one that completed it, and ends the engine's request as a "stop" finish after
-    `done` + those (the engine may have run a step further meanwhile, as vLLM's does)."""
-    fed = stops.feed(shown, final=reason is not None)
-    if fed.matched is None:
-        return fed.text, ids, reason, stop_reason
-    ids = ids[:fed.num_tokens]
-    stream.abort("stop", done + len(ids))
-    return fed.text, ids, "stop", fed.matched
-
-
 def _stop_token(req: GenerationRequest, ids: list[int], reason: str | None, engine: Any) -> tuple[list[int], int | None]:
     """The ids whose text is shown, and vLLM's `stop_reason`. A response a stop token or EOS ended (finish
     reason "stop", the token last) keeps the token in `token_ids` and usage, but not its text, unless
     include_stop_str_in_output; `stop_reason` is that token when it is one of stop_token_ids, null for EOS.
-    (A stop string's `stop_reason` is the string: `_cut`.)"""
+    (A stop string's `stop_reason` is the string: `stop_strings.cut_at_stop`.)"""
     if reason != "stop" or not ids:
         return ids, None
     last = ids[-1]

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from itlbench.server.detok import IncrementalDetokenizer, _Decoder
+from itlbench.serving.client import RequestStream
 
 
 class StopStringMatcher:
@@ -140,3 +141,16 @@ class StopStrings:
                     return Fed("".join(parts), 0, self.matcher.matched)
             parts.append(self.matcher.flush())
         return Fed("".join(parts), len(ids))
+
+
+def cut_at_stop(stops: StopStrings, stream: RequestStream, done: int, shown: list[int], ids: list[int],
+                reason: str | None, stop_reason: int | None) -> tuple[str, list[int], str | None, int | str | None]:
+    """One engine output through the stop strings: (text, ids kept, finish_reason, stop_reason). A match
+    keeps the ids up to the one that completed it, and ends the engine's request as a "stop" finish after
+    `done` + those (the engine may have run a step further meanwhile, as vLLM's does)."""
+    fed = stops.feed(shown, final=reason is not None)
+    if fed.matched is None:
+        return fed.text, ids, reason, stop_reason
+    ids = ids[:fed.num_tokens]
+    stream.abort("stop", done + len(ids))
+    return fed.text, ids, "stop", fed.matched
