@@ -12,6 +12,7 @@ import polars as pl
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.patches import Patch
+from matplotlib.ticker import PercentFormatter
 
 from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.report.data import RunData
@@ -64,6 +65,7 @@ def ttft_figure(data: RunData) -> FigureSpec:
             _median_mark(left, i, float(med), logged)
         ticks.append(f"{b}\np50 {fmt_s(med)}\nn={rows.height:,}")  # under the bucket: over it, the dots hid it
     left.set_xticks(range(len(present)), ticks, fontsize=8)
+    left.set_xlim(-0.5, len(present) - 0.5)  # each bucket a full slot: a one-dot bucket at the edge kept only a sliver
     spec.caption = caption.format(median="as a line across the bucket (a log axis: the TTFTs span decades, and a "
                                          "bar has no zero to start from)" if logged else "as a bar from zero")
     left.set_ylabel("TTFT" + (" (log)" if logged else ""))
@@ -100,6 +102,7 @@ def _ttft_parts(ax: Axes, t: pl.DataFrame, present: list[str], has_steps: bool) 
     ax.set_yticks(range(len(present)), present)
     ax.invert_yaxis()
     ax.set_xlim(0, 1)
+    ax.xaxis.set_major_formatter(PercentFormatter(1.0))  # as the prefill:decode split reads
     ax.set_xlabel("share of the median TTFT")
     ax.legend(handles=[Patch(color=c, label=n) for _, n, c in parts], fontsize=7, frameon=False,
               loc="lower right", bbox_to_anchor=(1, 1), ncols=len(parts))

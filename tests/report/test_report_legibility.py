@@ -194,3 +194,14 @@ def test_a_key_value_table_has_no_blank_header_and_figures_do_not_wrap() -> None
     assert "<thead>" not in html and "<th>" not in html
     assert "<thead><tr><th>bucket</th>" in _html_table(Table(["bucket", "p50"], [["le8k", "160 ms"]]))
     assert "td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}" in CSS
+
+
+def test_ttft_figure_gives_every_bucket_a_full_slot_and_reads_shares_in_percent(tmp_path: Path) -> None:
+    """A one-request bucket at the right edge kept only a sliver of the axes (its label at the border); the share
+    axis read 0-1 where the prefill:decode split reads %."""
+    data = load_run(build_run(tmp_path / "run"))
+    left, right = ttft_figure(data).figure.axes[:2]
+    n = len(left.get_xticks())
+    assert left.get_xlim() == (-0.5, n - 0.5)
+    right.figure.canvas.draw()
+    assert [t.get_text() for t in right.get_xticklabels()][-1] == "100%"
