@@ -244,16 +244,24 @@ def _max_tokens(max_model_len: int, req: GenerationRequest, num_prompt: int) -> 
     of the context, or a completion's 16) is cut to what fits, as vLLM's, since the client asked for none."""
     room = max_model_len - num_prompt
     if room <= 0:
-        raise bad(req.prompt_param, f"{num_prompt} prompt tokens leave no room in the "
-                  f"{max_model_len}-token context")
+        raise _too_long(req.prompt_param, f"the maximum context length is {max_model_len} tokens, and the "
+                        f"{num_prompt} prompt tokens leave no room to generate")
     if req.max_tokens is None:
         return room
     if req.max_tokens_defaulted:
         return min(req.max_tokens, room)
     if req.max_tokens > room:
-        raise bad(req.max_tokens_param, f"{num_prompt} prompt tokens + {req.max_tokens} {req.max_tokens_param} "
-                  f"exceeds the {max_model_len}-token context; use at most {room}")
+        raise _too_long(req.max_tokens_param, f"the maximum context length is {max_model_len} tokens: {num_prompt} "
+                        f"prompt tokens + {req.max_tokens} {req.max_tokens_param} exceed it; use at most {room}")
     return req.max_tokens
+
+
+def _too_long(param: str, message: str) -> ApiError:
+    """OpenAI's context overflow: code context_length_exceeded and the words "maximum context length", by which
+    SDK wrappers (LiteLLM, LangChain) tell it from other 400s to truncate or fall back."""
+    err = bad(param, message)
+    err.code = "context_length_exceeded"
+    return err
 
 
 @contextlib.asynccontextmanager

@@ -94,6 +94,19 @@ def test_a_deep_but_parseable_body_is_walked_without_recursion(server):
                 deep.replace(b"\\ud800", b"ok") + b"}")[0] == 200
 
 
+def test_a_context_overflow_says_so_as_openai_does(server):
+    """code context_length_exceeded and "maximum context length", which wrappers (LiteLLM, LangChain) look for to
+    truncate or fall back; the code was null and the words absent."""
+    client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+    too_long = [{"role": "user", "content": "x" * ENGINE.max_model_len}]
+    fits = [{"role": "user", "content": "x"}]
+    for messages, max_tokens, param in ((too_long, None, "messages"), (fits, 5000, "max_tokens")):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens)
+        assert info.value.code == "context_length_exceeded" and info.value.param == param
+        assert "maximum context length is 1024 tokens" in info.value.message
+
+
 def test_the_64_bit_seeds_at_both_ends_are_served(server):
     for seed in (2**63 - 1, -(2**63)):
         assert post(f"{server.base_url}/completions", {**OK, "seed": seed})[0] == 200
