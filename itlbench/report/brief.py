@@ -27,7 +27,7 @@ def brief_line(summary: dict[str, Any], run_dir: Path | str) -> str:
 
 def _requests(summary: dict[str, Any]) -> str:
     reqs = summary.get("requests") or {}
-    return f"{reqs.get('ok', 0)} of {reqs.get('total', 0)} ok"
+    return f"{reqs.get('ok', 0):,} of {reqs.get('total', 0):,} ok"
 
 
 def _offered(summary: dict[str, Any]) -> str:
@@ -58,7 +58,7 @@ def _stalls(summary: dict[str, Any]) -> str:
     events = stalls.get("events") or 0
     if not events:
         return "no stalls"
-    return f"{events} stall event{'s' if events != 1 else ''} (worst {fmt_s(stalls.get('worst_s'))})"
+    return f"{events:,} stall event{'s' if events != 1 else ''} (worst {fmt_s(stalls.get('worst_s'))})"
 
 
 def _throughput(summary: dict[str, Any]) -> str:

@@ -118,7 +118,7 @@ def headline(data: RunData) -> str:
         if len(spans) > 1:
             out.append(f"({len(spans)} prompts were injected; the figures shade every one.)")
     elif stalls.get("count"):
-        out.append(marks.flag(f"{stalls['count']:,} stalled gaps in {stalls.get('victims', 0)} requests, worst "
+        out.append(marks.flag(f"{stalls['count']:,} stalled gaps in {stalls.get('victims', 0):,} requests, worst "
                               f"{fmt_s(stalls.get('worst_s'))}; no prompt was injected.", "stalls", "the stalls"))
     else:
         out.append(marks.flag(f"No stream stalled (a stall: {StallParams.from_meta(data.doc).rule()}) and no prompt "

@@ -159,8 +159,8 @@ def totals_table(data: RunData) -> Table:
         return text + (f" — {mark}" if (mark := gone.mark(figure)) else "")
 
     slos = slo_text(s)
-    rows = [["requests (window)", f"{req.get('total', 0)} (ok {req.get('ok', 0)}, errors {req.get('error', 0)}, "
-             f"timeouts {req.get('timeout', 0)}, injected {req.get('injected', 0)})"],
+    rows = [["requests (window)", f"{req.get('total', 0):,} (ok {req.get('ok', 0):,}, errors {req.get('error', 0):,}, "
+             f"timeouts {req.get('timeout', 0):,}, injected {req.get('injected', 0):,})"],
             *([["requests (before the window)", f"{req['outside_window']} ({req.get('outside_window_failed', 0)} "
                 f"failed); {req.get('in_flight_at_start', 0)} still in flight when it opened, their gaps and stalls "
                 "in the window counted"]] if req.get("outside_window") else []),

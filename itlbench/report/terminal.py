@@ -80,7 +80,8 @@ class LiveProgress:
 
 def counted(n: Any, noun: str) -> str:
     """'1 event', '31 events': a count a reader reads, not '1 events'."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    shown = f"{n:,}" if isinstance(n, int) else str(n)
+    return f"{shown} {noun}" if n == 1 else f"{shown} {noun}s"
 
 
 def _stat_row(d: dict[str, Any], keys: tuple[str, ...], fmt: Any = _ms) -> list[str]:
@@ -90,9 +91,9 @@ def _stat_row(d: dict[str, Any], keys: tuple[str, ...], fmt: Any = _ms) -> list[
 def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> None:
     """Headline tables: TTFT by bucket, ITL, stalls, split, throughput, validity."""
     reqs = summary.get("requests", {})
-    console.print(f"\n[bold]Run[/] {run_dir}  requests: {reqs.get('total', 0)} "
-                  f"(ok {reqs.get('ok', 0)}, errors {reqs.get('error', 0)}, timeouts {reqs.get('timeout', 0)}, "
-                  f"cancelled {reqs.get('cancelled', 0)}, injected {reqs.get('injected', 0)})")
+    console.print(f"\n[bold]Run[/] {run_dir}  requests: {reqs.get('total', 0):,} "
+                  f"(ok {reqs.get('ok', 0):,}, errors {reqs.get('error', 0):,}, timeouts {reqs.get('timeout', 0):,}, "
+                  f"cancelled {reqs.get('cancelled', 0):,}, injected {reqs.get('injected', 0):,})")
     if (line := _outside_line(reqs)) is not None:
         console.print(line, highlight=False)
     _print_cut_short(console, summary, run_dir)
@@ -130,7 +131,7 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
         console.print(f"  [yellow]{line}[/]", highlight=False)
     causes = stalls.get("by_cause") or {}
     if causes:
-        console.print("  by cause: " + ", ".join(f"{k} {v['count']} ({fmt_s(v['stalled_s'])} stalled)"
+        console.print("  by cause: " + ", ".join(f"{k} {v['count']:,} ({fmt_s(v['stalled_s'])} stalled)"
                                                    for k, v in sorted(causes.items())), highlight=False)
     for ev in (stalls.get("attribution") or [])[:3]:
         console.print(f"  • {_event_line(ev)}", highlight=False)

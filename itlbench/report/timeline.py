@@ -291,7 +291,7 @@ def stall_picture(data: RunData) -> Figure:
     else:
         worst = data.stalls["gap_s"].max()
         title = (f"Where streams froze: {data.stalls.height:,} stalled gaps in "
-                 f"{data.stalls['request_id'].n_unique()} requests, worst {fmt_s(worst)}")  # type: ignore[arg-type]
+                 f"{data.stalls['request_id'].n_unique():,} requests, worst {fmt_s(worst)}")  # type: ignore[arg-type]
     top.set_title(title, fontsize=11, loc="left", pad=18 if spans else 6)
     median = _gap_panel(bottom, data, spans)
     handles: list[Artist] = [Patch(color=STREAMING, label="tokens arriving"),
