@@ -21,6 +21,9 @@ class RequestStatus(enum.Enum):
                         RequestStatus.FINISHED_ABORTED)
 
 
+GREEDY_BELOW = 1e-5  # temperatures under this sample greedily (vLLM's _SAMPLING_EPS)
+
+
 @dataclass
 class SamplingParams:
     """Decoding controls. `ignore_eos`/`min_tokens` let benchmarks force exact output lengths."""
@@ -49,7 +52,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Below GREEDY_BELOW the draw is the argmax anyway; dividing by such a temperature overflowed float32
+        (1e-39 gave NaN probabilities and token id 0 every step)."""
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass

@@ -52,7 +52,18 @@ class Sampler:
 
 
 def _mix(seed: int, index: int) -> int:
-    return (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) % (2**63)
+    """The noise seed of (seed, output index). torch's CPU generator reads only the low 32 bits of a seed
+    (manual_seed(s) and manual_seed(s + 2**32) draw alike), and a linear mix kept the low bits of the result
+    from the low bits of the seed: seeds 2**32 (or 2**63) apart drew the same tokens. splitmix64 carries every
+    bit of both into the low 32."""
+    return _splitmix64(_splitmix64(seed % 2**64) + index)
+
+
+def _splitmix64(x: int) -> int:
+    z = (x + 0x9E3779B97F4A7C15) % 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    return z ^ (z >> 31)
 
 
 def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -196,6 +196,26 @@ def test_sampler_limits() -> None:
     assert counts.max() < 40  # flat logits spread over the vocabulary
 
 
+def test_a_vanishing_temperature_samples_greedily_not_padding() -> None:
+    """1e-39 overflowed logits / temperature in float32: NaN probabilities and token id 0 every step."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1)) * 8
+    reqs = [Request(str(i), [1], SamplingParams(temperature=t)) for i, t in enumerate((1e-39, 1e-30, 9e-6))]
+    assert all(r.sampling.greedy for r in reqs)
+    assert Sampler(0)(logits, reqs) == logits.argmax(-1).tolist()
+
+
+def test_seeds_2_32_or_2_63_apart_draw_differently() -> None:
+    """torch's CPU generator reads a seed's low 32 bits, and the noise seed kept the seed's low bits in its own:
+    seed s, s + 2**32 and s + 2**63 (0 and -(2**63)) drew the same tokens."""
+    flat = torch.zeros(1, 1 << 16)
+
+    def draw(seed: int) -> int:
+        return Sampler(0)(flat, [Request("r", [1], SamplingParams(temperature=1.0, seed=seed))])[0]
+
+    assert draw(5) == draw(5)
+    assert len({draw(s) for s in (5, 5 + 2**32, 5 + 2**63, 0, -(2**63), 2**64 - 1)}) == 6
+
+
 # ----------------------------------------------------------------- validation
 
 
