@@ -10,12 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from itlbench.experiments.capacity import CapacityResult, SearchPoint, answer_line
+from itlbench.analysis.goodput import ClassSlo, parse_slo
+from itlbench.experiments.capacity import CapacityPlan, CapacityResult, SearchPoint, answer_line
 from itlbench.experiments.capacity_offered import mean_of, point_offered
 from itlbench.report.document import Callout, Document, Section, Table, Written, write_document
 from itlbench.report.figure_spec import FigureSpec
 from itlbench.report.slos import slo_text
-from itlbench.report.style import fmt_s, new_figure, seconds_log_yaxis, tidy
+from itlbench.report.style import fmt_s, new_figure, seconds_yaxis, tidy
 
 MET, MISSED = "#2a9d4b", "#c0392b"
 
@@ -50,43 +51,82 @@ def points_table(result: CapacityResult) -> Table:
                      else f"{mean_of([x['achieved_rps'] for x in f]):.2f}",
                      "; ".join(misses[:3]) + (" …" if len(misses) > 3 else "")])
     return Table(["#", result.plan.axis, *(["offered req/s"] if rate else []), "phase", "runs", "met", "ITL p99", "worst gap", "TTFT p90", "stalled",
-                  "streams stalled", "achieved req/s", "what missed"], rows,
+                  "requests stalled", "achieved req/s", "what missed"], rows,
                  "Every point of the search in the order it ran (figures: mean over the point's runs; a point "
                  "meets only when every run does; a run that missed while the client's own validity checks "
-                 "failed is run again and left out"
+                 "failed is run again and left out; stalled: stalled time as a share of the steady streams' "
+                 "streaming time; requests stalled: the share of the streamed requests that stalled at least once"
                  + ("; rate is the nominal --rate, offered the arrivals each run's window held over its length"
                     if rate else "") + ")", align_right_from=1)
 
 
+PANELS = ((("itl_p99_s", "o", "ITL p99"), ("worst_gap_s", "s", "worst gap")), (("ttft_p90_s", "^", "TTFT p90"),))
+ITL_SERIES = {"p99": "ITL p99", "max": "worst gap"}  # the figure an ITL target is judged on, as the curve names it
+
+
+def judged_itl_target(plan: CapacityPlan) -> tuple[str, float, bool] | None:
+    """The ITL target the search judged each run against, as compare.slo_checks reads it: the first ITL target of
+    the default class, on the run's pooled gaps (p99, or max); (stat, seconds, whether it is the default)."""
+    slos = parse_slo(plan.slo)
+    target = slos.default.itl_s
+    if target is None:
+        return None
+    return slos.default.itl_stat, target, slos.default.itl_targets == ClassSlo().itl_targets
+
+
 def curve_figure(result: CapacityResult) -> FigureSpec:
     axis = result.plan.axis
+    itl = judged_itl_target(result.plan)
+    budget = result.plan.budget.worst_s
+    marks = []
+    if itl is not None:
+        marks.append(f"the {ITL_SERIES.get(itl[0], 'ITL ' + itl[0])} target the runs were judged against")
+    if budget is not None:
+        marks.append("the stall budget's worst gap")
     spec = FigureSpec("capacity_curve", "The search's curve",
-                      f"Each point the search ran, by {axis}: ITL p99 (circles), worst gap (squares) and TTFT p90 "
-                      "(triangles), green where the point met every target, red where it missed; the dashed line "
-                      "is the answer.")
+                      f"Each point the search ran, by {axis}: above, ITL p99 (circles) and the worst gap (squares); "
+                      "below, TTFT p90 (triangles); each the mean over the point's runs, green where the point met "
+                      "every target, red where it missed, with a bar from its lowest run to its highest where it ran "
+                      "more than once (a point meets only when every run does). The dashed line is the answer"
+                      + (f"; the dotted line{' is' if len(marks) == 1 else 's are'} {' and '.join(marks)}" if marks else "")
+                      + ". The TTFT targets are judged per prompt bucket on each bucket's p99 (or its slowest "
+                      "request), not on the pooled p90 drawn, so they are listed above and not drawn.")
     pts = sorted((p for p in result.points if p.runs), key=lambda p: p.load)
     if not pts:
         spec.note = "No point finished."
         return spec
-    fig = new_figure(3.6)
-    ax = fig.subplots()
-    for key, marker in (("itl_p99_s", "o"), ("worst_gap_s", "s"), ("ttft_p90_s", "^")):
-        xs = [p.load for p in pts]
-        ys = [mean_of([r.figures[key] for r in p.counted]) for p in pts]
-        ax.plot(xs, [np.nan if y is None else y for y in ys], color="#999999", linewidth=0.8)
-        for p, y in zip(pts, ys, strict=True):
-            if y is not None:
-                ax.scatter([p.load], [y], marker=marker, color=MET if p.met else MISSED, zorder=3, s=28)
-        ax.plot([], [], marker, color="#555555", label=key.replace("_s", "").replace("_", " "))
-    budget = result.plan.budget.worst_s
-    if budget is not None:
-        ax.axhline(budget, color=MISSED, linestyle=":", linewidth=0.8, label="stall budget (worst gap)")
-    if result.max_load is not None:
-        ax.axvline(result.max_load, color=MET, linestyle="--", linewidth=1.0, label="capacity")
-    seconds_log_yaxis(ax)
-    ax.set_xlabel("nominal rate (requests/s)" if axis == "rate" else "steady streams")
-    ax.legend(fontsize=8, frameon=False)
-    tidy(ax)
+    fig = new_figure(5.4)
+    gaps_ax, ttft_ax = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
+    for ax, series in zip((gaps_ax, ttft_ax), PANELS, strict=True):
+        drawn: list[float] = []
+        for key, marker, name in series:
+            ys = [mean_of([r.figures[key] for r in p.counted]) for p in pts]
+            ax.plot([p.load for p in pts], [np.nan if y is None else y for y in ys], color="#999999", linewidth=0.8)
+            for p, y in zip(pts, ys, strict=True):
+                if y is None:
+                    continue
+                colour = MET if p.met else MISSED
+                runs = [v for r in p.counted if (v := r.figures.get(key)) is not None]
+                if len(runs) > 1 and min(runs) < max(runs):
+                    ax.vlines(p.load, min(runs), max(runs), color=colour, linewidth=1.4, zorder=2)
+                ax.scatter([p.load], [y], marker=marker, color=colour, zorder=3, s=28)
+                drawn += runs
+            ax.plot([], [], marker, color="#555555", linestyle="none", label=name)
+        if ax is gaps_ax and itl is not None:
+            stat, value, default = itl
+            ax.axhline(value, color="#333333", linestyle=":", linewidth=1.0,
+                       label=f"SLO {ITL_SERIES.get(stat, 'ITL ' + stat)} {fmt_s(value)}" + (" (default)" if default else ""))
+            drawn.append(value)
+        if ax is gaps_ax and budget is not None:
+            ax.axhline(budget, color=MISSED, linestyle=":", linewidth=0.8,
+                       label=f"stall budget (worst gap) {fmt_s(budget)}")
+            drawn.append(budget)
+        if result.max_load is not None:
+            ax.axvline(result.max_load, color=MET, linestyle="--", linewidth=1.0, label="capacity")
+        seconds_yaxis(ax, drawn)
+        ax.legend(fontsize=8, frameon=False)
+        tidy(ax)
+    ttft_ax.set_xlabel("nominal rate (requests/s)" if axis == "rate" else "steady streams")
     spec.figure = fig
     return spec
 
@@ -134,7 +174,7 @@ def write_capacity_report(result: CapacityResult, out_dir: Path, command: str, t
     line = answer_line(result)
     targets = [f"SLOs: {judged_slos(result)}", f"stall budget: {p.budget.spec or 'none'}",
                f"resolution {p.resolution:.0%}" if p.axis == "rate" else "resolution: one stream",
-               f"{p.repeat} runs per point near the boundary"]
+               f"{p.repeat} run{'' if p.repeat == 1 else 's'} per point near the boundary"]
     doc = Document(f"Capacity by {p.axis}: {target}",
                    f"{len(result.points)} points · written {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
                    [Callout("info" if result.exit_code == 0 else "warn", line),
