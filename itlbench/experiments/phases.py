@@ -37,6 +37,7 @@ from itlbench.experiments.phases_report import (
     SATURATION_SHARE,
     PhasesResult,
     phases_document,
+    tokens,
 )
 from itlbench.load.clients.sse import StreamClient
 from itlbench.load.observers.steps_follower import StepsFollower
@@ -155,7 +156,7 @@ async def _measure(cfg: PhasesConfig, target: Any, builder: PromptBuilder, lengt
         async with StreamClient(target, rows) as client:
             await client.run(_plan(builder, "warmup", 16, 4), time.perf_counter_ns())
             for n in lengths:
-                on_status(f"prefill {fmt_tokens(n)} tokens × {cfg.repeats}")
+                on_status(f"prefill {tokens(n)} × {cfg.repeats}")
                 for i in range(cfg.repeats):
                     key = f"p{n}-{i}"
                     outcome = await client.run(_plan(builder, key, n, cfg.output_tokens), time.perf_counter_ns())
@@ -280,7 +281,8 @@ def _say_what_does_not_fit(explicit: list[int], cap: int | None, context: int, r
     """A length the user named that the context cannot hold is skipped, and said so (never silently)."""
     room = f"the context ({context:,} tokens, {reserve} of them kept for the output)"
     if dropped := sorted({n for n in explicit if n + reserve > context}):
-        on_status(f"--lengths: {', '.join(f'{n:,}' for n in dropped)} do not fit {room}: skipped")
+        on_status(f"--lengths: {', '.join(f'{n:,}' for n in dropped)} {'does' if len(dropped) == 1 else 'do'} not fit "
+                  f"{room}: skipped")
     if cap is not None and cap + reserve > context:
         on_status(f"--max-prompt {cap:,} is beyond {room}: the longest prompt tried is {max(lengths):,}")
 

@@ -49,7 +49,9 @@ class PhasesResult:
 def phases_figure(result: PhasesResult) -> FigureSpec:
     spec = FigureSpec("phases", "Prefill and decode, measured apart",
                       "Left: prefill time per prompt length (log-log) against the linear line through the best "
-                      "tokens/s; right: prefill tokens/s per length beside decode tokens/s at batch 1 and batched.")
+                      "tokens/s, shaded between the last length still linear and the first past it; right: prefill "
+                      "tokens/s per length beside decode tokens/s at batch 1 and batched, dotted where prefill "
+                      "throughput saturates.")
     rows = [r for r in result.rows if r["prefill_s"]]
     if not rows:
         spec.note = "No prompt length was measured."
@@ -62,31 +64,36 @@ def phases_figure(result: PhasesResult) -> FigureSpec:
     left.plot(n, t, "o-", color=PREFILL, label="prefill time")
     best = tps.max()
     left.plot(n, n / best, "--", color="#555555", linewidth=0.9, label=f"linear at the best rate ({best:,.0f} tok/s)")
-    if result.superlinear_from_tokens:
-        left.axvline(result.superlinear_from_tokens, color="#555555", linestyle=":", linewidth=0.8)
-        left.text(result.superlinear_from_tokens, 0.97, f" superlinear from {fmt_tokens(result.superlinear_from_tokens)}",
-                  transform=left.get_xaxis_transform(), fontsize=8, va="top")
+    if (span := linear_break(result)) is not None:  # shaded between the last linear length and the first past it
+        lo, hi = span
+        left.axvspan(lo if lo is not None else hi, hi, color="#555555", alpha=0.12, linewidth=0, zorder=0,
+                     label=f"stops scaling linearly {linear_break_text(result)}")
     _lengths_xaxis(left, n)
     seconds_log_yaxis(left)
     left.set_ylabel("prefill time")
-    left.legend(fontsize=8, frameon=False)
+    _legend_below(left)
     tidy(left)
     right.plot(n, tps, "o-", color=PREFILL, label="prefill tokens/s")
     for d, style in zip(result.decode, ("-", "--"), strict=False):
         if d["tokens_per_s_total"]:
             right.axhline(d["tokens_per_s_total"], color=DECODE, linestyle=style,
                           label=f"decode tokens/s at batch {d['batch']}")
-    if result.saturation_tokens:
-        right.axvline(result.saturation_tokens, color="#555555", linestyle=":", linewidth=0.8)
-        right.text(result.saturation_tokens, 0.55, f" saturates at {fmt_tokens(result.saturation_tokens)}",
-                   transform=right.get_xaxis_transform(), fontsize=8)
+    if result.saturation_tokens:  # named in the legend: a label along the line sat on the curves it crosses
+        right.axvline(result.saturation_tokens, color="#555555", linestyle=":", linewidth=0.8,
+                      label=f"saturates at {tokens(result.saturation_tokens)}")
     _lengths_xaxis(right, n)
     count_log_yaxis(right)
     right.set_ylabel("tokens per second")
-    right.legend(fontsize=8, frameon=False)
+    _legend_below(right)
     tidy(right)
     spec.figure = fig
     return spec
+
+
+def _legend_below(ax: Axes) -> None:
+    """The panel's legend under its axis, where no curve, point or line it names can lie beneath it (inside, the
+    decode lines and the curves leave no corner free for every engine)."""
+    ax.legend(fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2)
 
 
 def _lengths_xaxis(ax: Axes, lengths: np.ndarray) -> None:
@@ -113,20 +120,41 @@ def phases_tables(result: PhasesResult, output_tokens: int) -> tuple[Table, Tabl
     return prefill, decode
 
 
+def tokens(n: int) -> str:
+    """'1 token', '512 tokens', '2k tokens'."""
+    return f"{fmt_tokens(n)} token" + ("" if n == 1 else "s")
+
+
+def linear_break(result: PhasesResult) -> tuple[int | None, int] | None:
+    """(the longest length still linear, the first past it) where prefill time stops scaling linearly; None
+    where it never does. The figure shades it and the verdict states it, from this one reading."""
+    if not result.superlinear_from_tokens:
+        return None
+    lo = result.linear_until_tokens
+    return (lo if lo is not None and lo < result.superlinear_from_tokens else None), result.superlinear_from_tokens
+
+
+def linear_break_text(result: PhasesResult) -> str:
+    """'between 2k and 8k tokens' (or 'by 8k tokens' with no linear length before it), as figure and verdict say it."""
+    span = linear_break(result)
+    if span is None:
+        return ""
+    lo, hi = span
+    return f"between {fmt_tokens(lo)} and {tokens(hi)}" if lo is not None else f"by {tokens(hi)}"
+
+
 def phases_verdict(result: PhasesResult) -> str:
     """Where prefill throughput saturates and where its time stops growing linearly, in words."""
     lines = []
     if result.saturation_tokens:
-        lines.append(f"Prefill throughput saturates at about {fmt_tokens(result.saturation_tokens)} tokens "
+        lines.append(f"Prefill throughput saturates at about {tokens(result.saturation_tokens)} "
                      f"(tokens/s within {1 - SATURATION_SHARE:.0%} of its best): below it a longer prompt costs "
                      "little more time; above it prefill is compute-bound.")
-    if result.superlinear_from_tokens:
-        lines.append(f"Prefill time stops scaling linearly between {fmt_tokens(result.linear_until_tokens)} and "
-                     f"{fmt_tokens(result.superlinear_from_tokens)} tokens: from there each token costs over "
-                     f"{LINEAR_SLACK - 1:.0%} more than at the best rate (attention against the growing prefix).")
+    if linear_break(result) is not None:
+        lines.append(f"Prefill time stops scaling linearly {linear_break_text(result)}: from there each token costs "
+                     f"over {LINEAR_SLACK - 1:.0%} more than at the best rate (attention against the growing prefix).")
     elif result.linear_until_tokens:
-        lines.append(f"Prefill time stays linear up to the longest length tried, "
-                     f"{fmt_tokens(result.linear_until_tokens)} tokens.")
+        lines.append(f"Prefill time stays linear up to the longest length tried, {tokens(result.linear_until_tokens)}.")
     return " ".join(lines) or "Too few lengths to read a trend."
 
 

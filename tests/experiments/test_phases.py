@@ -62,3 +62,102 @@ def test_phases_prints_its_tables_and_verdict_not_only_the_report_path(tmp_path:
     assert "Prefill per prompt length (medians)" in out and "1k 1 137 ms 136 ms 7,529" in out
     assert "4 (4) 2.3 ms 2.0 ms 500 1,999" in out
     assert "Prefill throughput saturates at about 128 tokens" in out
+
+
+def _qa_result():
+    """The QA pass's study (cpu-small up to 8k): linear up to 2k, 8k past the slack, decode batched at 8."""
+    from itlbench.experiments.phases import knees
+    from itlbench.experiments.phases_report import PhasesResult
+
+    rows = [{"prompt_tokens": n, "requests": 3, "client_ttft_s": s, "engine_prefill_s": s, "prefill_s": s,
+             "prefill_tokens_per_s": n / s, "decode_step_s": 0.002, "decode_tokens_per_s": 500.0}
+            for n, s in ((1, 0.0016), (16, 0.0097), (128, 0.0257), (512, 0.1), (2048, 0.43), (8192, 2.9))]
+    sat, linear, superlinear = knees(rows)
+    assert (sat, linear, superlinear) == (128, 2048, 8192)
+    decode = [{"batch": 1, "batch_measured": 1, "tokens_per_s_total": 875.0},
+              {"batch": 8, "batch_measured": 8, "tokens_per_s_total": 1980.0}]
+    return PhasesResult("cpu-small", "engine_steps", 65536, [r["prompt_tokens"] for r in rows], rows, decode,
+                        sat, linear, superlinear)
+
+
+def test_the_figure_marks_the_linear_break_as_the_verdict_states_it() -> None:
+    """One reading of where prefill stops scaling linearly: the figure's words are the verdict's ('between 2k and
+    8k tokens'), not 'superlinear from 8k' beside a verdict saying 'between 2k and 8k'."""
+    from itlbench.experiments.phases_report import phases_figure, phases_verdict
+
+    result = _qa_result()
+    fig = phases_figure(result).figure
+    fig.canvas.draw()
+    names = [t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()]
+    marks = [n for n in names if "linear" in n and "best rate" not in n]
+    assert marks == ["stops scaling linearly between 2k and 8k tokens"], names
+    assert "stops scaling linearly between 2k and 8k tokens:" in phases_verdict(result)
+    assert "saturates at 128 tokens" in names
+
+
+def test_the_figure_writes_nothing_over_its_points_lines_or_past_its_edge() -> None:
+    """Every word the phases figure draws sits inside the figure and off every point and decode line: the QA pass
+    found 'superlinear from 8k' over the 8k point and past the plot, and 'saturates at 128' on the batch-8 line."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from itlbench.experiments.phases_report import phases_figure
+
+    fig = phases_figure(_qa_result()).figure
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    page = fig.bbox
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        words = [*ax.texts, *(legend.get_texts() if legend else [])]
+        assert words
+        points = [ax.transData.transform(np.column_stack(line.get_data())) for line in ax.get_lines()
+                  if line.get_marker() not in (None, "None", "", " ")]
+        levels = [ax.transData.transform((1, float(line.get_ydata()[0])))[1] for line in ax.get_lines()
+                  if tuple(line.get_xdata()) == (0, 1)]  # the decode rates, across the whole axes
+        inside = ax.get_window_extent(renderer)
+        for text in words:
+            box = text.get_window_extent(renderer)
+            assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, text
+            if text in ax.texts:  # written in the axes: it must stay inside them
+                assert inside.x0 <= box.x0 and box.x1 <= inside.x1, text
+            assert not any(box.contains(x, y) for xy in points for x, y in xy), text.get_text()
+            overlaps_axes = box.x1 > inside.x0 and box.x0 < inside.x1 and box.y1 > inside.y0 and box.y0 < inside.y1
+            assert not (overlaps_axes and any(box.y0 - 2 <= y <= box.y1 + 2 for y in levels)), text.get_text()
+
+
+def test_the_status_line_says_one_token_not_one_tokens(monkeypatch) -> None:
+    """'prefill 1 token × 3', as the measurement goes (the client is a stand-in that answers every request)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from itlbench.experiments import phases
+    from itlbench.workloads.prompts import PromptBuilder
+
+    class Client:
+        def __init__(self, target, rows) -> None:
+            pass
+
+        async def __aenter__(self):
+            return self
+
+        async def __aexit__(self, *exc) -> None:
+            return None
+
+        async def run(self, plan, t):
+            return SimpleNamespace(status="ok", http_status=200)
+
+    monkeypatch.setattr(phases, "StreamClient", Client)
+    said: list[str] = []
+    cfg = phases.PhasesConfig(concurrency=2, repeats=3)
+    asyncio.run(phases._measure(cfg, None, PromptBuilder(), [1, 16, 2048], None, said.append))
+    assert said[:3] == ["prefill 1 token × 3", "prefill 16 tokens × 3", "prefill 2k tokens × 3"], said
+
+
+def test_a_dropped_length_is_said_in_the_singular(tmp_path: Path) -> None:
+    from itlbench.experiments.phases import _say_what_does_not_fit
+
+    said: list[str] = []
+    _say_what_does_not_fit([8192], None, 4096, 33, [1024], said.append)
+    _say_what_does_not_fit([8192, 16384], None, 4096, 33, [1024], said.append)
+    assert said[0].startswith("--lengths: 8,192 does not fit the context") and " do not fit " in said[1], said
