@@ -287,14 +287,14 @@ class SimTokens:
     def _context(self, req: Request) -> list | None:
         """A new context for `req`; None where it needs none (its tokens are draws and its length is given)."""
         sp = req.sampling
-        keyed = sp.temperature == 0.0 or sp.seed is not None
+        keyed = sp.greedy or sp.seed is not None
         open_ended = sp.open_ended and not sp.ignore_eos and self.eos is not None
         if not keyed and not open_ended:
             return None
         key = None
         if keyed:
             key = _prompt_key(req.prompt_token_ids)
-            if sp.temperature != 0.0:  # a seed picks the sample; greedy ignores it, as vLLM does
+            if not sp.greedy:  # a seed picks the sample; greedy ignores it, as vLLM does
                 key = _mix(key ^ _mix((sp.seed or 0) & _MASK))
         eos_at = self._natural_end(req, key) if open_ended else None
         ctx = [key, 0, eos_at, req]
