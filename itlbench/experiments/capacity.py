@@ -138,7 +138,7 @@ def judge_run(run_dir: Path, slo: str | None, budget: StallBudget) -> RunJudgeme
         "requests": float(requests.get("total") or 0), "window_s": run.window.seconds,
         **{k: (s.get("offered") or {}).get(k) for k in ("offered_rps", "arrivals", "expected_arrivals", "count_noise")}}
     missed: list[tuple[str, str]] = [  # (what, the summary figure it rests on)
-        (f"{c.what} {fmt_s(c.value_s)} > {fmt_s(c.target_s)}", "itl_s" if c.what.startswith("ITL") else "ttft_s")
+        (f"{c.what} {fmt_s(c.value_s)} > {fmt_s(c.target_s)}", c.figure)
         for c in slo_checks(run, parse_slo(slo)) if not c.ok]
     if figures["failed_requests"]:
         missed.insert(0, (f"{figures['failed_requests']:.0f} requests failed", "requests"))
@@ -152,7 +152,7 @@ def judge_run(run_dir: Path, slo: str | None, budget: StallBudget) -> RunJudgeme
         missed.append((f"stalled {share:.1%} of stream time > {budget.stalled:.1%}", "stalls"))
     victims = figures["victims_share"]
     if budget.victims is not None and victims is not None and victims > budget.victims:
-        missed.append((f"{victims:.0%} of streams stalled > {budget.victims:.0%}", "stalls"))
+        missed.append((f"{victims:.0%} of requests stalled > {budget.victims:.0%}", "stalls"))
     return RunJudgement(run_dir, figures, [what for what, _ in missed], _doubted(s, [f for _, f in missed]))
 
 

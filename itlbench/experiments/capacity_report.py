@@ -64,23 +64,21 @@ PANELS = ((("itl_p99_s", "o", "ITL p99"), ("worst_gap_s", "s", "worst gap")), ((
 ITL_SERIES = {"p99": "ITL p99", "max": "worst gap"}  # the figure an ITL target is judged on, as the curve names it
 
 
-def judged_itl_target(plan: CapacityPlan) -> tuple[str, float, bool] | None:
-    """The ITL target the search judged each run against, as compare.slo_checks reads it: the first ITL target of
-    the default class, on the run's pooled gaps (p99, or max); (stat, seconds, whether it is the default)."""
+def judged_itl_targets(plan: CapacityPlan) -> list[tuple[str, float, bool]]:
+    """The ITL targets the search judged each run's pooled gaps against, as compare.slo_checks reads them: every
+    one of the default class (p99, max); (stat, seconds, whether it is the default)."""
     slos = parse_slo(plan.slo)
-    target = slos.default.itl_s
-    if target is None:
-        return None
-    return slos.default.itl_stat, target, slos.default.itl_targets == ClassSlo().itl_targets
+    default = slos.default.itl_targets == ClassSlo().itl_targets
+    return [(stat, target, default) for stat, target in slos.default.itl_targets.items() if target is not None]
 
 
 def curve_figure(result: CapacityResult) -> FigureSpec:
     axis = result.plan.axis
-    itl = judged_itl_target(result.plan)
+    itls = judged_itl_targets(result.plan)
     budget = result.plan.budget.worst_s
     marks = []
-    if itl is not None:
-        marks.append(f"the {ITL_SERIES.get(itl[0], 'ITL ' + itl[0])} target the runs were judged against")
+    for stat, _, _ in itls:
+        marks.append(f"the {ITL_SERIES.get(stat, 'ITL ' + stat)} target the runs were judged against")
     if budget is not None:
         marks.append("the stall budget's worst gap")
     spec = FigureSpec("capacity_curve", "The search's curve",
@@ -112,9 +110,8 @@ def curve_figure(result: CapacityResult) -> FigureSpec:
                 ax.scatter([p.load], [y], marker=marker, color=colour, zorder=3, s=28)
                 drawn += runs
             ax.plot([], [], marker, color="#555555", linestyle="none", label=name)
-        if ax is gaps_ax and itl is not None:
-            stat, value, default = itl
-            ax.axhline(value, color="#333333", linestyle=":", linewidth=1.0,
+        for stat, value, default in itls if ax is gaps_ax else ():
+            ax.axhline(value, color="#333333", linestyle=":" if stat == "p99" else "-.", linewidth=1.0,
                        label=f"SLO {ITL_SERIES.get(stat, 'ITL ' + stat)} {fmt_s(value)}" + (" (default)" if default else ""))
             drawn.append(value)
         if ax is gaps_ax and budget is not None:

@@ -122,6 +122,7 @@ class Check:
     what: str
     target_s: float
     value_s: float | None
+    figure: str = "ttft_s"  # the summary figure the check rests on (capacity doubts a miss through it)
 
     @property
     def ok(self) -> bool:
@@ -135,17 +136,11 @@ def _stat(values: pl.Series) -> tuple[str, float | None]:
 
 
 def slo_checks(run: RunData, slos: SloSet) -> list[Check]:
-    """Each SLO target against the run's aggregate: ITL on pooled steady gaps, TTFT per class and bucket
-    (p99 where the requests support one, else the worst request)."""
-    checks = []
-    default = slos.default
-    itl = run.summary.get("itl_s") or {}
-    if default.itl_s is not None:
-        value = itl.get("max") if default.itl_stat == "max" else itl.get("p99")
-        name = f"ITL {default.itl_stat}"
-        if value is None and default.itl_stat == "p99":
-            name, value = "ITL max (too few gaps for a p99)", itl.get("max")
-        checks.append(Check(name, default.itl_s, value))
+    """Each SLO target against the run's aggregate: every default ITL target (p99, max) on pooled steady gaps, a
+    class's own ITL targets on its requests' own figures, TTFT per class and bucket (p99 where the requests
+    support one, else the worst request)."""
+    checks = _itl_checks(run.summary.get("itl_s") or {}, slos)
+    checks += _class_itl_checks(run.judged, slos)
     t = run.ttft.filter(pl.col("ttft_s").is_not_null())
     for cls in sorted(t["cls"].drop_nulls().unique().to_list()):
         targets = slos.for_class(cls).ttft_s
@@ -156,6 +151,43 @@ def slo_checks(run: RunData, slos: SloSet) -> list[Check]:
             stat, value = _stat(group["ttft_s"])
             name = "injected TTFT" if cls == "injected" else f"{cls} TTFT {stat}"
             checks.append(Check(f"{name} ({bucket}, {_requests(group.height)})", float(targets[bucket]), value))  # type: ignore[arg-type]
+    return checks
+
+
+def _itl_checks(itl: dict[str, Any], slos: SloSet) -> list[Check]:
+    """The default ITL targets on the pooled steady gaps: `itl_p99=40ms,itl_max=100ms` judges both (only the
+    first was, so a worst gap over its max passed)."""
+    checks = []
+    for stat, target in slos.default.itl_targets.items():
+        if target is None:
+            continue
+        value, name = itl.get(stat), f"ITL {stat}"
+        if value is None and stat == "p99":
+            name, value = "ITL max (too few gaps for a p99)", itl.get("max")
+        checks.append(Check(name, target, value, "itl_s"))
+    return checks
+
+
+def _class_itl_checks(judged: pl.DataFrame, slos: SloSet) -> list[Check]:
+    """A class's own ITL targets (`chat/itl_p99=30ms`), which goodput judged but compare ignored. Its pooled gaps
+    are not kept, so each is read on the class's requests' own figures: the worst gap of any (max, exact), or
+    the p99 over its requests of their own p99 (the slowest request's where too few for a p99)."""
+    checks = []
+    for cls, slo in sorted(slos.classes.items()):
+        if slo.itl_targets == slos.default.itl_targets or "cls" not in judged.columns:
+            continue
+        rows = judged.filter(pl.col("cls") == cls)
+        for stat, target in slo.itl_targets.items():
+            values = rows[f"itl_{stat}_s"].drop_nulls() if f"itl_{stat}_s" in rows.columns else pl.Series([])
+            if target is None or values.is_empty():
+                continue
+            if stat == "max":
+                checks.append(Check(f"{cls} ITL max ({_requests(values.len())})", target, float(values.max()),  # type: ignore[arg-type]
+                                    "itl_s"))
+                continue
+            over, value = _stat(values)
+            what = "p99 of its requests' own p99s" if over == "p99" else "worst request's own p99"
+            checks.append(Check(f"{cls} ITL {what} ({_requests(values.len())})", target, value, "itl_s"))
     return checks
 
 

@@ -51,6 +51,8 @@ def test_the_curve_names_a_default_or_a_max_target_as_judged() -> None:
     assert _marks(curve_figure(_result(None)).figure) == {"SLO ITL p99 200 ms (default)": pytest.approx(0.2)}
     assert _marks(curve_figure(_result("itl_max=60ms")).figure) == {"SLO worst gap 60 ms": pytest.approx(0.06)}
     assert _marks(curve_figure(_result("itl_p99=off")).figure) == {}
+    both = _marks(curve_figure(_result("itl_p99=40ms,itl_max=100ms")).figure)  # both judged (compare.slo_checks)
+    assert both == {"SLO ITL p99 40 ms": pytest.approx(0.04), "SLO worst gap 100 ms": pytest.approx(0.1)}
 
 
 def test_the_table_names_the_victims_share_as_requests() -> None:

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 from typer.testing import CliRunner
 
@@ -99,6 +100,24 @@ def test_a_check_of_one_request_says_request(tmp_path: Path) -> None:
     run = load_runs([build_run(tmp_path / "a")])[0]
     names = [c.what for c in slo_checks(run, parse_slo("ttft=1ms"))]
     assert "injected TTFT (le8k, 1 request)" in names and "chat TTFT max (le512, 4 requests)" in names
+
+
+def test_every_itl_target_is_checked_the_defaults_and_a_classs_own(tmp_path: Path) -> None:
+    """`itl_p99=..,itl_max=..` judged only the first target, and `chat/itl_...` none: a worst gap over its max passed
+    compare and capacity although goodput counted every request that exceeded it."""
+    run = load_runs([build_run(tmp_path / "a")])[0]
+    itl = run.summary["itl_s"]
+    checks = {c.what: c for c in slo_checks(run, parse_slo("itl_p99=10s,itl_max=1ms,ttft=off"))}
+    assert checks["ITL p99"].ok and checks["ITL max"].value_s == itl["max"] and not checks["ITL max"].ok
+    assert {c.figure for c in checks.values()} == {"itl_s"}
+    chat = run.judged.filter(pl.col("cls") == "chat")
+    checks = {c.what: c for c in slo_checks(run, parse_slo("chat/itl_p99=1ms,chat/itl_max=10s,ttft=off"))}
+    n = chat["itl_max_s"].drop_nulls().len()
+    assert checks[f"chat ITL max ({n} requests)"].value_s == chat["itl_max_s"].max()
+    (p99,) = [c for c in checks.values() if c.what.startswith("chat ITL worst request's own p99")]
+    assert p99.value_s == chat["itl_p99_s"].max() and not p99.ok  # 4 requests: too few for a p99 over them
+    lines = verdict(make_rows([run]), parse_slo("itl_p99=10s,itl_max=1ms,injected/ttft=off"))
+    assert any("ITL max" in line and " misses: " in line for line in lines), lines
 
 
 def test_labels_with_commas_are_listed_apart(tmp_path: Path) -> None:
