@@ -44,20 +44,29 @@ def points_table(result: CapacityResult) -> Table:
         runs = f"{len(pt.counted)}" + (f" (+{again} disturbed, run again)" if again else "")
         offered = [] if not rate else ["—" if (o := point_offered(pt)) is None else f"{o:.2f}"]
         rows.append([str(i), result.plan.fmt(pt.load), *offered, pt.phase, runs, _met_cell(pt),
-                     fmt_s(mean_of([x["itl_p99_s"] for x in f])), fmt_s(mean_of([x["worst_gap_s"] for x in f])),
-                     fmt_s(mean_of([x["ttft_p90_s"] for x in f])), _share(mean_of([x["stalled_share"] for x in f])),
+                     _mean_and_worst([x["itl_p99_s"] for x in f]), _mean_and_worst([x["worst_gap_s"] for x in f]),
+                     _mean_and_worst([x["ttft_p90_s"] for x in f]), _share(mean_of([x["stalled_share"] for x in f])),
                      _share(mean_of([x["victims_share"] for x in f])),
                      "—" if mean_of([x["achieved_rps"] for x in f]) is None
                      else f"{mean_of([x['achieved_rps'] for x in f]):.2f}",
                      "; ".join(misses[:3]) + (" …" if len(misses) > 3 else "")])
     return Table(["#", result.plan.axis, *(["offered req/s"] if rate else []), "phase", "runs", "met", "ITL p99", "worst gap", "TTFT p90", "stalled",
                   "requests stalled", "achieved req/s", "what missed"], rows,
-                 "Every point of the search in the order it ran (figures: mean over the point's runs; a point "
-                 "meets only when every run does; a run that missed while the client's own validity checks "
+                 "Every point of the search in the order it ran (figures: mean over the point's runs, the "
+                 "highest run's after it where runs differ, since a point meets only when every run does; a run that missed while the client's own validity checks "
                  "failed is run again and left out; stalled: stalled time as a share of the steady streams' "
                  "streaming time; requests stalled: the share of the streamed requests that stalled at least once"
                  + ("; rate is the nominal --rate, offered the arrivals each run's window held over its length"
                     if rate else "") + ")", align_right_from=1)
+
+
+def _mean_and_worst(values: list[float | None]) -> str:
+    """`38.6 ms (max 41.6 ms)`: the mean alone could read under a target one run missed."""
+    present = [v for v in values if v is not None]
+    mean = mean_of(present)
+    if len(present) < 2 or fmt_s(max(present)) == fmt_s(mean):
+        return fmt_s(mean)
+    return f"{fmt_s(mean)} (max {fmt_s(max(present))})"
 
 
 PANELS = ((("itl_p99_s", "o", "ITL p99"), ("worst_gap_s", "s", "worst gap")), (("ttft_p90_s", "^", "TTFT p90"),))
