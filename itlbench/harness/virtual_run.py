@@ -11,11 +11,14 @@ validity checks (event-loop lag, client CPU, kernel stamps) have nothing to chec
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import shutil
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +106,8 @@ def run_virtual(cfg: RunConfig, run_dir: Path, created: bool,
     drive = VirtualDrive(engine, plan, store, limits)
     wall0 = time.perf_counter()
     try:
-        result = drive.run()
+        with _signals_stop(run_doc):
+            result = drive.run()
     finally:
         store.close()
     run_doc["simulation"] = {"wall_s": round(time.perf_counter() - wall0, 3), "steps": drive.steps,
@@ -113,3 +117,25 @@ def run_virtual(cfg: RunConfig, run_dir: Path, created: bool,
     if result.aborted_reason:
         run_doc["aborted_reason"] = result.aborted_reason
     return finish_run_dir(run_dir, store, run_doc)
+
+
+@contextlib.contextmanager
+def _signals_stop(run_doc: dict[str, Any]) -> Iterator[None]:
+    """Ctrl-C and SIGTERM end the simulation where it stands (the drive keeps what it produced) and run.json
+    names the signal, as a served run's does. SIGTERM used to kill the process: parts without a run.json,
+    which `itlbench analyze` refused."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        run_doc.setdefault("signal", signal.Signals(signum).name)
+        run_doc["interrupted"] = True
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -51,3 +51,24 @@ def test_a_signal_stops_the_run_keeps_its_records_and_exits_128_plus_its_number(
 def test_ended_early_code_names_the_signal(tmp_path: Path, doc: dict[str, object], code: int) -> None:
     (tmp_path / "run.json").write_text(json.dumps(doc))
     assert ended_early_code(tmp_path) == code
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_a_virtual_clock_run_as_a_served_one(tmp_path: Path, sig: int, code: int) -> None:
+    """A simulated run on the virtual clock: SIGTERM killed it, leaving parts but no run.json (`analyze` refused
+    the directory), and Ctrl-C was 'stopped by a signal' without naming it."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "itlbench", "run", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
+           "--duration", "1h", "--no-live", "--no-report", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not list(out.glob("requests/*.parquet")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(sig)
+    output = proc.communicate(timeout=60)[0].decode()
+    assert proc.returncode == code, output
+    doc = json.loads((out / "run.json").read_text())
+    assert doc["interrupted"] is True and doc["signal"] == signal.Signals(sig).name
+    assert doc["stop_reason"] == "interrupted" and (out / "summary.json").is_file()
+    words = "Ctrl-C (SIGINT)" if sig == signal.SIGINT else "SIGTERM"
+    assert f"Cut short: it was stopped by {words};" in " ".join(output.split()) and "Traceback" not in output
