@@ -218,7 +218,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
     if cfg.virtual_clock:  # the simulator in-process on a discrete-event clock: no server, no sleeping
         from itlbench.harness.virtual_run import run_virtual
 
-        return run_virtual(cfg, run_dir, created, on_status)
+        return run_virtual(cfg, run_dir, created, on_status, progress)
     telemetry = _start_telemetry(cfg)  # before the engine: a port in use fails first
     store = RunStore(run_dir)
     run_doc: dict[str, Any] = {"itlbench_version": __version__, "created": dt.datetime.now(dt.UTC).isoformat(),

@@ -31,6 +31,7 @@ from itlbench.harness.run_config import RunConfig
 from itlbench.harness.run_doc import config_doc, hardware, load_spec, versions
 from itlbench.load.driver import Warmup
 from itlbench.load.observers.gpu_sampler import why_not_sampled
+from itlbench.load.progress import ProgressSnapshot
 from itlbench.rundir.store import RunStore
 from itlbench.sim.accuracy import check_doc, check_line
 from itlbench.sim.runner import offline_engine
@@ -68,8 +69,8 @@ def phase_warning(plan: dict[str, Any], ramp_s: float) -> str | None:
             "(docs/perf/sim-vs-published.md, NVIDIA's NIM runs)")
 
 
-def run_virtual(cfg: RunConfig, run_dir: Path, created: bool,
-                on_status: Callable[[str], None] = lambda s: None) -> tuple[Path, dict[str, Any]]:
+def run_virtual(cfg: RunConfig, run_dir: Path, created: bool, on_status: Callable[[str], None] = lambda s: None,
+                progress: Callable[[ProgressSnapshot], None] | None = None) -> tuple[Path, dict[str, Any]]:
     """Run `cfg` on the virtual clock into `run_dir`; returns (run directory, summary) like
     `run_load_test`. A configuration the engine refuses leaves no directory behind."""
     on_status(f"simulating {cfg.engine.model} on a virtual clock")
@@ -103,7 +104,7 @@ def run_virtual(cfg: RunConfig, run_dir: Path, created: bool,
                            request_timeout_s=cfg.request_timeout_s,
                            warmup=Warmup(min_s=cfg.warmup_s, adaptive=cfg.adaptive_warmup, max_s=cfg.max_warmup_s,
                                          ramp_s=cfg.ramp_s))
-    drive = VirtualDrive(engine, plan, store, limits)
+    drive = VirtualDrive(engine, plan, store, limits, on_progress=progress)
     wall0 = time.perf_counter()
     try:
         with _signals_stop(run_doc):

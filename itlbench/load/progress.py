@@ -24,6 +24,7 @@ class ProgressSnapshot:
     cpu_percent: float
     loop_lag_ms: float
     waiting_for: str | None = None  # the stream whose first token the adaptive warm-up still waits for
+    virtual: bool = False  # elapsed_s is simulated time (sim.virtual_drive): no client, so no latencies or CPU
 
     def line(self) -> str:
         def ms(v: float | None) -> str:

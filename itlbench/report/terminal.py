@@ -72,9 +72,12 @@ class LiveProgress:
             self._measure_from = snap.elapsed_s
         measured = 0.0 if self._measure_from is None else snap.elapsed_s - self._measure_from
         stage = "warmup" if not snap.measuring else ("draining" if measured > self.total_s else "measuring")
-        line = (f"sent {snap.sent} done {snap.done} in-flight {snap.in_flight} err {snap.errors} │ "
-                f"ITL p50 {_num(snap.itl_p50_ms)} p99 {_num(snap.itl_p99_ms)} ms │ "
-                f"TTFT p50 {_num(snap.ttft_p50_ms)} ms │ client CPU {snap.cpu_percent:.0f}%")
+        line = f"sent {snap.sent} done {snap.done} in-flight {snap.in_flight} err {snap.errors}"
+        if snap.virtual:  # the bar runs on simulated seconds; there is no client to time
+            line += f" │ simulated {fmt_s(snap.elapsed_s)}"
+        else:
+            line += (f" │ ITL p50 {_num(snap.itl_p50_ms)} p99 {_num(snap.itl_p99_ms)} ms │ "
+                     f"TTFT p50 {_num(snap.ttft_p50_ms)} ms │ client CPU {snap.cpu_percent:.0f}%")
         self._progress.update(self._task, completed=min(measured, self.total_s), line=line, description=stage)
 
 

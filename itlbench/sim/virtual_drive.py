@@ -21,7 +21,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,11 +31,13 @@ from itlbench.core.request import RequestOutput, SamplingParams
 from itlbench.errors import ConfigError
 from itlbench.load.driver import STATUSES, DriveResult, Warmup
 from itlbench.load.observers.client_monitor import ClientStats
+from itlbench.load.progress import ProgressSnapshot
 from itlbench.load.streak import failures_reason
 from itlbench.sim.runner import VirtualClock
 from itlbench.workloads.plan import LoadPlan, RequestPlan
 
 VIRTUAL_STAMP = "virtual"  # chunks.stamp of a token's arrival on the virtual clock (the step's end)
+PROGRESS_EVERY_S = 0.25  # wall seconds between progress snapshots (the live bar redraws at that pace)
 MAX_WAITING = 1024  # the bundled server's queue limit (server.main.DEFAULT_MAX_WAITING): 429 beyond it
 
 
@@ -78,11 +81,14 @@ class VirtualDrive:
     """One run of `plan` against `engine` (whose runner must be on a `VirtualClock`); `run()` returns
     the DriveResult the served driver would, its times on the virtual clock."""
 
-    def __init__(self, engine: Engine, plan: LoadPlan, out: RowWriter, limits: VirtualLimits) -> None:
+    def __init__(self, engine: Engine, plan: LoadPlan, out: RowWriter, limits: VirtualLimits,
+                 on_progress: Callable[[ProgressSnapshot], None] | None = None) -> None:
         if not isinstance(engine.clock, VirtualClock):
             raise ConfigError("clock", "a virtual drive needs an engine on a VirtualClock",
                               "build it with sim.runner.offline_engine")
         self.engine, self.out, self.limits = engine, out, limits
+        self.on_progress = on_progress
+        self._reported_at = time.monotonic()  # wall clock: a snapshot every PROGRESS_EVERY_S, not every step
         self.clock: VirtualClock = engine.clock
         self._streams = [iter(s) for s in plan.streams]
         self._feed: Iterator[RequestPlan] = iter(plan.open_loop)
@@ -139,6 +145,7 @@ class VirtualDrive:
         engine = self.engine
         while True:
             now = self.clock.now_ns()
+            self._report(now)
             self._fire(now)
             if self.aborted_reason is not None:
                 self._close(now)
@@ -164,6 +171,20 @@ class VirtualDrive:
                     return "the simulated engine could not schedule its waiting requests and nothing else was due"
                 return None
             self.clock.advance_to(nxt)
+
+    def _report(self, now: int) -> None:
+        """A progress snapshot on simulated time, at most every PROGRESS_EVERY_S of wall time (a long simulation
+        showed a bar that never moved)."""
+        if self.on_progress is None or time.monotonic() - self._reported_at < PROGRESS_EVERY_S:
+            return
+        self._reported_at = time.monotonic()
+        c = self.counts
+        done = sum(c[k] for k in STATUSES)
+        measuring = self.measure_start_ns is not None and now >= self.measure_start_ns
+        self.on_progress(ProgressSnapshot(
+            elapsed_s=(now - self.run_start_ns) / 1e9, measuring=measuring, sent=c["sent"], done=done,
+            in_flight=len(self._live), errors=done - c["ok"], itl_p50_ms=None, itl_p99_ms=None,
+            ttft_p50_ms=None, cpu_percent=0.0, loop_lag_ms=0.0, virtual=True))
 
     def _fire(self, now: int, idle: bool = False) -> None:
         """Everything due by `now`, in the served driver's order: overdue requests time out (their

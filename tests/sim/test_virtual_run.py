@@ -310,3 +310,39 @@ def test_fixed_shape_streams_sent_at_once_keep_their_phase_and_the_run_says_so(t
     assert s_in["ttft_s"]["all"]["mean"] > 2 * s_spread["ttft_s"]["all"]["mean"]  # waves queue, spread prompts don't
     _run(tmp_path / "c", workload="chat", streams=10, duration_s=2.0)  # lengths vary: no phase to keep
     assert json.loads((tmp_path / "c" / "run.json").read_text())["engine"]["serving"]["warnings"] == []
+
+
+def test_a_virtual_run_reports_progress_on_simulated_time_without_changing_it(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long simulation showed a bar that never moved: the drive now hands the live view snapshots of simulated
+    time and counts (no latencies or client CPU: there is no client), and the run is the same with or without."""
+    import itlbench.sim.virtual_drive as vd
+
+    monkeypatch.setattr(vd, "PROGRESS_EVERY_S", 0.0)
+    snaps = []
+    run_dir, summary = run_load_test(RunConfig(workload="fixed:256:16", streams=3, duration_s=2.0, warmup_s=0.2,
+                                               live=False, out=tmp_path / "a", engine=ENGINE, seed=5),
+                                     progress=snaps.append)
+    _, quiet = _run(tmp_path / "b")
+    assert summary["itl_s"] == quiet["itl_s"] and summary["ttft_s"] == quiet["ttft_s"]
+    assert len(snaps) > 10 and all(s.virtual and s.itl_p50_ms is None for s in snaps)
+    elapsed = [s.elapsed_s for s in snaps]
+    assert elapsed == sorted(elapsed) and elapsed[-1] >= 2.0 and not snaps[0].measuring and snaps[-1].measuring
+    assert all(s.sent == s.done + s.in_flight for s in snaps) and snaps[-1].in_flight == 0
+
+
+def test_the_live_view_of_a_virtual_run_shows_simulated_time_not_client_figures() -> None:
+    import io
+
+    from rich.console import Console
+
+    from itlbench.load.progress import ProgressSnapshot
+    from itlbench.report.terminal import LiveProgress
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=200)
+    snap = ProgressSnapshot(elapsed_s=75.5, measuring=True, sent=9, done=7, in_flight=2, errors=0, itl_p50_ms=None,
+                            itl_p99_ms=None, ttft_p50_ms=None, cpu_percent=0.0, loop_lag_ms=0.0, virtual=True)
+    with LiveProgress(console, total_s=600) as live:
+        live.update(snap)
+    shown = console.file.getvalue()
+    assert "sent 9 done 7 in-flight 2 err 0 │ simulated 75.5 s" in shown and "client CPU" not in shown
