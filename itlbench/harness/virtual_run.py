@@ -11,14 +11,13 @@ validity checks (event-loop lag, client CPU, kernel stamps) have nothing to chec
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import shutil
 import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from itlbench.rundir.store import RunStore
 from itlbench.sim.accuracy import check_doc, check_line
 from itlbench.sim.runner import offline_engine
 from itlbench.sim.virtual_drive import VirtualDrive, VirtualLimits
+from itlbench.system.stop_signals import stop_signals
 from itlbench.workloads.build import build_load_plan
 
 CLOCK_NOTE = ("simulated time on a virtual clock: every figure is the simulated engine's, with no client, "
@@ -107,7 +107,7 @@ def run_virtual(cfg: RunConfig, run_dir: Path, created: bool, on_status: Callabl
     drive = VirtualDrive(engine, plan, store, limits, on_progress=progress)
     wall0 = time.perf_counter()
     try:
-        with _signals_stop(run_doc):
+        with stop_signals(functools.partial(_stopped_by, run_doc)):
             result = drive.run()
     finally:
         store.close()
@@ -120,23 +120,11 @@ def run_virtual(cfg: RunConfig, run_dir: Path, created: bool, on_status: Callabl
     return finish_run_dir(run_dir, store, run_doc)
 
 
-@contextlib.contextmanager
-def _signals_stop(run_doc: dict[str, Any]) -> Iterator[None]:
+
+def _stopped_by(run_doc: dict[str, Any], sig: signal.Signals) -> None:
     """Ctrl-C and SIGTERM end the simulation where it stands (the drive keeps what it produced) and run.json
     names the signal, as a served run's does. SIGTERM used to kill the process: parts without a run.json,
     which `itlbench analyze` refused."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, _frame: object) -> None:
-        run_doc.setdefault("signal", signal.Signals(signum).name)
-        run_doc["interrupted"] = True
-        raise KeyboardInterrupt
-
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    run_doc.setdefault("signal", sig.name)
+    run_doc["interrupted"] = True
+    raise KeyboardInterrupt

@@ -28,6 +28,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from itlbench.system.stop_signals import stop_signals
+
 DEFAULT_INTERVAL_S = 5.0  # deploy/prometheus/prometheus.yml and docs/dashboards.md
 MAX_LINGER_S = 65.0  # Prometheus' own default interval is 1 m
 
@@ -111,7 +113,7 @@ class MetricsServer:
         say(f"keeping {self.url} up until Prometheus reads the run's final values (its next scrape, "
             f"at most {deadline - now:.1f} s, as it reads every {interval:.3g} s; Ctrl-C skips)")
         try:
-            with _signals_end_wait(), self._cond:
+            with stop_signals(_end_wait), self._cond:
                 got = self._cond.wait_for(lambda: self._answered > now, timeout=deadline - now)
         except (_EndWait, KeyboardInterrupt):
             return False
@@ -131,19 +133,6 @@ def _family(host: str, port: int) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
-@contextlib.contextmanager
-def _signals_end_wait() -> Iterator[None]:
-    """SIGINT and SIGTERM end the wait instead of the process (main thread only: elsewhere they can't be set)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def end(signum: int, frame: Any) -> None:
-        raise _EndWait
-
-    old = {sig: signal.signal(sig, end) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+def _end_wait(_sig: signal.Signals) -> None:
+    """SIGINT and SIGTERM end the linger instead of the process (the run's records are complete by then)."""
+    raise _EndWait
