@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
@@ -83,24 +84,35 @@ async def _until(cond, timeout_s: float = 20.0) -> None:
         await asyncio.sleep(0.05)
 
 
+def _stopped_mid_run(run_dir: Path, tick_s: float, plan: Callable[[], LoadPlan], ready: Callable[[], bool],
+                     act: Callable[[], None], **kw: object) -> tuple[float, DriveResult]:
+    """Drive two workers for a 30 s window, `act` once `ready`; (seconds from `act` to the drive's end, result)."""
+    async def scenario(url: str) -> tuple[float, DriveResult]:
+        store = RunStore(run_dir)
+        drive = asyncio.ensure_future(drive_workers(plan, Target(url, "paced"), store, workers=2, duration_s=30.0,
+                                                    **kw))
+        await _until(ready)
+        act()
+        acted = time.monotonic()
+        res = await drive
+        store.close()
+        return time.monotonic() - acted, res
+
+    with serve_in_thread(PacedConfig(tick_s=tick_s)) as (_, url):
+        return asyncio.run(scenario(url))
+
+
 def test_a_killed_worker_ends_the_run_aborted_naming_it_and_every_record_stays(tmp_path):
     """A dead worker took its share of the load: the others stop (what followed would measure another load),
     the run ends `aborted` naming it and its signal, and its unfinished requests' chunks are set aside,
     not lost. Before, the parent raised and the run had no summary."""
-    async def scenario(url: str) -> tuple[float, DriveResult]:
-        store = RunStore(tmp_path)
-        drive = asyncio.ensure_future(drive_workers(four_long_streams, Target(url, "paced"), store,
-                                                    workers=2, duration_s=30.0, drain_timeout_s=2.0))
-        await _until(lambda: _shipped(tmp_path, 0, "chunks") and _shipped(tmp_path, 1, "chunks"))
+    def kill_mid_request() -> None:
         assert not _shipped(tmp_path, 0, "requests"), "killed mid-request"
         os.kill(_worker_pids()[0], signal.SIGKILL)
-        killed = time.monotonic()
-        res = await drive
-        store.close()
-        return time.monotonic() - killed, res
 
-    with serve_in_thread(PacedConfig(tick_s=0.005)) as (_, url):
-        took_s, res = asyncio.run(scenario(url))
+    took_s, res = _stopped_mid_run(tmp_path, 0.005, four_long_streams,
+                                   lambda: _shipped(tmp_path, 0, "chunks") and _shipped(tmp_path, 1, "chunks"),
+                                   kill_mid_request, drain_timeout_s=2.0)
     assert took_s < 10, "the surviving worker stopped, not at the 30 s window's end"
     assert res.stop_reason == "aborted"
     assert res.aborted_reason.startswith("load worker 0 exited with SIGKILL (")
@@ -115,18 +127,9 @@ def test_a_killed_worker_ends_the_run_aborted_naming_it_and_every_record_stays(t
 
 def test_the_stop_event_stops_every_worker_and_keeps_their_records(tmp_path):
     """Ctrl-C or SIGTERM on the parent (its stop event) reaches the workers: before, they ran to the window's end."""
-    async def scenario(url: str) -> tuple[float, DriveResult]:
-        store, stop = RunStore(tmp_path), asyncio.Event()
-        drive = asyncio.ensure_future(drive_workers(four_streams, Target(url, "paced"), store, workers=2,
-                                                    duration_s=30.0, stop_event=stop))
-        await _until(lambda: _shipped(tmp_path, 0, "requests") and _shipped(tmp_path, 1, "requests"))
-        stop.set()
-        stopped = time.monotonic()
-        res = await drive
-        store.close()
-        return time.monotonic() - stopped, res
-
-    with serve_in_thread(PacedConfig(tick_s=0.01)) as (_, url):
-        took_s, res = asyncio.run(scenario(url))
+    stop = asyncio.Event()
+    took_s, res = _stopped_mid_run(tmp_path, 0.01, four_streams,
+                                   lambda: _shipped(tmp_path, 0, "requests") and _shipped(tmp_path, 1, "requests"),
+                                   stop.set, stop_event=stop)
     assert took_s < 5 and res.stop_reason == "stop_event" and res.aborted_reason is None
     assert set(table(tmp_path, "requests")["stream"].to_list()) == {0, 1, 2, 3}
