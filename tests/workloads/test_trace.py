@@ -88,7 +88,7 @@ def test_missing_file_and_wrong_columns(tmp_path: Path) -> None:
         load_trace(bad)
     garbage = tmp_path / "garbage.csv"
     garbage.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,a,b\n")
-    with pytest.raises(ConfigError, match="bad values") as err:
+    with pytest.raises(ConfigError, match="bad value") as err:
         load_trace(garbage)
     # polars' message carries hints on further lines; the error stays one line, with its fix at the end
     assert "\n" not in str(err.value) and str(err.value).endswith("integer token counts)")

@@ -77,5 +77,5 @@ def test_bad_records_name_the_flag_and_the_line(tmp_path: Path) -> None:
         load_trace(unsorted)
     burst = tmp_path / "burst.csv"
     burst.write_text("Timestamp,Request tokens,Response tokens\nsoon,1,2\n")
-    with pytest.raises(ConfigError, match="bad values"):
+    with pytest.raises(ConfigError, match="bad value"):
         load_trace(burst)
