@@ -135,8 +135,9 @@ def clipped_share(mean: float, sigma: float, cap: int) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
-def _trace_warnings(rep: TraceReplay, max_model_len: int) -> list[str]:
-    """What a replay changed of its trace: rows skipped as unusable, rows shortened to fit."""
+def _trace_warnings(rep: TraceReplay, spec: LoadSpec) -> list[str]:
+    """What a replay changed of its trace: rows skipped as unusable, rows shortened to fit, rows left out
+    because they arrive after the run, and a run that outlasts its trace (an idle measured window)."""
     out = []
     rows = len(rep.send_at_s)
     if rep.invalid_rows:
@@ -144,8 +145,25 @@ def _trace_warnings(rep: TraceReplay, max_model_len: int) -> list[str]:
                    "a missing, zero or negative token count")
     if rep.clipped_rows:
         out.append(f"--trace: {rep.clipped_rows} of {rows} rows shortened to fit max_model_len "
-                   f"{max_model_len} (prompt + output)")
+                   f"{spec.max_model_len} (prompt + output)")
+    last, duration, scale = float(rep.send_at_s[-1]), spec.duration_s, spec.trace_time_scale
+    late = int(np.sum(rep.send_at_s >= duration))
+    if late:
+        out.append(f"--trace: {late} of {rows} rows not sent: they arrive after --duration {duration:g} s "
+                   f"(the trace spans {last:.6g} s at --time-scale {scale:g}); to replay it all, use --duration "
+                   f"{math.floor(last) + 1}s or --time-scale {_round_up(scale * last / duration * 1.001)}")
+    elif last < duration / 2:
+        out.append(f"--trace: its last row is sent at {last:.3g} s of the {duration:g} s run, so the rest of the "
+                   f"window has no trace load (--duration {math.floor(last) + 1}s ends with it)")
     return out
+
+
+def _round_up(value: float, digits: int = 3) -> str:
+    """`value` rounded up to `digits` significant digits, as text (29.16 -> 29.2)."""
+    if value <= 0:
+        return "1"
+    step = 10.0 ** (math.floor(math.log10(value)) - digits + 1)
+    return f"{math.ceil(value / step - 1e-9) * step:.{digits}g}"
 
 
 def _streams(spec: LoadSpec, workload: WorkloadSpec) -> int:
@@ -225,7 +243,7 @@ def build_load_plan(spec: LoadSpec, builder: PromptBuilder | None = None) -> Loa
         trace = load_trace(spec.trace_path or "", spec.trace_offset, spec.trace_limit)
         rep = replay(trace, spec.max_model_len, spec.trace_time_scale, spec.output_tokens)
         ctx.trace = trace
-        warnings += _trace_warnings(rep, spec.max_model_len)
+        warnings += _trace_warnings(rep, spec)
     n_streams = _streams(spec, workload)
     if n_streams == 0 and spec.rate is None and rep is None and not injections:
         raise ConfigError("--streams", "nothing to send: no streams, no --rate, no --inject",

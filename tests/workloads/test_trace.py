@@ -153,7 +153,7 @@ def _burst(tmp_path: Path, rows: list[tuple[str, str, str]]) -> Path:
 def test_unusable_and_shortened_rows_are_warned_with_counts(tmp_path: Path) -> None:
     path = _burst(tmp_path, [("0", "100", "10"), ("1", "-5", "10"), ("2", "0", "10"), ("3", "50", ""),
                              ("4", "500000", "10")])
-    plan = build_load_plan(LoadSpec(workload="trace", trace_path=str(path), max_model_len=8192))
+    plan = build_load_plan(LoadSpec(workload="trace", trace_path=str(path), max_model_len=8192, duration_s=8.0))
     assert plan.description["warnings"] == [
         "--trace: 3 of 5 rows skipped: a missing, zero or negative token count",
         "--trace: 1 of 2 rows shortened to fit max_model_len 8192 (prompt + output)"]
@@ -173,3 +173,26 @@ def test_a_header_only_trace_names_no_offset_flag(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_trace(path)
     assert "below its header" in str(err.value) and "offset" not in str(err.value)
+
+
+def test_rows_after_the_duration_are_counted_with_the_flags_that_replay_them(tmp_path: Path) -> None:
+    # was: a 3500 s trace under --duration 120 sent its first 456 rows and said nothing of the other 18,910
+    rows = [(str(t), "10", "5") for t in (0, 10, 20, 60, 95.5)]
+    spec = LoadSpec(workload="trace", trace_path=str(_burst(tmp_path, rows)), duration_s=25.0, trace_time_scale=2.0)
+    plan = build_load_plan(spec)
+    assert len([p for p in plan.open_loop]) == 3  # 0, 5, 10 s; 30 s and 47.75 s are past 25 s
+    assert plan.description["warnings"] == [
+        "--trace: 2 of 5 rows not sent: they arrive after --duration 25 s (the trace spans 47.75 s at "
+        "--time-scale 2); to replay it all, use --duration 48s or --time-scale 3.83"]
+    assert 95.5 / 3.83 < 25.0
+    whole = build_load_plan(LoadSpec(workload="trace", trace_path=spec.trace_path, duration_s=48.0,
+                                     trace_time_scale=2.0))
+    assert len(list(whole.open_loop)) == 5 and whole.description["warnings"] == []
+
+
+def test_a_run_that_outlasts_its_trace_says_the_window_goes_idle(tmp_path: Path) -> None:
+    plan = build_load_plan(LoadSpec(workload="trace", duration_s=60.0,
+                                    trace_path=str(_burst(tmp_path, [("0", "10", "5"), ("4.5", "10", "5")]))))
+    assert plan.description["warnings"] == [
+        "--trace: its last row is sent at 4.5 s of the 60 s run, so the rest of the window has no trace load "
+        "(--duration 5s ends with it)"]
