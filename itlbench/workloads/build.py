@@ -231,6 +231,10 @@ def build_load_plan(spec: LoadSpec, builder: PromptBuilder | None = None) -> Loa
     _check_numbers(spec)
     _check_sources(spec, workload)
     warnings = _check_fits(spec, workload)
+    if workload.sessions and spec.rate is not None:
+        warnings.append(f"--workload {workload.name} --rate: each arrival is the next turn of one session at a time, "
+                        "sent on time whether or not the turn before it has answered, with no think time; "
+                        "sessions that wait for each answer and think between turns need --streams N")
     default_at = spec.duration_s / 2 if spec.inject_at_s is None else spec.inject_at_s
     injections = parse_injections(spec.inject, default_at)
     _check_injections(spec, injections, default_at)

@@ -309,3 +309,14 @@ def test_rag_prompts_average_the_catalog_mean_for_every_seed(seed: int) -> None:
     reqs = _take(plan.streams[0], 1500)
     assert abs(np.mean([r.prompt_tokens for r in reqs]) / CATALOG["rag"].mean_in - 1) < 0.02
     assert len({r.prompt_tokens for r in reqs}) > 100
+
+
+def test_open_loop_agent_says_its_turns_do_not_wait_for_answers() -> None:
+    # an open-loop feed sends each turn at its arrival time: in a --rate 20 run every one of 954 later turns
+    # was sent before the turn it extends had finished, silently
+    plan = build_load_plan(LoadSpec(workload="agent", rate=20.0, duration_s=2.0, max_model_len=131072))
+    reqs = list(plan.open_loop)
+    assert all(r.think_time_s == 0 for r in reqs) and any(r.turn > 0 for r in reqs)
+    assert any("--streams N" in w and "think time" in w for w in plan.description["warnings"])
+    closed = build_load_plan(LoadSpec(workload="agent", streams=2, max_model_len=131072))
+    assert closed.description["warnings"] == []
