@@ -112,16 +112,20 @@ class RunConfig:
             raise ConfigError("--scrape-interval", f"must be >= 0 seconds, got {self.scrape_interval_s}",
                               "0 reads /metrics only at the window's start and end; e.g. 5s adds periodic scrapes")
         if self.workers < 1:
-            raise ConfigError("--workers", f"must be >= 1, got {self.workers}")
+            raise ConfigError("--workers", f"must be >= 1, got {self.workers}",
+                              "1 drives the load from this process; N > 1 spreads the streams over N processes")
         from itlbench.load.clients.kernel import check_reader
 
         check_reader(self.stream_reader, self.endpoint)
         if self.stall_factor <= 1:
-            raise ConfigError("--stall-factor", f"must be > 1, got {self.stall_factor}")
+            raise ConfigError("--stall-factor", f"must be > 1, got {self.stall_factor}",
+                              "a stall is a gap this many times its stream's median; the default is 5")
         if self.stall_floor_s < 0:
-            raise ConfigError("--stall-floor", f"must be >= 0 seconds, got {self.stall_floor_s}")
+            raise ConfigError("--stall-floor", f"must be >= 0 seconds, got {self.stall_floor_s}",
+                              "the shortest gap a stall can be; the default is 50ms")
         if self.time_scale <= 0:
-            raise ConfigError("--time-scale", f"must be > 0, got {self.time_scale}")
+            raise ConfigError("--time-scale", f"must be > 0, got {self.time_scale}",
+                              "2 replays the trace twice as fast, 0.5 at half speed; 1 as recorded")
         if self.metrics_port is not None or self.otlp_endpoint is not None:
             from itlbench.telemetry.options import check_run_options
 
