@@ -97,6 +97,10 @@ class RunConfig:
         if self.endpoint is None and self.prompt_format == "text":
             raise ConfigError("--prompt-format", "the bundled engine is always sent token-id prompts",
                               "drop --prompt-format text, or measure a server given with --endpoint")
+        if self.endpoint is None and self.api == "chat":
+            raise ConfigError("--api", "the bundled engine is sent token-id prompts through the completions API "
+                              "(exact prompt lengths); chat messages are text", "drop --api chat, or serve it "
+                              "(itlbench serve) and measure it with --endpoint URL --api chat")
         if self.endpoint is None and self.scrape_interval_s > 0:
             raise ConfigError("--scrape-interval", "only an --endpoint's /metrics is scraped",
                               "drop it: the bundled engine's step log is read instead")
@@ -218,8 +222,7 @@ def served_only(cfg: RunConfig) -> list[str]:
     """The flags of `cfg` that need the served, real-time path (a client, a server, wall time)."""
     needs = [("--disaggregate", cfg.engine.disaggregate), ("--sim-time-scale", cfg.engine.sim_time_scale != 1),
              ("--workers", cfg.workers > 1), ("--driver locust", cfg.driver == "locust"),
-             ("--metrics-port", cfg.metrics_port is not None), ("--otlp-endpoint", cfg.otlp_endpoint is not None),
-             ("--api chat", cfg.api == "chat")]
+             ("--metrics-port", cfg.metrics_port is not None), ("--otlp-endpoint", cfg.otlp_endpoint is not None)]
     return [flag for flag, given in needs if given]
 
 

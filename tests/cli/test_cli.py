@@ -93,6 +93,8 @@ def test_workloads_lists_the_catalog_as_table_and_json():
     (["--endpoint", "not-a-url", "--model", "m"], "--endpoint"),
     (["--endpoint", "http://127.0.0.1:9/v1"], "--endpoint"),  # nothing listens: --model is then not the problem
     (["--workload", "trace"], "--trace"),
+    (["--api", "chat"], "--api"),  # the bundled engine takes token ids: every request failed, exit 1
+    (["--engine", "sim", "--model", "llama-3.1-8b", "--api", "chat"], "--api"),
     (["--engine", "sim", "--model", "llama-3.1-8b", "--disaggregate", "--prefill-gpu", "zz"], "--prefill-gpu"),
 ])
 def test_bad_run_flags_exit_2_naming_the_flag_and_leave_nothing(tmp_path, args, flag):
