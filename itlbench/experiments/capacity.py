@@ -114,7 +114,7 @@ class RunJudgement:
 
 def judge_run(run_dir: Path, slo: str | None, budget: StallBudget) -> RunJudgement:
     """A finished run against the SLOs and the stall budget (the compare verdict's checks, plus stalls)."""
-    from itlbench.report.compare import slo_checks
+    from itlbench.report.compare import slo_checks, worst_gap_s
     from itlbench.report.style import fmt_s
 
     run = load_run(run_dir)
@@ -128,7 +128,7 @@ def judge_run(run_dir: Path, slo: str | None, budget: StallBudget) -> RunJudgeme
     requests = s.get("requests") or {}
     ttft_all = (s.get("ttft_s") or {}).get("all") or {}
     figures: dict[str, float | None] = {
-        "itl_p50_s": itl.get("p50"), "itl_p99_s": itl.get("p99"), "worst_gap_s": itl.get("max"),
+        "itl_p50_s": itl.get("p50"), "itl_p99_s": itl.get("p99"), "worst_gap_s": worst_gap_s(s),
         "ttft_p90_s": ttft_all.get("p90") if ttft_all.get("p90") is not None else ttft_all.get("max"),
         "stalled_share": (stalls.get("stalled_s") or 0.0) / stream_s if stream_s else None,
         "victims_share": (stalls.get("victims") or 0) / streamed if streamed else None,

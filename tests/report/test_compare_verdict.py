@@ -120,6 +120,19 @@ def test_every_itl_target_is_checked_the_defaults_and_a_classs_own(tmp_path: Pat
     assert any("ITL max" in line and " misses: " in line for line in lines), lines
 
 
+def test_a_stream_frozen_when_the_window_closed_is_the_worst_gap(tmp_path: Path) -> None:
+    """Unchunked, every stream froze under a 32k prefill until the window closed: the stall analysis counted 4.97 s
+    to the window's end, but compare read itl_s.max (98 ms, gaps a token closed), ranked the run smoothest and
+    passed it against itl_max=500ms."""
+    run = load_runs([build_run(tmp_path / "a")])[0]
+    run.summary["stalls"] = {**run.summary["stalls"], "worst_s": 4.97}
+    assert run.summary["itl_s"]["max"] < 4.97
+    (row,) = make_rows([run])
+    assert row.worst_s == 4.97
+    (check,) = [c for c in slo_checks(run, parse_slo("itl_max=500ms,ttft=off")) if c.what == "ITL max"]
+    assert check.value_s == 4.97 and not check.ok
+
+
 def test_labels_with_commas_are_listed_apart(tmp_path: Path) -> None:
     """Sweep labels like 'budget 512, prefill-first': a list of them joined by ', ' hid how many runs it named;
     the trade-off figure's labels put the throughput on a line of their own for the same reason."""
