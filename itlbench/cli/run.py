@@ -65,11 +65,17 @@ def print_warmup_timeout(run_dir: Path) -> None:
 
 
 def check_sim(engine: EngineConfig) -> None:
-    """Refuse, before any server starts, what the simulated engine would refuse at start-up."""
-    if engine.engine == "sim":
-        from itlbench.sim.runner import check_sim_config
+    """Refuse, before any server starts, what the simulated engine would refuse at start-up, and the flags it would
+    silently ignore: it computes nothing, on a thread of the server, without torch."""
+    if engine.engine != "sim":
+        return
+    from itlbench.sim.runner import check_sim_config
 
-        check_sim_config(engine)
+    check_sim_config(engine)
+    for name, given in (("engine_process", engine.engine_process), ("torch_threads", engine.torch_threads)):
+        if given:
+            raise ConfigError(flag_of(name), "does not apply to --engine sim, which runs on a thread of the server "
+                              "and uses no torch", "drop it")
 
 
 def plan_warnings(run_dir: Path) -> list[str]:

@@ -62,7 +62,6 @@ def serve(
         else:
             engine = engine_config_from_flags(engine_flags)
         load_model_config(engine.model)  # a bad --model fails here, not in the engine process
-        _refuse_process_flags_for_sim(engine)
         check_sim(engine)
         require_engine_for(engine)
         if max_body_mib <= 0:
@@ -95,17 +94,6 @@ def serve(
                                    otlp_endpoint=otlp_endpoint, limits=limits))
     except ItlbenchError as exc:
         fail(exc)
-
-
-def _refuse_process_flags_for_sim(engine: EngineConfig) -> None:
-    """The simulator computes nothing: it always runs on a thread of the server, without torch, so a flag that
-    asks for an engine process or torch threads would be silently ignored."""
-    if engine.engine != "sim":
-        return
-    for name, given in (("engine_process", engine.engine_process), ("torch_threads", engine.torch_threads)):
-        if given:
-            raise ConfigError(flag_of(name), "does not apply to --engine sim, which runs on a thread of the server "
-                              "and uses no torch", "drop it")
 
 
 def _refuse_engine_flags(ctx: typer.Context) -> None:
