@@ -443,8 +443,10 @@ def answer_line(result: CapacityResult) -> str:
         caveat += (f" Not monotone: {p.fmt(hi_met)} {unit} met but {p.fmt(lo_missed)} missed, so the run-to-run "
                    "noise is larger than the boundary's slope (longer --duration or more --repeat).")
     if result.missed_at is None:
+        at_max = p.load_max is not None and result.max_load >= p.load_max
+        raise_ = "--rate-max" if at_max else f"--max-points (it ran all {p.max_points})"
         return (f"Capacity ≥ {p.fmt(result.max_load)} {unit}: {what} held at every load tried "
-                f"(raise --rate-max to look further).{caveat}")
+                f"(raise {raise_} to look further).{caveat}")
     holds = "hold" if p.budget.spec else "holds"
     return (f"Capacity: {p.fmt(result.max_load)} {unit} ({what} {holds}; {p.fmt(result.missed_at)} {unit} misses, "
             f"so the boundary lies within +{p.fmt(result.missed_at - result.max_load)} {unit}).{caveat}")

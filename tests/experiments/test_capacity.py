@@ -326,3 +326,12 @@ def test_an_answer_offered_well_below_its_nominal_rate_says_what_was_offered_and
     assert "Offered" not in answer_line(near) and near.as_dict(Path("."))["offered_note"] is None
     closed = search(CapacityPlan(axis="streams", start=4, repeat=1), _threshold(5)[0])
     assert "Offered" not in answer_line(closed) and closed.as_dict(Path("."))["max_rate_offered"] is None
+
+
+def test_a_search_that_met_everywhere_names_the_limit_that_stopped_it() -> None:
+    """`--max-points 3` stopped a search that met at 1, 2 and 4: it said 'raise --rate-max', which it never reached."""
+    measure, _ = _threshold(100.0)
+    by_points = search(CapacityPlan(start=1, repeat=1, max_points=3), measure)
+    assert by_points.missed_at is None and "(raise --max-points (it ran all 3) to look further)" in answer_line(by_points)
+    by_max = search(CapacityPlan(start=1, repeat=1, load_max=4), measure)
+    assert by_max.max_load == 4 and "(raise --rate-max to look further)" in answer_line(by_max)
