@@ -43,7 +43,7 @@ def export_model_command(
 
     format = format or ("gguf" if out.suffix.lower() == ".gguf" else "hf")
     try:
-        require_torch_engine()  # the seeded weights are drawn by the torch model
+        require_torch_engine(sim_alternative=False)  # the seeded weights are drawn by the torch model
         if format == "hf":
             from itlbench.export.hf import export_model
 

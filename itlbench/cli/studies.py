@@ -185,8 +185,8 @@ def phases(
     model: Annotated[str | None, typer.Option(help="Served model (with --endpoint; default: the only one it lists) or bundled "
                                                 "preset / HF dir.")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY", help="Bearer key for --endpoint; prefer setting ITLBENCH_API_KEY (a value given here shows in ps).")] = None,
-    lengths: Annotated[str | None, typer.Option(help="Prompt lengths, e.g. '1,16,128,512,2k,8k' (default: ×4 "
-                                                "steps from 1 up to the context).")] = None,
+    lengths: Annotated[str | None, typer.Option(help="Prompt lengths, e.g. '1,16,128,512,2k,8k' (default: 1, 16, 128, "
+                                                "then ×4 from 512 up to the context).")] = None,
     max_prompt: Annotated[str | None, typer.Option(help="Longest prompt to try (default: the context).")] = None,
     concurrency: Annotated[int, typer.Option(help="Decode batch to measure besides batch 1.")] = 32,
     output_tokens: Annotated[int, typer.Option(help="Tokens generated per request (decode is timed over these).")] = 32,
@@ -201,7 +201,7 @@ def phases(
     try:
         engine = None if endpoint else engine_config_from_flags(engine_flags, model=model)
         if engine is not None:
-            require_engine_for(engine)
+            require_engine_for(engine, sim_alternative=False)  # phases has no --engine sim
         cfg = PhasesConfig(endpoint=endpoint, model=model, api_key=api_key, lengths=lengths, max_prompt=max_prompt,
                            concurrency=concurrency, output_tokens=output_tokens, repeats=repeats,
                            engine=engine,

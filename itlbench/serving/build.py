@@ -14,7 +14,8 @@ from itlbench.core.model_config import ModelConfig
 from itlbench.core.presets import load_model_config
 from itlbench.errors import ConfigError
 
-ENGINE_EXTRA = "install the bundled engine with `pip install 'itlbench[engine]'` (brings torch), or use --engine sim"
+TORCH_EXTRA = "install the bundled engine with `pip install 'itlbench[engine]'` (brings torch)"
+ENGINE_EXTRA = TORCH_EXTRA + ", or use --engine sim"
 
 
 def create_engine(config: EngineConfig, model_config: ModelConfig | None = None,
@@ -42,15 +43,18 @@ def torch_engine_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def require_engine_for(config: EngineConfig) -> None:
+def require_engine_for(config: EngineConfig, sim_alternative: bool = True) -> None:
     """Refuse up front, in one line, a config whose engine is not installed (the simulator always is) or cannot
     compute the model (the bundled engine computes Llama only; the simulator prices Mistral and Qwen too)."""
     if config.engine != "sim":
         require_engine_family(load_model_config(config.model))
-        require_torch_engine()
+        require_torch_engine(sim_alternative)
 
 
-def require_torch_engine() -> None:
-    """The bundled torch engine needs the `engine` extra; say so in one line instead of an ImportError."""
+def require_torch_engine(sim_alternative: bool = True) -> None:
+    """The bundled torch engine needs the `engine` extra; say so in one line instead of an ImportError. A command
+    without --engine (export-model, phases) is not offered the simulator, and the line names torch, not --engine."""
     if not torch_engine_available():
-        raise ConfigError("engine", "the bundled torch engine needs PyTorch, which is not installed", ENGINE_EXTRA)
+        raise ConfigError("engine" if sim_alternative else "torch",
+                          "the bundled torch engine needs PyTorch, which is not installed",
+                          ENGINE_EXTRA if sim_alternative else TORCH_EXTRA)
