@@ -349,20 +349,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=OUT_DIR, help="directory to write (default: ./dashboards)")
     p.add_argument("--check", action="store_true", help="fail if the files differ from what would be written")
     a = p.parse_args(argv)
-    stale = []
+    stale, missing = [], []
     for name, text in generate().items():
         path = a.out / name
         if a.check:
-            if not path.is_file() or path.read_text() != text:
+            if not path.is_file():
+                missing.append(str(path))
+            elif path.read_text() != text:
                 stale.append(str(path))
         else:
             a.out.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             print(path)
+    fix = f"run `python -m itlbench.telemetry.dashboards --out {a.out}` from the repository root"
+    if missing:  # not out of date: not there (run from elsewhere, or --out names another directory)
+        print(f"missing ({fix}, or give --out the dashboards directory): " + ", ".join(missing), file=sys.stderr)
     if stale:
-        print("out of date (run `python -m itlbench.telemetry.dashboards`): " + ", ".join(stale), file=sys.stderr)
-        return 1
-    return 0
+        print(f"out of date ({fix}): " + ", ".join(stale), file=sys.stderr)
+    return 1 if stale or missing else 0
 
 
 if __name__ == "__main__":

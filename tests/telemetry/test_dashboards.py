@@ -155,3 +155,17 @@ def test_a_rate_of_seconds_is_not_shown_in_seconds() -> None:
                     checked += 1
                     assert p["fieldConfig"]["defaults"]["unit"] != "s", f"{name}: {p['title']} ({t['expr']})"
     assert checked >= 2  # the prefill:decode split and the stalled seconds
+
+
+def test_check_tells_missing_files_from_stale_ones(tmp_path, capsys) -> None:
+    """Run outside the repository, --check said 'out of date' for files that were not there at all."""
+    assert main(["--check", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("missing (") and "out of date" not in err
+    assert main(["--out", str(tmp_path)]) == 0 and main(["--check", "--out", str(tmp_path)]) == 0
+    first = sorted(tmp_path.iterdir())[0]
+    first.write_text(first.read_text() + " ")
+    capsys.readouterr()
+    assert main(["--check", "--out", str(tmp_path)]) == 1
+    stale = capsys.readouterr().err
+    assert stale.startswith("out of date (") and stale.rstrip().endswith(str(first))
