@@ -136,13 +136,25 @@ def _token_list(text: str, flag: str) -> list[int]:
     return values
 
 
+SIDE_BY_SIDE = ("h100", "h200", "a100", "l40s", "rtx4090")
+
+
+def _default_compare(gpu: str) -> str:
+    """The side-by-side GPUs in --gpu's family: the seeds' arithmetic beside a -seeds profile (its headline's
+    crossover 295 sat over a table of the fitted presets, 316, under the same name)."""
+    suffix = "-seeds" if gpu.strip().lower().endswith("-seeds") else ""
+    return ",".join(g + suffix for g in SIDE_BY_SIDE)
+
+
 @app.command()
 def roofline(
     model: Annotated[str, typer.Option(help="Preset, local HF directory or config.json of a Llama-like model.")] = "llama-3-8b",
     gpu: Annotated[str, typer.Option(help="h100, h200, a100, a100-pcie, l40s, rtx4090, b200, any of them with -seeds "
                                      "(the source documents' 40 %/80 % arithmetic), cpu (measured now) or a profile "
                                      "JSON.")] = "h100",
-    compare: Annotated[str, typer.Option(help="GPUs for the side-by-side table, comma-separated, or 'none'.")] = "h100,h200,a100,l40s,rtx4090",
+    compare: Annotated[str | None, typer.Option(help="GPUs for the side-by-side table, comma-separated, or 'none' "
+                                                "(default: h100,h200,a100,l40s,rtx4090, each with -seeds when --gpu "
+                                                "is a -seeds profile).")] = None,
     prompt: Annotated[str, typer.Option(help="Prefill lengths to tabulate (k = 1024 tokens).")] = "2k,32k",
     batch: Annotated[str, typer.Option(help="Decode batch sizes to tabulate.")] = "1,32",
     context: Annotated[str, typer.Option(help="Cached context of each decoding sequence.")] = "2k",
@@ -165,6 +177,7 @@ def roofline(
         if tp < 1:
             raise ConfigError("--tp", f"must be >= 1, got {tp}")
         hw = load_hardware(gpu).for_dtype(dtype)
+        compare = compare if compare is not None else _default_compare(gpu)
         others = [] if compare.strip().lower() == "none" else [
             _for_dtype(load_hardware(g, "--compare"), dtype) for g in compare.split(",") if g.strip()]
         ctx = _token_list(context, "--context")

@@ -179,9 +179,14 @@ def test_roofline_command_json_and_tables(tmp_path: Path) -> None:
     assert doc["kv_bytes_per_token"] == 131_072 and sig3(doc["hardware"]["ridge_flop_per_byte"]) == 295
     prefill = {p["case"]: p for p in doc["phases"]}
     assert sig3(prefill["prefill 32k"]["flops"] / 1e12) == 808
-    assert [g["gpu"] for g in doc["gpus"]] == ["h100", "h200", "a100", "l40s", "rtx4090"]
+    # the side-by-side follows --gpu's family: the seeds' arithmetic beside a -seeds profile, so its H100 column
+    # agrees with the headline (it showed the fitted presets under the same name: crossover 316 under 295)
+    assert [g["gpu"] for g in doc["gpus"]] == ["h100-seeds", "h200-seeds", "a100-seeds", "l40s-seeds", "rtx4090-seeds"]
     ridges = {g["gpu"]: g["crossover_prompt_tokens"] for g in doc["gpus"]}
-    assert min(ridges, key=ridges.get) == "a100"  # lowest ridge: short prompts already compute-bound
+    assert ridges["h100-seeds"] == doc["crossover_prompt_tokens"]
+    assert min(ridges, key=ridges.get) == "a100-seeds"  # lowest ridge: short prompts already compute-bound
+    fitted = json.loads(runner.invoke(app, ["roofline", "--json"]).stdout)
+    assert [g["gpu"] for g in fitted["gpus"]] == ["h100", "h200", "a100", "l40s", "rtx4090"]
     # any Llama-like config.json works, e.g. an untied GQA model with its own head_dim
     cfg = {"vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
            "num_attention_heads": 32, "num_key_value_heads": 4, "max_position_embeddings": 2048}
