@@ -156,6 +156,10 @@ def bench_decode(engine: Engine, batch: int, context: int, steps: int, rng: np.r
             if probe is not None and seen % probe_every == 0 and engine.has_unfinished():
                 probe()
                 cold = True
+    if not records:  # every full-batch step was a cold one, or the batch never decoded together (KV room)
+        raise SystemExit(f"no warm decode step of all {batch} sequences at {context} tokens in {steps} steps: give "
+                         f"--decode-steps more than {probe_every + 2} (the first step and each after a probe are "
+                         "left out), or a smaller batch or context if the KV cache cannot hold it")
     parts = {p.removesuffix("_ns"): statistics.median(getattr(r, p) for r in records) / 1e6 for p in PARTS}
     return statistics.median(r.duration_s for r in records), parts
 
