@@ -67,6 +67,8 @@ def _throughput(summary: dict[str, Any]) -> str:
 
 
 def _validity(summary: dict[str, Any]) -> str:
+    if not (summary.get("requests") or {}).get("total"):
+        return "measured nothing"  # no request in the window: nothing to be valid about
     if summary.get("valid", True):
         return "valid"
     reasons = (summary.get("validity") or {}).get("reasons") or []

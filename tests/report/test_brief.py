@@ -37,3 +37,8 @@ def test_an_invalid_run_says_why_in_its_line():
     line = brief_line(summary, "R")
     assert line.endswith("goodput 75% · NOT valid: the client's loop was paused 2.0 s")
     assert "3 of 4 ok" in line and "1 stall event (worst 1.50 s)" in line
+
+
+def test_a_run_that_measured_nothing_is_not_called_valid():
+    line = brief_line({"requests": {"ok": 0, "total": 0}, "valid": True}, "R")
+    assert line.endswith("· measured nothing") and "valid" not in line
