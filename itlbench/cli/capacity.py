@@ -21,13 +21,13 @@ from itlbench.experiments.capacity import (
     SearchInterrupted,
     SearchPoint,
     SearchStopped,
-    answer_line,
     judge_run,
     measure_point,
     parse_stall_budget,
     search,
     write_capacity_json,
 )
+from itlbench.experiments.capacity_answer import answer_line
 from itlbench.experiments.capacity_report import recorded_sim_check, write_capacity_report
 from itlbench.experiments.run_options import (
     EXIT_INTERRUPTED,

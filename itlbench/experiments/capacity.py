@@ -39,7 +39,7 @@ import polars as pl
 
 from itlbench.analysis.goodput import parse_slo
 from itlbench.errors import EXIT_ENDED_EARLY, ConfigError
-from itlbench.experiments.capacity_offered import offered_caveat, offered_doc, offered_tag, point_offered
+from itlbench.experiments.capacity_offered import offered_doc, offered_tag, point_offered
 from itlbench.report.data import load_run
 from itlbench.units import parse_duration_s
 
@@ -114,7 +114,7 @@ class RunJudgement:
 
 def judge_run(run_dir: Path, slo: str | None, budget: StallBudget) -> RunJudgement:
     """A finished run against the SLOs and the stall budget (the compare verdict's checks, plus stalls)."""
-    from itlbench.report.compare import slo_checks, worst_gap_s
+    from itlbench.report.slo_checks import slo_checks, worst_gap_s
     from itlbench.report.style import fmt_s
 
     run = load_run(run_dir)
@@ -401,52 +401,3 @@ def write_capacity_json(result: CapacityResult, out_dir: Path) -> Path:
     path = out_dir / "capacity.json"
     path.write_text(json.dumps(result.as_dict(out_dir), indent=2, default=str) + "\n")
     return path
-
-
-def _so_far(result: CapacityResult, unit: str, what: str) -> str:
-    """What an interrupted search had established: a bracket, a floor, or only misses."""
-    p, met, missed = result.plan, result.max_load, result.missed_at
-    if met is not None and missed is not None:
-        return (f"so far {p.fmt(met)} {unit} met {what} and {p.fmt(missed)} {unit} missed, so the capacity lies "
-                "between them (not confirmed)")
-    if met is not None:
-        return f"so far {what} held up to {p.fmt(met)} {unit} (capacity ≥ {p.fmt(met)}, not confirmed)"
-    if missed is not None:
-        return f"so far no load tried met {what} (the lowest tried, {p.fmt(missed)} {unit}, missed)"
-    return "no point had finished, so nothing was established"
-
-
-def answer_line(result: CapacityResult) -> str:
-    """The answer in one sentence, with its margin (where the boundary lies between); an interrupted or
-    stopped search says so first, with what it had established."""
-    p = result.plan
-    unit = "requests/s" if p.axis == "rate" else "streams"
-    what = "every SLO" + (" and the stall budget" if p.budget.spec else "")
-    if result.interrupted:
-        where = "" if result.interrupted_at is None else f" at {p.fmt(result.interrupted_at)} {unit}"
-        return f"Search interrupted (Ctrl-C or SIGTERM){where}: {_so_far(result, unit, what)}."
-    if result.max_load is None:
-        measured = [pt.load for pt in result.points if pt.counted and not pt.empty]
-        found = (f"even {p.fmt(min(measured))} {unit} misses {what}" if measured else "no point measured anything")
-        if result.stopped:
-            return f"No capacity found: {found}, and {result.stopped}."
-        return (f"No load tried meets {what}: even {p.fmt(min(measured))} {unit} misses." if measured
-                else "No point was measured.")
-    why = "" if result.stopped else f" (--max-points {p.max_points})"
-    caveat = "" if result.confirmed else (f" Not confirmed: the search stopped{why} before "
-                                          f"{p.fmt(result.max_load)} ran {p.repeat} times.")
-    caveat += offered_caveat(result)  # its runs offered well below the nominal rate: what they showed, the fix
-    if result.stopped:
-        caveat += f" The search ended early: {result.stopped}."
-    if result.inversions:
-        hi_met, lo_missed = max(result.inversions, key=lambda t: t[0] - t[1])
-        caveat += (f" Not monotone: {p.fmt(hi_met)} {unit} met but {p.fmt(lo_missed)} missed, so the run-to-run "
-                   "noise is larger than the boundary's slope (longer --duration or more --repeat).")
-    if result.missed_at is None:
-        at_max = p.load_max is not None and result.max_load >= p.load_max
-        raise_ = "--rate-max" if at_max else f"--max-points (it ran all {p.max_points})"
-        return (f"Capacity ≥ {p.fmt(result.max_load)} {unit}: {what} held at every load tried "
-                f"(raise {raise_} to look further).{caveat}")
-    holds = "hold" if p.budget.spec else "holds"
-    return (f"Capacity: {p.fmt(result.max_load)} {unit} ({what} {holds}; {p.fmt(result.missed_at)} {unit} misses, "
-            f"so the boundary lies within +{p.fmt(result.missed_at - result.max_load)} {unit}).{caveat}")

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from itlbench.analysis.goodput import ClassSlo, parse_slo
-from itlbench.experiments.capacity import CapacityPlan, CapacityResult, SearchPoint, answer_line
+from itlbench.experiments.capacity import CapacityPlan, CapacityResult, SearchPoint
+from itlbench.experiments.capacity_answer import answer_line
 from itlbench.experiments.capacity_offered import mean_of, point_offered
 from itlbench.report.document import Callout, Document, Section, Table, Written, write_document
 from itlbench.report.figure_spec import FigureSpec

@@ -114,7 +114,7 @@ def test_phases_measures_prefill_and_decode_apart(tmp_path: Path) -> None:
     doc = json.loads((out / "phases.json").read_text())
     assert [r["prompt_tokens"] for r in doc["rows"]] == [1, 16, 128, 512]
     # tiny's 4,096-token context cannot hold an 8k prompt: skipped, and said so
-    assert "--lengths: 8,192 do not fit the context (4,096 tokens, 9 of them kept for the output): skipped" \
+    assert "--lengths: 8,192 does not fit the context (4,096 tokens, 9 of them kept for the output): skipped" \
         in _flat(result.output)
     assert all(r["engine_prefill_s"] and r["client_ttft_s"] >= r["engine_prefill_s"] for r in doc["rows"]), \
         "the client's TTFT includes the engine's prefill"

@@ -17,12 +17,12 @@ from itlbench.experiments.capacity import (
     RunJudgement,
     SearchInterrupted,
     SearchPoint,
-    answer_line,
     measure_point,
     parse_stall_budget,
     search,
 )
 from itlbench.experiments.capacity import judge_run as _judge_run
+from itlbench.experiments.capacity_answer import answer_line
 from itlbench.experiments.capacity_report import rerun_lines
 from itlbench.testing.paced_server import PacedConfig, spawn
 

@@ -18,7 +18,6 @@ from itlbench.report.compare import (
     Row,
     distinct_durations,
     make_rows,
-    slo_checks,
     smoothest_sentence,
     tradeoff_figure,
     verdict,
@@ -26,6 +25,7 @@ from itlbench.report.compare import (
 )
 from itlbench.report.compare_runs import differing_settings, load_runs
 from itlbench.report.data import load_run
+from itlbench.report.slo_checks import slo_checks
 from tests.support.report_runs import build_run
 
 runner = CliRunner()
