@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from itlbench.report.durations import fmt_s
+from itlbench.report.durations import counted, fmt_s
 
 
 def brief_line(summary: dict[str, Any], run_dir: Path | str) -> str:
@@ -58,7 +58,7 @@ def _stalls(summary: dict[str, Any]) -> str:
     events = stalls.get("events") or 0
     if not events:
         return "no stalls"
-    return f"{events:,} stall event{'s' if events != 1 else ''} (worst {fmt_s(stalls.get('worst_s'))})"
+    return f"{counted(events, 'stall event')} (worst {fmt_s(stalls.get('worst_s'))})"
 
 
 def _throughput(summary: dict[str, Any]) -> str:

@@ -21,3 +21,9 @@ def fmt_s(value: float | None) -> str:
     if v == 0:
         return "0 ms"
     return f"{v * 1e6:.0f} µs"
+
+
+def counted(n: int | float | str, noun: str) -> str:
+    """'1 event', '31 events': a count a reader reads, not '1 events'."""
+    shown = f"{n:,}" if isinstance(n, int) else str(n)
+    return f"{shown} {noun}" if n == 1 else f"{shown} {noun}s"

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from itlbench.analysis.gpu import gpu_line
 from itlbench.load.progress import ProgressSnapshot
 from itlbench.report.data import read_json, run_cut_short, unreadable_line
-from itlbench.report.durations import fmt_s
+from itlbench.report.durations import counted, fmt_s
 from itlbench.report.engines import engine_check_line, serving_warnings
 from itlbench.report.slos import slo_text
 from itlbench.report.tables import TextTable, print_table
@@ -79,12 +79,6 @@ class LiveProgress:
             line += (f" │ ITL p50 {_num(snap.itl_p50_ms)} p99 {_num(snap.itl_p99_ms)} ms │ "
                      f"TTFT p50 {_num(snap.ttft_p50_ms)} ms │ client CPU {snap.cpu_percent:.0f}%")
         self._progress.update(self._task, completed=min(measured, self.total_s), line=line, description=stage)
-
-
-def counted(n: Any, noun: str) -> str:
-    """'1 event', '31 events': a count a reader reads, not '1 events'."""
-    shown = f"{n:,}" if isinstance(n, int) else str(n)
-    return f"{shown} {noun}" if n == 1 else f"{shown} {noun}s"
 
 
 def _stat_row(d: dict[str, Any], keys: tuple[str, ...], fmt: Any = _ms) -> list[str]:
