@@ -60,6 +60,11 @@ class Row:
     goodput: float | None
     valid: bool | None
     group: str = ""  # the setting (repeats of one sweep point share it); label adds which run
+    stall_events: int = 0  # stalls that began together (one cause, many streams); `stalls` counts each gap
+
+    def stalls_text(self) -> str:
+        """Events first, as the brief line counts them, then the gaps they hold (one per stream stalled)."""
+        return f"{self.stall_events:,} ({self.stalls:,} gaps)" if self.stalls else "0"
 
 
 def _or_max(stats: dict[str, Any], key: str) -> float | None:
@@ -82,7 +87,7 @@ def make_rows(runs: list[RunData]) -> list[Row]:
                         _or_max(inj, "p50"), _or_max(every, "p99"), (s.get("throughput") or {}).get("output_tokens_per_s"),
                         int(stalls.get("count") or 0), stalls.get("stalled_s"),
                         (s.get("goodput") or {}).get("requests_per_s"), s.get("valid") if measured(run) else None,
-                        group))
+                        group, int(stalls.get("events") or 0)))
     return rows
 
 
@@ -96,10 +101,10 @@ def comparison_table(rows: list[Row]) -> Table:
     for r in rows:
         out.append([r.label, fmt_s(r.worst_s), fmt_s(r.p50_s), fmt_s(r.p99_s), fmt_s(r.p999_s),
                     fmt_s(r.injected_ttft_s), "—" if r.out_tps is None else f"{r.out_tps:,.0f}",
-                    f"{r.stalls:,}", fmt_s(r.stalled_s), "—" if r.goodput is None else f"{r.goodput:.2f}",
+                    r.stalls_text(), fmt_s(r.stalled_s), "—" if r.goodput is None else f"{r.goodput:.2f}",
                     {True: "yes", False: "NO", None: "?"}[r.valid], r.run.engine.name, r.run.engine.source])
     return Table(["setting", "worst gap", "ITL p50", "ITL p99", "ITL p99.9", "injected TTFT", "output tok/s",
-                  "stalls", "stalled", "goodput req/s", "valid", "engine", "server-side figures from"], out,
+                  "stall events", "stalled", "goodput req/s", "valid", "engine", "server-side figures from"], out,
                  "One row per run (steady streams' ITL; injected TTFT is the median over injected prompts, or the "
                  "worst where they are too few for a median; — where too few samples support a percentile; "
                  f"{_goodput_slos(rows)})")

@@ -330,6 +330,6 @@ def run_styles(labels: list[str], groups: list[str] | None) -> list[tuple[str, s
 def rows_as_dicts(rows: Sequence[Any]) -> list[dict[str, Any]]:
     return [{"setting": r.label, "group": r.group, "run_dir": str(r.run.run_dir), "worst_gap_s": r.worst_s, "itl_p50_s": r.p50_s,
              "itl_p99_s": r.p99_s, "itl_p999_s": r.p999_s, "injected_ttft_s": r.injected_ttft_s,
-             "output_tokens_per_s": r.out_tps, "stalls": r.stalls, "stalled_s": r.stalled_s,
+             "output_tokens_per_s": r.out_tps, "stalls": r.stalls, "stall_events": r.stall_events, "stalled_s": r.stalled_s,
              "goodput_rps": r.goodput, "valid": r.valid, "engine": r.run.engine.name,
              "figures_from": r.run.engine.source} for r in rows]

@@ -252,3 +252,14 @@ def test_the_tradeoff_axes_are_labelled_as_durations_even_within_one_decade(tmp_
     y = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
     assert y and all(t.endswith((" ms", " s")) for t in y), y
     assert ax.get_ylabel() == "injected prompt's TTFT"
+
+
+def test_the_stalls_column_counts_events_as_the_brief_line_does_with_their_gaps(tmp_path: Path) -> None:
+    """A 32k prefill froze 32 streams at once: the brief line said "5 stall events" but the comparison's "stalls"
+    column said 153 (one per stalled stream's gap), and a reader took them for two different runs."""
+    run = load_runs([build_run(tmp_path / "a")])[0]
+    run.summary["stalls"] = {**run.summary["stalls"], "count": 153, "events": 5}
+    (row,) = make_rows([run])
+    assert (row.stalls, row.stall_events, row.stalls_text()) == (153, 5, "5 (153 gaps)")
+    run.summary["stalls"] = {**run.summary["stalls"], "count": 0, "events": 0}
+    assert make_rows([run])[0].stalls_text() == "0"
