@@ -401,6 +401,10 @@ def _preflight(cfg: RunConfig) -> None:
     """Reject bad workload, injection and SLO flags, and a collector nobody runs, before any server starts or
     directory appears."""
     parse_slo(cfg.slo)
+    if cfg.driver == "locust" and cfg.rate is not None and get_workload(cfg.workload).sessions:
+        raise ConfigError("--driver", f"Locust cannot run --workload {cfg.workload} sessions arriving at --rate "
+                          "(each runs its turns one after another on a stream of its own)",
+                          "drop --driver locust (--workers N spreads sessions over processes), or use --streams N")
     if cfg.otlp_endpoint is not None:
         from itlbench.telemetry.otel import check_endpoint, probe_collector
 

@@ -6,7 +6,9 @@ remaining requests cancelled (recorded "cancelled").
 Closed-loop streams start sending at `run_start` (or spread over `ramp_s`), so the warmup fills the
 server. Open-loop
 `send_at_s` counts from `measure_start` (after the warmup); a plan due at or after the end of the
-measurement window is not sent, and the feed (time-ordered) is not read further.
+measurement window is not sent, and the feed (time-ordered) is not read further. An arriving session
+(`LoadPlan.sessions`, agent --rate) starts at its `arrive_at_s`, likewise counted, as a closed-loop
+stream of its own that ends after its last turn; drain, stop and cancel cover it as they cover requests.
 Every request row carries `scheduled_ns` and `sent_ns`, so client send lag is part of the record.
 """
 
@@ -19,7 +21,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from itlbench.errors import ConfigError
 from itlbench.load.aio import finish, first_of, install_sigint
@@ -34,11 +36,12 @@ from itlbench.load.streak import FailureStreak
 from itlbench.load.target import Target
 from itlbench.rundir.store import RunStore
 from itlbench.workloads.build import check_load_shape
-from itlbench.workloads.plan import LoadPlan, RequestPlan
+from itlbench.workloads.plan import LoadPlan, RequestPlan, SessionPlan
 
 _now = time.perf_counter_ns
 KERNEL_WATCHDOG_TICK_S = 0.025
 STATUSES = ("ok", "error", "timeout", "cancelled")
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +115,7 @@ class _Run:
         self.streak = FailureStreak(max_connection_errors)
         self.backoff = Backoff()
         self.send_lags: list[int] = []
-        self.requests: set[asyncio.Task[Outcome]] = set()
+        self.requests: set[asyncio.Task[Any]] = set()  # open-loop sends and running sessions
         self.open_loop_truncated = False
         # The measurement window: known once warmup ends (end_ns is open until then).
         self.measure_start_ns: int | None = None
@@ -220,6 +223,25 @@ async def _open_loop(run: _Run, feed: Iterator[RequestPlan]) -> None:
         task.add_done_callback(run.requests.discard)
 
 
+async def _arriving_sessions(run: _Run, feed: Iterator[SessionPlan]) -> None:
+    """Start each session at its arrival (counted from the start of measurement) as a closed-loop stream of
+    its own: its first turn at once, each later one after the previous answer plus its think time."""
+    await first_of(run.measuring.wait(), run.closed.wait())
+    if run.measure_start_ns is None or run.closed.is_set():
+        return
+    for session in feed:
+        due = run.measure_start_ns + int(session.arrive_at_s * 1e9)
+        if due >= run.end_ns:
+            run.open_loop_truncated = True
+            return
+        await run.pause((due - _now()) / 1e9)
+        if run.closed.is_set():
+            return
+        task = asyncio.create_task(_closed_stream(run, session.stream, iter(session.turns), due))
+        run.requests.add(task)
+        task.add_done_callback(run.requests.discard)
+
+
 async def _sample(run: _Run, monitor: ClientMonitor, sink: RowSink, run_start_ns: int,
                   on_progress: Callable[[ProgressSnapshot], None] | None,
                   on_sample: Callable[[dict[str, Any]], None] | None = None) -> None:
@@ -303,7 +325,7 @@ def _pause_writer(sink: RowSink, observer: DriveObserver | None) -> Callable[[di
     return write
 
 
-def _split_feed(feed: Iterator[RequestPlan]) -> Iterator[RequestPlan] | None:
+def _split_feed(feed: Iterator[_T]) -> Iterator[_T] | None:
     first = next(feed, None)
     return None if first is None else itertools.chain([first], feed)
 
@@ -335,12 +357,14 @@ async def drive(plan: LoadPlan, target: Target, store: RunStore, *, duration_s: 
     _check(duration_s, warmup.min_s if warmup else warmup_s, drain_timeout_s, max_connection_errors)
     streams = [iter(s) for s in plan.streams]
     feed = _split_feed(iter(plan.open_loop))
+    sessions = _split_feed(iter(plan.sessions))
     sink = RowSink(store)
-    client = make_stream_client(target, sink, limit=0 if feed is not None else max(1, len(streams)), observer=observer)
+    unlimited = feed is not None or sessions is not None
+    client = make_stream_client(target, sink, limit=0 if unlimited else max(1, len(streams)), observer=observer)
     run = _Run(client, max_connection_errors)
     monitor = ClientMonitor(sample_interval_s)
     with frozen_heap():
-        return await _drive(run, client, sink, monitor, streams, feed, duration_s=duration_s,
+        return await _drive(run, client, sink, monitor, streams, feed, sessions, duration_s=duration_s,
                             warmup=warmup or Warmup(min_s=warmup_s),
                             drain_timeout_s=drain_timeout_s, on_progress=on_progress, stop_event=stop_event,
                             handle_sigint=handle_sigint, shard=shard, observer=observer,
@@ -348,7 +372,8 @@ async def drive(plan: LoadPlan, target: Target, store: RunStore, *, duration_s: 
 
 
 async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: ClientMonitor,
-                 streams: list[Iterator[RequestPlan]], feed: Iterator[RequestPlan] | None, *, duration_s: float,
+                 streams: list[Iterator[RequestPlan]], feed: Iterator[RequestPlan] | None,
+                 sessions: Iterator[SessionPlan] | None, *, duration_s: float,
                  warmup: Warmup, drain_timeout_s: float, on_progress: Callable[[ProgressSnapshot], None] | None,
                  stop_event: asyncio.Event | None, handle_sigint: bool, shard: Shard | None,
                  observer: DriveObserver | None, before_measure: Hook | None = None,
@@ -365,6 +390,8 @@ async def _drive(run: _Run, client: StreamClient, sink: RowSink, monitor: Client
                    for k, it in zip(ids, streams, strict=True)}
         if feed is not None:
             workers.add(asyncio.create_task(_open_loop(run, feed)))
+        if sessions is not None:
+            workers.add(asyncio.create_task(_arriving_sessions(run, sessions)))
         # kernel stamps do not move with the client's pauses and each chunk row carries its read delay,
         # so the watchdog can tick slower there: its 5 ms wake-ups alone cost 2 % of a core here
         watchdog = PauseWatchdog(_pause_writer(sink, observer),

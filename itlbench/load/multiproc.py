@@ -1,8 +1,9 @@
 """Split a load across worker processes when one client event loop cannot keep up.
 
 Each worker builds the plan itself (`plan_factory` must be picklable: a module-level function or a
-`functools.partial` of one), keeps streams `k, k+n, ...` and every n-th open-loop plan, and runs
-`drive` on its own event loop into its own store `run_dir/workers/<k>/`. All workers start on one
+`functools.partial` of one), keeps streams `k, k+n, ...`, every n-th open-loop plan and every n-th arriving
+session (each session whole), and runs `drive` on its own event loop into its own store
+`run_dir/workers/<k>/`. All workers start on one
 `perf_counter_ns` instant (CLOCK_MONOTONIC is shared by every process on a host), so their records
 line up. At the end each worker's parts are concatenated into the main run directory as
 `<table>/part-9NNNN.parquet` (N = worker) and the worker folders are removed.
@@ -46,9 +47,10 @@ MERGED_PART_BASE = 90_000
 
 
 def split_plan(plan: LoadPlan, k: int, n: int) -> LoadPlan:
-    """Worker k's share: every n-th stream and every n-th open-loop plan, starting at k."""
+    """Worker k's share: every n-th stream, open-loop plan and arriving session, starting at k (a session's
+    turns all go to the one worker that starts it)."""
     return LoadPlan(streams=plan.streams[k::n], open_loop=itertools.islice(plan.open_loop, k, None, n),
-                    description=plan.description)
+                    description=plan.description, sessions=itertools.islice(plan.sessions, k, None, n))
 
 
 def worker_dir(run_dir: str | Path, k: int) -> Path:

@@ -35,7 +35,8 @@ def _offered(summary: dict[str, Any]) -> str:
     offered = summary.get("offered") or {}
     if offered.get("offered_rps") is None or offered.get("nominal_rps") is None:
         return ""
-    return f"offered {offered['offered_rps']:.1f} of the nominal {offered['nominal_rps']:.1f} req/s"
+    unit = offered.get("unit") or "req/s"  # sessions/s where agent sessions arrive at --rate
+    return f"offered {offered['offered_rps']:.1f} of the nominal {offered['nominal_rps']:.1f} {unit}"
 
 
 def _ttft(summary: dict[str, Any]) -> str:

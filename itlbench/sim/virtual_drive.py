@@ -3,7 +3,8 @@ HTTP, sockets or sleeping.
 
 The served path (`load.driver.drive` against the bundled server) spends a wall second for every
 simulated second. Here the same `LoadPlan` — closed-loop streams (think time, ramp), the open-loop
-feed (`--rate`, trace rows, injections), adaptive warm-up, the measured window, the drain and the
+feed (`--rate`, trace rows, injections), sessions arriving at `--rate` (agent: each then closed-loop
+on a stream of its own until its last turn), adaptive warm-up, the measured window, the drain and the
 request timeout — meets the same `Engine` (scheduler, block manager, simulated runner), but time is
 the engine's `VirtualClock`: a step moves it by the step's predicted duration, an idle engine jumps it
 to the next event (a send, the window opening or closing, a deadline).
@@ -34,7 +35,7 @@ from itlbench.load.observers.client_monitor import ClientStats
 from itlbench.load.progress import ProgressSnapshot
 from itlbench.load.streak import failures_reason
 from itlbench.sim.runner import VirtualClock
-from itlbench.workloads.plan import LoadPlan, RequestPlan
+from itlbench.workloads.plan import LoadPlan, RequestPlan, SessionPlan
 
 VIRTUAL_STAMP = "virtual"  # chunks.stamp of a token's arrival on the virtual clock (the step's end)
 PROGRESS_EVERY_S = 0.25  # wall seconds between progress snapshots (the live bar redraws at that pace)
@@ -66,7 +67,7 @@ class _Live:
     plan: RequestPlan
     engine_id: str
     stream: int | None  # the requests.stream value: the plan's own stream, else the closed-loop index
-    k: int | None  # the closed-loop stream that sends next when this one ends; None for open-loop sends
+    k: int | None  # the closed-loop stream (or session) that sends next when this one ends; None for open-loop sends
     scheduled_ns: int
     deadline_ns: int
     times: list[int] = field(default_factory=list)
@@ -90,7 +91,10 @@ class VirtualDrive:
         self.on_progress = on_progress
         self._reported_at = time.monotonic()  # wall clock: a snapshot every PROGRESS_EVERY_S, not every step
         self.clock: VirtualClock = engine.clock
-        self._streams = [iter(s) for s in plan.streams]
+        self._streams = [iter(s) for s in plan.streams]  # then one per session, as it arrives
+        self._n_closed = len(self._streams)  # the run's own closed-loop streams (the adaptive warm-up's)
+        self._sessions: Iterator[SessionPlan] = iter(plan.sessions)
+        self._session_next: SessionPlan | None = next(self._sessions, None)
         self._feed: Iterator[RequestPlan] = iter(plan.open_loop)
         self._open_next: RequestPlan | None = next(self._feed, None)
         self._due: list[tuple[int, int, int, RequestPlan]] = []  # (due, order, stream, plan): next closed-loop sends
@@ -119,7 +123,7 @@ class VirtualDrive:
         w = self.limits.warmup
         self._min_end = start + _ns(w.min_s)
         self._max_end = start + _ns(max(w.max_s, w.min_s))
-        total = len(self._streams)
+        total = self._n_closed
         ramp = _ns(w.ramp_s)
         self._first_at = [start + ramp * k // max(1, total) for k in range(total)]
         for k in range(total):
@@ -198,6 +202,7 @@ class VirtualDrive:
                 self.measure_start_ns = at
                 self.end_ns = at + _ns(self.limits.duration_s)
         self._idle = idle or not self.engine.has_unfinished()  # as of `now`, before this instant's sends
+        self._start_sessions(now)
         self._send_closed(now)
         self._send_open(now)
         if self.measure_start_ns is not None and now >= self.end_ns:
@@ -209,7 +214,7 @@ class VirtualDrive:
         """When the warm-up ends (`load.driver._warm_up`): after min_s; adaptive, also once every
         closed-loop stream has a token, but never after max_s. None: not known yet."""
         w = self.limits.warmup
-        if not w.adaptive or not self._streams:
+        if not w.adaptive or not self._n_closed:
             return self._min_end
         ready = self._all_tokens_at if self._all_tokens_at is not None else self._max_end
         if self._all_tokens_at is None and self.clock.now_ns() < self._max_end:
@@ -225,6 +230,8 @@ class VirtualDrive:
             times.append(self.end_ns)
             if self._open_next is not None:
                 times.append(self.measure_start_ns + _ns(self._open_next.send_at_s or 0.0))
+            if self._session_next is not None:
+                times.append(self.measure_start_ns + _ns(self._session_next.arrive_at_s))
         if self._live:
             times.append(min(v.deadline_ns for v in self._live.values()))
             if self.closed:
@@ -246,6 +253,24 @@ class VirtualDrive:
         the served engine starts its next step before such a request can reach it, so it waits for
         the step after, unless the engine was idle (then every send due now starts at once)."""
         return due < now or (due == now and self._idle)
+
+    def _start_sessions(self, now: int) -> None:
+        """Sessions arrived by `now` become closed-loop streams, their first turn due at the arrival
+        (`load.driver._arriving_sessions`); one arriving at or after the window's end ends the feed."""
+        if self.measure_start_ns is None:
+            return
+        while self._session_next is not None and self.aborted_reason is None:
+            due = self.measure_start_ns + _ns(self._session_next.arrive_at_s)
+            if due >= self.end_ns:
+                self.truncated = True
+                self._session_next = None
+                return
+            if due > now:
+                return
+            self._streams.append(iter(self._session_next.turns))
+            self._first_at.append(due)
+            self._queue_next(len(self._streams) - 1, due)
+            self._session_next = next(self._sessions, None)
 
     def _send_closed(self, now: int) -> None:
         while self._due and self._arrived(self._due[0][0], now) and self.aborted_reason is None:
@@ -302,6 +327,9 @@ class VirtualDrive:
         """A send due before the window's end that has not reached the engine yet (see `_arrived`)."""
         if self._due and self._due[0][0] < self.end_ns:
             return True
+        if (self._session_next is not None and self.measure_start_ns is not None
+                and self.measure_start_ns + _ns(self._session_next.arrive_at_s) < self.end_ns):
+            return True
         return (self._open_next is not None and self.measure_start_ns is not None
                 and self.measure_start_ns + _ns(self._open_next.send_at_s or 0.0) < self.end_ns)
 
@@ -344,10 +372,10 @@ class VirtualDrive:
         self.out.add_many("chunks", chunks)
 
     def _note_token(self, live: _Live, t_ns: int) -> None:
-        if live.k is None or live.k in self._with_tokens:
+        if live.k is None or live.k >= self._n_closed or live.k in self._with_tokens:
             return
         self._with_tokens.add(live.k)
-        if len(self._with_tokens) == len(self._streams) and self._all_tokens_at is None:
+        if len(self._with_tokens) == self._n_closed and self._all_tokens_at is None:
             self._all_tokens_at = t_ns
 
     def _end_early(self, live: _Live, status: str, at_ns: int, error: str) -> None:

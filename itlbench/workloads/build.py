@@ -13,10 +13,10 @@ from itlbench.errors import ConfigError
 from itlbench.workloads.arrivals import arrival_times
 from itlbench.workloads.catalog import WorkloadSpec, get_workload
 from itlbench.workloads.injection import Injection, injection_times, parse_injections
-from itlbench.workloads.plan import LoadPlan, RequestPlan
+from itlbench.workloads.plan import LoadPlan, RequestPlan, SessionPlan
 from itlbench.workloads.prompts import Prompt, PromptBuilder
 from itlbench.workloads.sampling import lognormal_mu
-from itlbench.workloads.sources import Context, Ids, requests
+from itlbench.workloads.sources import Context, Ids, requests, session_turns
 from itlbench.workloads.trace import TraceReplay, load_trace, replay
 
 DEFAULT_STREAMS = 32
@@ -183,6 +183,12 @@ def _arrivals(ctx: Context, spec: LoadSpec) -> Iterator[RequestPlan]:
         yield replace(next(source), send_at_s=t, think_time_s=0.0)
 
 
+def _arriving_sessions(ctx: Context, spec: LoadSpec, first_stream: int) -> Iterator[SessionPlan]:
+    """Sessions arriving at --rate, each on a stream of its own numbered after the closed-loop streams."""
+    for i, t in enumerate(arrival_times(spec.rate or 0.0, spec.duration_s, spec.burstiness, [ctx.seed, 4])):
+        yield SessionPlan(arrive_at_s=t, stream=first_stream + i, turns=session_turns(ctx, i, first_stream + i))
+
+
 def _replayed(ctx: Context, rep: TraceReplay, duration_s: float) -> Iterator[RequestPlan]:
     ids = Ids("t-")
     for i, (t, n, out) in enumerate(zip(rep.send_at_s, rep.prompt_tokens, rep.output_tokens, strict=True)):
@@ -231,10 +237,6 @@ def build_load_plan(spec: LoadSpec, builder: PromptBuilder | None = None) -> Loa
     _check_numbers(spec)
     _check_sources(spec, workload)
     warnings = _check_fits(spec, workload)
-    if workload.sessions and spec.rate is not None:
-        warnings.append(f"--workload {workload.name} --rate: each arrival is the next turn of one session at a time, "
-                        "sent on time whether or not the turn before it has answered, with no think time; "
-                        "sessions that wait for each answer and think between turns need --streams N")
     default_at = spec.duration_s / 2 if spec.inject_at_s is None else spec.inject_at_s
     injections = parse_injections(spec.inject, default_at)
     _check_injections(spec, injections, default_at)
@@ -254,13 +256,30 @@ def build_load_plan(spec: LoadSpec, builder: PromptBuilder | None = None) -> Loa
                           "use --streams 32 or --rate 4")
     schedule = injection_times(injections, spec.duration_s)
     feeds = [_injected(ctx, schedule, spec.inject_max_tokens)]
-    if spec.rate is not None:
+    in_sessions = workload.sessions is not None and spec.rate is not None  # --rate: sessions arrive, not turns
+    if spec.rate is not None and not in_sessions:
         feeds.append(_arrivals(ctx, spec))
     if rep is not None:
         feeds.append(_replayed(ctx, rep, spec.duration_s))
     desc = _describe(spec, workload, n_streams, builder, schedule, rep)
+    if in_sessions:
+        desc["sessions"] = describe_sessions(spec, workload, n_streams)
     desc["warnings"] = warnings
-    return LoadPlan(streams=[_stream(ctx, i) for i in range(n_streams)], open_loop=_merge(feeds), description=desc)
+    return LoadPlan(streams=[_stream(ctx, i) for i in range(n_streams)], open_loop=_merge(feeds), description=desc,
+                    sessions=_arriving_sessions(ctx, spec, n_streams) if in_sessions else iter(()))
+
+
+def describe_sessions(spec: LoadSpec, workload: WorkloadSpec, first_stream: int) -> dict[str, object]:
+    """run.json's account of sessions arriving at --rate: `rate` counts sessions, not requests, and each
+    session sends `mean_turns` requests (fewer where its context fills max_model_len)."""
+    s = workload.sessions
+    assert s is not None
+    mean = (s.min_turns + s.max_turns) / 2
+    return {"rate": spec.rate, "unit": "sessions/s", "min_turns": s.min_turns, "max_turns": s.max_turns,
+            "mean_turns": mean, "think_time_mean_s": s.think_time_mean_s, "first_stream": first_stream,
+            "line": f"{spec.rate:g} sessions/s arrive ({'Poisson' if spec.burstiness == 1 else 'gamma'}), each "
+                    f"{s.min_turns}-{s.max_turns} turns (mean {mean:g}) sent one after another: a turn after the "
+                    f"previous one answered plus ~{s.think_time_mean_s:g} s think time"}
 
 
 def _describe(spec: LoadSpec, workload: WorkloadSpec, n_streams: int, builder: PromptBuilder,

@@ -106,6 +106,14 @@ def agent(ctx: Context, rng: np.random.Generator, ids: Ids,
         yield from _session(ctx, rng, ids, stream, session)
 
 
+def session_turns(ctx: Context, number: int, stream: int) -> Iterator[RequestPlan]:
+    """Session `number` of an open-loop session feed, on its own seeded generator: its turns are drawn
+    lazily while other sessions run, so a shared one would make prompts depend on timing."""
+    rng = np.random.default_rng([ctx.seed, 5, number])
+    session = f"o-sess-{number:05d}"
+    return _session(ctx, rng, Ids(f"{session}-t", width=2), stream, session)
+
+
 def _session(ctx: Context, rng: np.random.Generator, ids: Ids, stream: int | None,
              session: str) -> Iterator[RequestPlan]:
     s = ctx.spec.sessions

@@ -68,3 +68,13 @@ def test_the_summary_carries_it_for_an_open_loop_plan_only() -> None:
                                      if c not in HAND_BUILT.columns]).select(empty("requests").columns)
     assert summarize({"requests": full}, WINDOW, plan={"rate": 4.0})["offered"]["arrivals"] == 25  # type: ignore[index]
     assert summarize({"requests": full}, WINDOW, plan={"streams": 32, "rate": None})["offered"] is None
+
+
+def test_agent_sessions_at_a_rate_offer_sessions_counted_by_their_first_turns() -> None:
+    rows = [("s00-1", 0, False, 6.0, "ok", "s00-sess-00000", 0)]  # a --streams session: closed loop, not arriving
+    for i in range(8):  # eight sessions arrive in the window, each on its stream from 1, three turns each
+        rows += [(f"o-sess-{i}-t{k}", 1 + i, False, 5.5 + i + k * 0.3, "ok", f"o-sess-{i}", k) for k in range(3)]
+    reqs = _requests([r[:5] for r in rows]).with_columns(pl.Series("turn", [r[6] for r in rows], dtype=pl.Int64))
+    out = offered_load(reqs, WINDOW, {"rate": 1.0, "sessions": {"rate": 1.0, "first_stream": 1}})
+    assert out is not None and out["arrivals"] == 8 and out["offered_rps"] == pytest.approx(0.8)
+    assert str(out["line"]).startswith("Offered 0.8 sessions/s of the nominal 1.0 (8 arrivals in 10.0 s)")

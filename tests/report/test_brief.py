@@ -42,3 +42,11 @@ def test_an_invalid_run_says_why_in_its_line():
 def test_a_run_that_measured_nothing_is_not_called_valid():
     line = brief_line({"requests": {"ok": 0, "total": 0}, "valid": True}, "R")
     assert line.endswith("· measured nothing") and "valid" not in line
+
+
+def test_agent_sessions_at_a_rate_are_offered_in_sessions_per_second():
+    offered = {"offered_rps": 1.9, "nominal_rps": 2.0}
+    line = brief_line({"requests": {"ok": 1, "total": 1}, "offered": {**offered, "unit": "sessions/s"}}, "R")
+    assert "offered 1.9 of the nominal 2.0 sessions/s" in line
+    assert "offered 1.9 of the nominal 2.0 req/s" in brief_line({"requests": {"ok": 1, "total": 1},
+                                                                 "offered": offered}, "R")

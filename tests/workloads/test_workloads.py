@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -120,6 +121,7 @@ def test_every_prompt_is_exact_and_clipped_to_context(name: str, context: int) -
     plan = build_load_plan(LoadSpec(workload=name, streams=2, max_model_len=context, rate=5.0,
                                     duration_s=4.0, inject="5k@1s", seed=9))
     reqs = [r for s in plan.streams for r in _take(s, 40)] + list(plan.open_loop)
+    reqs += [r for session in plan.sessions for r in session.turns]  # agent: sessions arrive at --rate
     for r in reqs:
         assert r.prompt_tokens >= 1 and r.max_tokens >= 1
         assert r.prompt_tokens + r.max_tokens <= context
@@ -181,6 +183,7 @@ def _fingerprint(seed: int) -> list[tuple]:
     plan = build_load_plan(LoadSpec(workload="agent", streams=3, rate=4.0, duration_s=5.0,
                                     inject="2k@1s", seed=seed))
     reqs = [r for s in plan.streams for r in _take(s, 10)] + list(plan.open_loop)
+    reqs += [replace(r, send_at_s=s.arrive_at_s) for s in plan.sessions for r in s.turns]
     return [(r.request_id, r.prompt_tokens, r.max_tokens, r.send_at_s, r.think_time_s,
              r.prompt_token_ids) for r in reqs]
 
@@ -311,12 +314,3 @@ def test_rag_prompts_average_the_catalog_mean_for_every_seed(seed: int) -> None:
     assert len({r.prompt_tokens for r in reqs}) > 100
 
 
-def test_open_loop_agent_says_its_turns_do_not_wait_for_answers() -> None:
-    # an open-loop feed sends each turn at its arrival time: in a --rate 20 run every one of 954 later turns
-    # was sent before the turn it extends had finished, silently
-    plan = build_load_plan(LoadSpec(workload="agent", rate=20.0, duration_s=2.0, max_model_len=131072))
-    reqs = list(plan.open_loop)
-    assert all(r.think_time_s == 0 for r in reqs) and any(r.turn > 0 for r in reqs)
-    assert any("--streams N" in w and "think time" in w for w in plan.description["warnings"])
-    closed = build_load_plan(LoadSpec(workload="agent", streams=2, max_model_len=131072))
-    assert closed.description["warnings"] == []
