@@ -19,6 +19,9 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
   stalls.attribution[]  top events, the most stream-seconds stalled first: {event,start_s (from measure start),
                         span_s,stalls,victims,worst_s,stalled_s,prefill_steps,prefill_tokens,prefill_s,injected_prefill,prefill_request_ids,
                         injected_request_ids,longest_step_s,preemptions,client_pause_s,scrape_s,cause}
+  queueing  null without engine steps; else {source,max_num_seqs,waiting_s,waiting_share,main_limit,
+           by_limit_s.<max_num_seqs|kv_cache|token_budget|other>,queue_s.{p50,p90,p99,max,count}}: what held the
+           requests that waited for the engine (analysis/queueing.py)
   split.{prefill_s,decode_s,prefill_frac,source}  (+ mixed_steps, cost_model | unattributed_s)
   throughput.{requests_per_s,output_tokens_per_s,input_tokens_per_s}
   offered  null for a closed-loop run; else the open-loop arrivals scheduled in the window against the nominal
@@ -86,6 +89,7 @@ from itlbench.analysis.goodput import SloSet, goodput, judge, parse_slo
 from itlbench.analysis.gpu import gpu_status_of, gpu_summary
 from itlbench.analysis.offered import offered_load
 from itlbench.analysis.pooled import describe_pooled
+from itlbench.analysis.queueing import max_num_seqs_of, queueing_summary
 from itlbench.analysis.read_together import tag_gaps
 from itlbench.analysis.scale import ChunkFigures, chunk_figures
 from itlbench.analysis.scrapes import scrape_summary
@@ -177,9 +181,11 @@ def summarize(
     thresholds: ValidityThresholds | None = None,
     gpu_status: str | None = None,
     plan: Mapping[str, object] | None = None,
+    max_num_seqs: int | None = None,
 ) -> dict[str, object]:
     """Every metric of one run over its measurement window (see the module docstring for keys);
-    `gpu_status` is run.json's `gpu_telemetry.nvml` (why a run has no GPU samples), `plan` its load plan."""
+    `gpu_status` is run.json's `gpu_telemetry.nvml` (why a run has no GPU samples), `plan` its load plan,
+    `max_num_seqs` the engine's running-batch cap (what held its queue)."""
     slos = slos or SloSet()
     stall_params = stall_params or StallParams()
     t = select_window(tables, window)
@@ -206,7 +212,7 @@ def summarize(
         reasoning.pooled_phase(phased, "answer"), reasoning.handoff_rows(phased))
     out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judge(ttft_rows, gaps, slos), slos, validity,
                     throughput(requests, windowed, window.seconds), engine_check(requests, chunks, t["all_steps"]), gpu_status,
-                    offered=offered_load(all_requests, window, plan))
+                    offered=offered_load(all_requests, window, plan), max_num_seqs=max_num_seqs)
     return json_safe(out)  # type: ignore[return-value]
 
 
@@ -219,6 +225,7 @@ def summarize_dir(
     partitions: int | None = None,
     gpu_status: str | None = None,
     plan: Mapping[str, object] | None = None,
+    max_num_seqs: int | None = None,
 ) -> tuple[dict[str, object], RunAnalysis]:
     """`summarize` of a stored run without holding its chunks (analysis/scale.py): the same keys and
     figures, pooled percentiles selected exactly out of core. Also returns what the report draws."""
@@ -260,7 +267,7 @@ def summarize_dir(
     out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judged, slos, validity,
                     throughput(requests, None, window.seconds, c.out_tokens),
                     engine_check(requests, None, t["all_steps"], c.worst_gap), gpu_status, unreadable_parts(run_dir),
-                    offered_load(all_requests, window, plan))
+                    offered_load(all_requests, window, plan), max_num_seqs)
     return json_safe(out), RunAnalysis(c, stalls, ttft_rows, judged)  # type: ignore[return-value]
 
 
@@ -292,7 +299,7 @@ def _assemble(window: RunWindow, ttft_rows: pl.DataFrame, itl_section: dict[str,
               stall_summary: dict[str, object], t: dict[str, pl.DataFrame], judged: pl.DataFrame, slos: SloSet,
               validity: dict[str, object], thr: dict[str, float | None], engine: dict[str, object],
               gpu_status: str | None = None, unreadable: list[str] | None = None,
-              offered: dict[str, object] | None = None) -> dict[str, object]:
+              offered: dict[str, object] | None = None, max_num_seqs: int | None = None) -> dict[str, object]:
     requests = t["requests"]
     out_tokens = (thr.get("output_tokens_per_s") or 0.0) * window.seconds
     return {
@@ -305,6 +312,7 @@ def _assemble(window: RunWindow, ttft_rows: pl.DataFrame, itl_section: dict[str,
         **_ttft_section(ttft_rows),
         **itl_section,
         "stalls": stall_summary,
+        "queueing": queueing_summary(t["steps"], ttft_rows, window.seconds, max_num_seqs),
         "split": time_split(t["steps"], t["server_metrics"], window),
         "throughput": thr,
         "offered": offered,
@@ -361,7 +369,8 @@ def summarize_meta(run_dir: str | Path, meta: dict[str, object],
     plan = meta.get("plan")
     summary, analysis = summarize_dir(run_dir, window, parse_slo(slo if isinstance(slo, str) else None),
                                       StallParams.from_meta(meta), gpu_status=gpu_status_of(meta),
-                                      plan=plan if isinstance(plan, dict) else None)
+                                      plan=plan if isinstance(plan, dict) else None,
+                                      max_num_seqs=max_num_seqs_of(meta))
     if isinstance(meta.get("sim_check"), dict):  # a simulated engine: its preset's published error bar
         summary["sim_check"] = meta["sim_check"]
     if meta.get("clock") == "virtual":  # harness.virtual_run: simulated time, no client to check

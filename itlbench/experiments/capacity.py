@@ -101,6 +101,7 @@ class RunJudgement:
     rerun: bool = False
     interrupted: bool = False  # Ctrl-C or SIGTERM cut the run short: kept, never counted
     seed: int | None = None  # the seed it ran, where the search varies it (the simulator)
+    queueing: str | None = None  # what held the requests that waited for the engine (report/queueing.py)
 
     @property
     def met(self) -> bool:
@@ -114,6 +115,7 @@ class RunJudgement:
 
 def judge_run(run_dir: Path, slo: str | None, budget: StallBudget) -> RunJudgement:
     """A finished run against the SLOs and the stall budget (the compare verdict's checks, plus stalls)."""
+    from itlbench.report.queueing import queueing_sentence
     from itlbench.report.slo_checks import slo_checks, worst_gap_s
     from itlbench.report.style import fmt_s
 
@@ -153,7 +155,8 @@ def judge_run(run_dir: Path, slo: str | None, budget: StallBudget) -> RunJudgeme
     victims = figures["victims_share"]
     if budget.victims is not None and victims is not None and victims > budget.victims:
         missed.append((f"{victims:.0%} of requests stalled > {budget.victims:.0%}", "stalls"))
-    return RunJudgement(run_dir, figures, [what for what, _ in missed], _doubted(s, [f for _, f in missed]))
+    return RunJudgement(run_dir, figures, [what for what, _ in missed], _doubted(s, [f for _, f in missed]),
+                        queueing=queueing_sentence(s))
 
 
 def _doubted(summary: dict[str, Any], missed_figures: list[str]) -> list[str]:

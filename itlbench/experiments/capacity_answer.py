@@ -53,4 +53,15 @@ def answer_line(result: CapacityResult) -> str:
                 f"(raise {limit} to look further).{caveat}")
     holds = "hold" if p.budget.spec else "holds"
     return (f"Capacity: {p.fmt(result.max_load)} {unit} ({what} {holds}; {p.fmt(result.missed_at)} {unit} misses, "
-            f"so the boundary lies within +{p.fmt(result.missed_at - result.max_load)} {unit}).{caveat}")
+            f"so the boundary lies within +{p.fmt(result.missed_at - result.max_load)} {unit}).{caveat}"
+            f"{_what_held(result, unit)}")
+
+
+def _what_held(result: CapacityResult, unit: str) -> str:
+    """Where the engine's queue held requests at the first load that missed: which limit (batch cap, token
+    budget, K/V) a user would move to raise the capacity."""
+    runs = [r for pt in result.points if pt.load == result.missed_at for r in pt.counted]
+    line = next((r.queueing for r in runs if r.queueing), None)
+    if line is None or result.missed_at is None:
+        return ""
+    return f" At {result.plan.fmt(result.missed_at)} {unit}, r{line[1:]}"

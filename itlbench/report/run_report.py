@@ -28,6 +28,7 @@ from itlbench.report.document import (
 from itlbench.report.engines import serving_warnings
 from itlbench.report.figure_spec import FigureSpec
 from itlbench.report.figures import run_figures
+from itlbench.report.queueing import queueing_sentence
 from itlbench.report.reproduce import reproduce_command
 from itlbench.report.run_tables import (
     events_table,
@@ -287,7 +288,8 @@ def build_document(data: RunData) -> Document:
     sections = [
         Section("The run in numbers").add(totals_table(data)),
         story, why,
-        Section("Time to first token").add(figs["ttft"], ttft_table(data)),
+        Section("Time to first token").add(figs["ttft"], ttft_table(data),
+                                           *filter(None, [queueing_sentence(data.summary)])),
         Section("Inter-token latency").add(figs["itl_cdf"], itl_table(data)),
         *([r] if (r := reasoning_section(data)) is not None else []),
         Section("Throughput, split and goodput").add(figs["throughput"], figs["split"], figs["goodput"],

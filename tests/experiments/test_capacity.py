@@ -335,3 +335,21 @@ def test_a_search_that_met_everywhere_names_the_limit_that_stopped_it() -> None:
     assert by_points.missed_at is None and "(raise --max-points (it ran all 3) to look further)" in answer_line(by_points)
     by_max = search(CapacityPlan(start=1, repeat=1, load_max=4), measure)
     assert by_max.max_load == 4 and "(raise --rate-max to look further)" in answer_line(by_max)
+
+
+def test_the_answer_says_what_held_the_engines_queue_at_the_first_load_that_missed() -> None:
+    """A TTFT miss at capacity has a cause a user can move (the batch cap, the chunk budget, K/V memory)."""
+    held = "Requests waited for the engine in 17% of the window (queue p99 3.03 s): the running batch was full"
+
+    def measure(load: float, phase: str, repeats: int) -> SearchPoint:
+        pt = SearchPoint(load, phase)
+        for _ in range(repeats):
+            miss = load > 4.5
+            pt.runs.append(RunJudgement(Path("."), {}, ["missed"] if miss else [], queueing=held if miss else None))
+        return pt
+
+    result = search(CapacityPlan(start=1, resolution=0.1, repeat=1), measure)
+    assert result.missed_at is not None
+    line = answer_line(result)
+    assert line.endswith(f" At {result.plan.fmt(result.missed_at)} requests/s, requests waited for the engine in 17% "
+                         "of the window (queue p99 3.03 s): the running batch was full"), line
