@@ -182,7 +182,8 @@ class Engine:
             raise ConfigError("prompt", "is empty", "send at least one token")
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
         if bad is not None:
-            raise ConfigError("prompt", f"token id {bad} is outside the vocabulary [0, {vocab})")
+            raise ConfigError("prompt", f"token id {bad} is outside the vocabulary [0, {vocab})",
+                              f"send token ids below {vocab}")
         if n >= self.max_model_len:
             raise ConfigError("prompt", f"{n} tokens leave no room to generate within max_model_len="
                               f"{self.max_model_len}", "shorten the prompt or raise --max-model-len")

@@ -21,6 +21,8 @@ EngineKind = Literal["torch", "sim"]
 ENGINE_KINDS: tuple[str, ...] = ("torch", "sim")
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "sdpa", "flash", "triton")  # itlbench.engine.attention
 _DEFAULT_KV_LINK_GBPS = 400.0
+# keys are the engine flags' names, as `itlbench run` writes them to run.json's engine
+_OBJECT_EXAMPLE = 'write a JSON object of engine flags, _ for -, like {"max_num_seqs": 64, "chunk_budget": 2048}'
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bfloat16", "float16", "fp8")  # bytes: itlbench.sim.hardware.kv_dtype_bytes
 
 
@@ -117,16 +119,19 @@ class EngineConfig:
             raise ConfigError("torch_threads", f"must be > 0, got {self.torch_threads}",
                               "e.g. --torch-threads 1, or leave it out to use the cores available less one")
         if self.kv_blocks is not None and self.kv_blocks <= 0:
-            raise ConfigError("kv_blocks", f"must be > 0, got {self.kv_blocks}")
+            raise ConfigError("kv_blocks", f"must be > 0, got {self.kv_blocks}",
+                              "e.g. --kv-blocks 4096, or leave it out to size the cache from --kv-memory-gib")
         if self.kv_memory_gib is not None and self.kv_memory_gib <= 0:
-            raise ConfigError("kv_memory_gib", f"must be > 0, got {self.kv_memory_gib}")
+            raise ConfigError("kv_memory_gib", f"must be > 0, got {self.kv_memory_gib}",
+                              "e.g. --kv-memory-gib 4, or leave it out for the default")
         if not 0 < self.gpu_memory_fraction <= 1:
             raise ConfigError("gpu_memory_fraction", f"must be in (0, 1], got {self.gpu_memory_fraction}")
         if self.attention not in ATTENTION_BACKENDS:
             raise ConfigError("attention", f"unknown backend {self.attention!r}",
                               f"use one of {', '.join(ATTENTION_BACKENDS)}")
         if self.max_model_len is not None and self.max_model_len <= 0:
-            raise ConfigError("max_model_len", f"must be > 0, got {self.max_model_len}")
+            raise ConfigError("max_model_len", f"must be > 0, got {self.max_model_len}",
+                              "e.g. --max-model-len 8192, or leave it out for the model's")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError("device", f"unknown device {self.device!r}", "use auto, cpu or cuda")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "fp8", "fp4"):
@@ -158,7 +163,8 @@ class EngineConfig:
         if self.prefill_gpu is not None and not self.disaggregate:
             raise ConfigError("prefill_gpu", "only applies to disaggregated pools", "add --disaggregate")
         if not self.kv_link_gbps > 0:
-            raise ConfigError("kv_link_gbps", f"must be > 0, got {self.kv_link_gbps}")
+            raise ConfigError("kv_link_gbps", f"must be > 0, got {self.kv_link_gbps}",
+                              f"e.g. --kv-link-gbps {_DEFAULT_KV_LINK_GBPS:g}, the default")
         self._refuse_unused()
 
     def _refuse_unused(self) -> None:
@@ -185,9 +191,9 @@ class EngineConfig:
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ConfigError("--engine-config", f"not valid JSON: {exc}") from None
+            raise ConfigError("--engine-config", f"not valid JSON: {exc}", _OBJECT_EXAMPLE) from None
         if not isinstance(raw, dict):
-            raise ConfigError("--engine-config", "must be a JSON object of EngineConfig fields")
+            raise ConfigError("--engine-config", "is not a JSON object", _OBJECT_EXAMPLE)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:

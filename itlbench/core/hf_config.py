@@ -39,6 +39,7 @@ MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", 
              "granitemoe", "jamba", "minimax", "llama4", "gpt_oss")
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 SHAPE_ONLY = "--engine sim and `itlbench roofline` accept mistral, qwen2 and qwen3 shapes"
+_REPAIR = "re-download config.json from the model's repository, or point --model at a preset"
 
 
 def read_hf_config(path: Path) -> ModelConfig:
@@ -50,9 +51,9 @@ def read_hf_config(path: Path) -> ModelConfig:
     try:
         raw = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as exc:
-        raise ConfigError("model", f"{cfg_file} is not valid JSON: {exc}") from exc
+        raise ConfigError("model", f"{cfg_file} is not valid JSON: {exc}", _REPAIR) from exc
     if not isinstance(raw, dict):
-        raise ConfigError("model", f"{cfg_file} must hold a JSON object")
+        raise ConfigError("model", f"{cfg_file} does not hold a JSON object", _REPAIR)
     return model_config_from_hf(raw, path)
 
 

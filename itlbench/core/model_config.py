@@ -36,7 +36,8 @@ class RopeScaling:
             raise ConfigError("model.rope_scaling.rope_type", f"unknown {self.rope_type!r}",
                               f"use one of {', '.join(ROPE_SCALINGS)}")
         if self.factor <= 0:
-            raise ConfigError("model.rope_scaling.factor", f"must be > 0, got {self.factor}")
+            raise ConfigError("model.rope_scaling.factor", f"must be > 0, got {self.factor}",
+                              "set the RoPE factor > 0 in the model's config.json")
 
 
 @dataclass(frozen=True)
@@ -120,12 +121,17 @@ class ModelConfig:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
 
+# config.json's names (transformers' LlamaConfig) where a ModelConfig field's differs
+_HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads"}
+
+
 def _validate_model(cfg: ModelConfig) -> None:
     positive = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                 "num_kv_heads", "max_position_embeddings", "head_dim")
     for name in positive:
         if getattr(cfg, name) <= 0:
-            raise ConfigError(f"model.{name}", f"must be > 0, got {getattr(cfg, name)}")
+            raise ConfigError(f"model.{name}", f"must be > 0, got {getattr(cfg, name)}",
+                              f"set {_HF_KEYS.get(name, name)} > 0 in the model's config.json")
     if cfg.num_heads % cfg.num_kv_heads:
         raise ConfigError("model.num_kv_heads",
                           f"{cfg.num_kv_heads} does not divide num_heads={cfg.num_heads}",
@@ -133,6 +139,8 @@ def _validate_model(cfg: ModelConfig) -> None:
     if cfg.family not in FAMILIES:
         raise ConfigError("model.family", f"unknown {cfg.family!r}", f"use one of {', '.join(FAMILIES)}")
     if cfg.sliding_window is not None and cfg.sliding_window <= 0:
-        raise ConfigError("model.sliding_window", f"must be > 0 or null, got {cfg.sliding_window}")
+        raise ConfigError("model.sliding_window", f"must be > 0 or null, got {cfg.sliding_window}",
+                          "set sliding_window > 0, or null for full attention, in the model's config.json")
     if cfg.head_dim % 2:
-        raise ConfigError("model.head_dim", f"must be even for RoPE, got {cfg.head_dim}")
+        raise ConfigError("model.head_dim", f"must be even for RoPE, got {cfg.head_dim}",
+                          "set an even head_dim in the model's config.json")

@@ -62,6 +62,7 @@ PRESETS: dict[str, ModelConfig] = {
 
 CPU_DEFAULT_PRESET = "cpu-small"
 CUDA_DEFAULT_PRESET = "llama-3.2-1b"
+_BARE_CONFIG = 'give a transformers config.json object, like {"hidden_size": 2048, "num_hidden_layers": 16, ...}'
 
 
 def default_preset(cuda: bool) -> str:
@@ -93,7 +94,7 @@ def _model_config_from_json_file(path: Path) -> ModelConfig:
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise ConfigError("model", f"{path} is not valid JSON: {exc}") from exc
+        raise ConfigError("model", f"{path} is not valid JSON: {exc}", _BARE_CONFIG) from exc
     if not isinstance(raw, dict):
-        raise ConfigError("model", f"{path} must hold a JSON object")
+        raise ConfigError("model", f"{path} does not hold a JSON object", _BARE_CONFIG)
     return model_config_from_hf(raw, path.parent)

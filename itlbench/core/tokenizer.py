@@ -32,7 +32,8 @@ class ByteTokenizer:
 
     def __init__(self, vocab_size: int, bos_token_id: int = 1, eos_token_id: int = 2) -> None:
         if vocab_size <= NUM_SPECIAL:
-            raise ConfigError("model.vocab_size", f"byte tokenizer needs more than {NUM_SPECIAL} ids, got {vocab_size}")
+            raise ConfigError("model.vocab_size", f"byte tokenizer needs more than {NUM_SPECIAL} ids, got {vocab_size}",
+                              f"set vocab_size to at least {NUM_SPECIAL + 256}, an id per byte, in the model's config.json")
         self.vocab_size = vocab_size
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id

@@ -48,7 +48,8 @@ def build_tokenizer(vocab_size: int, bos_token_id: int, eos_token_id: int, seed:
                           "a tokenizer needs distinct BOS and EOS ids")
     for tid in specials:
         if not 0 <= tid < vocab_size:
-            raise ConfigError("model", f"special token id {tid} is outside the vocabulary [0, {vocab_size})")
+            raise ConfigError("model", f"special token id {tid} is outside the vocabulary",
+                              f"give bos_token_id and eos_token_id below vocab_size={vocab_size}")
     regular = vocab_size - len(specials)
     if regular < _ALPHABET:
         raise ConfigError("model.vocab_size", f"{vocab_size} is too small for a byte-level tokenizer",

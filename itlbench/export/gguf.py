@@ -115,7 +115,8 @@ def llama3_rope_factors(cfg: ModelConfig) -> Any:
     factors[np.isclose(factors, 1.0, rtol=0, atol=1e-12)] = 1.0
     factors[np.isclose(factors, s.factor, rtol=1e-12, atol=0)] = s.factor
     if not np.all(np.isfinite(factors)) or math.isclose(float(factors.min()), 0.0):
-        raise ConfigError("model.rope_scaling", "llama3 scaling gives invalid RoPE factors")
+        raise ConfigError("model.rope_scaling", "llama3 scaling gives invalid RoPE factors",
+                          "give factor > 0 and 0 < low_freq_factor < high_freq_factor")
     return factors.astype(np.float32)
 
 
@@ -158,7 +159,8 @@ def _add_tokenizer(writer: Any, cfg: ModelConfig, chat_template: str) -> None:
     vocab = tok.get_vocab(with_added_tokens=True)
     by_id = {i: t for t, i in vocab.items()}
     if sorted(by_id) != list(range(cfg.vocab_size)):
-        raise ConfigError("model.vocab_size", f"the tokenizer does not fill ids 0..{cfg.vocab_size - 1}")
+        raise ConfigError("model.vocab_size", f"the tokenizer does not fill ids 0..{cfg.vocab_size - 1}",
+                          "an exporter bug: please report it with the preset's name")
     specials = {int(i) for i, added in tok.get_added_tokens_decoder().items() if added.special}
     tokens = [by_id[i] for i in range(cfg.vocab_size)]
     types = [gguf.TokenType.CONTROL if i in specials else gguf.TokenType.NORMAL for i in range(cfg.vocab_size)]

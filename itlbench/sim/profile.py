@@ -45,6 +45,17 @@ TABLE_DTYPE = {"fp4": "bfloat16", "fp8": "bfloat16"}
 DEFAULT_KV_DTYPE = {"fp4": "fp8"}  # the K/V cache's dtype under --kv-cache-dtype auto, where not the weights'
 
 HALF_DTYPES = ("bfloat16", "float16")  # same tensor rate on every preset
+_REQUIRED_EXAMPLE = {"name": '"my-h100"', "peak_flops": "9.89e14", "mem_bw": "3.35e12", "memory_bytes": "8.0e10"}
+
+
+def _h100(name: str) -> str:
+    """A profile key's example value for an error's fix: the h100 preset's."""
+    try:
+        from itlbench.sim.hardware import GPUS  # imports this module: not at the top
+    except ImportError:  # a preset of its own is being built
+        return "see the presets in itlbench/sim/hardware.py"
+    value = getattr(GPUS["h100"], name)
+    return f"e.g. {value:g}, the h100 preset's" if isinstance(value, float) else f"e.g. {value!r}, the h100 preset's"
 
 
 def kv_dtype_bytes(kv_cache_dtype: str) -> int | None:
@@ -113,19 +124,20 @@ class Hardware:
                      "switch_allreduce_share"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ConfigError(f"gpu.{name}", f"must be a positive number, got {value!r}")
+                raise ConfigError(f"gpu.{name}", f"must be a positive number, got {value!r}", _h100(name))
         for name in ("step_overhead_s", "seq_overhead_s", "peak_flops_fp8", "fp8_gemm_eff", "peak_flops_fp4", "fp4_gemm_eff", "gemm_m_half",
                      "attn_mem_eff", "attn_k_half", "gqa_kv_reread", "kernel_s", "roof_blend", "link_bw", "link_latency_s",
                      "prefill_overhead_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value >= 0):
-                raise ConfigError(f"gpu.{name}", f"must be >= 0, got {value!r}")
+                raise ConfigError(f"gpu.{name}", f"must be >= 0, got {value!r}", _h100(name))
         for name in ("gemm_tile_rows", "gemm_cluster_rows"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 0):
-                raise ConfigError(f"gpu.{name}", f"must be a whole number >= 0, got {value!r}")
+                raise ConfigError(f"gpu.{name}", f"must be a whole number >= 0, got {value!r}", _h100(name))
         if not (isinstance(self.link_domain, int) and self.link_domain >= 1):
-            raise ConfigError("gpu.link_domain", f"must be a whole number >= 1, got {self.link_domain!r}")
+            raise ConfigError("gpu.link_domain", f"must be a whole number >= 1, got {self.link_domain!r}",
+                              "e.g. 8, the GPUs of one HGX baseboard")
         try:
             lo, hi, slow = self.gemm_slow_rows
             ok = 0 <= lo <= hi and slow >= 1
@@ -133,11 +145,12 @@ class Hardware:
             ok = False
         if not ok:
             raise ConfigError("gpu.gemm_slow_rows", f"must be [lo, hi, x] with 0 <= lo <= hi and x >= 1, got "
-                              f"{self.gemm_slow_rows!r}")
+                              f"{self.gemm_slow_rows!r}", "e.g. [0, 0, 1], no slow band")
         object.__setattr__(self, "gemm_slow_rows", (int(lo), int(hi), float(slow)))  # a JSON profile's list
         object.__setattr__(self, "allreduce_measured", _measured_allreduce(self.allreduce_measured))
         if self.graph_overhead_s is not None and not self.graph_overhead_s >= 0:
-            raise ConfigError("gpu.graph_overhead_s", f"must be >= 0 or null, got {self.graph_overhead_s!r}")
+            raise ConfigError("gpu.graph_overhead_s", f"must be >= 0 or null, got {self.graph_overhead_s!r}",
+                              f"{_h100('graph_overhead_s')}; null: step_overhead_s")
         if self.dtype not in DTYPE_BYTES:
             raise ConfigError("gpu.dtype", f"unknown dtype {self.dtype!r}", f"use one of {', '.join(DTYPE_BYTES)}")
         if self.counting not in COUNTINGS:
@@ -260,14 +273,18 @@ class Hardware:
                               f"a hardware profile holds {', '.join(sorted(known))}")
         missing = [k for k in ("name", "peak_flops", "mem_bw", "memory_bytes") if k not in raw]
         if missing:
-            raise ConfigError(flag, f"{origin} lacks {', '.join(missing)}")
+            raise ConfigError(flag, f"{origin} lacks {', '.join(missing)}", "add them as an H100's would read: "
+                              + ", ".join(f'"{k}": {_REQUIRED_EXAMPLE[k]}' for k in missing))
         hints = get_type_hints(cls)
         for name, value in raw.items():
             if not fits(value, hints[name]):
                 raise ConfigError(flag, f"{origin}: {name} is {json.dumps(value)}", f"give {type_name(hints[name])}")
         raw = dict(raw)
         raw.setdefault("label", raw["name"])
-        return cls(**raw)  # type: ignore[arg-type]
+        try:
+            return cls(**raw)  # type: ignore[arg-type]
+        except ConfigError as exc:  # a value in the file: name the file and the flag that named it
+            raise ConfigError(flag, f"{origin}: {exc.field.removeprefix('gpu.')} {exc.problem}", exc.fix) from None
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")

@@ -83,7 +83,7 @@ class CostModel:
         if counting not in COUNTINGS:
             raise ConfigError("counting", f"unknown counting {counting!r}", "use textbook or executed")
         if not (isinstance(tp, int) and tp >= 1):
-            raise ConfigError("tp", f"must be a whole number >= 1, got {tp!r}")
+            raise ConfigError("tp", f"must be a whole number >= 1, got {tp!r}", "e.g. --tp 2")
         if model.num_heads % tp:
             raise ConfigError("tp", f"{tp} does not divide {model.name}'s {model.num_heads} attention heads",
                               "use a tensor-parallel degree that divides the head count (1, 2, 4, 8, ...)")

@@ -79,7 +79,8 @@ def test_the_ramp_survives_a_profile_json_and_a_negative_one_is_one_line(tmp_pat
     path.write_text(json.dumps({**raw, "attn_k_half": -1}))
     with pytest.raises(ConfigError) as err:
         load_hardware(str(path))
-    assert err.value.field == "gpu.attn_k_half" and "\n" not in str(err.value)
+    assert err.value.field == "--gpu" and "\n" not in str(err.value)  # the flag that named the file, then the file and key
+    assert err.value.problem == f"{path}: attn_k_half must be >= 0, got -1" and "the h100 preset's" in err.value.fix
 
 
 # ---- benchmarks/aic_attention.py --------------------------------------------------------------------------

@@ -66,4 +66,5 @@ def test_the_table_survives_a_profile_json_and_a_malformed_one_is_one_line(tmp_p
         path.write_text(json.dumps({**raw, "allreduce_measured": bad}))
         with pytest.raises(ConfigError) as err:
             load_hardware(str(path))
-        assert err.value.field == "gpu.allreduce_measured" and "\n" not in str(err.value)
+        assert err.value.field == "--gpu" and "\n" not in str(err.value)
+        assert err.value.problem.startswith(f"{path}: allreduce_measured ")

@@ -94,14 +94,19 @@ def safetensors_files(path: Path) -> list[Path]:
     """The shards named by model.safetensors.index.json, or every *.safetensors in the directory."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
+        fix = f"re-download {index.name} from the model's repository"
         try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError) as exc:
-            raise ConfigError("model", f"{index} is not a valid safetensors index: {exc}") from exc
-        files = [path / n for n in names]
+            raw = json.loads(index.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError("model", f"{index} is not valid JSON: {exc}", fix) from exc
+        weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+        if not isinstance(weight_map, dict):
+            raise ConfigError("model", f"{index} holds no weight_map object", fix)
+        files = [path / str(n) for n in sorted(set(weight_map.values()))]
         absent = [f.name for f in files if not f.is_file()]
         if absent:
-            raise ConfigError("model", f"{path} lacks shards {', '.join(absent)} named by {index.name}")
+            raise ConfigError("model", f"{path} lacks shards {', '.join(absent)} named by {index.name}",
+                              f"re-download the shards listed in {index.name}")
         return files
     files = sorted(path.glob("*.safetensors"))
     if not files:
