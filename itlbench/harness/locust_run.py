@@ -38,6 +38,7 @@ from itlbench.load.locust.job import (
     parse_host_port,
     spec_kwargs,
 )
+from itlbench.load.locust.roster import lost_reason
 from itlbench.load.multiproc import IN_FLIGHT_DIR, merge_worker_parts, set_aside_in_flight
 from itlbench.load.observers.client_monitor import ClientStats
 from itlbench.load.progress import ProgressSnapshot
@@ -220,6 +221,8 @@ def _collect(run_dir: Path, job: LocustJob, doc: dict[str, Any], events: dict[st
     res = master.get("result")
     if res is None:
         return None
+    if doc["workers_died"]:  # the master's words, with how each worker exited and what it had in flight
+        res["stop_reason"], res["aborted_reason"] = "aborted", lost_reason(doc["workers_died"])
     res["client"] = ClientStats(**res["client"])
     return DriveResult(**res)
 

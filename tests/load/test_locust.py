@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -234,37 +235,42 @@ def test_itl_through_locust_agrees_with_aiohttp_on_the_paced_server(tmp_path: Pa
 
 
 @pytest.mark.e2e
-def test_a_killed_worker_keeps_its_records_and_is_named(tmp_path: Path):
-    proc, url = spawn(PacedConfig(tick_s=0.01))
-    killed: dict[str, int] = {}
+def test_a_killed_worker_aborts_the_run_naming_it_and_exits_1(tmp_path: Path):
+    """A dead worker took its share of the load: the run stops and ends `aborted` naming the worker and its
+    signal, with every record, its summary and report, and exit status 1, as with --workers. Before, the other
+    worker ran on alone to the window's end and the run read `completed` (exit 0): half the load, unsaid."""
+    out, killed = tmp_path / "run", {}
 
-    def parts(k: int) -> list[Path]:
-        return list((tmp_path / "workers" / str(k) / "requests").glob("*.parquet"))
+    def kill_one() -> None:
+        deadline = time.monotonic() + 120
+        while not all(any((out / "workers" / k / "requests").glob("*.parquet")) for k in "01"):
+            assert time.monotonic() < deadline, "the workers shipped no finished request"
+            time.sleep(0.05)
+        killed["pid"], killed["t_ns"] = _worker_pids()[0], time.perf_counter_ns()
+        os.kill(killed["pid"], signal.SIGKILL)
 
-    async def kill_one(stop: asyncio.Event) -> None:
-        await _wait_for(lambda: bool(parts(0)) and bool(parts(1)))  # both have shipped finished requests
-        pid = _worker_pids()[0]
-        killed["pid"], killed["t_ns"] = pid, time.perf_counter_ns()
-        psutil.Process(pid).send_signal(signal.SIGKILL)
-
+    proc, url = spawn(PacedConfig(tick_s=0.005))
     try:
-        res, doc = _locust(url, tmp_path, streams=4, tokens=20, duration_s=7.0, drain_timeout_s=5.0,
-                           warmup=Warmup(adaptive=True), during=kill_one)
+        threading.Thread(target=kill_one, daemon=True).start()
+        res = CliRunner().invoke(app, ["run", "--endpoint", url, "--model", "paced", "--workload", "fixed:16:200",
+                                       "--streams", "4", "--duration", "60", "--warmup", "0", "--no-live",
+                                       "--driver", "locust", "--workers", "2", "--out", str(out)], terminal_width=200)
     finally:
         proc.kill()
-        proc.wait()
-    died = doc["workers_died"]
-    assert [d["pid"] for d in died] == [killed["pid"]] and died[0]["exit_code"] == -signal.SIGKILL
-    assert died[0]["died_reason"] == "stopped sending heartbeats"
-    k = died[0]["k"]
-    req = read_table(tmp_path, "requests")
-    dead = pl.read_parquet(tmp_path / "requests" / f"part-{90000 + k:05d}.parquet")
-    assert dead.height >= 1 and (dead["status"] == "ok").all(), "what the dead worker finished survives"
-    dead_chunks = read_table(tmp_path, "chunks").filter(pl.col("request_id").is_in(dead["request_id"].implode()))
-    assert dead_chunks.height == dead["num_chunks"].sum()
-    survivor = pl.read_parquet(tmp_path / "requests" / f"part-{90000 + (1 - k):05d}.parquet")
-    assert survivor["sent_ns"].max() > killed["t_ns"], "the other worker kept the load going"
-    assert req["request_id"].n_unique() == req.height and res.stop_reason == "completed"
+        proc.wait(5)
+    assert res.exit_code == 1, res.output
+    run = json.loads((out / "run.json").read_text())
+    (died,) = run["driver"]["workers_died"]
+    assert died["pid"] == killed["pid"] and died["exit_code"] == -signal.SIGKILL, died
+    assert run["stop_reason"] == "aborted" and run["aborted_reason"].startswith(
+        f"Locust worker {died['k']} (pid {killed['pid']} on {died['host']}) was killed by SIGKILL"), run["aborted_reason"]
+    assert run["end_ns"] - killed["t_ns"] < 10 * 10**9, "stopped on the death, not at the 60 s window's end"
+    req = read_table(out, "requests")
+    assert req["request_id"].n_unique() == req.height and (out / "summary.json").is_file()
+    cancelled = req.filter(pl.col("status") == "cancelled")  # the dead worker's requests in flight have no row
+    assert cancelled.height == 2 and (cancelled["output_tokens"] > 0).all(), \
+        "the other worker's two streams were stopped mid-request and recorded"
+    assert req.filter(pl.col("status") == "ok").height >= 2, "what both workers finished before is kept"
 
 
 @pytest.mark.e2e
@@ -284,8 +290,8 @@ def test_a_killed_worker_s_requests_in_flight_are_set_aside_and_said(tmp_path: P
 
     said: list[str] = []
     try:
-        _, doc = _locust(url, tmp_path, streams=4, tokens=1000, duration_s=5.0, drain_timeout_s=2.0,
-                         during=kill_mid_request, on_status=said.append)
+        res, doc = _locust(url, tmp_path, streams=4, tokens=1000, duration_s=5.0, drain_timeout_s=2.0,
+                           during=kill_mid_request, on_status=said.append)
     finally:
         proc.kill()
         proc.wait()
@@ -293,6 +299,8 @@ def test_a_killed_worker_s_requests_in_flight_are_set_aside_and_said(tmp_path: P
     lost = died["requests_in_flight"]
     assert lost, "its 5 s requests were in flight"
     assert any(s.startswith(f"Locust worker {died['k']} died with {len(lost)} request(s) in flight") for s in said), said
+    assert res.stop_reason == "aborted" and f"({len(lost)} request(s) in flight set aside in {IN_FLIGHT_DIR}/)" \
+        in res.aborted_reason, res.aborted_reason
     chunks, requests = read_table(tmp_path, "chunks"), read_table(tmp_path, "requests")
     assert not chunks.filter(pl.col("request_id").is_in(pl.Series(lost).implode())).height
     assert chunks.filter(~pl.col("request_id").is_in(requests["request_id"].implode())).is_empty()

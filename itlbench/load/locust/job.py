@@ -31,7 +31,7 @@ MSG_WINDOW = "itlbench_window"  # {measure_start_ns, end_ns}: the adaptive warmu
 MSG_STOP = "itlbench_stop"  # {reason}: stop sending now, cancel in-flight requests
 MSG_PONG = "itlbench_pong"  # {t0, t_master}: clock-offset probe answer
 # Worker -> master:
-MSG_READY = "itlbench_ready"  # {k, host, pid, offset_ns}
+MSG_READY = "itlbench_ready"  # {k, host, pid, offset_ns, process: roster.process_identity()}
 MSG_CLAIM = "itlbench_claim"  # {k, nonce}
 MSG_PING = "itlbench_ping"  # {k, t0}
 MSG_FIRST_TOKEN = "itlbench_first_token"  # {k, stream, t_ns}

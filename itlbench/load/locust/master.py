@@ -8,9 +8,11 @@ starts one Locust user per closed-loop stream and grants each user a stream inde
 start instant and the measurement window (deciding the adaptive warmup from the workers' first-token
 reports), and writes the rows the workers ship into one RunStore per worker
 (`<run>/workers/<k>/`, flushed as they come: a worker or master that dies keeps what arrived).
-It notices a worker that stops sending heartbeats and says which one died (all: the run is aborted,
-its result built from what the master holds). It talks to the launcher with JSON lines on stdout
-(listening, status, progress, worker_died, done) and stops cleanly on SIGTERM or SIGINT. Its result, with every worker's DriveResult, goes to `<run>/locust_result.json`.
+A worker that dies (its process gone, or no heartbeats: see `roster`) stops the run, `aborted` naming
+it, as with `--workers` (every worker dead: the result is built from what the master holds). It talks
+to the launcher with JSON lines on stdout (listening, status, progress, worker_died, done) and stops
+cleanly on SIGTERM or SIGINT. Its result, with every worker's DriveResult, goes to
+`<run>/locust_result.json`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import socket
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import gevent
@@ -61,6 +62,7 @@ from itlbench.load.locust.job import (
     parse_host_port,
     rows_from_columns,
 )
+from itlbench.load.locust.roster import PROCESS_CHECK_S, WorkerInfo, lost_reason, process_gone, watchable
 from itlbench.load.locust.ui import locust_stats, start_web_ui
 from itlbench.load.multiproc import combine_results, merge_progress, worker_dir
 from itlbench.load.observers.client_monitor import ClientStats
@@ -77,29 +79,6 @@ def emit(event: str, **data: Any) -> None:
     """One JSON line to the launcher."""
     sys.stdout.write(json.dumps({"event": event, **data}, default=str) + "\n")
     sys.stdout.flush()
-
-
-@dataclass
-class WorkerInfo:
-    k: int
-    client_id: str
-    host: str | None = None
-    pid: int | None = None
-    offset_ns: int | None = None
-    state: str = "assigned"  # assigned | ready | done | died
-    died_ns: int | None = None
-    died_reason: str | None = None
-    rows: dict[str, int] = field(default_factory=dict)
-    result: dict[str, Any] | None = None
-    last_seen: float = field(default_factory=time.monotonic)  # any message from it (rows come every 0.2 s)
-    revived: bool = False  # declared dead, then reported done after all (a starved, not a dead, worker)
-    batches_dropped: int = 0  # row batches that were not a known table's equal-length columns
-
-    def doc(self) -> dict[str, Any]:
-        return {"k": self.k, "client_id": self.client_id, "host": self.host, "pid": self.pid,
-                "clock_offset_ns": self.offset_ns, "state": self.state, "died_ns": self.died_ns,
-                "died_reason": self.died_reason, "rows": self.rows, "revived": self.revived,
-                "batches_dropped": self.batches_dropped}
 
 
 class Master:
@@ -122,7 +101,7 @@ class Master:
         self.progress: dict[int, ProgressSnapshot] = {}
         self._we_stop_locust = False
         self.failure: str | None = None  # a worker could not take its share
-        self.aborted_reason: str | None = None  # every worker died: no worker's own result says why
+        self.next_process_check = 0.0
         self.cpu_at_go = _cpu_s()  # the master's CPU is counted from the start of the load
         r = self.runner
         r.register_message(auth.MSG_HELLO, self._on_hello)
@@ -177,6 +156,7 @@ class Master:
         w = self._info(msg)
         if w is not None:
             w.host, w.pid, w.offset_ns, w.state = msg.data["host"], msg.data["pid"], msg.data["offset_ns"], "ready"
+            w.started = watchable(msg.data.get("process")) if isinstance(w.pid, int) else None
 
     def _on_claim(self, msg: Any, **kw: Any) -> None:
         if self._info(msg) is None:
@@ -271,8 +251,8 @@ class Master:
         deadline = time.monotonic() + timeout_s
         while not done():
             self.check_workers()
-            if self.failure:
-                raise RuntimeError(self.failure)
+            if self.failure or self.aborted_reason:
+                raise RuntimeError(self.failure or self.aborted_reason)
             if self.stop_reason == "interrupted":
                 raise RuntimeError(f"interrupted while {what}")
             if time.monotonic() > deadline:
@@ -280,24 +260,35 @@ class Master:
             gevent.sleep(0.02)
 
     def check_workers(self) -> None:
-        """A worker that quit, or that Locust marks missing (no heartbeat for 3 s) and that has sent
-        nothing for `SILENT_S`, before reporting done, has died. (A worker starved of CPU may miss
-        heartbeats while still shipping rows: it is not dead. Before the start, building the plan may
-        block a worker's heartbeats for a while: then only a worker that quit counts as dead.)"""
+        """A worker that died before reporting done stops the run (see `roster`): its share of the load is gone."""
+        look = time.monotonic() >= self.next_process_check
+        if look:
+            self.next_process_check = time.monotonic() + PROCESS_CHECK_S
         for w in self.workers.values():
-            if w.state in ("done", "died"):
-                continue
-            node = self.runner.clients.get(w.client_id)
-            silent = time.monotonic() - w.last_seen > SILENT_S
-            if node is None or (self.gate is not None and node.state == STATE_MISSING and silent):
-                w.state, w.died_ns = "died", _now()
-                w.died_reason = "quit before finishing" if node is None else "stopped sending heartbeats"
-                emit("worker_died", k=w.k, host=w.host, pid=w.pid, reason=w.died_reason)
-                log.warning("worker %d (pid %s on %s) died: %s", w.k, w.pid, w.host, w.died_reason)
-                if all(x.state == "died" for x in self.workers.values()):
-                    self.aborted_reason = "every worker died: " + "; ".join(
-                        f"worker {x.k} (pid {x.pid} on {x.host}) {x.died_reason}" for x in self.workers.values())
-                    self.request_stop("aborted")
+            if w.state not in ("done", "died") and (why := self._why_dead(w, look)) is not None:
+                w.state, w.died_ns, w.died_reason = "died", _now(), why
+                emit("worker_died", k=w.k, host=w.host, pid=w.pid, reason=why)
+                log.warning("worker %d (pid %s on %s) died: %s", w.k, w.pid, w.host, why)
+                self.request_stop("aborted")
+
+    def _why_dead(self, w: WorkerInfo, look: bool) -> str | None:
+        """Quit, its process gone, or marked missing by Locust (no heartbeat for 3 s) and silent for `SILENT_S`.
+        (A worker starved of CPU may miss heartbeats while still shipping rows: it is not dead. Before the
+        start, building the plan may block a worker's heartbeats for a while: they do not count then.)"""
+        node = self.runner.clients.get(w.client_id)
+        if node is None:
+            return "quit before finishing"
+        if look and w.started is not None and w.pid is not None and process_gone(w.pid, w.started):
+            return "exited before finishing"
+        if self.gate is not None and node.state == STATE_MISSING and time.monotonic() - w.last_seen > SILENT_S:
+            return "stopped sending heartbeats"
+        return None
+
+    @property
+    def aborted_reason(self) -> str | None:
+        """Why the run was aborted when a worker died (the launcher adds its exit code and requests in flight)."""
+        died = [w.doc() for w in self.by_k.values() if w.died_reason is not None]
+        return lost_reason(died) if died else None
 
     def start_users(self, streams: int) -> None:
         self.streams_total = streams
@@ -353,21 +344,24 @@ class Master:
         combined = combine_results(results).to_dict() if results else self._orphaned_result()
         if combined is not None and self.stop_reason and combined["stop_reason"] == "completed":
             combined["stop_reason"] = "interrupted" if self.stop_reason == "interrupted" else self.stop_reason
+        if combined is not None and self.aborted_reason:
+            combined["stop_reason"], combined["aborted_reason"] = "aborted", self.aborted_reason
         return {"result": combined, "workers": [w.doc() for w in self.by_k.values()],
                 "window": list(self.window) if self.window else None, "stop_reason": self.stop_reason,
                 "run_start_ns": self.gate.run_start_ns if self.gate else None,
                 "locust_stats": locust_stats(self.env), "master_cpu_s": _cpu_s() - self.cpu_at_go}
 
     def _orphaned_result(self) -> dict[str, Any] | None:
-        """A run whose every worker died before reporting: the master's window, ended when the last
+        """A run whose every worker died before reporting: the master's window, ended when the first
         worker died, the requests it had received counted. None before the start (nothing measured)."""
-        if self.gate is None or self.aborted_reason is None:
+        reason = self.aborted_reason
+        if self.gate is None or reason is None:
             return None
-        start, died = self.window[0] if self.window else self.gate.run_start_ns, max(
-            (w.died_ns or 0) for w in self.workers.values())
+        start, died = self.window[0] if self.window else self.gate.run_start_ns, min(
+            w.died_ns for w in self.workers.values() if w.died_ns is not None)
         return DriveResult(self.gate.run_start_ns, start, max(start, min(self.window[1], died) if self.window else died),
                            _now(), {"sent": sum(w.rows.get("requests", 0) for w in self.workers.values())},
-                           "aborted", self.aborted_reason).to_dict()
+                           "aborted", reason).to_dict()
 
     def close(self) -> None:
         self._we_stop_locust = True

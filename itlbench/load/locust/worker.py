@@ -39,6 +39,7 @@ from itlbench.load.locust.job import (
     parse_host_port,
 )
 from itlbench.load.locust.job import boot_id as _boot_id
+from itlbench.load.locust.roster import process_identity
 from itlbench.load.locust.user import ItlbenchUser
 from itlbench.load.locust.worker_run import PROBE_CLOCK_ENV, WorkerRun, _now
 
@@ -128,7 +129,7 @@ class Worker:
         self.run = WorkerRun(self.env, d["k"], d["n"], job, offset)
         ItlbenchUser.worker_run = self.run
         self.runner.send_message(MSG_READY, {"k": d["k"], "host": socket.gethostname(), "pid": os.getpid(),
-                                             "offset_ns": offset})
+                                             "offset_ns": offset, "process": process_identity()})
 
 
 def master_address(text: str) -> tuple[str, int]:
