@@ -34,9 +34,9 @@ def _sessions(*specs: tuple[float, int, int]) -> LoadPlan:
 
 def test_a_session_sends_each_turn_after_the_previous_answer_plus_its_think_time(tmp_path):
     # two sessions overlap; a third would arrive after the window: never started
-    plan = _sessions((0.05, 7, 4), (0.12, 8, 4), (2.0, 9, 4))
+    plan = _sessions((0.05, 7, 4), (0.12, 8, 4), (3.0, 9, 4))
     with serve_in_thread(PacedConfig(tick_s=TICK_S)) as (_, url):
-        res = run(plan, url, tmp_path, duration_s=1.2, warmup_s=0.1)
+        res = run(plan, url, tmp_path, duration_s=1.6, warmup_s=0.1)  # both end by about 0.9 s
     req = table(tmp_path, "requests").sort("scheduled_ns")
     assert res.counts["ok"] == req.height == 8 and res.open_loop_truncated
     assert set(req["stream"].to_list()) == {7, 8} and req.filter(pl.col("stream") == 8)["turn"].to_list() == [0, 1, 2, 3]
@@ -57,30 +57,36 @@ def test_a_session_sends_each_turn_after_the_previous_answer_plus_its_think_time
 
 
 def test_turns_due_after_the_window_are_not_sent(tmp_path):
-    plan = LoadPlan(sessions=iter([SessionPlan(0.0, 3, _turns("late", 3, 10, think_s=0.3))]))
+    plan = LoadPlan(sessions=iter([SessionPlan(0.0, 3, _turns("late", 3, 10, max_tokens=3, think_s=0.5))]))
     with serve_in_thread(PacedConfig(tick_s=TICK_S)) as (_, url):
-        res = run(plan, url, tmp_path, duration_s=0.5)
+        res = run(plan, url, tmp_path, duration_s=0.8)
     req = table(tmp_path, "requests")
-    assert req.height == res.counts["sent"] == 2  # at 0 and about 0.33 s; the next would be due at about 0.66 s
+    assert req.height == res.counts["sent"] == 2  # at 0 and about 0.53 s; the next would be due at about 1.06 s
     assert req["sent_ns"].max() < res.end_ns
 
 
 def test_a_stop_cancels_a_session_in_progress_and_keeps_its_records(tmp_path):
     plan = LoadPlan(sessions=iter([SessionPlan(0.0, 5, _turns("long", 5, 3, max_tokens=10_000))]))
 
-    async def main(url: str):
+    async def stop_once_streaming(server, stop: asyncio.Event) -> None:
+        while sum(len(v) for v in server.log.values()) < 5:  # the first turn is streaming (load-independent)
+            await asyncio.sleep(0.02)
+        stop.set()
+
+    async def main(server, url: str):
         stop = asyncio.Event()
-        asyncio.get_running_loop().call_later(0.3, stop.set)
+        stopper = asyncio.create_task(stop_once_streaming(server, stop))
         store = RunStore(tmp_path)
         try:
             return await drive(plan, Target(url, "paced"), store, duration_s=30, drain_timeout_s=30, stop_event=stop)
         finally:
+            stopper.cancel()
             store.close()
 
-    with serve_in_thread(PacedConfig(tick_s=TICK_S)) as (_, url):
-        res = asyncio.run(main(url))
-    assert res.stop_reason == "stop_event" and res.counts["cancelled"] == 1
-    assert (res.end_ns - res.run_start_ns) / 1e9 < 10
+    with serve_in_thread(PacedConfig(tick_s=TICK_S)) as (server, url):
+        res = asyncio.run(main(server, url))
+    assert res.stop_reason == "stop_event" and res.counts["cancelled"] == res.counts["sent"] == 1
+    assert (res.end_ns - res.run_start_ns) / 1e9 < 10  # stopped, long before its 30 s and its 10,000 tokens
     assert table(tmp_path, "requests")["status"].to_list() == ["cancelled"]
 
 
