@@ -29,9 +29,11 @@ from itlbench.server.protocol import (
     ApiError,
     GenerationRequest,
     bad,
+    bad_config,
     parse_chat,
     parse_completion,
     parse_json,
+    prompt_ids,
 )
 from itlbench.server.responses import SSE_DONE, ResponseBuilder, sse, usage
 from itlbench.server.steps import STEPS_FOLLOWERS, stream_steps
@@ -223,20 +225,7 @@ def _prepare(state: ServerState, raw: bytes, parse: Parser) -> tuple[GenerationR
     if req.model is not None and req.model != state.model_name:
         raise ApiError(404, f"model: {req.model!r} does not exist; this server serves {state.model_name!r}",
                        "model", "invalid_request_error", "model_not_found")
-    return req, _prompt_ids(state.engine.engine, req)
-
-
-def _prompt_ids(engine: Any, req: GenerationRequest) -> list[int]:
-    if isinstance(req.prompt, str):
-        ids = engine.tokenizer.encode(req.prompt)
-        if not ids:
-            raise bad(req.prompt_param, "tokenizes to zero tokens")
-        return ids
-    vocab = engine.tokenizer.vocab_size
-    for tok in req.prompt:
-        if not 0 <= tok < vocab:
-            raise bad(req.prompt_param, f"token id {tok} is outside the vocabulary [0, {vocab})")
-    return req.prompt
+    return req, prompt_ids(state.engine.engine.tokenizer, req)
 
 
 def _max_tokens(max_model_len: int, req: GenerationRequest, num_prompt: int) -> int:
@@ -281,7 +270,7 @@ async def _admit(engine: EngineClient, prompt_ids: list[int], sampling: Any, req
     try:
         return await engine.add(prompt_ids, sampling, request_id, arrival_ns)
     except ConfigError as exc:
-        raise bad(exc.field, exc.problem) from exc
+        raise bad_config(exc) from exc
     except QueueFullError as exc:
         raise ApiError(429, f"server over capacity: {exc}", None, "rate_limit_error", "queue_full") from exc
     except EngineDeadError as exc:

@@ -46,6 +46,11 @@ def bad(param: str, message: str) -> ApiError:
     return ApiError(400, f"{param}: {message}", param)
 
 
+def bad_config(exc: ConfigError) -> ApiError:
+    """The engine's refusal of a request's value as the client's 400, its fix kept (send ids below V, ...)."""
+    return bad(exc.field, f"{exc.problem} ({exc.fix})" if exc.fix else exc.problem)
+
+
 @dataclass
 class GenerationRequest:
     """One validated completion or chat request, prompt not yet tokenized (unless given as ids)."""
@@ -79,7 +84,21 @@ class GenerationRequest:
                                   ignore_eos=self.ignore_eos, stop_token_ids=self.stop_token_ids,
                                   open_ended=self.max_tokens is None)
         except ConfigError as exc:
-            raise bad(exc.field, exc.problem) from exc
+            raise bad_config(exc) from exc
+
+
+def prompt_ids(tokenizer: Any, req: GenerationRequest) -> list[int]:
+    """The prompt as token ids: text tokenized, ids checked against the vocabulary (a 400 naming the fix)."""
+    if isinstance(req.prompt, str):
+        ids = tokenizer.encode(req.prompt)
+        if not ids:
+            raise bad(req.prompt_param, "tokenizes to zero tokens (send a non-empty prompt)")
+        return ids
+    vocab = tokenizer.vocab_size
+    for tok in req.prompt:
+        if not 0 <= tok < vocab:
+            raise bad(req.prompt_param, f"token id {tok} is outside the vocabulary [0, {vocab}) (send ids below {vocab})")
+    return req.prompt
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:

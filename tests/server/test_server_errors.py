@@ -217,3 +217,13 @@ def test_engine_step_failure_fails_request_and_recovers(guarded):
     finally:
         engine.step = real_step
         driver.max_waiting = 0
+
+
+def test_a_refused_value_tells_the_client_its_fix(server):
+    """The fix a ConfigError carries reached the terminal but not the API client, who sent the request."""
+    status, err = post(f"{server.base_url}/completions", {"prompt": [1, 2, 100000], "max_tokens": 3})
+    vocab = ENGINE.model_config().vocab_size if hasattr(ENGINE, "model_config") else None
+    assert status == 400 and "is outside the vocabulary" in err["error"]["message"]
+    assert "(send ids below " in err["error"]["message"], err
+    if vocab is not None:
+        assert f"(send ids below {vocab})" in err["error"]["message"]
