@@ -9,6 +9,7 @@ from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.analysis.gpu import gpu_line
 from itlbench.report.data import RunData
 from itlbench.report.document import Section, Table
+from itlbench.report.durations import counted
 from itlbench.report.engines import engine_check_line
 from itlbench.report.slos import slo_text
 from itlbench.report.style import fmt_s, fmt_tokens
@@ -152,7 +153,7 @@ def totals_table(data: RunData) -> Table:
     gone = Withdrawn.of(s)
     thr, good, req = s.get("throughput") or {}, s.get("goodput") or {}, s.get("requests") or {}
     split, stalls = s.get("split") or {}, s.get("stalls") or {}
-    causes = ", ".join(f"{k} {v['count']}" for k, v in sorted((stalls.get("by_cause") or {}).items())) or "—"
+    causes = ", ".join(f"{k} {v['count']:,}" for k, v in sorted((stalls.get("by_cause") or {}).items())) or "—"
     frac = split.get("prefill_frac")
 
     def flag(text: str, figure: str) -> str:
@@ -169,9 +170,9 @@ def totals_table(data: RunData) -> Table:
             ["goodput", flag(f"{_num(good.get('requests_per_s'))} requests/s ({good.get('good', 0)} of "
                              f"{good.get('total', 0)} met every SLO)", "goodput")],
             *([["SLOs judged", slos[0].upper() + slos[1:]]] if slos else []),
-            ["stalls", flag(f"{stalls.get('count', 0):,} gaps, {fmt_s(stalls.get('stalled_s'))} stalled "
+            ["stalls", flag(f"{counted(stalls.get('events') or 0, 'event')} ({stalls.get('count', 0):,} gaps), {fmt_s(stalls.get('stalled_s'))} stalled "
                             f"(stream-seconds, summed over streams), worst {fmt_s(stalls.get('worst_s'))}, "
-                            f"{stalls.get('victims', 0)} requests; by cause: {causes}" + open_note(stalls), "stalls")],
+                            f"{stalls.get('victims', 0):,} requests; by cause: {causes}" + open_note(stalls), "stalls")],
             *([["preemptions", f"{(s.get('cache') or {})['preemptions']:,} in the window, "
                 f"{(s.get('cache') or {}).get('preemptions_run')} in the whole run"]]
               if (s.get("cache") or {}).get("preemptions") else []),

@@ -205,3 +205,14 @@ def test_ttft_figure_gives_every_bucket_a_full_slot_and_reads_shares_in_percent(
     assert left.get_xlim() == (-0.5, n - 0.5)
     right.figure.canvas.draw()
     assert [t.get_text() for t in right.get_xticklabels()][-1] == "100%"
+
+
+def test_the_stalls_row_counts_events_as_the_brief_line_does_and_groups_thousands(run: RunData) -> None:
+    """It read "542 gaps … by cause: prefill 1524": no events (the brief line's count) and no separators."""
+    from itlbench.report.run_tables import totals_table
+
+    run = dataclasses.replace(run, summary={**run.summary, "stalls": dict(run.summary["stalls"])})
+    s = run.summary["stalls"]
+    s.update(count=1524, events=17, victims=1200, by_cause={"prefill": {"count": 1524, "stalled_s": 9.0}})
+    (row,) = [r for r in totals_table(run).rows if r[0] == "stalls"]
+    assert row[1].startswith("17 events (1,524 gaps), ") and "1,200 requests; by cause: prefill 1,524" in row[1], row
