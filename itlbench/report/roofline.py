@@ -37,6 +37,7 @@ def _phase_row(cm: CostModel, hw: Hardware, label: str, kind: str, shape: StepSh
         "bytes": c.bytes, "intensity_flop_per_byte": c.intensity, "bound": roof.bound,
         "achievable_flop_per_s": min(hw.gemm_peak, hw.mem_bw * c.intensity),
         "roofline_time_s": roof.total_s, "estimated_time_s": est.total_s,
+        "roofline_allreduce_s": roof.comm_s, "estimated_allreduce_s": est.comm_s,
     }
 
 
@@ -137,6 +138,13 @@ def _time(s: float) -> str:
     return f"{_sig3(s * 1e3)} ms" if s < 1 else f"{_sig3(s)} s"
 
 
+def _with_comm(phase: dict[str, Any], which: str, tp: int) -> str:
+    """A step's time, and at TP > 1 the all-reduces' share of it: the part that FLOPs and bytes do not explain."""
+    total = _time(phase[f"{which}_time_s"])
+    comm = phase.get(f"{which}_allreduce_s")
+    return f"{total} ({_time(comm)} all-reduce)" if tp > 1 and comm else total
+
+
 def _num(v: float) -> str:
     return "never" if math.isinf(v) else f"{v:,.1f}" if v < 100 else f"{v:,.0f}"
 
@@ -156,7 +164,8 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
                   _num(g["ridge_tokens"]))
     print_table(console, t)
 
-    t = TextTable("Steps: FLOPs, bytes, intensity; achievable = min(peak, bandwidth × intensity)",
+    per_gpu = (f" (per GPU at TP {doc['tp']}; the times include two all-reduces a layer)" if doc["tp"] > 1 else "")
+    t = TextTable(f"Steps: FLOPs, bytes, intensity; achievable = min(peak, bandwidth × intensity){per_gpu}",
                   ["case", "GEMM", "attention", "total", "bytes", "FLOP/B", "bound", "achievable", "roofline",
                    "estimated", "runs"])
     marks = [p for p in doc["phases"] if p.get("does_not_run")]
@@ -164,8 +173,8 @@ def print_roofline(console: Console, doc: dict[str, Any]) -> None:
         runs = "no" + "*" * (marks.index(p) + 1) if p in marks else "yes"
         t.add_row(p["case"], _si(p["gemm_flops"], "FLOP"), _si(p["attention_flops"], "FLOP"), _si(p["flops"], "FLOP"),
                   _si(p["bytes"], "B"), _num(p["intensity_flop_per_byte"]), p["bound"],
-                  _si(p["achievable_flop_per_s"], "FLOP/s"), _time(p["roofline_time_s"]), _time(p["estimated_time_s"]),
-                  runs)
+                  _si(p["achievable_flop_per_s"], "FLOP/s"), _with_comm(p, "roofline", doc["tp"]),
+                  _with_comm(p, "estimated", doc["tp"]), runs)
     print_table(console, t)
     for i, p in enumerate(marks):
         console.print(f"[yellow]{'*' * (i + 1)} {p['case']} would not run: {p['does_not_run']}[/]", highlight=False)

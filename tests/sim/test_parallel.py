@@ -318,6 +318,14 @@ def test_roofline_command_takes_tp_and_dtype() -> None:
     cm = CostModel.for_hardware(L70, H100.for_dtype("fp8"), tp=2)
     assert doc["tp"] == 2 and doc["weight_bytes_per_gpu"] == pytest.approx(cm.weight_bytes_per_gpu)
     assert doc["hardware"]["dtype"] == "fp8" and [g["gpu"] for g in doc["gpus"]] == ["h100", "a100", "b200"]
+    # the step times hold the all-reduces the FLOPs and bytes do not explain, and the table says how much
+    prefill = doc["phases"][0]
+    assert prefill["estimated_allreduce_s"] == pytest.approx(
+        2 * L70.num_layers * cm.allreduce_s(prefill["tokens"], H100.for_dtype("fp8")))
+    assert 0 < prefill["roofline_allreduce_s"] < prefill["roofline_time_s"]
+    text = " ".join(runner.invoke(app, ["roofline", "--model", "llama-2-70b", "--gpu", "h100", "--tp", "2",
+                                        "--compare", "none"]).output.split())
+    assert "per GPU at TP 2; the times include two all-reduces a layer" in text and "ms all-reduce)" in text
     mixed = json.loads(runner.invoke(app, ["roofline", "--model", "llama-2-70b", "--gpu", "h100", "--tp", "2", "--dtype",
                                            "fp8", "--kv-cache-dtype", "bfloat16", "--compare", "none", "--json"]).stdout)
     assert mixed["kv_bytes_per_token"] == 2 * doc["kv_bytes_per_token"]
