@@ -141,15 +141,15 @@ def _trace_warnings(rep: TraceReplay, spec: LoadSpec) -> list[str]:
     out = []
     rows = len(rep.send_at_s)
     if rep.invalid_rows:
-        out.append(f"--trace: {rep.invalid_rows} of {rows + rep.invalid_rows} rows skipped: "
+        out.append(f"--trace: {rep.invalid_rows:,} of {rows + rep.invalid_rows:,} rows skipped: "
                    "a missing, zero or negative token count")
     if rep.clipped_rows:
-        out.append(f"--trace: {rep.clipped_rows} of {rows} rows shortened to fit max_model_len "
+        out.append(f"--trace: {rep.clipped_rows:,} of {rows:,} rows shortened to fit max_model_len "
                    f"{spec.max_model_len} (prompt + output)")
     last, duration, scale = float(rep.send_at_s[-1]), spec.duration_s, spec.trace_time_scale
     late = int(np.sum(rep.send_at_s >= duration))
     if late:
-        out.append(f"--trace: {late} of {rows} rows not sent: they arrive after --duration {duration:g} s "
+        out.append(f"--trace: {late:,} of {rows:,} rows not sent: they arrive after --duration {duration:g} s "
                    f"(the trace spans {last:.6g} s at --time-scale {scale:g}); to replay it all, use --duration "
                    f"{math.floor(last) + 1}s or --time-scale {_round_up(scale * last / duration * 1.001)}")
     elif last < duration / 2:
