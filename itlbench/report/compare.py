@@ -36,6 +36,7 @@ from itlbench.report.data import RunData
 from itlbench.report.document import Callout, Document, Links, Section, Table, Written, write_document
 from itlbench.report.figure_spec import FigureSpec
 from itlbench.report.load_curve import load_axis, load_figure
+from itlbench.report.queueing import queueing_sentence
 from itlbench.report.reproduce import reproduce_command
 from itlbench.report.slo_checks import Check, slo_checks, worst_gap_s
 from itlbench.report.slos import slo_text
@@ -170,8 +171,10 @@ def verdict(rows: list[Row], slos: SloSet) -> list[str]:
         lines.append(f"No run meets every SLO ({spec}; {how}).")
     lines += _hidden_gaps([r for r, _ in meets], slos)
     for r, failed in misses:
+        held = queueing_sentence(r.run.summary) if any(c.figure.startswith("ttft") for c in failed) else None
         lines.append(f"{r.label} misses: " + "; ".join(_describe_miss(c) for c in failed[:4])
-                     + (f" (+{len(failed) - 4} more)" if len(failed) > 4 else "") + ".")
+                     + (f" (+{len(failed) - 4} more)" if len(failed) > 4 else "") + "."
+                     + (f" {held}" if held else ""))
     ranked = [r for r in rows if r.worst_s is not None]
     if repeated(rows):
         lines += noise_verdict(rows)

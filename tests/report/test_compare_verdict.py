@@ -263,3 +263,17 @@ def test_the_stalls_column_counts_events_as_the_brief_line_does_with_their_gaps(
     assert (row.stalls, row.stall_events, row.stalls_text()) == (153, 5, "5 (153 gaps)")
     run.summary["stalls"] = {**run.summary["stalls"], "count": 0, "events": 0}
     assert make_rows([run])[0].stalls_text() == "0"
+
+
+def test_a_ttft_miss_says_what_held_the_engines_queue_and_an_itl_miss_does_not(tmp_path: Path) -> None:
+    """budget 512 missed a rag TTFT target: the verdict named the miss but not that every request behind the 32k
+    prompt waited for steps whose budget its chunks had spent, which is what a reader would change."""
+    run = load_runs([build_run(tmp_path / "a")])[0]
+    run.summary["queueing"] = {"max_num_seqs": 64, "waiting_s": 5.3, "waiting_share": 0.09, "queue_s": {"p99": 4.32},
+                               "by_limit_s": {"max_num_seqs": 0.0, "kv_cache": 0.0, "token_budget": 5.3, "other": 0.0}}
+    held = ("Requests waited for the engine in 9% of the window (queue p99 4.32 s): each step's token budget was "
+            "spent (by prefill chunks or decodes) 100% of that time.")
+    ttft_miss = next(line for line in verdict(make_rows([run]), parse_slo("ttft=1ms,itl_p99=off")) if " misses: " in line)
+    assert ttft_miss.endswith(". " + held), ttft_miss
+    itl_miss = next(line for line in verdict(make_rows([run]), parse_slo("itl_p99=1us,ttft=off")) if " misses: " in line)
+    assert held not in itl_miss
