@@ -9,13 +9,14 @@ histogram passes the recommended boundaries as `explicit_bucket_boundaries_advis
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import socket
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from itlbench import __version__
@@ -100,6 +101,8 @@ class OtelProviders:
     endpoint: str
     tracer_provider: Any
     meter_provider: Any
+    _shut: bool = field(default=False, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def tracer(self, name: str) -> Any:
         return self.tracer_provider.get_tracer(name, __version__)
@@ -108,7 +111,12 @@ class OtelProviders:
         return self.meter_provider.get_meter(name, __version__)
 
     def shutdown(self) -> None:
-        """Export everything still buffered, then stop the exporter threads."""
+        """Export everything still buffered, then stop the exporter threads; once (the run's end and the
+        interpreter's exit both call it: the SDK's own exit hook logged "shutdown can only be called once")."""
+        with self._lock:
+            if self._shut:
+                return
+            self._shut = True
         self.tracer_provider.shutdown()
         self.meter_provider.shutdown()
 
@@ -136,13 +144,15 @@ def make_providers(endpoint: str, service_name: str, export_interval_s: float = 
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     resource = Resource.create({"service.name": service_name, "service.version": __version__})
-    tracer_provider = TracerProvider(resource=resource)
+    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)  # ours below, once
     tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces"),
                                                           schedule_delay_millis=1000))
     reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=f"{endpoint}/v1/metrics"),
                                            export_interval_millis=export_interval_s * 1000)
-    meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
-    return OtelProviders(endpoint, tracer_provider, meter_provider)
+    meter_provider = MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
+    providers = OtelProviders(endpoint, tracer_provider, meter_provider)
+    atexit.register(providers.shutdown)  # what is still buffered goes out at exit, as the SDK's hook did
+    return providers
 
 
 class Clock:

@@ -308,3 +308,16 @@ def test_a_served_engine_whose_collector_is_gone_shuts_down_within_its_limit(cap
         tracing.shutdown(timeout_s=1.0)
     assert time.monotonic() - t0 < 3.0
     assert "the last spans" in caplog.text and "lost" in caplog.text
+
+
+def test_otel_providers_shut_down_once_whoever_asks_first() -> None:
+    """The run's end (shutdown_within's thread) and a second caller both shut the providers down: the SDK's
+    MeterProvider logged "shutdown can only be called once" on the second call, noise at every run's exit."""
+    code = ("from itlbench.telemetry.otel import make_providers\n"
+            "p = make_providers('http://127.0.0.1:9', 'test', 60.0)\n"
+            "assert p.shutdown_within(5.0)\n"
+            "p.shutdown()\n"
+            "print('done')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr
+    assert "can only be called once" not in out.stderr, out.stderr
