@@ -14,6 +14,7 @@ from pathlib import Path
 import typer
 
 from itlbench.cli.app import console, fail
+from itlbench.cli.run import sim_intro_once
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.experiments.capacity import (
     CapacityPlan,
@@ -103,7 +104,7 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
         extra = [*run_args, *(["--slo", slo] if slo else []), *(["--model", model] if model else [])]
         first_seed = repeat_seed(extra, served=serve is not None or endpoint is not None)
         counts: dict[float, int] = {}
-        with terminate_as_interrupt() as arm, capture(receive_otlp, say) as spans, \
+        with terminate_as_interrupt() as arm, capture(receive_otlp, say) as spans, sim_intro_once(), \
                 _target(serve, endpoint, model, target, timeout_s, say, spans, bundled_target(run_args)) as (flags, name):
 
             def run_once(load: float) -> RunJudgement:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated
 
@@ -27,6 +30,35 @@ ReceiveOtlp = Annotated[str | None, typer.Option(help="Receive the OTLP/HTTP req
                                                  "to RUN/otel_spans.jsonl (vLLM: --otlp-traces-endpoint "
                                                  "http://HOST:PORT/v1/traces); the bundled engine's steps are "
                                                  "recorded without it.")]
+
+
+# The opening lines a simulated run has already printed in this sweep or capacity search (None: not in one).
+_SAID: ContextVar[set[str] | None] = ContextVar("itlbench_sim_intro_said", default=None)
+
+
+@contextlib.contextmanager
+def sim_intro_once() -> Iterator[None]:
+    """Within a sweep or capacity search (its points are `itlbench run`s in this process): a simulated run's opening
+    lines (what it simulates, how far to trust the simulator) print at the first point, and at a later one only
+    where they differ (a --max-num-seqs point can hold fewer K/V blocks); each point keeps its own result lines."""
+    token = _SAID.set(set())
+    try:
+        yield
+    finally:
+        _SAID.reset(token)
+
+
+def said_once(say: Callable[[str], None]) -> Callable[[str], None]:
+    """`say`, skipping a line already said within `sim_intro_once` (outside one: `say` itself)."""
+    said = _SAID.get()
+    if said is None:
+        return say
+
+    def once(text: str) -> None:
+        if text not in said:
+            said.add(text)
+            say(text)
+    return once
 
 
 ENDPOINT_FLAGS = ("seed", "model")  # engine flags an --endpoint run uses too: the workload's seed, the served model
@@ -101,7 +133,9 @@ def run(
                                                         "(every 30 s, from 15 s); repeat the flag or join with ';' "
                                                         "for several.")] = None,
     streams: Annotated[int | None, typer.Option(help="Closed-loop steady streams (default 32; 0 with --rate or trace).")] = None,
-    rate: Annotated[float | None, typer.Option(help="Open-loop arrivals per second (instead of or besides streams).")] = None,
+    rate: Annotated[float | None, typer.Option(help="Open-loop arrivals per second (instead of or besides streams); "
+                                                    "with --workload agent, sessions per second (each then runs "
+                                                    "its turns closed-loop).")] = None,
     burstiness: Annotated[float, typer.Option(help="Gamma shape for --rate arrivals; 1 = Poisson.")] = 1.0,
     duration: Annotated[str, typer.Option(help="Measured time after warmup: 60, 60s, 2m.")] = "60s",
     warmup: Annotated[str, typer.Option(help="Load at least this long before measurement starts.")] = "5s",
@@ -198,7 +232,8 @@ def run(
         say = lambda s: console.print(f"[dim]{s}[/]", highlight=False)  # noqa: E731
         with capture(receive_otlp, say) as spans:
             with LiveProgress(console, total_s=cfg.duration_s, enabled=live) as progress:
-                run_dir, summary = run_load_test(cfg, progress=progress.update, on_status=progress.status)
+                status = said_once(progress.status) if cfg.virtual_clock else progress.status
+                run_dir, summary = run_load_test(cfg, progress=progress.update, on_status=status)
             save_and_warn(spans, run_dir, say)
     except ItlbenchError as exc:
         fail(exc)

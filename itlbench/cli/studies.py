@@ -12,7 +12,7 @@ import typer
 
 from itlbench.cli.app import AsJson, app, console, fail, print_json
 from itlbench.cli.engine_options import engine_config_from_flags, engine_options
-from itlbench.cli.run import ReceiveOtlp
+from itlbench.cli.run import ReceiveOtlp, sim_intro_once
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.serving.build import require_engine_for
 
@@ -28,7 +28,8 @@ def sweep(
                                         "comma-separated.")] = "budget",
     max_num_seqs: Annotated[str | None, typer.Option("--max-num-seqs", help="Running-sequence caps to sweep, "
                                                      "e.g. 32,64 ({max_num_seqs} in --serve).")] = None,
-    rate: Annotated[str | None, typer.Option(help="Open-loop arrival rates to sweep, e.g. 1,2,4,8.")] = None,
+    rate: Annotated[str | None, typer.Option(help="Open-loop arrival rates to sweep, e.g. 1,2,4,8 (with "
+                                             "--workload agent, sessions per second).")] = None,
     streams: Annotated[str | None, typer.Option(help="Closed-loop stream counts to sweep, e.g. 8,16,32.")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="A setting of your own for --serve: "
                                                    "name=v1,v2 fills {name} in the template (repeatable).")] = None,
@@ -96,7 +97,7 @@ def sweep(
 
         # with --json, stdout carries one document: each run's own stdout line goes to stderr
         with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext(), \
-                capture(receive_otlp, say) as spans:
+                capture(receive_otlp, say) as spans, sim_intro_once():
             result = run_sweep(plan, run_args, target, invoke_run, on_status=say, spans=spans)
         missing = missing_lines(result)
         for line in missing:
@@ -145,7 +146,8 @@ def capacity(
                                             "(default: the default SLOs).")] = None,
     stall_budget: Annotated[str | None, typer.Option(help="Freezing a point may show: worst=1s (longest gap), "
                                                      "stalled=1% (of stream time), victims=10% (of requests).")] = None,
-    axis: Annotated[str, typer.Option(help="rate (open-loop arrivals/s) or streams (closed-loop).")] = "rate",
+    axis: Annotated[str, typer.Option(help="rate (open-loop arrivals/s; --workload agent: sessions/s) or streams "
+                                      "(closed-loop).")] = "rate",
     start: Annotated[float, typer.Option(help="First load tried; the search doubles it until a point misses.")] = 1.0,
     rate_max: Annotated[float | None, typer.Option("--rate-max", help="Highest load to try (rate or streams).")] = None,
     resolution: Annotated[float, typer.Option(help="Stop bisecting when the bracket is this share of the load "

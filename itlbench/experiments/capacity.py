@@ -39,7 +39,7 @@ import polars as pl
 
 from itlbench.analysis.goodput import parse_slo
 from itlbench.errors import EXIT_ENDED_EARLY, ConfigError
-from itlbench.experiments.capacity_offered import offered_doc, offered_tag, point_offered
+from itlbench.experiments.capacity_offered import load_unit, offered_doc, offered_tag, point_offered
 from itlbench.report.data import load_run
 from itlbench.units import parse_duration_s
 
@@ -102,6 +102,7 @@ class RunJudgement:
     interrupted: bool = False  # Ctrl-C or SIGTERM cut the run short: kept, never counted
     seed: int | None = None  # the seed it ran, where the search varies it (the simulator)
     queueing: str | None = None  # what held the requests that waited for the engine (report/queueing.py)
+    rate_unit: str | None = None  # what --rate counted, as its summary's `offered.unit` says (req/s, sessions/s)
 
     @property
     def met(self) -> bool:
@@ -156,7 +157,7 @@ def judge_run(run_dir: Path, slo: str | None, budget: StallBudget) -> RunJudgeme
     if budget.victims is not None and victims is not None and victims > budget.victims:
         missed.append((f"{victims:.0%} of requests stalled > {budget.victims:.0%}", "stalls"))
     return RunJudgement(run_dir, figures, [what for what, _ in missed], _doubted(s, [f for _, f in missed]),
-                        queueing=queueing_sentence(s))
+                        queueing=queueing_sentence(s), rate_unit=(s.get("offered") or {}).get("unit"))
 
 
 def _doubted(summary: dict[str, Any], missed_figures: list[str]) -> list[str]:
@@ -295,6 +296,11 @@ class CapacityResult:
         return sorted({(m, x) for m in met for x in missed if m > x})
 
     @property
+    def unit(self) -> str:
+        """What the load counts: requests/s, sessions/s (agent sessions arriving at --rate) or streams."""
+        return load_unit(self.plan.axis, [r for p in self.points for r in p.runs])
+
+    @property
     def confirmed(self) -> bool:
         """The answer ran `repeat` times, every run meeting (False where --max-points cut the search short)."""
         runs = [r for p in self.points if p.load == self.max_load for r in p.counted]
@@ -307,7 +313,7 @@ class CapacityResult:
                 "margin": None if self.max_load is None or self.missed_at is None else self.missed_at - self.max_load,
                 "slo": p.slo, "stall_budget": p.budget.as_dict(), "resolution": p.resolution, "repeat": p.repeat,
                 "confirmed": self.confirmed, "monotone": not self.inversions, "interrupted": self.interrupted,
-                "interrupted_at": self.interrupted_at, "stopped": self.stopped, **offered_doc(self),
+                "interrupted_at": self.interrupted_at, "stopped": self.stopped, "unit": self.unit, **offered_doc(self),
                 "points": [pt.as_dict(root) for pt in self.points]}
 
 
@@ -329,8 +335,8 @@ def too_short(plan: CapacityPlan, pt: SearchPoint) -> str:
     """Why a point with no request in its window ends the search, and the --duration that would measure it."""
     window = max((r.figures.get("window_s") or 0.0 for r in pt.counted), default=0.0)
     span = f"{window:g} s measured window" if window else "measured window"
-    unit, hint = ("requests/s", f", e.g. --duration {math.ceil(10 / pt.load)}s for about 10 requests") \
-        if plan.axis == "rate" else ("streams", "")
+    unit = load_unit(plan.axis, pt.counted)
+    hint = f", e.g. --duration {math.ceil(10 / pt.load)}s for about 10 {unit.split('/')[0]}" if plan.axis == "rate" else ""
     return (f"at {plan.fmt(pt.load)} {unit} the {span} held no request, too short for that load: the search "
             f"stopped there, as lower loads would measure nothing either (give a longer --duration{hint})")
 

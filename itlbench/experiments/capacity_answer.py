@@ -24,7 +24,7 @@ def answer_line(result: CapacityResult) -> str:
     """The answer in one sentence, with its margin (where the boundary lies between); an interrupted or
     stopped search says so first, with what it had established."""
     p = result.plan
-    unit = "requests/s" if p.axis == "rate" else "streams"
+    unit = result.unit  # requests/s, sessions/s (agent sessions at --rate), or streams
     what = "every SLO" + (" and the stall budget" if p.budget.spec else "")
     if result.interrupted:
         where = "" if result.interrupted_at is None else f" at {p.fmt(result.interrupted_at)} {unit}"

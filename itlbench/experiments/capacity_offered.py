@@ -22,6 +22,9 @@ class _Run(Protocol):
     @property
     def figures(self) -> dict[str, float | None]: ...
 
+    @property
+    def rate_unit(self) -> str | None: ...
+
 
 class SearchPoint(Protocol):
     @property
@@ -58,6 +61,14 @@ def mean_of(values: list[Any]) -> float | None:
 def point_offered(pt: SearchPoint) -> float | None:
     """The point's offered rate: the mean over its counted runs (None: closed loop, or no summary said)."""
     return mean_of([r.figures.get("offered_rps") for r in pt.counted])
+
+
+def load_unit(axis: str, runs: Sequence[_Run]) -> str:
+    """What a search's load counts: streams, or what --rate counted as the runs' summaries say (`offered.unit`:
+    sessions/s where agent sessions arrive at --rate, each then running its turns closed-loop), else requests/s."""
+    if axis != "rate":
+        return "streams"
+    return "sessions/s" if any(r.rate_unit == "sessions/s" for r in runs) else "requests/s"
 
 
 def offered_tag(pt: SearchPoint) -> str:
@@ -104,10 +115,11 @@ def offered_caveat(result: CapacityResult) -> str:
     if at["arrivals"] is not None and at["expected_arrivals"] is not None and at["window_s"]:
         counts = (f": its {at['window_s']:g} s windows held {at['arrivals']:.0f} arrivals where the rate implies "
                   f"{at['expected_arrivals']:.0f}")
+    unit = load_unit(p.axis, [r for pt in result.points for r in pt.counted])
     miss = offered_at(result, result.missed_at)
-    missed = "" if miss is None else (f"; the lowest miss, {p.fmt(result.missed_at or 0.0)} requests/s, offered "
+    missed = "" if miss is None else (f"; the lowest miss, {p.fmt(result.missed_at or 0.0)} {unit}, offered "
                                       f"{fmt_rate(float(miss['offered_rps'] or 0.0))}")
-    return (f" Offered only {fmt_rate(offered)} requests/s at {p.fmt(result.max_load)} ({at['shortfall']:.0%} below "
-            f"the nominal{counts}), so what the server was shown to sustain is {fmt_rate(offered)} requests/s "
+    return (f" Offered only {fmt_rate(offered)} {unit} at {p.fmt(result.max_load)} ({at['shortfall']:.0%} below "
+            f"the nominal{counts}), so what the server was shown to sustain is {fmt_rate(offered)} {unit} "
             f"offered{missed}. The window is too short for its Poisson count to settle: a longer --duration "
             f"offers nearer the nominal rate (--duration {steadier_duration_s(at)}s: ±{TARGET_NOISE:.0%}).")

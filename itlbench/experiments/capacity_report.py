@@ -51,14 +51,23 @@ def points_table(result: CapacityResult) -> Table:
                      "—" if mean_of([x["achieved_rps"] for x in f]) is None
                      else f"{mean_of([x['achieved_rps'] for x in f]):.2f}",
                      "; ".join(misses[:3]) + (" …" if len(misses) > 3 else "")])
-    return Table(["#", result.plan.axis, *(["offered req/s"] if rate else []), "phase", "runs", "met", "ITL p99", "worst gap", "TTFT p90", "stalled",
-                  "requests stalled", "achieved req/s", "what missed"], rows,
+    offered_col = "offered sessions/s" if result.unit == "sessions/s" else "offered req/s"
+    return Table(["#", result.plan.axis, *([offered_col] if rate else []), "phase", "runs", "met", "ITL p99",
+                  "worst gap", "TTFT p90", "stalled", "requests stalled", "achieved req/s", "what missed"], rows,
                  "Every point of the search in the order it ran (figures: mean over the point's runs, the "
                  "highest run's after it where runs differ, since a point meets only when every run does; a run that missed while the client's own validity checks "
                  "failed is run again and left out; stalled: stalled time as a share of the steady streams' "
                  "streaming time; requests stalled: the share of the streamed requests that stalled at least once"
-                 + ("; rate is the nominal --rate, offered the arrivals each run's window held over its length"
-                    if rate else "") + ")", align_right_from=1)
+                 + (f"; rate is the nominal --rate{_sessions_note(result)}, offered the arrivals each run's window "
+                    "held over its length" if rate else "") + ")", align_right_from=1)
+
+
+def _sessions_note(result: CapacityResult) -> str:
+    """Where --rate counted agent sessions: what arrives, and that achieved req/s counts their turns."""
+    if result.unit != "sessions/s":
+        return ""
+    return (" in sessions/s (agent sessions: each runs its turns closed-loop once it arrives, and achieved req/s "
+            "counts those turns)")
 
 
 def _mean_and_worst(values: list[float | None]) -> str:
@@ -133,7 +142,7 @@ def curve_figure(result: CapacityResult) -> FigureSpec:
         seconds_yaxis(ax, drawn)
         ax.legend(fontsize=8, frameon=False)
         tidy(ax)
-    ttft_ax.set_xlabel("nominal rate (requests/s)" if axis == "rate" else "steady streams")
+    ttft_ax.set_xlabel(f"nominal rate ({result.unit})" if axis == "rate" else "steady streams")
     spec.figure = fig
     return spec
 
@@ -191,7 +200,8 @@ def write_capacity_report(result: CapacityResult, out_dir: Path, command: str, t
                                           "between the highest point met and the lowest missed; points near the "
                                           "boundary run several times and meet only when every run meets, and "
                                           "the answer itself is re-run before it is reported."
-                                          + (" The rate is the nominal --rate, which scales one seeded Poisson "
+                                          + (f" The rate is the nominal --rate{_sessions_note(result)}, which "
+                                             "scales one seeded Poisson "
                                              "arrival sequence; what a run offered is the arrivals its window held "
                                              "over the window's length, which in a short window can sit well "
                                              "below the nominal rate." if p.axis == "rate" else "")),

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from itlbench.cli import app, studies
+from itlbench.cli.run import said_once, sim_intro_once
 
 runner = CliRunner()
 SIM = ["--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100"]
@@ -92,3 +93,25 @@ def test_simulator_repeats_run_successive_seeds_and_are_compared(tmp_path: Path)
     assert json.loads((out / "sweep.json").read_text())["points"][0]["seeds"] == [4, 5]
     assert (out / "compare.json").is_file()
     assert "Compared with --force" not in (out / "report.md").read_text()  # the seed is a setting the sweep varied
+
+
+def test_a_simulated_sweep_says_what_it_simulates_once_and_each_point_only_its_result(tmp_path: Path) -> None:
+    """Every point used to repeat the simulator's opening lines (the deployment, the accuracy paragraph); they print
+    at the first point, the verdict keeps its own; a single run still prints them all."""
+    accuracy = "published figures held out of the simulator's fit"  # the accuracy paragraph's first sentence
+    out = tmp_path / "sw"
+    result = runner.invoke(app, ["sweep", "--chunk-budget", "512,none", *SIM, *SHORT, "--out", str(out)],
+                           terminal_width=400)
+    assert result.exit_code == 0, result.output
+    text = _flat(result.output)
+    assert text.count("simulating llama-3.1-8b on a virtual clock") == 1
+    assert text.count("H100 SXM: bfloat16 weights, K/V at 2 B an element") == 1
+    assert text.count(accuracy) == 2 and "Simulated: H100 SXM" in text  # once at the start, once in the verdict
+    assert text.index(accuracy) < text.index("sweep point 2/2")
+    assert text.count(f"{out / 'unchunked'}: ") == 1  # the second point's own result line
+    said: list[str] = []  # a single `itlbench run` (no sweep around it) says every line, as before
+    assert said_once(said.append) == said.append
+    with sim_intro_once():
+        for line in ("a", "b", "a"):
+            said_once(said.append)(line)
+    assert said == ["a", "b"]

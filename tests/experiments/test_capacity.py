@@ -20,6 +20,7 @@ from itlbench.experiments.capacity import (
     measure_point,
     parse_stall_budget,
     search,
+    too_short,
 )
 from itlbench.experiments.capacity import judge_run as _judge_run
 from itlbench.experiments.capacity_answer import answer_line
@@ -299,14 +300,15 @@ def test_a_simulated_capacity_report_says_how_far_to_trust_the_simulator(tmp_pat
     assert "K/V room only 5% of each GPU's memory (4.0 GiB): a runtime keeps about 2.9 GiB of that back" in report
 
 
-def _offering(share: float, capacity: float = 5.0):
-    """A measure function whose runs offered `share` of each nominal rate (10 s windows, Poisson counts)."""
+def _offering(share: float, capacity: float = 5.0, unit: str = "req/s"):
+    """A measure function whose runs offered `share` of each nominal rate (10 s windows, Poisson counts); `unit`
+    is what their summaries' `offered.unit` says --rate counted."""
     def measure(load: float, phase: str, repeats: int) -> SearchPoint:
         pt = SearchPoint(load, phase)
         for _ in range(repeats):
             figures = {"offered_rps": load * share, "arrivals": load * share * 10, "expected_arrivals": load * 10,
                        "window_s": 10.0, "count_noise": (load * 10) ** -0.5}
-            pt.runs.append(RunJudgement(Path("."), figures, ["missed"] if load > capacity else []))
+            pt.runs.append(RunJudgement(Path("."), figures, ["missed"] if load > capacity else [], rate_unit=unit))
         return pt
 
     return measure
@@ -353,3 +355,19 @@ def test_the_answer_says_what_held_the_engines_queue_at_the_first_load_that_miss
     line = answer_line(result)
     assert line.endswith(f" At {result.plan.fmt(result.missed_at)} requests/s, requests waited for the engine in 17% "
                          "of the window (queue p99 3.03 s): the running batch was full"), line
+
+
+def test_a_search_whose_rate_counted_agent_sessions_answers_in_sessions_per_second() -> None:
+    """`--workload agent --rate R` is R sessions a second (summary.json's offered.unit): the answer, its offered
+    caveat, capacity.json and a too-short window say sessions/s, never requests/s."""
+    result = search(CapacityPlan(start=4, resolution=0.5, repeat=1), _offering(0.65, unit="sessions/s"))
+    line = answer_line(result)
+    assert line.startswith("Capacity: 4 sessions/s (every SLO holds; 6 sessions/s misses, so the boundary lies "
+                           "within +2 sessions/s).")
+    assert "Offered only 2.6 sessions/s at 4" in line and "the lowest miss, 6 sessions/s, offered 3.9" in line
+    assert "requests/s" not in line and result.as_dict(Path("."))["unit"] == "sessions/s"
+    empty = SearchPoint(0.5, "bracket", [RunJudgement(Path("."), {"requests": 0.0}, [], rate_unit="sessions/s")])
+    assert too_short(result.plan, empty).startswith("at 0.5 sessions/s the measured window held no request")
+    assert "for about 10 sessions" in too_short(result.plan, empty)
+    assert search(CapacityPlan(start=4, resolution=0.5, repeat=1), _offering(0.65)).unit == "requests/s"
+    assert search(CapacityPlan(axis="streams", start=4, repeat=1), _threshold(5)[0]).unit == "streams"

@@ -73,3 +73,17 @@ def test_the_table_shows_the_run_that_missed_beside_the_mean() -> None:
     table = points_table(_result("itl_p99=40ms"))
     col = table.headers.index("ITL p99")
     assert table.rows[1][col] == "39 ms (max 42 ms)" and table.rows[1][table.headers.index("met")] != "yes"
+
+
+def test_a_session_search_names_its_offered_column_and_axis_in_sessions() -> None:
+    """Agent sessions at --rate: the table's offered column and the curve's axis count sessions; achieved stays
+    req/s (the sessions' turns are requests)."""
+    result = _result(None)
+    for pt in result.points:
+        for r in pt.runs:
+            r.rate_unit = "sessions/s"
+    table = points_table(result)
+    assert "offered sessions/s" in table.headers and "achieved req/s" in table.headers
+    assert "in sessions/s (agent sessions: each runs its turns closed-loop" in table.caption
+    assert curve_figure(result).figure.axes[-1].get_xlabel() == "nominal rate (sessions/s)"
+    assert "offered req/s" in points_table(_result(None)).headers
