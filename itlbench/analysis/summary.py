@@ -19,9 +19,13 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
   stalls.attribution[]  top events, the most stream-seconds stalled first: {event,start_s (from measure start),
                         span_s,stalls,victims,worst_s,stalled_s,prefill_steps,prefill_tokens,prefill_s,injected_prefill,prefill_request_ids,
                         injected_request_ids,longest_step_s,preemptions,client_pause_s,scrape_s,cause}
-  queueing  null without engine steps; else {source,max_num_seqs,waiting_s,waiting_share,main_limit,
-           by_limit_s.<max_num_seqs|kv_cache|token_budget|other>,queue_s.{p50,p90,p99,max,count}}: what held the
-           requests that waited for the engine (analysis/queueing.py)
+  queueing  what held the requests that waited for the engine. From a step log (source engine_steps):
+           {source,max_num_seqs,waiting_s,waiting_share,main_limit,by_limit_s.<max_num_seqs|kv_cache|token_budget|
+           other>,queue_s.{p50,p90,p99,max,count}} (analysis/queueing.py); else from an external engine's /metrics
+           (source server_metrics): {source,engine,label,max_num_seqs,waiting_share (of periodic reads),main_limit,
+           queue_time_s.{count,sum_s,mean_s,p99_le,p99_above,max_le},preemptions,periodic.{reads,waiting_reads,
+           waiting_mean,running_mode,running_mode_reads,running_held,running_max,kv_usage_waiting},metrics}
+           (analysis/queueing_metrics.py); null with neither
   split.{prefill_s,decode_s,prefill_frac,source}  (+ mixed_steps, cost_model | unattributed_s)
   throughput.{requests_per_s,output_tokens_per_s,input_tokens_per_s}
   offered  null for a closed-loop run; else the open-loop arrivals scheduled in the window against the nominal
@@ -90,6 +94,7 @@ from itlbench.analysis.gpu import gpu_status_of, gpu_summary
 from itlbench.analysis.offered import offered_load
 from itlbench.analysis.pooled import describe_pooled
 from itlbench.analysis.queueing import max_num_seqs_of, queueing_summary
+from itlbench.analysis.queueing_metrics import queueing_from_metrics
 from itlbench.analysis.read_together import tag_gaps
 from itlbench.analysis.scale import ChunkFigures, chunk_figures
 from itlbench.analysis.scrapes import scrape_summary
@@ -312,7 +317,8 @@ def _assemble(window: RunWindow, ttft_rows: pl.DataFrame, itl_section: dict[str,
         **_ttft_section(ttft_rows),
         **itl_section,
         "stalls": stall_summary,
-        "queueing": queueing_summary(t["steps"], ttft_rows, window.seconds, max_num_seqs),
+        "queueing": queueing_summary(t["steps"], ttft_rows, window.seconds, max_num_seqs)
+        or queueing_from_metrics(t["server_metrics"], t["scrapes"], window, max_num_seqs),
         "split": time_split(t["steps"], t["server_metrics"], window),
         "throughput": thr,
         "offered": offered,
