@@ -115,8 +115,8 @@ def read_times(samples: pl.DataFrame, scrapes: pl.DataFrame, window: RunWindow) 
 
 
 def held_at_reads(samples: pl.DataFrame, names: EngineNames, times: list[int]) -> dict[str, object] | None:
-    """{reads, waiting_reads, waiting_mean, running_mode, running_mode_reads, running_held, running_max,
-    kv_usage_waiting}: the gauges at each periodic read; None without reads of the waiting gauge. `running_held`:
+    """{reads, waiting_reads, waiting_mean, running_mode, running_mode_reads, running_range (while waiting),
+    running_held, running_max (at any read), kv_usage_waiting}: the gauges at each periodic read; None without reads of the waiting gauge. `running_held`:
     the running count at HELD_SHARE of the reads with requests waiting, and never above it at any read (a read
     between a request's finish and the next admission sees one fewer)."""
     at = samples.filter(pl.col("t_ns").is_in(times))
@@ -133,12 +133,13 @@ def held_at_reads(samples: pl.DataFrame, names: EngineNames, times: list[int]) -
     usage = per_read(kv, "mean") if kv else {}
     held = [t for t in waiting if waiting[t] > 0]
     ran = Counter(int(running[t]) for t in held if t in running)
-    mode, mode_reads = ran.most_common(1)[0] if ran else (None, 0)
+    mode, mode_reads = max(ran.items(), key=lambda kv: (kv[1], kv[0])) if ran else (None, 0)  # ties: the larger
     most = int(max(running.values())) if running else None
     kv_held = [usage[t] for t in held if t in usage]
     return {"reads": len(waiting), "waiting_reads": len(held),
             "waiting_mean": sum(waiting[t] for t in held) / len(held) if held else None,
             "running_mode": mode, "running_mode_reads": mode_reads,
+            "running_range": [min(ran), max(ran)] if ran else None,
             "running_held": mode if mode is not None and mode_reads >= HELD_SHARE * len(held) and mode == most else None,
             "running_max": most,
             "kv_usage_waiting": sum(kv_held) / len(kv_held) if kv_held else None}

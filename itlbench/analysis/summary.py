@@ -24,8 +24,8 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
            other>,queue_s.{p50,p90,p99,max,count}} (analysis/queueing.py); else from an external engine's /metrics
            (source server_metrics): {source,engine,label,max_num_seqs,waiting_share (of periodic reads),main_limit,
            queue_time_s.{count,sum_s,mean_s,p99_le,p99_above,max_le},preemptions,periodic.{reads,waiting_reads,
-           waiting_mean,running_mode,running_mode_reads,running_held,running_max,kv_usage_waiting},metrics}
-           (analysis/queueing_metrics.py); null with neither
+           waiting_mean,running_mode,running_mode_reads,running_range,running_held,running_max,kv_usage_waiting},
+           metrics} (analysis/queueing_metrics.py); null with neither
   split.{prefill_s,decode_s,prefill_frac,source}  (+ mixed_steps, cost_model | unattributed_s)
   throughput.{requests_per_s,output_tokens_per_s,input_tokens_per_s}
   offered  null for a closed-loop run; else the open-loop arrivals scheduled in the window against the nominal

@@ -75,7 +75,10 @@ def _held_part(p: dict[str, Any], cap: Any) -> str:
             [] if at == waiting else [f"at {at:,} of them, never above"])
         then = [f"running held at {held}" + (f" ({'; '.join(notes)})" if notes else "")]
     else:
-        then = [f"{mode} ran at {p.get('running_mode_reads'):,} of them (at most {most})"] if mode is not None else []
+        low, high = p.get("running_range") or (mode, mode)
+        spread = f"{low}–{high}" if low != high else f"{mode}"
+        then = [f"{spread} ran ({mode} at {p.get('running_mode_reads'):,} of them; at most {most} at any read)"
+                ] if mode is not None else []
     kv = p.get("kv_usage_waiting")
     then += [f"K/V was {kv:.0%} used"] if kv is not None else []
     return out + (f", while {' and '.join(then)}" if then else "")

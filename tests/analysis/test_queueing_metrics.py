@@ -109,6 +109,12 @@ def test_absent_series_give_null_and_each_engine_reads_its_own_names() -> None:
     assert q["periodic"]["running_held"] == 4 and q["periodic"]["kv_usage_waiting"] is None  # type: ignore[index]
     assert queueing_sentence({"queueing": q}) == (
         "Requests in llama.cpp's queue, by its /metrics: waiting at 1 of 2 periodic reads, while running held at 4.")
+    wobbly = pl.DataFrame([_row(t, name, v) for t, ran in ((1300, 4), (1600, 3), (1800, 4)) for name, v in (
+        ("llamacpp:requests_processing", ran), ("llamacpp:requests_deferred", 1))])
+    q = queueing_from_metrics(wobbly, _scrapes(), WINDOW)  # 4 at 2 of 3 reads: under HELD_SHARE, not held
+    assert q["periodic"]["running_held"] is None and q["periodic"]["running_range"] == [3, 4]  # type: ignore[index]
+    assert queueing_sentence({"queueing": q}).endswith(  # type: ignore[union-attr]
+        "while 3–4 ran (4 at 2 of them; at most 4 at any read).")
     sglang = pl.DataFrame(_hist(990, (0, 0, 0, 0), 0.0, "sglang:queue_time_seconds")
                           + _hist(2005, (2, 2, 2, 2), 0.5, "sglang:queue_time_seconds")
                           + [_row(990, "sglang:num_retracted_requests_total", 0),
