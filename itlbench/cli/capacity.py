@@ -53,7 +53,13 @@ from itlbench.rundir.outdir import make_dir
 from itlbench.telemetry.span_capture import SpanCapture, capture, save_and_warn
 from itlbench.units import parse_duration_s
 
-OWNED = ("--rate", "--streams", "--out", "--endpoint", "--repeat")
+OWNED = ("--rate", "--streams", "--time-scale", "--out", "--endpoint", "--repeat")
+
+
+def default_axis(run_args: list[str]) -> str:
+    """time-scale for a --trace replay (its rows carry their own arrival times, so there is no --rate to
+    search), else rate."""
+    return "time-scale" if any(a == "--trace" or a.startswith("--trace=") for a in run_args) else "rate"
 
 
 @contextlib.contextmanager
@@ -72,7 +78,7 @@ def _target(serve: str | None, endpoint: str | None, model: str | None, out: Pat
         yield ["--endpoint", server.base_url], command
 
 
-def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | None, axis: str, start: float,
+def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | None, axis: str | None, start: float,
                  rate_max: float | None, resolution: float, repeat: int, max_points: int, serve: str | None,
                  serve_timeout: str, endpoint: str | None, model: str | None, out: Path | None,
                  invoke_run: Callable[[list[str]], int], receive_otlp: str | None = None) -> None:
@@ -80,6 +86,7 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
         console.print(f"[dim]{text}[/]", highlight=False)
 
     target: Path | None = None
+    axis = axis or default_axis(run_args)
     try:
         for flag in OWNED:
             if any(a == flag or a.startswith(flag + "=") for a in run_args):

@@ -146,10 +146,12 @@ def capacity(
                                             "(default: the default SLOs).")] = None,
     stall_budget: Annotated[str | None, typer.Option(help="Freezing a point may show: worst=1s (longest gap), "
                                                      "stalled=1% (of stream time), victims=10% (of requests).")] = None,
-    axis: Annotated[str, typer.Option(help="rate (open-loop arrivals/s; --workload agent: sessions/s) or streams "
-                                      "(closed-loop).")] = "rate",
+    axis: Annotated[str | None, typer.Option(help="rate (open-loop arrivals/s; --workload agent: sessions/s), "
+                                             "streams (closed-loop) or time-scale (a --trace replay's speed, "
+                                             "× recorded; the default with --trace; else rate).",
+                                             show_default=False)] = None,
     start: Annotated[float, typer.Option(help="First load tried; the search doubles it until a point misses.")] = 1.0,
-    rate_max: Annotated[float | None, typer.Option("--rate-max", help="Highest load to try (rate or streams).")] = None,
+    rate_max: Annotated[float | None, typer.Option("--rate-max", help="Highest load to try (rate, streams or time scale).")] = None,
     resolution: Annotated[float, typer.Option(help="Stop bisecting when the bracket is this share of the load "
                                               "(streams: one apart).")] = 0.1,
     repeat: Annotated[int, typer.Option(help="Runs per point near the boundary (a point meets only if all do; "
@@ -163,7 +165,7 @@ def capacity(
     out: Annotated[Path | None, typer.Option(help="Directory (default reports/<time>-capacity-…).")] = None,
     receive_otlp: ReceiveOtlp = None,
 ) -> None:
-    """Search the highest rate (or stream count) at which every SLO and the stall budget hold; any `itlbench run`
+    """Search the highest rate (or stream count, or a trace's speed) at which every SLO and the stall budget hold; any `itlbench run`
     option after these sets the workload.
 
     Exit status: 0 a capacity was found; 1 none was (no load tried met), or the search ended early (a point's

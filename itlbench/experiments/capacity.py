@@ -239,6 +239,11 @@ class SearchPoint:
                           "interrupted": r.interrupted, "seed": r.seed} for r in self.runs]}
 
 
+# what the search may vary: --rate (arrivals/s), --streams (closed loop), or --time-scale (a trace's own
+# arrivals replayed faster or slower: a trace has no --rate to set)
+AXES = ("rate", "streams", "time-scale")
+
+
 @dataclass
 class CapacityPlan:
     axis: str = "rate"
@@ -251,8 +256,9 @@ class CapacityPlan:
     budget: StallBudget = field(default_factory=StallBudget)
 
     def __post_init__(self) -> None:
-        if self.axis not in ("rate", "streams"):
-            raise ConfigError("--axis", f"unknown axis {self.axis!r}", "use rate or streams")
+        if self.axis not in AXES:
+            raise ConfigError("--axis", f"unknown axis {self.axis!r}", "use rate, streams or time-scale (a --trace "
+                              "replay's speed)")
         if not self.start > 0 or (self.axis == "streams" and self.start != int(self.start)):
             raise ConfigError("--start", f"must be a positive {'integer' if self.axis == 'streams' else 'number'}, "
                               f"got {self.start:g}", "e.g. --start 1")
@@ -308,7 +314,7 @@ class CapacityResult:
 
     def as_dict(self, root: Path) -> dict[str, Any]:
         p = self.plan
-        key = "max_rate" if p.axis == "rate" else "max_streams"
+        key = f"max_{p.axis.replace('-', '_')}"
         return {key: self.max_load, "axis": p.axis, "missed_at": self.missed_at,
                 "margin": None if self.max_load is None or self.missed_at is None else self.missed_at - self.max_load,
                 "slo": p.slo, "stall_budget": p.budget.as_dict(), "resolution": p.resolution, "repeat": p.repeat,

@@ -64,4 +64,4 @@ def _what_held(result: CapacityResult, unit: str) -> str:
     line = next((r.queueing for r in runs if r.queueing), None)
     if line is None or result.missed_at is None:
         return ""
-    return f" At {result.plan.fmt(result.missed_at)} {unit}, r{line[1:]}"
+    return f" At {result.plan.fmt(result.missed_at)} {unit}: {line}"  # the sentence whole, whatever it opens with

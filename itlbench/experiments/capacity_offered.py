@@ -67,7 +67,7 @@ def load_unit(axis: str, runs: Sequence[_Run]) -> str:
     """What a search's load counts: streams, or what --rate counted as the runs' summaries say (`offered.unit`:
     sessions/s where agent sessions arrive at --rate, each then running its turns closed-loop), else requests/s."""
     if axis != "rate":
-        return "streams"
+        return {"streams": "streams", "time-scale": "× the trace's speed"}[axis]
     return "sessions/s" if any(r.rate_unit == "sessions/s" for r in runs) else "requests/s"
 
 

@@ -142,7 +142,8 @@ def curve_figure(result: CapacityResult) -> FigureSpec:
         seconds_yaxis(ax, drawn)
         ax.legend(fontsize=8, frameon=False)
         tidy(ax)
-    ttft_ax.set_xlabel(f"nominal rate ({result.unit})" if axis == "rate" else "steady streams")
+    ttft_ax.set_xlabel({"rate": f"nominal rate ({result.unit})", "streams": "steady streams",
+                        "time-scale": "--time-scale (× the trace's recorded speed)"}[axis])
     spec.figure = fig
     return spec
 
@@ -189,7 +190,7 @@ def write_capacity_report(result: CapacityResult, out_dir: Path, command: str, t
     p = result.plan
     line = answer_line(result)
     targets = [f"SLOs: {judged_slos(result)}", f"stall budget: {p.budget.spec or 'none'}",
-               f"resolution {p.resolution:.0%}" if p.axis == "rate" else "resolution: one stream",
+               "resolution: one stream" if p.axis == "streams" else f"resolution {p.resolution:.0%}",
                f"{p.repeat} run{'' if p.repeat == 1 else 's'} per point near the boundary"]
     doc = Document(f"Capacity by {p.axis}: {target}",
                    f"{len(result.points)} points · written {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",

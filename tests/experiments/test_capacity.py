@@ -353,7 +353,7 @@ def test_the_answer_says_what_held_the_engines_queue_at_the_first_load_that_miss
     result = search(CapacityPlan(start=1, resolution=0.1, repeat=1), measure)
     assert result.missed_at is not None
     line = answer_line(result)
-    assert line.endswith(f" At {result.plan.fmt(result.missed_at)} requests/s, requests waited for the engine in 17% "
+    assert line.endswith(f" At {result.plan.fmt(result.missed_at)} requests/s: Requests waited for the engine in 17% "
                          "of the window (queue p99 3.03 s): the running batch was full"), line
 
 
@@ -371,3 +371,24 @@ def test_a_search_whose_rate_counted_agent_sessions_answers_in_sessions_per_seco
     assert "for about 10 sessions" in too_short(result.plan, empty)
     assert search(CapacityPlan(start=4, resolution=0.5, repeat=1), _offering(0.65)).unit == "requests/s"
     assert search(CapacityPlan(axis="streams", start=4, repeat=1), _threshold(5)[0]).unit == "streams"
+
+
+def test_a_trace_replay_searches_its_speed_since_it_has_no_rate_to_set(tmp_path: Path) -> None:
+    """`capacity --trace` refused with "--rate: a trace replays its own arrival times": the search set --rate,
+    which a trace cannot take. It searches --time-scale instead (the trace replayed faster), by default."""
+    trace = tmp_path / "trace.csv"
+    rows = [f"2023-11-16 18:17:{i // 4:02d}.{(i % 4) * 25:02d}0000,{256 + 64 * (i % 3)},8" for i in range(160)]
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "cap"
+    result = runner.invoke(app, ["capacity", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
+                                 "--start", "1", "--rate-max", "2", "--repeat", "1", "--slo", "ttft=10s,itl_p99=1s",
+                                 "--workload", "trace", "--trace", str(trace), "--duration", "4", "--warmup", "0",
+                                 "--no-report", "--out", str(out)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "capacity.json").read_text())
+    assert doc["axis"] == "time-scale" and doc["max_time_scale"] == 2 and [p["load"] for p in doc["points"]][:2] == [1, 2]
+    assert "Capacity ≥ 2 × the trace's speed" in " ".join(result.output.split())
+    run = json.loads((out / "time-scale2" / "run1" / "run.json").read_text())
+    assert run["plan"]["trace"]["time_scale"] == 2
+    refused = runner.invoke(app, ["capacity", "--axis", "tides"])
+    assert refused.exit_code == 2 and "use rate, streams or time-scale" in " ".join(refused.output.split())
