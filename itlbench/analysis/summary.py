@@ -4,7 +4,7 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
   window.{run_start_ns,measure_start_ns,end_ns,seconds}
   ttft_s.<bucket>.{p50,p90,p99,max,mean,count}        ttft_s.all.{same}
   ttft_by_class_s.<cls>.{same}
-  ttft_breakdown_s.<bucket>.{client_lag_p50,queue_p50,prefill_p50,server_p50}
+  ttft_breakdown_s.<bucket>.{client_lag_p50,queue_p50,prefill_p50,server_p50,queue_p99}
   itl_s.{p50,p90,p95,p99,p999,max,mean,count}          pooled gaps, steady streams (not injected)
   itl_all_s.{same}                                     pooled gaps, all streams
   itl_per_token_s.{same}                               per-token view, steady streams

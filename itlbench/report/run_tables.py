@@ -90,8 +90,9 @@ def ttft_table(data: RunData) -> Table:
             invalid.add(len(rows))
         rows.append([gone.label(key, b), str(d["count"]), fmt_s(d.get("p50")), fmt_s(d.get("p90")),
                      fmt_s(d.get("p99")), fmt_s(d.get("max")), fmt_s(p.get("client_lag_p50")),
-                     fmt_s(p.get("queue_p50")), fmt_s(p.get("prefill_p50"))])
-    return Table(["bucket", "requests", "p50", "p90", "p99", "max", "client lag p50", "queue p50", "prefill p50"],
+                     fmt_s(p.get("queue_p50")), fmt_s(p.get("queue_p99")), fmt_s(p.get("prefill_p50"))])
+    return Table(["bucket", "requests", "p50", "p90", "p99", "max", "client lag p50", "queue p50", "queue p99",
+                  "prefill p50"],
                  rows, "TTFT by prompt bucket", withdrawn=gone.why("ttft_s") or "", invalid_rows=frozenset(invalid))
 
 

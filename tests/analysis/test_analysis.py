@@ -467,7 +467,7 @@ def test_summary_keys_and_json(tables):
     assert s["ttft_s"]["le2k"]["count"] == 1 and s["ttft_s"]["le2k"]["max"] == pytest.approx(0.025)
     # one le128 request cannot support a median of its parts (ttft_table has them per request)
     assert s["ttft_breakdown_s"]["le128"] == dict.fromkeys(
-        ("client_lag_p50", "queue_p50", "prefill_p50", "server_p50"))
+        ("client_lag_p50", "queue_p50", "prefill_p50", "server_p50", "queue_p99"))
     assert s["itl_s"]["count"] == 33 and s["itl_all_s"]["count"] == 35
     assert s["itl_s"]["max"] == pytest.approx(0.5)
     assert s["stalls"]["count"] == 3 and s["stalls"]["victims"] == 3

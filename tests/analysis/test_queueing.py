@@ -74,3 +74,18 @@ def test_a_simulated_engine_with_a_small_batch_cap_says_its_queue_was_held_by_th
                                       out=tmp_path / "wide", engine=replace(engine, max_num_seqs=64), seed=5))
     assert wide["queueing"]["by_limit_s"]["max_num_seqs"] == 0.0
     assert wide["queueing"]["queue_s"]["p50"] < q["queue_s"]["p50"] / 5
+
+
+def test_the_ttft_breakdown_keeps_the_queues_tail_the_median_hides() -> None:
+    """95 requests queue 15 ms and 5 queue 3 s behind a full batch: the median queue says 15 ms while TTFT's
+    p99 is 3 s; queue_p99 says where that p99 went (and a bucket too small for a p99 withholds it)."""
+    from itlbench.analysis.ttft import breakdown_by_bucket
+
+    queue = [0.015] * 95 + [3.0] * 5
+    table = pl.DataFrame({"bucket": ["le512"] * 100 + ["le2k"] * 3, "queue_s": queue + [0.01] * 3,
+                          "prefill_s": [0.04] * 103, "client_lag_s": [0.0] * 103})
+    table = table.with_columns((pl.col("queue_s") + pl.col("prefill_s")).alias("server_s"),
+                               (pl.col("queue_s") + pl.col("prefill_s")).alias("ttft_s"))
+    parts = breakdown_by_bucket(table)
+    assert parts["le512"]["queue_p50"] == 0.015 and parts["le512"]["queue_p99"] == 3.0
+    assert parts["le2k"]["queue_p99"] is None and parts["le2k"]["queue_p50"] == 0.01
