@@ -9,8 +9,8 @@ engine is given one torch thread too (OMP_NUM_THREADS=1). Each run gets a fresh 
 repeats against one long-lived vLLM server measure prefill, not its prefix cache.
 
     python -m benchmarks.peers.compare_vllm ~/peers/models/cpu-small --out ~/peers/runs/compare \\
-        --report reports/vllm-cpu/README.md
-    python -m benchmarks.peers.compare_vllm --render ~/peers/runs/compare --report ...  # table only
+        --keep reports/vllm-cpu/runs
+    python -m benchmarks.peers.compare_vllm --render ~/peers/runs/compare  # print the table only
 
 `--client-nice -10` gives each client (not the engines: vLLM and the bundled server run in sessions of
 their own) ten times the CPU weight, so that the client's loop is not starved of a CPU by the engine

@@ -234,13 +234,16 @@ def main() -> None:  # pragma: no cover - manual use
     # SIGTERM (and SIGINT, which a shell ignores in background jobs) stop the server cleanly
     signal.signal(signal.SIGTERM, leave)
     signal.signal(signal.SIGINT, leave)
-    with VllmServer(cfg) as srv:
-        print(f"vLLM pid {srv.pid} serving {srv.model} at {srv.base_url} (started in {srv.startup_s:.1f} s; "
-              f"log {srv.log_path})", flush=True)
-        try:
-            signal.pause()
-        except KeyboardInterrupt:
-            pass
+    try:
+        with VllmServer(cfg) as srv:
+            print(f"vLLM pid {srv.pid} serving {srv.model} at {srv.base_url} (started in {srv.startup_s:.1f} s; "
+                  f"log {srv.log_path})", flush=True)
+            try:
+                signal.pause()
+            except KeyboardInterrupt:
+                pass
+    except FileNotFoundError as exc:  # not installed, or no such model: one line, not a traceback
+        raise SystemExit(f"error: {exc}") from None
 
 
 if __name__ == "__main__":  # pragma: no cover
