@@ -95,7 +95,8 @@ def engine_config_from_flags(flags: dict[str, Any], **changes: Any) -> EngineCon
         if parse is not None and isinstance(value, str):
             values[name] = parse(value)
     if values.get("model") is None:
-        values["model"] = default_preset(_cuda_for(values.get("device", "auto")))
+        sim = values.get("engine") == "sim"
+        values["model"] = default_preset(not sim and _cuda_for(values.get("device", "auto")), sim=sim)
     return EngineConfig(**values)
 
 

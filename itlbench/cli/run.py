@@ -144,7 +144,7 @@ def run(
     endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (…/v1); default: start the bundled engine.")] = None,
     model: Annotated[str | None, typer.Option(help="Served model name (with --endpoint; default: the only one its "
                                               "/v1/models lists), or the bundled engine's preset / HF dir (default: "
-                                              "llama-3.2-1b on CUDA, cpu-small on CPU).")] = None,
+                                              "llama-3.2-1b on CUDA, cpu-small on CPU, llama-3.1-8b with --engine sim).")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY", help="Bearer key for --endpoint; prefer setting ITLBENCH_API_KEY (a value given here shows in ps).")] = None,
     api: Annotated[str, typer.Option(help="completions or chat.")] = "completions",
     forced_lengths: Annotated[bool, typer.Option(help="Send ignore_eos and min_tokens (vLLM, SGLang, itlbench accept "

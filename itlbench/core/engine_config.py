@@ -52,7 +52,7 @@ class EngineConfig:
     """Scheduler, cache and runner knobs; the ones a sweep varies. Each field is the flag of the same name."""
 
     model: str = option(CPU_DEFAULT_PRESET, "Preset (cpu-small, llama-3.1-8b, …) or local Hugging Face directory "
-                        "(default: llama-3.2-1b on CUDA, cpu-small on CPU).")
+                        "(default: llama-3.2-1b on CUDA, cpu-small on CPU, llama-3.1-8b with --engine sim).")
     chunk_budget: int | None = option(2048, "Tokens per engine step (2048, 8k; k = 1024), or 'none' (unchunked "
                                       "prefill).", parse=parse_chunk_budget)
     unchunked_prefill_cap: int = option(16_384, "Unchunked: more whole prompts join a step only up to this many "
@@ -81,9 +81,10 @@ class EngineConfig:
     attention: str = option("auto", "Attention kernels: auto (flash, triton, then sdpa, whichever runs here), sdpa, "
                             "flash or triton.")
     cuda_graphs: bool = option(True, "CUDA: replay captured graphs for decode-only steps.")
-    seed: int = option(0, "Seed for lengths, arrivals, prompts and the engine.")
-    engine: EngineKind = option("torch", "torch (runs the model) or sim (the same scheduler on a virtual clock "
-                                "driven by the roofline cost model; no weights, no torch).")
+    seed: int = option(0, "Seed for the engine's sampling (and, in `run`, the load's lengths, arrivals and prompts).")
+    engine: EngineKind = option("torch", "torch (runs the model) or sim (the same scheduler, each step taking the "
+                                "time the cost model prices: on a virtual clock in `run`, paced in real time in "
+                                "`serve`; no weights, no torch).")
     gpu: str | None = option(None, "--engine sim: h100, h200, b200, a100, a100-pcie, l40s, rtx4090 (each also as "
                              "NAME-seeds, the source documents' arithmetic, and, where published, NAME-2025, vLLM's "
                              "2025 kernels), cpu, or a profile from `itlbench calibrate` (default h100).")

@@ -62,12 +62,16 @@ PRESETS: dict[str, ModelConfig] = {
 
 CPU_DEFAULT_PRESET = "cpu-small"
 CUDA_DEFAULT_PRESET = "llama-3.2-1b"
+SIM_DEFAULT_PRESET = "llama-3.1-8b"  # the simulator prices a GPU: a toy model there answers nothing real
 _BARE_CONFIG = 'give a transformers config.json object, like {"hidden_size": 2048, "num_hidden_layers": 16, ...}'
 
 
-def default_preset(cuda: bool) -> str:
-    """The preset a run uses when none is named: a real-size model where a GPU is, a CPU-sized one
-    elsewhere (the caller asks torch whether CUDA is there: the core imports no torch)."""
+def default_preset(cuda: bool, sim: bool = False) -> str:
+    """The preset a run uses when none is named: a real-size model where a GPU is, real or simulated (an
+    8M-parameter toy on a simulated H100 prefilled 32k tokens in 13 ms), a CPU-sized one elsewhere (the
+    caller asks torch whether CUDA is there: the core imports no torch)."""
+    if sim:
+        return SIM_DEFAULT_PRESET
     return CUDA_DEFAULT_PRESET if cuda else CPU_DEFAULT_PRESET
 
 

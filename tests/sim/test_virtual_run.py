@@ -346,3 +346,12 @@ def test_the_live_view_of_a_virtual_run_shows_simulated_time_not_client_figures(
         live.update(snap)
     shown = console.file.getvalue()
     assert "sent 9 done 7 in-flight 2 err 0 │ simulated 75.5 s" in shown and "client CPU" not in shown
+
+
+def test_a_simulated_run_without_a_model_prices_a_real_model_not_the_cpu_toy() -> None:
+    """On a machine without CUDA `--engine sim` took cpu-small (8M parameters): a simulated H100 prefilled 32k
+    tokens in 13 ms. Left out, the simulator's model is llama-3.1-8b; the torch engine keeps its CPU default."""
+    from itlbench.cli.engine_options import engine_config_from_flags
+
+    assert engine_config_from_flags({"engine": "sim", "model": None}).model == "llama-3.1-8b"
+    assert engine_config_from_flags({"engine": "torch", "model": None, "device": "cpu"}).model == "cpu-small"
