@@ -46,8 +46,8 @@ def finite(value: object) -> object:
     return value
 
 
-AsJson = Annotated[bool, typer.Option("--json", help="Print the figures of the table(s) as JSON on stdout (SI "
-                                            "units), instead of the tables.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the figures of the table(s) as JSON on stdout (each "
+                                            "key names its unit: _s, _ms, _bytes), instead of the tables.")]
 
 
 def print_json(doc: Any) -> None:
