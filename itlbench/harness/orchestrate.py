@@ -39,9 +39,8 @@ from itlbench.load.observers.steps_follower import StepsFollower
 from itlbench.load.target import Target
 from itlbench.rundir.outdir import make_dir
 from itlbench.rundir.store import RunStore
-from itlbench.workloads.build import LoadSpec, build_load_plan
+from itlbench.workloads.build import LoadSpec, build_load_plan, check_injection_times
 from itlbench.workloads.catalog import get_workload
-from itlbench.workloads.injection import parse_injections
 
 if TYPE_CHECKING:
     from itlbench.telemetry.observer import LiveTelemetry
@@ -411,7 +410,7 @@ def _preflight(cfg: RunConfig) -> None:
         probe_collector(check_endpoint(cfg.otlp_endpoint) or cfg.otlp_endpoint)
     if cfg.endpoint is not None:
         get_workload(cfg.workload)
-        parse_injections(cfg.inject, cfg.duration_s / 2)
+        check_injection_times(cfg.inject, cfg.duration_s)  # the lengths wait for the server's context
         return
     model = load_model_config(cfg.engine.model)
     if cfg.engine.max_model_len and cfg.engine.max_model_len > model.max_position_embeddings:

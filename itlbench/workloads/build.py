@@ -89,23 +89,35 @@ def _check_sources(spec: LoadSpec, workload: WorkloadSpec) -> None:
                           "drop --rate; use --time-scale to speed it up")
 
 
-def _check_injections(spec: LoadSpec, injections: list[Injection], default_at: float) -> None:
-    if not 0 <= default_at < spec.duration_s:
-        raise ConfigError("--inject-at", f"{default_at:g} s is outside the run (0-{spec.duration_s:g} s)",
+def check_injection_times(inject: str | None, duration_s: float, inject_at_s: float | None = None) -> None:
+    """Refuse injections outside the run: what needs no server's context length, so a run against an
+    --endpoint refuses them before it probes the server."""
+    default_at = duration_s / 2 if inject_at_s is None else inject_at_s
+    _check_times(parse_injections(inject, default_at), default_at, duration_s)
+
+
+def _check_times(injections: list[Injection], default_at: float, duration_s: float) -> None:
+    if not 0 <= default_at < duration_s:
+        raise ConfigError("--inject-at", f"{default_at:g} s is outside the run (0-{duration_s:g} s)",
                           "use a time within --duration")
+    for inj in injections:
+        if inj.every_s is not None and inj.every_s > duration_s:
+            raise ConfigError("--inject", f"'{inj.spec}' repeats every {inj.every_s:g} s, longer than the "
+                              f"{duration_s:g} s run", "use a period up to --duration, or a time like 32k@10s")
+        late = [t for t in inj.at_s if t >= duration_s]
+        if late:
+            raise ConfigError("--inject", f"'{inj.spec}' is at {late[0]:g} s, after the run ends "
+                              f"({duration_s:g} s)", "use an earlier time or a longer --duration")
+
+
+def _check_injections(spec: LoadSpec, injections: list[Injection], default_at: float) -> None:
     room = spec.max_model_len - spec.inject_max_tokens
     for inj in injections:
         if inj.tokens > room:
             raise ConfigError("--inject", f"'{inj.spec}' needs {inj.tokens} + {spec.inject_max_tokens} "
                               f"tokens but max_model_len is {spec.max_model_len}",
                               f"inject at most {room} tokens or raise --max-model-len")
-        if inj.every_s is not None and inj.every_s > spec.duration_s:
-            raise ConfigError("--inject", f"'{inj.spec}' repeats every {inj.every_s:g} s, longer than the "
-                              f"{spec.duration_s:g} s run", "use a period up to --duration, or a time like 32k@10s")
-        late = [t for t in inj.at_s if t >= spec.duration_s]
-        if late:
-            raise ConfigError("--inject", f"'{inj.spec}' is at {late[0]:g} s, after the run ends "
-                              f"({spec.duration_s:g} s)", "use an earlier time or a longer --duration")
+    _check_times(injections, default_at, spec.duration_s)
 
 
 def _check_fits(spec: LoadSpec, workload: WorkloadSpec) -> list[str]:

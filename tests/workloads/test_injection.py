@@ -114,3 +114,17 @@ def test_k_is_1024_so_32k_lands_in_the_le32k_bucket() -> None:
     assert inj.tokens == 32 * 1024 == parse_chunk_budget("32k")
     assert bucket_for(inj.tokens) == "le32k"
     assert bucket_for(parse_injections("32k", 0.0)[0].tokens + 1) == "gt32k"
+
+
+def test_an_endpoint_run_refuses_an_injection_outside_its_window_before_it_probes_the_server(tmp_path) -> None:
+    """Against an --endpoint, '8k/30s' in a 20 s run was refused only after "probing …" (and the live metrics'
+    lines): the times need no server, only its context length does. Nothing listens on the port here."""
+    from typer.testing import CliRunner
+
+    from itlbench.cli import app
+
+    result = CliRunner().invoke(app, ["run", "--endpoint", "http://127.0.0.1:9/v1", "--inject", "8k/30s",
+                                      "--duration", "20", "--out", str(tmp_path / "run")], terminal_width=200)
+    assert result.exit_code == 2, result.output
+    assert "--inject: '8k/30s' repeats every 30 s, longer than the 20 s run" in " ".join(result.output.split())
+    assert "probing" not in result.output and not (tmp_path / "run").exists()
