@@ -12,7 +12,6 @@ import polars as pl
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.patches import Patch
-from matplotlib.ticker import PercentFormatter
 
 from itlbench.analysis.buckets import BUCKET_LABELS
 from itlbench.report.data import RunData
@@ -36,12 +35,15 @@ from itlbench.report.style import (
     time_axis,
 )
 from itlbench.report.timeline import injected_spans, stall_picture
+from itlbench.report.ttft_parts import ttft_parts as _ttft_parts
 
 
 def ttft_figure(data: RunData) -> FigureSpec:
     caption = ("Left: every request's TTFT by prompt bucket (dots; injected prompts in orange), the median {median} "
-               "and written under the bucket (p50) with its count; right: where the median TTFT went (client lag, server "
-               "queue, prefill).")
+               "and written under the bucket (p50) with its count; right: where the TTFT went (client lag, server "
+               "queue, prefill) per bucket, for its median (each part's median over the bucket) and for its slowest "
+               "10 % (each part's median over its ⌈n/10⌉ longest TTFTs, the least of which the label gives; none under 10 "
+               "requests, as for a p90): a full batch leaves the median prefilling and the tail queueing.")
     spec = FigureSpec("ttft", "Time to first token by prompt length", caption)
     t = data.ttft.filter(pl.col("ttft_s") > 0)
     present = [b for b in BUCKET_LABELS if t.filter(pl.col("bucket") == b).height]
@@ -83,31 +85,6 @@ def _median_mark(ax: Axes, i: int, med: float, logged: bool) -> None:
         ax.hlines(med, i - 0.35, i + 0.35, color="#555555", linewidth=2.5, zorder=2)
     else:
         ax.bar(i, med, width=0.7, color="#dddddd", zorder=1)
-
-
-def _ttft_parts(ax: Axes, t: pl.DataFrame, present: list[str], has_steps: bool) -> None:
-    parts = (("client_lag_s", "client lag", MUTED), ("queue_s", "server queue", "#f2a900"),
-             ("prefill_s", "prefill", PREFILL)) if has_steps else \
-        (("client_lag_s", "client lag", MUTED), ("server_s", "server (queue + prefill; no step log)", PREFILL))
-    for i, b in enumerate(present):
-        rows = t.filter(pl.col("bucket") == b).drop_nulls([c for c, _, _ in parts])
-        if not rows.height:  # no request of the bucket with every part known: no bar, rather than a false 100 %
-            continue
-        meds = [max(0.0, float(rows[c].median() or 0.0)) for c, _, _ in parts]  # type: ignore[arg-type]
-        total = sum(meds) or 1.0
-        left = 0.0
-        for (_, _, color), v in zip(parts, meds, strict=True):
-            ax.barh(i, v / total, left=left, color=color, height=0.6)
-            left += v / total
-    ax.set_yticks(range(len(present)), present)
-    ax.invert_yaxis()
-    ax.set_xlim(0, 1)
-    ax.xaxis.set_major_formatter(PercentFormatter(1.0))  # as the prefill:decode split reads
-    ax.set_xlabel("share of the median TTFT")
-    ax.legend(handles=[Patch(color=c, label=n) for _, n, c in parts], fontsize=7, frameon=False,
-              loc="lower right", bbox_to_anchor=(1, 1), ncols=len(parts))
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
 
 
 def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
