@@ -100,13 +100,14 @@ def measured(run: RunData) -> bool:
 def comparison_table(rows: list[Row]) -> Table:
     out = []
     for r in rows:
-        out.append([r.label, fmt_s(r.worst_s), fmt_s(r.p50_s), fmt_s(r.p99_s), fmt_s(r.p999_s),
+        out.append([r.label, fmt_s(r.worst_s), fmt_s(r.p50_s), fmt_s(r.p99_s), fmt_s(r.p999_s), fmt_s(r.ttft_p99_s),
                     fmt_s(r.injected_ttft_s), "—" if r.out_tps is None else f"{r.out_tps:,.0f}",
                     r.stalls_text(), fmt_s(r.stalled_s), "—" if r.goodput is None else f"{r.goodput:.2f}",
                     {True: "yes", False: "NO", None: "?"}[r.valid], r.run.engine.name, r.run.engine.source])
-    return Table(["setting", "worst gap", "ITL p50", "ITL p99", "ITL p99.9", "injected TTFT", "output tok/s",
+    return Table(["setting", "worst gap", "ITL p50", "ITL p99", "ITL p99.9", "TTFT p99", "injected TTFT", "output tok/s",
                   "stall events", "stalled", "goodput req/s", "valid", "engine", "server-side figures from"], out,
-                 "One row per run (steady streams' ITL; injected TTFT is the median over injected prompts, or the "
+                 "One row per run (steady streams' ITL; TTFT p99 over every request, or the worst where too few; "
+                 "injected TTFT is the median over injected prompts, or the "
                  "worst where they are too few for a median; — where too few samples support a percentile; "
                  f"{_goodput_slos(rows)})")
 

@@ -26,6 +26,7 @@ from itlbench.report.compare import (
 from itlbench.report.compare_runs import differing_settings, load_runs
 from itlbench.report.data import load_run
 from itlbench.report.slo_checks import slo_checks
+from itlbench.report.style import fmt_s
 from tests.support.report_runs import build_run
 
 runner = CliRunner()
@@ -277,3 +278,23 @@ def test_a_ttft_miss_says_what_held_the_engines_queue_and_an_itl_miss_does_not(t
     assert ttft_miss.endswith(". " + held), ttft_miss
     itl_miss = next(line for line in verdict(make_rows([run]), parse_slo("itl_p99=1us,ttft=off")) if " misses: " in line)
     assert held not in itl_miss
+
+
+def test_the_tables_show_ttft_p99_for_a_sweep_that_moves_it(tmp_path: Path) -> None:
+    """A --max-num-seqs sweep moved TTFT p99 from 203 ms to 35.9 s while every ITL row barely moved, and neither
+    table showed TTFT for the steady requests: the one figure that sweep is about."""
+    from rich.console import Console
+
+    from itlbench.report.compare import comparison_table
+    from itlbench.report.compare_print import print_comparison
+
+    run = load_runs([build_run(tmp_path / "a")])[0]
+    (row,) = make_rows([run])
+    assert row.ttft_p99_s is not None
+    table = comparison_table([row])
+    assert table.rows[0][table.headers.index("TTFT p99")] == fmt_s(row.ttft_p99_s)
+    console = Console(record=True, width=200)
+    print_comparison(console, [row], [], tmp_path / "report.html")
+    header, *lines = [ln for ln in console.export_text().splitlines() if "TTFT" in ln or row.label in ln]
+    column = header.index("TTFT p99")  # a wide terminal keeps one column per figure
+    assert any(ln[column:].lstrip().startswith(fmt_s(row.ttft_p99_s)) for ln in lines), console.export_text()
