@@ -298,3 +298,17 @@ def test_the_tables_show_ttft_p99_for_a_sweep_that_moves_it(tmp_path: Path) -> N
     header, *lines = [ln for ln in console.export_text().splitlines() if "TTFT" in ln or row.label in ln]
     column = header.index("TTFT p99")  # a wide terminal keeps one column per figure
     assert any(ln[column:].lstrip().startswith(fmt_s(row.ttft_p99_s)) for ln in lines), console.export_text()
+
+
+def test_a_smoothest_setting_that_misses_its_slos_names_the_smoothest_that_meets_them() -> None:
+    """max_num_seqs=32 had the lowest ITL of a sweep while its TTFT reached 36 s: the verdict called it smoothest
+    and stopped there, and a reader took that for the recommendation."""
+    from itlbench.report.compare import _meeting_instead
+
+    capped, mid, wide = _row("seqs32", 0.10, None, 1318.0), _row("seqs64", 0.30, None, 1909.0), _row("seqs128", 0.20, None, 1941.0)
+    ranked = [capped, mid, wide]
+    assert _meeting_instead(capped, [mid, wide], ranked) == (
+        " It misses its SLOs (above); the smoothest setting that meets every one is seqs128 (worst gap 200 ms, "
+        "ITL p99 100 ms).")
+    assert _meeting_instead(wide, [mid, wide], ranked) == ""
+    assert _meeting_instead(capped, [], ranked) == " It misses its SLOs, as does every setting."
