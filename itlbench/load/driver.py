@@ -19,7 +19,7 @@ import itertools
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -205,41 +205,36 @@ async def _closed_stream(run: _Run, k: int, plans: Iterator[RequestPlan], first_
         ready_ns = _now()
 
 
-async def _open_loop(run: _Run, feed: Iterator[RequestPlan]) -> None:
-    """Send each plan at its time (counted from the start of measurement) without waiting for earlier ones."""
+async def _at_their_times(run: _Run, items: Iterator[_T], at_s: Callable[[_T], float],
+                          start: Callable[[_T, int], Coroutine[Any, Any, Any]]) -> None:
+    """Start each item at its time (counted from the start of measurement) without waiting for earlier ones;
+    none due after the window's end."""
     await first_of(run.measuring.wait(), run.closed.wait())
     if run.measure_start_ns is None or run.closed.is_set():
         return
-    for plan in feed:
-        due = run.measure_start_ns + int((plan.send_at_s or 0.0) * 1e9)
+    for item in items:
+        due = run.measure_start_ns + int(at_s(item) * 1e9)
         if due >= run.end_ns:
             run.open_loop_truncated = True
             return
         await run.pause((due - _now()) / 1e9)
         if run.closed.is_set():
             return
-        task = asyncio.create_task(run.send(plan, due, None))
+        task = asyncio.create_task(start(item, due))
         run.requests.add(task)
         task.add_done_callback(run.requests.discard)
+
+
+async def _open_loop(run: _Run, feed: Iterator[RequestPlan]) -> None:
+    """Send each plan at its time without waiting for earlier ones."""
+    await _at_their_times(run, feed, lambda plan: plan.send_at_s or 0.0, lambda plan, due: run.send(plan, due, None))
 
 
 async def _arriving_sessions(run: _Run, feed: Iterator[SessionPlan]) -> None:
-    """Start each session at its arrival (counted from the start of measurement) as a closed-loop stream of
-    its own: its first turn at once, each later one after the previous answer plus its think time."""
-    await first_of(run.measuring.wait(), run.closed.wait())
-    if run.measure_start_ns is None or run.closed.is_set():
-        return
-    for session in feed:
-        due = run.measure_start_ns + int(session.arrive_at_s * 1e9)
-        if due >= run.end_ns:
-            run.open_loop_truncated = True
-            return
-        await run.pause((due - _now()) / 1e9)
-        if run.closed.is_set():
-            return
-        task = asyncio.create_task(_closed_stream(run, session.stream, iter(session.turns), due))
-        run.requests.add(task)
-        task.add_done_callback(run.requests.discard)
+    """Start each session at its arrival as a closed-loop stream of its own: its first turn at once, each later
+    one after the previous answer plus its think time."""
+    await _at_their_times(run, feed, lambda session: session.arrive_at_s,
+                          lambda session, due: _closed_stream(run, session.stream, iter(session.turns), due))
 
 
 async def _sample(run: _Run, monitor: ClientMonitor, sink: RowSink, run_start_ns: int,
