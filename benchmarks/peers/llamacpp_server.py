@@ -49,6 +49,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.peers.until_signal import serve_until_signal
+
 DEFAULT_CACHE = (Path.home() / "peers/llama.cpp")
 BIN_ENV = "ITLBENCH_LLAMACPP_BIN"
 
@@ -213,22 +215,8 @@ def main() -> None:  # pragma: no cover - manual use
     cfg = LlamaCppConfig(model_path=args.model_path, chunk_budget=budget, n_parallel=args.parallel,
                          ctx_size=args.ctx_size, threads=args.threads, port=args.port, binary=args.binary)
 
-    def leave(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    # SIGTERM (and SIGINT, which a shell ignores in background jobs) stop the server cleanly
-    signal.signal(signal.SIGTERM, leave)
-    signal.signal(signal.SIGINT, leave)
-    try:
-        with LlamaCppServer(cfg) as srv:
-            print(f"llama-server pid {srv.pid} serving {srv.model} at {srv.base_url} (started in {srv.startup_s:.2f} s; "
-                  f"log {srv.log_path})", flush=True)
-            try:
-                signal.pause()
-            except KeyboardInterrupt:
-                pass
-    except FileNotFoundError as exc:  # not installed, or no such model: one line, not a traceback
-        raise SystemExit(f"error: {exc}") from None
+    serve_until_signal(LlamaCppServer(cfg), lambda srv: f"llama-server pid {srv.pid} serving {srv.model} at {srv.base_url} "
+                       f"(started in {srv.startup_s:.2f} s; log {srv.log_path})")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -37,6 +37,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.peers.until_signal import serve_until_signal
+
 DEFAULT_VENV = (Path.home() / "peers/vllm-venv")
 VENV_ENV = "ITLBENCH_VLLM_VENV"
 
@@ -228,22 +230,8 @@ def main() -> None:  # pragma: no cover - manual use
     budget = None if args.chunk_budget.lower() == "none" else int(args.chunk_budget)
     cfg = VllmConfig(model_dir=args.model_dir, chunk_budget=budget, port=args.port,
                      max_model_len=args.max_model_len, venv=args.venv, max_num_seqs=args.max_num_seqs)
-    def leave(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    # SIGTERM (and SIGINT, which a shell ignores in background jobs) stop the server cleanly
-    signal.signal(signal.SIGTERM, leave)
-    signal.signal(signal.SIGINT, leave)
-    try:
-        with VllmServer(cfg) as srv:
-            print(f"vLLM pid {srv.pid} serving {srv.model} at {srv.base_url} (started in {srv.startup_s:.1f} s; "
-                  f"log {srv.log_path})", flush=True)
-            try:
-                signal.pause()
-            except KeyboardInterrupt:
-                pass
-    except FileNotFoundError as exc:  # not installed, or no such model: one line, not a traceback
-        raise SystemExit(f"error: {exc}") from None
+    serve_until_signal(VllmServer(cfg), lambda srv: f"vLLM pid {srv.pid} serving {srv.model} at {srv.base_url} "
+                       f"(started in {srv.startup_s:.1f} s; log {srv.log_path})")
 
 
 if __name__ == "__main__":  # pragma: no cover
