@@ -328,6 +328,18 @@ def measure_cpu(seconds: float = 1.0) -> Hardware:
                     source="measured: best fp32 matmul rate (n = 512, 1024) and best read bandwidth (512 MiB sum)")
 
 
+_PROFILE_FIX = ("write a profile as `itlbench calibrate` saves one, or a preset's keys: "
+                '{"name": "my-h100", "peak_flops": 9.89e14, "mem_bw": 3.35e12, "memory_bytes": 8.0e10}')
+
+
+def _h100_example(key: str) -> str:
+    """A profile key's example value for an error's fix: the h100 preset's."""
+    value = getattr(GPUS["h100"], key, None)
+    if value is None:
+        return ""
+    return f"e.g. {value:g}, the h100 preset's" if isinstance(value, float) else f"e.g. {value!r}, the h100 preset's"
+
+
 def load_hardware(spec: str, flag: str = "--gpu") -> Hardware:
     """A preset name (h100, h200, a100, a100-pcie, l40s, rtx4090, b200), its `-seeds` profile (the source
     documents' 40 %/80 % arithmetic), its `-2025` profile (today's 16-bit GEMM kernels, where NVIDIA's tables cover
@@ -347,10 +359,10 @@ def load_hardware(spec: str, flag: str = "--gpu") -> Hardware:
         try:
             raw = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
-            raise ConfigError(flag, f"{path} is not valid JSON: {exc}") from None
+            raise ConfigError(flag, f"{path} is not valid JSON: {exc}", _PROFILE_FIX) from None
         if not isinstance(raw, dict):
-            raise ConfigError(flag, f"{path} does not hold a JSON object")
-        return Hardware.from_dict(raw, str(path), flag)
+            raise ConfigError(flag, f"{path} does not hold a JSON object", _PROFILE_FIX)
+        return Hardware.from_dict(raw, str(path), flag, _h100_example)
     raise ConfigError(flag, f"unknown GPU or profile {spec!r}",
                       f"use one of {', '.join(GPU_CHOICES)}, a preset with -seeds (e.g. h100-seeds) or -2025 (one "
                       f"of {', '.join(KERNELS)}), or a profile written by `itlbench calibrate`")

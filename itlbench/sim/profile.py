@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Literal, get_type_hints
@@ -46,16 +47,6 @@ DEFAULT_KV_DTYPE = {"fp4": "fp8"}  # the K/V cache's dtype under --kv-cache-dtyp
 
 HALF_DTYPES = ("bfloat16", "float16")  # same tensor rate on every preset
 _REQUIRED_EXAMPLE = {"name": '"my-h100"', "peak_flops": "9.89e14", "mem_bw": "3.35e12", "memory_bytes": "8.0e10"}
-
-
-def _h100(name: str) -> str:
-    """A profile key's example value for an error's fix: the h100 preset's."""
-    try:
-        from itlbench.sim.hardware import GPUS  # imports this module: not at the top
-    except ImportError:  # a preset of its own is being built
-        return "see the presets in itlbench/sim/hardware.py"
-    value = getattr(GPUS["h100"], name)
-    return f"e.g. {value:g}, the h100 preset's" if isinstance(value, float) else f"e.g. {value!r}, the h100 preset's"
 
 
 def kv_dtype_bytes(kv_cache_dtype: str) -> int | None:
@@ -124,17 +115,17 @@ class Hardware:
                      "switch_allreduce_share"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ConfigError(f"gpu.{name}", f"must be a positive number, got {value!r}", _h100(name))
+                raise ConfigError(f"gpu.{name}", f"must be a positive number, got {value!r}")
         for name in ("step_overhead_s", "seq_overhead_s", "peak_flops_fp8", "fp8_gemm_eff", "peak_flops_fp4", "fp4_gemm_eff", "gemm_m_half",
                      "attn_mem_eff", "attn_k_half", "gqa_kv_reread", "kernel_s", "roof_blend", "link_bw", "link_latency_s",
                      "prefill_overhead_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value >= 0):
-                raise ConfigError(f"gpu.{name}", f"must be >= 0, got {value!r}", _h100(name))
+                raise ConfigError(f"gpu.{name}", f"must be >= 0, got {value!r}")
         for name in ("gemm_tile_rows", "gemm_cluster_rows"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 0):
-                raise ConfigError(f"gpu.{name}", f"must be a whole number >= 0, got {value!r}", _h100(name))
+                raise ConfigError(f"gpu.{name}", f"must be a whole number >= 0, got {value!r}")
         if not (isinstance(self.link_domain, int) and self.link_domain >= 1):
             raise ConfigError("gpu.link_domain", f"must be a whole number >= 1, got {self.link_domain!r}",
                               "e.g. 8, the GPUs of one HGX baseboard")
@@ -150,7 +141,7 @@ class Hardware:
         object.__setattr__(self, "allreduce_measured", _measured_allreduce(self.allreduce_measured))
         if self.graph_overhead_s is not None and not self.graph_overhead_s >= 0:
             raise ConfigError("gpu.graph_overhead_s", f"must be >= 0 or null, got {self.graph_overhead_s!r}",
-                              f"{_h100('graph_overhead_s')}; null: step_overhead_s")
+                              "null: step_overhead_s")
         if self.dtype not in DTYPE_BYTES:
             raise ConfigError("gpu.dtype", f"unknown dtype {self.dtype!r}", f"use one of {', '.join(DTYPE_BYTES)}")
         if self.counting not in COUNTINGS:
@@ -264,8 +255,10 @@ class Hardware:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, raw: dict[str, object], origin: str = "profile", flag: str = "--gpu") -> Hardware:
-        """A profile as `save` writes it; `flag` is the option that named the file, for the error."""
+    def from_dict(cls, raw: dict[str, object], origin: str = "profile", flag: str = "--gpu",
+                  example: Callable[[str], str] | None = None) -> Hardware:
+        """A profile as `save` writes it; `flag` is the option that named the file, and `example` a key's example
+        value (a preset's), for the error."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
@@ -284,7 +277,9 @@ class Hardware:
         try:
             return cls(**raw)  # type: ignore[arg-type]
         except ConfigError as exc:  # a value in the file: name the file and the flag that named it
-            raise ConfigError(flag, f"{origin}: {exc.field.removeprefix('gpu.')} {exc.problem}", exc.fix) from None
+            key = exc.field.removeprefix("gpu.")
+            fix = "; ".join(t for t in (example(key) if example else "", exc.fix) if t)
+            raise ConfigError(flag, f"{origin}: {key} {exc.problem}", fix) from None
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")

@@ -18,6 +18,7 @@ from itlbench.core.hf_config import model_config_from_hf, read_hf_config
 from itlbench.core.presets import load_model_config
 from itlbench.core.tokenizer import ByteTokenizer
 from itlbench.errors import ConfigError
+from itlbench.sim.hardware import load_hardware
 from itlbench.sim.profile import Hardware
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 64,
@@ -44,7 +45,7 @@ CASES: list[tuple[str, Callable[[Path], object], str, str]] = [
      "set num_hidden_layers > 0 in the model's config.json"),
     ("odd-head-dim", lambda p: model_config_from_hf({**LLAMA, "head_dim": 15}, p), "model.head_dim",
      "set an even head_dim in the model's config.json"),
-    ("profile-zero", lambda _: Hardware.from_dict({**PROFILE, "peak_flops": 0}, "gpu.json"), "--gpu",
+    ("profile-zero", lambda p: load_hardware(str(_file(p, "gpu.json", json.dumps({**PROFILE, "peak_flops": 0})))), "--gpu",
      "e.g. 9.89e+14, the h100 preset's"),
     ("profile-lacks", lambda _: Hardware.from_dict({"name": "x", "peak_flops": 1e15}, "gpu.json"), "--gpu",
      'add them as an H100\'s would read: "mem_bw": 3.35e12, "memory_bytes": 8.0e10'),
