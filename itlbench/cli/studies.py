@@ -12,7 +12,8 @@ import typer
 
 from itlbench.cli.app import AsJson, app, console, fail, print_json
 from itlbench.cli.engine_options import engine_config_from_flags, engine_options
-from itlbench.cli.run import ReceiveOtlp, sim_intro_once
+from itlbench.cli.run import ReceiveOtlp, check_sim, refuse_engine_flags, sim_intro_once
+from itlbench.core.engine_config import EngineConfig
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.serving.build import require_engine_for
 
@@ -182,15 +183,29 @@ def capacity(
                  receive_otlp=receive_otlp)
 
 
+# the bundled engine's flags phases takes, and the simulator's (--engine sim --gpu h100 --tp 2 --dtype fp8)
+PHASES_ENGINE_FLAGS = ("chunk_budget", "device", "seed", "engine", "gpu", "tp", "dtype", "kv_cache_dtype",
+                       "max_num_seqs")
+
+
+def _check_phases_sim(engine: EngineConfig) -> None:
+    """What `run` refuses for the simulator, before any server starts, and --device, which it would ignore."""
+    check_sim(engine)
+    if engine.engine == "sim" and engine.device != "auto":
+        raise ConfigError("--device", "does not apply to --engine sim, which computes nothing: each step takes the "
+                          "time priced for --gpu", "drop it; --gpu names the simulated GPU")
+
+
 @app.command()
-@engine_options(only=("chunk_budget", "device", "seed"), defaults={"chunk_budget": "none"})
+@engine_options(only=PHASES_ENGINE_FLAGS, defaults={"chunk_budget": "none"})
 def phases(
+    ctx: typer.Context,
     endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (…/v1); default: the bundled engine.")] = None,
     model: Annotated[str | None, typer.Option(help="Served model (with --endpoint; default: the only one it lists) or bundled "
-                                                "preset / HF dir.")] = None,
+                                                "preset / HF dir (--engine sim: a preset, default llama-3.1-8b).")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="ITLBENCH_API_KEY", help="Bearer key for --endpoint; prefer setting ITLBENCH_API_KEY (a value given here shows in ps).")] = None,
     lengths: Annotated[str | None, typer.Option(help="Prompt lengths, e.g. '1,16,128,512,2k,8k' (default: 1, 16, 128, "
-                                                "then ×4 from 512 up to the context).")] = None,
+                                                "then ×4 from 512 up to the context; --engine sim: up to 32k).")] = None,
     max_prompt: Annotated[str | None, typer.Option(help="Longest prompt to try (default: the context).")] = None,
     concurrency: Annotated[int, typer.Option(help="Decode batch to measure besides batch 1.")] = 32,
     output_tokens: Annotated[int, typer.Option(help="Tokens generated per request (decode is timed over these).")] = 32,
@@ -198,14 +213,21 @@ def phases(
     out: Annotated[Path | None, typer.Option(help="Output directory (default reports/<time>-phases).")] = None,
     engine_flags: dict | None = None,
 ) -> None:
-    """Prefill and decode measured apart (the source documents' exercise A): time and tokens/s per prompt length."""
+    """Prefill and decode measured apart (the source documents' exercise A): time and tokens/s per prompt length.
+
+    --engine sim serves the simulator in real time, each step taking the time the cost model prices for --gpu
+    (--tp, --dtype): the same table for a GPU you do not have. Example: itlbench phases --engine sim
+    --model llama-3.3-70b --gpu h100 --tp 2 --dtype fp8
+    """
     from itlbench.experiments.phases import PhasesConfig, run_phases
     from itlbench.experiments.phases_report import print_phases, read_phases
 
     try:
+        refuse_engine_flags(ctx, endpoint)
         engine = None if endpoint else engine_config_from_flags(engine_flags, model=model)
         if engine is not None:
-            require_engine_for(engine, sim_alternative=False)  # phases has no --engine sim
+            require_engine_for(engine)
+            _check_phases_sim(engine)
         cfg = PhasesConfig(endpoint=endpoint, model=model, api_key=api_key, lengths=lengths, max_prompt=max_prompt,
                            concurrency=concurrency, output_tokens=output_tokens, repeats=repeats,
                            engine=engine,

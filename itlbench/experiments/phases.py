@@ -5,7 +5,9 @@ at a time: TTFT ≈ the prefill of the whole prompt, the gaps after it ≈ one d
 Then `concurrency` requests decode together for the batched step time. Against an itlbench engine
 (the bundled one by default) the engine's own step log gives the prefill and decode step times
 besides the client's; an external endpoint gets the client's view only, as in the source documents' Go program.
-Prefill is unchunked by default so one prompt is one forward pass.
+Prefill is unchunked by default so one prompt is one forward pass. `--engine sim` serves the simulator in real
+time (each step sleeps the time the cost model prices for --gpu, --tp, --dtype): the same table, read off the
+step log, for a GPU that is not here; its default lengths stop at 32k, whose prefill takes seconds of wall time.
 
 Two lengths are read off the table: where prefill throughput saturates (tokens/s reaches 90 % of its
 best: below it a longer prompt costs almost nothing more, above it the work is compute-bound and
@@ -73,10 +75,13 @@ class PhasesConfig:
             raise ConfigError("--repeats", f"must be >= 1, got {self.repeats}")
 
 
-def default_lengths(context: int, reserve: int) -> list[int]:
-    """1, 16, 128, 512, 2048, 8192, … (×4) while the prompt plus its output fit the context."""
+SIM_DEFAULT_MAX = 32_768  # --engine sim: each step sleeps its priced time; 128k on an H100 would take ~40 s a prompt
+
+
+def default_lengths(context: int, reserve: int, longest: int | None = None) -> list[int]:
+    """1, 16, 128, 512, 2048, 8192, … (×4) while the prompt plus its output fit the context (and `longest`)."""
     out, n = [1, 16, 128], 512
-    while n + reserve <= context:
+    while n + reserve <= context and (longest is None or n <= longest):
         out.append(n)
         n *= 4
     return [n for n in out if n + reserve <= context]
@@ -258,12 +263,52 @@ def phases_command(cfg: PhasesConfig, lengths: list[int]) -> str:
     if cfg.endpoint:
         args += ["--endpoint", cfg.endpoint, *(["--model", cfg.model] if cfg.model else [])]
     elif cfg.engine is not None:
-        budget = cfg.engine.chunk_budget
-        args += ["--model", cfg.engine.model, "--chunk-budget", "none" if budget is None else str(budget),
-                 "--device", cfg.engine.device]
+        args += _engine_args(cfg.engine)
     args += ["--lengths", ",".join(fmt_tokens(n) for n in lengths), "--concurrency", str(cfg.concurrency),
              "--output-tokens", str(cfg.output_tokens), "--repeats", str(cfg.repeats), "--seed", str(cfg.seed)]
     return shlex.join(args)
+
+
+def _engine_args(e: EngineConfig) -> list[str]:
+    """The engine flags that reproduce `e`: the bundled engine's, or the simulated GPU's."""
+    budget = ["--chunk-budget", "none" if e.chunk_budget is None else str(e.chunk_budget)]
+    if e.engine != "sim":
+        return ["--model", e.model, *budget, "--device", e.device]
+    from itlbench.sim.runner import DEFAULT_GPU
+
+    return ["--engine", "sim", "--model", e.model, "--gpu", e.gpu or DEFAULT_GPU, "--tp", str(e.tp), "--dtype", e.dtype,
+            "--kv-cache-dtype", e.kv_cache_dtype, *budget, "--max-num-seqs", str(e.max_num_seqs)]
+
+
+def sim_intro(engine: EngineConfig) -> tuple[str, list[str]]:
+    """A simulated engine's name for the report (model, GPUs, number format) and the lines `run --engine sim` opens
+    with: what it prices, and how far its figures are to be trusted."""
+    from itlbench.core.engine import resolve_max_model_len
+    from itlbench.core.presets import load_model_config
+    from itlbench.sim.accuracy import check_doc, check_line
+    from itlbench.sim.runner import SimRunner
+
+    model = load_model_config(engine.model)
+    runner = SimRunner(engine, model, resolve_max_model_len(engine, model))
+    hw, tp = runner.hardware, runner.cost_model.tp
+    name = (f"{engine.model} simulated on {f'{tp} × ' if tp > 1 else ''}{hw.label} (TP {tp}, {hw.dtype} weights, "
+            f"K/V at {runner.cost_model.kv_b} B)")
+    return name, [runner.describe(), check_line(check_doc(hw, tp, runner.kv_share))]
+
+
+def _starting(cfg: PhasesConfig, on_status: Callable[[str], None]) -> str | None:
+    """Say what is started (or probed); a simulated engine's name, for the report."""
+    if cfg.endpoint is not None:
+        on_status(f"probing {cfg.endpoint}")
+        return None
+    if cfg.engine is None or cfg.engine.engine != "sim":
+        on_status("starting the bundled engine")
+        return None
+    name, lines = sim_intro(cfg.engine)
+    on_status(f"starting the simulated engine, served in real time: {name}")
+    for line in lines:
+        on_status(line)
+    return name
 
 
 def _out_dir(cfg: PhasesConfig) -> Path:
@@ -309,7 +354,7 @@ def run_phases(cfg: PhasesConfig, on_status: Callable[[str], None] = lambda s: N
     run_cfg = RunConfig(workload="chat", endpoint=cfg.endpoint, model=cfg.model, api_key=cfg.api_key, api=cfg.api,
                         engine=cfg.engine or EngineConfig(), seed=cfg.seed, out=out)
     run_cfg.validate()
-    on_status("starting the bundled engine" if cfg.endpoint is None else f"probing {cfg.endpoint}")
+    sim_name = _starting(cfg, on_status)
     created = not out.exists()
     try:
         conn = connect(run_cfg, out)
@@ -319,7 +364,7 @@ def run_phases(cfg: PhasesConfig, on_status: Callable[[str], None] = lambda s: N
     try:
         context = conn.max_model_len
         reserve = cfg.output_tokens + 1
-        lengths = explicit or default_lengths(context, reserve)
+        lengths = explicit or default_lengths(context, reserve, SIM_DEFAULT_MAX if sim_name and cap is None else None)
         lengths = sorted({n for n in lengths if n + reserve <= context and (cap is None or n <= cap)})
         if not lengths:
             raise ConfigError("--lengths", f"no length fits the context ({context} tokens) and --max-prompt",
@@ -328,8 +373,8 @@ def run_phases(cfg: PhasesConfig, on_status: Callable[[str], None] = lambda s: N
         builder = PromptBuilder(token_ids=conn.vocab_size is not None, vocab_size=conn.vocab_size or 32000,
                                 seed=cfg.seed, tokens_per_word=conn.tokens_per_word)
         samples, decode, rows = asyncio.run(_measure(cfg, conn.target, builder, lengths, conn.steps_url, on_status))
-        engine_name = (str(conn.doc.get("engine", {}).get("served_model_name") or cfg.model or "external")
-                       if cfg.endpoint is None else f"{cfg.endpoint} ({conn.target.model})")
+        engine_name = sim_name or (str(conn.doc.get("engine", {}).get("served_model_name") or cfg.model or "external")
+                                   if cfg.endpoint is None else f"{cfg.endpoint} ({conn.target.model})")
     except ItlbenchError:
         conn.close()
         _discard(out, created)
@@ -338,6 +383,8 @@ def run_phases(cfg: PhasesConfig, on_status: Callable[[str], None] = lambda s: N
         conn.close()
     table, sat, linear, superlinear = summarize(samples, lengths)
     source = "the engine's step log and the client" if rows.tables["steps"] else "the client only (TTFT and gaps)"
+    if sim_name and rows.tables["steps"]:
+        source = "the simulated engine's step log (each step's priced time) and the client"
     result = PhasesResult(engine_name, source, context, lengths, table, decode, sat, linear, superlinear)
     doc = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()
                       if k not in ("api_key", "engine")},

@@ -73,6 +73,6 @@ def test_the_torch_engine_commands_name_the_extra_in_one_line(tmp_path: Path, ar
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "itlbench[engine]" in lines[0], done.stderr
     assert not (tmp_path / "reports").exists() and not (tmp_path / "exported").exists()
-    has_engine_flag = args[0] in ("run", "serve")  # phases and export-model have no --engine: none offered
+    has_engine_flag = args[0] in ("run", "serve", "phases")  # export-model has no --engine: none offered
     assert ("--engine sim" in lines[0]) is has_engine_flag and lines[0].startswith(
         "error: --engine:" if has_engine_flag else "error: torch:"), lines[0]

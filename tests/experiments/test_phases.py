@@ -1,9 +1,10 @@
-"""`itlbench phases`: bad input leaves no directory behind (not even the bundled server's log)."""
+"""`itlbench phases`: its tables, figure and verdict, a simulated GPU's table, and bad input leaving no directory behind."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from itlbench.cli import app
@@ -161,3 +162,46 @@ def test_a_dropped_length_is_said_in_the_singular(tmp_path: Path) -> None:
     _say_what_does_not_fit([8192], None, 4096, 33, [1024], said.append)
     _say_what_does_not_fit([8192, 16384], None, 4096, 33, [1024], said.append)
     assert said[0].startswith("--lengths: 8,192 does not fit the context") and " do not fit " in said[1], said
+
+
+def test_phases_on_a_simulated_gpu_says_so_and_prices_prefill_as_the_cost_model_does(tmp_path: Path) -> None:
+    """`--engine sim --gpu h100`: the table for a GPU that is not here, each step the time the cost model prices
+    (the figures `itlbench roofline` estimates), and the output names what was simulated."""
+    import json
+
+    from itlbench.core.engine_config import EngineConfig
+    from itlbench.core.presets import load_model_config
+    from itlbench.sim.runner import SimRunner
+    from itlbench.sim.shapes import StepShape
+
+    out = tmp_path / "ph"
+    result = runner.invoke(app, ["phases", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
+                                 "--lengths", "128,2k", "--repeats", "1", "--concurrency", "2", "--output-tokens", "4",
+                                 "--out", str(out)], terminal_width=400)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "llama-3.1-8b simulated on H100 SXM (TP 1, bfloat16 weights, K/V at 2 B)" in said
+    assert "H100 SXM in 16-bit: MAPE" in said  # how far to trust it, as `run --engine sim` says
+    doc = json.loads((out / "phases.json").read_text())
+    rows = doc["rows"]
+    assert [r["prompt_tokens"] for r in rows] == [128, 2048] and [r["requests"] for r in rows] == [1, 1]
+    assert rows[0]["engine_prefill_s"] < rows[1]["engine_prefill_s"] < rows[1]["client_ttft_s"]
+    engine = EngineConfig(engine="sim", model="llama-3.1-8b", gpu="h100", chunk_budget=None)
+    sim = SimRunner(engine, load_model_config(engine.model), 131_072)
+    for r in rows:
+        priced = sim.cost_model.time(StepShape.prefill(r["prompt_tokens"]), sim.hardware).total_s
+        assert abs(r["engine_prefill_s"] / priced - 1) < 0.01, (r, priced)
+    assert "--engine sim --model llama-3.1-8b --gpu h100 --tp 1 --dtype auto" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--gpu", "h100"], "error: --gpu: only applies to the simulated engine (add --engine sim)"),
+    (["--engine", "sim", "--device", "cuda"], "error: --device: does not apply to --engine sim"),
+    (["--engine", "sim", "--torch-threads", "2"], "No such option: --torch-threads"),
+])
+def test_flags_the_engine_would_not_use_exit_2_before_any_server_starts(tmp_path: Path, args: list[str],
+                                                                        line: str) -> None:
+    out = tmp_path / "ph"
+    result = runner.invoke(app, ["phases", *args, "--lengths", "128", "--out", str(out)], terminal_width=400)
+    assert result.exit_code == 2 and line in " ".join(result.output.split()), result.output
+    assert not out.exists()
