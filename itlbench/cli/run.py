@@ -108,6 +108,9 @@ def check_sim(engine: EngineConfig) -> None:
         if given:
             raise ConfigError(flag_of(name), "does not apply to --engine sim, which runs on a thread of the server "
                               "and uses no torch", "drop it")
+    if engine.device != "auto":
+        raise ConfigError("--device", "does not apply to --engine sim, which computes nothing: each step takes the "
+                          "time priced for --gpu", "drop it; --gpu names the simulated GPU")
 
 
 def plan_warnings(run_dir: Path) -> list[str]:

@@ -13,7 +13,6 @@ import typer
 from itlbench.cli.app import AsJson, app, console, fail, print_json
 from itlbench.cli.engine_options import engine_config_from_flags, engine_options
 from itlbench.cli.run import ReceiveOtlp, check_sim, refuse_engine_flags, sim_intro_once
-from itlbench.core.engine_config import EngineConfig
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.serving.build import require_engine_for
 
@@ -188,14 +187,6 @@ PHASES_ENGINE_FLAGS = ("chunk_budget", "device", "seed", "engine", "gpu", "tp", 
                        "max_num_seqs")
 
 
-def _check_phases_sim(engine: EngineConfig) -> None:
-    """What `run` refuses for the simulator, before any server starts, and --device, which it would ignore."""
-    check_sim(engine)
-    if engine.engine == "sim" and engine.device != "auto":
-        raise ConfigError("--device", "does not apply to --engine sim, which computes nothing: each step takes the "
-                          "time priced for --gpu", "drop it; --gpu names the simulated GPU")
-
-
 @app.command()
 @engine_options(only=PHASES_ENGINE_FLAGS, defaults={"chunk_budget": "none"})
 def phases(
@@ -227,7 +218,7 @@ def phases(
         engine = None if endpoint else engine_config_from_flags(engine_flags, model=model)
         if engine is not None:
             require_engine_for(engine)
-            _check_phases_sim(engine)
+            check_sim(engine)
         cfg = PhasesConfig(endpoint=endpoint, model=model, api_key=api_key, lengths=lengths, max_prompt=max_prompt,
                            concurrency=concurrency, output_tokens=output_tokens, repeats=repeats,
                            engine=engine,

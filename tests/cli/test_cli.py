@@ -97,6 +97,7 @@ def test_workloads_lists_the_catalog_as_table_and_json():
     (["--engine", "sim", "--model", "llama-3.1-8b", "--api", "chat"], "--api"),
     (["--engine", "sim", "--model", "llama-3.1-8b", "--torch-threads", "1"], "--torch-threads"),  # was ignored
     (["--engine", "sim", "--model", "llama-3.1-8b", "--engine-process"], "--engine-process"),
+    (["--engine", "sim", "--device", "cuda"], "--device"),  # was ignored: the simulator computes nothing
     (["--engine", "sim", "--model", "llama-3.1-8b", "--disaggregate", "--prefill-gpu", "zz"], "--prefill-gpu"),
 ])
 def test_bad_run_flags_exit_2_naming_the_flag_and_leave_nothing(tmp_path, args, flag):
