@@ -77,7 +77,11 @@ def curve_points(runs: list[RunData], axis: str) -> dict[str, list[dict[str, flo
 
 def load_figure(runs: list[RunData], rows: object = None) -> FigureSpec:
     axis = load_axis(runs) or "rate"
-    offered = "nominal rate (requests/s)" if axis == "rate" else "steady streams"
+    # agent sessions arrive at --rate: the x axis counts sessions, the achieved rate requests (several a session),
+    # so the two share no diagonal and the offered points (sessions) stay off the requests axis
+    sessions = axis == "rate" and any((r.summary.get("offered") or {}).get("unit") == "sessions/s" for r in runs)
+    offered = ("nominal rate (sessions/s)" if sessions else "nominal rate (requests/s)") if axis == "rate" \
+        else "steady streams"
     spec = FigureSpec("compare_load", "Latency against load",
                       f"Per {offered.split(' (')[0]} (mean over repeats; one colour per other setting): ITL p50 "
                       "(dashed) and p99 (solid) and the worst gap (dotted); TTFT p90 per prompt bucket; and the "
@@ -99,15 +103,15 @@ def load_figure(runs: list[RunData], rows: object = None) -> FigureSpec:
                          color=color, alpha=1.0 - 0.12 * j, label=f"{series} {b}" if len(curves) > 1 else b)
         ax_rate.plot(x, [np.nan if p["achieved_rps"] is None else p["achieved_rps"] for p in pts], marker="o",
                      ms=3, color=color, label=series)
-        if any(p["offered_rps"] is not None for p in pts):
+        if not sessions and any(p["offered_rps"] is not None for p in pts):
             ax_rate.plot(x, [np.nan if p["offered_rps"] is None else p["offered_rps"] for p in pts], marker="o",
                          ms=5, mfc="none", linestyle="none", color=color)
-    if axis == "rate":
+    if axis == "rate" and not sessions:
         top = max((p["load"] for pts in curves.values() for p in pts), default=1.0)
         ax_rate.plot([0, top], [0, top], color="#999999", linewidth=0.8, linestyle="--", label="nominal")
         ax_rate.plot([], [], marker="o", ms=5, mfc="none", linestyle="none", color="#555555", label="offered")
     for ax, title in ((ax_itl, "inter-token latency"), (ax_ttft, "TTFT p90 by prompt bucket"),
-                      (ax_rate, "achieved requests/s")):
+                      (ax_rate, "achieved requests/s" + (" (each session sends several)" if sessions else ""))):
         ax.set_title(title, fontsize=9, loc="left")
         ax.set_xlabel(offered)
         tidy(ax)

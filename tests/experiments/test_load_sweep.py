@@ -56,3 +56,13 @@ def test_a_rate_sweep_draws_what_each_point_offered_beside_its_nominal_rate(tmp_
         assert point["offered_rps"] == pytest.approx(offered["arrivals"] / offered["window_s"])
     assert any(p["offered_rps"] != p["load"] for p in series), "a 10 s Poisson window rarely offers the nominal exactly"
     assert (out / "figures" / "compare_load.png").stat().st_size > 10_000
+    # agent sessions arriving at --rate: the axis counts sessions, the achieved rate requests (several a session)
+    from itlbench.report.load_curve import load_figure
+
+    rate_ax = load_figure(runs).figure.axes[2]
+    assert rate_ax.get_xlabel() == "nominal rate (requests/s)" and "nominal" in rate_ax.get_legend_handles_labels()[1]
+    for run in runs:
+        run.summary["offered"] = {**run.summary["offered"], "unit": "sessions/s"}
+    rate_ax = load_figure(runs).figure.axes[2]
+    assert rate_ax.get_xlabel() == "nominal rate (sessions/s)" and "several" in rate_ax.get_title(loc="left")
+    assert "nominal" not in rate_ax.get_legend_handles_labels()[1], "sessions/s and requests/s share no diagonal"
