@@ -15,6 +15,7 @@ from itlbench.load.progress import ProgressSnapshot
 from itlbench.report.data import read_json, run_cut_short, unreadable_line
 from itlbench.report.durations import counted, fmt_s
 from itlbench.report.engines import engine_check_line, serving_warnings
+from itlbench.report.queueing import queueing_sentence
 from itlbench.report.slos import slo_text
 from itlbench.report.tables import TextTable, print_table
 from itlbench.report.withdrawn import Withdrawn
@@ -107,6 +108,8 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> N
         ttft.caption = None  # the key explains a mark the table does not show
     print_table(console, ttft)
     _print_withdrawn(console, gone, "TTFT", "ttft_s")
+    if (held := queueing_sentence(summary)) is not None:  # the report's sentence under its TTFT table
+        console.print(held, highlight=False, markup=False)
     _print_injected(console, summary, gone)
     itl = summary.get("itl_s", {})
     itl_t = TextTable("Inter-token latency, pooled per gap, steady streams (ms)",
