@@ -41,6 +41,7 @@ from itlbench.report.reproduce import reproduce_command
 from itlbench.report.slo_checks import Check, slo_checks, worst_gap_s
 from itlbench.report.slos import slo_text
 from itlbench.report.style import RUN_COLORS, fmt_s, new_figure, seconds_log_xaxis, seconds_yaxis, tidy
+from itlbench.report.withdrawn import Withdrawn
 
 
 @dataclass
@@ -239,7 +240,9 @@ def _throughput_clause(best: Row, rows: list[Row]) -> tuple[str, bool] | None:
 def smoothest_sentence(best: Row, rows: list[Row]) -> str:
     """'Smoothest streams: X (...).' and what that setting costs or gains in TTFT and throughput, as one sentence
     with its own verb per clause, 'but' between a gain and a loss."""
-    text = f"Smoothest streams: {best.label} (worst gap {fmt_s(best.worst_s)}, ITL p99 {fmt_s(best.p99_s)})."
+    gap = Withdrawn.of(best.run.summary).mark("itl_s.max") if best.run is not None else ""
+    gap = f", {gap};" if gap else ","  # picked by its worst gap: say where that gap was the client's, not the server's
+    text = f"Smoothest streams: {best.label} (worst gap {fmt_s(best.worst_s)}{gap} ITL p99 {fmt_s(best.p99_s)})."
     clauses = [c for c in (_ttft_clause(best, rows), _throughput_clause(best, rows)) if c is not None]
     if not clauses:
         return text

@@ -22,7 +22,9 @@ def print_comparison(console: Console, rows: list[Row], lines: list[str], html: 
     """The comparison table and verdict on the terminal, then where the report is."""
     table = TextTable("Comparison (steady streams)",
                       ("setting", "worst gap", "ITL p99", "p99.9", "TTFT p99", "injected TTFT", "output tok/s",
-                       "stall events", "valid"))
+                       "stall events", "valid"),
+                      caption="TTFT p99 over every request, or the worst where too few (under 100); injected TTFT "
+                              "the median, or the worst where too few")
     for r in rows:
         table.add_row(r.label, fmt_s(r.worst_s), fmt_s(r.p99_s), fmt_s(r.p999_s), fmt_s(r.ttft_p99_s),
                       fmt_s(r.injected_ttft_s),

