@@ -27,14 +27,18 @@ _NEEDED = ("num_waiting", "num_running", "num_finished", "num_preemptions", "kv_
 
 
 def max_num_seqs_of(meta: Mapping[str, object]) -> int | None:
-    """The engine's running-batch cap from run.json (the bundled or simulated engine, or `itlbench serve`'s
-    own report of itself behind --endpoint); None where the server did not say."""
+    """The engine's running-batch cap from run.json: the bundled or simulated engine's, `itlbench serve`'s own
+    report of itself behind --endpoint, or the setting a `sweep --serve` point filled into its server's command
+    ({max_num_seqs}, kept as typed); None where neither says."""
     eng = meta.get("engine")
-    if not isinstance(eng, dict):
-        return None
-    inner = eng.get("engine") or (eng.get("itlbench") or {}).get("engine")
+    inner = (eng.get("engine") or (eng.get("itlbench") or {}).get("engine")) if isinstance(eng, dict) else None
     cap = inner.get("max_num_seqs") if isinstance(inner, dict) else None
-    return cap if isinstance(cap, int) and cap > 0 else None
+    if cap is None:
+        sweep = meta.get("sweep")
+        settings = sweep.get("settings") if isinstance(sweep, dict) else None
+        typed = settings.get("max_num_seqs") if isinstance(settings, dict) else None
+        cap = int(typed) if isinstance(typed, str) and typed.strip().isdigit() else typed
+    return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
 
 
 def step_limits(steps: pl.DataFrame, max_num_seqs: int | None) -> pl.DataFrame:

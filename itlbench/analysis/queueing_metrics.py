@@ -35,6 +35,7 @@ from itlbench.analysis.stats import json_safe, min_samples
 from itlbench.analysis.window import RunWindow
 
 HELD_SHARE = 0.8  # of the reads with requests waiting, at one running count: the batch held at that count
+HELD_MIN_READS = 2  # one read with requests waiting says what ran then, not what the batch held
 
 
 @dataclass(frozen=True)
@@ -140,16 +141,18 @@ def held_at_reads(samples: pl.DataFrame, names: EngineNames, times: list[int]) -
             "waiting_mean": sum(waiting[t] for t in held) / len(held) if held else None,
             "running_mode": mode, "running_mode_reads": mode_reads,
             "running_range": [min(ran), max(ran)] if ran else None,
-            "running_held": mode if mode is not None and mode_reads >= HELD_SHARE * len(held) and mode == most else None,
+            "running_held": mode if mode is not None and len(held) >= HELD_MIN_READS and mode_reads >= HELD_SHARE * len(held)
+            and mode == most else None,
             "running_max": most,
             "kv_usage_waiting": sum(kv_held) / len(kv_held) if kv_held else None}
 
 
 def queueing_from_metrics(samples: pl.DataFrame, scrapes: pl.DataFrame, window: RunWindow,
-                          max_num_seqs: int | None = None) -> dict[str, object] | None:
+                          max_num_seqs: int | None = None, window_requests: int | None = None) -> dict[str, object] | None:
     """summary.json's `queueing` for an engine known by its /metrics alone: {source "server_metrics", engine,
     label, max_num_seqs, waiting_share (of the periodic reads, null without them), main_limit, queue_time_s,
-    preemptions, periodic, metrics}; None where the reads hold none of the series above."""
+    window_requests (sent in the window: what the histogram's count, of requests that finished between the
+    reads, is read against), preemptions, periodic, metrics}; None where the reads hold none of the series above."""
     key = engine_of(samples)
     if key is None:
         return None
@@ -178,6 +181,7 @@ def queueing_from_metrics(samples: pl.DataFrame, scrapes: pl.DataFrame, window: 
         "waiting_share": held["waiting_reads"] / held["reads"] if held else None,  # type: ignore[operator]
         "main_limit": main,
         "queue_time_s": hist,
+        "window_requests": window_requests,
         "preemptions": int(round(float(preempted["increase"].sum()))) if preempted.height else None,
         "periodic": held,
         "metrics": sorted(present),

@@ -49,9 +49,19 @@ def _bound(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
-def _queue_part(h: dict[str, Any]) -> str:
+# below this share of the window's requests, the histogram's mean misses the longest waits (those still queued
+# or streaming when the window closed are observed only when they finish, after the last read)
+COVERED_SHARE = 0.5
+
+
+def _queue_part(h: dict[str, Any], window_requests: int | None = None) -> str:
     if not h.get("count"):
         return "none counted by its queue-time histogram between the window's reads"
+    covered = ""
+    if window_requests and h["count"] < COVERED_SHARE * window_requests:
+        covered = (f", but only over the {h['count']:,} requests that finished between its reads, of "
+                   f"{window_requests:,} sent in the window: the longest waits ended after the last read, so a longer "
+                   "--duration counts them")
     if h.get("p99_le") is not None:
         tail = f"p99 ≤ {_bound(h['p99_le'])} by its histogram"
     elif h.get("p99_above") is not None:
@@ -60,7 +70,7 @@ def _queue_part(h: dict[str, Any]) -> str:
         tail = f"all {h['count']:,} ≤ {_bound(h['max_le'])} by its histogram"
     else:
         tail = f"{h['count']:,} requests"
-    return f"waited {fmt_s(h.get('mean_s'))} on average ({tail})"
+    return f"waited {fmt_s(h.get('mean_s'))} on average ({tail}){covered}"
 
 
 def _held_part(p: dict[str, Any], cap: Any) -> str:
@@ -77,8 +87,13 @@ def _held_part(p: dict[str, Any], cap: Any) -> str:
     else:
         low, high = p.get("running_range") or (mode, mode)
         spread = f"{low}–{high}" if low != high else f"{mode}"
-        then = [f"{spread} ran ({mode} at {p.get('running_mode_reads'):,} of them; at most {most} at any read)"
-                ] if mode is not None else []
+        at = p.get("running_mode_reads") or 0
+        if mode is None:
+            then = []
+        elif low == high and at == waiting and most == mode:  # one count at every read: nothing more to say
+            then = [f"{mode} ran"]
+        else:
+            then = [f"{spread} ran ({mode} at {at:,} of them; at most {most} at any read)"]
     kv = p.get("kv_usage_waiting")
     then += [f"K/V was {kv:.0%} used"] if kv is not None else []
     return out + (f", while {' and '.join(then)}" if then else "")
@@ -89,7 +104,7 @@ def metrics_sentence(q: dict[str, Any]) -> str:
     at 9 of 10 periodic reads, while running held at 64 and K/V was 41% used; 12 preemptions." Without periodic
     reads it says --scrape-interval would show what held the queue. It opens with "Requests" as the step log's
     sentence does (the capacity answer goes on from "At 4.75 requests/s, r…")."""
-    parts = [_queue_part(q["queue_time_s"])] if q.get("queue_time_s") else []
+    parts = [_queue_part(q["queue_time_s"], q.get("window_requests"))] if q.get("queue_time_s") else []
     periodic = q.get("periodic")
     if periodic:
         parts.append(_held_part(periodic, q.get("max_num_seqs")))

@@ -106,9 +106,13 @@ def test_absent_series_give_null_and_each_engine_reads_its_own_names() -> None:
         ("llamacpp:requests_processing", 4), ("llamacpp:requests_deferred", 2 if t == 1300 else 0))])
     q = queueing_from_metrics(llama, _scrapes(), WINDOW)
     assert q is not None and q["queue_time_s"] is None and q["preemptions"] is None
-    assert q["periodic"]["running_held"] == 4 and q["periodic"]["kv_usage_waiting"] is None  # type: ignore[index]
+    # one read with requests waiting says what ran then, not what the batch held (vLLM-CPU: "held at 4" from one)
+    assert q["periodic"]["running_held"] is None and q["periodic"]["kv_usage_waiting"] is None  # type: ignore[index]
     assert queueing_sentence({"queueing": q}) == (
-        "Requests in llama.cpp's queue, by its /metrics: waiting at 1 of 2 periodic reads, while running held at 4.")
+        "Requests in llama.cpp's queue, by its /metrics: waiting at 1 of 2 periodic reads, while 4 ran.")
+    both = llama.with_columns(pl.when(pl.col("name") == "llamacpp:requests_deferred").then(2.0)
+                              .otherwise(pl.col("value")).alias("value"))
+    assert queueing_from_metrics(both, _scrapes(), WINDOW)["periodic"]["running_held"] == 4  # type: ignore[index]
     wobbly = pl.DataFrame([_row(t, name, v) for t, ran in ((1300, 4), (1600, 3), (1800, 4)) for name, v in (
         ("llamacpp:requests_processing", ran), ("llamacpp:requests_deferred", 1))])
     q = queueing_from_metrics(wobbly, _scrapes(), WINDOW)  # 4 at 2 of 3 reads: under HELD_SHARE, not held
@@ -138,8 +142,25 @@ def test_the_bundled_servers_exposition_is_read_by_its_own_names() -> None:
     metrics.running.set(4)
     metrics.waiting.set(3)
     metrics.kv_usage.set(0.25)
-    tables = {"server_metrics": pl.DataFrame(rows + read(1300) + read(2005)), "scrapes": _scrapes()}
+    tables = {"server_metrics": pl.DataFrame(rows + read(1300) + read(1600) + read(2005)), "scrapes": _scrapes()}
     q = summarize(tables, WINDOW, max_num_seqs=4)["queueing"]
     assert q["source"] == "server_metrics" and q["engine"] == "itlbench" and q["preemptions"] == 2  # type: ignore[index]
     assert q["queue_time_s"]["count"] == 3 and abs(q["queue_time_s"]["mean_s"] - 3.6 / 3) < 1e-9  # type: ignore[index]
     assert q["periodic"]["running_held"] == 4 and q["main_limit"] == "max_num_seqs"  # type: ignore[index]
+
+
+def test_a_histogram_over_few_of_the_windows_requests_says_so_and_a_sweep_names_its_cap() -> None:
+    """vLLM observes a request's queue time when it finishes: in a 15 s capacity window 9 of 19 requests had
+    finished by the last read, and the sentence quoted their 219 ms mean beside a 6.8 s TTFT miss. A `sweep --serve`
+    point's {max_num_seqs} (run.json's sweep.settings, as typed) is the cap the sentence can name."""
+    from itlbench.analysis.queueing import max_num_seqs_of
+
+    h = {"count": 9, "sum_s": 1.97, "mean_s": 0.219, "p99_le": None, "p99_above": None, "max_le": 1.5}
+    q = {"source": "server_metrics", "label": "vLLM", "queue_time_s": h, "window_requests": 19, "preemptions": 0,
+         "periodic": None}
+    text = queueing_sentence({"queueing": q})
+    assert text is not None and ("waited 219 ms on average (all 9 ≤ 1.5 s by its histogram), but only over the 9 "
+                                 "requests that finished between its reads, of 19 sent in the window") in text
+    assert "but only" not in queueing_sentence({"queueing": {**q, "window_requests": 12}})  # type: ignore[operator]
+    assert max_num_seqs_of({"engine": {"name": "vllm"}, "sweep": {"settings": {"max_num_seqs": "2"}}}) == 2
+    assert max_num_seqs_of({"sweep": {"settings": {"max_num_seqs": "lots"}}}) is None
