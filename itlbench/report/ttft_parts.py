@@ -36,7 +36,7 @@ def ttft_parts(ax: Axes, t: pl.DataFrame, present: list[str], has_steps: bool) -
     groups: list[tuple[float, str]] = []
     for i, b in enumerate(present):
         rows = t.filter(pl.col("bucket") == b)
-        groups.append((i - OFFSET, "median" if _bar(ax, i - OFFSET, rows, parts) else "median: parts unknown"))
+        groups.append((i - OFFSET, _median(ax, i - OFFSET, rows, parts)))
         groups.append((i + OFFSET, _tail(ax, i + OFFSET, rows, parts)))
     _axes(ax, present, groups, parts)
 
@@ -54,6 +54,13 @@ def _parts(has_steps: bool) -> tuple[Part, ...]:
     if has_steps:
         return ("client_lag_s", "client lag", MUTED), ("queue_s", "server queue", QUEUE), ("prefill_s", "prefill", PREFILL)
     return ("client_lag_s", "client lag", MUTED), ("server_s", "server (queue + prefill; no step log)", PREFILL)
+
+
+def _median(ax: Axes, y: float, rows: pl.DataFrame, parts: tuple[Part, ...]) -> str:
+    """Draw the median bar; none for one request, whose TTFT the table's p50 withholds too (stats' rule)."""
+    if rows.drop_nulls("ttft_s").height < min_samples(0.5):
+        return f"median: n<{min_samples(0.5)}"
+    return "median" if _bar(ax, y, rows, parts) else "median: parts unknown"
 
 
 def _tail(ax: Axes, y: float, rows: pl.DataFrame, parts: tuple[Part, ...]) -> str:

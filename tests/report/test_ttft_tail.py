@@ -84,3 +84,12 @@ def test_the_slowest_tenth_is_counted_by_rank_not_by_ties_at_the_p90() -> None:
     slow = tail_rows(rows)
     assert slow is not None and slow["ttft_s"].to_list() == [pytest.approx(2.061), pytest.approx(0.061)]
     assert tail_rows(rows.head(9)) is None
+
+
+def test_a_bucket_of_one_request_draws_no_median_as_its_table_row_withholds_its_p50() -> None:
+    """vLLM-CPU's le8k held the one injected prompt: the table said p50 "—" while the figure drew its "median"."""
+    ax = new_figure(3).subplots()
+    ttft_parts(ax, _table({"le512": 20, "le8k": 1}), ["le512", "le8k"], has_steps=True)
+    assert set(_segments(ax)) == {-OFFSET, OFFSET}
+    labels = {round(t.get_position()[1], 3): t.get_text() for t in ax.get_yticklabels(minor=True)}
+    assert labels[1 - OFFSET] == "median: n<2" and labels[1 + OFFSET] == "slowest 10 %: n<10"
