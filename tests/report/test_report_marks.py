@@ -235,9 +235,9 @@ def test_a_bucket_whose_ttft_parts_are_unknown_draws_no_share_bar() -> None:
     """A known client lag beside an unknown queue and prefill is not 100 % of the TTFT."""
     from itlbench.report.figures import _ttft_parts
 
-    t = pl.DataFrame({"bucket": ["le8k", "le32k"], "client_lag_s": [0.001, 0.01], "queue_s": [None, 0.04],
-                      "prefill_s": [None, 41.0], "server_s": [41.0, 41.04],
-                      "ttft_s": [41.001, 41.05]})
+    t = pl.DataFrame({"bucket": ["le8k", "le8k", "le32k", "le32k"], "client_lag_s": [0.001, 0.001, 0.01, 0.01],
+                      "queue_s": [None, None, 0.04, 0.04], "prefill_s": [None, None, 41.0, 41.0],
+                      "server_s": [41.0, 41.0, 41.04, 41.04], "ttft_s": [41.001, 41.001, 41.05, 41.05]})
     ax = new_figure(2).subplots()
     _ttft_parts(ax, t, ["le8k", "le32k"], has_steps=True)
     bars = [(round(p.get_y() + p.get_height() / 2), p.get_width()) for p in ax.patches]
