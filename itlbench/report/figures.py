@@ -40,10 +40,10 @@ from itlbench.report.ttft_parts import ttft_parts as _ttft_parts
 
 def ttft_figure(data: RunData) -> FigureSpec:
     caption = ("Left: every request's TTFT by prompt bucket (dots; injected prompts in orange), the median {median} "
-               "and written under the bucket (p50) with its count; right: where the TTFT went (client lag, server "
-               "queue, prefill) per bucket, for its median (each part's median over the bucket) and for its slowest "
-               "10 % (each part's median over its ⌈n/10⌉ longest TTFTs, the least of which the label gives; none under 10 "
-               "requests, as for a p90): a full batch leaves the median prefilling and the tail queueing.")
+               "and written under the bucket (p50) with its count; right: where the TTFT went ({parts}) per bucket, "
+               "for its median (each part's median over the bucket; none for one request) and for its slowest 10 % "
+               "(each part's median over its ⌈n/10⌉ longest TTFTs, the least of which the label gives; none under 10 "
+               "requests, as for a p90){tail}.")
     spec = FigureSpec("ttft", "Time to first token by prompt length", caption)
     t = data.ttft.filter(pl.col("ttft_s") > 0)
     present = [b for b in BUCKET_LABELS if t.filter(pl.col("bucket") == b).height]
@@ -68,12 +68,17 @@ def ttft_figure(data: RunData) -> FigureSpec:
         ticks.append(f"{b}\np50 {fmt_s(med)}\nn={rows.height:,}")  # under the bucket: over it, the dots hid it
     left.set_xticks(range(len(present)), ticks, fontsize=8)
     left.set_xlim(-0.5, len(present) - 0.5)  # each bucket a full slot: a one-dot bucket at the edge kept only a sliver
+    steps = data.engine.has_steps  # without a step log the server's part is not split into queue and prefill
     spec.caption = caption.format(median="as a line across the bucket (a log axis: the TTFTs span decades, and a "
-                                         "bar has no zero to start from)" if logged else "as a bar from zero")
+                                         "bar has no zero to start from)" if logged else "as a bar from zero",
+                                  parts="client lag, server queue, prefill" if steps else
+                                  "client lag, and the server's queue and prefill together: no step log splits them",
+                                  tail=": a full batch leaves the median prefilling and the tail queueing" if steps
+                                  else "")
     left.set_ylabel("TTFT" + (" (log)" if logged else ""))
     left.set_xlabel("prompt bucket (k = 1024 tokens)")
     tidy(left)
-    _ttft_parts(right, t, present, data.engine.has_steps)
+    _ttft_parts(right, t, present, steps)
     spec.figure = fig
     return spec
 

@@ -93,3 +93,14 @@ def test_a_bucket_of_one_request_draws_no_median_as_its_table_row_withholds_its_
     assert set(_segments(ax)) == {-OFFSET, OFFSET}
     labels = {round(t.get_position()[1], 3): t.get_text() for t in ax.get_yticklabels(minor=True)}
     assert labels[1 - OFFSET] == "median: n<2" and labels[1 + OFFSET] == "slowest 10 %: n<10"
+
+
+def test_the_caption_says_the_servers_part_is_not_split_without_a_step_log(tmp_path: Path) -> None:
+    """Against vLLM the right panel drew client lag and the server's part while the caption named a queue and a
+    prefill, and the full batch's "tail queueing" no bar there could show."""
+    run = load_run(build_run(tmp_path / "run"))
+    assert run.engine.has_steps and "(client lag, server queue, prefill)" in ttft_figure(run).caption
+    blind = dataclasses.replace(run, engine=dataclasses.replace(run.engine, source="client only (no step log was recorded)"))
+    caption = ttft_figure(blind).caption
+    assert "the server's queue and prefill together: no step log splits them" in caption
+    assert "tail queueing" not in caption
