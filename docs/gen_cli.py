@@ -26,12 +26,13 @@ option it does not know to `itlbench run`.
 
 
 def command_names() -> list[str]:
-    """The subcommands in the order the app registers them."""
+    """The subcommands in the order `itlbench --help` lists them (`itlbench/cli/menu.py`)."""
     import typer.main
 
     from itlbench.cli import app
+    from itlbench.cli.menu import in_menu_order
 
-    return list(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+    return in_menu_order(list(typer.main.get_command(app).commands))  # type: ignore[attr-defined]
 
 
 def help_text(args: list[str]) -> str:

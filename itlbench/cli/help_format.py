@@ -20,6 +20,8 @@ import typer.core
 from rich.table import Table
 from rich.text import Text
 
+from itlbench.cli.menu import PANEL_OF, in_menu_order
+
 Command = TypeVar("Command", bound=Callable[..., Any])
 
 
@@ -72,11 +74,16 @@ class HelpCommand(typer.core.TyperCommand):
 
 
 class HelpGroup(typer.core.TyperGroup):
-    """The app's own --help (the command list), drawn with HelpTable."""
+    """The app's own --help (the command list), drawn with HelpTable, in the menu's order and panels."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return in_menu_order(super().list_commands(ctx))
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         _folding_tables()
         _untyped_flags(self, ctx)
+        for name, command in self.commands.items():
+            command.rich_help_panel = PANEL_OF.get(name, "Commands")  # type: ignore[attr-defined]
         super().format_help(ctx, formatter)
 
 
