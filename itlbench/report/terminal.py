@@ -378,10 +378,11 @@ def print_catalog(console: Console, rows: list[dict[str, Any]]) -> None:
     if not rows:
         console.print("(empty catalog)")
         return
-    columns = list(rows[0])
-    table = TextTable("Workloads (prompt:output tokens, lognormal around the means)",
+    columns = [col for col in rows[0] if col != "in_out"]  # the two means already say it; the notes get the room
+    table = TextTable("Workloads (prompt and output tokens, lognormal around the means)",
                       [col.replace("_", " ") for col in columns], turnable=False,
                       left=tuple(i for i, col in enumerate(columns) if not col.startswith("mean")))
     for row in rows:
-        table.add_row(*[str(v) for v in row.values()])
+        per_turn = str(row.get("in_out", "")).endswith("per turn")  # a session's means are each turn's
+        table.add_row(*[("means per turn; " if col == "notes" and per_turn else "") + str(row[col]) for col in columns])
     print_table(console, table)

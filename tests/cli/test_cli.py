@@ -71,6 +71,9 @@ def test_workloads_lists_the_catalog_as_table_and_json():
     assert table.exit_code == 0, table.output
     for name in ("chat-short", "chat", "rag", "summarization", "code", "agent", "trace"):
         assert name in table.output
+    assert "8000:400" not in table.output  # the means are said once, in their own columns
+    agent = next(line for line in table.output.splitlines() if line.lstrip().startswith("agent"))
+    assert "means per turn" in agent
     listing = runner.invoke(app, ["workloads", "--json"])
     rows = json.loads(listing.stdout)
     assert {r["name"]: r["in_out"] for r in rows}["rag"] == "8000:400"
