@@ -6,6 +6,7 @@ Keys (<bucket> ∈ le128, le512, le2k, le8k, le32k, gt32k; every bucket always p
   ttft_by_class_s.<cls>.{same}
   ttft_breakdown_s.<bucket>.{client_lag_p50,queue_p50,prefill_p50,server_p50,queue_p99}
   itl_s.{p50,p90,p95,p99,p999,max,mean,count}          pooled gaps, steady streams (not injected)
+  itl_s.max_not_client  the worst gap (or stream frozen at the window's end) that was not the client's own pause
   itl_all_s.{same}                                     pooled gaps, all streams
   itl_per_token_s.{same}                               per-token view, steady streams
   tpot_s.{p50,p90,p99,mean,count}                      per-request mean, steady streams
@@ -92,6 +93,7 @@ from itlbench.analysis.failures import failure_summary
 from itlbench.analysis.goodput import SloSet, goodput, judge, parse_slo
 from itlbench.analysis.gpu import gpu_status_of, gpu_summary
 from itlbench.analysis.offered import offered_load
+from itlbench.analysis.partitions import chunk_parts
 from itlbench.analysis.pooled import describe_pooled
 from itlbench.analysis.queueing import max_num_seqs_of, queueing_summary
 from itlbench.analysis.queueing_metrics import queueing_from_metrics
@@ -112,7 +114,8 @@ from itlbench.analysis.stats import json_safe
 from itlbench.analysis.validity import StampCounts, ValidityThresholds, check_validity
 from itlbench.analysis.window import RunWindow, select_window
 from itlbench.errors import ConfigError
-from itlbench.rundir import TABLES, read_run_doc, read_table, unreadable_parts
+from itlbench.rundir import TABLES, empty, read_run_doc, read_table, unreadable_parts
+from itlbench.rundir.reader import conform
 
 STATUSES = ("ok", "error", "timeout", "cancelled")
 
@@ -210,6 +213,8 @@ def summarize(
                               tag_gaps(itl.steady(gaps), t["all_chunks"], all_requests, t["client_pauses"]),
                               requests=live_in(all_requests, window.measure_start_ns, window.end_ns), steps=steps,
                               together=itl_section["arrived_together"])  # type: ignore[arg-type]
+    itl_section["itl_s"] = {**itl_section["itl_s"],  # type: ignore[dict-item]
+                            "max_not_client": itl.worst_not_client(itl.steady(gaps), stalls.stalls)}
     windowed = t["all_chunks"].filter((pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
     phased = reasoning.gap_phase(gaps, all_requests)
     itl_section["reasoning"] = reasoning.section(
@@ -269,6 +274,8 @@ def summarize_dir(
                                   thresholds, t["client_pauses"], client_stalls, stamps=stamps, requests=live,
                                   steps=steps, together=itl_section["arrived_together"])  # type: ignore[arg-type]
     judged = judge(ttft_rows, None, slos, c.request_itl)
+    itl_section["itl_s"] = {**itl_section["itl_s"],  # type: ignore[dict-item]
+                            "max_not_client": _worst_not_client(run_dir, window, all_requests, c.spans, stalls.stalls)}
     out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judged, slos, validity,
                     throughput(requests, None, window.seconds, c.out_tokens),
                     engine_check(requests, None, t["all_steps"], c.worst_gap), gpu_status, unreadable_parts(run_dir),
@@ -287,6 +294,20 @@ def _tagged_gaps(run_dir: str | Path, window: RunWindow, all_requests: pl.DataFr
     gaps = itl.gap_table(chunks, all_requests).filter(
         (pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
     return tag_gaps(itl.steady(gaps), chunks, all_requests, pauses)
+
+
+def _worst_not_client(run_dir: str | Path, window: RunWindow, all_requests: pl.DataFrame, spans: pl.DataFrame,
+                      stalls: pl.DataFrame) -> float | None:
+    """`itl.worst_not_client` out of core: the few requests a client-caused stall hit are read again alone;
+    every other steady request's longest gap is its span's."""
+    held = stalls.filter(pl.col("cause") == "client")["request_id"].unique().to_list() if stalls.height else []
+    rest = spans.filter(~pl.col("injected") & ~pl.col("request_id").is_in(held))["max_s"].max() if spans.height else None
+    chunks = [conform(pl.scan_parquet(p).filter(pl.col("request_id").is_in(held)).collect(), TABLES["chunks"])
+              for p in (chunk_parts(run_dir) if held else [])]
+    gaps = itl.gap_table(pl.concat(chunks) if chunks else empty("chunks"), all_requests).filter(
+        (pl.col("t_ns") >= window.measure_start_ns) & (pl.col("t_ns") < window.end_ns))
+    found = [v for v in (rest, itl.worst_not_client(itl.steady(gaps), stalls)) if v is not None]
+    return float(max(found)) if found else None  # type: ignore[arg-type]
 
 
 @dataclass

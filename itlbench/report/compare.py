@@ -63,6 +63,16 @@ class Row:
     valid: bool | None
     group: str = ""  # the setting (repeats of one sweep point share it); label adds which run
     stall_events: int = 0  # stalls that began together (one cause, many streams); `stalls` counts each gap
+    worst_not_client_s: float | None = None  # itl_s.max_not_client: None where the summary predates it
+
+    def rank_s(self) -> float | None:
+        """What ranks the smoothest setting: the worst gap the client's own pauses did not make (a 333 ms pause named
+        the setting whose client paused least), else the worst gap (a summary written before that figure)."""
+        return self.worst_not_client_s if self.worst_not_client_s is not None else self.worst_s
+
+    def paused(self) -> bool:
+        """Whether the client's own pause made the run's worst gap, so its rank figure is shorter."""
+        return self.worst_s is not None and self.worst_not_client_s is not None and self.worst_not_client_s < self.worst_s
 
     def stalls_text(self) -> str:
         """Events first, as the brief line counts them, then the gaps they hold (one per stream stalled)."""
@@ -89,7 +99,7 @@ def make_rows(runs: list[RunData]) -> list[Row]:
                         _or_max(inj, "p50"), _or_max(every, "p99"), (s.get("throughput") or {}).get("output_tokens_per_s"),
                         int(stalls.get("count") or 0), stalls.get("stalled_s"),
                         (s.get("goodput") or {}).get("requests_per_s"), s.get("valid") if measured(run) else None,
-                        group, int(stalls.get("events") or 0)))
+                        group, int(stalls.get("events") or 0), itl.get("max_not_client")))
     return rows
 
 
@@ -177,12 +187,13 @@ def verdict(rows: list[Row], slos: SloSet) -> list[str]:
         lines.append(f"{r.label} misses: " + "; ".join(_describe_miss(c) for c in failed[:4])
                      + (f" (+{len(failed) - 4} more)" if len(failed) > 4 else "") + "."
                      + (f" {held}" if held else ""))
-    ranked = [r for r in rows if r.worst_s is not None]
+    ranked = [r for r in rows if r.rank_s() is not None]
     if repeated(rows):
         lines += noise_verdict(rows)
     elif len(ranked) >= 2:
-        best = min(ranked, key=lambda r: (r.worst_s, r.p99_s or 0.0))
-        lines.append(smoothest_sentence(best, rows) + _meeting_instead(best, [r for r, _ in meets], ranked)
+        best = min(ranked, key=_smoothness)
+        lines.append(smoothest_sentence(best, rows) + _paused_others(best, ranked)
+                     + _meeting_instead(best, [r for r, _ in meets], ranked)
                      + " (One run per setting: no noise estimate; --repeat 3 gives one.)")
     invalid = [r.label for r in rows if r.valid is False]
     if invalid:
@@ -192,6 +203,36 @@ def verdict(rows: list[Row], slos: SloSet) -> list[str]:
     if empty := [r.label for r in rows if not measured(r.run)]:
         lines.append("Measured nothing (no request fell in its window; its report says why): " + runs_list(empty) + ".")
     return lines + _sim_checks(rows)
+
+
+def _smoothness(r: Row) -> tuple[float, float]:
+    return r.rank_s() or 0.0, r.p99_s or 0.0
+
+
+def _ranked_and_raw(r: Row) -> tuple[str, str]:
+    """The figure that ranked the run and its worst gap, told apart where they are close."""
+    return distinct_durations(r.rank_s(), r.worst_s or 0.0)
+
+
+def gap_figures(r: Row, mark: str = "") -> str:
+    """'worst gap 45 ms, ITL p99 11 ms'; where the client's own pause made the worst gap, the figure that ranked the
+    run first ('worst gap 45 ms not counting the client's own pauses, 333 ms with them; ITL p99 11 ms'). `mark`:
+    where the ranking figure was withdrawn, and why."""
+    mark = f", {mark}" if mark else ""
+    if not r.paused():
+        return f"worst gap {fmt_s(r.worst_s)}{mark}{';' if mark else ','} ITL p99 {fmt_s(r.p99_s)}"
+    mine, raw = _ranked_and_raw(r)
+    return f"worst gap {mine} not counting the client's own pauses, {raw} with them{mark}; ITL p99 {fmt_s(r.p99_s)}"
+
+
+def _paused_others(best: Row, ranked: list[Row]) -> str:
+    """The other ranked runs whose worst gap was the client's own pause: the table shows that gap, the ranking
+    did not use it."""
+    others = [(r.label, *_ranked_and_raw(r)) for r in ranked if r is not best and r.paused()]
+    if not others:
+        return ""
+    said = runs_list([f"{label} ({raw}; {mine} without them)" for label, mine, raw in others])
+    return f" Ranked not counting the client's own pauses, which made the worst gap of {said}."
 
 
 def _ttft_clause(best: Row, rows: list[Row]) -> tuple[str, bool] | None:
@@ -240,9 +281,9 @@ def _throughput_clause(best: Row, rows: list[Row]) -> tuple[str, bool] | None:
 def smoothest_sentence(best: Row, rows: list[Row]) -> str:
     """'Smoothest streams: X (...).' and what that setting costs or gains in TTFT and throughput, as one sentence
     with its own verb per clause, 'but' between a gain and a loss."""
-    gap = Withdrawn.of(best.run.summary).mark("itl_s.max") if best.run is not None else ""
-    gap = f", {gap};" if gap else ","  # picked by its worst gap: say where that gap was the client's, not the server's
-    text = f"Smoothest streams: {best.label} (worst gap {fmt_s(best.worst_s)}{gap} ITL p99 {fmt_s(best.p99_s)})."
+    figure = "itl_s.max_not_client" if best.paused() else "itl_s.max"  # the one that ranked it
+    mark = Withdrawn.of(best.run.summary).mark(figure) if best.run is not None else ""
+    text = f"Smoothest streams: {best.label} ({gap_figures(best, mark)})."
     clauses = [c for c in (_ttft_clause(best, rows), _throughput_clause(best, rows)) if c is not None]
     if not clauses:
         return text
@@ -261,9 +302,8 @@ def _meeting_instead(best: Row, meets: list[Row], ranked: list[Row]) -> str:
     ok = [r for r in ranked if id(r) in met]
     if not ok:
         return " It misses its SLOs, as does every setting."
-    alt = min(ok, key=lambda r: (r.worst_s, r.p99_s or 0.0))
-    return (f" It misses its SLOs (above); the smoothest setting that meets every one is {alt.label} (worst gap "
-            f"{fmt_s(alt.worst_s)}, ITL p99 {fmt_s(alt.p99_s)}).")
+    alt = min(ok, key=_smoothness)
+    return f" It misses its SLOs (above); the smoothest setting that meets every one is {alt.label} ({gap_figures(alt)})."
 
 
 def _hidden_gaps(passing: list[Row], slos: SloSet) -> list[str]:
