@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import atexit
 import bisect
+import contextlib
+import logging
 import socket
 import threading
 import time
@@ -34,6 +36,7 @@ TPOT_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3
 
 PROVIDER = "itlbench"  # gen_ai.provider.name of the bundled server (a custom value, as the conventions allow)
 INSTALL_HINT = "pip install 'itlbench[otel]'"
+ABANDON_WAIT_S = 1.0  # after stopping the exporters, how long a shutdown past its limit may take to end
 
 
 def check_endpoint(url: str | None, flag: str = "--otlp-endpoint") -> str | None:
@@ -101,6 +104,7 @@ class OtelProviders:
     endpoint: str
     tracer_provider: Any
     meter_provider: Any
+    exporters: tuple[Any, ...] = ()  # the OTLP exporters, stopped outright where a shutdown runs out of time
     _shut: bool = field(default=False, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -123,7 +127,9 @@ class OtelProviders:
     def shutdown_within(self, timeout_s: float) -> bool:
         """`shutdown()`, waited for at most `timeout_s`; False where it had not finished. A collector gone
         mid-run makes the SDK retry every buffered batch with backoff, about 10 s apiece: a run's run.json,
-        summary and report must not wait on that (the rest goes on in a daemon thread)."""
+        summary and report must not wait on that. Past the limit the exporters are stopped outright: the
+        caller says the spans are lost, and a retry left running would log its failure seconds later, in the
+        middle of whatever runs next (a sweep's next point, the end of a test session)."""
         done = threading.Event()
 
         def shut() -> None:
@@ -131,7 +137,32 @@ class OtelProviders:
             done.set()
 
         threading.Thread(target=shut, name="itlbench-otlp-shutdown", daemon=True).start()
-        return done.wait(timeout_s)
+        if done.wait(timeout_s):
+            return True
+        self._abandon()
+        done.wait(ABANDON_WAIT_S)  # the retry's backoff ends at once; an export mid-request ends with its socket
+        return False
+
+    def _abandon(self) -> None:
+        """Stop every exporter now: its retry loop sees the shutdown and drops the batch. The SDK's words for
+        that stop are left out (see `_OwnStop`): the caller's one line says the spans are lost."""
+        for exporter in self.exporters:
+            logger = logging.getLogger(type(exporter).__module__)
+            if not any(isinstance(f, _OwnStop) for f in logger.filters):
+                logger.addFilter(_OwnStop())
+            with contextlib.suppress(Exception):  # the SDK's own shutdown may be racing this one
+                exporter.shutdown()
+
+
+class _OwnStop(logging.Filter):
+    """Drops the OTLP exporter's warnings about a stop itlbench made itself: the aborted retry, and the SDK's
+    own shutdown finding the exporter already stopped. Every other record (a failed export) passes."""
+
+    MESSAGES = frozenset({"Shutdown in progress, aborting retry.", "Exporter already shutdown, ignoring call",
+                          "Exporter already shutdown, ignoring batch"})
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in self.MESSAGES
 
 
 def make_providers(endpoint: str, service_name: str, export_interval_s: float = 5.0) -> OtelProviders:
@@ -144,13 +175,13 @@ def make_providers(endpoint: str, service_name: str, export_interval_s: float = 
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     resource = Resource.create({"service.name": service_name, "service.version": __version__})
+    spans = OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces")
+    metrics = OTLPMetricExporter(endpoint=f"{endpoint}/v1/metrics")
     tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)  # ours below, once
-    tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces"),
-                                                          schedule_delay_millis=1000))
-    reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=f"{endpoint}/v1/metrics"),
-                                           export_interval_millis=export_interval_s * 1000)
+    tracer_provider.add_span_processor(BatchSpanProcessor(spans, schedule_delay_millis=1000))
+    reader = PeriodicExportingMetricReader(metrics, export_interval_millis=export_interval_s * 1000)
     meter_provider = MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
-    providers = OtelProviders(endpoint, tracer_provider, meter_provider)
+    providers = OtelProviders(endpoint, tracer_provider, meter_provider, (spans, metrics))
     atexit.register(providers.shutdown)  # what is still buffered goes out at exit, as the SDK's hook did
     return providers
 

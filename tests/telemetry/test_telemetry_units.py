@@ -310,6 +310,30 @@ def test_a_served_engine_whose_collector_is_gone_shuts_down_within_its_limit(cap
     assert "the last spans" in caplog.text and "lost" in caplog.text
 
 
+def test_a_shutdown_past_its_limit_leaves_no_export_retrying_to_log_its_failure_later(caplog) -> None:
+    """Past its limit the shutdown went on in a daemon thread, retrying with backoff, and about 10 s later logged
+    "Failed to export spans batch due to timeout, max retries or shutdown." into whatever ran next (a sweep's next
+    point; the end of the test session). Now the exporters are stopped at the limit: no thread is left retrying, and
+    the SDK's words for that stop are not logged (the caller's own line says the spans are lost)."""
+    import threading
+
+    from itlbench.telemetry.otel import make_providers
+    from itlbench.telemetry.otlp_receiver import OtlpReceiver
+
+    before = set(threading.enumerate())
+    rx = OtlpReceiver().start()
+    providers = make_providers(rx.endpoint, "itlbench-client")
+    rx.stop()
+    for i in range(3):
+        with providers.tracer("test").start_as_current_span(f"after-{i}"):
+            pass
+    with caplog.at_level("WARNING"):
+        assert providers.shutdown_within(1.0) is False
+        left = [t.name for t in set(threading.enumerate()) - before if t.is_alive()]
+        assert left == [], f"still exporting after the limit: {left}"
+    assert "aborting retry" not in caplog.text and "already shutdown" not in caplog.text, caplog.text
+
+
 def test_otel_providers_shut_down_once_whoever_asks_first() -> None:
     """The run's end (shutdown_within's thread) and a second caller both shut the providers down: the SDK's
     MeterProvider logged "shutdown can only be called once" on the second call, noise at every run's exit."""
