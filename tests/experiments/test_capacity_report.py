@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from matplotlib.collections import LineCollection
 
-from itlbench.experiments.capacity import CapacityPlan, CapacityResult, RunJudgement, SearchPoint
+from itlbench.experiments.capacity import CapacityPlan, CapacityResult, SearchPoint
+from itlbench.experiments.capacity_judge import RunJudgement
 from itlbench.experiments.capacity_report import curve_figure, points_table, write_capacity_report
 
 
