@@ -3,7 +3,9 @@
 A point's tables live in its run directory (`itlbench analyze DIR` prints them, `report.html` draws them);
 a capacity search printing fourteen points' tables (~850 lines) buried its own progress and answer.
 The line keeps what a reader scans a list of points for: requests, TTFT, ITL, the worst stall, output
-throughput, goodput, the rate offered (open loop) and whether the run is valid (with the first reason where it is not).
+throughput, goodput, the rate offered (open loop) and whether the run is valid: where it is not, the first reason
+in full and every other in a few words (report/withdrawn.py's), so a second reason is never hidden behind the
+first (the report's banner has every sentence).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from itlbench.report.durations import counted, fmt_s
+from itlbench.report.withdrawn import Withdrawn
 
 
 def brief_line(summary: dict[str, Any], run_dir: Path | str) -> str:
@@ -72,5 +75,9 @@ def _validity(summary: dict[str, Any]) -> str:
         return "measured nothing"  # no request in the window: nothing to be valid about
     if summary.get("valid", True):
         return "valid"
-    reasons = (summary.get("validity") or {}).get("reasons") or []
-    return "NOT valid" + (f": {reasons[0]}" if reasons else "")
+    reasons = [str(r) for r in (summary.get("validity") or {}).get("reasons") or []]
+    if not reasons:
+        return "NOT valid"
+    first, *others = [r.words for r in Withdrawn.of({**summary, "valid": False}).reasons]
+    rest = [w for w in dict.fromkeys(others) if w != first]  # each other reason once, in a few words
+    return f"NOT valid: {reasons[0]}" + (f" (and {len(rest)} more: {'; '.join(rest)})" if rest else "")

@@ -50,3 +50,22 @@ def test_agent_sessions_at_a_rate_are_offered_in_sessions_per_second():
     assert "offered 1.9 of the nominal 2.0 sessions/s" in line
     assert "offered 1.9 of the nominal 2.0 req/s" in brief_line({"requests": {"ok": 1, "total": 1},
                                                                  "offered": offered}, "R")
+
+
+def test_every_reason_an_invalid_run_has_is_in_its_line(tmp_path):
+    """A starved client and tokens that arrived together: the line showed only the first reason (the client's
+    CPU), so a capacity search's point line hid that ITL was never measured. The first is said in full, the
+    others in a few words each (the report's banner has every sentence)."""
+    from itlbench.analysis.summary import analyze_run
+    from tests.support.burst_runs import build_burst_run
+
+    summary = analyze_run(build_burst_run(tmp_path / "run", burst_ms=100, client_cpu=90.0))
+    first, second = summary["validity"]["reasons"]
+    assert first.startswith("client CPU mean 90.0 %") and second.startswith("tokens arrived together")
+    line = brief_line(summary, "R")
+    assert line.endswith(f"· NOT valid: {first} (and 1 more: tokens arrived together (buffered), so no gap is "
+                         "measurable)")
+    three = {**summary, "validity": {**summary["validity"], "reasons": [*summary["validity"]["reasons"],
+                                                                        "the server's log went quiet: no steps"]}}
+    assert brief_line(three, "R").endswith("(and 2 more: tokens arrived together (buffered), so no gap is measurable; "
+                                           "the server's log went quiet)")
