@@ -18,14 +18,23 @@ from itlbench.report.withdrawn import Withdrawn
 
 
 def brief_line(summary: dict[str, Any], run_dir: Path | str) -> str:
-    """`DIR: 478 of 478 ok · TTFT p50 39 ms p99 173 ms · ITL p50 9.2 ms p99 53 ms · ...`."""
-    parts = [_requests(summary), _offered(summary), _ttft(summary), _itl(summary), _stalls(summary),
-             _throughput(summary)]
+    """`DIR: 478 of 478 ok · TTFT p50 39 ms p99 173 ms · ITL p50 9.2 ms p99 53 ms · ...`; a figure the run's
+    validity verdict withdrew is marked where it stands ("ITL p50 0 ms … (not valid)"), so a list of points
+    never shows a buffered server's 0 ms gaps or its goodput as measured."""
+    withdrawn = Withdrawn.of(summary)
+    figures = [(_ttft(summary), "ttft_s"), (_itl(summary), "itl_s"), (_stalls(summary), "stalls"),
+               (_throughput(summary), "throughput")]
     goodput = (summary.get("goodput") or {}).get("fraction")
     if goodput is not None:
-        parts.append(f"goodput {goodput:.0%}")
-    parts.append(_validity(summary))
+        figures.append((f"goodput {goodput:.0%}", "goodput"))
+    parts = [_requests(summary), _offered(summary), *(_marked(text, figure, withdrawn) for text, figure in figures),
+             _validity(summary)]
     return f"{run_dir}: " + " · ".join(p for p in parts if p)
+
+
+def _marked(text: str, figure: str, withdrawn: Withdrawn) -> str:
+    """`text (not valid)`, or `(max not valid)` where only a part of the figure was withdrawn."""
+    return withdrawn.label(figure, text) if text else text
 
 
 def _requests(summary: dict[str, Any]) -> str:

@@ -69,3 +69,18 @@ def test_every_reason_an_invalid_run_has_is_in_its_line(tmp_path):
                                                                         "the server's log went quiet: no steps"]}}
     assert brief_line(three, "R").endswith("(and 2 more: tokens arrived together (buffered), so no gap is measurable; "
                                            "the server's log went quiet)")
+
+
+def test_withdrawn_figures_are_marked_where_the_line_states_them():
+    """A buffered server's gaps read 0 ms and its goodput 100 %: the line marks them, not only its tail."""
+    summary = {"requests": {"ok": 4, "total": 4}, "valid": False, "itl_s": {"p50": 0.0, "p99": 0.002, "max": 0.05},
+               "ttft_s": {"all": {"p50": 0.1, "p99": 0.2}}, "stalls": {"events": 0}, "goodput": {"fraction": 1.0},
+               "throughput": {"output_tokens_per_s": 50.0},
+               "validity": {"reasons": ["tokens arrived together: 80% of 1,937 gaps are 0"],
+                            "affected": ["itl_s", "stalls", "goodput"]}}
+    line = brief_line(summary, "R")
+    assert "max 50 ms (not valid)" in line and "goodput 100% (not valid)" in line and "no stalls (not valid)" in line
+    assert "p99 200 ms ·" in line and "50 output tok/s ·" in line  # TTFT and throughput stand
+    only_max = {**summary, "validity": {"reasons": ["3 stall gaps are the client's own pauses"],
+                                        "affected": ["stalls", "itl_s.max"]}}
+    assert "max 50 ms (max not valid)" in brief_line(only_max, "R")
