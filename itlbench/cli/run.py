@@ -228,15 +228,15 @@ def run(
                         driver=driver, master_bind=master_bind, locust_ui=locust_ui, locust_ui_port=locust_ui_port,
                         stream_reader=stream_reader, limits=Limits.parse(limits),
                         extra_body=parse_extra_body(extra_body), clock=clock, receive_otlp=receive_otlp is not None)
-        cfg.validate()
-        from itlbench.harness.orchestrate import run_load_test
+        from itlbench.harness.orchestrate import check_run, run_load_test
         from itlbench.telemetry.span_capture import capture, save_and_warn
 
+        checked = check_run(cfg)  # bad input is one line, before the receiver's or the progress's first
         say = lambda s: console.print(f"[dim]{s}[/]", highlight=False)  # noqa: E731
         with capture(receive_otlp, say) as spans:
             with LiveProgress(console, total_s=cfg.duration_s, enabled=live) as progress:
                 status = said_once(progress.status) if cfg.virtual_clock else progress.status
-                run_dir, summary = run_load_test(cfg, progress=progress.update, on_status=status)
+                run_dir, summary = run_load_test(cfg, progress=progress.update, on_status=status, checked=checked)
             save_and_warn(spans, run_dir, say)
     except ItlbenchError as exc:
         fail(exc)

@@ -26,7 +26,7 @@ from itlbench.core.engine_config import EngineConfig
 from itlbench.core.hf_config import require_engine_family
 from itlbench.core.presets import load_model_config
 from itlbench.errors import ConfigError, ItlbenchError
-from itlbench.harness.connect import Connection, connect
+from itlbench.harness.connect import DEFAULT_EXTERNAL_CONTEXT, Connection, connect
 from itlbench.harness.finish import finish_run_dir
 from itlbench.harness.run_config import RunConfig
 from itlbench.harness.run_doc import config_doc, hardware, load_spec, versions
@@ -39,7 +39,7 @@ from itlbench.load.observers.steps_follower import StepsFollower
 from itlbench.load.target import Target
 from itlbench.rundir.outdir import make_dir
 from itlbench.rundir.store import RunStore
-from itlbench.workloads.build import LoadSpec, build_load_plan, check_injection_times
+from itlbench.workloads.build import LoadSpec, build_load_plan, check_without_context
 from itlbench.workloads.catalog import get_workload
 
 if TYPE_CHECKING:
@@ -62,15 +62,6 @@ def default_run_dir(cfg: RunConfig) -> Path:
     else:
         parts.append("ext")
     return cfg.reports_dir / "-".join(parts)
-
-
-
-
-
-
-
-
-
 
 @dataclass
 class _Observers:
@@ -203,15 +194,24 @@ def _require_empty(run_dir: Path) -> None:
     raise ConfigError("--out", f"{run_dir} already holds {what}", "choose a new or empty directory")
 
 
-def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
-                  on_status: Callable[[str], None] = lambda s: None) -> tuple[Path, dict[str, Any]]:
-    """Run one load test; returns (run directory, summary). Records are always flushed."""
+def check_run(cfg: RunConfig) -> Path:
+    """Refuse bad input before anything is started, sent or printed (a command calls it before its own status
+    lines: the OTLP receiver's, the live progress); returns the run directory to make."""
     cfg.validate()
     _preflight(cfg)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError("--out", f"{run_dir} is a file, not a directory", "name a new or empty directory")
     _require_empty(run_dir)
+    return run_dir
+
+
+def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
+                  on_status: Callable[[str], None] = lambda s: None,
+                  checked: Path | None = None) -> tuple[Path, dict[str, Any]]:
+    """Run one load test; returns (run directory, summary). Records are always flushed. `checked`: the run
+    directory `check_run(cfg)` returned (not checked twice)."""
+    run_dir = checked if checked is not None else check_run(cfg)
     created = not run_dir.exists()  # a directory the user made stays, emptied, if nothing is measured
     make_dir(run_dir)
     if cfg.virtual_clock:  # the simulator in-process on a discrete-event clock: no server, no sleeping
@@ -396,6 +396,11 @@ def _close_telemetry(telemetry: LiveTelemetry | None) -> None:
         telemetry.close()
 
 
+# An endpoint before its probe: the checks made with it read no context length, vocabulary or target.
+_UNPROBED = Connection(target=None, max_model_len=DEFAULT_EXTERNAL_CONTEXT, vocab_size=None,  # type: ignore[arg-type]
+                       steps_url=None, metrics_url=None)
+
+
 def _preflight(cfg: RunConfig) -> None:
     """Reject bad workload, injection and SLO flags, and a collector nobody runs, before any server starts or
     directory appears."""
@@ -408,9 +413,8 @@ def _preflight(cfg: RunConfig) -> None:
         from itlbench.telemetry.otel import check_endpoint, probe_collector
 
         probe_collector(check_endpoint(cfg.otlp_endpoint) or cfg.otlp_endpoint)
-    if cfg.endpoint is not None:
-        get_workload(cfg.workload)
-        check_injection_times(cfg.inject, cfg.duration_s)  # the lengths wait for the server's context
+    if cfg.endpoint is not None:  # all but the lengths, which wait for the server's context length
+        check_without_context(load_spec(cfg, _UNPROBED))
         return
     model = load_model_config(cfg.engine.model)
     if cfg.engine.max_model_len and cfg.engine.max_model_len > model.max_position_embeddings:

@@ -41,8 +41,8 @@ class _Watch:
 
 
 class LiveTelemetry:
-    """`start()` it before the engine (a bad port fails first), `connect()` it to the target, pass it
-    to `drive(observer=...)` and the step follower (`tee`), and `close()` it at the end."""
+    """`start()` it before the engine (a bad port fails first), `connect()` it to the target (then its URL is
+    said), pass it to `drive(observer=...)` and the step follower (`tee`), and `close()` it at the end."""
 
     def __init__(self, metrics: ClientMetrics | None, providers: Any = None, *, stall_factor: float = 5.0,
                  stall_floor_s: float = 0.05) -> None:
@@ -82,10 +82,12 @@ class LiveTelemetry:
             raise ConfigError("--metrics-port", f"cannot listen on {host}:{port} ({exc.strerror or exc})",
                               _listen_hint(exc)) from None
         self.metrics_url = self._httpd.url
-        say(f"client metrics for Prometheus: {self.metrics_url}")
 
     def connect(self, target: Target, *, has_steps: bool, provider_name: str, run_info: dict[str, str]) -> None:
-        """Bind to the target once it is known: span attributes, run info, step-log availability."""
+        """Bind to the target once it is known: span attributes, run info, step-log availability. The metrics URL
+        is said here, not where the port was taken: a run whose server or plan fails says only why."""
+        if self.metrics_url is not None:
+            say(f"client metrics for Prometheus: {self.metrics_url}")
         if self.metrics is not None and self.stalls is not None:
             self.metrics.set_run_info(**run_info)
             self.stalls.has_steps = has_steps

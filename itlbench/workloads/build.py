@@ -96,6 +96,22 @@ def check_injection_times(inject: str | None, duration_s: float, inject_at_s: fl
     _check_times(parse_injections(inject, default_at), default_at, duration_s)
 
 
+def check_without_context(spec: LoadSpec) -> None:
+    """Refuse what of `spec` is wrong whatever the server: the load's shape, an output length below one, a
+    workload and --trace that do not go together, injections outside the run, a trace file that cannot be
+    read. An --endpoint run learns the context length only by probing the server, so it checks these first
+    (nothing is printed or sent for bad input); `build_load_plan` checks the rest against that context."""
+    workload = get_workload(spec.workload)
+    check_load_shape(spec.streams, spec.rate, spec.burstiness, spec.duration_s)
+    for flag, value in (("--inject-max-tokens", spec.inject_max_tokens), ("--output-tokens", spec.output_tokens)):
+        if value is not None and value < 1:
+            raise ConfigError(flag, f"must be >= 1, got {value}")
+    _check_sources(spec, workload)
+    check_injection_times(spec.inject, spec.duration_s, spec.inject_at_s)
+    if workload.from_trace:
+        load_trace(spec.trace_path or "", spec.trace_offset, spec.trace_limit)
+
+
 def _check_times(injections: list[Injection], default_at: float, duration_s: float) -> None:
     if not 0 <= default_at < duration_s:
         raise ConfigError("--inject-at", f"{default_at:g} s is outside the run (0-{duration_s:g} s)",

@@ -299,7 +299,7 @@ def test_repeated_inject_flags_are_joined(tmp_path, monkeypatch):
         seen["inject"] = cfg.inject
         raise orchestrate.ConfigError("--inject", "stop here")
 
-    monkeypatch.setattr(orchestrate, "run_load_test", fake_run)
+    monkeypatch.setattr(orchestrate, "check_run", fake_run)  # the first to be handed the run's config
     runner.invoke(app, ["run", "--out", str(tmp_path / "r"), *SIM, "--inject", "8k@2s", "--inject", "4k@6s"])
     assert seen["inject"] == "8k@2s;4k@6s"
 

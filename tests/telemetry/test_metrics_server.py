@@ -83,10 +83,15 @@ def test_the_final_values_reach_a_scraper_before_the_endpoint_closes(capsys: pyt
 
 def test_the_url_is_printed_with_the_real_port_and_nobody_scraping_means_no_wait(
         capsys: pytest.CaptureFixture[str]) -> None:
+    from itlbench.load.target import Target
+
     tel = LiveTelemetry.start("0", None)  # --metrics-port 0: a free port
     assert tel is not None and tel.metrics_url is not None
     port = int(tel.metrics_url.rsplit(":", 1)[1].split("/")[0])
     assert port > 0
+    assert "client metrics" not in capsys.readouterr().err  # said once the run goes on: its server answered
+    tel.connect(Target(base_url="http://127.0.0.1:9/v1", model="m"), has_steps=False, provider_name="openai",
+                run_info={"run_id": "r"})
     assert f"client metrics for Prometheus: http://127.0.0.1:{port}/metrics" in capsys.readouterr().err
     tel.on_end(_request(tel), time.perf_counter_ns())
     t0 = time.monotonic()
