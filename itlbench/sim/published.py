@@ -15,8 +15,9 @@ belongs to the engine (fixed costs per step and per sequence, one set per source
   layer (they fix Hopper's bandwidth gain and check the H100's assumed bf16 GEMM efficiency).
 - TensorRT-LLM's published first-token latencies (NVIDIA/TensorRT-LLM, docs/source/performance.md):
   Llama-2 at batch 1, 128 and 2,048 input tokens, and its static-batch throughputs; that engine's fitted
-  fixed costs (per step, and more per step that carries prompt work: its context phase); the same page's
-  static batches at release 0.5.0; and docs/source/performance/perf-overview.md, releases 1.0's and
+  fixed costs (per step, more per step that carries prompt work: its context phase, and per generate call at
+  TP > 1); the same page's static batches at release 0.5.0; each of the two 2023 releases (0.5 and 0.6.1) its
+  own GQA decode re-read and all-reduce fixed cost; and docs/source/performance/perf-overview.md, releases 1.0's and
   0.20's offline throughputs of fixed-length datasets, predicted through trtllm-bench's settings and an
   in-flight schedule (sim/trtllm_bench.py; the tables: sim/published_offline.py), all held out but two
   B200 runs that fix Blackwell's terms and three release-0.20 runs that fix that release's host time per
@@ -72,7 +73,12 @@ DECODE_CONTEXT = 1022  # 1,020-token prompts (prefill_to_decode_ratio 255 of 1,0
 # Engine fixed costs: fitted alongside the kernel efficiencies, one set per source's engine.
 ENGINE_PARAMS = {"sarathi_step_s": 0.0142, "sarathi_seq_s": 0.0008617, "sarathi_attn_eff": 0.1505,
                  "sarathi_decode_switch_s": 0.01614, "trtllm_step_s": 0.0003093, "trtllm_context_s": 0.002145,
-                 "trtllm_gqa_reread": 0.5462, "trtllm020_seq_s": 1.374e-05}
+                 "trtllm_gqa_reread": 0.5462, "trtllm020_seq_s": 1.374e-05, "trtllm_call_s": 0.005062,
+                 "trtllm05_link_s": 3.323e-05, "trtllm05_gqa_reread": 0.9695}
+# Held at its stored value by `fit`: since release 0.5 took its own all-reduce cost, no fit figure separates
+# link_latency_s from release 0.6.1's GQA re-read (one figure fixes both) and Sarathi-Serve's step cost (every step
+# of its runs pays the same 120 all-reduces).
+HELD = ("link_latency_s",)
 SARATHI_SMALL_DECODE = 4  # decode batches of up to this many sequences run without the switch cost
 KERNEL_PARAMS = ("gemm_eff_a100", "gemm_eff_a100_pcie", "fp8_gemm_eff_h100", "fp8_gemm_eff_ada", "gemm_m_half",
                  "attn_eff",
@@ -173,32 +179,43 @@ def _vidur_layer(gpu: str, model: str, tp: int, rows: int) -> Callable[[dict[str
 
 
 def _ttft(model: str, gpu: str, dtype: str, tp: int, prompt: int) -> Callable[[dict[str, float]], float]:
+    """Release 0.5's first token: a generate call of one context step (gptSessionBenchmark, output 1)."""
     def predict(params: dict[str, float]) -> float:
-        hw = _trt_hw(params, gpu, dtype)
-        return CostModel.for_hardware(PRESETS[model], hw, tp=tp).time(StepShape.prefill(prompt), hw).total_s
+        hw = _trt_hw(params, gpu, dtype, "0.5")
+        step = CostModel.for_hardware(PRESETS[model], hw, tp=tp).time(StepShape.prefill(prompt), hw).total_s
+        return step + _call_s(params, tp)
     return predict
 
 
-def _trt_hw(params: dict[str, float], gpu: str, dtype: str) -> Hardware:
-    """TensorRT-LLM (v0.5 / v0.6): the presets' kernels, its own fitted step cost, no per-sequence cost."""
-    return _gpus(params)[gpu].for_dtype(dtype).with_(step_overhead_s=params["trtllm_step_s"], graph_overhead_s=None,
-                                                     seq_overhead_s=0.0, gqa_kv_reread=params["trtllm_gqa_reread"],
-                                                     prefill_overhead_s=params["trtllm_context_s"],
-                                                     link_latency_s=params["link_latency_s"])  # NCCL's (2023)
+def _call_s(params: dict[str, float], tp: int) -> float:
+    """gptSessionBenchmark's fixed cost a generate call at TP > 1 (its ranks, started under mpirun, meet once a
+    call): what lets release 0.5's first tokens and its decode steps share one all-reduce cost."""
+    return params["trtllm_call_s"] if tp > 1 else 0.0
 
 
-def _static_batch(model: str, gpu: str, dtype: str, tp: int, batch: int, isl: int,
-                  osl: int) -> Callable[[dict[str, float]], float]:
+def _trt_hw(params: dict[str, float], gpu: str, dtype: str, release: str) -> Hardware:
+    """TensorRT-LLM's 2023 releases (0.5, 0.6.1): the presets' kernels, its own fitted step cost, no per-sequence
+    cost; each release its own GQA decode re-read and NCCL all-reduce fixed cost (0.6.1's shared with Sarathi-Serve)."""
+    v05 = release == "0.5"
+    return _gpus(params)[gpu].for_dtype(dtype).with_(
+        step_overhead_s=params["trtllm_step_s"], graph_overhead_s=None, seq_overhead_s=0.0,
+        gqa_kv_reread=params["trtllm05_gqa_reread" if v05 else "trtllm_gqa_reread"],
+        prefill_overhead_s=params["trtllm_context_s"],
+        link_latency_s=params["trtllm05_link_s" if v05 else "link_latency_s"])
+
+
+def _static_batch(model: str, gpu: str, dtype: str, tp: int, batch: int, isl: int, osl: int,
+                  release: str) -> Callable[[dict[str, float]], float]:
     """gptSessionBenchmark's static batch: every prompt prefilled in one step, then osl - 1 decode steps."""
     def predict(params: dict[str, float]) -> float:
-        hw = _trt_hw(params, gpu, dtype)
+        hw = _trt_hw(params, gpu, dtype, release)
         cm = CostModel.for_hardware(PRESETS[model], hw, tp=tp)
         prefill = cm.time(StepShape.of([(isl, 0, True)] * batch), hw).total_s
         # the decode steps' time is linear in the context between kernel-shape changes: each block of
         # DECODE_BLOCK steps is charged at its middle step (exact for a linear cost, 30x fewer calls)
         blocks = [(lo, min(lo + DECODE_BLOCK, osl)) for lo in range(1, osl, DECODE_BLOCK)]
-        return prefill + sum((hi - lo) * cm.time(StepShape.decode(batch, isl + (lo + hi - 1) // 2), hw).total_s
-                             for lo, hi in blocks)
+        return _call_s(params, tp) + prefill + sum(
+            (hi - lo) * cm.time(StepShape.decode(batch, isl + (lo + hi - 1) // 2), hw).total_s for lo, hi in blocks)
     return predict
 
 
@@ -227,6 +244,10 @@ TRT_THROUGHPUT_V05 = (  # model, batch, tp, isl, osl, output tokens/s
 # The one throughput figure fitted: it alone fixes trtllm_gqa_reread (GQA decode at long context); the
 # other two 70B long-output batches (TP4 on H100 and on A100) stay held out to test it.
 THROUGHPUT_FIT = {("llama-2-70b", "h100", 2, 64)}
+# Release 0.5's two 70B long-output batches, fitted: their decode steps at about 1,150 and 3,070 tokens of context
+# separate that release's GQA re-read from its all-reduce fixed cost (its first tokens fix only their sum with the
+# call cost); its short batch (64 x 128/128), its prefill-heavy one and the TP4 first tokens stay held out.
+THROUGHPUT_V05_FIT = {("llama-2-70b", 128, 2048), ("llama-2-70b", 2048, 2048)}
 TRT_TTFT = (  # gpu, dtype, model, tp, input, ms, in the fit set
     ("a100", "float16", "llama-2-7b", 1, 2048, 133.0, True), ("h100", "fp8", "llama-2-7b", 1, 2048, 36.0, True),
     ("a100", "float16", "llama-2-70b", 4, 2048, 377.0, False), ("a100", "float16", "llama-2-7b", 1, 128, 16.0, False),
@@ -309,12 +330,14 @@ def _figures() -> list[Figure]:
                           f"TensorRT-LLM {model} static batch {batch} x {isl}/{osl} on {gpu} {dtype} TP{tp} "
                           f"({tok_s:,} out tok/s{'/GPU' if per_gpu else ''})", seconds,
                           (model, gpu, tp, batch) in THROUGHPUT_FIT,
-                          _static_batch(model, gpu, dtype, tp, batch, isl, osl), gpu, dtype, tp))
+                          _static_batch(model, gpu, dtype, tp, batch, isl, osl, "0.5" if gpu == "l40s" else "0.6.1"),
+                          gpu, dtype, tp))
     for model, batch, tp, isl, osl, tok_s in TRT_THROUGHPUT_V05:
         out.append(Figure(f"trtllm v0.5 batch {model} h100 fp8 tp{tp} {batch}x{isl}/{osl}", TRTLLM, T_PERF,
                           f"TensorRT-LLM v0.5 {model} static batch {batch} x {isl}/{osl} on h100 fp8 TP{tp} "
-                          f"({tok_s:,} out tok/s)", batch * osl / tok_s, False,
-                          _static_batch(model, "h100", "fp8", tp, batch, isl, osl), "h100", "fp8", tp))
+                          f"({tok_s:,} out tok/s)", batch * osl / tok_s,
+                          (model, isl, osl) in THROUGHPUT_V05_FIT,
+                          _static_batch(model, "h100", "fp8", tp, batch, isl, osl, "0.5"), "h100", "fp8", tp))
     for release, table, fitted in (("1.0", OVERVIEW, OVERVIEW_FIT), ("0.20", OVERVIEW_V020, OVERVIEW_V020_FIT)):
         tag = "trtllm1" if release == "1.0" else "trtllm0.20"
         for (model, gpu, tp, dtype), isl, osl, tok_s in offline_runs(table):
@@ -349,7 +372,7 @@ def mape(rows: list[tuple[Figure, float, float]]) -> float:
 
 
 _EFFS = ("gemm_eff_a100", "gemm_eff_a100_pcie", "fp8_gemm_eff_h100", "fp8_gemm_eff_ada", "fp4_gemm_eff_blackwell", "attn_eff", "mem_eff", "attn_mem_eff",
-         "link_eff", "sarathi_attn_eff", "trtllm_gqa_reread")
+         "link_eff", "sarathi_attn_eff", "trtllm_gqa_reread", "trtllm05_gqa_reread")
 
 
 def _unpack(x: np.ndarray, names: list[str]) -> dict[str, float]:
@@ -362,18 +385,19 @@ def _pack(params: dict[str, float], names: list[str]) -> np.ndarray:
 
 
 def fit(start: dict[str, float] | None = None, rounds: int = 3) -> dict[str, float]:
-    """Parameters minimising the mean absolute relative error over the fit set (held-out figures unseen)."""
+    """Parameters minimising the mean absolute relative error over the fit set (held-out figures unseen); those
+    in HELD keep their values."""
     from itlbench.sim.calibrate import _nelder_mead
 
     params = dict(start or default_params())
-    names = list(params)
+    names = [n for n in params if n not in HELD]
     fit_set = [f for f in FIGURES if f.fit]
 
     def loss(x: np.ndarray) -> float:
-        p = _unpack(x, names)
+        p = params | _unpack(x, names)
         return float(np.mean([abs(f.predict(p) / f.measured_s - 1.0) for f in fit_set]))
 
     x = _pack(params, names)
     for r in range(rounds):
         x = _nelder_mead(loss, x, step=0.3 if r == 0 else 0.1, iters=1500)
-    return _unpack(x, names)
+    return params | _unpack(x, names)

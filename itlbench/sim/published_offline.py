@@ -72,7 +72,7 @@ OVERVIEW_V020_FIT = {("llama-3.3-70b", gpu, 8, dtype, 128, 2048) for gpu, dtype 
 def _offline_hw(params: dict[str, float], gpu: str, dtype: str, release: str = "1.0") -> Hardware:
     """TensorRT-LLM's PyTorch backend at `release`: the presets as they are (K/V read once per GQA group;
     all-reduces by its own kernels, cpp/tensorrt_llm/kernels/customAllReduceKernels.cu, at one kernel's fixed cost,
-    where the NCCL all-reduces of its 2023 releases cost link_latency_s), TensorRT-LLM's fitted step cost, no
+    where the NCCL all-reduces of its 2023 releases cost link_latency_s or trtllm05_link_s), TensorRT-LLM's fitted step cost, no
     context-phase cost; and at release 0.20 its host's time per scheduled request a step that the GPU waits for
     (`trtllm020_seq_s`, fitted on three of its runs; release 1.0's runs show none: docs/perf/sim-vs-published.md)."""
     seq = params["trtllm020_seq_s"] if release == "0.20" else 0.0

@@ -47,11 +47,14 @@ def test_every_figure_cites_its_public_file_and_the_sets_are_split() -> None:
     # every static-batch throughput held out but one, the only figure that fixes trtllm_gqa_reread
     assert {k for k in fit if k.startswith("trtllm batch")} == {"trtllm batch llama-2-70b h100 fp8 tp2 64x2048/2048"}
     assert sum(k.startswith("trtllm batch") for k in held) == 18
-    # TensorRT-LLM 1.0's offline runs and release 0.5's static batches: every one held out (nothing fitted on them)
-    # but the two B200 NVFP4 runs Blackwell's K/V share and FP4 GEMM efficiency are fitted on
-    assert {k for k in fit if k.startswith(("trtllm1", "trtllm v0.5"))} == {
+    # TensorRT-LLM 1.0's offline runs: every one held out but the two B200 NVFP4 runs Blackwell's K/V share and FP4
+    # GEMM efficiency are fitted on; release 0.5's static batches: held out but its two 70B long-output batches, which
+    # separate that release's GQA re-read from its all-reduce fixed cost
+    assert {k for k in fit if k.startswith("trtllm1")} == {
         "trtllm1 offline llama-3.3-70b b200 fp4 tp1 128/4096", "trtllm1 offline llama-3.3-70b b200 fp4 tp1 2048/128"}
-    assert sum(k.startswith("trtllm v0.5 batch") for k in held) == 8
+    assert {k for k in fit if k.startswith("trtllm v0.5")} == {
+        f"trtllm v0.5 batch llama-2-70b h100 fp8 tp4 64x{s}/2048" for s in (128, 2048)}
+    assert sum(k.startswith("trtllm v0.5 batch") for k in held) == 6
     # release 0.20's runs: held out but the three (128/2,048 at TP8, one a GPU) its host time is fitted on
     assert {k for k in fit if k.startswith("trtllm0.20")} == {
         f"trtllm0.20 offline llama-3.3-70b {g} tp8 128/2048" for g in ("h100 fp8", "h200 fp8", "b200 fp4")}
@@ -67,9 +70,9 @@ def test_the_stored_parameters_meet_the_error_targets_in_and_out_of_the_fit() ->
     for subset in (fit, held):
         assert np.median(_abs(subset)) <= 0.10 and np.mean(_abs(subset)) <= 0.10
     # over 15 % (docs/perf/sim-vs-published.md, "What the model misses"): TensorRT-LLM's 70B A100 batch of
-    # 2,048-token prompts and 128 outputs,
-    # release 0.5's 70B TP4 batch of 64 x 128/128, whose decode steps its own first tokens contradict, and
-    # three of Vidur's layers: 7B ones at 256 rows, near the ridge, and the 7B's 1-row TP8 shard (29 us)
+    # 2,048-token prompts and 128 outputs, and
+    # three of Vidur's layers: 7B ones at 256 rows, near the ridge, and the 7B's 1-row TP8 shard (29 us);
+    # release 0.5's 70B TP4 batch of 64 x 128/128 (+30.5 % before that release had its own profile) is within 10 %
     v05_short = "trtllm v0.5 batch llama-2-70b h100 fp8 tp4 64x128/128"
     tiny = "vidur layer llama-2-7b h100 tp8 1"
     over = {r[0].key for r in rows if abs(r[2]) > 0.15}
@@ -79,7 +82,7 @@ def test_the_stored_parameters_meet_the_error_targets_in_and_out_of_the_fit() ->
     single_h100 = {f"trtllm0.20 offline llama-3.3-70b h100 fp8 tp1 {s}" for s in ("128/2048", "1000/1000", "1000/2000")}
     assert not over & single_h100 and len(over) <= 10
     assert over <= {"trtllm batch llama-2-70b h100 fp8 tp2 96x2048/128",
-                    "trtllm batch llama-2-70b a100 float16 tp4 120x2048/128", v05_short, tiny,
+                    "trtllm batch llama-2-70b a100 float16 tp4 120x2048/128", tiny,
                     "vidur layer llama-2-7b h100 tp1 256", "vidur layer llama-2-7b a100 tp4 256",
                     "trtllm1 offline llama-3.1-405b b200 fp4 tp4 128/4096",
                     "trtllm1 offline llama-3.1-405b h100 fp8 tp8 500/2000",
@@ -87,7 +90,7 @@ def test_the_stored_parameters_meet_the_error_targets_in_and_out_of_the_fit() ->
                     "trtllm0.20 offline llama-3.3-70b b200 fp4 tp4 128/128",
                     "trtllm0.20 offline llama-3.3-70b h100 fp8 tp8 128/4096"}, over
     assert max(abs(e) for f, _, e in rows if f.key not in (v05_short, tiny)) < 0.20
-    assert 0.25 < next(e for f, _, e in rows if f.key == v05_short) < 0.35
+    assert abs(next(e for f, _, e in rows if f.key == v05_short)) < 0.10
     assert 0.2 < next(e for f, _, e in rows if f.key == tiny) < 0.35
     # TensorRT-LLM 1.0's offline throughputs (Llama-3.1-8B, -3.3-70B and -3.1-405B, H100/H200 FP8): all
     # predicted within 13.1 % but the 405B's H100 TP8 500/2,000 (16.6 %, 9.1 % before TP8 kept TP4's reserve)
@@ -219,6 +222,43 @@ def test_blackwell_nvfp4_runs_check_the_b200_preset(monkeypatch: pytest.MonkeyPa
     assert sum(e < -0.15 for k, e in unfitted.items() if "70b" in k) == 7 and np.mean(list(unfitted.values())) < -0.14
     monkeypatch.setitem(published.OVERVIEW_KV_BYTES, ("llama-3.1-405b", "fp4"), 1)  # an FP8 cache for the 405B
     assert sum(e < -0.15 for k, e in b200(default_params()).items() if "405b" in k) >= 4
+
+
+def test_tensorrt_llms_2023_releases_each_have_their_own_profile() -> None:
+    """Release 0.5 (first tokens, H100 static batches, L40S) and 0.6.1 (H100/A100 static batches) ran different decode
+    kernels: 0.5's all-reduces cost less a decode step and its GQA decode reads more K/V than 0.6.1's, and a generate
+    call at TP > 1 pays a fixed cost its first tokens carry. With 0.6.1's values release 0.5's 64 x 128/128 batch is
+    30 % slow; release 0.6.1's figures do not move with release 0.5's parameters."""
+    base = default_params()
+    one = base | {"trtllm05_link_s": base["link_latency_s"], "trtllm05_gqa_reread": base["trtllm_gqa_reread"],
+                  "trtllm_call_s": 0.0}
+    v05 = "trtllm v0.5 batch llama-2-70b h100 fp8 tp4 64x128/128"
+    split, shared = ({f.key: e for f, _, e in _errors(p, "trtllm")} for p in (base, one))
+    assert abs(split[v05]) < 0.10 and shared[v05] > 0.25
+    assert base["trtllm05_link_s"] < base["link_latency_s"] and base["trtllm05_gqa_reread"] > base["trtllm_gqa_reread"]
+    v061 = [k for k in split if k.startswith("trtllm batch") and " l40s " not in k]
+    moved = base | {"trtllm05_link_s": 1e-4, "trtllm05_gqa_reread": 0.1}
+    again = {f.key: e for f, _, e in _errors(moved, "trtllm batch")}
+    assert len(v061) == 15 and all(again[k] == split[k] for k in v061)
+    # the call cost is paid once a call at TP > 1 only: the TP1 first tokens do not carry it
+    ttft = {f.key: e for f, _, e in _errors(base | {"trtllm_call_s": 0.0}, "trtllm ttft")}
+    assert all((ttft[k] == split[k]) == (" tp1 " in k) for k in ttft)
+
+
+def test_the_fit_holds_the_all_reduce_cost_no_fit_figure_separates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sarathi-Serve's every step pays the same 120 all-reduces (Yi-34B, 60 layers, TP2), so its step cost and
+    link_latency_s trade exactly; with release 0.5 on its own all-reduce cost, only release 0.6.1's one fitted batch
+    (which also fixes its GQA re-read) is left to place link_latency_s, so `fit` holds it."""
+    base = default_params()
+    d = 1e-5
+    traded = base | {"link_latency_s": base["link_latency_s"] + d, "sarathi_step_s": base["sarathi_step_s"] - 120 * d}
+    before, after = (_errors(p, "sarathi") for p in (base, traded))
+    assert all(abs(a[1] - b[1]) < 1e-9 for a, b in zip(before, after, strict=True))
+    from itlbench.sim import calibrate
+    monkeypatch.setattr(calibrate, "_nelder_mead", lambda f, x, **_: x + 0.1)  # every free parameter moves
+    moved = published.fit(base, rounds=1)
+    assert moved["link_latency_s"] == base["link_latency_s"]
+    assert all(moved[k] != v for k, v in base.items() if k != "link_latency_s")
 
 
 def test_the_terms_that_brought_figures_within_15_percent() -> None:
