@@ -101,8 +101,13 @@ def check_sim(engine: EngineConfig) -> None:
     silently ignore: it computes nothing, on a thread of the server, without torch."""
     if engine.engine != "sim":
         return
+    from itlbench.core.engine import resolve_max_model_len
+    from itlbench.core.presets import load_model_config
     from itlbench.sim.runner import check_sim_config
 
+    # the model's own limit before the GPU's room: a KV cache too small for 999999 must not suggest 464692 tokens
+    # to a model that takes 131072
+    resolve_max_model_len(engine, load_model_config(engine.model))
     check_sim_config(engine)
     for name, given in (("engine_process", engine.engine_process), ("torch_threads", engine.torch_threads)):
         if given:

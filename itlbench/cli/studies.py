@@ -182,9 +182,10 @@ def capacity(
                  receive_otlp=receive_otlp)
 
 
-# the bundled engine's flags phases takes, and the simulator's (--engine sim --gpu h100 --tp 2 --dtype fp8)
+# the bundled engine's flags phases takes, and the simulator's (--engine sim --gpu h100 --tp 2 --dtype fp8);
+# --max-model-len sets the context the default lengths climb to, --sim-time-scale paces the simulator faster
 PHASES_ENGINE_FLAGS = ("chunk_budget", "device", "seed", "engine", "gpu", "tp", "dtype", "kv_cache_dtype",
-                       "max_num_seqs")
+                       "max_num_seqs", "max_model_len", "sim_time_scale")
 
 
 @app.command()
@@ -207,8 +208,10 @@ def phases(
     """Prefill and decode measured apart (the source documents' exercise A): time and tokens/s per prompt length.
 
     --engine sim serves the simulator in real time, each step taking the time the cost model prices for --gpu
-    (--tp, --dtype): the same table for a GPU you do not have. Example: itlbench phases --engine sim
-    --model llama-3.3-70b --gpu h100 --tp 2 --dtype fp8
+    (--tp, --dtype): the same table for a GPU you do not have; its default lengths stop at 32k unless
+    --max-model-len (or --max-prompt) says how far to go, and --sim-time-scale 4 runs it four times faster (every
+    time printed 1/4 of the GPU's). Example: itlbench phases --engine sim --model llama-3.3-70b --gpu h100 --tp 2
+    --dtype fp8 --max-model-len 131072
     """
     from itlbench.experiments.phases import PhasesConfig, run_phases
     from itlbench.experiments.phases_report import print_phases, read_phases

@@ -44,7 +44,6 @@ from itlbench.experiments.phases_report import (
 from itlbench.load.clients.sse import StreamClient
 from itlbench.load.observers.steps_follower import StepsFollower
 from itlbench.report.document import Written, write_document
-from itlbench.report.style import fmt_tokens
 from itlbench.rundir.outdir import make_dir
 from itlbench.units import parse_tokens
 from itlbench.workloads.plan import RequestPlan
@@ -264,20 +263,27 @@ def phases_command(cfg: PhasesConfig, lengths: list[int]) -> str:
         args += ["--endpoint", cfg.endpoint, *(["--model", cfg.model] if cfg.model else [])]
     elif cfg.engine is not None:
         args += _engine_args(cfg.engine)
-    args += ["--lengths", ",".join(fmt_tokens(n) for n in lengths), "--concurrency", str(cfg.concurrency),
+    args += ["--lengths", ",".join(_length_arg(n) for n in lengths), "--concurrency", str(cfg.concurrency),
              "--output-tokens", str(cfg.output_tokens), "--repeats", str(cfg.repeats), "--seed", str(cfg.seed)]
     return shlex.join(args)
+
+
+def _length_arg(n: int) -> str:
+    """A length as --lengths reads it back: '2k' where whole, else the digits (the table's '16,379' would split)."""
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
 def _engine_args(e: EngineConfig) -> list[str]:
     """The engine flags that reproduce `e`: the bundled engine's, or the simulated GPU's."""
     budget = ["--chunk-budget", "none" if e.chunk_budget is None else str(e.chunk_budget)]
+    context = ["--max-model-len", str(e.max_model_len)] if e.max_model_len else []
     if e.engine != "sim":
-        return ["--model", e.model, *budget, "--device", e.device]
+        return ["--model", e.model, *budget, *context, "--device", e.device]
     from itlbench.sim.runner import DEFAULT_GPU
 
+    pace = ["--sim-time-scale", f"{e.sim_time_scale:g}"] if e.sim_time_scale != 1 else []
     return ["--engine", "sim", "--model", e.model, "--gpu", e.gpu or DEFAULT_GPU, "--tp", str(e.tp), "--dtype", e.dtype,
-            "--kv-cache-dtype", e.kv_cache_dtype, *budget, "--max-num-seqs", str(e.max_num_seqs)]
+            "--kv-cache-dtype", e.kv_cache_dtype, *budget, "--max-num-seqs", str(e.max_num_seqs), *context, *pace]
 
 
 def sim_intro(engine: EngineConfig) -> tuple[str, list[str]]:
@@ -305,10 +311,34 @@ def _starting(cfg: PhasesConfig, on_status: Callable[[str], None]) -> str | None
         on_status("starting the bundled engine")
         return None
     name, lines = sim_intro(cfg.engine)
-    on_status(f"starting the simulated engine, served in real time: {name}")
+    scale = cfg.engine.sim_time_scale
+    on_status(f"starting the simulated engine, served {'in real time' if scale == 1 else f'at {scale:g}× speed'}: "
+              f"{name}")
     for line in lines:
         on_status(line)
     return name
+
+
+def _check_context(engine: EngineConfig | None) -> None:
+    """A --max-model-len beyond the model's is refused before the engine starts (the simulator's own start-up
+    check, a KV cache too small for it, runs in `sim_intro`, also before anything is said)."""
+    if engine is None or engine.max_model_len is None:
+        return
+    from itlbench.core.engine import resolve_max_model_len
+    from itlbench.core.presets import load_model_config
+
+    resolve_max_model_len(engine, load_model_config(engine.model))
+
+
+def _default_lengths(cfg: PhasesConfig, context: int, reserve: int, sim_name: str | None, cap: int | None) -> list[int]:
+    """×4 up to the context, but up to 32k on the simulator (each prompt's prefill takes its priced wall time)
+    unless --max-prompt says how far to go. A context set with --max-model-len is the one to profile: the lengths
+    climb to it whole and end at the longest prompt it holds (128k's is past 32k, the last ×4 that fits)."""
+    sized = cfg.engine is not None and cfg.engine.max_model_len is not None
+    lengths = default_lengths(context, reserve, SIM_DEFAULT_MAX if sim_name and cap is None and not sized else None)
+    if sized and context - reserve > max(lengths, default=0):
+        lengths.append(context - reserve)
+    return lengths
 
 
 def _out_dir(cfg: PhasesConfig) -> Path:
@@ -354,6 +384,7 @@ def run_phases(cfg: PhasesConfig, on_status: Callable[[str], None] = lambda s: N
     run_cfg = RunConfig(workload="chat", endpoint=cfg.endpoint, model=cfg.model, api_key=cfg.api_key, api=cfg.api,
                         engine=cfg.engine or EngineConfig(), seed=cfg.seed, out=out)
     run_cfg.validate()
+    _check_context(cfg.engine)
     sim_name = _starting(cfg, on_status)
     created = not out.exists()
     try:
@@ -364,7 +395,7 @@ def run_phases(cfg: PhasesConfig, on_status: Callable[[str], None] = lambda s: N
     try:
         context = conn.max_model_len
         reserve = cfg.output_tokens + 1
-        lengths = explicit or default_lengths(context, reserve, SIM_DEFAULT_MAX if sim_name and cap is None else None)
+        lengths = explicit or _default_lengths(cfg, context, reserve, sim_name, cap)
         lengths = sorted({n for n in lengths if n + reserve <= context and (cap is None or n <= cap)})
         if not lengths:
             raise ConfigError("--lengths", f"no length fits the context ({context} tokens) and --max-prompt",
@@ -383,9 +414,11 @@ def run_phases(cfg: PhasesConfig, on_status: Callable[[str], None] = lambda s: N
         conn.close()
     table, sat, linear, superlinear = summarize(samples, lengths)
     source = "the engine's step log and the client" if rows.tables["steps"] else "the client only (TTFT and gaps)"
+    scale = cfg.engine.sim_time_scale if cfg.engine is not None else 1.0
     if sim_name and rows.tables["steps"]:
-        source = "the simulated engine's step log (each step's priced time) and the client"
-    result = PhasesResult(engine_name, source, context, lengths, table, decode, sat, linear, superlinear)
+        priced = "each step's priced time" + (f" ÷ {scale:g}" if scale != 1 else "")
+        source = f"the simulated engine's step log ({priced}) and the client"
+    result = PhasesResult(engine_name, source, context, lengths, table, decode, sat, linear, superlinear, scale)
     doc = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()
                       if k not in ("api_key", "engine")},
            "engine_config": cfg.engine.as_dict() if cfg.engine else None, "engine": conn.doc.get("engine"),

@@ -43,6 +43,7 @@ class PhasesResult:
     saturation_tokens: int | None = None
     linear_until_tokens: int | None = None
     superlinear_from_tokens: int | None = None
+    sim_time_scale: float = 1.0  # --engine sim --sim-time-scale: every time is this many times shorter than priced
 
 
 
@@ -158,9 +159,19 @@ def phases_verdict(result: PhasesResult) -> str:
     return " ".join(lines) or "Too few lengths to read a trend."
 
 
+def time_scale_line(result: PhasesResult) -> str | None:
+    """What --sim-time-scale did to every figure ('simulated at 4× speed: …'), None at the simulated GPU's speed."""
+    s = result.sim_time_scale
+    if s == 1:
+        return None
+    return f"Simulated at {s:g}× speed: every time here is 1/{s:g} of the simulated GPU's, and every rate {s:g}× its."
+
+
 def phases_document(result: PhasesResult, output_tokens: int, command: str) -> Document:
     table, decode = phases_tables(result, output_tokens)
     callouts = [Callout("info", phases_verdict(result))]
+    if scaled := time_scale_line(result):
+        callouts.insert(0, Callout("warn", scaled))
     notes = [f"Engine: {result.engine}; times from {result.source}. Prompt context: {result.context:,} tokens. "
              "Client TTFT includes HTTP; the engine's prefill is the sum of the steps that prefilled the prompt."]
     sections = [Section("Prefill").add(*notes, phases_figure(result), table),
@@ -183,3 +194,5 @@ def print_phases(console: Console, result: PhasesResult, output_tokens: int) -> 
     for table in phases_tables(result, output_tokens):
         print_table(console, TextTable(table.caption, table.headers, table.rows))
     console.print(phases_verdict(result), highlight=False)
+    if scaled := time_scale_line(result):
+        console.print(f"[yellow]{scaled}[/]", highlight=False)

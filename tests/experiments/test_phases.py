@@ -194,14 +194,61 @@ def test_phases_on_a_simulated_gpu_says_so_and_prices_prefill_as_the_cost_model_
     assert "--engine sim --model llama-3.1-8b --gpu h100 --tp 1 --dtype auto" in (out / "report.md").read_text()
 
 
+def test_a_simulated_context_set_with_max_model_len_is_profiled_whole_and_a_time_scale_is_said_everywhere(
+        tmp_path: Path) -> None:
+    """`--max-model-len` is the context the default lengths climb to, ending at the longest prompt it holds (not the
+    simulator's 32k stop); `--sim-time-scale 4` paces each step at a quarter of its priced time, and the terminal,
+    the report, phases.json and the command that reproduces the table all say so."""
+    import json
+
+    from itlbench.core.engine_config import EngineConfig
+    from itlbench.core.presets import load_model_config
+    from itlbench.sim.runner import SimRunner
+    from itlbench.sim.shapes import StepShape
+
+    out = tmp_path / "ph"
+    result = runner.invoke(app, ["phases", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
+                                 "--max-model-len", "16384", "--sim-time-scale", "4", "--repeats", "1",
+                                 "--concurrency", "2", "--output-tokens", "4", "--out", str(out)], terminal_width=400)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "served at 4× speed: llama-3.1-8b simulated on H100 SXM" in said
+    assert "Simulated at 4× speed: every time here is 1/4 of the simulated GPU's, and every rate 4× its." in said
+    doc = json.loads((out / "phases.json").read_text())
+    assert doc["context"] == 16384 and doc["sim_time_scale"] == 4.0
+    assert [r["prompt_tokens"] for r in doc["rows"]] == [1, 16, 128, 512, 2048, 8192, 16384 - 5]
+    engine = EngineConfig(engine="sim", model="llama-3.1-8b", gpu="h100", chunk_budget=None, max_model_len=16384)
+    sim = SimRunner(engine, load_model_config(engine.model), 16384)
+    for r in doc["rows"][4:]:  # long enough that a sleep's overshoot is noise
+        priced = sim.cost_model.time(StepShape.prefill(r["prompt_tokens"]), sim.hardware).total_s
+        assert abs(r["engine_prefill_s"] * 4 / priced - 1) < 0.02, (r, priced)
+    report = (out / "report.md").read_text()
+    assert "Simulated at 4× speed" in report and "step log (each step's priced time ÷ 4)" in report
+    assert "--max-num-seqs 64 --max-model-len 16384 --sim-time-scale 4 --lengths 1,16,128,512,2k,8k,16379 " in report
+
+
 @pytest.mark.parametrize(("args", "line"), [
     (["--gpu", "h100"], "error: --gpu: only applies to the simulated engine (add --engine sim)"),
     (["--engine", "sim", "--device", "cuda"], "error: --device: does not apply to --engine sim"),
     (["--engine", "sim", "--torch-threads", "2"], "No such option: --torch-threads"),
+    (["--sim-time-scale", "4"], "error: --sim-time-scale: only applies to the simulated engine (add --engine sim or "
+                                "drop it)"),
+    (["--engine", "sim", "--sim-time-scale", "0"], "error: --sim-time-scale: must be > 0, got 0.0"),
+    (["--endpoint", "http://127.0.0.1:9/v1", "--max-model-len", "8192"],
+     "error: --max-model-len: configures the bundled engine, which --endpoint does not start (set it on your server)"),
+    (["--endpoint", "http://127.0.0.1:9/v1", "--engine", "sim", "--sim-time-scale", "2"],
+     "error: --engine: configures the bundled engine, which --endpoint does not start"),
+    (["--endpoint", "http://127.0.0.1:9/v1", "--sim-time-scale", "2"],
+     "error: --sim-time-scale: configures the bundled engine, which --endpoint does not start"),
+    # the model's own limit is named before the simulated GPU's room (which would suggest 464,692 tokens)
+    (["--engine", "sim", "--max-model-len", "999999"],
+     "error: --max-model-len: 999999 exceeds the model's max_position_embeddings=131072 (use at most 131072)"),
+    (["--model", "tiny", "--max-model-len", "8192"],
+     "error: --max-model-len: 8192 exceeds the model's max_position_embeddings=4096 (use at most 4096)"),
 ])
 def test_flags_the_engine_would_not_use_exit_2_before_any_server_starts(tmp_path: Path, args: list[str],
                                                                         line: str) -> None:
     out = tmp_path / "ph"
     result = runner.invoke(app, ["phases", *args, "--lengths", "128", "--out", str(out)], terminal_width=400)
     assert result.exit_code == 2 and line in " ".join(result.output.split()), result.output
-    assert not out.exists()
+    assert "starting" not in result.output and "probing" not in result.output and not out.exists()
