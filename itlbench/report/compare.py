@@ -4,7 +4,8 @@ The seeds' trade-off in one table: the worst gap and ITL p99/p99.9 (what chunkin
 injected prompt's TTFT and the output throughput (what it costs). Runs must share their workload,
 seed and injection (else the rows answer different questions); `--force` compares them anyway.
 The verdict judges each run against the `--slo` targets on its aggregate figures: ITL targets on the
-steady streams' pooled gaps, TTFT targets on each class's p99 per prompt bucket.
+steady streams' pooled gaps, TTFT targets on each class's p99 per prompt bucket. The report and the terminal
+open with the answer (`compare_pick.answer`: which setting to pick, and why); the verdict keeps the full sentences.
 """
 
 from __future__ import annotations
@@ -31,6 +32,17 @@ from itlbench.report.compare_ci import (
     run_labels,
 )
 from itlbench.report.compare_figures import cdf_figure, gaps_figure, timelines_figure
+from itlbench.report.compare_pick import (
+    answer,
+    describe_misses,
+    distinct_durations,
+    gap_figures,
+    judged,
+    measured,
+    meeting_instead,
+    paused_others,
+    smoothness,
+)
 from itlbench.report.compare_runs import differing_settings, load_runs
 from itlbench.report.data import RunData
 from itlbench.report.document import Callout, Document, Links, Section, Table, Written, write_document
@@ -38,7 +50,7 @@ from itlbench.report.figure_spec import FigureSpec
 from itlbench.report.load_curve import load_axis, load_figure
 from itlbench.report.queueing import queueing_sentence
 from itlbench.report.reproduce import reproduce_command
-from itlbench.report.slo_checks import Check, slo_checks, worst_gap_s
+from itlbench.report.slo_checks import worst_gap_s
 from itlbench.report.slos import slo_text
 from itlbench.report.style import RUN_COLORS, fmt_s, new_figure, seconds_log_xaxis, seconds_yaxis, tidy
 from itlbench.report.withdrawn import Withdrawn
@@ -103,11 +115,6 @@ def make_rows(runs: list[RunData]) -> list[Row]:
     return rows
 
 
-def measured(run: RunData) -> bool:
-    """Whether any request fell in the run's measured window (a run aborted in its warm-up has none)."""
-    return bool((run.summary.get("requests") or {}).get("total"))
-
-
 def comparison_table(rows: list[Row]) -> Table:
     out = []
     for r in rows:
@@ -133,35 +140,6 @@ def _goodput_slos(rows: list[Row]) -> str:
             "lists them)")
 
 
-def _fixed(value: float, target: float, decimals: int) -> tuple[str, str] | None:
-    """Both durations in the target's unit (s from 1 s up, else ms) with `decimals` places, or None where they
-    still read the same; the target drops zeros it does not need (it was typed: 20 ms, not 20.00 ms)."""
-    scale, unit = (1.0, "s") if abs(target) >= 1 else (1e3, "ms")
-    a, b = f"{value * scale:.{decimals}f}", f"{target * scale:.{decimals}f}"
-    if a == b:
-        return None
-    if float(b) == round(target * scale, 9):
-        b = b.rstrip("0").rstrip(".")
-    return f"{a} {unit}", f"{b} {unit}"
-
-
-def distinct_durations(value: float | None, target: float) -> tuple[str, str]:
-    """The two durations as `fmt_s` writes them, with more places where that rounds two different values to one
-    text ('20 ms > 20 ms' for 20.04 ms against 20 ms reads as a contradiction)."""
-    a, b = fmt_s(value), fmt_s(target)
-    if value is None or a != b or value == target:
-        return a, b
-    for decimals in range(1, 10):
-        if (pair := _fixed(value, target, decimals)) is not None:
-            return pair
-    return a, b
-
-
-def _describe_miss(c: Check) -> str:
-    value, target = distinct_durations(c.value_s, c.target_s)
-    return f"{c.what} {value} > {target}"
-
-
 def runs_list(labels: list[str]) -> str:
     """Run labels in a sentence, joined by '; ': a label may hold a comma ('budget 512, prefill-first'), so
     commas between labels would hide how many runs the list names."""
@@ -171,10 +149,7 @@ def runs_list(labels: list[str]) -> str:
 def verdict(rows: list[Row], slos: SloSet) -> list[str]:
     """Plain sentences: who meets every SLO, what the others miss, and what the smoothest setting costs."""
     lines = []
-    meets, misses = [], []
-    for r in (r for r in rows if measured(r.run)):
-        failed = [c for c in slo_checks(r.run, slos) if not c.ok]
-        (misses if failed else meets).append((r, failed))
+    meets, misses = judged(rows, slos)
     spec = slos.spec or "the default SLOs"
     how = "on the run's pooled figures; goodput counts requests one by one"  # the two can disagree: say which
     if meets:
@@ -184,16 +159,14 @@ def verdict(rows: list[Row], slos: SloSet) -> list[str]:
     lines += _hidden_gaps([r for r, _ in meets], slos)
     for r, failed in misses:
         held = queueing_sentence(r.run.summary) if any(c.figure.startswith("ttft") for c in failed) else None
-        lines.append(f"{r.label} misses: " + "; ".join(_describe_miss(c) for c in failed[:4])
-                     + (f" (+{len(failed) - 4} more)" if len(failed) > 4 else "") + "."
-                     + (f" {held}" if held else ""))
+        lines.append(f"{r.label} misses: {describe_misses(failed)}." + (f" {held}" if held else ""))
     ranked = [r for r in rows if r.rank_s() is not None]
     if repeated(rows):
         lines += noise_verdict(rows)
     elif len(ranked) >= 2:
-        best = min(ranked, key=_smoothness)
-        lines.append(smoothest_sentence(best, rows) + _paused_others(best, ranked)
-                     + _meeting_instead(best, [r for r, _ in meets], ranked)
+        best = min(ranked, key=smoothness)
+        lines.append(smoothest_sentence(best, rows) + paused_others(best, ranked)
+                     + meeting_instead(best, [r for r, _ in meets], ranked)
                      + " (One run per setting: no noise estimate; --repeat 3 gives one.)")
     invalid = [r.label for r in rows if r.valid is False]
     if invalid:
@@ -203,36 +176,6 @@ def verdict(rows: list[Row], slos: SloSet) -> list[str]:
     if empty := [r.label for r in rows if not measured(r.run)]:
         lines.append("Measured nothing (no request fell in its window; its report says why): " + runs_list(empty) + ".")
     return lines + _sim_checks(rows)
-
-
-def _smoothness(r: Row) -> tuple[float, float]:
-    return r.rank_s() or 0.0, r.p99_s or 0.0
-
-
-def _ranked_and_raw(r: Row) -> tuple[str, str]:
-    """The figure that ranked the run and its worst gap, told apart where they are close."""
-    return distinct_durations(r.rank_s(), r.worst_s or 0.0)
-
-
-def gap_figures(r: Row, mark: str = "") -> str:
-    """'worst gap 45 ms, ITL p99 11 ms'; where the client's own pause made the worst gap, the figure that ranked the
-    run first ('worst gap 45 ms not counting the client's own pauses, 333 ms with them; ITL p99 11 ms'). `mark`:
-    where the ranking figure was withdrawn, and why."""
-    mark = f", {mark}" if mark else ""
-    if not r.paused():
-        return f"worst gap {fmt_s(r.worst_s)}{mark}{';' if mark else ','} ITL p99 {fmt_s(r.p99_s)}"
-    mine, raw = _ranked_and_raw(r)
-    return f"worst gap {mine} not counting the client's own pauses, {raw} with them{mark}; ITL p99 {fmt_s(r.p99_s)}"
-
-
-def _paused_others(best: Row, ranked: list[Row]) -> str:
-    """The other ranked runs whose worst gap was the client's own pause: the table shows that gap, the ranking
-    did not use it."""
-    others = [(r.label, *_ranked_and_raw(r)) for r in ranked if r is not best and r.paused()]
-    if not others:
-        return ""
-    said = runs_list([f"{label} ({raw}; {mine} without them)" for label, mine, raw in others])
-    return f" Ranked not counting the client's own pauses, which made the worst gap of {said}."
 
 
 def _ttft_clause(best: Row, rows: list[Row]) -> tuple[str, bool] | None:
@@ -291,19 +234,6 @@ def smoothest_sentence(best: Row, rows: list[Row]) -> str:
     if len(clauses) == 2:
         said += (" and " if clauses[0][1] == clauses[1][1] else " but ") + clauses[1][0]
     return f"{text} It {'also ' if clauses[0][1] else ''}{said}."
-
-
-def _meeting_instead(best: Row, meets: list[Row], ranked: list[Row]) -> str:
-    """Where the smoothest setting misses an SLO (a batch cap of 32 kept ITL low while TTFT reached 36 s), the
-    smoothest one that meets every SLO, or that none does: a reader takes "smoothest" for the recommendation."""
-    met = {id(r) for r in meets}  # by identity: a Row's == would compare its run's tables
-    if id(best) in met:
-        return ""
-    ok = [r for r in ranked if id(r) in met]
-    if not ok:
-        return " It misses its SLOs, as does every setting."
-    alt = min(ok, key=_smoothness)
-    return f" It misses its SLOs (above); the smoothest setting that meets every one is {alt.label} ({gap_figures(alt)})."
 
 
 def _hidden_gaps(passing: list[Row], slos: SloSet) -> list[str]:
@@ -381,8 +311,8 @@ def build_compare_document(runs: list[RunData], slos: SloSet, title: str = "Comp
     lines = verdict(rows, slos) + list(notes or []) + list(missing or [])
     short = [line for line in lines if line.startswith("Cut short: ")]
     diffs = differing_settings(runs)
-    callouts = [Callout("info", " ".join(line for line in lines if line.startswith(("Meets", "No run", "Yet a steady",
-                                                                                 "Smoothest", "No setting"))))]
+    said = answer(rows, slos)  # the top of the report answers which setting to pick; the verdict says the rest
+    callouts = [] if said is None else [Callout("info" if said.startswith("Pick ") else "warn", said)]
     if notes:
         callouts.append(Callout("info", " ".join(notes)))
     if short:
@@ -414,22 +344,34 @@ def build_compare_document(runs: list[RunData], slos: SloSet, title: str = "Comp
                     f"written {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}", callouts, sections, command)
 
 
+def answered(said: str | None, lines: list[str]) -> list[str]:
+    """The verdict as the terminal says it: the answer first, unless a line says it already. Where no setting meets
+    every SLO, the answer (which names the SLOs) stands for the line that says no run does: never twice."""
+    if said is None or said in lines:
+        return lines
+    if said.startswith("No setting meets every SLO"):
+        lines = [line for line in lines if not line.startswith("No run meets every SLO")]
+    return [said, *lines]
+
+
 def write_compare_report(dirs: list[Path], out_dir: Path, slo: str | None = None, force: bool = False,
                          title: str = "Comparison", command: str = "",
                          missing: list[str] | None = None,
                          notes: list[str] | None = None) -> tuple[Written, list[Row], list[str]]:
-    """The report and compare.json (rows, verdict, ci95 per setting and figure, every pairwise difference's
-    verdict, and the points a sweep could not measure)."""
+    """The report and compare.json (rows, the one-line answer, verdict, ci95 per setting and figure, every pairwise
+    difference's verdict, and the points a sweep could not measure); the verdict's lines as the terminal prints
+    them, the answer first."""
     runs = load_runs(dirs, force)
     slos = parse_slo(slo)
     doc = build_compare_document(runs, slos, title, command, out_dir, missing, notes)
     rows = make_rows(runs)
     written = write_document(doc, out_dir)
-    lines = verdict(rows, slos) + list(notes or []) + list(missing or [])
+    said = answer(rows, slos)
+    lines = answered(said, verdict(rows, slos) + list(notes or []) + list(missing or []))
     from itlbench.report.compare_ci import all_differences
 
     (out_dir / "compare.json").write_text(json.dumps({
-        "rows": rows_as_dicts(rows), "verdict": lines, "ci95": ci_json(rows), "ci_method": METHOD,
+        "rows": rows_as_dicts(rows), "answer": said, "verdict": lines, "ci95": ci_json(rows), "ci_method": METHOD,
         "differences": [d.as_dict() for d in all_differences(rows)], "missing": list(missing or [])},
         indent=2, default=str) + "\n")
     return written, rows, lines

@@ -44,7 +44,11 @@ FIGURES: tuple[tuple[str, str, str, bool], ...] = (
     ("out_tps", "output_tokens_per_s", "output tok/s", True),
     ("stalled_s", "stalled_s", "stalled time", False),
     ("goodput", "goodput_rps", "goodput", True),
+    ("worst_not_client_s", "worst_gap_not_client_s", "worst gap not counting the client's own pauses", False),
 )
+# What ranks a setting's smoothness (Row.rank_s, over repeats): the worst gap the client's own pauses did not make
+# where every run has that figure, else the worst gap (a run analysed before it existed).
+RANKED_BY = {"worst_not_client_s": "worst_gap_not_client_s", "worst_s": "worst_gap_s"}
 
 
 @dataclass(frozen=True)
@@ -172,23 +176,54 @@ def _iv(attr: str, iv: Interval | None) -> str:
     return fmt_interval(iv, _fmt_figure(attr))
 
 
-def noise_verdict(rows: Sequence[Any]) -> list[str]:
-    """The smoothest-setting sentence for repeated runs: a winner only where the difference beats the noise."""
+def rank_attr(group: Sequence[Any]) -> str:
+    """The Row figure that ranks a setting's runs, as `Row.rank_s` ranks one run: the worst gap not counting the
+    client's own pauses where every run has it (runs of one setting rank on one figure), else the worst gap."""
+    return "worst_not_client_s" if all(r.worst_not_client_s is not None for r in group) else "worst_s"
+
+
+def rank_intervals(rows: Sequence[Any]) -> dict[str, tuple[Interval, Interval | None]]:
+    """Per setting with a worst gap, in first-seen order: the interval that ranks it, and its worst gap's interval
+    where the client's own pauses made the two differ (None where they did not)."""
     ivs = group_intervals(rows)
-    ranked = sorted((lab for lab in ivs if ivs[lab]["worst_gap_s"] is not None),
-                    key=lambda lab: ivs[lab]["worst_gap_s"].mean)  # type: ignore[union-attr]
-    if len(ranked) < 2:
+    out = {}
+    for label, group in grouped(rows).items():
+        rank, raw = ivs[label][RANKED_BY[rank_attr(group)]], ivs[label]["worst_gap_s"]
+        if rank is not None:
+            out[label] = (rank, raw if raw is not None and rank.mean < raw.mean else None)
+    return out
+
+
+def _gap(ranked: tuple[Interval, Interval | None]) -> str:
+    """'45 ms [40 ms, 50 ms]', or where the client's own pauses made a worst gap, both figures."""
+    rank, raw = ranked
+    if raw is None:
+        return _iv("worst_s", rank)
+    return f"{_iv('worst_s', rank)} not counting the client's own pauses, {_iv('worst_s', raw)} with them"
+
+
+def lead(rows: Sequence[Any], best: str, other: str) -> tuple[bool, str]:
+    """Whether setting `best` is smoother than `other` beyond the noise, on the figure that ranks them, and why."""
+    ranked = rank_intervals(rows)
+    return judge(ranked[other][0], ranked[best][0])
+
+
+def noise_verdict(rows: Sequence[Any]) -> list[str]:
+    """The smoothest-setting sentence for repeated runs: a winner only where the difference beats the noise. Ranked
+    by the mean worst gap not counting the client's own pauses, as one run is (`rank_attr`)."""
+    ivs, ranked = group_intervals(rows), rank_intervals(rows)
+    order = sorted(ranked, key=lambda lab: ranked[lab][0].mean)
+    if len(order) < 2:
         return []
-    best, second = ranked[0], ranked[1]
-    b, s = ivs[best]["worst_gap_s"], ivs[second]["worst_gap_s"]
-    assert b is not None and s is not None
-    ok, why = judge(s, b)
+    best, second = order[0], order[1]
+    b, s = ranked[best], ranked[second]
+    ok, why = lead(rows, best, second)
     if not ok:
-        return [f"No setting has significantly smoother streams: {best} (worst gap {_iv('worst_s', b)}) and "
-                f"{second} ({_iv('worst_s', s)}) are within noise ({why}); means and 95 % intervals over "
-                f"{b.n} and {s.n} runs."]
-    text = (f"Smoothest streams: {best} (worst gap {_iv('worst_s', b)} over {b.n} runs), significantly below "
-            f"{second} ({_iv('worst_s', s)}).")
+        return [f"No setting has significantly smoother streams: {best} (worst gap {_gap(b)}) and "
+                f"{second} ({_gap(s)}) are within noise ({why}); means and 95 % intervals over "
+                f"{b[0].n} and {s[0].n} runs."]
+    text = (f"Smoothest streams: {best} (worst gap {_gap(b)}{',' if b[1] else ''} over {b[0].n} runs), significantly "
+            f"below {second} ({_gap(s)}).")
     for attr, key, name, higher in (("injected_ttft_s", "injected_ttft_s", "injected TTFT", False),
                                     ("out_tps", "output_tokens_per_s", "output tok/s", True)):
         mine = ivs[best][key]
@@ -328,8 +363,11 @@ def run_styles(labels: list[str], groups: list[str] | None) -> list[tuple[str, s
 
 
 def rows_as_dicts(rows: Sequence[Any]) -> list[dict[str, Any]]:
-    return [{"setting": r.label, "group": r.group, "run_dir": str(r.run.run_dir), "worst_gap_s": r.worst_s, "itl_p50_s": r.p50_s,
-             "itl_p99_s": r.p99_s, "itl_p999_s": r.p999_s, "injected_ttft_s": r.injected_ttft_s,
-             "output_tokens_per_s": r.out_tps, "stalls": r.stalls, "stall_events": r.stall_events, "stalled_s": r.stalled_s,
+    """compare.json's rows: each run's figures, the worst gap not counting the client's own pauses beside the
+    worst gap (the one ranks the smoothest setting; None where the run's summary predates it)."""
+    return [{"setting": r.label, "group": r.group, "run_dir": str(r.run.run_dir), "worst_gap_s": r.worst_s,
+             "worst_gap_not_client_s": r.worst_not_client_s, "itl_p50_s": r.p50_s, "itl_p99_s": r.p99_s,
+             "itl_p999_s": r.p999_s, "injected_ttft_s": r.injected_ttft_s, "output_tokens_per_s": r.out_tps,
+             "stalls": r.stalls, "stall_events": r.stall_events, "stalled_s": r.stalled_s,
              "goodput_rps": r.goodput, "valid": r.valid, "engine": r.run.engine.name,
              "figures_from": r.run.engine.source} for r in rows]

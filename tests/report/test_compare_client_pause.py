@@ -71,3 +71,62 @@ def test_the_verdict_names_the_other_runs_whose_worst_gap_was_a_pause(tmp_path: 
     assert line.startswith("Smoothest streams: seqs2 "), line
     assert ("Ranked not counting the client's own pauses, which made the worst gap of seqs8 (500 ms; 120 ms "
             "without them).") in line, line
+
+
+def _repeats(tmp_path: Path, settings: dict[str, list[tuple[float, float | None]]]) -> list[Row]:
+    """Repeats of each setting, one row per (worst gap, worst gap not the client's) run, grouped as a sweep's."""
+    rows = _rows(tmp_path, {f"{name} (#{i})": (worst, calm, 0.02) for name, runs in settings.items()
+                            for i, (worst, calm) in enumerate(runs, 1)})
+    for row in rows:
+        row.group = row.label.rsplit(" (#", 1)[0]
+    return rows
+
+
+def _noise_line(rows: list[Row]) -> str:
+    return next(line for line in verdict(rows, NO_SLOS) if line.startswith(("Smoothest", "No setting has")))
+
+
+def test_repeats_rank_by_the_mean_worst_gap_not_the_clients(tmp_path: Path) -> None:
+    """With --repeat the smoothest setting was still ranked by the mean raw worst gap: seqs2's client pauses
+    (333 ms, 300 ms, 310 ms) named seqs8 smoother, as one run per setting no longer does."""
+    rows = _repeats(tmp_path, {"seqs2": [(0.333, 0.045), (0.300, 0.046), (0.310, 0.047)],
+                               "seqs8": [(0.120, 0.120), (0.121, 0.121), (0.122, 0.122)]})
+    line = _noise_line(rows)
+    assert line.startswith("Smoothest streams: seqs2 (worst gap 46 ms [45 ms, 47 ms] not counting the client's own "
+                           "pauses, 314 ms ["), line
+    assert "with them, over 3 runs), significantly below seqs8 (121 ms [120 ms, 122 ms])." in line, line
+
+
+def test_repeats_within_noise_say_both_figures_of_a_paused_setting(tmp_path: Path) -> None:
+    rows = _repeats(tmp_path, {"seqs2": [(0.333, 0.045), (0.300, 0.050)], "seqs8": [(0.120, 0.120), (0.125, 0.125)]})
+    line = _noise_line(rows)
+    assert line.startswith("No setting has significantly smoother streams: seqs2 (worst gap 48 ms [45 ms, 50 ms] not "
+                           "counting the client's own pauses, 316 ms [300 ms, 333 ms] with them) and seqs8 (122 ms "
+                           "[120 ms, 125 ms]) are within noise (too few runs"), line
+
+
+def test_a_setting_whose_repeat_lacks_the_figure_ranks_by_its_worst_gap(tmp_path: Path) -> None:
+    """One run of seqs2 was analysed before `itl_s.max_not_client`: its setting ranks on the worst gap of every run
+    (a mean over some runs of one figure and some of another would rank on neither), so seqs8 is smoother."""
+    rows = _repeats(tmp_path, {"seqs2": [(0.333, 0.045), (0.300, None), (0.310, 0.047)],
+                               "seqs8": [(0.120, 0.120), (0.121, 0.121), (0.122, 0.122)]})
+    line = _noise_line(rows)
+    assert line.startswith("Smoothest streams: seqs8 (worst gap 121 ms [120 ms, 122 ms] over 3 runs), significantly "
+                           "below seqs2 (314 ms ["), line
+    assert "not counting" not in line
+
+
+def test_compare_json_carries_the_figure_per_run_and_per_setting(tmp_path: Path) -> None:
+    """compare.json's rows give the figure that ranked each run beside its worst gap, and ci95 its interval."""
+    import json
+
+    from itlbench.report.compare import write_compare_report
+
+    dirs = [build_run(tmp_path / "long"), build_run(tmp_path / "short", stall_scale=0.1)]
+    write_compare_report(dirs, tmp_path / "cmp")
+    doc = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    summaries = [run.summary for run in load_runs(dirs)]
+    assert [r["worst_gap_not_client_s"] for r in doc["rows"]] == [s["itl_s"]["max_not_client"] for s in summaries]
+    assert all(r["worst_gap_not_client_s"] is not None for r in doc["rows"])
+    first = doc["ci95"][doc["rows"][0]["group"]]["worst_gap_not_client_s"]
+    assert first["mean"] == doc["rows"][0]["worst_gap_not_client_s"] and first["n"] == 1

@@ -306,7 +306,7 @@ def test_the_tables_show_ttft_p99_for_a_sweep_that_moves_it(tmp_path: Path) -> N
 def test_a_smoothest_setting_that_misses_its_slos_names_the_smoothest_that_meets_them() -> None:
     """max_num_seqs=32 had the lowest ITL of a sweep while its TTFT reached 36 s: the verdict called it smoothest
     and stopped there, and a reader took that for the recommendation."""
-    from itlbench.report.compare import _meeting_instead
+    from itlbench.report.compare_pick import meeting_instead as _meeting_instead
 
     capped, mid, wide = _row("seqs32", 0.10, None, 1318.0), _row("seqs64", 0.30, None, 1909.0), _row("seqs128", 0.20, None, 1941.0)
     ranked = [capped, mid, wide]

@@ -206,9 +206,10 @@ def test_compare_ranks_the_shorter_stall_smoother_and_judges_slos(tmp_path: Path
     told = runner.invoke(app, ["compare", str(long_), str(short), "--out", str(tmp_path / "p99"), "--slo",
                                "itl_p99=500ms"], terminal_width=200)
     assert told.exit_code == 0, told.output
-    html = _flat((tmp_path / "p99" / "report.html").read_text())  # the headline callout carries it, above the verdict
-    assert html.index("Meets every SLO") < html.index("Yet a steady stream") < html.index("Smoothest") < html.index(
-        "Verdict")
+    html = _flat((tmp_path / "p99" / "report.html").read_text())  # the headline answers, the verdict says the rest
+    assert html.index("Pick budget 2048 (short): the smoothest setting, and it meets every SLO") < html.index(
+        "Verdict") < html.index("Meets every SLO") < html.index("Yet a steady stream") < html.index("Smoothest")
+    assert html.count("Yet a steady stream") == 1, "the callout no longer repeats the verdict"
     result = runner.invoke(app, ["compare", str(long_), str(short), "--out", str(tmp_path / "cmp"),
                                  "--slo", "itl_max=500ms"], terminal_width=200)
     assert result.exit_code == 0, result.output
