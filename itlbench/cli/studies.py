@@ -211,7 +211,7 @@ def phases(
     (--tp, --dtype): the same table for a GPU you do not have; its default lengths stop at 32k unless
     --max-model-len (or --max-prompt) says how far to go, and --sim-time-scale 4 runs it four times faster (every
     time printed 1/4 of the GPU's). Example: itlbench phases --engine sim --model llama-3.3-70b --gpu h100 --tp 2
-    --dtype fp8 --max-model-len 131072
+    --dtype fp8 --max-model-len 128k
     """
     from itlbench.experiments.phases import PhasesConfig, run_phases
     from itlbench.experiments.phases_report import print_phases, read_phases

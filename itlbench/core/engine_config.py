@@ -35,6 +35,14 @@ def parse_chunk_budget(text: str | int | None) -> int | None:
     return parse_tokens(text, "--chunk-budget", "give a token count such as 2048 or 8k (k = 1024), or none")
 
 
+def parse_context_len(text: str | int | None) -> int | None:
+    """`131072` or `128k` (k = 1024, as everywhere); `none`/`model` for the model's own context."""
+    if text is None or (isinstance(text, str) and text.strip().lower() in ("none", "model")):
+        return None
+    return parse_tokens(text, "--max-model-len", "give a token count such as 8192 or 128k (k = 1024), or leave it "
+                        "out for the model's")
+
+
 def flag_of(field_name: str) -> str:
     """The flag a user types for a field (`chunk_budget` is `--chunk-budget`): errors and reproduced
     command lines name what the user can change."""
@@ -56,7 +64,8 @@ class EngineConfig:
     chunk_budget: int | None = option(2048, "Tokens per engine step (2048, 8k; k = 1024), or 'none' (unchunked "
                                       "prefill).", parse=parse_chunk_budget)
     unchunked_prefill_cap: int = option(16_384, "Unchunked: more whole prompts join a step only up to this many "
-                                        "tokens.")
+                                        "tokens (16384, 16k).", parse=lambda text: parse_tokens(
+                                            text, "--unchunked-prefill-cap"))
     policy: Policy = option("budget", "budget (vLLM V1 token budget) or prefill-first (SGLang).")
     mixed: bool = option(False, "prefill-first only: decodes ride in prefill steps.")
     max_num_seqs: int = option(64, "Cap on running sequences.")
@@ -68,7 +77,8 @@ class EngineConfig:
                                          "the weights).")
     gpu_memory_fraction: float = option(0.9, "CUDA: share of free memory after the weights for KV and activations, "
                                         "when neither --kv-blocks nor --kv-memory-gib is given.")
-    max_model_len: int | None = option(None, "Context limit (default: the model's).")
+    max_model_len: int | None = option(None, "Context limit in tokens (8192, 128k; k = 1024; default: the model's).",
+                                       parse=parse_context_len)
     prefix_caching: bool = option(True, "Reuse KV blocks of identical prompt prefixes.")
     device: str = option("auto", "auto, cpu or cuda.")
     dtype: str = option("auto", "auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16, or, --engine sim only, "
