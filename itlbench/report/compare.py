@@ -51,7 +51,7 @@ from itlbench.report.load_curve import load_axis, load_figure
 from itlbench.report.queueing import queueing_sentence
 from itlbench.report.reproduce import reproduce_command
 from itlbench.report.slo_checks import worst_gap_s
-from itlbench.report.slos import slo_text
+from itlbench.report.slos import judges_nothing, slo_set_words, slo_text
 from itlbench.report.style import RUN_COLORS, fmt_s, new_figure, seconds_log_xaxis, seconds_yaxis, tidy
 from itlbench.report.withdrawn import Withdrawn
 
@@ -150,9 +150,11 @@ def verdict(rows: list[Row], slos: SloSet) -> list[str]:
     """Plain sentences: who meets every SLO, what the others miss, and what the smoothest setting costs."""
     lines = []
     meets, misses = judged(rows, slos)
-    spec = slos.spec or "the default SLOs"
+    spec = slo_set_words(slos)
     how = "on the run's pooled figures; goodput counts requests one by one"  # the two can disagree: say which
-    if meets:
+    if judges_nothing(slos):
+        lines.append(f"No SLO is judged ({spec}).")
+    elif meets:
         lines.append(f"Meets every SLO ({spec}; {how}): " + runs_list([r.label for r, _ in meets]) + ".")
     else:
         lines.append(f"No run meets every SLO ({spec}; {how}).")

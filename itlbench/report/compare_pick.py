@@ -17,6 +17,7 @@ from itlbench.analysis.goodput import SloSet
 from itlbench.report.compare_ci import grouped, lead, rank_attr, repeated
 from itlbench.report.data import RunData
 from itlbench.report.slo_checks import Check, slo_checks
+from itlbench.report.slos import judges_nothing, slo_set_words
 from itlbench.report.style import fmt_s
 
 if TYPE_CHECKING:
@@ -173,10 +174,11 @@ def answer(rows: Sequence[Row], slos: SloSet) -> str | None:
     ranked = [s for s, _ in settings]
     pick = smoothest_meeting([s for s, runs in settings if all(id(r) in met for r in runs)], ranked)
     if pick is None:
-        return _closest(settings, failed, repeated(rows), slos.spec or "the default SLOs")
+        return _closest(settings, failed, repeated(rows), slo_set_words(slos))
     best, runs = min(ranked, key=smoothness), next(runs for s, runs in settings if s is pick)  # best: the smoothest
     every, how = (" in every run", f"means over {len(runs)} runs: ") if repeated(rows) else ("", "")
-    head = f"the smoothest setting, and it meets every SLO{every}" if pick is best else \
+    head = "the smoothest setting (no SLO is judged)" if judges_nothing(slos) else \
+        f"the smoothest setting, and it meets every SLO{every}" if pick is best else \
         f"the smoothest setting that meets every SLO{every}"
     said = [f"Pick {pick.label}: {head} ({how}{gap_figures(pick)}{_costs(pick)})."]
     said += _smoother(pick, settings, failed, repeated(rows))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from itlbench.analysis.buckets import BUCKET_LABELS
-from itlbench.analysis.goodput import ClassSlo
+from itlbench.analysis.goodput import ClassSlo, SloSet
 from itlbench.report.durations import fmt_s
 
 DOCS = "docs/measures.md, Goodput"
@@ -45,6 +45,22 @@ def _targets(c: dict[str, Any], base: dict[str, Any] | None = None) -> str:
         parts.append("; ".join(f"ITL {k} ≤ {fmt_s(v)} (each request's own gaps)" for k, v in set_.items())
                      if set_ else "no ITL target")
     return "; ".join(parts)
+
+
+def judges_nothing(slos: SloSet) -> bool:
+    """`--slo` turned every target off (TTFT in every bucket and every ITL statistic, for every class)."""
+    return all(all(v is None for v in c.ttft_s.values()) and all(v is None for v in c.itl_targets.values())
+               for c in (slos.default, *slos.classes.values()))
+
+
+def slo_set_words(slos: SloSet) -> str:
+    """What a verdict was judged against, in a few words: a `--slo` that sets one target leaves the default
+    others in force (`itl_max=100ms` still judges TTFT by bucket), so the words say so."""
+    if not slos.spec:
+        return "the default SLOs"
+    if judges_nothing(slos):
+        return f"--slo {slos.spec}: every target off"
+    return f"--slo {slos.spec} over the default targets"
 
 
 def slo_text(summary: dict[str, Any]) -> str | None:

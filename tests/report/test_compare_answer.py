@@ -59,13 +59,13 @@ def test_a_smoother_setting_that_misses_is_passed_over_and_named(tmp_path: Path)
 def test_where_no_setting_meets_every_slo_the_closest_is_named_with_its_misses(tmp_path: Path) -> None:
     runs, rows = _pair(tmp_path)
     assert answer(rows, parse_slo("itl_max=1ms,injected/ttft=off")) == (
-        "No setting meets every SLO (itl_max=1ms,injected/ttft=off); the closest is budget 2048 (short), which misses "
+        "No setting meets every SLO (--slo itl_max=1ms,injected/ttft=off over the default targets); the closest is budget 2048 (short), which misses "
         "ITL max 180 ms > 1.0 ms (worst gap 180 ms, ITL p99 20 ms).")
     # closest is over its targets by the least, not missing the fewest: two misses by 20 % beat one by 10x
     _p99(runs[0], 0.009)
     _p99(runs[1], 0.012)
     assert answer(make_rows(runs), parse_slo("itl_p99=10ms,itl_max=150ms,injected/ttft=off")) == (
-        "No setting meets every SLO (itl_p99=10ms,itl_max=150ms,injected/ttft=off); the closest is budget 2048 "
+        "No setting meets every SLO (--slo itl_p99=10ms,itl_max=150ms,injected/ttft=off over the default targets); the closest is budget 2048 "
         "(short), which misses ITL p99 12 ms > 10 ms; ITL max 180 ms > 150 ms (worst gap 180 ms, ITL p99 12 ms).")
 
 
@@ -131,7 +131,24 @@ def test_the_terminal_says_the_answer_first_and_once(tmp_path: Path) -> None:
                                "itl_max=1ms"], terminal_width=400)
     assert none.exit_code == 0, none.output
     doc, out = json.loads((tmp_path / "none" / "compare.json").read_text()), _flat(none.output)
-    assert doc["answer"].startswith("No setting meets every SLO (itl_max=1ms); the closest is budget 2048 (short)")
+    assert doc["answer"].startswith("No setting meets every SLO (--slo itl_max=1ms over the default targets); the closest is budget 2048 (short)")
     assert out.count(doc["answer"]) == 1 and out.count("meets every SLO") == 1
     assert "No run meets every SLO" not in out, "the answer says it: not twice"
     assert "No run meets every SLO" in (tmp_path / "none" / "report.md").read_text()  # the verdict keeps it
+
+
+def test_with_every_target_off_nothing_is_said_to_meet_an_slo(tmp_path: Path) -> None:
+    """`--slo ttft=off,itl_p99=off` judges nothing: the verdict read 'Meets every SLO' and the pick 'meets every
+    SLO', which a reader takes for a target met."""
+    _, rows = _pair(tmp_path)
+    off = parse_slo("ttft=off,itl_p99=off")
+    lines = verdict(rows, off)
+    assert lines[0] == "No SLO is judged (--slo ttft=off,itl_p99=off: every target off)."
+    assert not any("meets every" in line.lower() for line in lines), lines
+    said = answer(rows, off)
+    assert said is not None and said.startswith("Pick budget 2048 (short): the smoothest setting (no SLO is judged)")
+
+
+def test_a_partial_slo_says_the_default_targets_still_judge(tmp_path: Path) -> None:
+    _, rows = _pair(tmp_path)
+    assert verdict(rows, parse_slo(ITL_MAX))[0].startswith(f"Meets every SLO (--slo {ITL_MAX} over the default targets;")

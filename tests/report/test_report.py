@@ -190,7 +190,7 @@ def test_compare_ranks_the_shorter_stall_smoother_and_judges_slos(tmp_path: Path
     rows = make_rows(runs)
     assert rows[1].worst_s < 0.2 < 1.4 < rows[0].worst_s
     lines = verdict(rows, parse_slo("itl_max=500ms,injected/ttft=off"))
-    assert lines[0].startswith("Meets every SLO (itl_max=500ms,injected/ttft=off; on the run's pooled figures; "
+    assert lines[0].startswith("Meets every SLO (--slo itl_max=500ms,injected/ttft=off over the default targets; on the run's pooled figures; "
                                "goodput counts requests one by one): ")
     assert "(short)" in lines[0] and "(long)" not in lines[0], "same setting twice: labelled by directory"
     assert any(line.startswith("budget 2048 (long) misses: ITL max 1.52 s > 500 ms") for line in lines)
