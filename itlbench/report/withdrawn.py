@@ -110,7 +110,7 @@ class Withdrawn:
             family = _split(figure)[0]
             words = [r.words for r in known if any(_split(k)[0] == family for k in r.keys or ())]
         words += [r.words for r in self.reasons if r.keys is None]
-        return "; ".join(dict.fromkeys(words)) or "see the validity verdict"
+        return "; ".join(_merged(list(dict.fromkeys(words)))) or "see the validity verdict"
 
     def mark(self, figure: str) -> str:
         """'not valid: why' (or 'max not valid: why' where only a part is), '' when the figure stands."""
@@ -130,4 +130,29 @@ class Withdrawn:
     def any_of(self, *figures: str) -> str | None:
         """The reasons for every withdrawn one of `figures`, said once (None: all stand)."""
         words = [w for f in figures if (why := self.why(f)) for w in why.split("; ")]
-        return "; ".join(dict.fromkeys(words)) or None
+        return "; ".join(_merged(list(dict.fromkeys(words)))) or None
+
+
+def _merged(words: list[str]) -> list[str]:
+    """Reasons of one rule said once: 'the client sent le2k requests late; the client sent le512 requests late'
+    reads 'the client sent le2k and le512 requests late'."""
+    out: list[str] = []
+    groups: dict[str, list[str]] = {}
+    for w in words:
+        for _, template, _ in RULES:
+            head, sep, tail = template.partition("{0}")
+            if sep and w.startswith(head) and w.endswith(tail) and len(w) > len(head) + len(tail):
+                key = template
+                if key not in groups:
+                    groups[key] = []
+                    out.append(key)
+                groups[key].append(w[len(head):len(w) - len(tail)])
+                break
+        else:
+            out.append(w)
+    return [_joined(k, groups[k]) if k in groups else k for k in out]
+
+
+def _joined(template: str, parts: list[str]) -> str:
+    said = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    return template.format(said)

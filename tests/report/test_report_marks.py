@@ -298,3 +298,16 @@ def test_the_ttft_tables_key_to_its_dash_shows_only_under_a_dash(tmp_path: Path)
         console = Console(record=True, width=240, color_system=None)
         print_summary(console, {**data.summary, "ttft_s": buckets}, data.run_dir)
         assert (key in console.export_text()) is shown
+
+
+def test_late_sends_in_two_buckets_are_one_reason() -> None:
+    """'the client sent le2k requests late; the client sent le512 requests late' under goodput read as two causes."""
+    summary = {"valid": False, "validity": {
+        "reasons": ["TTFT le2k: 1 of 16 requests were sent late by at least 10% of their TTFT",
+                    "TTFT le512: 1 of 38 requests were sent late by at least 10% of their TTFT",
+                    "client event-loop lag p99 40 ms"],
+        "affected": ["ttft_s.le2k", "ttft_s.le512", "goodput", "itl_s"]}}
+    gone = Withdrawn.of(summary)
+    assert gone.why("goodput") == ("the client sent le2k and le512 requests late; the client's event loop ran late, "
+                                   "so chunk stamps are late")
+    assert gone.why("ttft_s.le512") == "the client sent le512 requests late"
