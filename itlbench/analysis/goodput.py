@@ -2,8 +2,8 @@
 
 A request is good when its status is "ok" and
   TTFT ≤ the TTFT target of its class and prompt bucket (no target: met), and
-  each of its own ITL statistics that has a target (p99 — linear interpolation — and/or max of its
-  gaps) ≤ that target (no target, or a stream with no gaps: met).
+  each of its own ITL statistics that has a target (p99 — linear interpolation — and/or max of all its
+  gaps, those that arrived after the window closed too) ≤ that target (no target, or a stream with no gaps: met).
 goodput = good requests / window seconds; fraction = good / requests in the window.
 
 SLO grammar (`--slo`), comma-separated items layered over the defaults:

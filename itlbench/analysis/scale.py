@@ -150,7 +150,8 @@ def _one(chunks: pl.DataFrame, ctx: Context, acc: ChunkFigures, parts: dict[str,
     acc.shared += int((kernel["late_bound_ns"] > 0).sum())
     opened = itl.steady(itl.open_gap_table(chunks, ctx.all_requests, lo, hi))  # streams that froze or were cut
     parts["stalls"].append(find_stalls(itl.with_open(steady, opened), ctx.params))
-    parts["request_itl"].append(request_itl(gaps))
+    own = every.join(ctx.window_ids, on="request_id", how="semi")  # goodput: a request's every gap, the drain's too
+    parts["request_itl"].append(request_itl(own))
     parts["spans"].append(_spans(gaps))
     parts["sample"].append(steady.gather_every(ctx.every).select("request_id", "t_prev_ns", "t_ns", "gap_s"))
     mine = chunks.join(ctx.window_ids, on="request_id", how="semi")

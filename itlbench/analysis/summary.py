@@ -220,7 +220,8 @@ def summarize(
     itl_section["reasoning"] = reasoning.section(
         reasoning.request_table(ttft_rows, requests), requests, reasoning.pooled_phase(phased, "reasoning"),
         reasoning.pooled_phase(phased, "answer"), reasoning.handoff_rows(phased))
-    out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judge(ttft_rows, gaps, slos), slos, validity,
+    judged = judge(ttft_rows, itl.gap_table(chunks, requests), slos)  # every gap of its own, the drain's too
+    out = _assemble(window, ttft_rows, itl_section, stalls.summary, t, judged, slos, validity,
                     throughput(requests, windowed, window.seconds), engine_check(requests, chunks, t["all_steps"]), gpu_status,
                     offered=offered_load(all_requests, window, plan), max_num_seqs=max_num_seqs)
     return json_safe(out)  # type: ignore[return-value]
