@@ -176,6 +176,24 @@ def test_the_mean_throughput_is_named_in_the_legend_as_summary_json_has_it(run: 
     assert not fig.axes[0].texts, "a label among the bars"
 
 
+def test_the_completed_requests_line_counts_every_request_done_by_each_moment(run: RunData) -> None:
+    """The green line is 'the requests completed so far': at every moment of the window, the ok requests done by
+    then (it was drawn one 1 s bin late, so the last bin's completions never showed: 68 of 70 at the end)."""
+    import numpy as np
+    import polars as pl
+
+    fig = throughput_figure(run).figure
+    xs, ys = (np.asarray(v, dtype=float) for v in fig.axes[1].get_lines()[0].get_data())
+    ok = run.tables["requests"].filter(pl.col("status") == "ok").drop_nulls("done_ns")
+    done = np.sort((ok["done_ns"] - run.t0_ns).to_numpy() / 1e9)
+    done = done[(done >= 0) & (done < run.window.seconds)]
+    assert len(done) >= 3
+    for t in np.linspace(0, run.window.seconds, 97, endpoint=False)[1:]:
+        i = int(np.searchsorted(xs, t, side="right")) - 1
+        assert (ys[i] if i >= 0 else 0) == np.count_nonzero(done <= t), t
+    assert xs[-1] == pytest.approx(run.window.seconds) and ys[-1] == len(done)
+
+
 def test_the_events_table_counts_requests_and_says_how_many_events_it_leaves_out(run: RunData) -> None:
     stalls = run.summary["stalls"]
     event = stalls["attribution"][0]
