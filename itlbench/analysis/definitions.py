@@ -32,8 +32,8 @@ DEFINITIONS: dict[str, str] = {
     ),
     "split": (
         "Prefill:decode split: engine time in prefill vs decode. Prefill-only and decode-only steps count "
-        "whole; a mixed step is apportioned by a linear cost model of its token counts fitted on the run's "
-        "pure steps (token share as a fallback, stated). For external engines their own counters (vLLM "
+        "whole; a mixed step is apportioned by a linear cost model of its token counts fitted on all the run's "
+        "non-idle steps, pure and mixed (token share as a fallback, stated). For external engines their own counters (vLLM "
         "request prefill/decode time sums, SGLang gpu_execution_seconds_total{category}); source says which."
     ),
     "prompt_buckets": "Prompt buckets: ≤128, ≤512, ≤2k, ≤8k, ≤32k, >32k tokens (le128 … gt32k, k = 1024).",
