@@ -139,8 +139,11 @@ def _probe_models(cfg: RunConfig, base: str) -> dict[str, Any]:
         if _untrusted_certificate(exc):
             raise ConfigError("--endpoint", f"{base}'s TLS certificate was not trusted ({_ssl_reason(exc)})",
                               "trust its CA with SSL_CERT_FILE=/path/ca.pem") from None
+        if isinstance(exc, urllib.error.HTTPError) and exc.code in (401, 403):
+            raise ConfigError("--endpoint", f"GET {base}/models failed: {exc}",
+                              "set ITLBENCH_API_KEY in the environment to the server's key") from None
         raise ConfigError("--endpoint", f"GET {base}/models failed: {exc}",
-                          "check the URL ends in /v1, the server is up and --api-key is right") from None
+                          "check the URL ends in /v1 and the server is up") from None
     data = models.get("data")  # the reply is untrusted: entries that are not objects with a str id are skipped
     entries = [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)] if isinstance(data, list) else []
     ids = [m["id"] for m in entries]

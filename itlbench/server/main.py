@@ -167,7 +167,7 @@ def _log_startup(server: RunningServer, engine: object, layout: dict[str, object
     cfg = server.config.engine
     if not server.config.api_key and server.config.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s without an API key: anyone who reaches this port can send load and read "
-                    "/v1/steps; set ITLBENCH_API_KEY (or --api-key) or bind 127.0.0.1", server.config.host)
+                    "/v1/steps; set ITLBENCH_API_KEY in its environment or bind 127.0.0.1", server.config.host)
     budget = "none" if cfg.chunk_budget is None else cfg.chunk_budget
     if cfg.engine == "sim":  # no engine process, no torch, no kernels: say what runs instead
         where = "simulated on a thread of the server (no engine process, no torch)"
