@@ -303,8 +303,12 @@ def _figures() -> list[Figure]:
         out.append(Figure(f"sarathi chunked {n}/{c}", SARATHI, S_CHUNK, f"Yi-34B TP2, prefill of {n} in chunks "
                           f"of {c}", ms / 1e3, (n, c) in ((4095, 1024), (16383, 2048)),
                           lambda p, n=n, c=c: _sarathi_steps(p, _chunks(n, c)), "a100-pcie", "float16", 2))
+    # mlp.csv at microsoft/vidur 7d47513 (file from 2bb7a08): median ms of attn_pre_proj, attn_post_proj, mlp_up_proj,
+    # mlp_down_proj. Vidur's profiler lists 8,192 and 32,768 tokens twice (the ends of two ranges of its token grid,
+    # two runs); these take the first row of each pair (csv lines 132, 2 and 458), the 8,192 one read from the
+    # second (line 133) until the audit of 2026-12-07. The Llama-2 layers below average the pair instead.
     vidur = {(1, 1): (0.033, 0.025, 0.142, 0.076), (128, 1): (0.043, 0.032, 0.191, 0.111),
-             (8192, 1): (1.980, 1.2535, 8.233, 4.159), (32768, 1): (7.2595, 4.926, 33.094, 16.6075),
+             (8192, 1): (1.986, 1.252, 8.161, 4.152), (32768, 1): (7.2595, 4.926, 33.094, 16.6075),
              (32768, 2): (3.860, 2.6375, 17.389, 7.873)}
     for (rows, tp), times in vidur.items():
         for name, ms in zip(("qkv", "o", "gate_up", "down"), times, strict=True):
