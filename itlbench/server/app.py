@@ -36,7 +36,7 @@ from itlbench.server.protocol import (
     prompt_ids,
 )
 from itlbench.server.responses import SSE_DONE, ResponseBuilder, sse, usage
-from itlbench.server.steps import STEPS_FOLLOWERS, stream_steps
+from itlbench.server.steps import install_steps, stream_steps
 from itlbench.server.stop_strings import StopStrings, cut_at_stop
 from itlbench.serving.client import EngineClient, EngineDeadError, QueueFullError, RequestStream
 
@@ -73,7 +73,7 @@ STATE: web.AppKey[ServerState] = web.AppKey("itlbench_state", ServerState)
 def build_app(state: ServerState) -> web.Application:
     app = web.Application(middlewares=[guard_middleware, _errors, _auth], client_max_size=state.max_body_bytes)
     app[STATE] = state
-    app[STEPS_FOLLOWERS] = [0]
+    install_steps(app)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_get("/v1/models", _models)

@@ -2,7 +2,7 @@
 
 `since=N` starts at step N (records already evicted from the bounded log are skipped);
 `follow=1` (the default) keeps the response open and streams new steps as they happen until the
-client disconnects; `follow=0` returns what exists and ends.
+client disconnects or the server stops; `follow=0` returns what exists and ends.
 
 The log holds up to 200,000 records; serialising them all at once on the event loop stalled every
 token stream for seconds (20,000 records took 0.9 s). So the records go out in pages of `PAGE`,
@@ -27,6 +27,19 @@ _POLL_S = 1.0  # wake at least this often to notice shutdown
 PAGE = 2000  # records per write (~1 MB of NDJSON, ~20 ms to serialise, off the loop)
 MAX_FOLLOWERS = 8  # concurrent /v1/steps responses
 STEPS_FOLLOWERS: web.AppKey[list[int]] = web.AppKey("itlbench_steps_followers", list)  # [count], set by build_app
+STEPS_STOPPING: web.AppKey[asyncio.Event] = web.AppKey("itlbench_steps_stopping", asyncio.Event)
+
+
+def install_steps(app: web.Application) -> None:
+    """The followers' counter, and their end when the server stops: aiohttp waits up to 60 s for open
+    responses before it closes, and a follower never ends on its own."""
+    app[STEPS_FOLLOWERS] = [0]
+    app[STEPS_STOPPING] = asyncio.Event()
+
+    async def stop_followers(app: web.Application) -> None:
+        app[STEPS_STOPPING].set()
+
+    app.on_shutdown.append(stop_followers)
 
 
 def _query_int(request: web.Request, name: str, default: int) -> int:
@@ -73,14 +86,16 @@ async def stream_steps(request: web.Request, engine: EngineClient) -> web.Stream
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
         with client_gone_quietly():  # a follower that leaves is no error
             await resp.prepare(request)
-            await _write_steps(resp, engine, since, follow)
+            await _write_steps(resp, engine, since, follow, request.app.get(STEPS_STOPPING) or asyncio.Event())
         return resp
     finally:
         followers[0] -= 1
 
 
-async def _write_steps(resp: web.StreamResponse, engine: EngineClient, since: int, follow: bool) -> None:
-    """Pages of step records from `since`; with `follow`, new ones as they come, while the engine lives."""
+async def _write_steps(resp: web.StreamResponse, engine: EngineClient, since: int, follow: bool,
+                       stopping: asyncio.Event) -> None:
+    """Pages of step records from `since`; with `follow`, new ones as they come, while the engine and
+    the server live."""
     step_log = engine.engine.step_log
     next_step = since
     while True:
@@ -89,7 +104,7 @@ async def _write_steps(resp: web.StreamResponse, engine: EngineClient, since: in
             await resp.write(data)
             next_step = last + 1
             continue  # more may be held already: the next page before any wait
-        if not follow or not engine.is_alive:
+        if not follow or not engine.is_alive or stopping.is_set():
             break
         await engine.wait_for_step(next_step, _POLL_S)
     await resp.write_eof()

@@ -7,11 +7,13 @@ outlives its front end (`itlbench.serving.process_client`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
 import socket
 import sys
+import threading
 import time
 from typing import Any
 
@@ -27,6 +29,7 @@ log = logging.getLogger("itlbench.engine.process")
 
 _EMPTY_STEP_PAUSE_S = 0.001
 _CORE_LOG_RECORDS = 4096  # records are sent every step; the engine process needs only the latest
+_SIGTERM_GRACE_S = 80.0  # past the front end's drain (60 s) and its wait for this process (10 s)
 
 
 class EngineCore:
@@ -129,10 +132,22 @@ class EngineCore:
         return e.num_running, e.num_waiting, e.block_manager.num_free_blocks
 
 
+def _exit_soon(parent_pid: int, *_: object) -> None:
+    """SIGTERM. A stop of the whole process group (systemd's default, `timeout`) reaches the front end too,
+    which drains its streams (aiohttp's 60 s at most), then stops this process in order; exiting at once
+    would cut those streams and read there as an engine that died under it. So keep serving, and exit on
+    our own only when the front end is gone (Linux's parent-death signal) or sent no stop in time."""
+    if os.getppid() != parent_pid:
+        os._exit(0)
+    timer = threading.Timer(_SIGTERM_GRACE_S, os._exit, (0,))
+    timer.daemon = True
+    timer.start()
+
+
 def core_main(fd: int) -> int:
     """Entry of the engine process (`python -m itlbench.serving.engine_core FD`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the front end, which stops us
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    signal.signal(signal.SIGTERM, functools.partial(_exit_soon, os.getppid()))
     die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     chan = Channel(socket.socket(fileno=fd))
