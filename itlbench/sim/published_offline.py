@@ -1,8 +1,8 @@
 """TensorRT-LLM's published offline throughputs (`trtllm-bench throughput`) and the simulator's prediction of each.
 
 Two releases of docs/source/performance/perf-overview.md (NVIDIA/TensorRT-LLM, PyTorch backend): release 1.0's
-tables, and release 0.20's Llama-3.3-70B at TP1-8 on H200, H100 and B200 and Llama-3.1-405B at TP8 on B200, which
-test how the simulator scales with the degree of tensor parallelism. Each figure is the time to serve a fixed-length
+tables, and release 0.20's Llama-3.3-70B at TP1-8 on H200, H100 and B200 and Llama-3.1-405B at TP4 and TP8 on B200,
+which test how the simulator scales with the degree of tensor parallelism. Each figure is the time to serve a fixed-length
 dataset queued at once, predicted through trtllm-bench's settings and an in-flight schedule (sim/trtllm_bench.py) on
 the presets, with each release's fixed costs: release 0.20's backend also waits on its host for each request a step.
 Torch-free.
@@ -64,7 +64,7 @@ OVERVIEW_KV_BYTES = {("llama-3.1-8b", "fp8"): 1, ("llama-3.3-70b", "fp8"): 1, ("
 # The two B200 runs Blackwell's K/V share and NVFP4 GEMM efficiency are fitted on: one decode-heavy, one prefill-heavy
 OVERVIEW_FIT = {("llama-3.3-70b", "b200", 1, "fp4", 128, 4096), ("llama-3.3-70b", "b200", 1, "fp4", 2048, 128)}
 # The three release-0.20 runs its host's time per request is fitted on: the decode-heaviest shape with the most rows
-# a step (128/2,048) at TP8, where that time weighs most, on each GPU; its 77 other runs are held out
+# a step (128/2,048) at TP8, where that time weighs most, on each GPU; its 91 other runs are held out
 OVERVIEW_V020_FIT = {("llama-3.3-70b", gpu, 8, dtype, 128, 2048) for gpu, dtype in
                      (("h100", "fp8"), ("h200", "fp8"), ("b200", "fp4"))}
 
@@ -110,6 +110,10 @@ OVERVIEW_V020: dict[Deployment, tuple[float | None, ...]] = {
                                           3686.84, 2120.66),
     ("llama-3.3-70b", "b200", 8, "fp4"): (27272.27, 31174.31, 25229.25, 28038.78, 20060.66, 20672.37, 4035.64, None,
                                           5182.96, 3429.03),
+    # "Llama 3.1 405B FP4", B200 TP 4, and below "Llama 3.3 70B FP8", H100 TP 2: release 1.0 measured both too (added
+    # 2026-12-07: left out before without a stated reason)
+    ("llama-3.1-405b", "b200", 4, "fp4"): (6163.81, 7081.21, 6028.37, 5858.75, 4848.00, 5375.25, 693.55, None,
+                                           947.49, 641.11),
     ("llama-3.1-405b", "b200", 8, "fp4"): (9002.90, 10288.28, 8713.77, 9125.86, 7582.97, 7626.28, 1086.56, None,
                                            1532.45, 1097.84),
     ("llama-3.3-70b", "h200", 2, "fp8"): (6427.69, 8464.03, 5573.55, 6740.06, 5119.72, 5847.26, 772.67, None, 997.15,
@@ -119,6 +123,9 @@ OVERVIEW_V020: dict[Deployment, tuple[float | None, ...]] = {
     ("llama-3.3-70b", "h200", 8, "fp8"): (15434.37, 20759.72, 16668.75, None, 12744.51, 13141.17, None, 10412.85,
                                           2655.28, 1985.85),
     ("llama-3.3-70b", "h100", 1, "fp8"): (3128.33, 756.42, None, None, 742.14, 533.74, None, None, 204.94, None),
+    # "Llama 3.3 70B FP8", H100 80GB HBM3 TP 2 (added 2026-12-07)
+    ("llama-3.3-70b", "h100", 2, "fp8"): (6216.91, 5782.57, 3868.37, 4684.06, 4247.19, 3866.53, 736.89, None, 862.91,
+                                          416.13),
     ("llama-3.3-70b", "h100", 4, "fp8"): (None, 11464.94, 8206.39, 9903.53, 7435.65, 7611.12, 1213.33, None, 1552.68,
                                           903.66),
     ("llama-3.3-70b", "h100", 8, "fp8"): (None, 17424.32, 12624.61, 14553.93, 11018.81, 11139.22, 1839.22, None,
