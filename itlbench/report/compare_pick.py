@@ -11,25 +11,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from itlbench.analysis.goodput import SloSet
 from itlbench.report.compare_ci import grouped, lead, rank_attr, repeated
-from itlbench.report.data import RunData
+from itlbench.report.compare_rows import Row, measured
 from itlbench.report.slo_checks import Check, slo_checks
 from itlbench.report.slos import judges_nothing, slo_set_words
 from itlbench.report.style import fmt_s
 
-if TYPE_CHECKING:
-    from itlbench.report.compare import Row
-
-Judged = list[tuple["Row", list[Check]]]  # (run, the checks it failed)
+Judged = list[tuple[Row, list[Check]]]  # (run, the checks it failed)
 MEANS = ("worst_s", "p50_s", "p99_s", "p999_s", "injected_ttft_s", "ttft_p99_s", "out_tps", "stalled_s", "goodput")
-
-
-def measured(run: RunData) -> bool:
-    """Whether any request fell in the run's measured window (a run aborted in its warm-up has none)."""
-    return bool((run.summary.get("requests") or {}).get("total"))
 
 
 def judged(rows: Sequence[Row], slos: SloSet) -> tuple[Judged, Judged]:

@@ -7,8 +7,8 @@ from typing import Any
 
 from rich.console import Console
 
-from itlbench.report.compare import Row
 from itlbench.report.compare_ci import rows_as_dicts
+from itlbench.report.compare_rows import Row
 from itlbench.report.style import fmt_s
 from itlbench.report.tables import TextTable, print_table
 
