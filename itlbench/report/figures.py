@@ -165,7 +165,9 @@ def _slo_line(ax: Axes, data: RunData, lo: float, hi: float) -> float:
     if target is None:
         return hi
     name, value, default = target
-    label = f"SLO {name} {fmt_s(value)}" + (" (default)" if default else "")
+    # the target is each request's own (goodput's), not the pooled curve's: a p99 line on the pooled CDF read as one
+    what = {"itl_p99": "each request's ITL p99", "itl_max": "each request's worst gap"}.get(name, name)
+    label = f"SLO: {what} ≤ {fmt_s(value)}" + (" (default)" if default else "")
     if lo <= value <= hi / 1.6 * SLO_REACH:  # named in the legend: a label along the line crossed the curves
         ax.axvline(value, color="black", linestyle="--", linewidth=0.8, label=label)
         return max(hi, value * 1.3)

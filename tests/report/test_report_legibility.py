@@ -163,7 +163,7 @@ def test_the_itl_maximum_is_drawn_whole_and_the_slo_is_named_in_the_legend(run: 
     y = ax.transData.transform((mark.get_xdata()[0], mark.get_ydata()[0]))[1]
     assert y + mark.get_markersize() / 2 * fig.dpi / 72 < top, (y, top)
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "SLO itl_p99 200 ms (default)" in legend, legend
+    assert "SLO: each request's ITL p99 ≤ 200 ms (default)" in legend, legend
     assert not [t for t in ax.texts if t.get_rotation() == 90]
 
 

@@ -129,7 +129,7 @@ def test_goodput_states_the_default_slos_it_was_judged_against(tmp_path: Path) -
     assert '<td class="k">slo</td><td>none given: the default SLOs applied' in html  # not '—'
     assert f"judged against the default SLOs (no --slo given; docs/measures.md, Goodput): {targets}" in _terminal(data)
     legend = [t.get_text() for t in itl_figure(data).figure.axes[0].get_legend().get_texts()]
-    assert "SLO itl_p99 200 ms (default)" in legend, legend
+    assert "SLO: each request's ITL p99 ≤ 200 ms (default)" in legend, legend
     given = {"goodput": {"slos": parse_slo("itl_max=500ms,injected/ttft=off").to_dict()}}
     assert slo_text(given) == ("--slo itl_max=500ms,injected/ttft=off over the defaults: TTFT le128 ≤ 500 ms, "
                                "le512 ≤ 1.00 s, le2k ≤ 2.00 s, le8k ≤ 5.00 s, le32k ≤ 15.0 s, gt32k ≤ 60.0 s; "
@@ -180,7 +180,7 @@ def test_a_far_slo_line_does_not_set_the_itl_range_and_the_counts_match_the_tabl
     assert hi < 0.1, f"x range to {hi} s: the 200 ms SLO stretched it"
     assert not [line for line in ax.lines if list(line.get_xdata()) == [0.2, 0.2]], "no SLO line far off the data"
     edge = [t.get_text() for t in ax.texts if isinstance(t, Annotation) and "SLO" in t.get_text()]
-    assert edge == ["SLO itl_p99 200 ms (default), off the scale →"]
+    assert edge == ["SLO: each request's ITL p99 ≤ 200 ms (default), off the scale →"]
     ticks = [t.get_text() for t in ax.get_xticklabels() + ax.get_xticklabels(minor=True) if t.get_text()]
     assert len(ticks) >= 2 and all(t.endswith("ms") for t in ticks), ticks
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
