@@ -25,12 +25,14 @@ def test_committed_dashboards_are_what_the_generator_writes() -> None:
             f"dashboards/{name} is stale: run `python -m itlbench.telemetry.dashboards`"
 
 
-def test_the_generator_writes_where_it_runs_and_checks_staleness(tmp_path, monkeypatch) -> None:
+def test_the_generator_writes_where_it_runs_and_checks_staleness(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     assert main(["--check"]) == 1  # nothing written here yet
     assert main([]) == 0
     assert sorted(p.name for p in (tmp_path / "dashboards").iterdir()) == sorted(generate())
+    capsys.readouterr()
     assert main(["--check"]) == 0
+    assert capsys.readouterr().out.startswith("up to date: dashboards/")  # a passing check says so
 
 
 def test_structure_uids_ids_targets_units() -> None:
