@@ -1,8 +1,9 @@
 """TensorRT-LLM's published offline throughputs (`trtllm-bench throughput`) and the simulator's prediction of each.
 
 Two releases of docs/source/performance/perf-overview.md (NVIDIA/TensorRT-LLM, PyTorch backend): release 1.0's
-tables, and release 0.20's Llama-3.3-70B at TP1-8 on H200, H100 and B200 and Llama-3.1-405B at TP4 and TP8 on B200,
-which test how the simulator scales with the degree of tensor parallelism. Each figure is the time to serve a fixed-length
+tables, and release 0.20's Llama tables: the 70B at TP1-8 on H200, H100 and B200, the 405B at TP4 and TP8 on B200 and
+TP8 on H200 and H100 in FP8, which test how the simulator scales with the degree of tensor parallelism, and the 8B
+at TP1 (its Llama 4 Maverick is left out: a mixture of experts, see OVERVIEW_V020). Each figure is the time to serve a fixed-length
 dataset queued at once, predicted through trtllm-bench's settings and an in-flight schedule (sim/trtllm_bench.py) on
 the presets, with each release's fixed costs: release 0.20's backend also waits on its host for each request a step.
 Torch-free.
@@ -64,7 +65,7 @@ OVERVIEW_KV_BYTES = {("llama-3.1-8b", "fp8"): 1, ("llama-3.3-70b", "fp8"): 1, ("
 # The two B200 runs Blackwell's K/V share and NVFP4 GEMM efficiency are fitted on: one decode-heavy, one prefill-heavy
 OVERVIEW_FIT = {("llama-3.3-70b", "b200", 1, "fp4", 128, 4096), ("llama-3.3-70b", "b200", 1, "fp4", 2048, 128)}
 # The three release-0.20 runs its host's time per request is fitted on: the decode-heaviest shape with the most rows
-# a step (128/2,048) at TP8, where that time weighs most, on each GPU; its 91 other runs are held out
+# a step (128/2,048) at TP8, where that time weighs most, on each GPU; its 115 other runs are held out
 OVERVIEW_V020_FIT = {("llama-3.3-70b", gpu, 8, dtype, 128, 2048) for gpu, dtype in
                      (("h100", "fp8"), ("h200", "fp8"), ("b200", "fp4"))}
 
@@ -130,7 +131,20 @@ OVERVIEW_V020: dict[Deployment, tuple[float | None, ...]] = {
                                           903.66),
     ("llama-3.3-70b", "h100", 8, "fp8"): (None, 17424.32, 12624.61, 14553.93, 11018.81, 11139.22, 1839.22, None,
                                           2369.84, 1554.10),
+    # "Llama 3.1 8B FP8", H200 141GB HBM3 and H100 80GB HBM3, TP 1 (no 2,048/2,048 row), and "Llama 3.1 405B FP8",
+    # H200 and H100, TP 8 (no 128/128 or 2,048/2,048 row): release 1.0 measured all four too (added 2026-12-07: left
+    # out before, the fourth session's reason, deployments release 1.0 lacks, dropped since the TP1 columns joined)
+    ("llama-3.1-8b", "h200", 1, "fp8"): (27970.14, 23326.38, 17508.51, 21390.41, 17366.89, 16831.31, 3488.03, None,
+                                         3813.69, 1696.66),
+    ("llama-3.1-8b", "h100", 1, "fp8"): (27688.36, 21841.15, 13730.89, 17833.34, 15270.62, 13798.08, 3414.67, None,
+                                         3394.54, 1345.42),
+    ("llama-3.1-405b", "h200", 8, "fp8"): (None, 5567.87, 5136.85, 4787.61, 3286.30, 3636.76, 443.10, None, 645.46,
+                                           None),
+    ("llama-3.1-405b", "h100", 8, "fp8"): (None, None, None, 3673.91, 3012.22, 3262.20, 449.02, None, None, 372.12),
 }
+# Not here: the page's "Llama 4 Maverick FP8" (nvidia/Llama-4-Maverick-17B-128E-Instruct-FP8, TP 8 on H200 and H100),
+# a mixture of experts (128 routed experts, 17B active parameters a token) the simulator cannot price: its cost model
+# charges every weight of a dense decoder to every row and has no expert routing, no expert parallelism and no preset.
 
 
 def offline_kv_share(model: str, gpu: str, tp: int, dtype: str) -> float:

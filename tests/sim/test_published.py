@@ -58,7 +58,7 @@ def test_every_figure_cites_its_public_file_and_the_sets_are_split() -> None:
     # release 0.20's runs: held out but the three (128/2,048 at TP8, one a GPU) its host time is fitted on
     assert {k for k in fit if k.startswith("trtllm0.20")} == {
         f"trtllm0.20 offline llama-3.3-70b {g} tp8 128/2048" for g in ("h100 fp8", "h200 fp8", "b200 fp4")}
-    assert sum(k.startswith("trtllm0.20") for k in held) == 91  # with the 70B H100 TP2 and 405B B200 TP4 columns
+    assert sum(k.startswith("trtllm0.20") for k in held) == 115  # with every Llama column of the page (since 2026-12-07)
     # moved into the fit for the terms they alone fix (docs): L40S FP8 efficiency, TensorRT-LLM's context cost
     assert {"trtllm ttft llama-2-7b l40s fp8 tp1 2048", "trtllm ttft llama-2-7b h100 fp8 tp1 128"} <= fit
 
@@ -78,9 +78,13 @@ def test_the_stored_parameters_meet_the_error_targets_in_and_out_of_the_fit() ->
     over = {r[0].key for r in rows if abs(r[2]) > 0.15}
     # the B200's decode-heaviest 405B TP4 run (+16.6 %: the 405B FP4 checkpoint's cache is assumed 16-bit), the
     # 405B's H100 TP8 500/2,000 run (+16.6 %: TP8's runtime reserve is TP4's, not measured), and four of release
-    # 0.20's runs (below; its 405B B200 TP4 128/4,096 run, +16.2 %, like release 1.0's same run); the single H100's 70B runs are not among them since the runtime's reserve is charged
+    # 0.20's runs (below; its 405B B200 TP4 128/4,096 run, +16.2 %, like release 1.0's same run); the single H100's 70B runs are not among them since the runtime's reserve is charged.
+    # Since 2026-12-07 also release 0.20's 8B at TP1 (twelve runs 17-35 % slow: its host time a request, below) and
+    # its 405B H100 TP8 1,000/2,000 run (+20.6 %; release 1.0's same run +3.0 %)
     single_h100 = {f"trtllm0.20 offline llama-3.3-70b h100 fp8 tp1 {s}" for s in ("128/2048", "1000/1000", "1000/2000")}
-    assert not over & single_h100 and len(over) <= 10
+    v020_8b = {f"trtllm0.20 offline llama-3.1-8b {g} fp8 tp1 {s}" for g in ("h100", "h200")
+               for s in ("128/128", "128/2048", "128/4096", "500/2000", "1000/1000", "1000/2000")}
+    assert not over & single_h100 and len(over) <= 20
     assert over <= {"trtllm batch llama-2-70b h100 fp8 tp2 96x2048/128",
                     "trtllm batch llama-2-70b a100 float16 tp4 120x2048/128", tiny,
                     "vidur layer llama-2-7b h100 tp1 256", "vidur layer llama-2-7b a100 tp4 256",
@@ -89,8 +93,10 @@ def test_the_stored_parameters_meet_the_error_targets_in_and_out_of_the_fit() ->
                     "trtllm0.20 offline llama-3.3-70b b200 fp4 tp2 128/128",
                     "trtllm0.20 offline llama-3.3-70b b200 fp4 tp4 128/128",
                     "trtllm0.20 offline llama-3.3-70b h100 fp8 tp8 128/4096",
-                    "trtllm0.20 offline llama-3.1-405b b200 fp4 tp4 128/4096"}, over
-    assert max(abs(e) for f, _, e in rows if f.key not in (v05_short, tiny)) < 0.20
+                    "trtllm0.20 offline llama-3.1-405b b200 fp4 tp4 128/4096",
+                    "trtllm0.20 offline llama-3.1-405b h100 fp8 tp8 1000/2000"} | v020_8b, over
+    assert max(abs(e) for f, _, e in rows if f.key not in {v05_short, tiny} | v020_8b) < 0.21
+    assert max(abs(e) for f, _, e in rows if f.key in v020_8b) < 0.35
     assert abs(next(e for f, _, e in rows if f.key == v05_short)) < 0.10
     assert 0.2 < next(e for f, _, e in rows if f.key == tiny) < 0.35
     # TensorRT-LLM 1.0's offline throughputs (Llama-3.1-8B, -3.3-70B and -3.1-405B, H100/H200 FP8): all
@@ -167,28 +173,37 @@ def test_hoppers_bandwidth_gain_comes_from_vidurs_h100_profiles() -> None:
 
 
 def test_release_0_20s_host_time_per_request_is_what_it_lost_with_more_gpus() -> None:
-    """TensorRT-LLM 0.20's offline runs of Llama-3.3-70B at TP1-8 (and 405B at TP4-8 on B200s). Without a host cost
-    the simulator scales too well, model by model (the 70B's median -11 % at TP2, -14 % at TP4, -22 % at TP8; the
-    405B's -7 % at TP4, -18 % at TP8): every degree holds more rows a step, and a step's GPU work a row shrinks with
-    the degree while the host's does not. Across models the 405B's TP4 runs (fewer rows a step) put TP4's median level
-    with TP2's. 13 us of host time per
-    scheduled request a step, fitted on three TP8 runs, puts the other 91 within 15 % but three (the single H100's
-    70B runs were three more until the runtime's reserve was kept of their 12 GiB beside 70 GB of weights), at every
-    degree. Release 1.0's runs show none of it."""
+    """TensorRT-LLM 0.20's offline runs of Llama-3.3-70B at TP1-8 (and 405B at TP4-8 on B200s; since 2026-12-07 also
+    its 8B at TP1 and 405B FP8 at TP8 on H200s and H100s, every Llama column of the page). Without a host cost the
+    simulator scales too well, model by model (the 70B's median -11 % at TP2, -14 % at TP4, -22 % at TP8; the 405B's on
+    B200s -7 % at TP4, -18 % at TP8): every degree holds more rows a step, and a step's GPU work a row shrinks with the
+    degree while the host's does not. Across models the 405B's TP4 runs (fewer rows a step) put TP4's median level with
+    TP2's. 13 us of host time per scheduled request a step, fitted on three TP8 runs, puts the 70B's and 405B's 101
+    others within 15 % but four (the single H100's 70B runs were three more until the runtime's reserve was kept of
+    their 12 GiB beside 70 GB of weights), at every degree. Release 1.0's runs show none of it. Nor do release 0.20's
+    own 8B runs at TP1: 17-35 % slow with the host time (twelve of fourteen over 15 %), within 15 % without it, as
+    release 1.0's same runs are (docs/perf/sim-vs-published-log.md): the term does not hold for every model."""
     rows = _errors(default_params(), "trtllm0.20 offline")
     held = [(f, e) for f, _, e in rows if not f.fit]
-    assert len(rows) == 94 and len(held) == 91
-    assert np.mean([abs(e) for _, e in held]) < 0.07 and sum(abs(e) > 0.15 for _, e in held) <= 3
+    assert len(rows) == 118 and len(held) == 115
+    assert np.mean([abs(e) for _, e in held]) < 0.08 and sum(abs(e) > 0.15 for _, e in held) <= 16
+    rest = [(f, e) for f, e in held if "3.1-8b" not in f.key]
+    assert np.mean([abs(e) for _, e in rest]) < 0.06 and sum(abs(e) > 0.15 for _, e in rest) <= 4
+    small = [e for f, e in held if "3.1-8b" in f.key]
+    small_without = [e for f, _, e in _errors(default_params() | {"trtllm020_seq_s": 0.0}, "trtllm0.20 offline llama-3.1-8b")]
+    assert len(small) == 14 and np.median(small) > 0.15 and sum(e > 0.15 for e in small) == 12
+    assert max(map(abs, small_without)) < 0.15
     by_tp: dict[int, list[float]] = {}
     for f, e in held:
         by_tp.setdefault(f.tp, []).append(e)
     assert all(abs(float(np.median(errs))) < 0.08 for errs in by_tp.values()), by_tp
     # where 1.0 measured it too (8.1 % before the 16-bit tables and the reserve took 7 % of the B200's K/V room)
-    assert max(abs(e) for f, e in held if f.tp == 1 and f.gpu != "h100") < 0.115
+    assert max(abs(e) for f, e in held if f.tp == 1 and f.gpu != "h100" and "70b" in f.key) < 0.115
     without = _errors(default_params() | {"trtllm020_seq_s": 0.0}, "trtllm0.20 offline")
     medians = {tp: float(np.median([e for f, _, e in without if f.tp == tp and "70b" in f.key])) for tp in (2, 4, 8)}
     assert medians[8] < medians[4] < medians[2] < -0.05 and medians[8] < -0.15, medians
-    big = {tp: float(np.median([e for f, _, e in without if f.tp == tp and "405b" in f.key])) for tp in (4, 8)}
+    big = {tp: float(np.median([e for f, _, e in without if f.tp == tp and "405b" in f.key and f.gpu == "b200"]))
+           for tp in (4, 8)}
     assert big[8] < big[4] < -0.05 and big[8] < -0.15, big
     assert sum(abs(e) > 0.15 for f, _, e in without if f.tp == 8) >= 15
     # the same host time in release 1.0's runs would put them slow: its backend hides (or lost) it
