@@ -105,7 +105,7 @@ def check_without_context(spec: LoadSpec) -> None:
     check_load_shape(spec.streams, spec.rate, spec.burstiness, spec.duration_s)
     for flag, value in (("--inject-max-tokens", spec.inject_max_tokens), ("--output-tokens", spec.output_tokens)):
         if value is not None and value < 1:
-            raise ConfigError(flag, f"must be >= 1, got {value}")
+            raise ConfigError(flag, f"must be >= 1, got {value}", f"give at least one token, e.g. {flag} 16")
     _check_sources(spec, workload)
     check_injection_times(spec.inject, spec.duration_s, spec.inject_at_s)
     if workload.from_trace:

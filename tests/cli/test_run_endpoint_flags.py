@@ -59,7 +59,7 @@ class _CountingPeer(OpenAIPeer):
     (["--workload", "trace", "--trace", "{tmp}/missing.csv"], "error: --trace: no trace file at"),
     (["--trace", "{tmp}/missing.csv"], "error: --trace: a trace file only applies to --workload trace"),
     (["--workload", "trace", "--trace", "{tmp}/missing.csv", "--rate", "2"], "error: --rate: a trace replays"),
-    (["--inject-max-tokens", "0"], "error: --inject-max-tokens: must be >= 1, got 0"),
+    (["--inject-max-tokens", "0"], "error: --inject-max-tokens: must be >= 1, got 0 (give at least one token, e.g. --inject-max-tokens 16)"),
     (["--metrics-port", "0", "--workload", "trace"], "error: --trace: workload 'trace' needs a CSV"),
     (["--receive-otlp", "auto", "--inject-max-tokens", "0"], "error: --inject-max-tokens: must be >= 1"),
     (["--receive-otlp", "auto", "--out", "{tmp}/a-file"], "error: --out: {tmp}/a-file is a file, not a directory"),
