@@ -217,7 +217,7 @@ def noise_verdict(rows: Sequence[Any]) -> list[str]:
         return []
     best, second = order[0], order[1]
     b, s = ranked[best], ranked[second]
-    ok, why = lead(rows, best, second)
+    ok, why = judge(s[0], b[0])  # `lead`'s test, on the intervals already ranked
     if not ok:
         return [f"No setting has significantly smoother streams: {best} (worst gap {_gap(b)}) and "
                 f"{second} ({_gap(s)}) are within noise ({why}); means and 95 % intervals over "
