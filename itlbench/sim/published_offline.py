@@ -70,13 +70,15 @@ OVERVIEW_V020_FIT = {("llama-3.3-70b", gpu, 8, dtype, 128, 2048) for gpu, dtype 
                      (("h100", "fp8"), ("h200", "fp8"), ("b200", "fp4"))}
 
 
-def _offline_hw(params: dict[str, float], gpu: str, dtype: str, release: str = "1.0") -> Hardware:
+def _offline_hw(params: dict[str, float], gpu: str, dtype: str, tp: int, release: str = "1.0") -> Hardware:
     """TensorRT-LLM's PyTorch backend at `release`: the presets as they are (K/V read once per GQA group;
     all-reduces by its own kernels, cpp/tensorrt_llm/kernels/customAllReduceKernels.cu, at one kernel's fixed cost,
     where the NCCL all-reduces of its 2023 releases cost link_latency_s or trtllm05_link_s), TensorRT-LLM's fitted step cost, no
-    context-phase cost; and at release 0.20 its host's time per scheduled request a step that the GPU waits for
-    (`trtllm020_seq_s`, fitted on three of its runs; release 1.0's runs show none: docs/perf/sim-vs-published.md)."""
-    seq = params["trtllm020_seq_s"] if release == "0.20" else 0.0
+    context-phase cost; and at release 0.20 with tp > 1 its host's time per scheduled request a step that the GPU waits
+    for (`trtllm020_seq_s`, fitted on three of its TP8 runs). Not at TP1: there 0.20's published throughputs are
+    0.94-1.06 of release 1.0's on the same GPU, and release 1.0's runs show no such cost at any degree
+    (docs/perf/sim-vs-published-log.md; the gate was chosen after the 8B TP1 errors were seen)."""
+    seq = params["trtllm020_seq_s"] if release == "0.20" and tp > 1 else 0.0
     return fitted_presets(params)[gpu].for_dtype(dtype).with_(step_overhead_s=params["trtllm_step_s"], graph_overhead_s=None,
                                                      seq_overhead_s=seq)
 
@@ -89,7 +91,7 @@ def _offline_cm(model: str, gpu: str, tp: int, dtype: str) -> tuple[CostModel, H
 def offline_predict(model: str, gpu: str, tp: int, dtype: str, isl: int, osl: int,
                     release: str = "1.0") -> Callable[[dict[str, float]], float]:
     def predict(params: dict[str, float]) -> float:
-        hw = _offline_hw(params, gpu, dtype, release)
+        hw = _offline_hw(params, gpu, dtype, tp, release)
         cm = CostModel.for_hardware(PRESETS[model], hw, tp=tp, kv_dtype_bytes=OVERVIEW_KV_BYTES[(model, dtype)])
         return offline_seconds(cm, hw, isl, osl, OVERVIEW_REQUESTS[(isl, osl)], bench_settings(cm, hw, isl, osl))
     return predict
@@ -100,7 +102,7 @@ def offline_predict(model: str, gpu: str, tp: int, dtype: str, isl: int, osl: in
 # gives no request count for that shape. Where both releases measured one deployment, 0.20's figures are 0.87-1.09
 # of 1.0's (docs/perf/sim-vs-published-log.md): the spread a release adds.
 OVERVIEW_V020: dict[Deployment, tuple[float | None, ...]] = {
-    # the two TP1 deployments release 1.0 measured too: they check release 0.20's host time where it weighs least
+    # the two TP1 deployments release 1.0 measured too (0.94-1.06 of its throughputs): no host time is charged there
     ("llama-3.3-70b", "b200", 1, "fp4"): (10994.48, 9580.46, 6418.39, 7343.32, 6752.53, 6670.07, 1342.17, None,
                                           1429.67, 629.77),
     ("llama-3.3-70b", "h200", 1, "fp8"): (3605.47, 4315.80, 2701.17, 3478.76, 2744.32, 2896.44, 435.90, None, 545.96,

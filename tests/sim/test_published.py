@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from itlbench.core.presets import PRESETS
-from itlbench.sim import published
+from itlbench.sim import published, published_offline
 from itlbench.sim.hardware import FIT, presets
 from itlbench.sim.published import ENGINE_PARAMS, FIGURES, default_params, errors, overview_schedulable
 from itlbench.sim.published_offline import KERNELS_2025_FLAG
@@ -76,27 +76,23 @@ def test_the_stored_parameters_meet_the_error_targets_in_and_out_of_the_fit() ->
     v05_short = "trtllm v0.5 batch llama-2-70b h100 fp8 tp4 64x128/128"
     tiny = "vidur layer llama-2-7b h100 tp8 1"
     over = {r[0].key for r in rows if abs(r[2]) > 0.15}
-    # the B200's decode-heaviest 405B TP4 run (+16.6 %: the 405B FP4 checkpoint's cache is assumed 16-bit), the
-    # 405B's H100 TP8 500/2,000 run (+16.6 %: TP8's runtime reserve is TP4's, not measured), and four of release
-    # 0.20's runs (below; its 405B B200 TP4 128/4,096 run, +16.2 %, like release 1.0's same run); the single H100's 70B runs are not among them since the runtime's reserve is charged.
-    # Since 2026-12-07 also release 0.20's 8B at TP1 (twelve runs 17-35 % slow: its host time a request, below) and
-    # its 405B H100 TP8 1,000/2,000 run (+20.6 %; release 1.0's same run +3.0 %)
+    # release 0.20's runs: its 70B 128/128 on four B200s (+18.1 %), 128/4,096 on eight H100s (-16.5 %) and 500/2,000
+    # on one B200 (-15.7 %: 0.20 took 5.7 % longer than release 1.0's same run, which is -10.9 %), its
+    # 405B 128/4,096 on four B200s (+16.2 %, like release 1.0's same run) and 1,000/2,000 on eight H100s (+20.6 %;
+    # release 1.0's same run +3.0 %); the single H100's 70B runs are not among them since the runtime's reserve is
+    # charged, nor since 2026-12-07 (twenty-second session) release 0.20's 8B at TP1, whose host time a request is
+    # charged only at TP > 1 (twelve of them 17-35 % slow when it was charged at every degree)
     single_h100 = {f"trtllm0.20 offline llama-3.3-70b h100 fp8 tp1 {s}" for s in ("128/2048", "1000/1000", "1000/2000")}
-    v020_8b = {f"trtllm0.20 offline llama-3.1-8b {g} fp8 tp1 {s}" for g in ("h100", "h200")
-               for s in ("128/128", "128/2048", "128/4096", "500/2000", "1000/1000", "1000/2000")}
-    assert not over & single_h100 and len(over) <= 20
-    assert over <= {"trtllm batch llama-2-70b h100 fp8 tp2 96x2048/128",
-                    "trtllm batch llama-2-70b a100 float16 tp4 120x2048/128", tiny,
+    v020_8b = {f.key for f in FIGURES if f.key.startswith("trtllm0.20 offline llama-3.1-8b")}
+    assert len(v020_8b) == 14 and not over & (single_h100 | v020_8b) and len(over) <= 9
+    assert over <= {"trtllm batch llama-2-70b a100 float16 tp4 120x2048/128", tiny,
                     "vidur layer llama-2-7b h100 tp1 256", "vidur layer llama-2-7b a100 tp4 256",
-                    "trtllm1 offline llama-3.1-405b b200 fp4 tp4 128/4096",
-                    "trtllm1 offline llama-3.1-405b h100 fp8 tp8 500/2000",
-                    "trtllm0.20 offline llama-3.3-70b b200 fp4 tp2 128/128",
+                    "trtllm0.20 offline llama-3.3-70b b200 fp4 tp1 500/2000",
                     "trtllm0.20 offline llama-3.3-70b b200 fp4 tp4 128/128",
                     "trtllm0.20 offline llama-3.3-70b h100 fp8 tp8 128/4096",
                     "trtllm0.20 offline llama-3.1-405b b200 fp4 tp4 128/4096",
-                    "trtllm0.20 offline llama-3.1-405b h100 fp8 tp8 1000/2000"} | v020_8b, over
-    assert max(abs(e) for f, _, e in rows if f.key not in {v05_short, tiny} | v020_8b) < 0.21
-    assert max(abs(e) for f, _, e in rows if f.key in v020_8b) < 0.35
+                    "trtllm0.20 offline llama-3.1-405b h100 fp8 tp8 1000/2000"}, over
+    assert max(abs(e) for f, _, e in rows if f.key not in {v05_short, tiny}) < 0.21
     assert abs(next(e for f, _, e in rows if f.key == v05_short)) < 0.10
     assert 0.2 < next(e for f, _, e in rows if f.key == tiny) < 0.35
     # TensorRT-LLM 1.0's offline throughputs (Llama-3.1-8B, -3.3-70B and -3.1-405B, H100/H200 FP8): all
@@ -172,33 +168,38 @@ def test_hoppers_bandwidth_gain_comes_from_vidurs_h100_profiles() -> None:
     assert gpus["b200"].attn_mem_eff == pytest.approx(FIT["attn_mem_eff"] * FIT["blackwell_kv_gain"])
 
 
-def test_release_0_20s_host_time_per_request_is_what_it_lost_with_more_gpus() -> None:
+def test_release_0_20s_host_time_per_request_is_what_it_lost_with_more_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """TensorRT-LLM 0.20's offline runs of Llama-3.3-70B at TP1-8 (and 405B at TP4-8 on B200s; since 2026-12-07 also
     its 8B at TP1 and 405B FP8 at TP8 on H200s and H100s, every Llama column of the page). Without a host cost the
     simulator scales too well, model by model (the 70B's median -11 % at TP2, -14 % at TP4, -22 % at TP8; the 405B's on
     B200s -7 % at TP4, -18 % at TP8): every degree holds more rows a step, and a step's GPU work a row shrinks with the
     degree while the host's does not. Across models the 405B's TP4 runs (fewer rows a step) put TP4's median level with
-    TP2's. 13 us of host time per scheduled request a step, fitted on three TP8 runs, puts the 70B's and 405B's 101
-    others within 15 % but four (the single H100's 70B runs were three more until the runtime's reserve was kept of
-    their 12 GiB beside 70 GB of weights), at every degree. Release 1.0's runs show none of it. Nor do release 0.20's
-    own 8B runs at TP1: 17-35 % slow with the host time (twelve of fourteen over 15 %), within 15 % without it, as
-    release 1.0's same runs are (docs/perf/sim-vs-published-log.md): the term does not hold for every model."""
+    TP2's. 13.7 us of host time per scheduled request a step, fitted on three TP8 runs and charged at TP > 1 only (since
+    2026-12-07, twenty-second session), puts all but five of the 115 held-out runs within 15 %. Not at TP1: there
+    0.20's published throughputs are 0.94-1.06 of release 1.0's, and charged at TP1 it put twelve of the 8B's fourteen
+    runs 17-35 % slow (the gate was chosen after those were seen: docs/perf/sim-vs-published-log.md). Release 1.0's
+    runs at TP > 1 lean slow with it too: its backend hides (or lost) it."""
     rows = _errors(default_params(), "trtllm0.20 offline")
     held = [(f, e) for f, _, e in rows if not f.fit]
     assert len(rows) == 118 and len(held) == 115
-    assert np.mean([abs(e) for _, e in held]) < 0.08 and sum(abs(e) > 0.15 for _, e in held) <= 16
-    rest = [(f, e) for f, e in held if "3.1-8b" not in f.key]
-    assert np.mean([abs(e) for _, e in rest]) < 0.06 and sum(abs(e) > 0.15 for _, e in rest) <= 4
+    assert np.mean([abs(e) for _, e in held]) < 0.06 and sum(abs(e) > 0.15 for _, e in held) <= 5
     small = [e for f, e in held if "3.1-8b" in f.key]
-    small_without = [e for f, _, e in _errors(default_params() | {"trtllm020_seq_s": 0.0}, "trtllm0.20 offline llama-3.1-8b")]
-    assert len(small) == 14 and np.median(small) > 0.15 and sum(e > 0.15 for e in small) == 12
-    assert max(map(abs, small_without)) < 0.15
+    assert len(small) == 14 and max(map(abs, small)) < 0.15
+    # the same term charged at every degree (the form before the twenty-second session): the 8B's twelve runs slow
+    every_degree = published_offline._offline_hw
+    monkeypatch.setattr(published_offline, "_offline_hw",
+                        lambda params, gpu, dtype, tp, release="1.0": every_degree(params, gpu, dtype, 8, release))
+    charged = [e for f, _, e in _errors(default_params(), "trtllm0.20 offline llama-3.1-8b")]
+    assert np.median(charged) > 0.15 and sum(e > 0.15 for e in charged) == 12
+    monkeypatch.undo()
     by_tp: dict[int, list[float]] = {}
     for f, e in held:
         by_tp.setdefault(f.tp, []).append(e)
     assert all(abs(float(np.median(errs))) < 0.08 for errs in by_tp.values()), by_tp
-    # where 1.0 measured it too (8.1 % before the 16-bit tables and the reserve took 7 % of the B200's K/V room)
-    assert max(abs(e) for f, e in held if f.tp == 1 and f.gpu != "h100" and "70b" in f.key) < 0.115
+    # where 1.0 measured it too, the 70B at TP1: within 10 % but the B200's 500/2,000 run (-15.7 %), which 0.20 took
+    # 5.7 % longer than 1.0 did (1.0's same run -10.9 %)
+    tp1 = sorted(abs(e) for f, e in held if f.tp == 1 and f.gpu != "h100" and "70b" in f.key)
+    assert len(tp1) == 14 and tp1[-2] < 0.10 and tp1[-1] < 0.16
     without = _errors(default_params() | {"trtllm020_seq_s": 0.0}, "trtllm0.20 offline")
     medians = {tp: float(np.median([e for f, _, e in without if f.tp == tp and "70b" in f.key])) for tp in (2, 4, 8)}
     assert medians[8] < medians[4] < medians[2] < -0.05 and medians[8] < -0.15, medians
@@ -206,11 +207,14 @@ def test_release_0_20s_host_time_per_request_is_what_it_lost_with_more_gpus() ->
            for tp in (4, 8)}
     assert big[8] < big[4] < -0.05 and big[8] < -0.15, big
     assert sum(abs(e) > 0.15 for f, _, e in without if f.tp == 8) >= 15
-    # the same host time in release 1.0's runs would put them slow: its backend hides (or lost) it
-    release1 = [published.offline_predict(*dep, isl, osl, "0.20")(default_params()) / (
-        published.OVERVIEW_REQUESTS[(isl, osl)] * osl / tok) - 1 for dep, isl, osl, tok in
-        published.offline_runs(published.OVERVIEW)]
-    assert len(release1) == 56 and np.median(release1) > 0.06 and sum(e > 0.15 for e in release1) >= 10
+    # the same host time in release 1.0's runs at TP > 1 (the 70B at TP2, the 405B at TP4-8) would put them slow
+    def release1(release: str) -> list[float]:
+        return [published.offline_predict(*dep, isl, osl, release)(default_params()) / (
+            published.OVERVIEW_REQUESTS[(isl, osl)] * osl / tok) - 1 for dep, isl, osl, tok in
+            published.offline_runs(published.OVERVIEW) if dep[2] > 1]
+    stored, charged = release1("1.0"), release1("0.20")
+    assert len(stored) == 28 and abs(np.median(stored)) < 0.02 and max(map(abs, stored)) < 0.15
+    assert np.median(charged) > 0.04 and sum(e > 0.15 for e in charged) >= 3
 
 
 def test_the_405b_checkpoint_keeps_a_16_bit_cache(monkeypatch: pytest.MonkeyPatch) -> None:
