@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -82,18 +83,33 @@ def _held_out_errors() -> list[tuple[Figure, float]]:
     stored = _read_stored(key, held)
     if stored is None:
         stored = [err for _, _, err in errors(default_params(), held)]
-        _store(key, held, stored)
+        if not _changed_since_loaded():
+            _store(key, held, stored)
     return list(zip(held, stored, strict=True))
+
+
+_PACKAGE = Path(__file__).resolve().parents[1]  # the itlbench package
+# When this process loaded the simulator: the key hashes the files on disk, the errors come from the code in memory
+_LOADED_AT = time.time()
+
+
+def _source_files() -> list[Path]:
+    return sorted(p for p in _PACKAGE.rglob("*") if p.suffix in (".py", ".json", ".csv") and p.is_file())
 
 
 @lru_cache(maxsize=1)
 def source_key() -> str:
     """A hash of every source and data file of the package: what the simulator's predictions are made of."""
-    root = Path(__file__).resolve().parents[1]  # the itlbench package
     digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".json", ".csv") and p.is_file()):
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in _source_files():
+        digest.update(str(path.relative_to(_PACKAGE)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def _changed_since_loaded() -> bool:
+    """Whether a package file was written after this process loaded the simulator: its errors were then computed
+    by code the files (and so the key) no longer hold, and storing them would hand the next process stale ones."""
+    return any(path.stat().st_mtime > _LOADED_AT for path in _source_files())
 
 
 KEPT_VERSIONS = 4  # stored error files of other code (another checkout, an older install) kept beside this one's

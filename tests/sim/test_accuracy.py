@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -206,6 +207,7 @@ def test_a_deployment_whose_weights_overflow_the_gpu_is_told_so_not_warned_of_a_
 def _fresh(monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
     """A new process's view: nothing held in memory, the cache directory at `cache`."""
     monkeypatch.setenv("ITLBENCH_CACHE_DIR", str(cache))
+    monkeypatch.setattr(accuracy, "_LOADED_AT", time.time())  # it loads the package's files as they are now
     accuracy._held_out_errors.cache_clear()  # (the package's files, and so source_key, are the same)
 
 
@@ -251,6 +253,21 @@ def test_changed_code_a_planted_or_a_damaged_file_is_computed_afresh(
         monkeypatch.setattr(accuracy, "source_key", lambda: doc["key"])
         assert 0.5 not in {e for _, e in accuracy._held_out_errors()}
     assert len(calls) == 4
+
+
+def test_errors_of_code_the_files_no_longer_hold_are_not_stored(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that loaded the simulator before a file was edited computes with the old code; the key hashes the
+    files on disk, so storing its errors would hand the next process (running the new code) stale error bars."""
+    monkeypatch.setattr(accuracy, "errors", lambda params, figures: [(f, 1.0, 0.05) for f in figures])
+    _fresh(monkeypatch, tmp_path)
+    edited = accuracy._source_files()[0]
+    monkeypatch.setattr(accuracy, "_LOADED_AT", edited.stat().st_mtime - 1.0)  # loaded, then that file was written
+    assert {e for _, e in accuracy._held_out_errors()} == {0.05}
+    assert not list((tmp_path / "sim").glob("held-out-errors-*.json"))
+    _fresh(monkeypatch, tmp_path)  # the next process loads the files as they are: it stores
+    accuracy._held_out_errors()
+    assert len(list((tmp_path / "sim").glob("held-out-errors-*.json"))) == 1
 
 
 def test_a_cache_that_cannot_be_written_only_costs_the_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
