@@ -24,7 +24,7 @@ from itlbench.server.guard import ConnectionGuard, ConnectionLimits, GuardedSite
 from itlbench.server.metrics import ServerMetrics
 from itlbench.serving.async_engine import AsyncEngine
 from itlbench.serving.build import create_engine
-from itlbench.serving.client import EngineClient
+from itlbench.serving.client import EngineClient, EngineDeadError
 from itlbench.serving.process_client import EngineProcessClient
 from itlbench.system.heap import freeze_heap
 from itlbench.system.threads import apply_torch_threads, serving_threads
@@ -203,17 +203,34 @@ def report_port(port: int, path: str | None = None) -> None:
 
 
 async def _serve_forever(config: ServerConfig) -> None:
+    """Serve until SIGINT/SIGTERM, or until the engine process dies under the server: then requests in
+    flight have already failed, and the server stops and raises the error that says how it died."""
     server = await start_server(config, standalone=True)
     report_port(server.port)
     stop = asyncio.Event()
+    engine = server.engine
+    process = engine if isinstance(engine, EngineProcessClient) else None
+
+    def on_signal() -> None:
+        stop.set()
+        if process is not None:
+            process.draining()  # a group signal reached the engine too: it keeps serving the drain
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
+    waits = [asyncio.ensure_future(stop.wait())]
+    if process is not None:
+        waits.append(asyncio.ensure_future(process.wait_dead()))
     try:
-        await stop.wait()
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        for task in waits:
+            task.cancel()
         log.info("shutting down")
         await server.stop()
+    if not stop.is_set() and engine.error is not None:
+        raise EngineDeadError(f"{engine.error}; the server stopped")
 
 
 class BackgroundServer:

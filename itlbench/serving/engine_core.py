@@ -1,8 +1,9 @@
 """The engine process: owns the `Engine` and loops — take in commands, step, send one message per
-step with every output, the new step records and the queue state (`python -m itlbench.serving.engine_core FD`).
+step with every output, the new step records and the queue state (`python -m itlbench.serving.engine_core FD DRAIN_FD`).
 
 It exits when the socket closes, and asks Linux to SIGTERM it when its parent dies, so it never
-outlives its front end (`itlbench.serving.process_client`).
+outlives its front end (`itlbench.serving.process_client`). A SIGTERM of its own is obeyed within a
+second unless the front end says, on the drain pipe, that it is stopping too (`_on_sigterm`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import select
 import signal
 import socket
 import sys
@@ -30,6 +32,8 @@ log = logging.getLogger("itlbench.engine.process")
 _EMPTY_STEP_PAUSE_S = 0.001
 _CORE_LOG_RECORDS = 4096  # records are sent every step; the engine process needs only the latest
 _SIGTERM_GRACE_S = 80.0  # past the front end's drain (60 s) and its wait for this process (10 s)
+_DRAIN_NOTICE_S = 1.0  # how long a SIGTERM waits for the front end's word that the whole group is stopping
+_grace_timer: threading.Timer | None = None  # armed by the first SIGTERM of a group stop
 
 
 class EngineCore:
@@ -132,22 +136,32 @@ class EngineCore:
         return e.num_running, e.num_waiting, e.block_manager.num_free_blocks
 
 
-def _exit_soon(parent_pid: int, *_: object) -> None:
+def _on_sigterm(parent_pid: int, drain_fd: int, *_: object) -> None:
     """SIGTERM. A stop of the whole process group (systemd's default, `timeout`) reaches the front end too,
     which drains its streams (aiohttp's 60 s at most), then stops this process in order; exiting at once
-    would cut those streams and read there as an engine that died under it. So keep serving, and exit on
-    our own only when the front end is gone (Linux's parent-death signal) or sent no stop in time."""
-    if os.getppid() != parent_pid:
+    would cut those streams. The front end says it is stopping by writing to the drain pipe as soon as its
+    own signal arrives: then keep serving, and exit on our own only if no stop comes in time. A SIGTERM
+    for this process alone gets no such word: obey it within a second, dying of the signal, so the front
+    end sees its engine gone, fails its requests and exits saying so (the pipe is read here, not by the
+    engine loop, which may be in a step of several seconds)."""
+    if os.getppid() != parent_pid:  # the front end is gone (Linux's parent-death signal)
         os._exit(0)
-    timer = threading.Timer(_SIGTERM_GRACE_S, os._exit, (0,))
-    timer.daemon = True
-    timer.start()
+    if select.select([drain_fd], [], [], _DRAIN_NOTICE_S)[0]:
+        global _grace_timer
+        if _grace_timer is None:
+            _grace_timer = threading.Timer(_SIGTERM_GRACE_S, os._exit, (0,))
+            _grace_timer.daemon = True
+            _grace_timer.start()
+        return
+    log.warning("SIGTERM for the engine process alone (the server is not stopping): exiting")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)  # the exit status names the signal to the front end
 
 
-def core_main(fd: int) -> int:
-    """Entry of the engine process (`python -m itlbench.serving.engine_core FD`)."""
+def core_main(fd: int, drain_fd: int) -> int:
+    """Entry of the engine process (`python -m itlbench.serving.engine_core FD DRAIN_FD`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the front end, which stops us
-    signal.signal(signal.SIGTERM, functools.partial(_exit_soon, os.getppid()))
+    signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, os.getppid(), drain_fd))
     die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     chan = Channel(socket.socket(fileno=fd))
@@ -184,14 +198,10 @@ def core_main(fd: int) -> int:
 
 
 def run_core_from_argv() -> None:
-    if len(sys.argv) != 2:
-        print("usage: python -m itlbench.serving.engine_core FD (started by the server)", file=sys.stderr)
+    if len(sys.argv) != 3:
+        print("usage: python -m itlbench.serving.engine_core FD DRAIN_FD (started by the server)", file=sys.stderr)
         sys.exit(2)
-    sys.exit(core_main(int(sys.argv[1])))
-
-
-if __name__ == "__main__":
-    run_core_from_argv()
+    sys.exit(core_main(int(sys.argv[1]), int(sys.argv[2])))
 
 
 if __name__ == "__main__":

@@ -13,9 +13,12 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -104,6 +107,9 @@ class EngineProcessClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
+        self._drain_w: int | None = None  # the drain pipe: tells the engine process this server is stopping
+        self._drain_lock = threading.Lock()  # written on the loop, closed by shutdown on any thread
+        self._dead: asyncio.Event | None = None  # set when the engine process dies under a running server
         self._stopping = False
         self._ids = itertools.count()
         self._pending: dict[str, tuple[asyncio.Future[Any], RequestStream, int]] = {}
@@ -122,20 +128,29 @@ class EngineProcessClient:
     async def start(self) -> EngineProcessClient:
         """Spawn the engine process and wait until its engine is built (model loaded, cache allocated)."""
         self._loop = asyncio.get_running_loop()
+        self._dead = asyncio.Event()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        drain_r, self._drain_w = os.pipe()
+        os.set_blocking(self._drain_w, False)
         try:
             env = env_with_malloc_tunables()
             self._proc = subprocess.Popen([sys.executable, "-m", "itlbench.serving.engine_core",
-                                           str(theirs.fileno())], pass_fds=(theirs.fileno(),), env=env)
+                                           str(theirs.fileno()), str(drain_r)],
+                                          pass_fds=(theirs.fileno(), drain_r), env=env)
         finally:
             theirs.close()
+            os.close(drain_r)
         reader, self._writer = await asyncio.open_unix_connection(sock=ours)
         self._writer.write(frame(("config", self.config, self.threads)))
         try:
             first = await asyncio.wait_for(self._read(reader), self.start_timeout_s)
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError) as exc:
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            code = await self._exit_status()
             self._kill()
-            raise ItlbenchError(f"the engine process did not start: {exc!r}") from exc
+            raise ItlbenchError(f"the engine process did not start: {self._describe_exit(code)}") from exc
+        except TimeoutError as exc:
+            self._kill()
+            raise ItlbenchError(f"the engine process did not start within {self.start_timeout_s:g} s") from exc
         if first[0] == "error":
             self._kill()
             raise error_from(first[1])
@@ -143,14 +158,29 @@ class EngineProcessClient:
         self._reader_task = asyncio.create_task(self._read_loop(reader), name="itlbench-engine-reader")
         return self
 
+    def draining(self) -> None:
+        """The server is stopping on a signal: the engine process keeps serving the drain even when the same
+        signal reached it too (a stop of the whole process group), instead of obeying it at once."""
+        with self._drain_lock, contextlib.suppress(OSError):  # a full pipe has said it already
+            if self._drain_w is not None:
+                os.write(self._drain_w, b"d")
+
+    async def wait_dead(self) -> BaseException:
+        """Return once the engine process has died while the server was not stopping it: the error says how."""
+        assert self._dead is not None, "start() first"
+        await self._dead.wait()
+        assert self.error is not None
+        return self.error
+
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the engine process; in-flight requests fail with EngineDeadError. Callable from any thread."""
         self._stopping = True
+        self.draining()
         loop = self._loop
         if loop is not None and not loop.is_closed() and self._writer is not None:
             with contextlib.suppress(RuntimeError):
                 if _on_loop(loop):
-                    self._writer.write(frame(("stop",)))
+                    self._write(("stop",))
                 else:
                     loop.call_soon_threadsafe(self._write, ("stop",))
         if self._proc is not None:
@@ -158,6 +188,7 @@ class EngineProcessClient:
                 self._proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self._kill()
+        self._close_drain()
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):
                 if _on_loop(loop):
@@ -169,6 +200,32 @@ class EngineProcessClient:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
+        self._close_drain()
+
+    def _close_drain(self) -> None:
+        with self._drain_lock:
+            fd, self._drain_w = self._drain_w, None
+        if fd is not None:
+            os.close(fd)
+
+    async def _exit_status(self, wait_s: float = 2.0) -> int | None:
+        """The engine process's exit status once it is reaped: its socket closes a moment before."""
+        deadline = time.monotonic() + wait_s
+        while self._proc is not None and self._proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return None if self._proc is None else self._proc.poll()
+
+    def _describe_exit(self, code: int | None) -> str:
+        who = f"the engine process (pid {self.pid})"
+        if code is None:
+            return f"{who} closed its connection"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"{who} was killed by {name}"
+        return f"{who} exited with code {code}"
 
     @property
     def pid(self) -> int | None:
@@ -229,16 +286,16 @@ class EngineProcessClient:
                 elif msg[0] == "failed":
                     self._on_failed(*msg[1:])
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+            if not self._stopping:
+                self.error = EngineDeadError(self._describe_exit(await self._exit_status()))
+                log.error("%s", self.error)
         except Exception as exc:  # noqa: BLE001 - a bad message must not leave requests hanging
             log.exception("engine message handling failed")
             self.error = exc
         finally:
-            code = None if self._proc is None else self._proc.poll()
-            if not self._stopping and self.error is None:
-                self.error = EngineDeadError(f"the engine process exited (code {code})")
-                log.error("%s", self.error)
             self._fail_all(EngineDeadError(f"engine stopped: {self.error or 'shutdown'}"))
+            if self.error is not None and self._dead is not None:
+                self._dead.set()
 
     def _on_step(self, replies: list[tuple[Any, ...]], packed: list[tuple[Any, ...]], records: list[StepRecord],
                  times: dict[str, tuple[int | None, int | None, int | None]], state: tuple[int, int, int]) -> None:

@@ -54,7 +54,8 @@ def test_admission_errors_cross_the_process_boundary(process_server):
     asyncio.run_coroutine_threadsafe(scenario(), server._loop).result(30)
 
 
-def test_killed_engine_fails_requests_and_health():
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killed_engine_fails_requests_and_health(sig: signal.Signals):
     with BackgroundServer(ServerConfig(engine=PROCESS_ENGINE, port=0)) as srv:
         driver = srv.server.engine
 
@@ -62,14 +63,18 @@ def test_killed_engine_fails_requests_and_health():
             return await driver.add([7, 8, 9], SamplingParams(max_tokens=900, ignore_eos=True))
 
         stream = asyncio.run_coroutine_threadsafe(start_long(), srv._loop).result(30)
-        os.kill(driver.pid, signal.SIGKILL)
+        pid = driver.pid
+        t0 = time.monotonic()
+        os.kill(pid, sig)  # SIGTERM to it alone, the server not stopping: obeyed within a second
 
         async def drain():
             async for _ in stream:
                 pass
 
-        with pytest.raises(EngineDeadError, match="exited"):
+        with pytest.raises(EngineDeadError, match=rf"the engine process \(pid {pid}\) was killed by {sig.name}"):
             asyncio.run_coroutine_threadsafe(drain(), srv._loop).result(30)
+        dead = asyncio.run_coroutine_threadsafe(driver.wait_dead(), srv._loop).result(5)
+        assert dead is driver.error and time.monotonic() - t0 < 10
         assert not driver.is_alive
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(f"{srv.url}/health", timeout=10)
