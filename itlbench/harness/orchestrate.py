@@ -28,7 +28,7 @@ from itlbench.core.presets import load_model_config
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.harness.connect import DEFAULT_EXTERNAL_CONTEXT, Connection, connect
 from itlbench.harness.finish import finish_run_dir
-from itlbench.harness.run_config import RunConfig
+from itlbench.harness.run_config import CheckedRun, RunConfig
 from itlbench.harness.run_doc import config_doc, hardware, load_spec, versions
 from itlbench.harness.step_catchup import start_step, until_caught_up
 from itlbench.load.driver import DriveResult, ProgressSnapshot, Warmup, drive
@@ -39,11 +39,13 @@ from itlbench.load.observers.steps_follower import StepsFollower
 from itlbench.load.target import Target
 from itlbench.rundir.outdir import make_dir
 from itlbench.rundir.store import RunStore
-from itlbench.workloads.build import LoadSpec, build_load_plan, check_without_context
+from itlbench.workloads.build import LoadSpec, build_load_plan, check_without_context, read_trace
 from itlbench.workloads.catalog import get_workload
+from itlbench.workloads.plan import LoadPlan
 
 if TYPE_CHECKING:
     from itlbench.telemetry.observer import LiveTelemetry
+    from itlbench.workloads.trace import Trace
 
 ProgressFn = Callable[[ProgressSnapshot], None]
 
@@ -94,7 +96,7 @@ class _Observers:
                 await task
 
 
-async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection, store: RunStore,
+async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, plan: LoadPlan, conn: Connection, store: RunStore,
                                 progress: ProgressFn | None, telemetry: LiveTelemetry | None = None,
                                 on_status: Callable[[str], None] = lambda s: None,
                                 driver_doc: dict[str, Any] | None = None,
@@ -108,7 +110,7 @@ async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection
         if sampler is not None:
             await stack.enter_async_context(sampler)
         try:
-            return await _drive_observed(cfg, spec, conn, store, progress, sampler, telemetry, on_status,
+            return await _drive_observed(cfg, spec, plan, conn, store, progress, sampler, telemetry, on_status,
                                          driver_doc, notes)
         finally:
             if sampler is not None:
@@ -119,12 +121,12 @@ async def _drive_with_observers(cfg: RunConfig, spec: LoadSpec, conn: Connection
                                         "engine_prefix": sampler.prefix}
 
 
-async def _drive_observed(cfg: RunConfig, spec: LoadSpec, conn: Connection, store: RunStore,
+async def _drive_observed(cfg: RunConfig, spec: LoadSpec, plan: LoadPlan, conn: Connection, store: RunStore,
                           progress: ProgressFn | None, sampler: MetricsSampler | None,
                           telemetry: LiveTelemetry | None, on_status: Callable[[str], None],
                           driver_doc: dict[str, Any] | None, notes: dict[str, Any] | None = None) -> DriveResult:
-    """Drive with Ctrl-C and SIGTERM stopping the run cleanly; `notes` (run.json) gets `interrupted` and the
-    signal's name."""
+    """Drive `plan` (other processes rebuild it from `spec`) with Ctrl-C and SIGTERM stopping the run cleanly;
+    `notes` (run.json) gets `interrupted` and the signal's name."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     interrupts = 0
@@ -158,7 +160,7 @@ async def _drive_observed(cfg: RunConfig, spec: LoadSpec, conn: Connection, stor
             if final is not None:
                 await final()
             return result
-        return await drive(build_load_plan(spec), target, store, duration_s=cfg.duration_s, warmup=warmup,
+        return await drive(plan, target, store, duration_s=cfg.duration_s, warmup=warmup,
                            drain_timeout_s=cfg.drain_timeout_s, on_progress=progress, stop_event=stop,
                            observer=telemetry, before_measure=baseline, after_measure=final)
     finally:
@@ -194,30 +196,31 @@ def _require_empty(run_dir: Path) -> None:
     raise ConfigError("--out", f"{run_dir} already holds {what}", "choose a new or empty directory")
 
 
-def check_run(cfg: RunConfig) -> Path:
+def check_run(cfg: RunConfig) -> CheckedRun:
     """Refuse bad input before anything is started, sent or printed (a command calls it before its own status
-    lines: the OTLP receiver's, the live progress); returns the run directory to make."""
+    lines: the OTLP receiver's, the live progress); returns the run directory to make and the trace read."""
     cfg.validate()
-    _preflight(cfg)
+    trace = _preflight(cfg)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError("--out", f"{run_dir} is a file, not a directory", "name a new or empty directory")
     _require_empty(run_dir)
-    return run_dir
+    return CheckedRun(run_dir, trace)
 
 
 def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
                   on_status: Callable[[str], None] = lambda s: None,
-                  checked: Path | None = None) -> tuple[Path, dict[str, Any]]:
-    """Run one load test; returns (run directory, summary). Records are always flushed. `checked`: the run
-    directory `check_run(cfg)` returned (not checked twice)."""
-    run_dir = checked if checked is not None else check_run(cfg)
+                  checked: CheckedRun | None = None) -> tuple[Path, dict[str, Any]]:
+    """Run one load test; returns (run directory, summary). Records are always flushed. `checked`: what
+    `check_run(cfg)` returned (not checked twice, its trace not read twice)."""
+    checked = checked or check_run(cfg)
+    run_dir = checked.run_dir
     created = not run_dir.exists()  # a directory the user made stays, emptied, if nothing is measured
     make_dir(run_dir)
     if cfg.virtual_clock:  # the simulator in-process on a discrete-event clock: no server, no sleeping
         from itlbench.harness.virtual_run import run_virtual
 
-        return run_virtual(cfg, run_dir, created, on_status, progress)
+        return run_virtual(cfg, run_dir, created, on_status, progress, checked.trace)
     telemetry = _start_telemetry(cfg)  # before the engine: a port in use fails first
     store = RunStore(run_dir)
     run_doc: dict[str, Any] = {"itlbench_version": __version__, "created": dt.datetime.now(dt.UTC).isoformat(),
@@ -233,8 +236,9 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         _discard_run_dir(run_dir, created)  # nothing was measured (the error carries the log tail)
         _close_telemetry(telemetry)
         raise
+    spec = load_spec(cfg, conn)
     try:  # the plan against the server's own context length: an --inject too long for it is bad input
-        build_load_plan(load_spec(cfg, conn))
+        plan = build_load_plan(spec, trace=checked.trace)
     except ConfigError as exc:
         conn.close()
         _discard_run_dir(run_dir, created)
@@ -246,8 +250,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
             run_doc["config"]["model"] = conn.target.model
         _sim_check(cfg, run_doc)
         _connect_telemetry(telemetry, cfg, conn, run_dir, run_doc)
-        spec = load_spec(cfg, conn)
-        run_doc["plan"] = build_load_plan(spec).description
+        run_doc["plan"] = plan.description
         gpu = _start_gpu_sampler(cfg, conn, store, run_doc)  # before the provisional run.json: it says why not
         t0 = time.perf_counter_ns()  # a provisional window, kept current at every flush (a SIGKILLed run)
         measure = t0 + int(cfg.warmup_s * 1e9)
@@ -255,7 +258,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
                                planned_end_ns=measure + int(cfg.duration_s * 1e9))
         on_status("running")
         try:
-            result = asyncio.run(_drive_with_observers(cfg, spec, conn, store, progress, telemetry, on_status,
+            result = asyncio.run(_drive_with_observers(cfg, spec, plan, conn, store, progress, telemetry, on_status,
                                                        driver_doc, run_doc))
         finally:
             if gpu is not None:
@@ -401,9 +404,9 @@ _UNPROBED = Connection(target=None, max_model_len=DEFAULT_EXTERNAL_CONTEXT, voca
                        steps_url=None, metrics_url=None)
 
 
-def _preflight(cfg: RunConfig) -> None:
+def _preflight(cfg: RunConfig) -> Trace | None:
     """Reject bad workload, injection and SLO flags, and a collector nobody runs, before any server starts or
-    directory appears."""
+    directory appears; returns the trace read (None: no trace workload)."""
     parse_slo(cfg.slo)
     if cfg.driver == "locust" and cfg.rate is not None and get_workload(cfg.workload).sessions:
         raise ConfigError("--driver", f"Locust cannot run --workload {cfg.workload} sessions arriving at --rate "
@@ -414,8 +417,7 @@ def _preflight(cfg: RunConfig) -> None:
 
         probe_collector(check_endpoint(cfg.otlp_endpoint) or cfg.otlp_endpoint)
     if cfg.endpoint is not None:  # all but the lengths, which wait for the server's context length
-        check_without_context(load_spec(cfg, _UNPROBED))
-        return
+        return check_without_context(load_spec(cfg, _UNPROBED))
     model = load_model_config(cfg.engine.model)
     if cfg.engine.max_model_len and cfg.engine.max_model_len > model.max_position_embeddings:
         raise ConfigError("--max-model-len", f"{cfg.engine.max_model_len} exceeds {model.name}'s "
@@ -429,7 +431,10 @@ def _preflight(cfg: RunConfig) -> None:
         attention_preflight(cfg.engine)  # e.g. --attention flash where flash-attn is missing
     conn = Connection(target=None, max_model_len=max_len, vocab_size=model.vocab_size,  # type: ignore[arg-type]
                       steps_url=None, metrics_url=None)
-    build_load_plan(load_spec(cfg, conn))
+    spec = load_spec(cfg, conn)
+    trace = read_trace(spec)
+    build_load_plan(spec, trace=trace)
+    return trace
 
 
 def _window(result: DriveResult | None, started_ns: int, cfg: RunConfig) -> dict[str, int]:

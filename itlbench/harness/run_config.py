@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from itlbench.core.engine_config import EngineConfig, flag_of
 from itlbench.errors import ConfigError
@@ -13,9 +13,21 @@ from itlbench.load.clients.limits import Limits
 from itlbench.units import check_finite
 from itlbench.workloads.build import check_load_shape
 
+if TYPE_CHECKING:
+    from itlbench.workloads.trace import Trace
+
 PROMPT_FORMATS = ("auto", "ids", "text")
 
 WARMUP_WAIT_S = 60.0  # the adaptive warm-up waits at most this long past --warmup for a first token
+
+
+@dataclass(frozen=True)
+class CheckedRun:
+    """What checking a run found (`orchestrate.check_run`): the run directory to make, and the trace the
+    run replays as the check read it (None: no trace workload), so the run never reads the file again."""
+
+    run_dir: Path
+    trace: Trace | None = None
 
 
 @dataclass

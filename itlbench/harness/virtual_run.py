@@ -37,6 +37,7 @@ from itlbench.sim.runner import offline_engine
 from itlbench.sim.virtual_drive import VirtualDrive, VirtualLimits
 from itlbench.system.stop_signals import stop_signals
 from itlbench.workloads.build import build_load_plan
+from itlbench.workloads.trace import Trace
 
 CLOCK_NOTE = ("simulated time on a virtual clock: every figure is the simulated engine's, with no client, "
               "network or server in it; the client-side validity checks do not apply")
@@ -70,9 +71,11 @@ def phase_warning(plan: dict[str, Any], ramp_s: float) -> str | None:
 
 
 def run_virtual(cfg: RunConfig, run_dir: Path, created: bool, on_status: Callable[[str], None] = lambda s: None,
-                progress: Callable[[ProgressSnapshot], None] | None = None) -> tuple[Path, dict[str, Any]]:
+                progress: Callable[[ProgressSnapshot], None] | None = None,
+                trace: Trace | None = None) -> tuple[Path, dict[str, Any]]:
     """Run `cfg` on the virtual clock into `run_dir`; returns (run directory, summary) like
-    `run_load_test`. A configuration the engine refuses leaves no directory behind."""
+    `run_load_test`. A configuration the engine refuses leaves no directory behind. `trace`: the run's
+    trace as its check read it (None: read here)."""
     on_status(f"simulating {cfg.engine.model} on a virtual clock")
     model = load_model_config(cfg.engine.model)
     try:
@@ -88,7 +91,7 @@ def run_virtual(cfg: RunConfig, run_dir: Path, created: bool, on_status: Callabl
         on_status(check_line(check))
     conn = Connection(target=None, max_model_len=engine.max_model_len,  # type: ignore[arg-type]
                       vocab_size=model.vocab_size, steps_url=None, metrics_url=None)
-    plan = build_load_plan(load_spec(cfg, conn))  # a fresh prompt salt unless --reuse-prompts, as served
+    plan = build_load_plan(load_spec(cfg, conn), trace=trace)  # a fresh prompt salt unless --reuse-prompts, as served
     run_doc: dict[str, Any] = {
         "itlbench_version": __version__, "created": dt.datetime.now(dt.UTC).isoformat(),
         "config": config_doc(cfg), "hardware": hardware(), "versions": versions(),

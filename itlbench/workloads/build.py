@@ -6,6 +6,7 @@ import heapq
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from itlbench.workloads.plan import LoadPlan, RequestPlan, SessionPlan
 from itlbench.workloads.prompts import Prompt, PromptBuilder
 from itlbench.workloads.sampling import lognormal_mu
 from itlbench.workloads.sources import Context, Ids, requests, session_turns
-from itlbench.workloads.trace import TraceReplay, load_trace, replay
+from itlbench.workloads.trace import Trace, TraceReplay, load_trace, replay
 
 DEFAULT_STREAMS = 32
 
@@ -96,11 +97,12 @@ def check_injection_times(inject: str | None, duration_s: float, inject_at_s: fl
     _check_times(parse_injections(inject, default_at), default_at, duration_s)
 
 
-def check_without_context(spec: LoadSpec) -> None:
+def check_without_context(spec: LoadSpec) -> Trace | None:
     """Refuse what of `spec` is wrong whatever the server: the load's shape, an output length below one, a
     workload and --trace that do not go together, injections outside the run, a trace file that cannot be
     read. An --endpoint run learns the context length only by probing the server, so it checks these first
-    (nothing is printed or sent for bad input); `build_load_plan` checks the rest against that context."""
+    (nothing is printed or sent for bad input); `build_load_plan` checks the rest against that context.
+    Returns the trace it read (None: the workload replays none), for `build_load_plan` not to read it again."""
     workload = get_workload(spec.workload)
     check_load_shape(spec.streams, spec.rate, spec.burstiness, spec.duration_s)
     for flag, value in (("--inject-max-tokens", spec.inject_max_tokens), ("--output-tokens", spec.output_tokens)):
@@ -108,8 +110,15 @@ def check_without_context(spec: LoadSpec) -> None:
             raise ConfigError(flag, f"must be >= 1, got {value}", f"give at least one token, e.g. {flag} 16")
     _check_sources(spec, workload)
     check_injection_times(spec.inject, spec.duration_s, spec.inject_at_s)
-    if workload.from_trace:
-        load_trace(spec.trace_path or "", spec.trace_offset, spec.trace_limit)
+    return read_trace(spec)
+
+
+def read_trace(spec: LoadSpec) -> Trace | None:
+    """The trace `spec` replays (None: its workload replays none). A run reads it once and hands it to each
+    `build_load_plan` (its checks, run.json's plan, the drive): a large trace takes a while to parse."""
+    if not get_workload(spec.workload).from_trace:
+        return None
+    return load_trace(spec.trace_path or "", spec.trace_offset, spec.trace_limit)
 
 
 def _check_times(injections: list[Injection], default_at: float, duration_s: float) -> None:
@@ -258,9 +267,10 @@ def _merge(feeds: list[Iterator[RequestPlan]]) -> Iterator[RequestPlan]:
     return heapq.merge(*feeds, key=lambda plan: plan.send_at_s or 0.0)
 
 
-def build_load_plan(spec: LoadSpec, builder: PromptBuilder | None = None) -> LoadPlan:
+def build_load_plan(spec: LoadSpec, builder: PromptBuilder | None = None, trace: Trace | None = None) -> LoadPlan:
     """Validate `spec` and build its plan. Pass your own `builder` to keep a handle for
-    `calibrate` (text mode); by default one is made from the spec's prompt settings."""
+    `calibrate` (text mode); by default one is made from the spec's prompt settings. `trace`: the spec's
+    trace as `read_trace` read it (None: read it here)."""
     workload = get_workload(spec.workload)
     _check_numbers(spec)
     _check_sources(spec, workload)
@@ -274,7 +284,7 @@ def build_load_plan(spec: LoadSpec, builder: PromptBuilder | None = None) -> Loa
     rep = None
     ctx = Context(workload, builder, spec.max_model_len, spec.seed, spec.output_tokens)
     if workload.from_trace:
-        trace = load_trace(spec.trace_path or "", spec.trace_offset, spec.trace_limit)
+        trace = _given_or_read(spec, trace)
         rep = replay(trace, spec.max_model_len, spec.trace_time_scale, spec.output_tokens)
         ctx.trace = trace
         warnings += _trace_warnings(rep, spec)
@@ -295,6 +305,15 @@ def build_load_plan(spec: LoadSpec, builder: PromptBuilder | None = None) -> Loa
     desc["warnings"] = warnings
     return LoadPlan(streams=[_stream(ctx, i) for i in range(n_streams)], open_loop=_merge(feeds), description=desc,
                     sessions=_arriving_sessions(ctx, spec, n_streams) if in_sessions else iter(()))
+
+
+def _given_or_read(spec: LoadSpec, trace: Trace | None) -> Trace:
+    if trace is None:
+        trace = read_trace(spec)
+        assert trace is not None
+    elif trace.path != str(Path(spec.trace_path or "")):
+        raise ValueError(f"the trace given was read from {trace.path!r}, the spec replays {spec.trace_path!r}")
+    return trace
 
 
 def describe_sessions(spec: LoadSpec, workload: WorkloadSpec, first_stream: int) -> dict[str, object]:
