@@ -422,13 +422,22 @@ async def _steps(request: web.Request) -> web.StreamResponse:
     return await stream_steps(request, _state(request).engine)
 
 
+def _config(config: Any, layout: dict[str, Any]) -> dict[str, Any]:
+    """The engine's configuration, where it runs and on how many torch threads as resolved (null there means
+    'the default'); the simulator has neither, on a thread of the server without torch."""
+    out = config.as_dict()
+    if out.get("engine") != "sim":
+        out.update({k: layout[k] for k in ("engine_process", "torch_threads") if k in layout})
+    return out
+
+
 async def _engine_info(request: web.Request) -> web.Response:
     state = _state(request)
     engine = state.engine.engine
     bm = engine.block_manager
     return web.json_response({
         "served_model_name": state.model_name,
-        "engine": engine.config.as_dict(),
+        "engine": _config(engine.config, state.layout or {}),
         "model": dataclasses.asdict(engine.model_config),
         "device": str(engine.device), "dtype": str(engine.dtype),
         "max_model_len": engine.max_model_len,

@@ -171,7 +171,7 @@ def core_main(fd: int, drain_fd: int) -> int:
     _, config, threads = first[0]
     from itlbench.system.threads import apply_torch_threads
 
-    apply_torch_threads(threads)
+    threads = apply_torch_threads(threads)  # what torch then runs with, reported in the hello
     try:
         from itlbench.serving.build import create_engine
 

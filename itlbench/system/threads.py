@@ -33,8 +33,9 @@ def serving_threads(requested: int | None, cores: int | None = None) -> int:
     return max(1, cores - 1)
 
 
-def apply_torch_threads(threads: int) -> None:
-    """Set torch's intra-op threads (and one inter-op thread, which serving never uses in parallel)."""
+def apply_torch_threads(threads: int) -> int:
+    """Set torch's intra-op threads (and one inter-op thread, which serving never uses in parallel); returns
+    the count torch then reports, which /v1/engine shows."""
     import torch
 
     torch.set_num_threads(threads)
@@ -42,3 +43,4 @@ def apply_torch_threads(threads: int) -> None:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # only settable before the first inter-op use; harmless if already fixed
         pass
+    return int(torch.get_num_threads())

@@ -15,12 +15,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 
 from itlbench.core.request import SamplingParams
 from itlbench.engine.cpu import native
 from itlbench.harness.bundled_server import free_port, server_command
 from itlbench.server import BackgroundServer, ServerConfig
 from itlbench.serving.async_engine import EngineDeadError
+from itlbench.system.threads import serving_threads
 from tests.support.servers import PROCESS_ENGINE, TINY_ENGINE
 
 
@@ -39,6 +41,18 @@ def test_engine_runs_in_another_process(process_server):
     assert serving["engine_gc_frozen_objects"] > 50_000  # torch and the model, out of the collector's reach
     assert "gc_frozen_objects" not in serving  # an embedded front end leaves its host process's heap alone
     assert server.server.engine.is_alive
+
+
+def test_engine_info_says_where_the_engine_runs_and_on_how_many_threads(server):
+    info = _engine_info(server)
+    serving, config = info["serving"], info["engine"]
+    assert config["engine_process"] is serving["engine_process"]
+    assert config["torch_threads"] == serving["torch_threads"]
+    if serving["engine_process"]:
+        assert serving["engine_pid"] == server.server.engine.pid != os.getpid()
+        assert serving["torch_threads"] == 1  # PROCESS_ENGINE's, as torch in the engine process reports it
+    else:
+        assert serving["torch_threads"] == torch.get_num_threads()  # the engine thread shares this process's torch
 
 
 def test_admission_errors_cross_the_process_boundary(process_server):
@@ -103,6 +117,10 @@ def test_command_line_server_front_end_without_torch_and_clean_exit():
                 time.sleep(0.1)
         engine_pid = info["serving"]["engine_pid"]
         assert info["serving"]["engine_process"] is True
+        assert Path(f"/proc/{engine_pid}/stat").read_text().split()[3] == str(proc.pid)  # the server's own child
+        # the configuration left both to the default: /v1/engine says what that came to, not null
+        assert info["engine"]["engine_process"] is True
+        assert info["engine"]["torch_threads"] == info["serving"]["torch_threads"] == serving_threads(None)
         assert "libtorch" not in _maps(proc.pid) and "libtorch" in _maps(engine_pid)
         # both processes froze their startup heaps (itlbench/heap.py): torch's is several times the front end's
         frozen_front, frozen_engine = info["serving"]["gc_frozen_objects"], info["serving"]["engine_gc_frozen_objects"]
