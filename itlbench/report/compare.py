@@ -36,6 +36,7 @@ from itlbench.report.compare_pick import (
     judged,
     meeting_instead,
     paused_others,
+    smoothest_meeting,
     smoothness,
 )
 from itlbench.report.compare_rows import Row, make_rows, measured
@@ -103,7 +104,8 @@ def verdict(rows: list[Row], slos: SloSet) -> list[str]:
         lines += noise_verdict(rows)
     elif len(ranked) >= 2:
         best = min(ranked, key=smoothness)
-        lines.append(smoothest_sentence(best, rows) + paused_others(best, ranked)
+        picked = smoothest_meeting([r for r, _ in meets], ranked) is best  # the answer above gave its figures
+        lines.append(smoothest_sentence(best, rows, picked) + paused_others(best, ranked)
                      + meeting_instead(best, [r for r, _ in meets], ranked)
                      + " (One run per setting: no noise estimate; --repeat 3 gives one.)")
     invalid = [r.label for r in rows if r.valid is False]
@@ -159,12 +161,14 @@ def _throughput_clause(best: Row, rows: list[Row]) -> tuple[str, bool] | None:
     return f"has the highest output throughput ({mine:,.0f} vs {theirs:,.0f} tokens/s for {top.label})", True
 
 
-def smoothest_sentence(best: Row, rows: list[Row]) -> str:
+def smoothest_sentence(best: Row, rows: list[Row], picked: bool = False) -> str:
     """'Smoothest streams: X (...).' and what that setting costs or gains in TTFT and throughput, as one sentence
-    with its own verb per clause, 'but' between a gain and a loss."""
+    with its own verb per clause, 'but' between a gain and a loss. `picked`: X is the answer's pick, whose line
+    gave the same figures just before, so they are not said twice."""
     figure = "itl_s.max_not_client" if best.paused() else "itl_s.max"  # the one that ranked it
     mark = Withdrawn.of(best.run.summary).mark(figure) if best.run is not None else ""
-    text = f"Smoothest streams: {best.label} ({gap_figures(best, mark)})."
+    text = (f"Smoothest streams: {best.label}, the pick." if picked and not mark
+            else f"Smoothest streams: {best.label} ({gap_figures(best, mark)}).")
     clauses = [c for c in (_ttft_clause(best, rows), _throughput_clause(best, rows)) if c is not None]
     if not clauses:
         return text

@@ -116,7 +116,7 @@ def meeting_instead(best: Row, meets: list[Row], ranked: list[Row]) -> str:
     alt = smoothest_meeting(meets, ranked)
     if alt is None:
         return " It misses its SLOs, as does every setting."
-    return f" It misses its SLOs (above); the smoothest setting that meets every one is {alt.label} ({gap_figures(alt)})."
+    return f" It misses its SLOs (above); the smoothest setting that meets every one is {alt.label}, the pick."
 
 
 def _mean(values: list[float | None]) -> float | None:
