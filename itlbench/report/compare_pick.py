@@ -168,7 +168,7 @@ def answer(rows: Sequence[Row], slos: SloSet) -> str | None:
         return _closest(settings, failed, repeated(rows), slo_set_words(slos))
     best, runs = min(ranked, key=smoothness), next(runs for s, runs in settings if s is pick)  # best: the smoothest
     every, how = (" in every run", f"means over {len(runs)} runs: ") if repeated(rows) else ("", "")
-    head = "the smoothest setting (no SLO is judged)" if judges_nothing(slos) else \
+    head = "the smoothest setting, no SLO being judged" if judges_nothing(slos) else \
         f"the smoothest setting, and it meets every SLO{every}" if pick is best else \
         f"the smoothest setting that meets every SLO{every}"
     said = [f"Pick {pick.label}: {head} ({how}{gap_figures(pick)}{_costs(pick)})."]

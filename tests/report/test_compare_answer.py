@@ -146,7 +146,7 @@ def test_with_every_target_off_nothing_is_said_to_meet_an_slo(tmp_path: Path) ->
     assert lines[0] == "No SLO is judged (--slo ttft=off,itl_p99=off: every target off)."
     assert not any("meets every" in line.lower() for line in lines), lines
     said = answer(rows, off)
-    assert said is not None and said.startswith("Pick budget 2048 (short): the smoothest setting (no SLO is judged)")
+    assert said is not None and said.startswith("Pick budget 2048 (short): the smoothest setting, no SLO being judged")
 
 
 def test_a_partial_slo_says_the_default_targets_still_judge(tmp_path: Path) -> None:

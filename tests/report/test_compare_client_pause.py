@@ -54,7 +54,7 @@ def test_a_client_pause_does_not_outrank_the_servers_worst_gap(tmp_path: Path) -
     rows = _rows(tmp_path, {"seqs2": (0.333, 0.045, 0.011), "seqs8": (0.120, 0.120, 0.043)})
     assert [r.rank_s() for r in rows] == [0.045, 0.120] and rows[0].paused() and not rows[1].paused()
     line, pick = _smoothest(rows), _pick(rows)
-    assert pick.startswith("Pick seqs2: the smoothest setting (no SLO is judged) (worst gap 45 ms not counting the "
+    assert pick.startswith("Pick seqs2: the smoothest setting, no SLO being judged (worst gap 45 ms not counting the "
                            "client's own pauses, 333 ms with them; ITL p99 11 ms;"), pick
     assert line.startswith("Smoothest streams: seqs2, the pick."), line
     assert "not valid" not in line + pick  # the withdrawn figure is the 333 ms pause, not the one that ranked
@@ -63,7 +63,7 @@ def test_a_client_pause_does_not_outrank_the_servers_worst_gap(tmp_path: Path) -
 def test_a_summary_without_the_figure_ranks_by_the_worst_gap(tmp_path: Path) -> None:
     """Run directories analysed before `itl_s.max_not_client` existed rank as they did."""
     rows = _rows(tmp_path, {"seqs2": (0.333, None, 0.011), "seqs8": (0.120, None, 0.043)})
-    assert _pick(rows).startswith("Pick seqs8: the smoothest setting (no SLO is judged) (worst gap 120 ms, ITL p99 "
+    assert _pick(rows).startswith("Pick seqs8: the smoothest setting, no SLO being judged (worst gap 120 ms, ITL p99 "
                                   "43 ms;")
     assert _smoothest(rows).startswith("Smoothest streams: seqs8, the pick.")
 
@@ -73,7 +73,7 @@ def test_a_real_prefill_freeze_still_ranks_last(tmp_path: Path) -> None:
     server's, so `max_not_client` keeps it and the tiny budget stays smoothest."""
     rows = _rows(tmp_path, {"budget 16": (0.200, 0.200, 0.030), "unchunked": (16.0, 16.0, 0.020)})
     rows[1].run.summary.update(PAUSED)  # validity withdrew its itl_s.max: a client pause elsewhere in the run
-    assert _pick(rows).startswith("Pick budget 16: the smoothest setting (no SLO is judged) (worst gap 200 ms, ITL "
+    assert _pick(rows).startswith("Pick budget 16: the smoothest setting, no SLO being judged (worst gap 200 ms, ITL "
                                   "p99 30 ms;")
     assert _smoothest(rows).startswith("Smoothest streams: budget 16, the pick.")
 
