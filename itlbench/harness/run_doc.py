@@ -4,9 +4,13 @@ that shape a measurement, and the load it was given."""
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import platform
 import secrets
+import shutil
+import sys
+from pathlib import Path
 from typing import Any
 
 from itlbench.harness.connect import Connection
@@ -24,14 +28,33 @@ def hardware() -> dict[str, Any]:
     info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
                             "cpu_count": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
                             "processor": platform.processor()}
+    info["torch"], info["cuda"] = _torch_and_cuda()
+    return info
+
+
+def _torch_and_cuda() -> tuple[str | None, str | None]:
+    """torch's version and the host's first CUDA device. Importing torch takes seconds, and a client run
+    (`--endpoint`, the simulator) needs none of it: on a host with no NVIDIA driver there is no device to
+    name, so torch is imported only where one may be (or where it already is)."""
+    if "torch" not in sys.modules:
+        if importlib.util.find_spec("torch") is None:
+            return None, None
+        if not _nvidia_driver():
+            try:
+                return importlib.metadata.version("torch"), None
+            except importlib.metadata.PackageNotFoundError:  # importable, yet no metadata (a source tree)
+                pass
     try:
         import torch
-
-        info["torch"] = torch.__version__
-        info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except ImportError:
-        info["torch"] = None
-    return info
+        return None, None
+    return torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def _nvidia_driver() -> bool:
+    """Whether an NVIDIA driver is present (Linux: /proc/driver/nvidia; elsewhere its nvidia-smi)."""
+    return Path("/proc/driver/nvidia").exists() or shutil.which("nvidia-smi") is not None
+
 
 def versions() -> dict[str, str | None]:
     """Installed versions of what shapes a measurement (client stack and analysis)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from itlbench.report.style import fmt_s
+from itlbench.report.durations import fmt_s
 
 # each limit as the sentence names it, with the setting that moves it
 _LIMIT_TEXT = {
