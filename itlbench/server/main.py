@@ -203,8 +203,9 @@ def report_port(port: int, path: str | None = None) -> None:
 
 
 async def _serve_forever(config: ServerConfig) -> None:
-    """Serve until SIGINT/SIGTERM, or until the engine process dies under the server: then requests in
-    flight have already failed, and the server stops and raises the error that says how it died."""
+    """Serve until SIGINT/SIGTERM, or until the engine dies under the server (its process, or the loop that
+    drives it in this process): then requests in flight have already failed, and the server stops and raises
+    the error that says how it died."""
     server = await start_server(config, standalone=True)
     report_port(server.port)
     stop = asyncio.Event()
@@ -219,18 +220,18 @@ async def _serve_forever(config: ServerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    waits = [asyncio.ensure_future(stop.wait())]
-    if process is not None:
-        waits.append(asyncio.ensure_future(process.wait_dead()))
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(engine.wait_dead())]
+    died: BaseException | None = None
     try:
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        died = None if stop.is_set() else engine.error  # decided now: a signal during the stop below masks nothing
     finally:
         for task in waits:
             task.cancel()
         log.info("shutting down")
         await server.stop()
-    if not stop.is_set() and engine.error is not None:
-        raise EngineDeadError(f"{engine.error}; the server stopped")
+    if died is not None:
+        raise EngineDeadError(f"{died}; the server stopped")
 
 
 class BackgroundServer:

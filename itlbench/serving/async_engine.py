@@ -25,6 +25,7 @@ from itlbench.serving.client import (
     QueueFullError,
     RequestStream,
     StepWaiters,
+    engine_stopped,
     generate,
 )
 
@@ -76,12 +77,14 @@ class AsyncEngine:
         self._next_step = 0
         self._step_waiters = StepWaiters()
         self._prev_end_ns: int | None = None  # end of the last step, unless the thread idled since
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None  # set when the engine loop dies: EngineDeadError naming why
+        self._dead: asyncio.Event | None = None  # set on the event loop once it has
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         """Bind to the running (or given) event loop and start the engine thread."""
         self._loop = loop or asyncio.get_running_loop()
+        self._dead = asyncio.Event()
         self._next_step = self.engine.step_log.last_step + 1
         self._thread = threading.Thread(target=self._run, name="itlbench-engine", daemon=True)
         self._thread.start()
@@ -93,6 +96,14 @@ class AsyncEngine:
             self._shared.cond.notify_all()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+
+    async def wait_dead(self) -> BaseException:
+        """Return once the engine loop has died of an exception (a shutdown is no death): `error` says which,
+        in one line; the requests in flight have been failed with it first."""
+        assert self._dead is not None, "start() first"
+        await self._dead.wait()
+        assert self.error is not None
+        return self.error
 
     @property
     def is_alive(self) -> bool:
@@ -109,7 +120,7 @@ class AsyncEngine:
                   request_id: str | None = None, arrival_ns: int | None = None) -> RequestStream:
         """Admit a request; raises the engine's ConfigError for bad input, QueueFullError when full."""
         if not self.is_alive:
-            raise EngineDeadError("engine loop is not running")
+            raise EngineDeadError(str(self.error) if self.error is not None else "engine loop is not running")
         if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
             raise QueueFullError(f"{self.num_waiting} requests waiting (max_waiting={self.max_waiting})")
         admitted: asyncio.Future[Request] = asyncio.get_running_loop().create_future()
@@ -142,10 +153,12 @@ class AsyncEngine:
                 if self.engine.has_unfinished():
                     self._step()
         except BaseException as exc:  # noqa: BLE001 - the loop must report, never die silently
-            log.exception("engine loop crashed")
-            self.error = exc
+            log.exception("engine loop crashed")  # the traceback goes to the server's log
+            self.error = engine_stopped(exc)
         finally:
-            self._fail_all(EngineDeadError(f"engine stopped: {self.error or 'shutdown'}"))
+            self._fail_all(self.error or EngineDeadError("engine stopped: shutdown"))
+            if self.error is not None and self._dead is not None:  # after the failures: streams end first
+                self._call(self._dead.set)
 
     def _wait_for_work(self) -> bool:
         sh = self._shared

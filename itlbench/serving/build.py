@@ -13,6 +13,7 @@ from itlbench.core.hf_config import require_engine_family
 from itlbench.core.model_config import ModelConfig
 from itlbench.core.presets import load_model_config
 from itlbench.errors import ConfigError
+from itlbench.serving.fault_hook import inject_engine_fault  # a test hook: a no-op unless its variable is set
 
 TORCH_EXTRA = "install the bundled engine with `pip install 'itlbench[engine]'` (brings torch)"
 ENGINE_EXTRA = TORCH_EXTRA + ", or use --engine sim"
@@ -20,6 +21,10 @@ ENGINE_EXTRA = TORCH_EXTRA + ", or use --engine sim"
 
 def create_engine(config: EngineConfig, model_config: ModelConfig | None = None,
                   attention_backend: str | None = None) -> SteppedEngine:
+    return inject_engine_fault(_build(config, model_config, attention_backend))
+
+
+def _build(config: EngineConfig, model_config: ModelConfig | None, attention_backend: str | None) -> SteppedEngine:
     model_config = model_config or load_model_config(config.model)
     if config.engine == "sim":
         if config.disaggregate:

@@ -21,6 +21,21 @@ class EngineDeadError(ItlbenchError):
     """The engine loop is not running (stopped, or a step failed) so the request cannot finish."""
 
 
+_MESSAGE_CHARS = 300  # of an exception's message in the one line; its traceback is in the server's log
+
+
+def engine_stopped(exc: BaseException) -> EngineDeadError:
+    """The error an engine loop that died of `exc` fails its requests with and the server exits with: one line
+    naming the exception's type and message."""
+    message = " ".join(str(exc).split())
+    if len(message) > _MESSAGE_CHARS:
+        message = message[:_MESSAGE_CHARS - 1] + "…"
+    name = type(exc).__name__
+    err = EngineDeadError(f"the engine stopped: {name}: {message}" if message else f"the engine stopped: {name}")
+    err.__cause__ = exc
+    return err
+
+
 class QueueFullError(ItlbenchError):
     """More requests are waiting than the server admits; the client should back off and retry."""
 
@@ -172,5 +187,9 @@ class EngineClient(Protocol):
     def abort(self, request_id: str, reason: str = "abort", num_output_tokens: int | None = None) -> None: ...
 
     async def wait_for_step(self, step: int, timeout: float) -> bool: ...
+
+    async def wait_dead(self) -> BaseException:
+        """Return once the engine has died under a running server (not when it is shut down): `error` says how."""
+        ...
 
     def shutdown(self, timeout: float = 10.0) -> None: ...
