@@ -122,16 +122,17 @@ class BundledServer:
         except OSError:
             return "(no log)"
 
-    def stop(self, timeout_s: float = 10.0) -> None:
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM (SIGKILL after `timeout_s`); the server's exit status, None when there was none to stop."""
         proc, self.process = self.process, None
         if proc is None or proc.poll() is not None:
-            return
+            return None if proc is None else proc.returncode
         proc.terminate()
         try:
-            proc.wait(timeout=timeout_s)
+            return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait()
+            return proc.wait()
 
     def __enter__(self) -> BundledServer:
         return self.start()

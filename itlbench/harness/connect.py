@@ -43,12 +43,14 @@ class Connection:
     doc: dict[str, Any] = field(default_factory=dict)
 
     def close(self) -> int | None:
-        """Stop a bundled server; its exit code before stopping (None while it was alive)."""
+        """Stop a bundled server; its exit code when it died on its own, None when it was alive and stopped
+        cleanly. One that exits non-zero when told to stop was dying already: its engine died as the run
+        ended (failures in a row can end it before the server has finished exiting)."""
         if self.server is None:
             return None
         code = self.server.process.poll() if self.server.process else None
-        self.server.stop()
-        return code
+        stopped = self.server.stop()
+        return code if code is not None else (stopped if stopped is not None and stopped > 0 else None)
 
 
 def connect(cfg: RunConfig, run_dir: Path) -> Connection:
