@@ -67,7 +67,7 @@ def simulate(row: Published, ramp_s: float = 0.0) -> dict[str, float]:
     """Mean TTFT and TPOT (ms) and output tokens/s of `itlbench run --engine sim` at this row's shape."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", *COMMAND, "--workload", f"fixed:{row.isl}:{row.osl}", "--streams", str(row.concurrency),
-               "--ramp", f"{ramp_s:g}s", "--out", str(Path(tmp) / "run")]
+               "--ramp", f"{ramp_s:g}s", "--no-report", "--out", str(Path(tmp) / "run")]  # only the summary is read
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode:
             sys.exit(f"{' '.join(cmd[2:])} failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
