@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import fields
@@ -21,6 +22,7 @@ import typer
 
 from itlbench.core.engine_config import EngineConfig, flag_of
 from itlbench.core.presets import default_preset
+from itlbench.system import nvidia
 
 ENGINE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(EngineConfig))
 _HINTS = typing.get_type_hints(EngineConfig)
@@ -101,8 +103,8 @@ def engine_config_from_flags(flags: dict[str, Any], **changes: Any) -> EngineCon
 
 
 def _cuda_for(device: str) -> bool:
-    """Whether a run on `device` gets a GPU: asks torch, where it is installed, unless told cpu."""
-    if device == "cpu":
+    """Whether a run on `device` gets a GPU: asks torch, where it is installed and a driver is, unless told cpu."""
+    if device == "cpu" or ("torch" not in sys.modules and not nvidia.driver_present()):
         return False
     try:
         import torch

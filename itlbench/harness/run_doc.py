@@ -8,13 +8,12 @@ import importlib.util
 import json
 import platform
 import secrets
-import shutil
 import sys
-from pathlib import Path
 from typing import Any
 
 from itlbench.harness.connect import Connection
 from itlbench.harness.run_config import RunConfig
+from itlbench.system import nvidia
 from itlbench.workloads.build import LoadSpec
 
 VERSIONED = ("itlbench", "torch", "aiohttp", "polars", "numpy", "prometheus-client", "uvloop")
@@ -33,13 +32,12 @@ def hardware() -> dict[str, Any]:
 
 
 def _torch_and_cuda() -> tuple[str | None, str | None]:
-    """torch's version and the host's first CUDA device. Importing torch takes seconds, and a client run
-    (`--endpoint`, the simulator) needs none of it: on a host with no NVIDIA driver there is no device to
-    name, so torch is imported only where one may be (or where it already is)."""
+    """torch's version and the host's first CUDA device; torch is imported only where a driver says a device
+    may be (or where it already is): elsewhere its version comes from its metadata."""
     if "torch" not in sys.modules:
         if importlib.util.find_spec("torch") is None:
             return None, None
-        if not _nvidia_driver():
+        if not nvidia.driver_present():
             try:
                 return importlib.metadata.version("torch"), None
             except importlib.metadata.PackageNotFoundError:  # importable, yet no metadata (a source tree)
@@ -49,11 +47,6 @@ def _torch_and_cuda() -> tuple[str | None, str | None]:
     except ImportError:
         return None, None
     return torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-
-
-def _nvidia_driver() -> bool:
-    """Whether an NVIDIA driver is present (Linux: /proc/driver/nvidia; elsewhere its nvidia-smi)."""
-    return Path("/proc/driver/nvidia").exists() or shutil.which("nvidia-smi") is not None
 
 
 def versions() -> dict[str, str | None]:
