@@ -28,6 +28,7 @@ from itlbench.serving.client import (
     engine_stopped,
     generate,
 )
+from itlbench.serving.step_failures import EngineDeclaredDead, FailedSteps
 
 log = logging.getLogger("itlbench.engine.async")
 
@@ -77,6 +78,7 @@ class AsyncEngine:
         self._next_step = 0
         self._step_waiters = StepWaiters()
         self._prev_end_ns: int | None = None  # end of the last step, unless the thread idled since
+        self._failed_steps = FailedSteps()
         self.error: BaseException | None = None  # set when the engine loop dies: EngineDeadError naming why
         self._dead: asyncio.Event | None = None  # set on the event loop once it has
 
@@ -152,6 +154,9 @@ class AsyncEngine:
                 self._drain_commands()
                 if self.engine.has_unfinished():
                     self._step()
+        except EngineDeclaredDead as dead:  # failed steps in a row: each one's traceback is in the log already
+            log.error("%s", dead.error)
+            self.error = dead.error
         except BaseException as exc:  # noqa: BLE001 - the loop must report, never die silently
             log.exception("engine loop crashed")  # the traceback goes to the server's log
             self.error = engine_stopped(exc)
@@ -215,8 +220,10 @@ class AsyncEngine:
         except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving if the engine recovers
             log.exception("engine step failed; failing %d in-flight requests", len(self._requests))
             self._prev_end_ns = None
+            self._failed_steps.failed(exc)  # the last of too many in a row ends the loop, failing them all
             self._recover(exc)
             return
+        self._failed_steps.succeeded()
         records = self._new_records()
         self._prev_end_ns = records[-1].end_ns if records else None
         if not records and not outputs:

@@ -24,14 +24,15 @@ class EngineDeadError(ItlbenchError):
 _MESSAGE_CHARS = 300  # of an exception's message in the one line; its traceback is in the server's log
 
 
-def engine_stopped(exc: BaseException) -> EngineDeadError:
+def engine_stopped(exc: BaseException, how: str = "") -> EngineDeadError:
     """The error an engine loop that died of `exc` fails its requests with and the server exits with: one line
-    naming the exception's type and message."""
+    naming the exception's type and message (`how`: what led there, e.g. "after 3 failed steps in a row")."""
     message = " ".join(str(exc).split())
     if len(message) > _MESSAGE_CHARS:
         message = message[:_MESSAGE_CHARS - 1] + "…"
     name = type(exc).__name__
-    err = EngineDeadError(f"the engine stopped: {name}: {message}" if message else f"the engine stopped: {name}")
+    head = f"the engine stopped {how}" if how else "the engine stopped"
+    err = EngineDeadError(f"{head}: {name}: {message}" if message else f"{head}: {name}")
     err.__cause__ = exc
     return err
 

@@ -8,6 +8,7 @@ second unless the front end says, on the drain pipe, that it is stopping too (`_
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -23,6 +24,8 @@ from itlbench.core.engine import SteppedEngine
 from itlbench.core.request import RequestOutput, SamplingParams
 from itlbench.core.steps import StepLog, StepRecord
 from itlbench.errors import ItlbenchError
+from itlbench.serving.client import engine_stopped
+from itlbench.serving.step_failures import EngineDeclaredDead, FailedSteps
 from itlbench.serving.wire import Channel, error_tuple
 from itlbench.system.heap import freeze_heap
 from itlbench.system.parent import die_with_parent
@@ -45,6 +48,7 @@ class EngineCore:
         self._requests: dict[str, Any] = {}
         self._next_step = engine.step_log.last_step + 1
         self._prev_end_ns: int | None = None
+        self._failed_steps = FailedSteps()
 
     def run(self) -> None:
         pause: float | None = None
@@ -70,7 +74,13 @@ class EngineCore:
             records: list[StepRecord] = []
             failure: tuple[Any, ...] | None = None
             if self.engine.has_unfinished():
-                stepped, records, failure = self._step()
+                try:
+                    stepped, records, failure = self._step()
+                except Exception:  # the loop dies: admissions first, so their streams end with its error
+                    if replies or outputs:
+                        with contextlib.suppress(OSError):
+                            self._send(replies, outputs, [])
+                    raise
                 outputs.extend(stepped)
                 if not records and not stepped and failure is None:
                     pause = _EMPTY_STEP_PAUSE_S  # nothing schedulable yet: do not spin the core
@@ -108,11 +118,13 @@ class EngineCore:
         except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving if the engine recovers
             log.exception("engine step failed; failing %d in-flight requests", len(self._requests))
             self._prev_end_ns = None
+            self._failed_steps.failed(exc)  # the last of too many in a row ends the loop (`core_main` says why)
             ids = list(self._requests)
             self._requests.clear()
             for rid in ids:
                 self.engine.abort(rid)
             return [], [], ("failed", ids, f"engine step failed: {exc!r}", self._state())
+        self._failed_steps.succeeded()
         log_ = self.engine.step_log
         records = log_.since(self._next_step) if log_.last_step >= self._next_step else []
         if records:
@@ -194,7 +206,23 @@ def core_main(fd: int, drain_fd: int) -> int:
         EngineCore(engine, chan).run()
     except (BrokenPipeError, ConnectionResetError):
         pass
+    except Exception as exc:  # noqa: BLE001 - the loop died: the front end hears why, then sees this process exit
+        _report_death(chan, exc)
+        return 2
     return 0
+
+
+def _report_death(chan: Channel, exc: Exception) -> None:
+    """Tell the front end, in one line, what the engine loop died of: the error its streams end with, its
+    new requests and /health are refused with, and its server exits with (as with an in-process engine)."""
+    if isinstance(exc, EngineDeclaredDead):  # failed steps in a row: each one's traceback is in the log already
+        error = exc.error
+        log.error("%s", error)
+    else:
+        log.exception("engine loop crashed")
+        error = engine_stopped(exc)
+    with contextlib.suppress(OSError):
+        chan.send(("dead", str(error)))
 
 
 def run_core_from_argv() -> None:

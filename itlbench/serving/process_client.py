@@ -227,6 +227,13 @@ class EngineProcessClient:
             return f"{who} was killed by {name}"
         return f"{who} exited with code {code}"
 
+    def _why_not_alive(self) -> str:
+        """What a request refused for want of an engine is told: how the engine died, as soon as that shows."""
+        if self.error is not None:
+            return str(self.error)
+        code = None if self._proc is None or self._stopping else self._proc.poll()
+        return "engine loop is not running" if code is None else self._describe_exit(code)
+
     @property
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
@@ -244,7 +251,7 @@ class EngineProcessClient:
     async def add(self, prompt: str | Sequence[int], sampling: SamplingParams,
                   request_id: str | None = None, arrival_ns: int | None = None) -> RequestStream:
         if not self.is_alive:
-            raise EngineDeadError("engine loop is not running")
+            raise EngineDeadError(self._why_not_alive())
         if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
             raise QueueFullError(f"{self.num_waiting} requests waiting (max_waiting={self.max_waiting})")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
@@ -285,15 +292,19 @@ class EngineProcessClient:
                     self._on_step(*msg[1:])
                 elif msg[0] == "failed":
                     self._on_failed(*msg[1:])
+                elif msg[0] == "dead":  # its loop died, saying why; the process exits next
+                    self.error = EngineDeadError(msg[1])
+                    log.error("%s", self.error)
         except (asyncio.IncompleteReadError, ConnectionError):
-            if not self._stopping:
+            if not self._stopping and self.error is None:
                 self.error = EngineDeadError(self._describe_exit(await self._exit_status()))
                 log.error("%s", self.error)
         except Exception as exc:  # noqa: BLE001 - a bad message must not leave requests hanging
             log.exception("engine message handling failed")
             self.error = exc
         finally:
-            self._fail_all(EngineDeadError(f"engine stopped: {self.error or 'shutdown'}"))
+            self._fail_all(self.error if isinstance(self.error, EngineDeadError)
+                           else EngineDeadError(f"engine stopped: {self.error or 'shutdown'}"))
             if self.error is not None and self._dead is not None:
                 self._dead.set()
 

@@ -2,8 +2,9 @@
 
 Frame: 8-byte little-endian length, then a pickle. Front end -> core: ("config", EngineConfig,
 threads) once, then ("add", id, prompt, sampling, arrival_ns), ("abort", id, reason, num_output_tokens)
-(reason "stop": a stop string ended it after that many tokens), ("stop",). Core -> front end: ("hello", info) or ("error", error) once, then ("step", replies, outputs, records,
-finish_times, state) and ("failed", ids, message). The socket is anonymous and shared only with the
+(reason "stop": a stop string ended it after that many tokens), ("stop",). Core -> front end: ("hello", info)
+or ("error", error) once, then ("step", replies, outputs, records, finish_times, state), ("failed", ids,
+message) and, last, ("dead", message) when its loop dies. The socket is anonymous and shared only with the
 child the front end started, so both ends are trusted.
 """
 

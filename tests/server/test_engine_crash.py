@@ -1,7 +1,8 @@
 """An engine that dies inside the server's own process (the simulator, `--no-engine-process`) is treated as an
 engine process that dies: streams in flight end with an error naming the exception after the tokens already
 sent, /health and new requests get 503, and `itlbench serve` exits 2 with one line saying why (before, it
-kept serving nothing until it was stopped, and exited 0)."""
+kept serving nothing until it was stopped, and exited 0). An engine process whose loop dies names the
+exception the same way (it said only its exit code)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ SERVE = {
             "--sim-time-scale", "4"],
     "no-engine-process": ["--model", "tiny", "--device", "cpu", "--max-model-len", "4096", "--no-engine-process",
                           "--torch-threads", "1"],
+    "engine-process": ["--model", "tiny", "--device", "cpu", "--max-model-len", "4096", "--torch-threads", "1"],
 }
 
 
@@ -63,7 +65,7 @@ def _events(resp: http.client.HTTPResponse) -> list[str]:
 @pytest.mark.parametrize("layout", sorted(SERVE))
 def test_serve_exits_2_naming_the_exception_after_failing_its_streams(layout: str):
     port = free_port()
-    model = "tiny" if layout == "no-engine-process" else "llama-3.1-8b"
+    model = "llama-3.1-8b" if layout == "sim" else "tiny"
     proc = subprocess.Popen([sys.executable, "-m", "itlbench", "serve", "--port", str(port), *SERVE[layout]],
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                             env={**os.environ, FAULT_ENV: str(FAULT_STEP)})

@@ -1,0 +1,155 @@
+"""Failed steps in a row mean a dead engine, in every layout: a failed step fails its batch and the server
+carries on, but three in a row, none succeeding between them, stop it as a dead engine process does (before, an
+engine failing every step kept /health at 200 while failing every request). And a dead engine process's error,
+not "engine loop is not running", is what new requests are refused with."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from itlbench.core.request import SamplingParams
+from itlbench.harness.bundled_server import free_port
+from itlbench.server import BackgroundServer, ServerConfig
+from itlbench.serving.client import EngineDeadError
+from itlbench.serving.fault_hook import FAULT_ENV
+from itlbench.serving.step_failures import MAX_FAILED_STEPS
+from tests.server.test_engine_crash import SERVE, _events, _wait_healthy
+from tests.support.servers import PROCESS_ENGINE
+
+FAILED = r"engine step failed: RuntimeError\('injected engine fault at step (\d+)'\)"
+DEAD = (rf"the engine stopped after {MAX_FAILED_STEPS} failed steps in a row: "
+        r"RuntimeError: injected engine fault at step (\d+)")
+
+
+@pytest.fixture(params=sorted(SERVE))
+def layout(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def _serve(layout: str, fault: str) -> tuple[subprocess.Popen[str], int]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "itlbench", "serve", "--port", str(port), *SERVE[layout]],
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            env={**os.environ, FAULT_ENV: fault})
+    _wait_healthy(proc, port)
+    return proc, port
+
+
+@pytest.fixture
+def served(layout: str, request: pytest.FixtureRequest) -> Iterator[tuple[subprocess.Popen[str], int, str]]:
+    proc, port = _serve(layout, request.param)
+    try:
+        yield proc, port, "llama-3.1-8b" if layout == "sim" else "tiny"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
+def _generate(port: int, model: str, max_tokens: int) -> tuple[int, str | None]:
+    """One streamed completion: the tokens it got, and the message of the error event that ended it (if any)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    body = {"model": model, "prompt": [5, 6, 7], "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200, resp.read()
+    events = [json.loads(e) for e in _events(resp)[:-1]]
+    conn.close()
+    tokens = sum(len(e["choices"][0]["token_ids"]) for e in events if e.get("choices"))
+    error = events[-1].get("error")
+    if error is not None:
+        assert error["code"] == "engine_error"
+    return tokens, None if error is None else error["message"]
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+            return resp.status == 200
+    except urllib.error.HTTPError:
+        return False
+
+
+def _step_of(pattern: str, message: str | None) -> int:
+    match = re.fullmatch(pattern, message or "")
+    assert match, message
+    return int(match[1])
+
+
+@pytest.mark.parametrize("served", ["40:every"], indirect=True)
+def test_failed_steps_in_a_row_stop_the_server_naming_the_last_exception(served):
+    proc, port, model = served
+    tokens, error = _generate(port, model, 3000)
+    assert 0 < tokens < 40 and _step_of(FAILED, error) == 40  # a failed step fails its batch, tokens sent stay
+    assert _healthy(port)  # one failed step is no dead engine
+    tokens, error = _generate(port, model, 50)
+    second = _step_of(FAILED, error)
+    assert tokens == 0 and second > 40 and _healthy(port)
+    t0 = time.monotonic()
+    tokens, error = _generate(port, model, 50)
+    third = _step_of(DEAD, error)  # the third in a row: the stream ends naming the engine's death and its cause
+    assert tokens == 0 and third > second
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - t0 < 15
+    assert proc.returncode == 2, err
+    line = err.strip().splitlines()[-1]
+    assert line == f"error: {error}; the server stopped", err
+
+
+@pytest.mark.parametrize("served", ["40,41,100,101:once"], indirect=True)
+def test_failed_steps_with_a_success_between_keep_the_server_serving(served):
+    proc, port, model = served
+    tokens, error = _generate(port, model, 3000)
+    assert 0 < tokens < 40 and _step_of(FAILED, error) == 40
+    tokens, error = _generate(port, model, 50)
+    assert tokens == 0 and _step_of(FAILED, error) == 41 and _healthy(port)  # two in a row: still serving
+    tokens, error = _generate(port, model, 3000)  # steps 42 to 99 succeed: the count starts again
+    assert 50 < tokens < 60 and _step_of(FAILED, error) == 100
+    tokens, error = _generate(port, model, 50)
+    assert tokens == 0 and _step_of(FAILED, error) == 101  # four failed, never three in a row
+    assert _generate(port, model, 50) == (50, None) and _healthy(port)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "the engine stopped" not in err
+
+
+def test_a_dead_engine_process_names_its_error_to_new_requests(monkeypatch: pytest.MonkeyPatch):
+    """Embedded, the server stays up for its owner: new requests and /health meanwhile name the error (new
+    requests were told "engine loop is not running")."""
+    monkeypatch.setenv(FAULT_ENV, "40")  # the engine process inherits it: its loop dies at step 40
+    fault = "the engine stopped: RuntimeError: injected engine fault at step 40"
+    with BackgroundServer(ServerConfig(engine=PROCESS_ENGINE, port=0)) as srv:
+        driver = srv.server.engine
+
+        async def until_dead() -> BaseException:
+            stream = await driver.add([5, 6, 7], SamplingParams(max_tokens=500, ignore_eos=True))
+            with pytest.raises(EngineDeadError, match=fault):
+                async for _ in stream:
+                    pass
+            return await asyncio.wait_for(driver.wait_dead(), 5)
+
+        dead = asyncio.run_coroutine_threadsafe(until_dead(), srv._loop).result(30)
+        assert str(dead) == fault and not driver.is_alive
+        with pytest.raises(urllib.error.HTTPError) as health:
+            urllib.request.urlopen(f"{srv.url}/health", timeout=5)
+        assert health.value.code == 503 and fault in json.loads(health.value.read())["error"]
+        req = urllib.request.Request(f"{srv.url}/v1/completions", json.dumps(
+            {"model": "tiny", "prompt": [1, 2], "max_tokens": 2}).encode(), {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as new:
+            urllib.request.urlopen(req, timeout=5)
+        error = json.loads(new.value.read())["error"]
+        assert new.value.code == 503 and error["code"] == "engine_dead" and error["message"] == fault
