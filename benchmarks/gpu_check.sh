@@ -39,45 +39,68 @@ if compgen -G ".whl/*.whl" >/dev/null; then  # carried by benchmarks/gpu_wheels.
     && export PYTHONPATH="$site:$PYTHONPATH" && echo "installed $(ls .whl | tr '\n' ' ')into $site" \
     || echo "the wheels in .whl/ did not install; the check goes on without them"
 fi
-have() { "$PYTHON" -c "import $1" >/dev/null 2>&1; }
-if ! have torch; then echo "torch is not importable by $PYTHON: pip install -e . first" >&2; exit 2; fi
-"$PYTHON" - <<'EOF' || true
-import torch
+# one interpreter answers every package question: each `python -c "import torch"` of its own took 1-2 s
+probe=$("$PYTHON" - 2>/dev/null <<'EOF'
+import importlib
+try:
+    import torch
+except Exception as exc:  # whatever stops the import
+    print(f"NOTORCH {type(exc).__name__}: {exc}")
+    raise SystemExit(0)
 print(f"torch {torch.__version__}, CUDA build {torch.version.cuda}, device visible: {torch.cuda.is_available()}")
+for mod in ("triton", "flash_attn", "nvtx"):
+    try:
+        print(f"{mod}: {getattr(importlib.import_module(mod), '__version__', 'present')}")
+    except Exception:
+        print(f"ABSENT {mod}")
+try:  # env, kernels, decode and prefill need torch and numpy only; the scenario drives `itlbench run`
+    for mod in ("aiohttp", "polars", "typer", "rich", "psutil"):
+        importlib.import_module(mod)
+except Exception:
+    print("NODEPS")
 EOF
-for mod in triton flash_attn nvtx; do
-  if have "$mod"; then
-    echo "$mod: $("$PYTHON" -c "import $mod; print(getattr($mod, '__version__', 'present'))" 2>/dev/null)"
-  elif [[ "${GPU_CHECK_INSTALL:-0}" == "1" && -z "$DRY_RUN" ]]; then
-    pkg="${mod/_/-}"
-    echo "$mod missing: pip install $pkg (at most 120 s)"
-    # flash-attn builds against the installed torch; without a matching wheel it compiles for long
-    timeout 120 "$PYTHON" -m pip install --no-build-isolation "$pkg" >"$OUT_DIR/pip-$pkg.log" 2>&1 \
-      && echo "  installed" || echo "  not installed (see $OUT_DIR/pip-$pkg.log); the check goes on without it"
+)
+if [[ "$probe" == NOTORCH* ]]; then echo "torch is not importable by $PYTHON (${probe#NOTORCH }): pip install -e . first" >&2; exit 2; fi
+while IFS= read -r line; do
+  if [[ "$line" == "ABSENT "* ]]; then
+    mod="${line#ABSENT }"
+    if [[ "${GPU_CHECK_INSTALL:-0}" == "1" && -z "$DRY_RUN" ]]; then
+      pkg="${mod/_/-}"
+      echo "$mod missing: pip install $pkg (at most 120 s)"
+      # flash-attn builds against the installed torch; without a matching wheel it compiles for long
+      timeout 120 "$PYTHON" -m pip install --no-build-isolation "$pkg" >"$OUT_DIR/pip-$pkg.log" 2>&1 \
+        && echo "  installed" || echo "  not installed (see $OUT_DIR/pip-$pkg.log); the check goes on without it"
+    else
+      echo "$mod: not installed (its backend is skipped; GPU_CHECK_INSTALL=1 tries pip)"
+    fi
+  elif [[ "$line" == NODEPS ]]; then
+    if [[ "${GPU_CHECK_INSTALL:-0}" == "1" && -z "$DRY_RUN" ]]; then
+      echo "itlbench's dependencies missing: pip install -e . (at most 180 s)"
+      timeout 180 "$PYTHON" -m pip install -e . >"$OUT_DIR/pip-itlbench.log" 2>&1 \
+        && echo "  installed" || echo "  not installed (see $OUT_DIR/pip-itlbench.log)"
+    else
+      echo "itlbench's dependencies are missing (pip install -e .): the scenario section will fail"
+    fi
   else
-    echo "$mod: not installed (its backend is skipped; GPU_CHECK_INSTALL=1 tries pip)"
+    echo "$line"
   fi
-done
-# env, kernels, decode and prefill need torch and numpy only; the scenario drives `itlbench run`
-if ! "$PYTHON" -c "import aiohttp, polars, typer, rich, psutil" >/dev/null 2>&1; then
-  if [[ "${GPU_CHECK_INSTALL:-0}" == "1" && -z "$DRY_RUN" ]]; then
-    echo "itlbench's dependencies missing: pip install -e . (at most 180 s)"
-    timeout 180 "$PYTHON" -m pip install -e . >"$OUT_DIR/pip-itlbench.log" 2>&1 \
-      && echo "  installed" || echo "  not installed (see $OUT_DIR/pip-itlbench.log)"
-  else
-    echo "itlbench's dependencies are missing (pip install -e .): the scenario section will fail"
-  fi
-fi
+done <<<"$probe"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.max.sm \
   --format=csv,noheader || echo "nvidia-smi: not found"
 
 failed=()
 for section in $SECTIONS; do
   echo
-  echo "== $section (limit ${LIMIT[$section]:-120} s)"
+  if [[ -z "${LIMIT[$section]:-}" ]]; then  # known without starting Python (which imports torch first)
+    echo "!! $section failed (no such section: use ${!LIMIT[*]})" | tee "$OUT_DIR/$section.log"
+    printf '{"section": "%s", "error": "no such section"}\n' "$section" >"$OUT_DIR/$section.json"
+    failed+=("$section")
+    continue
+  fi
+  echo "== $section (limit ${LIMIT[$section]} s)"
   t0=$(date +%s)
   rc=0
-  timeout --kill-after=10 "${LIMIT[$section]:-120}" \
+  timeout --kill-after=10 "${LIMIT[$section]}" \
     "$PYTHON" benchmarks/gpu_check.py "$section" --out "$OUT_DIR/$section.json" $DRY_RUN \
     2>&1 | tee "$OUT_DIR/$section.log" || rc=$?
   if [[ $rc -ne 0 ]]; then
