@@ -61,7 +61,7 @@ def test_the_logged_prefill_batches_carry_the_injected_prompt_the_client_named(t
     with serve_in_thread(cfg, peer_cls=TracedPeer) as (_, url):
         res = runner.invoke(app, ["run", "--endpoint", url, "--model", "peer", "--workload", "fixed:64:250",
                                   "--streams", "4", "--duration", "3", "--warmup", "0.5", "--inject", "8k@1.5s",
-                                  "--no-live", "--out", str(out)], terminal_width=200)
+                                  "--no-live", "--no-report", "--out", str(out)], terminal_width=200)
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["analyze", str(out), "--server-log", str(log)], terminal_width=200)
     assert res.exit_code == 0, res.output
