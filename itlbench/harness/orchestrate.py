@@ -426,9 +426,12 @@ def _preflight(cfg: RunConfig) -> Trace | None:
     max_len = cfg.engine.max_model_len or model.max_position_embeddings
     if cfg.engine.engine != "sim":  # the simulator has no kernels to check, and may run without torch
         require_engine_family(model)  # the bundled engine computes Llama only
-        from itlbench.engine.attention import preflight as attention_preflight
+        if cfg.engine.attention not in ("auto", "sdpa") or cfg.engine.device not in ("auto", "cpu"):
+            # only a named CUDA backend or device can be refused (auto and sdpa run wherever torch does), and
+            # asking imports torch: a second or more in a client that otherwise never needs it
+            from itlbench.engine.attention import preflight as attention_preflight
 
-        attention_preflight(cfg.engine)  # e.g. --attention flash where flash-attn is missing
+            attention_preflight(cfg.engine)  # e.g. --attention flash where flash-attn is missing
     conn = Connection(target=None, max_model_len=max_len, vocab_size=model.vocab_size,  # type: ignore[arg-type]
                       steps_url=None, metrics_url=None)
     spec = load_spec(cfg, conn)
