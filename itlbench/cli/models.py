@@ -9,7 +9,6 @@ import typer
 
 from itlbench.cli.app import AsJson, app, console, fail, print_json, stdout_console
 from itlbench.errors import ConfigError, ItlbenchError
-from itlbench.rundir.reader import require_records
 from itlbench.serving.build import require_torch_engine
 
 
@@ -89,6 +88,7 @@ def calibrate(
     as_json: AsJson = False,
 ) -> None:
     """Fit the simulator's efficiencies and per-step overhead to real step logs; save a --gpu profile."""
+    from itlbench.rundir.reader import require_records
     from itlbench.sim.calibrate import calibrate as fit
     from itlbench.sim.roofline import load_hardware
 

@@ -11,7 +11,6 @@ import typer
 
 from itlbench.cli.app import AsJson, app, console, fail, print_json, write_report
 from itlbench.errors import ConfigError, ItlbenchError
-from itlbench.rundir.reader import not_a_run, require_records
 
 
 @app.command()
@@ -56,6 +55,8 @@ def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory writte
 
 def _require_run(run_dir: Path, flag: str = "RUN_DIR") -> None:
     """A run directory with its records, else one line saying what is missing (never a summary of nothing)."""
+    from itlbench.rundir.reader import not_a_run, require_records  # polars: loaded where runs are read
+
     if not (run_dir / "run.json").is_file():
         fail(not_a_run(run_dir, flag))
     try:
