@@ -158,7 +158,7 @@ class ServedServer:
                 raise ServerFailed(f"the server did not answer /health or /v1/models within "
                                    f"{self.startup_timeout_s:g} s (raise --serve-timeout for a slow start)",
                                    tail(self.log_path))
-            time.sleep(0.25)
+            time.sleep(0.05)  # a loopback connect that is refused costs nothing: ask often
 
     def died(self) -> int | None:
         """The exit code if the server ended by itself (while a run used it), else None."""
