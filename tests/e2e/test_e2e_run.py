@@ -132,8 +132,9 @@ def _alive(pid: int) -> bool:
 def test_killed_run_takes_its_engine_server_down(tmp_path: Path, sig: signal.Signals) -> None:
     """SIGTERM ends the run cleanly (records and summary written); even SIGKILL leaves no server."""
     out = tmp_path / "run"
+    # no report: what a SIGTERM'd run's report says is test_report_e2e's (test_a_run_killed_mid_way_...)
     cmd = [sys.executable, "-m", "itlbench", "run", "--model", "tiny", "--workload", "chat-short",
-           "--streams", "2", "--duration", "60", "--warmup", "0.5", "--no-live", "--out", str(out)]
+           "--streams", "2", "--duration", "60", "--warmup", "0.5", "--no-live", "--no-report", "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list(out.glob("chunks/*.parquet")):
