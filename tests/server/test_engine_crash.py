@@ -27,6 +27,7 @@ from itlbench.server import BackgroundServer, ServerConfig
 from itlbench.serving.build import create_engine
 from itlbench.serving.client import EngineDeadError, engine_stopped
 from itlbench.serving.fault_hook import FAULT_ENV
+from tests.support.servers import PROCESS_ENGINE
 
 FAULT_STEP = 40
 FAULT = f"RuntimeError: injected engine fault at step {FAULT_STEP}"
@@ -95,32 +96,36 @@ def test_serve_exits_2_naming_the_exception_after_failing_its_streams(layout: st
     assert elapsed < 10, f"{elapsed:.1f} s"
 
 
-def test_health_and_new_requests_get_503_naming_the_exception(monkeypatch: pytest.MonkeyPatch):
-    """Embedded (BackgroundServer) the server stays up for its owner: what a client sees there meanwhile."""
+@pytest.mark.parametrize(("engine", "model"), [(SIM, "llama-3.1-8b"), (PROCESS_ENGINE, "tiny")],
+                         ids=["in-process", "engine-process"])
+def test_health_and_new_requests_get_503_naming_the_exception(monkeypatch: pytest.MonkeyPatch, engine: EngineConfig,
+                                                              model: str):
+    """Embedded (BackgroundServer) the server stays up for its owner: what a client sees there meanwhile. The engine
+    process inherits the fault; its new requests were told "engine loop is not running", not the exception."""
     monkeypatch.setenv(FAULT_ENV, str(FAULT_STEP))
-    with BackgroundServer(ServerConfig(engine=SIM, port=0)) as srv:
+    with BackgroundServer(ServerConfig(engine=engine, port=0)) as srv:
         driver = srv.server.engine
         assert urllib.request.urlopen(f"{srv.url}/health", timeout=5).status == 200
 
         async def until_dead() -> BaseException:
-            stream = await driver.add([5, 6, 7], SamplingParams(max_tokens=3000, ignore_eos=True))
+            stream = await driver.add([5, 6, 7], SamplingParams(max_tokens=500, ignore_eos=True))
             with pytest.raises(EngineDeadError, match=FAULT):
                 async for _ in stream:
                     pass
             return await asyncio.wait_for(driver.wait_dead(), 5)
 
-        dead = asyncio.run_coroutine_threadsafe(until_dead(), srv._loop).result(10)
+        dead = asyncio.run_coroutine_threadsafe(until_dead(), srv._loop).result(30)
         assert dead is driver.error and str(dead) == f"the engine stopped: {FAULT}"
         assert not driver.is_alive
         with pytest.raises(urllib.error.HTTPError) as health:
             urllib.request.urlopen(f"{srv.url}/health", timeout=5)
         assert health.value.code == 503 and FAULT in json.loads(health.value.read())["error"]
         req = urllib.request.Request(f"{srv.url}/v1/completions", json.dumps(
-            {"model": "llama-3.1-8b", "prompt": [1, 2], "max_tokens": 2}).encode(), {"Content-Type": "application/json"})
+            {"model": model, "prompt": [1, 2], "max_tokens": 2}).encode(), {"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as new:
             urllib.request.urlopen(req, timeout=5)
         error = json.loads(new.value.read())["error"]
-        assert new.value.code == 503 and error["code"] == "engine_dead" and FAULT in error["message"]
+        assert new.value.code == 503 and error["code"] == "engine_dead" and error["message"] == f"the engine stopped: {FAULT}"
 
 
 def test_the_error_is_one_line_with_the_exception_type():

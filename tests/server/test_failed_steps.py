@@ -1,11 +1,10 @@
 """Failed steps in a row mean a dead engine, in every layout: a failed step fails its batch and the server
 carries on, but three in a row, none succeeding between them, stop it as a dead engine process does (before, an
 engine failing every step kept /health at 200 while failing every request). And a dead engine process's error,
-not "engine loop is not running", is what new requests are refused with."""
+not "engine loop is not running", is what new requests are refused with (test_engine_crash.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import json
 import os
@@ -20,14 +19,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from itlbench.core.request import SamplingParams
 from itlbench.harness.bundled_server import free_port
-from itlbench.server import BackgroundServer, ServerConfig
-from itlbench.serving.client import EngineDeadError
 from itlbench.serving.fault_hook import FAULT_ENV
 from itlbench.serving.step_failures import MAX_FAILED_STEPS
 from tests.server.test_engine_crash import SERVE, _events, _wait_healthy
-from tests.support.servers import PROCESS_ENGINE
 
 FAILED = r"engine step failed: RuntimeError\('injected engine fault at step (\d+)'\)"
 DEAD = (rf"the engine stopped after {MAX_FAILED_STEPS} failed steps in a row: "
@@ -127,29 +122,3 @@ def test_failed_steps_with_a_success_between_keep_the_server_serving(served):
     assert "the engine stopped" not in err
 
 
-def test_a_dead_engine_process_names_its_error_to_new_requests(monkeypatch: pytest.MonkeyPatch):
-    """Embedded, the server stays up for its owner: new requests and /health meanwhile name the error (new
-    requests were told "engine loop is not running")."""
-    monkeypatch.setenv(FAULT_ENV, "40")  # the engine process inherits it: its loop dies at step 40
-    fault = "the engine stopped: RuntimeError: injected engine fault at step 40"
-    with BackgroundServer(ServerConfig(engine=PROCESS_ENGINE, port=0)) as srv:
-        driver = srv.server.engine
-
-        async def until_dead() -> BaseException:
-            stream = await driver.add([5, 6, 7], SamplingParams(max_tokens=500, ignore_eos=True))
-            with pytest.raises(EngineDeadError, match=fault):
-                async for _ in stream:
-                    pass
-            return await asyncio.wait_for(driver.wait_dead(), 5)
-
-        dead = asyncio.run_coroutine_threadsafe(until_dead(), srv._loop).result(30)
-        assert str(dead) == fault and not driver.is_alive
-        with pytest.raises(urllib.error.HTTPError) as health:
-            urllib.request.urlopen(f"{srv.url}/health", timeout=5)
-        assert health.value.code == 503 and fault in json.loads(health.value.read())["error"]
-        req = urllib.request.Request(f"{srv.url}/v1/completions", json.dumps(
-            {"model": "tiny", "prompt": [1, 2], "max_tokens": 2}).encode(), {"Content-Type": "application/json"})
-        with pytest.raises(urllib.error.HTTPError) as new:
-            urllib.request.urlopen(req, timeout=5)
-        error = json.loads(new.value.read())["error"]
-        assert new.value.code == 503 and error["code"] == "engine_dead" and error["message"] == fault
