@@ -95,13 +95,20 @@ class Pooled:
     def approx_quantile(self, q: float) -> float | None:
         """The q-quantile from the histogram alone: the midpoints of the buckets holding its two ranks,
         interpolated (each within RELATIVE_WIDTH / 2 of the value at its rank)."""
+        return self.approx_quantiles([q])[0]
+
+    def approx_quantiles(self, qs: Sequence[float]) -> list[float | None]:
+        """`approx_quantile` of each q, the histogram's running count summed once: a CDF asks for 400, and
+        summing the 4 MB histogram for each was a third of a small run's analysis."""
         if not self.count:
-            return None
-        f = (self.count - 1) * q
-        lo, hi = math.floor(f), min(math.floor(f) + 1, self.count - 1)
-        where = self._rank_bucket([lo, hi])
-        lower, upper = bucket_value(where[lo]), bucket_value(where[hi])
-        return lower + (upper - lower) * (f - lo)
+            return [None] * len(qs)
+        spans = [(f, math.floor(f), min(math.floor(f) + 1, self.count - 1)) for f in ((self.count - 1) * q for q in qs)]
+        where = self._rank_bucket([r for _, lo, hi in spans for r in (lo, hi)])
+        out: list[float | None] = []
+        for f, lo, hi in spans:
+            lower, upper = bucket_value(where[lo]), bucket_value(where[hi])
+            out.append(lower + (upper - lower) * (f - lo))
+        return out
 
     def selection(self, qs: Iterable[float]) -> Selection:
         """Pass 2's plan for the quantiles qs: which buckets to keep and which ranks to read."""

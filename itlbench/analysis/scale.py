@@ -225,7 +225,7 @@ def _select(acc: ChunkFigures, replay: list[pl.DataFrame | Path]) -> None:
             {str(q): (sel.quantile(q) if n >= min_samples(q) else None) for q in _LATE_QS}
     levels = cdf_levels()
     if acc.itl.count >= 2:
-        acc.cdf = (np.array([acc.itl.approx_quantile(float(q)) for q in levels]), levels)
+        acc.cdf = (np.array(acc.itl.approx_quantiles([float(q) for q in levels])), levels)
 
 
 class _Nowhere:

@@ -3,13 +3,16 @@ approximate quantiles (the report's CDF) stay within half a bucket of them."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from itlbench.analysis.pooled import RELATIVE_WIDTH, Pooled, bucket_keys, describe_pooled
+from itlbench.analysis.pooled import RELATIVE_WIDTH, SPAN, Pooled, bucket_keys, bucket_value, describe_pooled
+from itlbench.analysis.scale import cdf_levels
 from itlbench.analysis.stats import QUANTILES, describe
 
 QS = tuple(QUANTILES.values())
@@ -92,3 +95,24 @@ def test_describe_pooled_is_describe() -> None:
         assert ours.keys() == ref.keys()
         for k in keys:
             assert ours[k] == pytest.approx(ref[k], rel=1e-12) if ref[k] is not None else ours[k] is None, (n, k)
+
+
+
+def _one_at_a_time(pooled: Pooled, q: float) -> float:
+    """One quantile with its own running count of the histogram, as each CDF level was once computed."""
+    f = (pooled.count - 1) * q
+    lo, hi = math.floor(f), min(math.floor(f) + 1, pooled.count - 1)
+    lower, upper = (bucket_value(int(i) - SPAN) for i in np.searchsorted(np.cumsum(pooled.hist), [lo, hi], side="right"))
+    return lower + (upper - lower) * (f - lo)
+
+
+def test_approx_quantiles_in_one_call_equal_each_computed_alone_to_the_bit() -> None:
+    """The CDF's 400 levels, one running count for all, equal each level computed alone exactly, weights too."""
+    rng = np.random.default_rng(7)
+    levels = [float(q) for q in cdf_levels()] + [0.0, 1.0]
+    for n, weighted in ((1, False), (2, True), (1000, False), (5000, True)):
+        pooled = Pooled()
+        pooled.add(rng.lognormal(-3.5, 1.0, n), rng.integers(1, 4, n) if weighted else None)
+        assert pooled.approx_quantiles(levels) == [_one_at_a_time(pooled, q) for q in levels]
+        assert pooled.approx_quantile(0.99) == _one_at_a_time(pooled, 0.99)
+    assert Pooled().approx_quantiles([0.5, 0.9]) == [None, None] and Pooled().approx_quantile(0.5) is None
