@@ -86,9 +86,9 @@ class Pooled:
     def mean(self) -> float | None:
         return self.total / self.count if self.count else None
 
-    def _rank_bucket(self, ranks: Sequence[int]) -> dict[int, int]:
-        """rank → (bucket key) for each 0-based rank."""
-        cum = np.cumsum(self.hist)
+    def _rank_bucket(self, ranks: Sequence[int], cum: np.ndarray | None = None) -> dict[int, int]:
+        """rank → (bucket key) for each 0-based rank (`cum`: the histogram's running count, if summed already)."""
+        cum = np.cumsum(self.hist) if cum is None else cum
         idx = np.searchsorted(cum, np.asarray(ranks, dtype=np.int64), side="right")
         return {int(r): int(i) - SPAN for r, i in zip(ranks, idx, strict=True)}
 
@@ -115,9 +115,9 @@ class Pooled:
         positions = {q: (self.count - 1) * q for q in qs} if self.count else {}
         ranks = sorted({r for f in positions.values() for r in (math.floor(f), min(math.floor(f) + 1,
                                                                                   self.count - 1))})
-        where = self._rank_bucket(ranks)
-        cum = np.concatenate([[0], np.cumsum(self.hist)])
-        before = {key: int(cum[key + SPAN]) for key in set(where.values())}
+        cum = np.cumsum(self.hist)  # summed once for both: the histogram is 4 MB
+        where = self._rank_bucket(ranks, cum)
+        before = {key: int(cum[key + SPAN - 1]) if key + SPAN else 0 for key in set(where.values())}
         return Selection(self.count, positions, where, before)
 
 
