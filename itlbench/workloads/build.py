@@ -116,8 +116,10 @@ def check_without_context(spec: LoadSpec) -> Trace | None:
 def read_trace(spec: LoadSpec) -> Trace | None:
     """The trace `spec` replays (None: its workload replays none). A run reads it once and hands it to each
     `build_load_plan` (its checks, run.json's plan, the drive): a large trace takes a while to parse."""
-    if not get_workload(spec.workload).from_trace:
+    workload = get_workload(spec.workload)
+    if not workload.from_trace:
         return None
+    _check_sources(spec, workload)  # a run on the bundled engine comes here first: no --trace is not "no file at '.'"
     return load_trace(spec.trace_path or "", spec.trace_offset, spec.trace_limit)
 
 
