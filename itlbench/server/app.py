@@ -1,4 +1,5 @@
-"""The aiohttp application: OpenAI-compatible generation, health, metrics, engine introspection.
+"""The aiohttp application: its middleware and OpenAI-compatible generation (the endpoints that read the
+server, /health, /metrics, /v1/models, /v1/engine and /v1/steps, are `introspection`'s).
 
 Handlers never touch the engine directly; they go through an `EngineClient` (an engine thread or an engine process owns it).
 Streaming writes one SSE chunk per engine step per request, so chunk arrival times at the client
@@ -9,22 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hmac
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from itlbench.errors import ConfigError
 from itlbench.server.detok import IncrementalDetokenizer
-from itlbench.server.guard import DEFAULT_BODY_TIMEOUT_S, client_gone_quietly, guard_middleware
-from itlbench.server.metrics import ServerMetrics
+from itlbench.server.guard import client_gone_quietly, guard_middleware
+from itlbench.server.introspection import install_introspection
 from itlbench.server.protocol import (
     ApiError,
     GenerationRequest,
@@ -36,7 +35,7 @@ from itlbench.server.protocol import (
     prompt_ids,
 )
 from itlbench.server.responses import SSE_DONE, ResponseBuilder, sse, usage
-from itlbench.server.steps import install_steps, stream_steps
+from itlbench.server.state import STATE, ServerState, server_state
 from itlbench.server.stop_strings import StopStrings, cut_at_stop
 from itlbench.serving.client import EngineClient, EngineDeadError, QueueFullError, RequestStream
 
@@ -44,7 +43,6 @@ log = logging.getLogger("itlbench.server")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _UNTRACED = contextlib.nullcontext()
-DEFAULT_MAX_BODY_MIB = 4  # a 128k-token prompt as JSON token ids is under 1 MiB
 # Bodies above this are parsed and tokenised on a worker thread: a 4 MiB prompt takes the byte
 # tokenizer ~0.2 s, which on the event loop would stall every stream; below it a thread costs more
 # than it saves. Outputs longer than DECODE_OFF_LOOP_IDS are decoded there too.
@@ -53,40 +51,13 @@ DECODE_OFF_LOOP_IDS = 16384
 _pool: ThreadPoolExecutor | None = None
 
 
-@dataclass
-class ServerState:
-    """What the handlers share: the engine driver, its metrics, and the public model name."""
-
-    engine: EngineClient
-    metrics: ServerMetrics
-    model_name: str
-    api_key: str | None = None
-    max_body_bytes: int = DEFAULT_MAX_BODY_MIB << 20
-    tracing: Any = None  # telemetry.server_tracing.ServerTracing when --otlp-endpoint is given
-    layout: dict[str, object] | None = None  # engine process or thread, torch threads, decode kernel
-    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # a body trickled slower than this gets 408
-
-
-STATE: web.AppKey[ServerState] = web.AppKey("itlbench_state", ServerState)
-
-
 def build_app(state: ServerState) -> web.Application:
     app = web.Application(middlewares=[guard_middleware, _errors, _auth], client_max_size=state.max_body_bytes)
     app[STATE] = state
-    install_steps(app)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat)
-    app.router.add_get("/v1/models", _models)
-    app.router.add_get("/v1/models/{model:.+}", _model)  # a name may hold slashes (org/repo)
-    app.router.add_get("/v1/steps", _steps)
-    app.router.add_get("/v1/engine", _engine_info)
-    app.router.add_get("/health", _health)
-    app.router.add_get("/metrics", _metrics)
+    install_introspection(app)
     return app
-
-
-def _state(request: web.Request) -> ServerState:
-    return request.app[STATE]
 
 
 # OpenAI's header naming the request: the SDKs read it into `request_id` (responses and errors alike), and
@@ -109,7 +80,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             resp.force_close()
         return resp
     except web.HTTPRequestEntityTooLarge:
-        limit = _state(request).max_body_bytes
+        limit = server_state(request).max_body_bytes
         return error_response(ApiError(413, f"body: larger than this server's limit of {limit / 2**20:g} MiB "
                                             "(itlbench serve --max-body-mib raises it)", "body"))
     except web.HTTPException as exc:
@@ -129,7 +100,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    key = _state(request).api_key
+    key = server_state(request).api_key
     if key and request.path.startswith("/v1/"):
         given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")  # any bytes: 401
         if not hmac.compare_digest(given, f"Bearer {key}".encode()):  # constant time: no timing oracle
@@ -176,7 +147,7 @@ async def _serve(request: web.Request, parse: Parser, request_id: str) -> web.St
     _check_content_type(request)
     raw = await _read_body(request)
     arrival_ns = time.perf_counter_ns()
-    state = _state(request)
+    state = server_state(request)
     req, prompt_ids = await _off_loop(len(raw) > OFF_LOOP_BYTES, _prepare, state, raw, parse)
     max_tokens = _max_tokens(state.engine.engine.max_model_len, req, len(prompt_ids))
     sampling = req.sampling(max_tokens)
@@ -199,7 +170,7 @@ async def _serve(request: web.Request, parse: Parser, request_id: str) -> web.St
 
 
 async def _read_body(request: web.Request) -> bytes:
-    limit = _state(request).body_timeout_s
+    limit = server_state(request).body_timeout_s
     try:
         async with asyncio.timeout(limit):
             return await request.read()
@@ -380,69 +351,3 @@ def _stop_token(req: GenerationRequest, ids: list[int], reason: str | None, engi
     eos = not req.ignore_eos and last in engine.model_config.eos_token_ids
     stop_reason = None if eos or last not in req.stop_token_ids else last
     return (ids if req.include_stop_str_in_output else ids[:-1]), stop_reason
-
-
-# ---- introspection ------------------------------------------------------------------------
-def _model_object(state: ServerState) -> dict[str, Any]:
-    """The served model as OpenAI's model object (the one entry of /v1/models)."""
-    engine = state.engine.engine
-    return {"id": state.model_name, "object": "model", "created": 0, "owned_by": "itlbench",
-            "root": engine.model_config.name, "max_model_len": engine.max_model_len}
-
-
-async def _models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": [_model_object(_state(request))]})
-
-
-async def _model(request: web.Request) -> web.Response:
-    """GET /v1/models/{model}: the model object as OpenAI returns it, 404 (OpenAI's shape) for another name."""
-    state = _state(request)
-    name = request.match_info["model"]
-    if name != state.model_name:
-        raise ApiError(404, f"model: {name!r} does not exist; this server serves {state.model_name!r}",
-                       "model", "invalid_request_error", "model_not_found")
-    return web.json_response(_model_object(state))
-
-
-async def _health(request: web.Request) -> web.Response:
-    engine = _state(request).engine
-    if engine.is_alive:
-        return web.json_response({"status": "ok"})
-    return web.json_response({"status": "error", "error": repr(engine.error)}, status=503)
-
-
-async def _metrics(request: web.Request) -> web.Response:
-    body, content_type = _state(request).metrics.render()
-    resp = web.Response(body=body)
-    resp.headers["Content-Type"] = content_type
-    return resp
-
-
-async def _steps(request: web.Request) -> web.StreamResponse:
-    return await stream_steps(request, _state(request).engine)
-
-
-def _config(config: Any, layout: dict[str, Any]) -> dict[str, Any]:
-    """The engine's configuration, where it runs and on how many torch threads as resolved (null there means
-    'the default'); the simulator has neither, on a thread of the server without torch."""
-    out = config.as_dict()
-    if out.get("engine") != "sim":
-        out.update({k: layout[k] for k in ("engine_process", "torch_threads") if k in layout})
-    return out
-
-
-async def _engine_info(request: web.Request) -> web.Response:
-    state = _state(request)
-    engine = state.engine.engine
-    bm = engine.block_manager
-    return web.json_response({
-        "served_model_name": state.model_name,
-        "engine": _config(engine.config, state.layout or {}),
-        "model": dataclasses.asdict(engine.model_config),
-        "device": str(engine.device), "dtype": str(engine.dtype),
-        "max_model_len": engine.max_model_len,
-        "kv_blocks": bm.num_blocks, "kv_free_blocks": bm.num_free_blocks, "kv_usage": bm.usage,
-        "num_running": engine.num_running, "num_waiting": engine.num_waiting,
-        "last_step": engine.step_log.last_step,
-        "serving": state.layout or {},
-    })

@@ -19,9 +19,10 @@ from aiohttp import web
 
 from itlbench.core.engine import SteppedEngine
 from itlbench.core.engine_config import EngineConfig
-from itlbench.server.app import DEFAULT_MAX_BODY_MIB, ServerState, build_app
+from itlbench.server.app import build_app
 from itlbench.server.guard import ConnectionGuard, ConnectionLimits, GuardedSite, listen_error
 from itlbench.server.metrics import ServerMetrics
+from itlbench.server.state import DEFAULT_MAX_BODY_MIB, ServerState
 from itlbench.serving.async_engine import AsyncEngine
 from itlbench.serving.build import create_engine
 from itlbench.serving.client import EngineClient, EngineDeadError
@@ -221,10 +222,11 @@ async def _serve_forever(config: ServerConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
     waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(engine.wait_dead())]
-    died: BaseException | None = None
+    died: str | None = None
     try:
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        died = None if stop.is_set() else engine.error  # decided now: a signal during the stop below masks nothing
+        # decided now: a signal during the stop below masks nothing; in the words /health said meanwhile
+        died = None if stop.is_set() else await engine.why_not_alive()
     finally:
         for task in waits:
             task.cancel()

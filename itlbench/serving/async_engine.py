@@ -20,6 +20,7 @@ from itlbench.core.engine import SteppedEngine
 from itlbench.core.request import Request, RequestOutput, SamplingParams
 from itlbench.core.steps import StepRecord
 from itlbench.serving.client import (
+    SHUT_DOWN,
     EngineDeadError,
     EngineObserver,
     QueueFullError,
@@ -107,6 +108,11 @@ class AsyncEngine:
         assert self.error is not None
         return self.error
 
+    async def why_not_alive(self) -> str:
+        """The loop sets `error` before its thread ends, so it is never late here: the exception the loop died
+        of (or the failed steps in a row), else the shutdown."""
+        return SHUT_DOWN if self.error is None else str(self.error)
+
     @property
     def is_alive(self) -> bool:
         return (self._thread is not None and self._thread.is_alive()
@@ -122,7 +128,7 @@ class AsyncEngine:
                   request_id: str | None = None, arrival_ns: int | None = None) -> RequestStream:
         """Admit a request; raises the engine's ConfigError for bad input, QueueFullError when full."""
         if not self.is_alive:
-            raise EngineDeadError(str(self.error) if self.error is not None else "engine loop is not running")
+            raise EngineDeadError(await self.why_not_alive())
         if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
             raise QueueFullError(f"{self.num_waiting} requests waiting (max_waiting={self.max_waiting})")
         admitted: asyncio.Future[Request] = asyncio.get_running_loop().create_future()

@@ -21,6 +21,10 @@ class EngineDeadError(ItlbenchError):
     """The engine loop is not running (stopped, or a step failed) so the request cannot finish."""
 
 
+# why an engine that did not die is not alive: the server is shutting it down
+SHUT_DOWN = "the engine was shut down (the server is stopping)"
+
+
 _MESSAGE_CHARS = 300  # of an exception's message in the one line; its traceback is in the server's log
 
 
@@ -191,6 +195,12 @@ class EngineClient(Protocol):
 
     async def wait_dead(self) -> BaseException:
         """Return once the engine has died under a running server (not when it is shut down): `error` says how."""
+        ...
+
+    async def why_not_alive(self) -> str:
+        """Why the engine is not alive, in one line: the exception its loop died of, the failed steps in a row,
+        the signal or exit code that ended its process, or that it was shut down. /health, a refused request and
+        the server's exit line all say this, so they cannot disagree."""
         ...
 
     def shutdown(self, timeout: float = 10.0) -> None: ...

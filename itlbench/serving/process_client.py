@@ -31,11 +31,13 @@ from itlbench.core.steps import StepLog, StepRecord
 from itlbench.core.tokenizer import load_tokenizer
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.serving.client import (
+    SHUT_DOWN,
     EngineDeadError,
     EngineObserver,
     QueueFullError,
     RequestStream,
     StepWaiters,
+    engine_stopped,
     generate,
 )
 from itlbench.serving.wire import error_from, frame, read_frame
@@ -43,6 +45,21 @@ from itlbench.system.malloc import env_with_malloc_tunables
 
 log = logging.getLogger("itlbench.engine.process")
 
+_LAST_WORDS_S = 1.0  # how long a request waits, once the engine process has exited, for what it said before
+
+
+def describe_exit(pid: int | None, code: int | None) -> str:
+    """How an engine process ended, in the words of /health and the server's exit line: the signal by name."""
+    who = f"the engine process (pid {pid})"
+    if code is None:
+        return f"{who} closed its connection"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"{who} was killed by {name}"
+    return f"{who} exited with code {code}"
 
 
 @dataclass
@@ -147,7 +164,7 @@ class EngineProcessClient:
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             code = await self._exit_status()
             self._kill()
-            raise ItlbenchError(f"the engine process did not start: {self._describe_exit(code)}") from exc
+            raise ItlbenchError(f"the engine process did not start: {describe_exit(self.pid, code)}") from exc
         except TimeoutError as exc:
             self._kill()
             raise ItlbenchError(f"the engine process did not start within {self.start_timeout_s:g} s") from exc
@@ -215,24 +232,19 @@ class EngineProcessClient:
             await asyncio.sleep(0.01)
         return None if self._proc is None else self._proc.poll()
 
-    def _describe_exit(self, code: int | None) -> str:
-        who = f"the engine process (pid {self.pid})"
-        if code is None:
-            return f"{who} closed its connection"
-        if code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            return f"{who} was killed by {name}"
-        return f"{who} exited with code {code}"
-
-    def _why_not_alive(self) -> str:
-        """What a request refused for want of an engine is told: how the engine died, as soon as that shows."""
+    async def why_not_alive(self) -> str:
+        """How the engine died, as soon as that shows. Its process can be reaped (`is_alive` polls it) before
+        the reader has taken what it said on the way out (the exception its loop died of): then wait for the
+        reader to reach the end of the socket, which a process that has exited closes, so that what it said,
+        not its exit code, is the answer. The wait is bounded in case something it started holds the socket."""
+        proc, reader = self._proc, self._reader_task
+        if (self.error is None and not self._stopping and proc is not None and proc.poll() is not None
+                and reader is not None and not reader.done()):
+            await asyncio.wait({reader}, timeout=_LAST_WORDS_S)
         if self.error is not None:
             return str(self.error)
-        code = None if self._proc is None or self._stopping else self._proc.poll()
-        return "engine loop is not running" if code is None else self._describe_exit(code)
+        code = None if proc is None or self._stopping else proc.poll()
+        return SHUT_DOWN if code is None else describe_exit(self.pid, code)
 
     @property
     def pid(self) -> int | None:
@@ -251,7 +263,7 @@ class EngineProcessClient:
     async def add(self, prompt: str | Sequence[int], sampling: SamplingParams,
                   request_id: str | None = None, arrival_ns: int | None = None) -> RequestStream:
         if not self.is_alive:
-            raise EngineDeadError(self._why_not_alive())
+            raise EngineDeadError(await self.why_not_alive())
         if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
             raise QueueFullError(f"{self.num_waiting} requests waiting (max_waiting={self.max_waiting})")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
@@ -297,14 +309,13 @@ class EngineProcessClient:
                     log.error("%s", self.error)
         except (asyncio.IncompleteReadError, ConnectionError):
             if not self._stopping and self.error is None:
-                self.error = EngineDeadError(self._describe_exit(await self._exit_status()))
+                self.error = EngineDeadError(describe_exit(self.pid, await self._exit_status()))
                 log.error("%s", self.error)
         except Exception as exc:  # noqa: BLE001 - a bad message must not leave requests hanging
             log.exception("engine message handling failed")
-            self.error = exc
+            self.error = engine_stopped(exc, "as its messages could not be read")
         finally:
-            self._fail_all(self.error if isinstance(self.error, EngineDeadError)
-                           else EngineDeadError(f"engine stopped: {self.error or 'shutdown'}"))
+            self._fail_all(self.error or EngineDeadError("engine stopped: shutdown"))
             if self.error is not None and self._dead is not None:
                 self._dead.set()
 

@@ -99,6 +99,18 @@ def test_sigterm_to_the_engine_alone_fails_streams_and_stops_the_server_at_once(
     assert "Traceback" not in err
 
 
+def test_sigkill_to_the_engine_stops_the_server_in_the_words_of_health(served):
+    """The exit line and /health's error (test_server_engine_process.py) are one sentence: a SIGKILL could
+    leave /health saying `None` while the server's last line named the signal."""
+    proc, _, engine_pid = served
+    os.kill(engine_pid, signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    lines = err.strip().splitlines()
+    assert lines[-1] == f"error: the engine process (pid {engine_pid}) was killed by SIGKILL; the server stopped", err
+    assert "Traceback" not in err
+
+
 def test_sigterm_to_the_whole_group_still_drains_the_streams_in_flight(served):
     proc, port, _ = served
     stream = _Stream(port, 3000)

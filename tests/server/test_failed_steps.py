@@ -5,6 +5,7 @@ not "engine loop is not running", is what new requests are refused with (test_en
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -19,10 +20,15 @@ from collections.abc import Iterator
 
 import pytest
 
+from itlbench.core.engine_config import EngineConfig
+from itlbench.core.request import SamplingParams
 from itlbench.harness.bundled_server import free_port
+from itlbench.server import BackgroundServer, ServerConfig
+from itlbench.serving.client import EngineDeadError
 from itlbench.serving.fault_hook import FAULT_ENV
 from itlbench.serving.step_failures import MAX_FAILED_STEPS
-from tests.server.test_engine_crash import SERVE, _events, _wait_healthy
+from tests.server.test_engine_crash import SERVE, SIM, _events, _wait_healthy
+from tests.support.servers import PROCESS_ENGINE
 
 FAILED = r"engine step failed: RuntimeError\('injected engine fault at step (\d+)'\)"
 DEAD = (rf"the engine stopped after {MAX_FAILED_STEPS} failed steps in a row: "
@@ -122,3 +128,30 @@ def test_failed_steps_with_a_success_between_keep_the_server_serving(served):
     assert "the engine stopped" not in err
 
 
+@pytest.mark.parametrize("engine", [SIM, PROCESS_ENGINE], ids=["in-process", "engine-process"])
+def test_health_names_the_failed_steps_in_a_row(monkeypatch: pytest.MonkeyPatch, engine: EngineConfig):
+    """Embedded (BackgroundServer) the server stays up: /health and a new request say, in the server's exit line's
+    words, that failed steps in a row stopped the engine, and which exception the last one raised."""
+    monkeypatch.setenv(FAULT_ENV, "3:every")
+    with BackgroundServer(ServerConfig(engine=engine, port=0)) as srv:
+        driver = srv.server.engine
+
+        async def until_dead() -> str:
+            for _ in range(MAX_FAILED_STEPS):  # each request's batch is one failed step
+                stream = await driver.add([5, 6, 7], SamplingParams(max_tokens=50, ignore_eos=True))
+                with pytest.raises(EngineDeadError):
+                    async for _ in stream:
+                        pass
+            await asyncio.wait_for(driver.wait_dead(), 5)
+            return await driver.why_not_alive()
+
+        said = asyncio.run_coroutine_threadsafe(until_dead(), srv._loop).result(30)
+        assert said == str(driver.error) and _step_of(DEAD, said) >= 3
+        with pytest.raises(urllib.error.HTTPError) as health:
+            urllib.request.urlopen(f"{srv.url}/health", timeout=5)
+        assert health.value.code == 503 and json.loads(health.value.read()) == {"status": "error", "error": said}
+        req = urllib.request.Request(f"{srv.url}/v1/completions", json.dumps({"prompt": [1, 2], "max_tokens": 2}).encode(),
+                                     {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as new:
+            urllib.request.urlopen(req, timeout=5)
+        assert new.value.code == 503 and json.loads(new.value.read())["error"]["message"] == said
