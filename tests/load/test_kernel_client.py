@@ -24,7 +24,7 @@ from itlbench.load.target import Target
 from itlbench.rundir.reader import read_table
 from itlbench.testing.paced_server import PacedConfig, serve_in_thread
 from itlbench.workloads.plan import LoadPlan, RequestPlan
-from tests.support.load import plans, run
+from tests.support.load import four_streams, plans, run
 
 pytestmark = pytest.mark.skipif(kernel_stamps_available() is not None, reason=str(kernel_stamps_available()))
 
@@ -392,8 +392,6 @@ def test_broken_responses_recorded_alike_by_both_readers(response: bytes, kind: 
 def test_worker_processes_read_with_kernel_stamps(tmp_path: Path) -> None:
     from itlbench.load.multiproc import drive_workers
     from itlbench.rundir.store import RunStore
-
-    from .test_load_multiproc import four_streams
 
     store = RunStore(tmp_path)
     with serve_in_thread(PacedConfig(tick_s=0.01)) as (_, url):

@@ -18,11 +18,7 @@ from itlbench.load.target import Target
 from itlbench.rundir.store import RunStore
 from itlbench.testing.paced_server import PacedConfig, serve_in_thread
 from itlbench.workloads.plan import LoadPlan
-from tests.support.load import closed, plans, table
-
-
-def four_streams() -> LoadPlan:
-    return closed(4, 5)
+from tests.support.load import closed, four_streams, plans, table
 
 
 def four_long_streams() -> LoadPlan:

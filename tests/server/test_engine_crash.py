@@ -9,10 +9,6 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,69 +18,30 @@ import pytest
 from itlbench.core.engine_config import EngineConfig
 from itlbench.core.request import SamplingParams
 from itlbench.errors import ConfigError
-from itlbench.harness.bundled_server import free_port
 from itlbench.server import BackgroundServer, ServerConfig
 from itlbench.serving.build import create_engine
 from itlbench.serving.client import EngineDeadError, engine_stopped
 from itlbench.serving.fault_hook import FAULT_ENV
+from tests.support.fault_servers import SERVE, SIM, model_of, read_events, serving
 from tests.support.servers import PROCESS_ENGINE
 
 FAULT_STEP = 40
 FAULT = f"RuntimeError: injected engine fault at step {FAULT_STEP}"
-SIM = EngineConfig(model="llama-3.1-8b", engine="sim", gpu="h100", max_model_len=8192, sim_time_scale=4.0)
-SERVE = {
-    "sim": ["--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100", "--max-model-len", "8192",
-            "--sim-time-scale", "4"],
-    "no-engine-process": ["--model", "tiny", "--device", "cpu", "--max-model-len", "4096", "--no-engine-process",
-                          "--torch-threads", "1"],
-    "engine-process": ["--model", "tiny", "--device", "cpu", "--max-model-len", "4096", "--torch-threads", "1"],
-}
-
-
-def _wait_healthy(proc: subprocess.Popen[str], port: int) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        assert proc.poll() is None, proc.communicate()[1]
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return
-        except OSError:
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.1)
-
-
-def _events(resp: http.client.HTTPResponse) -> list[str]:
-    events = []
-    while not events or events[-1] != "[DONE]":
-        line = resp.readline()
-        assert line, f"the stream was cut after {events[-2:]}"
-        if line.strip():
-            events.append(line.decode().strip().removeprefix("data: "))
-    return events
 
 
 @pytest.mark.parametrize("layout", sorted(SERVE))
 def test_serve_exits_2_naming_the_exception_after_failing_its_streams(layout: str):
-    port = free_port()
-    model = "llama-3.1-8b" if layout == "sim" else "tiny"
-    proc = subprocess.Popen([sys.executable, "-m", "itlbench", "serve", "--port", str(port), *SERVE[layout]],
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, FAULT_ENV: str(FAULT_STEP)})
-    try:
-        _wait_healthy(proc, port)
+    with serving(layout, str(FAULT_STEP)) as (proc, port):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        body = {"model": model, "prompt": [5, 6, 7], "max_tokens": 3000, "stream": True, "ignore_eos": True}
+        body = {"model": model_of(layout), "prompt": [5, 6, 7], "max_tokens": 3000, "stream": True,
+                "ignore_eos": True}
         t0 = time.monotonic()
         conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
         resp = conn.getresponse()
         assert resp.status == 200
-        events = _events(resp)
+        events = read_events(resp)
         out, err = proc.communicate(timeout=30)
         elapsed = time.monotonic() - t0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
     tokens = [t for e in events[:-2] for t in json.loads(e)["choices"][0]["token_ids"]]
     assert 0 < len(tokens) < FAULT_STEP  # what the steps before the fault made was sent, and stays sent
     error = json.loads(events[-2])["error"]

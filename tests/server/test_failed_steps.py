@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,12 +21,11 @@ import pytest
 
 from itlbench.core.engine_config import EngineConfig
 from itlbench.core.request import SamplingParams
-from itlbench.harness.bundled_server import free_port
 from itlbench.server import BackgroundServer, ServerConfig
 from itlbench.serving.client import EngineDeadError
 from itlbench.serving.fault_hook import FAULT_ENV
 from itlbench.serving.step_failures import MAX_FAILED_STEPS
-from tests.server.test_engine_crash import SERVE, SIM, _events, _wait_healthy
+from tests.support.fault_servers import SERVE, SIM, model_of, read_events, serving
 from tests.support.servers import PROCESS_ENGINE
 
 FAILED = r"engine step failed: RuntimeError\('injected engine fault at step (\d+)'\)"
@@ -40,24 +38,10 @@ def layout(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def _serve(layout: str, fault: str) -> tuple[subprocess.Popen[str], int]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "itlbench", "serve", "--port", str(port), *SERVE[layout]],
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, FAULT_ENV: fault})
-    _wait_healthy(proc, port)
-    return proc, port
-
-
 @pytest.fixture
 def served(layout: str, request: pytest.FixtureRequest) -> Iterator[tuple[subprocess.Popen[str], int, str]]:
-    proc, port = _serve(layout, request.param)
-    try:
-        yield proc, port, "llama-3.1-8b" if layout == "sim" else "tiny"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+    with serving(layout, request.param) as (proc, port):
+        yield proc, port, model_of(layout)
 
 
 def _generate(port: int, model: str, max_tokens: int) -> tuple[int, str | None]:
@@ -67,7 +51,7 @@ def _generate(port: int, model: str, max_tokens: int) -> tuple[int, str | None]:
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200, resp.read()
-    events = [json.loads(e) for e in _events(resp)[:-1]]
+    events = [json.loads(e) for e in read_events(resp)[:-1]]
     conn.close()
     tokens = sum(len(e["choices"][0]["token_ids"]) for e in events if e.get("choices"))
     error = events[-1].get("error")

@@ -9,56 +9,20 @@ import logging
 import socket
 import struct
 import time
-import urllib.error
-import urllib.request
 
 import aiohttp
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from itlbench.core.request import SamplingParams
 from itlbench.serving.build import create_engine
+from tests.support.server_http import http, metric, scrape
 from tests.support.servers import TINY_ENGINE as ENGINE
 
 
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
-
-
-class Reply:
-    """Status, headers and body of one plain HTTP exchange."""
-
-    def __init__(self, status: int, headers, body: bytes) -> None:
-        self.status_code, self.headers, self.text = status, headers, body.decode()
-
-    def json(self):
-        return json.loads(self.text)
-
-
-def http(url: str, params: dict | None = None) -> Reply:
-    if params:
-        url += "?" + "&".join(f"{k}={v}" for k, v in params.items())
-    try:
-        with urllib.request.urlopen(url, timeout=30) as resp:
-            return Reply(resp.status, resp.headers, resp.read())
-    except urllib.error.HTTPError as err:
-        return Reply(err.code, err.headers, err.read())
-
-
-def scrape(server) -> dict[tuple[str, tuple], float]:
-    text = http(f"{server.url}/metrics").text
-    out: dict[tuple[str, tuple], float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def metric(samples: dict, name: str, **labels: str) -> float:
-    labels.setdefault("model_name", "tiny")
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def wait_idle(server, timeout: float = 20.0) -> dict:

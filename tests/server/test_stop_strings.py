@@ -20,7 +20,7 @@ from itlbench.server import BackgroundServer, ServerConfig
 from itlbench.server.app import STATE
 from itlbench.server.protocol import MAX_STOP_CHARS, MAX_STOP_STRINGS, ApiError, parse_chat, parse_completion
 from itlbench.server.stop_strings import Fed, StopStringMatcher, StopStrings
-from tests.server.test_server import metric, scrape
+from tests.support.server_http import metric, scrape
 
 # ---- the matcher --------------------------------------------------------------------------------
 

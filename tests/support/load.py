@@ -28,6 +28,11 @@ def closed(n: int, max_tokens: int) -> LoadPlan:
     return LoadPlan(streams=[plans(f"s{k}", max_tokens) for k in range(n)])
 
 
+def four_streams() -> LoadPlan:
+    """Four closed-loop streams of 5-token requests: a plan factory for spawned load workers, which import it."""
+    return closed(4, 5)
+
+
 def run(plan: LoadPlan, url: str, run_dir: Path, target_kw: dict[str, Any] | None = None,
         **kw: Any) -> DriveResult:
     store = RunStore(run_dir)
