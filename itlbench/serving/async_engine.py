@@ -167,7 +167,7 @@ class AsyncEngine:
             log.exception("engine loop crashed")  # the traceback goes to the server's log
             self.error = engine_stopped(exc)
         finally:
-            self._fail_all(self.error or EngineDeadError("engine stopped: shutdown"))
+            self._fail_all(self.error or EngineDeadError(SHUT_DOWN))
             if self.error is not None and self._dead is not None:  # after the failures: streams end first
                 self._call(self._dead.set)
 

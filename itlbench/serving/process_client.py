@@ -209,9 +209,9 @@ class EngineProcessClient:
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):
                 if _on_loop(loop):
-                    self._fail_all(EngineDeadError("engine stopped: shutdown"))
+                    self._fail_all(EngineDeadError(SHUT_DOWN))
                 else:
-                    loop.call_soon_threadsafe(self._fail_all, EngineDeadError("engine stopped: shutdown"))
+                    loop.call_soon_threadsafe(self._fail_all, EngineDeadError(SHUT_DOWN))
 
     def _kill(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
@@ -315,7 +315,7 @@ class EngineProcessClient:
             log.exception("engine message handling failed")
             self.error = engine_stopped(exc, "as its messages could not be read")
         finally:
-            self._fail_all(self.error or EngineDeadError("engine stopped: shutdown"))
+            self._fail_all(self.error or EngineDeadError(SHUT_DOWN))
             if self.error is not None and self._dead is not None:
                 self._dead.set()
 

@@ -25,6 +25,7 @@ from itlbench.server.detok import IncrementalDetokenizer
 from itlbench.server.protocol import ApiError, parse_chat, parse_completion, render_chat
 from itlbench.serving.async_engine import AsyncEngine, EngineDeadError
 from itlbench.serving.build import create_engine
+from itlbench.serving.client import SHUT_DOWN
 
 TINY = EngineConfig(model="tiny", device="cpu", chunk_budget=64, kv_blocks=128, max_model_len=512, seed=0)
 
@@ -72,12 +73,14 @@ def test_async_engine_streams_and_fails_in_flight_on_shutdown():
         assert [len(o.new_token_ids) for o in outs] == [1, 1, 1, 1] and outs[-1].finished
         stream = await driver.add([5, 6, 7], SamplingParams(max_tokens=400, ignore_eos=True))
         await asyncio.to_thread(driver.shutdown)
-        with pytest.raises(EngineDeadError):
+        with pytest.raises(EngineDeadError) as cut:
             async for _ in stream:
                 pass
         assert not driver.is_alive
-        with pytest.raises(EngineDeadError):
+        with pytest.raises(EngineDeadError) as refused:
             await driver.add([1, 2], SamplingParams(max_tokens=2))
+        # the cut stream and the refused request in one sentence: why_not_alive's (it said "engine stopped: shutdown")
+        assert str(cut.value) == str(refused.value) == await driver.why_not_alive() == SHUT_DOWN
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
 

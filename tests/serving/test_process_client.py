@@ -1,6 +1,6 @@
 """How the engine-process client tells of its engine's death: in one sentence (a signal by name, an exit code, or
 what the engine said it died of), the same for a request it refuses, the streams it fails, /health and the exit
-line (`EngineProcessClient.why_not_alive`)."""
+line (`EngineProcessClient.why_not_alive`); and a shutdown, in that same sentence, for the streams it cuts."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from itlbench.core.request import SamplingParams
-from itlbench.serving.client import EngineDeadError
+from itlbench.serving.client import SHUT_DOWN, EngineDeadError
 from itlbench.serving.fault_hook import FAULT_ENV
 from itlbench.serving.process_client import EngineProcessClient, describe_exit
 from tests.support.servers import PROCESS_ENGINE
@@ -61,3 +61,25 @@ def test_a_request_arriving_as_the_engine_process_dies_hears_how_it_died(monkeyp
     expected = (f"the engine stopped: RuntimeError: injected engine fault at step {FAULT_STEP}" if how == "exception"
                 else f"the engine process (pid {pid}) was killed by SIGKILL")
     assert told == [expected] * 4
+
+
+def test_a_stream_cut_by_a_shutdown_ends_in_the_words_a_refused_request_hears(monkeypatch: pytest.MonkeyPatch):
+    """A shutdown is no death: the stream it cuts says so in `why_not_alive`'s sentence (it said "engine stopped:
+    shutdown" while a request refused meanwhile heard that the server is stopping)."""
+    monkeypatch.delenv(FAULT_ENV, raising=False)
+
+    async def scenario() -> list[str]:
+        client = await EngineProcessClient(PROCESS_ENGINE, 1).start()
+        try:
+            stream = await client.add([5, 6, 7], SamplingParams(max_tokens=1000, ignore_eos=True))
+            await asyncio.to_thread(client.shutdown)
+            with pytest.raises(EngineDeadError) as cut:
+                async for _ in stream:
+                    pass
+            with pytest.raises(EngineDeadError) as refused:
+                await client.add([1, 2], SamplingParams(max_tokens=2))
+            return [str(cut.value), str(refused.value), await client.why_not_alive(), str(client.error)]
+        finally:
+            client.shutdown()
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 120)) == [SHUT_DOWN] * 3 + ["None"]
