@@ -319,15 +319,25 @@ def _starting(cfg: PhasesConfig, on_status: Callable[[str], None]) -> str | None
     return name
 
 
-def _check_context(engine: EngineConfig | None) -> None:
-    """A --max-model-len beyond the model's is refused before the engine starts (the simulator's own start-up
-    check, a KV cache too small for it, runs in `sim_intro`, also before anything is said)."""
-    if engine is None or engine.max_model_len is None:
-        return
+def _check_context(engine: EngineConfig | None) -> int | None:
+    """The bundled engine's context, known before it starts (None: an --endpoint's, known once probed); a
+    --max-model-len beyond the model's is refused here (the simulator's own start-up check, a KV cache too small
+    for it, runs in `sim_intro`, also before anything is said)."""
+    if engine is None:
+        return None
     from itlbench.core.engine import resolve_max_model_len
     from itlbench.core.presets import load_model_config
 
-    resolve_max_model_len(engine, load_model_config(engine.model))
+    return resolve_max_model_len(engine, load_model_config(engine.model))
+
+
+def _fitting(lengths: list[int], context: int, reserve: int, cap: int | None) -> list[int]:
+    """The lengths a context holds with `reserve` tokens of output, up to --max-prompt; none is bad input."""
+    fit = sorted({n for n in lengths if n + reserve <= context and (cap is None or n <= cap)})
+    if not fit:
+        raise ConfigError("--lengths", f"no length fits the context ({context} tokens) and --max-prompt",
+                          "give shorter lengths")
+    return fit
 
 
 def _default_lengths(cfg: PhasesConfig, context: int, reserve: int, sim_name: str | None, cap: int | None) -> list[int]:
@@ -384,7 +394,9 @@ def run_phases(cfg: PhasesConfig, on_status: Callable[[str], None] = lambda s: N
     run_cfg = RunConfig(workload="chat", endpoint=cfg.endpoint, model=cfg.model, api_key=cfg.api_key, api=cfg.api,
                         engine=cfg.engine or EngineConfig(), seed=cfg.seed, out=out)
     run_cfg.validate()
-    _check_context(cfg.engine)
+    known = _check_context(cfg.engine)
+    if known is not None and explicit:  # before the engine starts: nothing is said or started for bad input
+        _fitting(explicit, known, cfg.output_tokens + 1, cap)
     sim_name = _starting(cfg, on_status)
     created = not out.exists()
     try:
@@ -396,10 +408,7 @@ def run_phases(cfg: PhasesConfig, on_status: Callable[[str], None] = lambda s: N
         context = conn.max_model_len
         reserve = cfg.output_tokens + 1
         lengths = explicit or _default_lengths(cfg, context, reserve, sim_name, cap)
-        lengths = sorted({n for n in lengths if n + reserve <= context and (cap is None or n <= cap)})
-        if not lengths:
-            raise ConfigError("--lengths", f"no length fits the context ({context} tokens) and --max-prompt",
-                              "give shorter lengths")
+        lengths = _fitting(lengths, context, reserve, cap)
         _say_what_does_not_fit(explicit, cap, context, reserve, lengths, on_status)
         builder = PromptBuilder(token_ids=conn.vocab_size is not None, vocab_size=conn.vocab_size or 32000,
                                 seed=cfg.seed, tokens_per_word=conn.tokens_per_word)

@@ -25,3 +25,14 @@ def test_a_trace_workload_without_a_trace_on_the_simulator_says_to_give_one(tmp_
     assert _lines(result.output) == ["error: --trace: workload 'trace' needs a CSV "
                                      "(pass --trace path/to/AzureLLMInferenceTrace_conv.csv)"], result.output
     assert not out.exists()
+
+
+def test_phases_lengths_past_the_bundled_context_are_refused_before_the_engine_starts(tmp_path: Path) -> None:
+    """The simulator's context is known from its preset: it was started (and its intro printed) first."""
+    out = tmp_path / "phases"
+    result = runner.invoke(app, ["phases", "--engine", "sim", "--lengths", "200k", "--out", str(out)],
+                           terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert _lines(result.output) == ["error: --lengths: no length fits the context (131072 tokens) and --max-prompt "
+                                     "(give shorter lengths)"], result.output
+    assert not out.exists()
