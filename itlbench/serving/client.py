@@ -21,7 +21,8 @@ class EngineDeadError(ItlbenchError):
     """The engine loop is not running (stopped, or a step failed) so the request cannot finish."""
 
 
-# why an engine that did not die is not alive: the server is shutting it down
+# why an engine that did not die is not alive, and how a stream it cut ends: the server is
+# shutting it down (one sentence, so /health, refused requests and cut streams agree)
 SHUT_DOWN = "the engine was shut down (the server is stopping)"
 
 
