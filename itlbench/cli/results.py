@@ -31,11 +31,18 @@ def analyze(run_dir: Annotated[Path, typer.Argument(help="A run directory writte
     from itlbench.report.terminal import cut_short, engine_warnings, print_summary
 
     _require_run(run_dir)
-    if server_log is not None:
-        _analyze_server_log(run_dir, server_log, as_json)
-        return
     if attribution not in ("engine", "client", "otel"):
         fail(ConfigError("--attribution", f"{attribution!r} is not a source", "use engine, client or otel"))
+    if spans is not None and attribution != "otel":  # was read by nothing: the user thought the spans were used
+        fail(ConfigError("--spans", f"only applies to --attribution otel, not {attribution}",
+                         "add --attribution otel, or drop --spans"))
+    if server_log is not None:
+        if attribution == "otel":
+            fail(ConfigError("--server-log", "lays SGLang's batches beside the client-only attribution, not the "
+                             "OpenTelemetry spans'", "run `itlbench analyze` once with --server-log and once with "
+                             "--attribution otel"))
+        _analyze_server_log(run_dir, server_log, as_json)
+        return
     if attribution == "otel":
         _analyze_otel(run_dir, spans, as_json)
         return

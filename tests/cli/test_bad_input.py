@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from itlbench.cli import app
@@ -36,3 +37,36 @@ def test_phases_lengths_past_the_bundled_context_are_refused_before_the_engine_s
     assert _lines(result.output) == ["error: --lengths: no length fits the context (131072 tokens) and --max-prompt "
                                      "(give shorter lengths)"], result.output
     assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One short simulated run (a virtual clock: about a second) for the commands that read runs."""
+    out = tmp_path_factory.mktemp("runs") / "run"
+    result = runner.invoke(app, ["run", *SIM, "--streams", "2", "--workload", "fixed:64:8", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--spans", "{tmp}/spans.jsonl"], "error: --spans: only applies to --attribution otel, not engine "
+                                       "(add --attribution otel, or drop --spans)"),
+    (["--attribution", "client", "--spans", "{tmp}/spans.jsonl"], "error: --spans: only applies to --attribution "
+                                                                  "otel, not client"),
+    (["--server-log", "{tmp}/sglang.log", "--attribution", "otel"], "error: --server-log: lays SGLang's batches "
+                                                                     "beside the client-only attribution"),
+    (["--server-log", "{tmp}/sglang.log", "--attribution", "nope"], "error: --attribution: 'nope' is not a source"),
+])
+def test_analyze_refuses_an_option_its_attribution_would_ignore(sim_run: Path, tmp_path: Path, args: list[str],
+                                                                line: str) -> None:
+    """--spans without --attribution otel, or --server-log beside it, was silently ignored (exit 0, the engine's
+    summary rewritten): the user believed the spans or the log had been read."""
+    (tmp_path / "spans.jsonl").write_text("{}\n")
+    (tmp_path / "sglang.log").write_text("")
+    before = (sim_run / "summary.json").stat().st_mtime_ns
+    result = runner.invoke(app, ["analyze", str(sim_run), *[a.replace("{tmp}", str(tmp_path)) for a in args]],
+                           terminal_width=400)
+    assert result.exit_code == 2, result.output
+    lines = _lines(result.output)
+    assert len(lines) == 1 and lines[0].startswith(line), result.output
+    assert (sim_run / "summary.json").stat().st_mtime_ns == before
