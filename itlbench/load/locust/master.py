@@ -2,7 +2,7 @@
 
     python -m itlbench.load.locust.master JOB.json
 
-It binds Locust's master port, waits for workers that prove they hold the run's token (`auth`: a
+It binds Locust's master port, waits for workers that prove they hold the run's token (`admission`: a
 worker that does not is ignored: no job, no users, its messages dropped), hands each its share (`locust_job.MSG_JOB`),
 starts one Locust user per closed-loop stream and grants each user a stream index, announces the
 start instant and the measurement window (deciding the adaptive warmup from the workers' first-token
@@ -41,6 +41,7 @@ from locust.runners import STATE_MISSING
 from itlbench.errors import ItlbenchError
 from itlbench.load.driver import DriveResult
 from itlbench.load.locust import auth
+from itlbench.load.locust.admission import Admission
 from itlbench.load.locust.job import (
     MSG_CLAIM,
     MSG_DONE,
@@ -83,11 +84,10 @@ def emit(event: str, **data: Any) -> None:
 
 class Master:
     def __init__(self, env: Environment, job: LocustJob, bind: tuple[str, int], token: str) -> None:
-        self.env, self.job, self.token = env, job, token
+        self.env, self.job = env, job
         self.runner = env.create_master_runner(*bind)
-        self.hello: dict[str, tuple[str, str]] = {}  # client id -> (its nonce, ours) until it proves the token
-        self.trusted: dict[str, str] = {}  # client id -> its nonce: workers that proved the token
-        self.refused: set[str] = set()
+        self.admission = Admission(self.runner, token, on_refused=lambda cid: emit(
+            "status", text=f"refused a Locust worker without this run's token ({cid.rpartition('_')[0]})"))
         self.workers: dict[str, WorkerInfo] = {}
         self.by_k: dict[int, WorkerInfo] = {}
         self.stores: dict[int, RunStore] = {}
@@ -104,8 +104,6 @@ class Master:
         self.next_process_check = 0.0
         self.cpu_at_go = _cpu_s()  # the master's CPU is counted from the start of the load
         r = self.runner
-        r.register_message(auth.MSG_HELLO, self._on_hello)
-        r.register_message(auth.MSG_PROOF, self._on_proof)
         r.register_message(MSG_READY, self._on_ready)
         r.register_message(MSG_CLAIM, self._on_claim)
         r.register_message(MSG_PING, self._on_ping)
@@ -120,32 +118,6 @@ class Master:
         return int(self.runner.server.port)
 
     # --- messages -------------------------------------------------------------------------------
-    def _on_hello(self, msg: Any, **kw: Any) -> None:
-        d = msg.data if isinstance(msg.data, dict) else {}
-        nonce, cid = d.get("nonce"), msg.node_id
-        if not isinstance(nonce, str) or not 16 <= len(nonce) <= 128 or cid in self.trusted:
-            return
-        ours = auth.new_nonce()
-        self.hello[cid] = (nonce, ours)
-        self.runner.send_message(auth.MSG_CHALLENGE, {"nonce": ours, "mac": auth.master_proof(self.token, nonce, cid)},
-                                 client_id=cid)
-
-    def _on_proof(self, msg: Any, **kw: Any) -> None:
-        cid = msg.node_id
-        pending = self.hello.pop(cid, None)
-        d = msg.data if isinstance(msg.data, dict) else {}
-        if pending is not None and auth.verify(self.token, d.get("mac"), "worker", pending[1], cid):
-            self.trusted[cid] = pending[0]
-        elif cid not in self.refused:
-            self.refused.add(cid)
-            log.warning("worker %s does not hold this run's token: ignored", cid)
-            emit("status", text=f"refused a Locust worker without this run's token ({cid.rpartition('_')[0]})")
-
-    def trusted_ready(self) -> list[Any]:
-        """Connected workers that proved the token, in Locust's index order."""
-        nodes = [c for c in self.runner.clients.ready if c.id in self.trusted]
-        return sorted(nodes, key=lambda c: self.runner.get_worker_index(c.id))
-
     def _info(self, msg: Any) -> WorkerInfo | None:
         w = self.workers.get(msg.node_id)
         if w is not None:
@@ -222,17 +194,17 @@ class Master:
     # --- the run -------------------------------------------------------------------------------
     def wait_for_workers(self) -> None:
         n, deadline = self.job.workers, time.monotonic() + self.job.worker_wait_s
-        while len(self.trusted_ready()) < n:
+        while len(self.admission.ready()) < n:
             if self.stop_reason or time.monotonic() > deadline:
-                strangers = len(self.refused | set(self.hello))
+                strangers = self.admission.strangers()
                 refused = f" ({strangers} connected without this run's token: ignored)" if strangers else ""
-                raise RuntimeError(f"{len(self.trusted_ready())} of {n} workers connected within "
+                raise RuntimeError(f"{len(self.admission.ready())} of {n} workers connected within "
                                    f"{self.job.worker_wait_s:.0f} s{refused}")
             gevent.sleep(0.05)
 
     def assign(self) -> None:
         """Give the first `workers` trusted workers their index and the job (with its MAC)."""
-        ids = self.trusted_ready()
+        ids = self.admission.ready()
         AssignedWorkersDispatcher.assigned = {node.id for node in ids[: self.job.workers]}
         for node in ids[self.job.workers:]:  # more workers than asked for: send the extra ones home
             log.warning("worker %s is not needed (--workers %d); asking it to quit", node.id, self.job.workers)
@@ -242,7 +214,7 @@ class Master:
             w = WorkerInfo(k, node.id)
             self.workers[node.id], self.by_k[k] = w, w
             self.stores[k] = RunStore(worker_dir(self.job.run_dir, k))
-            mac = auth.job_mac(self.token, self.trusted[node.id], node.id, k, self.job.workers, payload)
+            mac = self.admission.job_mac(node.id, k, self.job.workers, payload)
             self.runner.send_message(MSG_JOB, {"k": k, "n": self.job.workers, "job": payload, "mac": mac,
                                                "master_host": socket.gethostname(), "master_boot": boot_id()},
                                      client_id=node.id)
