@@ -136,6 +136,19 @@ def _token_list(text: str, flag: str) -> list[int]:
     return values
 
 
+def _batch_list(text: str) -> list[int]:
+    """--batch counts sequences, not tokens: its error says so (it read "'0' is not a whole number of tokens")."""
+    fix = "give decode batch sizes such as 1,32"
+    values = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if not part.isdigit() or int(part) < 1:
+            raise ConfigError("--batch", f"{part!r} is not a batch size (a whole number of sequences >= 1)", fix)
+        values.append(int(part))
+    if not values:
+        raise ConfigError("--batch", f"cannot read {text!r}", fix)
+    return values
+
+
 SIDE_BY_SIDE = ("h100", "h200", "a100", "l40s", "rtx4090")
 
 
@@ -183,7 +196,7 @@ def roofline(
         ctx = _token_list(context, "--context")
         if len(ctx) != 1:
             raise ConfigError("--context", f"takes one length, got {context!r}", "e.g. --context 2k")
-        doc = roofline_doc(model_cfg, hw, others, _token_list(prompt, "--prompt"), _token_list(batch, "--batch"), ctx[0],
+        doc = roofline_doc(model_cfg, hw, others, _token_list(prompt, "--prompt"), _batch_list(batch), ctx[0],
                            tp=tp, kv_dtype_bytes=kv_dtype_bytes(kv_cache_dtype))
     except ItlbenchError as exc:
         fail(exc)

@@ -70,3 +70,14 @@ def test_analyze_refuses_an_option_its_attribution_would_ignore(sim_run: Path, t
     lines = _lines(result.output)
     assert len(lines) == 1 and lines[0].startswith(line), result.output
     assert (sim_run / "summary.json").stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize("batch", ["0", "2.5", "-1,8"])
+def test_roofline_batch_is_refused_as_a_batch_size_not_a_token_count(batch: str) -> None:
+    """--batch counts sequences: it said "'0' is not a whole number of tokens" and to give token counts."""
+    result = runner.invoke(app, ["roofline", "--compare", "none", "--batch", batch], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    lines = _lines(result.output)
+    assert len(lines) == 1 and lines[0].startswith("error: --batch: '"), result.output
+    assert "is not a batch size (a whole number of sequences >= 1) (give decode batch sizes such as 1,32)" in lines[0]
+    assert "token" not in lines[0]
