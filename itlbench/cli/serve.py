@@ -66,6 +66,8 @@ def serve(
         require_engine_for(engine)
         if max_body_mib <= 0:
             raise ConfigError("--max-body-mib", f"must be > 0, got {max_body_mib}")
+        if max_waiting < 1:  # 0 waiting >= a cap below 1: every request was answered 429
+            raise ConfigError("--max-waiting", f"must be >= 1, got {max_waiting}", "e.g. --max-waiting 1024, the default")
         from itlbench.server.guard import ConnectionLimits, check_listen
 
         limits = ConnectionLimits(max_connections, head_timeout, body_timeout)

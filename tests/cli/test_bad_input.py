@@ -81,3 +81,12 @@ def test_roofline_batch_is_refused_as_a_batch_size_not_a_token_count(batch: str)
     assert len(lines) == 1 and lines[0].startswith("error: --batch: '"), result.output
     assert "is not a batch size (a whole number of sequences >= 1) (give decode batch sizes such as 1,32)" in lines[0]
     assert "token" not in lines[0]
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_serve_refuses_a_max_waiting_that_would_answer_every_request_429(value: str) -> None:
+    """A cap below 1 was accepted: the server started and refused every request as over capacity."""
+    result = runner.invoke(app, ["serve", "--engine", "sim", "--port", "0", "--max-waiting", value], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert _lines(result.output) == [f"error: --max-waiting: must be >= 1, got {value} "
+                                     "(e.g. --max-waiting 1024, the default)"], result.output
