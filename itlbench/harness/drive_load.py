@@ -29,6 +29,7 @@ from itlbench.workloads.plan import LoadPlan
 
 if TYPE_CHECKING:
     from itlbench.telemetry.observer import LiveTelemetry
+    from itlbench.workloads.trace import Trace
 
 ProgressFn = Callable[[ProgressSnapshot], None]
 
@@ -68,9 +69,10 @@ async def drive_with_observers(cfg: RunConfig, spec: LoadSpec, plan: LoadPlan, c
                                progress: ProgressFn | None, telemetry: LiveTelemetry | None = None,
                                on_status: Callable[[str], None] = lambda s: None,
                                driver_doc: dict[str, Any] | None = None,
-                               notes: dict[str, Any] | None = None) -> DriveResult:
+                               notes: dict[str, Any] | None = None, trace: Trace | None = None) -> DriveResult:
     """Drive the load; an external engine's /metrics is read just before the window opens and as
-    soon as sending stops (and every `--scrape-interval` when given). `notes` gets the scrape counts."""
+    soon as sending stops (and every `--scrape-interval` when given). `notes` gets the scrape counts.
+    `trace`: the trace `plan` replays as the run read it, handed to the processes that rebuild the plan."""
     sampler = (MetricsSampler(conn.metrics_url, store, api_key=cfg.api_key, interval_s=cfg.scrape_interval_s,
                               max_bytes=cfg.limits.metrics_bytes)
                if conn.metrics_url else None)
@@ -79,7 +81,7 @@ async def drive_with_observers(cfg: RunConfig, spec: LoadSpec, plan: LoadPlan, c
             await stack.enter_async_context(sampler)
         try:
             return await _drive_observed(cfg, spec, plan, conn, store, progress, sampler, telemetry, on_status,
-                                         driver_doc, notes)
+                                         driver_doc, notes, trace)
         finally:
             if sampler is not None:
                 sampler.finish()
@@ -92,8 +94,9 @@ async def drive_with_observers(cfg: RunConfig, spec: LoadSpec, plan: LoadPlan, c
 async def _drive_observed(cfg: RunConfig, spec: LoadSpec, plan: LoadPlan, conn: Connection, store: RunStore,
                           progress: ProgressFn | None, sampler: MetricsSampler | None,
                           telemetry: LiveTelemetry | None, on_status: Callable[[str], None],
-                          driver_doc: dict[str, Any] | None, notes: dict[str, Any] | None = None) -> DriveResult:
-    """Drive `plan` (other processes rebuild it from `spec`) with Ctrl-C and SIGTERM stopping the run cleanly;
+                          driver_doc: dict[str, Any] | None, notes: dict[str, Any] | None = None,
+                          trace: Trace | None = None) -> DriveResult:
+    """Drive `plan` (other processes rebuild it from `spec` and `trace`) with Ctrl-C and SIGTERM stopping the run cleanly;
     `notes` (run.json) gets `interrupted` and the signal's name."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -123,8 +126,8 @@ async def _drive_observed(cfg: RunConfig, spec: LoadSpec, plan: LoadPlan, conn: 
             # other processes agree the window among themselves: the reads bracket the whole run
             if baseline is not None:
                 await baseline()
-            result = await _drive_elsewhere(cfg, spec, target, store, warmup, progress, on_status, stop,
-                                            driver_doc)
+            result = await _drive_elsewhere(cfg, spec, plan, trace, target, store, warmup, progress, on_status,
+                                            stop, driver_doc)
             if final is not None:
                 await final()
             return result
@@ -138,16 +141,20 @@ async def _drive_observed(cfg: RunConfig, spec: LoadSpec, plan: LoadPlan, conn: 
             loop.remove_signal_handler(signal.SIGTERM)
 
 
-async def _drive_elsewhere(cfg: RunConfig, spec: LoadSpec, target: Target, store: RunStore, warmup: Warmup,
-                          progress: ProgressFn | None, on_status: Callable[[str], None], stop: asyncio.Event,
-                          driver_doc: dict[str, Any] | None) -> DriveResult:
-    """The load from other processes: Locust, or several itlbench workers."""
+async def _drive_elsewhere(cfg: RunConfig, spec: LoadSpec, plan: LoadPlan, trace: Trace | None, target: Target,
+                           store: RunStore, warmup: Warmup, progress: ProgressFn | None,
+                           on_status: Callable[[str], None], stop: asyncio.Event,
+                           driver_doc: dict[str, Any] | None) -> DriveResult:
+    """The load from other processes: Locust, or several itlbench workers. Each rebuilds the same seeded plan
+    from `spec` and takes its share; a replayed trace is the one this process read, not read again there
+    (Locust workers started by hand elsewhere read their own)."""
     if cfg.driver == "locust":  # master and workers in their own processes (never import locust here)
         from itlbench.harness.locust_run import drive_locust, job_for_run
 
-        return await drive_locust(job_for_run(cfg, spec, target, store.path), store, on_progress=progress,
-                                  on_status=on_status, stop_event=stop, driver_doc=driver_doc)
-    # each worker process rebuilds the same seeded plan and takes its share
-    return await drive_workers(functools.partial(build_load_plan, spec), target, store, workers=cfg.workers,
-                               duration_s=cfg.duration_s, warmup=warmup, drain_timeout_s=cfg.drain_timeout_s,
-                               on_progress=progress, stop_event=stop)
+        job = job_for_run(cfg, spec, target, store.path, streams=len(plan.streams))
+        return await drive_locust(job, store, on_progress=progress, on_status=on_status, stop_event=stop,
+                                  driver_doc=driver_doc, trace=trace)
+    # the parsed trace goes with the factory (pickled to each spawned worker: a few arrays, no parsing there)
+    return await drive_workers(functools.partial(build_load_plan, spec, trace=trace), target, store,
+                               workers=cfg.workers, duration_s=cfg.duration_s, warmup=warmup,
+                               drain_timeout_s=cfg.drain_timeout_s, on_progress=progress, stop_event=stop)

@@ -7,7 +7,9 @@ waits for workers started by hand (`itlbench locust-worker --master HOST:PORT`, 
 Master and workers run in their own sessions, so a Ctrl-C reaches only this process, which stops the
 master cleanly (SIGTERM: stop sending, cancel in-flight requests, ship every record). The master
 writes the records per worker (`<run>/workers/<k>/`); they are merged into the run's tables like the
-multi-process driver's (`multiproc.merge_worker_parts`), whatever way the run ended.
+multi-process driver's (`multiproc.merge_worker_parts`), whatever way the run ended. A replayed trace
+is parsed once, here: the job tells the master the plan's stream count, and the local workers get the
+parsed trace (`locust.trace_file`); workers started by hand read their own copy.
 """
 
 from __future__ import annotations
@@ -39,23 +41,28 @@ from itlbench.load.locust.job import (
     spec_kwargs,
 )
 from itlbench.load.locust.roster import lost_reason
+from itlbench.load.locust.trace_file import TRACE_FILE, TRACE_FILE_ENV, write_trace
 from itlbench.load.multiproc import IN_FLIGHT_DIR, merge_worker_parts, set_aside_in_flight
 from itlbench.load.observers.client_monitor import ClientStats
 from itlbench.load.progress import ProgressSnapshot
 from itlbench.load.target import Target
 from itlbench.rundir.store import RunStore
 from itlbench.workloads.build import LoadSpec
+from itlbench.workloads.trace import Trace
 
 JOB_FILE = "locust_job.json"
+_HANDED = (API_KEY_ENV, USER_KEY_ENV, TRACE_FILE_ENV)  # what a process gets from the launcher, not inherited
 
 
-def job_for_run(cfg: RunConfig, spec: LoadSpec, target: Target, run_dir: Path) -> LocustJob:
-    """The Locust job of an `itlbench run`: the same plan, target and timeline the aiohttp driver gets."""
+def job_for_run(cfg: RunConfig, spec: LoadSpec, target: Target, run_dir: Path,
+                streams: int | None = None) -> LocustJob:
+    """The Locust job of an `itlbench run`: the same plan, target and timeline the aiohttp driver gets.
+    `streams`: the plan's closed-loop streams, as this process built it (the master then need not build it)."""
     warmup = Warmup(min_s=cfg.warmup_s, adaptive=cfg.adaptive_warmup, max_s=cfg.warmup_limit_s, ramp_s=cfg.ramp_s)
     return LocustJob.for_plan(target, run_dir, duration_s=cfg.duration_s, warmup=warmup, plan_kwargs=spec_kwargs(spec),
                               drain_timeout_s=cfg.drain_timeout_s, workers=cfg.workers, master_bind=cfg.master_bind,
                               locust_ui=cfg.locust_ui, locust_ui_port=cfg.locust_ui_port,
-                              worker_wait_s=120.0 if cfg.master_bind is None else 900.0)
+                              worker_wait_s=120.0 if cfg.master_bind is None else 900.0, streams=streams)
 
 
 def worker_command(master_bind: str, port: int, token: str) -> str:
@@ -69,8 +76,9 @@ def worker_command(master_bind: str, port: int, token: str) -> str:
 class _Procs:
     """The master and local worker processes of one run."""
 
-    def __init__(self, job: LocustJob, log_path: Path) -> None:
+    def __init__(self, job: LocustJob, log_path: Path, trace_file: Path | None = None) -> None:
         self.job = job
+        self.trace_file = trace_file  # the replayed trace, handed to the local workers (`trace_file`)
         self.token = new_token()  # this run's: only workers holding it get a share
         self.log_path = log_path
         self.log = open(log_path, "ab")  # noqa: SIM115 - closed in close()
@@ -78,17 +86,19 @@ class _Procs:
         self.workers: list[asyncio.subprocess.Process] = []
 
     async def start_master(self, job_file: Path) -> None:
-        env = {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, USER_KEY_ENV)}  # the master sends no load
+        env = {k: v for k, v in os.environ.items() if k not in _HANDED}  # the master sends no load
         env[TOKEN_ENV] = self.token
         self.master = await asyncio.create_subprocess_exec(
             sys.executable, "-P", "-m", "itlbench.load.locust.master", str(job_file),
             stdout=asyncio.subprocess.PIPE, stderr=self.log, start_new_session=True, env=env)
 
     async def start_workers(self, port: int, api_key: str | None) -> None:
-        env = {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, USER_KEY_ENV)}
+        env = {k: v for k, v in os.environ.items() if k not in _HANDED}
         env[TOKEN_ENV] = self.token
         if api_key:  # never written into the run directory nor sent over Locust's channel
             env[API_KEY_ENV] = api_key
+        if self.trace_file is not None:  # on this host: the trace as read here, not parsed again
+            env[TRACE_FILE_ENV] = str(self.trace_file)
         for _ in range(self.job.workers):
             self.workers.append(await asyncio.create_subprocess_exec(
                 sys.executable, "-P", "-m", "itlbench.load.locust.worker", "--master", f"127.0.0.1:{port}",
@@ -100,7 +110,8 @@ class _Procs:
                 self.master.send_signal(sig)
 
     async def close(self, grace_s: float) -> dict[int, int | None]:
-        """Wait for everyone to exit (kill after `grace_s`); worker exit codes by pid."""
+        """Wait for everyone to exit (kill after `grace_s`), then drop the handed trace (no record: a copy);
+        worker exit codes by pid."""
         procs = [p for p in [self.master, *self.workers] if p is not None]
         try:
             await asyncio.wait_for(asyncio.gather(*(p.wait() for p in procs)), grace_s)
@@ -112,6 +123,8 @@ class _Procs:
             await asyncio.gather(*(p.wait() for p in procs))
         finally:
             self.log.close()
+            if self.trace_file is not None:
+                self.trace_file.unlink(missing_ok=True)
         return {p.pid: p.returncode for p in self.workers}
 
 
@@ -127,9 +140,10 @@ async def _read_events(proc: asyncio.subprocess.Process, handle: Callable[[dict[
 
 async def drive_locust(job: LocustJob, store: RunStore, *, on_progress: Callable[[ProgressSnapshot], None] | None = None,
                        on_status: Callable[[str], None] = lambda s: None, stop_event: asyncio.Event | None = None,
-                       driver_doc: dict[str, Any] | None = None) -> DriveResult:
+                       driver_doc: dict[str, Any] | None = None, trace: Trace | None = None) -> DriveResult:
     """Run `job` on Locust; records land in `store`'s run directory. `driver_doc` (for run.json) gets
-    the workers, which of them died, Locust's versions and its own statistics."""
+    the workers, which of them died, Locust's versions and its own statistics. `trace`: the trace the plan
+    replays as this process read it, handed to the local workers (workers started by hand read their own)."""
     require_locust()
     run_dir = store.path
     doc = driver_doc if driver_doc is not None else {}
@@ -138,7 +152,9 @@ async def drive_locust(job: LocustJob, store: RunStore, *, on_progress: Callable
     job_file = run_dir / JOB_FILE
     api_key = job.target.get("api_key")
     job_file.write_text(replace(job, target={**job.target, "api_key": None}).to_json())
-    procs = _Procs(job, run_dir / LOG_FILE)
+    trace_file = run_dir / TRACE_FILE
+    handed = trace is not None and job.master_bind is None and write_trace(trace, trace_file)
+    procs = _Procs(job, run_dir / LOG_FILE, trace_file if handed else None)
     events: dict[str, Any] = {"died": [], "errors": []}
     listening = asyncio.get_running_loop().create_future()
 

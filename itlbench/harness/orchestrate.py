@@ -130,7 +130,7 @@ def run_load_test(cfg: RunConfig, progress: ProgressFn | None = None,
         on_status("running")
         try:
             result = asyncio.run(drive_with_observers(cfg, spec, plan, conn, store, progress, telemetry, on_status,
-                                                      driver_doc, run_doc))
+                                                      driver_doc, run_doc, checked.trace))
         finally:
             if gpu is not None:
                 gpu.stop()

@@ -1,7 +1,7 @@
 """Split a load across worker processes when one client event loop cannot keep up.
 
 Each worker builds the plan itself (`plan_factory` must be picklable: a module-level function or a
-`functools.partial` of one), keeps streams `k, k+n, ...`, every n-th open-loop plan and every n-th arriving
+`functools.partial` of one, which may carry data the parent already has, such as a parsed trace), keeps streams `k, k+n, ...`, every n-th open-loop plan and every n-th arriving
 session (each session whole), and runs `drive` on its own event loop into its own store
 `run_dir/workers/<k>/`. All workers start on one
 `perf_counter_ns` instant (CLOCK_MONOTONIC is shared by every process on a host), so their records

@@ -1,5 +1,6 @@
 """A trace replay reads its trace file once per run: the checks before the run, run.json's plan and the driven
-plan share what was read (each once parsed the whole file again, four times a run)."""
+plan share what was read (each once parsed the whole file again, four times a run), and so do the processes
+of `--workers N` and of Locust on this host (each parsed it again)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,25 @@ def test_a_bundled_simulator_trace_run_reads_its_trace_once(tmp_path: Path, read
     run_dir, _ = run_load_test(cfg)
     assert reads == [str(trace)]
     assert read_table(run_dir, "requests").height == 10
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("driver", ["aiohttp", "locust"])
+def test_worker_processes_replay_the_trace_the_run_read_without_reading_the_file(tmp_path: Path, driver: str):
+    """--workers 2 processes (with Locust: the master and its local workers too) get the trace the run's check
+    read: the file is gone before they start, and every row is still sent, once."""
+    trace = _trace(tmp_path / "azure.csv")
+    with serve_in_thread(PeerConfig(tick_s=0.001)) as (_, url):
+        cfg = RunConfig(endpoint=url, model="peer", workload="trace", trace=str(trace), duration_s=2.0,
+                        warmup_s=0.0, drain_timeout_s=10.0, request_timeout_s=10.0, out=tmp_path / "run",
+                        driver=driver, workers=2)
+        checked = check_run(cfg)
+        trace.unlink()  # read once, by the check: a process of the run that read it again would fail
+        run_dir, _ = run_load_test(cfg, checked=checked)
+    req = read_table(run_dir, "requests")
+    assert req.height == 40 and (req["status"] == "ok").all() and req["request_id"].n_unique() == 40
+    assert read_run_doc(run_dir)["driver"]["workers"] == 2
+    assert not list(run_dir.glob("*.npz"))  # the copy handed to Locust's workers is no record of the run
 
 
 def test_a_trace_read_from_another_file_is_refused(tmp_path: Path):

@@ -1,10 +1,11 @@
 """A Locust run's job: what every process of it (launcher, master, workers) must agree on.
 
 The job says which plan to build (a seeded factory every worker calls itself, so only its name and
-arguments cross the wire), where to send, and the timeline (warmup, duration, drain). It also holds
-the message names master and workers exchange and the master's warmup gate. This module imports no
-locust: `import locust` monkey-patches the whole process with gevent, so only the master and worker
-processes may import it, never the itlbench CLI.
+arguments cross the wire; the launcher's local workers are handed the trace it replays: `trace_file`),
+where to send, and the timeline (warmup, duration, drain). It also holds the message names master and
+workers exchange and the master's warmup gate. This module imports no locust: `import locust`
+monkey-patches the whole process with gevent, so only the master and worker processes may import it,
+never the itlbench CLI.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from itlbench.load.target import Target
 from itlbench.rundir.schema import TABLES, coerce_row
 from itlbench.workloads.build import LoadSpec, build_load_plan
 from itlbench.workloads.plan import LoadPlan
+from itlbench.workloads.trace import Trace
 
 # Messages (Locust's custom message channel). Master -> worker:
 MSG_JOB = "itlbench_job"  # {k, n, job, master_host, master_boot}: your share of the run
@@ -45,13 +47,16 @@ LOG_FILE = "locust.log"  # master and local workers' output
 DEFAULT_FACTORY = "itlbench.load.locust.job:plan_from_spec"
 
 
-def plan_from_spec(**spec: Any) -> LoadPlan:
-    """The default plan factory: `build_load_plan` of a LoadSpec given as its fields."""
+def plan_from_spec(*, trace: Trace | None = None, **spec: Any) -> LoadPlan:
+    """The default plan factory: `build_load_plan` of a LoadSpec given as its fields. `trace`: the trace the
+    spec replays, already read (`trace_file`: the launcher's, handed over; None: read here)."""
+    if trace is not None and not isinstance(trace, Trace):  # never from the job: only a worker's own file
+        raise ConfigError("plan_kwargs", "'trace' is not a field of the load", "remove it from the job")
     if "reserved_ids" in spec:
         spec["reserved_ids"] = tuple(spec["reserved_ids"])
     if isinstance(spec.get("inject"), list):
         spec["inject"] = tuple(spec["inject"])
-    return build_load_plan(LoadSpec(**spec))
+    return build_load_plan(LoadSpec(**spec), trace=trace)
 
 
 def spec_kwargs(spec: LoadSpec) -> dict[str, Any]:
@@ -110,6 +115,7 @@ class LocustJob:
     sample_interval_s: float = 0.5
     batch_interval_s: float = 0.2
     worker_wait_s: float = 120.0  # how long the master waits for its workers to connect
+    streams: int | None = None  # the plan's closed-loop streams, as the launcher built it (None: the master builds it)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -119,6 +125,9 @@ class LocustJob:
         if self.master_bind is not None:
             parse_host_port(self.master_bind, "--master-bind")
         check_factory(self.plan_factory)
+        if self.streams is not None and (isinstance(self.streams, bool) or not isinstance(self.streams, int)
+                                         or self.streams < 0):
+            raise ConfigError("streams", f"must be a count of streams, got {self.streams!r}", "e.g. 32, or leave it out")
 
     @classmethod
     def for_plan(cls, target: Target, run_dir: str | Path, *, duration_s: float, warmup: Warmup | None = None,
@@ -143,13 +152,19 @@ class LocustJob:
     def build_warmup(self) -> Warmup:
         return Warmup(**self.warmup)
 
-    def build_plan(self) -> LoadPlan:
+    def build_plan(self, trace: Trace | None = None) -> LoadPlan:
         """Call the factory (`module:function`, one of `auth.ALLOWED_FACTORIES`: the name may come from
-        the wire); every worker gets the same seeded plan."""
+        the wire); every worker gets the same seeded plan. `trace`: the replayed trace as the launcher read
+        it (`trace_file`), for a factory that replays one."""
         check_factory(self.plan_factory)
         module, _, name = self.plan_factory.partition(":")
         factory = getattr(importlib.import_module(module), name)
-        return factory(**json.loads(json.dumps(self.plan_kwargs)))
+        kwargs = json.loads(json.dumps(self.plan_kwargs))
+        return factory(**kwargs) if trace is None else factory(**kwargs, trace=trace)
+
+    def closed_streams(self) -> int:
+        """How many closed-loop streams the plan has: the launcher's count, else the plan's own."""
+        return self.streams if self.streams is not None else len(self.build_plan().streams)
 
 
 @dataclass

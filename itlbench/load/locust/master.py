@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         master.assign()
         master.until(lambda: all(w.state in ("ready",) for w in master.workers.values()), 120.0,
                      "waiting for the workers to build the plan")
-        streams = len(job.build_plan().streams)
+        streams = job.closed_streams()  # the launcher's count: the master never reads a replayed trace
         master.start_users(streams)
         master.go()
         master.supervise()

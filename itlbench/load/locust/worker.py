@@ -40,6 +40,7 @@ from itlbench.load.locust.job import (
 )
 from itlbench.load.locust.job import boot_id as _boot_id
 from itlbench.load.locust.roster import process_identity
+from itlbench.load.locust.trace_file import trace_from_env
 from itlbench.load.locust.user import ItlbenchUser
 from itlbench.load.locust.worker_run import PROBE_CLOCK_ENV, WorkerRun, _now
 
@@ -126,7 +127,7 @@ class Worker:
         offset = self.clock_offset(d["master_host"], d.get("master_boot"), d["k"])
         ItlbenchUser.host = job.build_target().base_url
         ItlbenchUser.network_timeout = job.build_target().timeout_s or 1e9
-        self.run = WorkerRun(self.env, d["k"], d["n"], job, offset)
+        self.run = WorkerRun(self.env, d["k"], d["n"], job, offset, trace_from_env())
         ItlbenchUser.worker_run = self.run
         self.runner.send_message(MSG_READY, {"k": d["k"], "host": socket.gethostname(), "pid": os.getpid(),
                                              "offset_ns": offset, "process": process_identity()})

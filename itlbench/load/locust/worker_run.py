@@ -51,6 +51,7 @@ from itlbench.load.multiproc import split_plan
 from itlbench.load.observers.client_monitor import ClientMonitor, PauseWatchdog
 from itlbench.load.progress import ProgressSnapshot, ms_percentile
 from itlbench.load.streak import FailureStreak
+from itlbench.workloads.trace import Trace
 
 _now = time.perf_counter_ns
 log = logging.getLogger("itlbench.locust.worker")
@@ -115,11 +116,12 @@ class GeventPauseWatchdog(PauseWatchdog):
 class WorkerRun:
     """One worker's share of the run: streams its users claim, every n-th open-loop plan."""
 
-    def __init__(self, env: Environment, k: int, n: int, job: LocustJob, offset_ns: int) -> None:
+    def __init__(self, env: Environment, k: int, n: int, job: LocustJob, offset_ns: int,
+                 trace: Trace | None = None) -> None:
         self.env, self.runner, self.k, self.n, self.job = env, env.runner, k, n, job
         self.offset_ns = offset_ns  # master clock - this worker's clock
         self.target = job.build_target()
-        self.plan = job.build_plan()
+        self.plan = job.build_plan(trace)  # `trace`: the launcher's, handed to a local worker (`trace_file`)
         self.streams_total = len(self.plan.streams)
         self.feed = split_plan(self.plan, k, n).open_loop
         self.warmup = job.build_warmup()
