@@ -11,6 +11,7 @@ budget, `1` and `1.0` one rate, so listing both is refused (the sweep would meas
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -144,12 +145,16 @@ def _numbers(name: str, text: str, kind: type) -> tuple[str, ...]:
         raise ConfigError(flag, "no value given", f"e.g. {flag} 1,2,4")
     for v in values:
         try:
-            ok = kind(v) > 0
+            ok = 0 < kind(v) < math.inf  # inf was taken: every run then refused it, the sweep went on
         except ValueError:
             ok = False
         if not ok:
             raise ConfigError(flag, f"{v!r} is not a positive {'integer' if kind is int else 'number'}",
                               f"e.g. {flag} {'8,16,32' if kind is int else '1,2,4'}")
+        if name == "streams":
+            from itlbench.workloads.build import check_load_shape  # loaded only where streams are swept
+
+            check_load_shape(int(v), None, 1.0, 1.0)  # a run's own limit, refused before any point runs
     refuse_duplicates(flag, values, kind, name.replace("_", " "))
     return tuple(values)
 

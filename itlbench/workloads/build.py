@@ -50,10 +50,16 @@ class LoadSpec:
     prompt_salt: str | None = None  # per-run salt in every prompt's tokens (None: the seed's own prompts)
 
 
+MAX_STREAMS = 100_000  # past one client's ephemeral ports to one server (~64k); 100k plans take ~15 s, 2 GB
+
+
 def check_load_shape(streams: int | None, rate: float | None, burstiness: float, duration_s: float) -> None:
     """The one check of the numbers that shape a load (the run's flags and every LoadSpec)."""
     if streams is not None and streams < 0:
         raise ConfigError("--streams", f"must be >= 0, got {streams}", "e.g. --streams 32, or 0 with --rate")
+    if streams is not None and streams > MAX_STREAMS:  # each stream's plan is built up front: 1e11 ran away
+        raise ConfigError("--streams", f"must be at most {MAX_STREAMS:,}, got {streams:,}",
+                          "each stream holds a connection open; e.g. --streams 32, or an open-loop --rate")
     if rate is not None and not rate > 0:
         raise ConfigError("--rate", f"must be > 0 requests/s, got {rate}", "e.g. --rate 4")
     if not burstiness > 0:

@@ -90,3 +90,33 @@ def test_serve_refuses_a_max_waiting_that_would_answer_every_request_429(value: 
     assert result.exit_code == 2, result.output
     assert _lines(result.output) == [f"error: --max-waiting: must be >= 1, got {value} "
                                      "(e.g. --max-waiting 1024, the default)"], result.output
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--streams", "99999999999"], "error: --streams: must be at most 100,000, got 99,999,999,999 (each stream holds "
+                                   "a connection open; e.g. --streams 32, or an open-loop --rate)"),
+])
+def test_a_load_too_large_to_plan_is_refused_not_built(tmp_path: Path, args: list[str], line: str) -> None:
+    """Each stream's and each injection's plan is built up front: these ran for minutes, silently, into gigabytes
+    (7 GB for the streams, 11 GB for the injections, before a timeout ended them)."""
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", *SIM, *args, "--out", str(out)], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    lines = _lines(result.output)
+    assert len(lines) == 1 and lines[0].startswith(line), result.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--streams", "8,200000"], "error: --streams: must be at most 100,000, got 200,000"),
+    (["--rate", "1,inf"], "error: --rate: 'inf' is not a positive number (e.g. --rate 1,2,4)"),
+])
+def test_a_sweep_refuses_a_point_its_runs_would_refuse_before_any_runs(tmp_path: Path, args: list[str],
+                                                                      line: str) -> None:
+    """It ran the points before, and the refused one was a failed point of a sweep that exited 0."""
+    out = tmp_path / "sweep"
+    result = runner.invoke(app, ["sweep", *args, *SIM[:4], "--out", str(out)], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    lines = _lines(result.output)
+    assert len(lines) == 1 and lines[0].startswith(line), result.output
+    assert not out.exists()
