@@ -13,7 +13,7 @@ import numpy as np
 from itlbench.errors import ConfigError
 from itlbench.workloads.arrivals import arrival_times
 from itlbench.workloads.catalog import WorkloadSpec, get_workload
-from itlbench.workloads.injection import Injection, injection_times, parse_injections
+from itlbench.workloads.injection import Injection, injection_times, parse_injections, planned_count
 from itlbench.workloads.plan import LoadPlan, RequestPlan, SessionPlan
 from itlbench.workloads.prompts import Prompt, PromptBuilder
 from itlbench.workloads.sampling import lognormal_mu
@@ -50,6 +50,7 @@ class LoadSpec:
     prompt_salt: str | None = None  # per-run salt in every prompt's tokens (None: the seed's own prompts)
 
 
+MAX_INJECTED = 100_000  # prompts --inject may plan: its schedule is listed up front (1e8 ran away)
 MAX_STREAMS = 100_000  # past one client's ephemeral ports to one server (~64k); 100k plans take ~15 s, 2 GB
 
 
@@ -141,6 +142,10 @@ def _check_times(injections: list[Injection], default_at: float, duration_s: flo
         if late:
             raise ConfigError("--inject", f"'{inj.spec}' is at {late[0]:g} s, after the run ends "
                               f"({duration_s:g} s)", "use an earlier time or a longer --duration")
+    if (n := planned_count(injections, duration_s)) > MAX_INJECTED:
+        raise ConfigError("--inject", f"plans {n:,} injected prompts, more than {MAX_INJECTED:,}",
+                          "inject a few long prompts (e.g. 2x32k@20s or 32k/30s); for a steady stream of long "
+                          "prompts use --rate with --workload fixed:IN:OUT")
 
 
 def _check_injections(spec: LoadSpec, injections: list[Injection], default_at: float) -> None:

@@ -108,6 +108,19 @@ def _starts(inj: Injection, duration_s: float) -> list[float]:
     return [t for t in (start + k * inj.every_s for k in range(n)) if t < duration_s]
 
 
+def planned_count(injections: Iterable[Injection], duration_s: float) -> int:
+    """How many prompts `injection_times` would list, counted without listing them (a typo such as
+    100000000x1k built a list of that many before anything was said)."""
+    total = 0
+    for inj in injections:
+        if inj.every_s is None:
+            starts = sum(1 for t in inj.at_s if t < duration_s)
+        else:
+            starts = max(0, math.ceil((duration_s - inj.at_s[0]) / inj.every_s))
+        total += starts * inj.count
+    return total
+
+
 def injection_times(injections: Iterable[Injection], duration_s: float) -> list[tuple[float, int]]:
     """The exact schedule: (send time, tokens) for every prompt before `duration_s`, in time order
     (ties keep spec order)."""

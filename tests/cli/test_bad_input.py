@@ -95,6 +95,8 @@ def test_serve_refuses_a_max_waiting_that_would_answer_every_request_429(value: 
 @pytest.mark.parametrize(("args", "line"), [
     (["--streams", "99999999999"], "error: --streams: must be at most 100,000, got 99,999,999,999 (each stream holds "
                                    "a connection open; e.g. --streams 32, or an open-loop --rate)"),
+    (["--inject", "100000000x1k@0.5s"], "error: --inject: plans 100,000,000 injected prompts, more than 100,000"),
+    (["--inject", "32k/1us"], "error: --inject: plans 1,000,000 injected prompts, more than 100,000"),
 ])
 def test_a_load_too_large_to_plan_is_refused_not_built(tmp_path: Path, args: list[str], line: str) -> None:
     """Each stream's and each injection's plan is built up front: these ran for minutes, silently, into gigabytes
