@@ -107,7 +107,10 @@ def check_sim(engine: EngineConfig) -> None:
 
     # the model's own limit before the GPU's room: a KV cache too small for 999999 must not suggest 464692 tokens
     # to a model that takes 131072
-    resolve_max_model_len(engine, load_model_config(engine.model))
+    context = resolve_max_model_len(engine, load_model_config(engine.model))
+    if engine.block_size > context:  # the cache sized in whole blocks held none: a ValueError's traceback
+        raise ConfigError("--block-size", f"{engine.block_size:,} tokens is more than the {context:,}-token context",
+                          "e.g. --block-size 16, vLLM's default")
     check_sim_config(engine)
     for name, given in (("engine_process", engine.engine_process), ("torch_threads", engine.torch_threads)):
         if given:

@@ -122,3 +122,14 @@ def test_a_sweep_refuses_a_point_its_runs_would_refuse_before_any_runs(tmp_path:
     lines = _lines(result.output)
     assert len(lines) == 1 and lines[0].startswith(line), result.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", [["run", *SIM], ["serve", "--engine", "sim", "--port", "0"]])
+def test_a_block_larger_than_the_context_is_refused_not_a_traceback(tmp_path: Path, command: list[str]) -> None:
+    """The simulator sized its cache in whole blocks, held none, and the block manager's ValueError came out whole."""
+    result = runner.invoke(app, [*command, "--block-size", "100000000", "--out" if command[0] == "run" else "--host",
+                                 str(tmp_path / "run") if command[0] == "run" else "127.0.0.1"], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert _lines(result.output) == ["error: --block-size: 100,000,000 tokens is more than the 131,072-token "
+                                     "context (e.g. --block-size 16, vLLM's default)"], result.output
+    assert not (tmp_path / "run").exists()
