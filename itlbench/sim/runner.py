@@ -95,7 +95,7 @@ def sim_kv_blocks(config: EngineConfig, cost: CostModel, hw: Hardware, max_model
     log reports); else what 90 % of its memory holds beside the weights, capped at what max_num_seqs full-length
     requests could use. Errors, as vLLM does, when the weights or one full-length request do not fit."""
     if config.kv_blocks is not None:
-        return config.kv_blocks
+        return _blocks_given(config.kv_blocks, config.block_size, cost, hw)
     if config.kv_memory_gib is not None:
         tokens = _tokens_in(config.kv_memory_gib, cost, hw)
     elif (tokens := cost.kv_capacity_tokens(hw, GPU_MEMORY_UTILIZATION)) <= 0:
@@ -113,17 +113,36 @@ def sim_kv_blocks(config: EngineConfig, cost: CostModel, hw: Hardware, max_model
     return min(tokens // config.block_size, config.max_num_seqs * per_request)
 
 
+def _blocks_given(blocks: int, block_size: int, cost: CostModel, hw: Hardware) -> int:
+    """--kv-blocks as given, refused past what one GPU holds beside its weight shard: the default's arithmetic on the
+    whole GPU, as --kv-memory-gib is (a runtime run at more than vLLM's 90 % reports room the default would not have).
+    The block manager lists every block up front: 10^12 of them ran the machine out of memory."""
+    _check_weights_fit(cost, hw)
+    most = cost.kv_capacity_tokens(hw, 1.0) // block_size
+    if blocks <= most:
+        return blocks
+    tp = f" at --tp {cost.tp}" if cost.tp > 1 else ""
+    raise ConfigError("kv_blocks", f"{blocks:,} blocks of {block_size} tokens do not fit beside {cost.model.name}'s "
+                      f"weights on {hw.the_label}{tp} (room for {most:,})",
+                      f"use --kv-blocks {most} or less, or leave it out to size it from memory")
+
+
 def _tokens_in(kv_memory_gib: float, cost: CostModel, hw: Hardware) -> int:
     """Tokens of K/V `kv_memory_gib` of each GPU holds, refused where it is more than the GPU has beside its weights
     (the whole GPU: a runtime run at more than vLLM's 90 % reports room the default would not have)."""
+    _check_weights_fit(cost, hw)
     left = (hw.memory_bytes - cost.weight_bytes_per_gpu) / 2**30
-    if left <= 0:
-        raise ConfigError("gpu", f"{cost.model.name}'s weights do not fit on {hw.the_label}",
-                          "choose a larger GPU, a higher --tp, --dtype fp8 (fp4 on a B200), or a smaller model")
     if kv_memory_gib > left:
         raise ConfigError("kv_memory_gib", f"{kv_memory_gib:g} GiB of K/V does not fit beside the weights on the "
                           f"{hw.label} ({left:.1f} GiB left)", f"use --kv-memory-gib {left:.1f} or less")
     return int(kv_memory_gib * 2**30 // cost.kv_bytes_per_token_per_gpu)
+
+
+def _check_weights_fit(cost: CostModel, hw: Hardware) -> None:
+    """Refuse K/V room sized by hand on a GPU its weight shard alone fills."""
+    if cost.weight_bytes_per_gpu >= hw.memory_bytes:
+        raise ConfigError("gpu", f"{cost.model.name}'s weights do not fit on {hw.the_label}",
+                          "choose a larger GPU, a higher --tp, --dtype fp8 (fp4 on a B200), or a smaller model")
 
 
 def sim_kv_share(config: EngineConfig) -> float | None:

@@ -3,6 +3,7 @@ directory left behind (the fresh-eyes audit's findings, one test each)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,31 @@ def test_a_block_larger_than_the_context_is_refused_not_a_traceback(tmp_path: Pa
     assert _lines(result.output) == ["error: --block-size: 100,000,000 tokens is more than the 131,072-token "
                                      "context (e.g. --block-size 16, vLLM's default)"], result.output
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("command", "tp", "room"), [
+    (["run", *SIM], [], "33,121) (use --kv-blocks 33121 or less"),
+    (["run", *SIM], ["--tp", "4"], "155,458) (use --kv-blocks 155458 or less"),
+    (["serve", "--engine", "sim", "--port", "0"], [], "33,121) (use --kv-blocks 33121 or less"),
+])
+def test_sim_kv_blocks_past_the_gpus_memory_are_refused_not_listed(tmp_path: Path, command: list[str],
+                                                                   tp: list[str], room: str) -> None:
+    """--kv-blocks was taken as given: the block manager listed 10^12 blocks until the run was killed (6.4 GB at
+    40 s). The room is the default's arithmetic on the whole GPU beside the weight shard (--tp splits both)."""
+    out = ["--out", str(tmp_path / "run")] if command[0] == "run" else []
+    result = runner.invoke(app, [*command, *tp, "--kv-blocks", "1000000000000", *out], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    tp_text = " at --tp 4" if tp else ""
+    assert _lines(result.output) == [f"error: --kv-blocks: 1,000,000,000,000 blocks of 16 tokens do not fit beside "
+                                     f"llama-3.1-8b's weights on the H100 SXM{tp_text} (room for {room}, or leave it "
+                                     "out to size it from memory)"], result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_sim_kv_blocks_that_fit_the_whole_gpu_run(tmp_path: Path) -> None:
+    """The most the refusal names is accepted: it is the whole GPU beside the weights, not the default's 90 %."""
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", *SIM, "--streams", "1", "--workload", "fixed:64:8", "--kv-blocks", "33121",
+                                 "--out", str(out)], terminal_width=400)
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "run.json").read_text())["engine"]["kv_blocks"] == 33121
