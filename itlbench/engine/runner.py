@@ -32,6 +32,7 @@ from itlbench.engine.cpu import weights as cpu_weights
 from itlbench.engine.cpu.decode_forward import NativeDecodeForward
 from itlbench.engine.cuda_graph import DecodeGraphs, graph_buckets
 from itlbench.engine.device import resolve_device, resolve_dtype
+from itlbench.engine.kv_pool import check_kv_pool, kv_room, pool_failed
 from itlbench.engine.model.llama import ForwardContext, LlamaForCausalLM
 from itlbench.engine.model.loader import load_weights
 from itlbench.engine.model.rope import rope_tables
@@ -154,9 +155,17 @@ class ModelRunner:
         self.num_blocks = num_kv_blocks(sizing, model_config, max_model_len, dtype_bytes, self.block_size, free)
         # one block past the manager's range: where padded CUDA graph rows write
         self.scratch_block = self.num_blocks
+        pool_tokens = (self.num_blocks + 1) * self.block_size
+        if self._sized_past_default(sizing, max_model_len):
+            room, said = kv_room(config, str(self.device), free, self.weight_bytes)
+            check_kv_pool(config, max_model_len, pool_tokens, model_config.kv_bytes_per_token(dtype_bytes), room, said)
         shape = (self.num_blocks + 1, self.block_size, model_config.num_kv_heads, model_config.head_dim)
-        self.kv_caches = [(_zeros(shape, self.dtype, self.device), _zeros(shape, self.dtype, self.device))
-                          for _ in range(model_config.num_layers)]
+        try:
+            self.kv_caches = [(_zeros(shape, self.dtype, self.device), _zeros(shape, self.dtype, self.device))
+                              for _ in range(model_config.num_layers)]
+        except (OSError, MemoryError, torch.cuda.OutOfMemoryError) as exc:  # room the check could not see
+            raise pool_failed(config, max_model_len, pool_tokens * model_config.kv_bytes_per_token(dtype_bytes),
+                              str(self.device), exc) from exc
         # CPU decode steps: the whole decoder stack in one native call (None: always the module path)
         self.native_decode = NativeDecodeForward.for_runner(self)
         # each logits row's greedy token when the last step computed it beside the head (the native step)
@@ -169,6 +178,12 @@ class ModelRunner:
         self.clock = WallClock()
         self.sampler = Sampler(config.seed)
         self._flatten = Flattener(self.block_size, self.device)
+
+    def _sized_past_default(self, sizing: EngineConfig, max_model_len: int) -> bool:
+        """Whether the pool is a size given by hand, or the default's floor of one full-length request (which a huge
+        --block-size or --max-model-len decides), rather than the default's own share of memory (which fits)."""
+        by_hand = sizing.kv_blocks is not None or sizing.kv_memory_gib is not None
+        return by_hand or self.num_blocks <= -(-max_model_len // self.block_size)
 
     @property
     def weight_bytes(self) -> int:

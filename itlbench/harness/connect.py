@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from itlbench.errors import ConfigError
+from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.harness.bundled_server import BundledServer
 from itlbench.harness.http_json import CONTROL_REPLY_BYTES, request_json
 from itlbench.harness.run_config import RunConfig
@@ -58,7 +58,11 @@ def connect(cfg: RunConfig, run_dir: Path) -> Connection:
 
 
 def _bundled(cfg: RunConfig, run_dir: Path) -> Connection:
-    server = BundledServer(cfg.engine, run_dir / "server.log", otlp_endpoint=cfg.otlp_endpoint).start()
+    server = BundledServer(cfg.engine, run_dir / "server.log", otlp_endpoint=cfg.otlp_endpoint)
+    try:
+        server.start()
+    except ItlbenchError as exc:
+        raise _refused_by_server(server) or exc from None
     info = server.engine_info
     target = Target(base_url=server.base_url, model=str(info["served_model_name"]), api=cfg.api,
                     accepts_token_ids=True, forced_lengths=True, timeout_s=cfg.request_timeout_s,
@@ -68,6 +72,17 @@ def _bundled(cfg: RunConfig, run_dir: Path) -> Connection:
                                       "server_pid": server.process.pid if server.process else None}}
     return Connection(target, int(info["max_model_len"]), int(info["model"]["vocab_size"]),
                       steps_url=server.base_url, metrics_url=None, server=server, doc=doc)
+
+
+def _refused_by_server(server: BundledServer) -> ItlbenchError | None:
+    """The server's own one-line refusal where it exited 2 with one and no traceback (an engine flag only the engine
+    can judge, e.g. a K/V pool too large for the memory it finds): the line alone, not the log's tail around it."""
+    if server.process is None or server.process.poll() != 2:
+        return None
+    lines = [line for line in server.tail_log().splitlines() if line.strip()]
+    if not lines or not lines[-1].startswith("error: ") or any(line.startswith("Traceback") for line in lines):
+        return None
+    return ItlbenchError(lines[-1].removeprefix("error: "))
 
 
 def _external(cfg: RunConfig) -> Connection:

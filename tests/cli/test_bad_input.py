@@ -4,6 +4,8 @@ directory left behind (the fresh-eyes audit's findings, one test each)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -162,3 +164,36 @@ def test_sim_kv_blocks_that_fit_the_whole_gpu_run(tmp_path: Path) -> None:
                                  "--out", str(out)], terminal_width=400)
     assert result.exit_code == 0, result.output
     assert json.loads((out / "run.json").read_text())["engine"]["kv_blocks"] == 33121
+
+
+TORCH_POOLS = [
+    ("--kv-blocks", "1000000000000", "error: --kv-blocks: a K/V pool of 22,888,183.6 GiB (1,000,000,000,000 blocks "
+                                     "of 16 tokens) is more than the "),
+    ("--block-size", "1000000000", "error: --block-size: a K/V pool of 2,861.0 GiB (blocks of 1,000,000,000 tokens, more "
+                                  "than the 65,536-token context) is more than this machine's "),
+]
+
+
+@pytest.mark.parametrize(("flag", "value", "line"), TORCH_POOLS)
+def test_a_torch_kv_pool_past_memory_is_refused_by_run_in_the_engines_one_line(tmp_path: Path, flag: str,
+                                                                              value: str, line: str) -> None:
+    """mmap's "Cannot allocate memory" came out with the server log's traceback; now the engine's one line, which
+    `run` passes on without the log around it, and no run directory."""
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--duration", "1s", "--no-live", "--no-report", "--out", str(out), flag,
+                                 value], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    lines = _lines(result.output)
+    assert lines[-1].startswith(line) and lines[-1].count("error:") == 1, result.output
+    assert "Traceback" not in result.output and "its log" not in result.output, result.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("flag", "value", "line"), TORCH_POOLS)
+def test_a_torch_kv_pool_past_memory_is_refused_by_serve_in_one_line(flag: str, value: str, line: str) -> None:
+    """`serve` restarts itself (malloc tunables) before its engine starts, so it runs as the user runs it."""
+    done = subprocess.run([sys.executable, "-m", "itlbench", "serve", "--host", "127.0.0.1", "--port", "0", flag,
+                           value], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = _lines(done.stdout + done.stderr)
+    assert lines[-1].startswith(line) and "Traceback" not in done.stderr, done.stderr
