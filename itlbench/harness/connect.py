@@ -19,7 +19,7 @@ from typing import Any
 
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.harness.bundled_server import BundledServer
-from itlbench.harness.http_json import CONTROL_REPLY_BYTES, request_json
+from itlbench.harness.http_json import CONTROL_REPLY_BYTES, NotJson, request_json
 from itlbench.harness.run_config import RunConfig
 from itlbench.harness.token_probe import PROBE_LOW, probe_token_ids
 from itlbench.load.clients.sse import error_text
@@ -156,6 +156,10 @@ def _probe_models(cfg: RunConfig, base: str) -> dict[str, Any]:
         if _untrusted_certificate(exc):
             raise ConfigError("--endpoint", f"{base}'s TLS certificate was not trusted ({_ssl_reason(exc)})",
                               "trust its CA with SSL_CERT_FILE=/path/ca.pem") from None
+        if isinstance(exc, NotJson):  # a web page, a proxy's error text: not an OpenAI-compatible API
+            raise ConfigError("--endpoint", f"{base}/models answered something that is not JSON "
+                              f"({exc.content_type}: {exc.head!r})", "point --endpoint at an OpenAI-compatible "
+                              "base URL ending in /v1, e.g. http://localhost:8000/v1") from None
         if isinstance(exc, urllib.error.HTTPError) and exc.code in (401, 403):
             raise ConfigError("--endpoint", f"GET {base}/models failed: {exc}",
                               "set ITLBENCH_API_KEY in the environment to the server's key") from None

@@ -3,9 +3,12 @@ directory left behind (the fresh-eyes audit's findings, one test each)."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -197,3 +200,51 @@ def test_a_torch_kv_pool_past_memory_is_refused_by_serve_in_one_line(flag: str, 
     assert done.returncode == 2, done.stderr
     lines = _lines(done.stdout + done.stderr)
     assert lines[-1].startswith(line) and "Traceback" not in done.stderr, done.stderr
+
+
+class _Page(http.server.BaseHTTPRequestHandler):
+    """Any GET answers 200 with `body` as `content_type`: a web server's page where an API was expected."""
+
+    content_type = "text/html; charset=utf-8"
+    body = b"<!DOCTYPE html>\n<html>\n<head><title>Welcome to nginx!</title></head>\n<body>...</body></html>\n"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.send_header("Content-Type", self.content_type)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def page_server(request: pytest.FixtureRequest) -> Iterator[str]:
+    handler = type("Page", (_Page,), dict(request.param))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(("page_server", "said"), [
+    ({}, "(text/html; charset=utf-8: '<!DOCTYPE html> <html> <head><title>Welcome to nginx!</title')"),
+    ({"content_type": "text/plain", "body": b"Bad Gateway \xe9t\xe9"}, "(text/plain: 'Bad Gateway \ufffdt\ufffd')"),
+], indirect=["page_server"])
+def test_an_endpoint_answering_a_page_says_it_is_not_json_and_where_to_point(tmp_path: Path, page_server: str,
+                                                                             said: str) -> None:
+    """It said "failed: Expecting value: line 1 column 1 (char 0)" (and, for bytes that are not UTF-8, the codec's
+    complaint): nothing about what answered or what --endpoint should be."""
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--endpoint", page_server, "--duration", "1s", "--no-live", "--no-report",
+                                 "--out", str(out)], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert _lines(result.output) == [f"probing {page_server}",  # the status line before the probe
+                                     f"error: --endpoint: {page_server}/models answered something that is not JSON "
+                                     f"{said} (point --endpoint at an OpenAI-compatible base URL ending in /v1, e.g. "
+                                     "http://localhost:8000/v1)"], result.output
+    assert not out.exists()
