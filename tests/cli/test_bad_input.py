@@ -248,3 +248,23 @@ def test_an_endpoint_answering_a_page_says_it_is_not_json_and_where_to_point(tmp
                                      f"{said} (point --endpoint at an OpenAI-compatible base URL ending in /v1, e.g. "
                                      "http://localhost:8000/v1)"], result.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("endpoint", "problem"), [
+    ("http://127.0.0.1:99999/v1", "'http://127.0.0.1:99999/v1': port 99999 is not a number in 1-65535"),
+    ("http://127.0.0.1:0/v1", "'http://127.0.0.1:0/v1': port 0 is not a number in 1-65535"),
+    ("http://127.0.0.1:eighty/v1", "'http://127.0.0.1:eighty/v1': port eighty is not a number in 1-65535"),
+    ("http://[::1/v1", "'http://[::1/v1' is not a valid URL (Invalid IPv6 URL)"),
+    ("http:///v1", "'http:///v1' names no host"),
+    ("http://local host:8000/v1", "'http://local host:8000/v1' holds a space or a control character"),
+])
+def test_an_endpoint_that_is_not_a_url_is_refused_before_it_is_probed(tmp_path: Path, endpoint: str,
+                                                                      problem: str) -> None:
+    """Port 99999 and an unclosed IPv6 bracket were probed ("probing ..."), then failed as urllib's ValueError."""
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--endpoint", endpoint, "--duration", "1s", "--no-live", "--no-report",
+                                 "--out", str(out)], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert _lines(result.output) == [f"error: --endpoint: {problem} (e.g. --endpoint http://127.0.0.1:8000/v1)"], \
+        result.output
+    assert not out.exists()
