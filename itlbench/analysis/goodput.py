@@ -149,6 +149,8 @@ def parse_slo(spec: str | None, base: SloSet | None = None) -> SloSet:
     """Parse an --slo string over `base` (default SLOs when None); raises ConfigError("--slo", ...)."""
     base = base or SloSet()
     items = _items(spec or "")
+    if spec and spec.strip() and not items:  # ',' fell back to the defaults, silently ('' is the defaults)
+        raise ConfigError("--slo", f"{spec!r} lists no target", f"{SLO_FIX}; or leave --slo out for the defaults")
     default = _layer(base.default, [i for i in items if not i[1]])
     names = dict.fromkeys(i[1] for i in items if i[1])
     classes = {cls: _layer(default, [i for i in items if i[1] == cls]) for cls in names}

@@ -159,6 +159,21 @@ def _default_compare(gpu: str) -> str:
     return ",".join(g + suffix for g in SIDE_BY_SIDE)
 
 
+def _compared(compare: str, dtype: str) -> list[object]:
+    """--compare's GPUs in the order given, each once (h100,h100 showed the H100 twice; an alias is the same GPU);
+    a list naming none (',') is refused rather than read as 'none'."""
+    from itlbench.sim.roofline import load_hardware
+
+    named = [g for g in compare.split(",") if g.strip()]
+    if not named:
+        raise ConfigError("--compare", f"{compare!r} lists no GPU", "e.g. --compare h100,h200, or --compare none")
+    by_name: dict[str, object] = {}
+    for g in named:
+        hw = load_hardware(g, "--compare")
+        by_name.setdefault(hw.name, hw)
+    return [_for_dtype(hw, dtype) for hw in by_name.values()]
+
+
 @app.command()
 def roofline(
     model: Annotated[str, typer.Option(help="Preset, local HF directory or config.json of a Llama-like model.")] = "llama-3-8b",
@@ -191,8 +206,7 @@ def roofline(
             raise ConfigError("--tp", f"must be >= 1, got {tp}")
         hw = load_hardware(gpu).for_dtype(dtype)
         compare = compare if compare is not None else _default_compare(gpu)
-        others = [] if compare.strip().lower() == "none" else [
-            _for_dtype(load_hardware(g, "--compare"), dtype) for g in compare.split(",") if g.strip()]
+        others = [] if compare.strip().lower() == "none" else _compared(compare, dtype)
         ctx = _token_list(context, "--context")
         if len(ctx) != 1:
             raise ConfigError("--context", f"takes one length, got {context!r}", "e.g. --context 2k")

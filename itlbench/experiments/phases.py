@@ -72,6 +72,9 @@ class PhasesConfig:
             raise ConfigError("--output-tokens", f"must be >= 3 to time decode, got {self.output_tokens}")
         if self.repeats < 1:
             raise ConfigError("--repeats", f"must be >= 1, got {self.repeats}")
+        if self.lengths is not None and not self.lengths.replace(",", "").strip():  # '' or ',': the defaults, silently
+            raise ConfigError("--lengths", f"{self.lengths!r} lists no length",
+                              "e.g. --lengths 1,16,128,512,2k, or leave it out for the defaults")
 
 
 SIM_DEFAULT_MAX = 32_768  # --engine sim: each step sleeps its priced time; a 128k prompt of an 8B model on an H100 takes ~15 s

@@ -268,3 +268,30 @@ def test_an_endpoint_that_is_not_a_url_is_refused_before_it_is_probed(tmp_path: 
     assert _lines(result.output) == [f"error: --endpoint: {problem} (e.g. --endpoint http://127.0.0.1:8000/v1)"], \
         result.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["run", *SIM, "--slo", ","], "error: --slo: ',' lists no target (e.g. 'ttft:le2k=2s,itl_p99=150ms,"
+                                  "injected/ttft=off'; buckets: le128, le512, le2k, le8k, le32k, gt32k; or leave --slo "
+                                  "out for the defaults)"),
+    (["phases", "--engine", "sim", "--lengths", ""], "error: --lengths: '' lists no length (e.g. --lengths "
+                                                     "1,16,128,512,2k, or leave it out for the defaults)"),
+    (["phases", "--engine", "sim", "--lengths", " , "], "error: --lengths: ' , ' lists no length (e.g. --lengths "
+                                                        "1,16,128,512,2k, or leave it out for the defaults)"),
+    (["roofline", "--compare", ","], "error: --compare: ',' lists no GPU (e.g. --compare h100,h200, or --compare "
+                                     "none)"),
+])
+def test_a_list_naming_nothing_is_refused_not_read_as_the_defaults(tmp_path: Path, args: list[str], line: str) -> None:
+    """--slo ',' and --lengths '' ran with the default SLOs and lengths, silently."""
+    out = tmp_path / "out"
+    result = runner.invoke(app, [*args, *(["--out", str(out)] if args[0] != "roofline" else [])], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert _lines(result.output) == [line], result.output
+    assert not out.exists()
+
+
+def test_roofline_compares_each_gpu_once_in_the_order_given() -> None:
+    """--compare h100,h100 showed the H100 twice; an alias (h100-sxm) is the same GPU."""
+    result = runner.invoke(app, ["roofline", "--compare", "a100,h100,h100-sxm,a100,h100", "--json"])
+    assert result.exit_code == 0, result.output
+    assert [g["gpu"] for g in json.loads(result.output)["gpus"]] == ["a100", "h100"]
