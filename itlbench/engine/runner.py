@@ -182,8 +182,12 @@ class ModelRunner:
     def _sized_past_default(self, sizing: EngineConfig, max_model_len: int) -> bool:
         """Whether the pool is a size given by hand, or the default's floor of one full-length request (which a huge
         --block-size or --max-model-len decides), rather than the default's own share of memory (which fits)."""
-        by_hand = sizing.kv_blocks is not None or sizing.kv_memory_gib is not None
-        return by_hand or self.num_blocks <= -(-max_model_len // self.block_size)
+        if sizing.kv_blocks is not None or sizing.kv_memory_gib is not None:
+            return True
+        at_floor = self.num_blocks <= -(-max_model_len // self.block_size)
+        # a CPU pool is mapped lazily: the model's own context (llama-3.2-1b's 128k, an 8 GiB floor) runs short
+        # requests on a laptop that could not hold a full-length one, so only a context asked for by hand is checked
+        return at_floor and (self.device.type != "cpu" or sizing.max_model_len is not None)
 
     @property
     def weight_bytes(self) -> int:

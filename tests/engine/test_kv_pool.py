@@ -69,3 +69,16 @@ def test_the_runner_refuses_before_allocating_and_sizes_the_default_as_before() 
     assert info.value.field == "kv_blocks" and "is more than the" in info.value.problem
     engine = create_engine(EngineConfig(model="tiny", device="cpu", max_model_len=1024))
     assert engine.block_manager.num_blocks == 64 * 1024 // 16  # capped at max_num_seqs full-length requests
+
+
+def test_on_cpu_the_models_own_context_is_not_checked_only_one_given_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A laptop with less memory than llama-3.2-1b's 8 GiB floor still runs its short requests (the pool is mapped
+    lazily); a --max-model-len given by hand that the machine cannot hold is refused."""
+    import itlbench.engine.runner as runner_module
+
+    monkeypatch.setattr(runner_module, "kv_room", lambda *a: (1, "a 1-byte machine"))
+    engine = create_engine(EngineConfig(model="tiny", device="cpu", max_num_seqs=1))
+    assert engine.block_manager.num_blocks > 0
+    with pytest.raises(ConfigError) as info:
+        ModelRunner(EngineConfig(model="tiny", device="cpu", max_num_seqs=1, max_model_len=1024), TINY, 1024)
+    assert info.value.field == "max_model_len" and "a 1-byte machine" in info.value.problem
