@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,6 +11,7 @@ from itlbench.core.engine_config import EngineConfig, flag_of
 from itlbench.errors import ConfigError
 from itlbench.load.clients.limits import Limits
 from itlbench.units import check_finite
+from itlbench.urls import check_http_url
 from itlbench.workloads.build import check_load_shape
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ class RunConfig:
             raise ConfigError("--streams", "0 streams, no --rate and no --inject sends nothing",
                               "give --streams N, --rate R or --inject SPEC")
         if self.endpoint is not None:
-            check_endpoint_url(self.endpoint)
+            check_http_url(self.endpoint, "--endpoint", "e.g. --endpoint http://127.0.0.1:8000/v1")
         if self.endpoint is None and self.prompt_format == "text":
             raise ConfigError("--prompt-format", "the bundled engine is always sent token-id prompts",
                               "drop --prompt-format text, or measure a server given with --endpoint")
@@ -235,29 +235,6 @@ def served_only(cfg: RunConfig) -> list[str]:
              ("--workers", cfg.workers > 1), ("--driver locust", cfg.driver == "locust"),
              ("--metrics-port", cfg.metrics_port is not None), ("--otlp-endpoint", cfg.otlp_endpoint is not None)]
     return [flag for flag, given in needs if given]
-
-
-def check_endpoint_url(url: str) -> None:
-    """Refuse an --endpoint that is not an http(s) URL with a host and a port in 1-65535 before it is probed: port
-    99999 or an unclosed IPv6 bracket was probed, and failed as urllib's ValueError, "failed: Port out of range"."""
-    example = "e.g. --endpoint http://127.0.0.1:8000/v1"
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError("--endpoint", f"{url!r} is not an http(s) URL", example)
-    if any(c.isspace() or not c.isprintable() for c in url):
-        raise ConfigError("--endpoint", f"{url!r} holds a space or a control character", example)
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError as exc:  # "Invalid IPv6 URL": an unclosed bracket
-        raise ConfigError("--endpoint", f"{url!r} is not a valid URL ({exc})", example) from None
-    if not parts.hostname:
-        raise ConfigError("--endpoint", f"{url!r} names no host", example)
-    try:
-        port = parts.port
-    except ValueError:  # past 65535, or not a number
-        port = 0
-    if port == 0:
-        raise ConfigError("--endpoint", f"{url!r}: port {parts.netloc.rpartition(':')[2]} is not a number in 1-65535",
-                          example)
 
 
 def resolve_clock(cfg: RunConfig) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 from itlbench import __version__
 from itlbench.errors import ConfigError
 from itlbench.load.clients.kclock import measure_offset
+from itlbench.urls import check_http_url
 
 # Recommended ExplicitBucketBoundaries of the GenAI metric conventions (semantic-conventions,
 # docs/gen-ai/gen-ai-metrics.md).
@@ -40,12 +41,11 @@ ABANDON_WAIT_S = 1.0  # after stopping the exporters, how long a shutdown past i
 
 
 def check_endpoint(url: str | None, flag: str = "--otlp-endpoint") -> str | None:
-    """The OTLP/HTTP base URL (e.g. http://127.0.0.1:4318), or a ConfigError naming the flag."""
+    """The OTLP/HTTP base URL (e.g. http://127.0.0.1:4318), or a ConfigError naming the flag: a bad URL (port
+    99999, an unclosed IPv6 bracket) is refused here, before `probe_collector` tries it."""
     if url is None:
         return None
-    parsed = urllib.parse.urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ConfigError(flag, f"{url!r} is not an http(s) URL", "e.g. --otlp-endpoint http://127.0.0.1:4318")
+    check_http_url(url, flag, f"e.g. {flag} http://127.0.0.1:4318")
     require_sdk(flag)
     base = url.rstrip("/")
     for suffix in ("/v1/traces", "/v1/metrics"):

@@ -295,3 +295,26 @@ def test_roofline_compares_each_gpu_once_in_the_order_given() -> None:
     result = runner.invoke(app, ["roofline", "--compare", "a100,h100,h100-sxm,a100,h100", "--json"])
     assert result.exit_code == 0, result.output
     assert [g["gpu"] for g in json.loads(result.output)["gpus"]] == ["a100", "h100"]
+
+
+@pytest.mark.parametrize(("endpoint", "problem"), [
+    ("http://127.0.0.1:99999", "'http://127.0.0.1:99999': port 99999 is not a number in 1-65535"),
+    ("http://127.0.0.1:eighty", "'http://127.0.0.1:eighty': port eighty is not a number in 1-65535"),
+    ("http://[::1", "'http://[::1' is not a valid URL (Invalid IPv6 URL)"),
+    ("http:///v1/traces", "'http:///v1/traces' names no host"),
+    ("http://local host:4318", "'http://local host:4318' holds a space or a control character"),
+    ("collector:4318", "'collector:4318' is not an http(s) URL"),
+])
+@pytest.mark.parametrize("command", [["run", "--model", "tiny", "--duration", "1s", "--no-live", "--no-report"],
+                                     ["serve", "--engine", "sim", "--model", "llama-3.1-8b"]])
+def test_an_otlp_endpoint_that_is_not_a_url_is_refused_before_it_is_probed(tmp_path: Path, command: list[str],
+                                                                           endpoint: str, problem: str) -> None:
+    """Port 99999 and an unclosed IPv6 bracket reached the collector probe and ended in urllib's ValueError
+    traceback; --otlp-endpoint now shares --endpoint's URL check."""
+    out = tmp_path / "run"
+    args = [*command, "--out", str(out)] if command[0] == "run" else command
+    result = runner.invoke(app, [*args, "--otlp-endpoint", endpoint], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert _lines(result.output) == [f"error: --otlp-endpoint: {problem} (e.g. --otlp-endpoint http://127.0.0.1:4318)"], \
+        result.output
+    assert not out.exists()
