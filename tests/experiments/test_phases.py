@@ -67,8 +67,8 @@ def test_phases_prints_its_tables_and_verdict_not_only_the_report_path(tmp_path:
 
 def _qa_result():
     """The QA pass's study (cpu-small up to 8k): linear up to 2k, 8k past the slack, decode batched at 8."""
-    from itlbench.experiments.phases import knees
     from itlbench.experiments.phases_report import PhasesResult
+    from itlbench.experiments.phases_table import knees
 
     rows = [{"prompt_tokens": n, "requests": 3, "client_ttft_s": s, "engine_prefill_s": s, "prefill_s": s,
              "prefill_tokens_per_s": n / s, "decode_step_s": 0.002, "decode_tokens_per_s": 500.0}
