@@ -186,8 +186,10 @@ class ModelRunner:
             return True
         at_floor = self.num_blocks <= -(-max_model_len // self.block_size)
         # a CPU pool is mapped lazily: the model's own context (llama-3.2-1b's 128k, an 8 GiB floor) runs short
-        # requests on a laptop that could not hold a full-length one, so only a context asked for by hand is checked
-        return at_floor and (self.device.type != "cpu" or sizing.max_model_len is not None)
+        # requests on a laptop that could not hold a full-length one, so only a context asked for by hand, or a block
+        # larger than the context (a --block-size past any use), is checked there
+        by_hand = sizing.max_model_len is not None or self.block_size > max_model_len
+        return at_floor and (self.device.type != "cpu" or by_hand)
 
     @property
     def weight_bytes(self) -> int:
