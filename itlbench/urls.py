@@ -27,6 +27,6 @@ def check_http_url(url: str, flag: str, example: str) -> urllib.parse.SplitResul
     except ValueError:  # past 65535, or not a number
         port = 0
     if port == 0:
-        raise ConfigError(flag, f"{url!r}: port {parts.netloc.rpartition(':')[2]} is not a number in 1-65535",
-                          example)
+        raise ConfigError(flag, f"{url!r}: the port must be a whole number from 1 to 65535, got "
+                          f"{parts.netloc.rpartition(':')[2]}", example)
     return parts

@@ -251,9 +251,9 @@ def test_an_endpoint_answering_a_page_says_it_is_not_json_and_where_to_point(tmp
 
 
 @pytest.mark.parametrize(("endpoint", "problem"), [
-    ("http://127.0.0.1:99999/v1", "'http://127.0.0.1:99999/v1': port 99999 is not a number in 1-65535"),
-    ("http://127.0.0.1:0/v1", "'http://127.0.0.1:0/v1': port 0 is not a number in 1-65535"),
-    ("http://127.0.0.1:eighty/v1", "'http://127.0.0.1:eighty/v1': port eighty is not a number in 1-65535"),
+    ("http://127.0.0.1:99999/v1", "'http://127.0.0.1:99999/v1': the port must be a whole number from 1 to 65535, got 99999"),
+    ("http://127.0.0.1:0/v1", "'http://127.0.0.1:0/v1': the port must be a whole number from 1 to 65535, got 0"),
+    ("http://127.0.0.1:eighty/v1", "'http://127.0.0.1:eighty/v1': the port must be a whole number from 1 to 65535, got eighty"),
     ("http://[::1/v1", "'http://[::1/v1' is not a valid URL (Invalid IPv6 URL)"),
     ("http:///v1", "'http:///v1' names no host"),
     ("http://local host:8000/v1", "'http://local host:8000/v1' holds a space or a control character"),
@@ -298,8 +298,8 @@ def test_roofline_compares_each_gpu_once_in_the_order_given() -> None:
 
 
 @pytest.mark.parametrize(("endpoint", "problem"), [
-    ("http://127.0.0.1:99999", "'http://127.0.0.1:99999': port 99999 is not a number in 1-65535"),
-    ("http://127.0.0.1:eighty", "'http://127.0.0.1:eighty': port eighty is not a number in 1-65535"),
+    ("http://127.0.0.1:99999", "'http://127.0.0.1:99999': the port must be a whole number from 1 to 65535, got 99999"),
+    ("http://127.0.0.1:eighty", "'http://127.0.0.1:eighty': the port must be a whole number from 1 to 65535, got eighty"),
     ("http://[::1", "'http://[::1' is not a valid URL (Invalid IPv6 URL)"),
     ("http:///v1/traces", "'http:///v1/traces' names no host"),
     ("http://local host:4318", "'http://local host:4318' holds a space or a control character"),
