@@ -72,6 +72,15 @@ def refuse_engine_flags(ctx: typer.Context, endpoint: str | None) -> None:
         raise ConfigError(flag, "configures the bundled engine, which --endpoint does not start", "set it on your server")
 
 
+def refuse_api_key(ctx: typer.Context, endpoint: str | None) -> None:
+    """--api-key typed without --endpoint authenticates to nothing: the bundled engine's server is started without
+    it and the client sends it no key (on the virtual clock no server runs at all). Only the typed flag is refused:
+    ITLBENCH_API_KEY in the environment may be set for other commands and stays unused here."""
+    if endpoint is None and given_on_command_line(ctx, ("api_key",)):
+        raise ConfigError("--api-key", "only authenticates to a server given with --endpoint; the bundled engine "
+                          "itlbench starts is given no key", "drop --api-key, or measure a server with --endpoint URL")
+
+
 def print_brief(summary: dict, run_dir: Path) -> None:
     """`--brief`: the run's one line, and why it ended early where it did."""
     from rich.markup import escape
@@ -210,12 +219,13 @@ def run(
     engine_flags: dict | None = None,
 ) -> None:
     """Drive a workload (and injected long prompts) against the bundled engine or --endpoint."""
-    from itlbench.harness.run_config import RunConfig, parse_extra_body
+    from itlbench.harness.run_config import RunConfig, checks_passed, parse_extra_body
     from itlbench.load.clients.limits import Limits
     from itlbench.report.terminal import LiveProgress, cut_short, engine_warnings, print_summary
 
     try:
         refuse_engine_flags(ctx, endpoint)
+        refuse_api_key(ctx, endpoint)
         engine = engine_config_from_flags(engine_flags, model=None if endpoint else model)
         if endpoint is None:
             require_engine_for(engine)
@@ -240,6 +250,7 @@ def run(
         from itlbench.telemetry.span_capture import capture, save_and_warn
 
         checked = check_run(cfg)  # bad input is one line, before the receiver's or the progress's first
+        checks_passed()  # a sweep's first point says its banner only now (run_config.after_checks)
         say = lambda s: console.print(f"[dim]{s}[/]", highlight=False)  # noqa: E731
         with capture(receive_otlp, say) as spans:
             with LiveProgress(console, total_s=cfg.duration_s, enabled=live) as progress:

@@ -51,6 +51,7 @@ from itlbench.experiments.served import (
     substitute,
     tail,
 )
+from itlbench.harness.run_config import after_checks
 from itlbench.report.data import read_json
 from itlbench.rundir.outdir import make_dir
 from itlbench.telemetry.span_capture import SpanCapture, save_and_warn
@@ -242,6 +243,8 @@ def run_sweep(plan: SweepPlan, run_args: list[str], out_dir: Path, invoke_run: I
     result = SweepResult([PointResult(p, out_dir / p.dirname) for p in points], order=plan.order or INTERLEAVED,
                          repeat=plan.repeat)
     current: PointResult | None = None
+    say, invoke_run = _held_until_checked(on_status, invoke_run, hold=plan.serve is None)
+    on_status = say
     with terminate_as_interrupt() as arm:
         try:
             _write_manifest(plan, result, out_dir)
@@ -258,6 +261,7 @@ def run_sweep(plan: SweepPlan, run_args: list[str], out_dir: Path, invoke_run: I
                         result.cut = pr if pr.status == INTERRUPTED else None
                         break
                     current = None
+                    say.release()  # said late where the run never called back (a stand-in), else a no-op
                     _write_manifest(plan, result, out_dir)
                 if result.interrupted:
                     break
@@ -272,6 +276,37 @@ def run_sweep(plan: SweepPlan, run_args: list[str], out_dir: Path, invoke_run: I
     if out_dir.exists():
         _write_manifest(plan, result, out_dir)
     return result
+
+
+class _Held:
+    """Status lines held (while `holding`) until `release` says them."""
+
+    def __init__(self, say: Callable[[str], None], holding: bool) -> None:
+        self.say, self.holding, self.lines = say, holding, list[str]()
+
+    def __call__(self, text: str) -> None:
+        (self.lines.append if self.holding else self.say)(text)
+
+    def release(self) -> None:
+        if self.holding:
+            self.holding = False
+            for line in self.lines:
+                self.say(line)
+
+
+def _held_until_checked(on_status: Callable[[str], None], invoke_run: InvokeRun, hold: bool) -> tuple[_Held, InvokeRun]:
+    """The first point's banner waits until its first run has passed its own checks (`after_checks`): options that
+    run refuses end the sweep (SweepAborted) in the run's one line, without a banner for a point that never started.
+    Not with --serve: a server's start (minutes, with its own lines) comes before the run."""
+    held = _Held(on_status, hold)
+
+    def invoke(args: list[str]) -> int:
+        with after_checks(held.release):
+            code = invoke_run(args)
+        if code != EXIT_USAGE:
+            held.release()
+        return code
+    return held, invoke
 
 
 def _point_round(plan: SweepPlan, pr: PointResult, repeats: range, run_args: list[str], invoke_run: InvokeRun,

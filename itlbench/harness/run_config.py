@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +23,27 @@ if TYPE_CHECKING:
 PROMPT_FORMATS = ("auto", "ids", "text")
 
 WARMUP_WAIT_S = 60.0  # the adaptive warm-up waits at most this long past --warmup for a first token
+LOCUST_UI_PORT = 8089  # --locust-ui-port's default
+
+# What to do once a run has passed its checks, before it prints anything (None: nothing; see after_checks).
+_AFTER_CHECKS: ContextVar[Callable[[], None] | None] = ContextVar("itlbench_after_checks", default=None)
+
+
+@contextlib.contextmanager
+def after_checks(then: Callable[[], None]) -> Iterator[None]:
+    """Within it, a run calls `then` once its input is checked (`checks_passed`): a sweep holds its first banner
+    until then, so options its first run refuses read as one line, not as a point that started."""
+    token = _AFTER_CHECKS.set(then)
+    try:
+        yield
+    finally:
+        _AFTER_CHECKS.reset(token)
+
+
+def checks_passed() -> None:
+    """Called by `itlbench run` when its input is checked and nothing has started yet."""
+    if (then := _AFTER_CHECKS.get()) is not None:
+        then()
 
 
 @dataclass(frozen=True)
@@ -69,7 +93,7 @@ class RunConfig:
     driver: str = "aiohttp"  # aiohttp | locust
     master_bind: str | None = None  # locust: the master listens here for workers started by hand
     locust_ui: bool = False  # locust: serve Locust's web UI
-    locust_ui_port: int = 8089
+    locust_ui_port: int = LOCUST_UI_PORT
     metrics_port: str | None = None  # serve itlbench_client_* for Prometheus: "9464" or "HOST:9464"
     otlp_endpoint: str | None = None  # OTLP/HTTP base URL for spans and GenAI metrics (client and bundled server)
     limits: Limits = field(default_factory=Limits)  # caps on what a server may make the client hold (--limits)
@@ -161,11 +185,16 @@ class RunConfig:
     def _validate_driver(self) -> None:
         if self.driver not in ("aiohttp", "locust"):
             raise ConfigError("--driver", f"unknown driver {self.driver!r}", "use aiohttp or locust")
+        ui_port = self.locust_ui_port != LOCUST_UI_PORT  # set away from the default: read only with the web UI
         if self.driver != "locust":
-            for flag, given in (("--master-bind", self.master_bind is not None), ("--locust-ui", self.locust_ui)):
+            for flag, given in (("--master-bind", self.master_bind is not None), ("--locust-ui", self.locust_ui),
+                                ("--locust-ui-port", ui_port)):
                 if given:
                     raise ConfigError(flag, "only applies to --driver locust", "add --driver locust or drop it")
             return
+        if ui_port and not self.locust_ui:
+            raise ConfigError("--locust-ui-port", "is the port of Locust's web UI, which only --locust-ui serves",
+                              "add --locust-ui or drop --locust-ui-port")
         for flag, given in (("--metrics-port", self.metrics_port), ("--otlp-endpoint", self.otlp_endpoint)):
             if given is not None:
                 raise ConfigError(flag, "live telemetry is not available with --driver locust yet",

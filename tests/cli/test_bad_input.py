@@ -318,3 +318,45 @@ def test_an_otlp_endpoint_that_is_not_a_url_is_refused_before_it_is_probed(tmp_p
     assert _lines(result.output) == [f"error: --otlp-endpoint: {problem} (e.g. --otlp-endpoint http://127.0.0.1:4318)"], \
         result.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--clock", "virtual", "--api-key", "k"], "error: --api-key: only authenticates to a server given with "
+                                               "--endpoint; the bundled engine itlbench starts is given no key "
+                                               "(drop --api-key, or measure a server with --endpoint URL)"),
+    (["--clock", "real", "--api-key=k"], "error: --api-key: only authenticates to a server given with --endpoint"),
+    (["--locust-ui-port", "9000"], "error: --locust-ui-port: only applies to --driver locust (add --driver locust "
+                                   "or drop it)"),
+    (["--driver", "locust", "--locust-ui-port", "9000"], "error: --locust-ui-port: is the port of Locust's web UI, "
+                                                         "which only --locust-ui serves (add --locust-ui or drop "
+                                                         "--locust-ui-port)"),
+])
+def test_run_refuses_an_option_that_would_not_apply(tmp_path: Path, args: list[str], line: str) -> None:
+    """Each was silently ignored (exit 0): a key no server checks (the bundled engine's server is started without
+    one; the virtual clock has none), a web UI port with no web UI."""
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", *SIM, *args, "--out", str(out)], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    lines = _lines(result.output)
+    assert len(lines) == 1 and lines[0].startswith(line), result.output
+    assert not out.exists()
+
+
+def test_a_key_in_the_environment_is_not_refused_where_no_server_checks_it(tmp_path: Path) -> None:
+    """ITLBENCH_API_KEY may be exported for `itlbench serve` or an --endpoint run: only the typed flag is refused."""
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", *SIM, "--clock", "virtual", "--streams", "2", "--workload", "fixed:64:8",
+                                 "--brief", "--out", str(out)], env={"ITLBENCH_API_KEY": "k"}, terminal_width=400)
+    assert result.exit_code == 0, result.output
+    assert (out / "summary.json").is_file() and "--api-key" not in result.output
+
+
+def test_a_sweep_whose_first_run_refuses_its_options_says_only_the_error(tmp_path: Path) -> None:
+    """It printed "sweep point 1/1: b512" before the run's own error, as if the point had started."""
+    out = tmp_path / "sw"
+    result = runner.invoke(app, ["sweep", "--chunk-budget", "512", "--engine", "sim", "--burstiness", "2",
+                                 "--out", str(out)], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert _lines(result.output) == ["error: --burstiness: only shapes --rate arrivals (add --rate R or drop "
+                                     "--burstiness)"], result.output
+    assert not out.exists()

@@ -12,7 +12,15 @@ import pytest
 from itlbench.errors import ConfigError
 from itlbench.experiments.points import parse_axes
 from itlbench.experiments.run_options import repeat_seed, with_seed
-from itlbench.experiments.sweep import SweepPlan, SweepResult, missing_lines, order_notes, run_sweep
+from itlbench.experiments.sweep import (
+    SweepAborted,
+    SweepPlan,
+    SweepResult,
+    missing_lines,
+    order_notes,
+    run_sweep,
+)
+from itlbench.harness.run_config import checks_passed
 
 # what one stand-in run does: "done" (run.json + summary.json, exit 0), "cut" (run.json only, exit 130: Ctrl-C
 # while it was analysed), "nothing" (exit 130 before it recorded anything), "done-then-ctrl-c" (finished,
@@ -170,3 +178,31 @@ def test_only_the_bundled_simulator_varies_the_seed() -> None:
     with pytest.raises(ConfigError) as err:
         repeat_seed(["--engine", "sim", "--seed", "x"], served=False)
     assert err.value.field == "--seed"
+
+
+def test_options_the_first_run_refuses_end_the_sweep_without_a_banner(tmp_path: Path) -> None:
+    """It said "sweep point 1/2: b512" before the run's own one-line error, as if the point had started."""
+    said: list[str] = []
+    plan = SweepPlan(parse_axes("512,none", None), repeat=2)
+    with pytest.raises(SweepAborted):
+        run_sweep(plan, ["--engine", "sim"], tmp_path / "sw", lambda args: 2, on_status=said.append)
+    assert said == [] and not (tmp_path / "sw").exists()
+
+
+def test_the_first_banner_comes_once_the_run_has_checked_its_input_before_what_it_says(tmp_path: Path) -> None:
+    said: list[str] = []
+    done = _fake_run({}, [])
+
+    def run(args: list[str]) -> int:
+        said.append("run: checking")  # what a run says before its checks pass (nothing in `itlbench run`)
+        checks_passed()
+        said.append("run: started")
+        return done(args)
+
+    run_sweep(SweepPlan(parse_axes("512,none", None)), ["--engine", "sim"], tmp_path / "sw", run, on_status=said.append)
+    assert said == ["run: checking", "sweep point 1/2: b512", "run: started", "sweep point 2/2: unchunked",
+                    "run: checking", "run: started"]
+    said.clear()  # a stand-in that never calls back: the banner is said once its run returns, before the next
+    run_sweep(SweepPlan(parse_axes("512,none", None)), ["--engine", "sim"], tmp_path / "sw2", done,
+              on_status=said.append)
+    assert said == ["sweep point 1/2: b512", "sweep point 2/2: unchunked"]
