@@ -71,6 +71,9 @@ class BundledServer:
         cmd = server_command(self.engine, self.host, self.port, self.otlp_endpoint)
         env = env_with_malloc_tunables()
         env[PARENT_PID_ENV] = str(os.getpid())  # the server exits when this process dies
+        # the key set for other commands (docker compose's engine, --endpoint) is not this loopback child's: inherited,
+        # it made the child require a key that the harness's own requests do not send (a 401 traceback)
+        env.pop("ITLBENCH_API_KEY", None)
         self.port_file = self.log_path.parent / f".server-port-{os.getpid()}-{id(self)}.json"
         self.port_file.unlink(missing_ok=True)
         env[PORT_FILE_ENV] = str(self.port_file)

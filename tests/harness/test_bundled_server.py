@@ -40,6 +40,15 @@ def test_the_child_reports_the_port_it_bound(tmp_path: Path):
     assert server_main.PORT_FILE_ENV == PORT_FILE_ENV
 
 
+def test_a_key_in_the_environment_is_not_required_by_the_bundled_child(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    """ITLBENCH_API_KEY set for other commands reached the child, which then answered the harness's own /v1/engine
+    probe 401: `itlbench run` ended in a traceback."""
+    monkeypatch.setenv("ITLBENCH_API_KEY", "set-for-another-server")
+    with BundledServer(TINY, tmp_path / "server.log") as srv:
+        assert srv.engine_info["engine"]["kv_blocks"] == 128
+
+
 def test_an_impostor_on_the_port_is_never_taken_for_the_engine(tmp_path: Path):
     """Before: `_wait_healthy` accepted the impostor's /health at once and read its engine info."""
     impostor = HTTPServer(("127.0.0.1", 0), _Impostor)
