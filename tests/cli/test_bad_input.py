@@ -24,6 +24,16 @@ def _lines(text: str) -> list[str]:
     return [s for s in text.splitlines() if s.strip()]
 
 
+def _run_is_refused_in_one_line(tmp_path: Path, args: list[str], line: str) -> None:
+    """`itlbench run` on the simulator with `args` exits 2 with one line starting `line`, and writes nothing."""
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", *SIM, *args, "--out", str(out)], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    lines = _lines(result.output)
+    assert len(lines) == 1 and lines[0].startswith(line), result.output
+    assert not out.exists()
+
+
 def test_a_trace_workload_without_a_trace_on_the_simulator_says_to_give_one(tmp_path: Path) -> None:
     """It said "no trace file at '.'": the missing flag read as the current directory."""
     out = tmp_path / "run"
@@ -107,12 +117,7 @@ def test_serve_refuses_a_max_waiting_that_would_answer_every_request_429(value: 
 def test_a_load_too_large_to_plan_is_refused_not_built(tmp_path: Path, args: list[str], line: str) -> None:
     """Each stream's and each injection's plan is built up front: these ran for minutes, silently, into gigabytes
     (7 GB for the streams, 11 GB for the injections, before a timeout ended them)."""
-    out = tmp_path / "run"
-    result = runner.invoke(app, ["run", *SIM, *args, "--out", str(out)], terminal_width=400)
-    assert result.exit_code == 2, result.output
-    lines = _lines(result.output)
-    assert len(lines) == 1 and lines[0].startswith(line), result.output
-    assert not out.exists()
+    _run_is_refused_in_one_line(tmp_path, args, line)
 
 
 @pytest.mark.parametrize(("args", "line"), [
@@ -334,12 +339,7 @@ def test_an_otlp_endpoint_that_is_not_a_url_is_refused_before_it_is_probed(tmp_p
 def test_run_refuses_an_option_that_would_not_apply(tmp_path: Path, args: list[str], line: str) -> None:
     """Each was silently ignored (exit 0): a key no server checks (the bundled engine's server is started without
     one; the virtual clock has none), a web UI port with no web UI."""
-    out = tmp_path / "run"
-    result = runner.invoke(app, ["run", *SIM, *args, "--out", str(out)], terminal_width=400)
-    assert result.exit_code == 2, result.output
-    lines = _lines(result.output)
-    assert len(lines) == 1 and lines[0].startswith(line), result.output
-    assert not out.exists()
+    _run_is_refused_in_one_line(tmp_path, args, line)
 
 
 def test_a_key_in_the_environment_is_not_refused_where_no_server_checks_it(tmp_path: Path) -> None:
