@@ -12,7 +12,7 @@ import typer
 
 from itlbench.cli.app import AsJson, app, console, fail, print_json
 from itlbench.cli.engine_options import engine_config_from_flags, engine_options
-from itlbench.cli.run import ReceiveOtlp, check_sim, refuse_engine_flags, sim_intro_once
+from itlbench.cli.run import ReceiveOtlp, check_sim, refuse_api_key, refuse_engine_flags, sim_intro_once
 from itlbench.errors import ConfigError, ItlbenchError
 from itlbench.serving.build import require_engine_for
 
@@ -218,6 +218,7 @@ def phases(
 
     try:
         refuse_engine_flags(ctx, endpoint)
+        refuse_api_key(ctx, endpoint)
         engine = None if endpoint else engine_config_from_flags(engine_flags, model=model)
         if engine is not None:
             require_engine_for(engine)

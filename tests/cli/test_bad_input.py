@@ -360,3 +360,14 @@ def test_a_sweep_whose_first_run_refuses_its_options_says_only_the_error(tmp_pat
     assert _lines(result.output) == ["error: --burstiness: only shapes --rate arrivals (add --rate R or drop "
                                      "--burstiness)"], result.output
     assert not out.exists()
+
+
+def test_phases_refuses_a_typed_api_key_without_an_endpoint(tmp_path: Path) -> None:
+    """As `run`'s: the bundled engine's server is started without a key, so a typed one authenticated to nothing."""
+    out = tmp_path / "phases"
+    result = runner.invoke(app, ["phases", "--engine", "sim", "--api-key=k", "--out", str(out)], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    lines = _lines(result.output)
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: --api-key: only authenticates to a server given with --endpoint"), result.output
+    assert not out.exists()
