@@ -24,10 +24,12 @@ def _lines(text: str) -> list[str]:
     return [s for s in text.splitlines() if s.strip()]
 
 
-def _run_is_refused_in_one_line(tmp_path: Path, args: list[str], line: str) -> None:
-    """`itlbench run` on the simulator with `args` exits 2 with one line starting `line`, and writes nothing."""
-    out = tmp_path / "run"
-    result = runner.invoke(app, ["run", *SIM, *args, "--out", str(out)], terminal_width=400)
+def _run_is_refused_in_one_line(tmp_path: Path, args: list[str], line: str, command: tuple[str, ...] = ("run", *SIM)
+                                ) -> None:
+    """`itlbench run` on the simulator (or `command`) with `args` exits 2 with one line starting `line`, and
+    writes nothing."""
+    out = tmp_path / "out"
+    result = runner.invoke(app, [*command, *args, "--out", str(out)], terminal_width=400)
     assert result.exit_code == 2, result.output
     lines = _lines(result.output)
     assert len(lines) == 1 and lines[0].startswith(line), result.output
@@ -364,10 +366,5 @@ def test_a_sweep_whose_first_run_refuses_its_options_says_only_the_error(tmp_pat
 
 def test_phases_refuses_a_typed_api_key_without_an_endpoint(tmp_path: Path) -> None:
     """As `run`'s: the bundled engine's server is started without a key, so a typed one authenticated to nothing."""
-    out = tmp_path / "phases"
-    result = runner.invoke(app, ["phases", "--engine", "sim", "--api-key=k", "--out", str(out)], terminal_width=400)
-    assert result.exit_code == 2, result.output
-    lines = _lines(result.output)
-    assert len(lines) == 1 and lines[0].startswith(
-        "error: --api-key: only authenticates to a server given with --endpoint"), result.output
-    assert not out.exists()
+    _run_is_refused_in_one_line(tmp_path, ["--api-key=k"], "error: --api-key: only authenticates to a server "
+                                "given with --endpoint", command=("phases", "--engine", "sim"))
