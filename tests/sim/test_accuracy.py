@@ -28,7 +28,16 @@ from itlbench.sim.accuracy import (
     preset_accuracy,
 )
 from itlbench.sim.hardware import GPUS, HALF_DTYPES, load_hardware
-from itlbench.sim.published import FIGURES, default_params, errors
+from itlbench.sim.published import FIGURES, Figure, default_params, errors
+
+HELD = [f for f in FIGURES if not f.fit]
+
+
+@pytest.fixture(scope="module")
+def held_rows() -> list[tuple[Figure, float, float]]:
+    """errors() of every held-out figure with the stored parameters, predicted here (not through accuracy's stored
+    file) once for the module: seconds, since every offline run of the published tables is simulated."""
+    return errors(default_params(), HELD)
 
 
 def test_accuracy_summarises_signed_errors() -> None:
@@ -53,9 +62,9 @@ def test_every_figure_names_a_preset_and_a_dtype_it_runs() -> None:
     assert check_line(cpu).startswith("this CPU in float32: no published figure checks this profile")
 
 
-def test_the_groups_partition_the_held_out_figures_and_agree_with_the_predictions() -> None:
+def test_the_groups_partition_the_held_out_figures_and_agree_with_the_predictions(held_rows: list) -> None:
     groups = held_out_by_preset()
-    rows = [r for r in errors(default_params()) if not r[0].fit]
+    rows = held_rows
     assert sum(a.figures for a in groups.values()) == len(rows)
     h100 = [abs(e) for f, _, e in rows if f.gpu == "h100" and f.dtype == "fp8"]
     assert groups[("h100", "fp8")].figures == len(h100) > 20
@@ -143,13 +152,13 @@ def test_roofline_says_how_far_each_gpu_is_checked() -> None:
     assert f"published figures at TP 8: H100 SXM {eight.mape:.1%} ({eight.figures}) · B200 none" in result.stdout
 
 
-def test_a_run_whose_kv_room_is_tight_is_warned_of_the_reserve_the_simulated_engine_does_not_keep() -> None:
+def test_a_run_whose_kv_room_is_tight_is_warned_of_the_reserve_the_simulated_engine_does_not_keep(
+        held_rows: list) -> None:
     """The 70B on one H100 is the one published deployment with little K/V room (9 % of the GPU once the runtime's
     reserve is kept): its runs are within bound only because they are predicted with that reserve (33-38 % fast
     without it). The simulated engine keeps none, so a run that tight is warned, and told how much of its room a
     runtime keeps; one with room is not."""
-    tight = [(f, e) for f, _, e in errors(default_params())
-             if not f.fit and f.kv_share is not None and f.kv_share < TIGHT_KV_SHARE]
+    tight = [(f, e) for f, _, e in held_rows if f.kv_share is not None and f.kv_share < TIGHT_KV_SHARE]
     assert {(f.gpu, f.dtype, f.tp) for f, _ in tight} == {("h100", "fp8", 1)} and len(tight) == 4
     assert 0.08 < tight[0][0].kv_share < 0.10
     roomy = [f.kv_share for f in FIGURES if f.kv_share is not None and f.kv_share >= TIGHT_KV_SHARE]
@@ -212,9 +221,19 @@ def _fresh(monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
 
 
 def test_the_error_bars_are_computed_once_and_read_back_by_the_next_process(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held_rows: list) -> None:
+    calls: list[int] = []
+
+    def predicted(params: dict, figures: list) -> list:
+        """errors() itself, its answer for these arguments already in hand (the module's held_rows)."""
+        assert params == default_params() and figures == HELD
+        calls.append(1)
+        return held_rows
+
+    monkeypatch.setattr(accuracy, "errors", predicted)
     _fresh(monkeypatch, tmp_path)
     computed = accuracy._held_out_errors()
+    assert calls == [1] and computed == [(f, e) for f, _, e in held_rows]
     (stored,) = (tmp_path / "sim").glob("held-out-errors-*.json")
     assert stored.name == f"held-out-errors-{accuracy.source_key()[:16]}.json" and stored.is_file() and (stored.stat().st_mode & 0o077) == 0 and (stored.parent.stat().st_mode & 0o077) == 0
     _fresh(monkeypatch, tmp_path)
