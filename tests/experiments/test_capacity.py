@@ -296,12 +296,13 @@ def test_capacity_runs_the_bundled_engine_when_no_server_is_named(tmp_path: Path
 
 def test_a_simulated_capacity_report_says_how_far_to_trust_the_simulator(tmp_path: Path) -> None:
     """The report a planner forwards carries the error bar the terminal printed: a 70B on one H100 leaves 5 % of
-    the GPU for K/V, most of which a runtime keeps back and the simulated engine does not, so the report warns."""
+    the GPU for K/V, most of which a runtime keeps back and the simulated engine does not, so the report warns.
+    (--no-report skips each run's own report, not the search's: rendering the runs' figures took most of the time.)"""
     out = tmp_path / "cap"
     result = runner.invoke(app, ["capacity", "--engine", "sim", "--model", "llama-3.3-70b", "--gpu", "h100", "--dtype",
                                  "fp8", "--max-model-len", "4096", "--axis", "streams", "--start", "2", "--rate-max",
                                  "2", "--slo", "itl_p99=1s", "--workload", "fixed:128:16", "--duration", "2",
-                                 "--warmup", "0.5", "--out", str(out)], terminal_width=200)
+                                 "--warmup", "0.5", "--no-report", "--out", str(out)], terminal_width=200)
     assert result.exit_code == 0, result.output
     report = (out / "report.md").read_text()
     assert "> ⚠️ How far to trust the simulator: H100 SXM in fp8: MAPE " in report

@@ -42,11 +42,12 @@ def test_a_streams_sweep_draws_latency_against_load(tmp_path: Path, monkeypatch:
 
 
 def test_a_rate_sweep_draws_what_each_point_offered_beside_its_nominal_rate(tmp_path: Path) -> None:
-    """A short window offers fewer or more arrivals than the nominal rate: the curve carries the offered rate."""
+    """A short window offers fewer or more arrivals than the nominal rate: the curve carries the offered rate.
+    (--no-report skips each run's own report, not the sweep's comparison and its load figure.)"""
     out = tmp_path / "rates"
     result = runner.invoke(app, ["sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100", "--rate", "2,4",
                                  "--workload", "fixed:256:16", "--duration", "10", "--warmup", "1", "--no-live",
-                                 "--out", str(out)], terminal_width=200)
+                                 "--no-report", "--out", str(out)], terminal_width=200)
     assert result.exit_code == 0, result.output
     runs = [load_run(p) for p in sorted(q for q in out.iterdir() if (q / "summary.json").is_file())]
     (series,) = curve_points(runs, "rate").values()
