@@ -41,6 +41,6 @@ def test_one_stream_of_the_issues_command_is_within_15_percent_of_nims_published
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         published = [float(cells[i].replace(",", "")) for i in (2, 5, 8)]  # TTFT ms, ITL ms, tok/s
-        simulated_ = [float(cells[i].replace(",", "")) for i in (3, 6, 9)]
-        for pub, sim in zip(published, simulated_, strict=True):
+        priced = [float(cells[i].replace(",", "")) for i in (3, 6, 9)]
+        for pub, sim in zip(published, priced, strict=True):
             assert abs(sim / pub - 1) <= 0.15, row  # held out: nothing is fitted on these runs
