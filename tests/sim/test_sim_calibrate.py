@@ -147,9 +147,10 @@ def test_a_run_against_itlbench_serve_calibrates_and_another_server_is_refused(t
     from itlbench.testing.openai_peer import PeerConfig, serve_in_thread
     from tests.support.servers import TINY_ENGINE
 
-    def run(url: str, model: str, out: Path) -> Path:
-        return run_load_test(RunConfig(endpoint=url, model=model, workload="chat-short", streams=4, duration_s=2.0,
-                                       warmup_s=0.5, drain_timeout_s=30.0, out=out, live=False))[0]
+    def run(url: str, model: str, out: Path, **kw: float) -> Path:
+        load = {"duration_s": 2.0, "warmup_s": 0.5, "drain_timeout_s": 30.0, **kw}
+        return run_load_test(RunConfig(endpoint=url, model=model, workload="chat-short", streams=4, out=out,
+                                       live=False, **load))[0]  # type: ignore[arg-type]
 
     with BundledServer(TINY_ENGINE, tmp_path / "server.log") as srv:
         served = run(srv.base_url, "tiny", tmp_path / "served")
@@ -157,6 +158,7 @@ def test_a_run_against_itlbench_serve_calibrates_and_another_server_is_refused(t
     assert cal.fit_steps > 20 and cal.errors["all"]["steps"] > 5
     assert cal.profile.dtype == "float32" and cal.profile.counting == "executed"
     with serve_in_thread(PeerConfig(tick_s=0.002)) as (_, url):
-        other = run(url, "peer", tmp_path / "other")
+        # refused for its server, whatever its load: a short one, its answers in flight at the end cancelled
+        other = run(url, "peer", tmp_path / "other", duration_s=0.5, warmup_s=0.0, drain_timeout_s=0.0)
     result = CliRunner().invoke(app, ["calibrate", str(other)])
     assert result.exit_code == 2 and "itlbench serve" in result.output and "Traceback" not in result.output
