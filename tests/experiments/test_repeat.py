@@ -18,9 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # an RTX 4090's pacing for an 8B model: a 2k prompt's prefill is ~0.3 s, a decode step ~20 ms. Short
 # fixed requests (48 tokens, ~1 s) keep every stream decoding through the injection and keep the drain
 # after the window short (a served simulator runs in real time: chat-short's long answers drained for ~18 s;
-# the sweep of the bundled simulator below runs on its virtual clock).
+# the sweep of the bundled simulator below runs on its virtual clock). A 2 s window holds the injection at 1 s
+# and its ~0.8 s to its last token; a third second added ~1.5 s of wall time to each of the six served runs.
 SIM = ["--no-report", "--model", "llama-3.1-8b", "--workload", "fixed:256:48", "--streams", "8", "--inject", "2k@1s",
-       "--duration", "3", "--warmup", "0.5", "--no-live"]
+       "--duration", "2", "--warmup", "0.5", "--no-live"]
 
 
 def test_identical_settings_repeated_are_never_significantly_different(tmp_path: Path,
