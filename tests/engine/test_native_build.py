@@ -206,7 +206,7 @@ def test_native_build_reports_every_line_of_the_compilers_error(tmp_path: Path,
 def test_the_real_library_is_compiled_once_by_processes_started_at_once(tmp_path: Path) -> None:
     """Two processes load the native library from an empty cache at the same moment: one compile,
     and both load the same file. On x86 they build it for the x86-64 baseline (ITLBENCH_NATIVE_ARCH): the same
-    sources through the same native.load, in half the compile time of this CPU's own target."""
+    sources through the same native.load, in about two thirds of the compile time of this CPU's own target."""
     log = tmp_path / "compiles"
     cc = tmp_path / "gcc-counting"
     cc.write_text(f'#!/bin/sh\n[ "$1" = --version ] || echo "$@" >> {log}\nexec gcc "$@"\n')
