@@ -43,7 +43,7 @@ from itlbench.load.clients.sse import (
     StreamClient,
     StreamObserver,
     _Exchange,
-    _unfinished,
+    _settle,
     build_body,
 )
 from itlbench.load.sink import RowWriter
@@ -224,12 +224,7 @@ class KernelStreamClient(StreamClient):
         if head.status != 200:  # (its error text was set when the body ended)
             ex.error_kind = "http_status"
             return
-        if ex.error is None and (ex.saw_done or ex.finish_reason is not None):
-            ex.status = "ok"
-        elif ex.error is None:
-            ex.error_kind, ex.error = _unfinished(ex)
-        elif ex.error_kind is None:
-            ex.error_kind = "server_error"
+        _settle(ex)
 
     async def _send_and_read(self, ex: _Exchange, data: bytes, retry: bool) -> ResponseHead:
         conn = await self._acquire()

@@ -240,12 +240,7 @@ class StreamClient:
                 return
             ex.content_type = resp.headers.get("Content-Type")
             await self._read_stream(resp, ex)
-        if ex.error is None and (ex.saw_done or ex.finish_reason is not None):
-            ex.status = "ok"
-        elif ex.error is None:
-            ex.error_kind, ex.error = _unfinished(ex)
-        elif ex.error_kind is None:
-            ex.error_kind = "server_error"
+        _settle(ex)
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, ex: _Exchange) -> None:
         events = SseEvents(self.target.max_event_bytes)
@@ -368,6 +363,16 @@ def _ms(value: Any) -> float | None:
     """A server's duration in ms: finite and non-negative, else null (untrusted)."""
     v = as_float(value)
     return v if v is not None and 0 <= v < 1e12 else None
+
+
+def _settle(ex: _Exchange) -> None:
+    """A 200 response's status once its body ended: ok on [DONE] or a finish_reason, else why not."""
+    if ex.error is None and (ex.saw_done or ex.finish_reason is not None):
+        ex.status = "ok"
+    elif ex.error is None:
+        ex.error_kind, ex.error = _unfinished(ex)
+    elif ex.error_kind is None:
+        ex.error_kind = "server_error"
 
 
 def _unfinished(ex: _Exchange) -> tuple[str, str]:

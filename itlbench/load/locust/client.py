@@ -26,7 +26,7 @@ from itlbench.load.clients.sse import (
     Outcome,
     StreamClient,
     _Exchange,
-    _unfinished,
+    _settle,
     build_body,
     error_text,
 )
@@ -113,12 +113,7 @@ class GeventStreamClient(StreamClient):
         finally:
             if not raw.message_complete:  # cancelled or broken mid-stream: never reuse this connection
                 _discard(raw)
-        if ex.error is None and (ex.saw_done or ex.finish_reason is not None):
-            ex.status = "ok"
-        elif ex.error is None:
-            ex.error_kind, ex.error = _unfinished(ex)
-        elif ex.error_kind is None:
-            ex.error_kind = "server_error"
+        _settle(ex)
 
     def _read_lines(self, raw: Any, ex: _Exchange) -> None:
         """Take what each network read brings, stamp it with the time that read returned (the aiohttp
