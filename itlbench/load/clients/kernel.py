@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import json
 import select
 import socket
 import time
@@ -44,7 +43,6 @@ from itlbench.load.clients.sse import (
     StreamObserver,
     _Exchange,
     _settle,
-    build_body,
 )
 from itlbench.load.sink import RowWriter
 from itlbench.load.target import STREAM_READERS, Target
@@ -212,12 +210,7 @@ class KernelStreamClient(StreamClient):
 
     async def _exchange(self, ex: _Exchange) -> None:
         assert self._loop is not None, "use KernelStreamClient as an async context manager"
-        body = json.dumps(build_body(ex.plan, self.target)).encode()
-        headers = self._headers
-        if self.observer is not None:
-            extra = self.observer.on_start(ex)
-            if extra:
-                headers = {**headers, **extra}
+        body, headers = self._request(ex)
         data = request_head(self.endpoint, headers, len(body)) + body
         ex.sent_ns = _now()
         head = await self._send_and_read(ex, data, retry=True)

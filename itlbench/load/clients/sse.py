@@ -223,14 +223,19 @@ class StreamClient:
                        ex.times[0] if ex.times else None, ex.error_kind if ex.status != "ok" else None,
                        ex.error if ex.status != "ok" else None, ex.retry_after)
 
-    async def _exchange(self, ex: _Exchange) -> None:
-        assert self._session is not None, "use StreamClient as an async context manager"
-        data = json.dumps(build_body(ex.plan, self.target)).encode()
+    def _request(self, ex: _Exchange) -> tuple[bytes, dict[str, str]]:
+        """The request's JSON body and its headers: the target's, plus what the observer adds on start."""
+        body = json.dumps(build_body(ex.plan, self.target)).encode()
         headers = self._headers
         if self.observer is not None:
             extra = self.observer.on_start(ex)
             if extra:
                 headers = {**headers, **extra}
+        return body, headers
+
+    async def _exchange(self, ex: _Exchange) -> None:
+        assert self._session is not None, "use StreamClient as an async context manager"
+        data, headers = self._request(ex)
         ex.sent_ns = _now()
         async with self._session.post(self.target.url, data=data, headers=headers) as resp:
             ex.http_status = resp.status
