@@ -219,17 +219,12 @@ class AsyncEngine:
         self._call(self._unregister, request_id)
 
     def _step(self) -> None:
-        if self._prev_end_ns is not None:
-            self.engine.note_handoff(time.perf_counter_ns() - self._prev_end_ns)
-        try:
-            outputs = self.engine.step()
-        except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving if the engine recovers
-            log.exception("engine step failed; failing %d in-flight requests", len(self._requests))
+        # the last of too many failed steps in a row raises, ending the loop and failing them all
+        outputs, exc = self._failed_steps.step(self.engine, self._prev_end_ns, log, len(self._requests))
+        if exc is not None:
             self._prev_end_ns = None
-            self._failed_steps.failed(exc)  # the last of too many in a row ends the loop, failing them all
             self._recover(exc)
             return
-        self._failed_steps.succeeded()
         records = self._new_records()
         self._prev_end_ns = records[-1].end_ns if records else None
         if not records and not outputs:

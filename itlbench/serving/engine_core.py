@@ -111,20 +111,15 @@ class EngineCore:
     def _step(self) -> tuple[list[RequestOutput], list[StepRecord], tuple[Any, ...] | None]:
         """Outputs and new records of one step; on a failed step, every in-flight request is aborted
         (its blocks freed) and the third item is the message that fails them at the front end."""
-        if self._prev_end_ns is not None:
-            self.engine.note_handoff(time.perf_counter_ns() - self._prev_end_ns)
-        try:
-            outputs = self.engine.step()
-        except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving if the engine recovers
-            log.exception("engine step failed; failing %d in-flight requests", len(self._requests))
+        # the last of too many failed steps in a row raises, ending the loop (`core_main` says why)
+        outputs, exc = self._failed_steps.step(self.engine, self._prev_end_ns, log, len(self._requests))
+        if exc is not None:
             self._prev_end_ns = None
-            self._failed_steps.failed(exc)  # the last of too many in a row ends the loop (`core_main` says why)
             ids = list(self._requests)
             self._requests.clear()
             for rid in ids:
                 self.engine.abort(rid)
             return [], [], ("failed", ids, f"engine step failed: {exc!r}", self._state())
-        self._failed_steps.succeeded()
         log_ = self.engine.step_log
         records = log_.since(self._next_step) if log_.last_step >= self._next_step else []
         if records:

@@ -9,7 +9,15 @@ as it does when its engine process dies, naming the last exception, for a superv
 
 from __future__ import annotations
 
+import logging
+import time
+from typing import TYPE_CHECKING
+
 from itlbench.serving.client import EngineDeadError, engine_stopped
+
+if TYPE_CHECKING:
+    from itlbench.core.engine import SteppedEngine
+    from itlbench.core.request import RequestOutput
 
 MAX_FAILED_STEPS = 3  # in a row; a step that succeeds starts the count again
 
@@ -38,3 +46,19 @@ class FailedSteps:
         self.in_a_row += 1
         if self.in_a_row >= self.limit:
             raise EngineDeclaredDead(engine_stopped(exc, f"after {self.in_a_row} failed steps in a row")) from exc
+
+    def step(self, engine: SteppedEngine, prev_end_ns: int | None, log: logging.Logger,
+             in_flight: int) -> tuple[list[RequestOutput], Exception | None]:
+        """One engine step, the hand-off since the last one's end (`prev_end_ns`; None: not timed) noted first.
+        A step that raises is logged with its traceback and counted (`failed`: the last of too many in a row
+        raises) and comes back as ([], the exception), for the caller to fail its batch; else (outputs, None)."""
+        if prev_end_ns is not None:
+            engine.note_handoff(time.perf_counter_ns() - prev_end_ns)
+        try:
+            outputs = engine.step()
+        except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving if the engine recovers
+            log.exception("engine step failed; failing %d in-flight requests", in_flight)
+            self.failed(exc)
+            return [], exc
+        self.succeeded()
+        return outputs, None
