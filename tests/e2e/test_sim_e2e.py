@@ -19,21 +19,33 @@ pytestmark = pytest.mark.e2e
 SCALE = 2.0  # simulated seconds per wall second: every measured time is half the simulated one
 
 
-def sim_run(out: Path, budget: str) -> dict:
+def sim_run(out: Path, budget: str) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "itlbench", "run", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100-seeds",
            "--inject", "32k", "--chunk-budget", budget, "--workload", "chat-short", "--streams", "16",
            "--duration", "4", "--warmup", "1", "--sim-time-scale", str(SCALE), "--seed", "3", "--no-live", "--no-report",
            "--out", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=os.environ.copy())
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"simulated at {SCALE:g}× speed" in done.stderr
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+
+
+def finished(proc: subprocess.Popen[str], out: Path) -> dict:
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stdout + stderr
+    assert f"simulated at {SCALE:g}× speed" in stderr
     return json.loads((out / "summary.json").read_text())
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict]]:
+    """Both runs at once: each is paced by its own simulated clock, on its own port (half the wall time)."""
     tmp = tmp_path_factory.mktemp("sim")
-    return {name: (tmp / name, sim_run(tmp / name, budget)) for name, budget in (("none", "none"), ("2k", "2k"))}
+    procs = {name: sim_run(tmp / name, budget) for name, budget in (("none", "none"), ("2k", "2k"))}
+    try:
+        return {name: (tmp / name, finished(proc, tmp / name)) for name, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def test_unchunked_32k_prefill_stalls_every_stream_for_seconds(runs: dict) -> None:
