@@ -143,10 +143,11 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         _wait_ready(f"http://127.0.0.1:{server_port}/health", server, "itlbench serve", 300)
         _wait_scraping(prom_url, prom, {"itlbench-engine", "itlbench-client"}, 60)
         start = time.time()
+        # a 4 s window: the 4k prompt sent at 1 s is answered ~1.3 s later, and ~1.7 s of 1 s scrapes follow it
         run = subprocess.run(
             [sys.executable, "-m", "itlbench", "run", "--endpoint", f"http://127.0.0.1:{server_port}/v1",
              "--model", "cpu-small", "--workload", "chat-short", "--streams", "4", "--inject", f"{INJECT_TOKENS}@1s",
-             "--duration", "5", "--warmup", "1", "--seed", "1", "--no-live", "--no-report", "--out", str(tmp / "run"),
+             "--duration", "4", "--warmup", "1", "--seed", "1", "--no-live", "--no-report", "--out", str(tmp / "run"),
              "--metrics-port", f"127.0.0.1:{metrics_port}", "--otlp-endpoint", rx.endpoint],
             capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
