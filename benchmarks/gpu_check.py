@@ -30,7 +30,6 @@ import statistics
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 if "--dry-run" in sys.argv:
@@ -44,10 +43,10 @@ sys.path.insert(0, str(ROOT))
 
 # the scenario and sim sections run itlbench itself; sim_preset is imported for the tests, which read it here
 from benchmarks.gpu_check_scenario import section_scenario, section_sim, sim_preset  # noqa: E402, F401
+from benchmarks.gpu_check_setup import Setup, setup  # noqa: E402
 from itlbench.core.engine import Engine  # noqa: E402
 from itlbench.core.engine_config import EngineConfig  # noqa: E402
 from itlbench.core.model_config import ModelConfig  # noqa: E402
-from itlbench.core.presets import PRESETS  # noqa: E402
 from itlbench.core.request import SamplingParams  # noqa: E402
 from itlbench.engine.attention import flash, make_backend, triton_backend  # noqa: E402
 from itlbench.engine.attention.cases import make_case, run_backend  # noqa: E402
@@ -63,27 +62,6 @@ GPU_SPECS = {  # substring of torch.cuda.get_device_name() -> (FLOP/s, bytes/s)
     "A100": (312e12, 1.555e12),
     "L40S": (362e12, 0.864e12),
 }
-
-
-@dataclass
-class Setup:
-    dry_run: bool
-    device: torch.device
-    dtype: torch.dtype
-    model: ModelConfig
-    decode_batches: tuple[int, ...]
-    decode_context: int
-    decode_steps: int
-    prefill_lens: tuple[int, ...]
-    max_model_len: int
-    kv_memory_gib: float
-
-
-def setup(dry_run: bool) -> Setup:
-    if dry_run:  # 2 decode steps: 6 tokens a request, 5 decode steps, the median skips the first 2 as on the GPU
-        return Setup(True, torch.device("cpu"), torch.float32, PRESETS["tiny"], (1, 4), 64, 2, (128, 512), 1024, 0.05)
-    return Setup(False, torch.device("cuda"), torch.bfloat16, PRESETS["llama-3.1-8b"], (1, 32), 2048, 40,
-                 (2048, 32768), 40_960, 24.0)
 
 
 def gpu_spec() -> tuple[str, float | None, float | None]:

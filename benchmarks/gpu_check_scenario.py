@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from benchmarks.gpu_check import Setup
+    from benchmarks.gpu_check_setup import Setup
 
 ROOT = Path(__file__).resolve().parents[1]
 
