@@ -122,6 +122,28 @@ def test_external_engine_run_names_the_engine_and_the_source(tmp_path: Path) -> 
     assert "while inj-000" in html.lower() and "(client view)" in html
 
 
+def test_an_external_run_without_stamps_to_infer_steps_from_draws_the_engines_token_counters(tmp_path: Path) -> None:
+    """No step log and no chunk stamps (every reply came whole, or none came): the engine's own /metrics counters
+    are what is left; their rates between scrapes show the injected prefill (5,000 prompt tokens/s while it ran)."""
+    from itlbench.report.steps_figure import engine_steps_figure
+
+    run = build_run(tmp_path / "vllm", external=True)
+    for part in (run / "chunks").glob("*.parquet"):
+        part.unlink()
+    spec = engine_steps_figure(load_run(run))
+    assert spec.figure is not None and spec.note is None
+    ax = spec.figure.axes[0]
+    assert "vLLM's own counters between /metrics scrapes" in ax.get_title(loc="left")
+    rates = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines}
+    t, prompt = rates["prompt (prefill) tokens/s"]
+    assert t == [float(k) for k in range(11)], "one rate per scrape interval, on the measurement's clock"
+    assert prompt == [0.0] * 5 + [5000.0, 2500.0] + [0.0] * 4, "1.5 s of prefill at 5,000 tokens/s; each rate is drawn up to the scrape that ends it"
+    assert rates["generated (decode) tokens/s"][1] == [200.0] * 11
+    write_run_report(run)
+    html, _ = _check_written(run)
+    assert "this shows the rate of its own token counters between scrapes" in html
+
+
 def test_report_cli_rejects_a_directory_without_run_json(tmp_path: Path) -> None:
     result = runner.invoke(app, ["report", str(tmp_path)], terminal_width=300)
     assert result.exit_code == 2
