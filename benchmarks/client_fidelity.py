@@ -49,7 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from itlbench.analysis.stalls import StallParams, find_stalls  # noqa: E402
 from itlbench.experiments.selftest import compare as stamp_errors  # noqa: E402
 from itlbench.experiments.selftest import server_log  # noqa: E402
-from itlbench.load.driver import DriveResult, drive, install_uvloop  # noqa: E402
+from itlbench.load.aio import install_uvloop  # noqa: E402
+from itlbench.load.driver import DriveResult, drive  # noqa: E402
 from itlbench.load.multiproc import drive_workers  # noqa: E402
 from itlbench.load.target import Target  # noqa: E402
 from itlbench.rundir.reader import read_table  # noqa: E402
