@@ -378,6 +378,14 @@ def _plain(status: str, ctype: bytes, body: bytes) -> bytes:
     (chunked_response([_event(""), _event(" a"), b"data: {\"id\":\"cmpl-7\",\"choi"]), "truncated"),
     (_plain("429 Too Many Requests", b"application/json", b'{"error":{"message":"slow down"}}'), "http_status"),
     (chunked_response([_event(" a"), b'data: {"error":{"message":"engine died"}}\n\n']), "server_error"),
+    # after the shape is learnt (" a", " b"), a chunk that is not JSON: once counted as a token by the kernel reader
+    *[(chunked_response([_event(""), _event(" a"), _event(" b"), bad, _event("", "length")]), "bad_json") for bad in (
+        _event(" c").replace(b'"object":', b'"object"'),  # a key without its colon
+        _event(" c")[:-8] + b"\n\n",  # cut short
+        _event("tab\there"),  # a raw control byte (a tab) in the text
+        _event("\\q"),  # an escape JSON has not
+        _event(" c").replace(b" c", b"\xff\xfe"),  # bytes that are not UTF-8
+    )],
 ])
 def test_broken_responses_recorded_alike_by_both_readers(response: bytes, kind: str) -> None:
     out = {}

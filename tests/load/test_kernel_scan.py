@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from itlbench.load.clients.sse import StreamClient, _Exchange
+from itlbench.load.clients.sse_events import StreamError
 from itlbench.load.clients.sse_scan import DECODE, Shape, count_tokens
 from itlbench.load.target import Target
 from itlbench.workloads.plan import RequestPlan
@@ -117,6 +118,43 @@ def test_learnt_shape_matches_only_what_the_json_path_counts_as_one(
     for q in (dump(same, style), dump(later, style)):
         if shape.count(q) == 1:
             assert oracle(q) == ([1], False)
+
+
+def _answer(payload: bytes) -> tuple[list[int], bool] | None:
+    """The oracle's answer, or None where the JSON path refuses the chunk (it fails the request)."""
+    try:
+        return oracle(payload)
+    except StreamError:
+        return None
+
+
+@settings(max_examples=1500, deadline=None)
+@given(obj=chunks(), style=st.integers(0, 2), how=st.sampled_from(["cut", "swap", "drop"]), at=st.integers(0, 10**6),
+       byte=st.sampled_from(list(b'{}[]":, \t\n\\0a\xff')))
+def test_a_chunk_that_is_not_json_is_left_to_the_json_path(obj: dict[str, Any], style: int, how: str, at: int,
+                                                           byte: int) -> None:
+    """Cut short, a byte changed or one dropped: counted only where the JSON path takes it and counts the same."""
+    p = dump(obj, style)
+    i = at % len(p)
+    p = p[:i] if how == "cut" else p[:i] + bytes([byte]) + p[i + 1:] if how == "swap" else p[:i] + p[i + 1:]
+    n, answer = count_tokens(p), _answer(p)
+    if n != DECODE:
+        assert answer is not None, f"counted {n} where the JSON path refuses {p!r}"
+        assert answer == ([n] if n else [], False)
+
+
+@settings(max_examples=800, deadline=None)
+@given(slot=st.binary(min_size=1, max_size=8))
+def test_a_learnt_shape_counts_a_text_only_where_the_json_path_reads_one(slot: bytes) -> None:
+    """The text between a learnt shape's bytes may be any bytes a server sends: raw control bytes, escapes JSON
+    has not, bytes that are not UTF-8, a lone surrogate's escape (the stdlib reads it, orjson does not)."""
+    shape = Shape.learn(REAL["vllm completions"])
+    assert shape is not None
+    p = shape.prefix + slot + shape.suffix
+    if shape.count(p) == 1:
+        assert _answer(p) == ([1], False), p
+    elif b'"' not in slot and not slot.endswith(b"\\") and _answer(p) == ([1], False):
+        raise AssertionError(f"a plain text the JSON path counts was refused: {slot!r}")
 
 
 REAL = {

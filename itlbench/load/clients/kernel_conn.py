@@ -25,7 +25,7 @@ from itlbench.load.clients.kclock import (
 )
 from itlbench.load.clients.sse import CHUNK_ROWS_PER_HANDOFF, HEAD_BYTES, _Exchange, error_text
 from itlbench.load.clients.sse_events import DEFAULT_MAX_EVENT_BYTES, SseEvents, StreamError
-from itlbench.load.clients.sse_scan import DECODE, Shape, count_tokens
+from itlbench.load.clients.sse_scan import DECODE, Shape, count_tokens, json_text
 
 _now = time.perf_counter_ns
 _unpack_timespec = TIMESPEC.unpack_from
@@ -133,11 +133,10 @@ class KernelConnection:
         shape: Shape = self.shape  # type: ignore[assignment]  # `fast` implies a learnt shape
         start, end = eol + 8, n - 4  # the event's payload (after "data: ", before "\n\n")
         text, text_end = start + shape.lp, end - shape.ls
-        # the shape's own bytes hold no CR or LF (Shape.learn), so only the text is searched for them
+        # the shape's own bytes hold no CR or LF (Shape.learn), and a JSON string's text holds none raw (json_text)
         if (size != n - eol - 4 or text_end <= text or not data.startswith(shape.prefix, start)
                 or not data.endswith(shape.suffix, 0, end) or data.find(b'"', text, text_end) >= 0
-                or data[text_end - 1] == 92 or data.find(b"\n", text, text_end) >= 0
-                or data.find(b"\r", text, text_end) >= 0):
+                or data[text_end - 1] == 92 or not json_text(data, text, text_end)):
             return False
         ex: _Exchange = self.ex  # type: ignore[assignment]
         client = self.client
