@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -169,6 +170,20 @@ def test_measured_cpu_roofs_are_plausible() -> None:
     cpu = measure_cpu(seconds=0.2)
     assert cpu.counting == "executed" and cpu.dtype == "float32"
     assert 1e9 < cpu.peak_flops < 1e14 and 1e8 < cpu.mem_bw < 1e12
+
+
+def test_the_cpu_roofs_are_measured_with_numpy_where_torch_is_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--gpu cpu` without the engine's extra (the harness installs without torch): numpy's matmul and sum."""
+    import numpy as np
+
+    from itlbench.sim.cpu_rates import measure_rates
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    called = []
+    monkeypatch.setattr(np, "ones", lambda *a, **k: called.append(a) or np.zeros(*a, **k) + 1)
+    flops, bw = measure_rates(seconds=0.2)
+    assert called and called[0][0] == (512 << 20) // 4, "numpy read the 512 MiB"
+    assert 1e9 < flops < 1e14 and 1e8 < bw < 1e12
 
 
 def test_roofline_command_json_and_tables(tmp_path: Path) -> None:
