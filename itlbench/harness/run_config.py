@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -232,14 +233,28 @@ def check_receive_otlp(cfg: RunConfig) -> None:
 _OWN_FIELDS = ("model", "prompt", "messages", "stream", "stream_options", "max_tokens")
 
 
+def _not_a_number(word: str) -> float:
+    """NaN and Infinity, which Python's reader takes and no JSON body can carry (the run died writing run.json)."""
+    raise ValueError(f"{word} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is past a float's range")
+    return value
+
+
 def parse_extra_body(text: str | None) -> dict[str, Any]:
     """`--extra-body '{"logprobs": 1}'`: a JSON object merged into each request (like vllm bench's)."""
     if not text:
         return {}
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, parse_constant=_not_a_number, parse_float=_finite)
     except ValueError as exc:
         raise ConfigError("--extra-body", f"is not JSON ({exc})", """give a JSON object, e.g. '{"logprobs": 1}'""") from None
+    except RecursionError:
+        raise ConfigError("--extra-body", "is nested too deeply to read", """give a JSON object, e.g. '{"logprobs": 1}'""") from None
     if not isinstance(doc, dict):
         raise ConfigError("--extra-body", "must be a JSON object", """e.g. '{"logprobs": 1}'""")
     own = sorted(set(doc) & set(_OWN_FIELDS))

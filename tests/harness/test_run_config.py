@@ -84,3 +84,18 @@ def test_the_default_run_directory_says_workload_injection_and_budget(tmp_path: 
         "chat-inj2x8k_10s_30s-b512-prefill-first-mixed"
     assert _name(RunConfig(workload="fixed:5000:500", **ENDPOINT)) == "fixed_5000_500-ext", "no budget of its own"
     assert _name(RunConfig(workload="code", inject="32k/30s")) == "code-inj32k_30s-b2048", "the default budget"
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ('{"temperature": NaN}', "NaN"),
+    ('{"a": [Infinity]}', "Infinity"),
+    ('{"a": -Infinity}', "-Infinity"),
+    ('{"a": 1e400}', "1e400"),
+    ('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested"),
+], ids=["nan", "infinity", "-infinity", "1e400", "deep"])
+def test_extra_body_refuses_what_no_json_encoder_can_send(text: str, words: str) -> None:
+    # was: NaN/Infinity/1e400 passed, then the run died writing run.json (ValueError traceback, exit 1, a run
+    # directory left behind); nesting past the parser's stack raised RecursionError
+    with pytest.raises(ConfigError) as err:
+        parse_extra_body(text)
+    assert err.value.field == "--extra-body" and words in err.value.problem and "\n" not in str(err.value)
