@@ -227,6 +227,9 @@ def _read_mooncake(path: Path, gz: bool) -> tuple[pl.DataFrame, tuple[tuple[int,
                 except ValueError as exc:
                     raise ConfigError("--trace", f"'{path}' line {n} is not a Mooncake record (not JSON: {exc})",
                                       _MOON_FIX) from None
+                except RecursionError:
+                    raise ConfigError("--trace", f"'{path}' line {n} is not a Mooncake record (nested too deeply "
+                                      "to read)", _MOON_FIX) from None
                 if not isinstance(obj, dict):
                     raise ConfigError("--trace", f"'{path}' line {n} is not a Mooncake record (not a JSON object)",
                                       _MOON_FIX)

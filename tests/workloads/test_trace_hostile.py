@@ -120,3 +120,10 @@ def test_unsorted_names_the_format_s_own_column(tmp_path: Path) -> None:
 @pytest.mark.parametrize("text", [b"", b"\n\n", b"\xef\xbb\xbf", gzip.compress(b"")])
 def test_an_empty_file_is_refused_with_the_formats(tmp_path: Path, text: bytes) -> None:
     _refused(_write(tmp_path, "t.csv", text), "is empty", "Mooncake")
+
+
+def test_a_mooncake_line_nested_past_the_parser_s_stack_is_refused_with_its_line(tmp_path: Path) -> None:
+    # was: RecursionError, a traceback and exit 1
+    good = '{"timestamp": 0, "input_length": 9, "output_length": 9}\n'
+    deep = '{"timestamp": 1, "input_length": 9, "output_length": 9, "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
+    _refused(_write(tmp_path, "m.jsonl", good + deep), "line 2", "nested too deeply")
