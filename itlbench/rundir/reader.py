@@ -108,6 +108,14 @@ def require_records(run_dir: str | Path, flag: str = "RUN_DIR") -> None:
         raise ConfigError(flag, f"{run_dir} lacks the part files {source} counts: {', '.join(gone)}",
                           "restore them from a copy of the run directory, or run it again; without them it reads "
                           "as a run that measured nothing")
+    # Every part there but none whose footer reads (a copy cut short): read as empty, the same run of nothing.
+    parts = {table: _all_parts(run_dir, table) for table in counted}
+    cut = [f"{table}/ ({what}: {', '.join(p.name for p in parts[table][:3])}{' …' if len(parts[table]) > 3 else ''})"
+           for table, what in counted.items() if not any(readable(p) for p in parts[table])]
+    if cut:
+        raise ConfigError(flag, f"{run_dir} has no readable part file of a table {source} counts, each cut short on "
+                          f"disk: {', '.join(cut)}", "restore them from a copy of the run directory, or run it "
+                          "again; read without them it is a run that measured nothing")
 
 
 # The document each command writes into its directory, and what that makes the directory.

@@ -1,0 +1,65 @@
+"""Run directories damaged the way copies and crashes damage them: refused in one line, never read as a
+run of nothing whose summary replaces the real one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from itlbench.cli import app
+from itlbench.errors import ConfigError
+from itlbench.rundir.reader import read_table, require_records, unreadable_parts
+from tests.support.report_runs import build_run
+
+runner = CliRunner()
+
+
+def _counted(run: Path) -> Path:
+    doc = json.loads((run / "run.json").read_text())
+    doc["compaction"] = {"requests": {"parts_before": 1, "parts_after": 1, "rows": 5}}
+    (run / "run.json").write_text(json.dumps(doc))
+    return run
+
+
+def _cut_short(run: Path, table: str) -> list[Path]:
+    parts = sorted((run / table).glob("*.parquet"))
+    for part in parts:
+        data = part.read_bytes()
+        part.write_bytes(data[: len(data) // 2])  # no footer: a copy interrupted half-way
+    return parts
+
+
+def test_a_counted_table_whose_every_part_is_cut_short_is_refused(tmp_path: Path):
+    run = _counted(build_run(tmp_path / "run"))
+    parts = _cut_short(run, "requests")
+    with pytest.raises(ConfigError) as info:
+        require_records(run)
+    text = str(info.value)
+    assert "no readable part file" in text and "requests/ (5 rows" in text and parts[0].name in text
+    assert "\n" not in text
+
+
+def test_analyze_keeps_the_summary_of_a_run_whose_requests_no_longer_read(tmp_path: Path):
+    """The summary the run wrote (5 requests) is the only whole record left: analyze must not replace it
+    with a summary of none."""
+    run = _counted(build_run(tmp_path / "run"))
+    assert runner.invoke(app, ["analyze", str(run)]).exit_code == 0
+    before = (run / "summary.json").read_bytes()
+    assert json.loads(before)["requests"]["total"] == 5
+    _cut_short(run, "requests")
+    result = runner.invoke(app, ["analyze", str(run)], terminal_width=300)
+    assert result.exit_code == 2, result.output
+    assert "cut short" in result.output and "Traceback" not in result.output
+    assert (run / "summary.json").read_bytes() == before
+
+
+def test_a_table_with_one_readable_part_is_still_analysed(tmp_path: Path):
+    """Documented: unreadable parts beside readable ones are left out and named, the run is not refused."""
+    run = _counted(build_run(tmp_path / "run"))
+    (run / "requests" / "part-99999.parquet").write_bytes(b"PAR1 cut")
+    require_records(run)  # no error
+    assert unreadable_parts(run) == ["requests/part-99999.parquet"]
+    assert read_table(run, "requests").height == 5
