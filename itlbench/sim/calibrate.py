@@ -15,6 +15,8 @@ fit and held-out sets so the reported error is a prediction, not a fit residual.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,10 +79,44 @@ def _object(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _model_from_dict(d: dict[str, Any]) -> ModelConfig:
-    d = dict(d)
-    rope = d.pop("rope_scaling", None)
-    return ModelConfig(**d, rope_scaling=RopeScaling(**rope) if rope else None)
+def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    """The members of `d` that are fields of the dataclass `cls` (a newer itlbench's run.json may record more);
+    a field the dataclass declares a number must be a finite one (a hand-edited file: "six" layers)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in d:
+            continue
+        value = d[f.name]
+        if f.type in ("int", "float") and not (isinstance(value, int | float) and not isinstance(value, bool)
+                                               and math.isfinite(value) and (f.type == "float" or value == int(value))):
+            raise ConfigError(f.name, f"is {value!r}, not a number")
+        out[f.name] = value
+    return out
+
+
+def _model_from_dict(d: dict[str, Any], run_dir: Path) -> ModelConfig:
+    """run.json's record of the model the run served; one line naming the member where it is not one."""
+    try:
+        rope = d.get("rope_scaling")
+        if rope is not None and not isinstance(rope, dict):
+            raise ConfigError("rope_scaling", f"is {rope!r}, not an object")
+        return ModelConfig(**_known(ModelConfig, d) | {"rope_scaling": RopeScaling(**_known(RopeScaling, rope))
+                                                       if rope else None})
+    except (ConfigError, TypeError, ValueError) as exc:
+        why = f"{exc.field} {exc.problem}" if isinstance(exc, ConfigError) else str(exc).split("__init__() ")[-1]
+        raise ConfigError("RUN_DIR", f"{run_dir / 'run.json'}'s engine.model does not describe a model ({why})",
+                          "restore run.json from a copy of the run directory, or record the run again") from None
+
+
+def _window_mark(doc: dict[str, Any], key: str, run_dir: Path) -> int | None:
+    """run.json's `measure_start_ns` or `end_ns`: an integer, absent, or one line naming it."""
+    value = doc.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError("RUN_DIR", f"{run_dir / 'run.json'}'s {key} is {value!r}, not an integer (nanoseconds)",
+                          "restore run.json from a copy of the run directory, or record the run again")
+    return value
 
 
 def _engine_docs(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -106,15 +142,16 @@ def read_run_steps(run_dir: str | Path) -> RunSteps:
                           "`itlbench serve` on the same machine")
     if engine_cfg.get("engine", engine_cfg.get("runner")) == "sim":  # "runner": run.json before 0.2
         raise ConfigError("RUN_DIR", f"{run_dir} is a simulated run", "calibrate from runs of the real engine")
-    model = _model_from_dict(info["model"]) if isinstance(info.get("model"), dict) else load_model_config(model_name)
+    model = (_model_from_dict(info["model"], run_dir) if isinstance(info.get("model"), dict)
+             else load_model_config(model_name))
     dtype = str(info.get("dtype") or "float32")
     steps = read_table(run_dir, "steps").filter(pl.col("prefill_tokens") + pl.col("decode_tokens") > 0)
     # The measured window only: warm-up steps run cold (first allocations, page faults) and drain steps
     # share the machine with the client's end-of-run work; neither is the engine's steady cost.
-    if doc.get("measure_start_ns"):
-        steps = steps.filter(pl.col("start_ns") >= int(doc["measure_start_ns"]))
-    if doc.get("end_ns"):
-        steps = steps.filter(pl.col("end_ns") <= int(doc["end_ns"]))
+    if measure_start := _window_mark(doc, "measure_start_ns", run_dir):
+        steps = steps.filter(pl.col("start_ns") >= measure_start)
+    if end := _window_mark(doc, "end_ns", run_dir):
+        steps = steps.filter(pl.col("end_ns") <= end)
     if steps.height == 0:
         raise ConfigError("RUN_DIR", f"{run_dir} has no engine steps", "record a run of the bundled engine")
     if steps["attention_pairs"].null_count() == steps.height:

@@ -368,3 +368,58 @@ def test_phases_refuses_a_typed_api_key_without_an_endpoint(tmp_path: Path) -> N
     """As `run`'s: the bundled engine's server is started without a key, so a typed one authenticated to nothing."""
     _run_is_refused_in_one_line(tmp_path, ["--api-key=k"], "error: --api-key: only authenticates to a server "
                                 "given with --endpoint", command=("phases", "--engine", "sim"))
+
+
+def _calibratable_run(tmp_path: Path) -> Path:
+    """A run of the real engine as calibrate reads it (run.json and steps); the steps come from the simulator,
+    which records the same shapes, so no torch is loaded."""
+    from itlbench.core.engine_config import EngineConfig
+    from itlbench.core.request import SamplingParams
+    from itlbench.sim.runner import offline_engine
+    from tests.support.run_dirs import write_run_dir
+
+    sim = offline_engine(EngineConfig(model="tiny", engine="sim", gpu="h100", kv_blocks=64, max_model_len=512))
+    for i in range(8):
+        sim.add_request(list(range(3, 60 + 20 * i)), SamplingParams(max_tokens=4 + 3 * i, ignore_eos=True), f"r{i}")
+        sim.step()
+    while sim.has_unfinished():
+        sim.step()
+    run = write_run_dir(tmp_path / "run", sim)
+    doc = json.loads((run / "run.json").read_text())
+    doc["config"]["engine"]["engine"] = "torch"
+    (run / "run.json").write_text(json.dumps(doc))
+    return run
+
+
+@pytest.mark.parametrize(("edit", "line"), [
+    (lambda d: d["engine"]["model"].update(num_layers="six"),
+     "engine.model does not describe a model (num_layers is 'six', not a number)"),
+    (lambda d: d["engine"]["model"].pop("hidden_size"), "engine.model does not describe a model (missing 1 required"),
+    (lambda d: d["engine"]["model"].update(rope_scaling="llama3"), "engine.model does not describe a model "
+     "(rope_scaling is 'llama3', not an object)"),
+    (lambda d: d.update(measure_start_ns="abc"), "measure_start_ns is 'abc', not an integer (nanoseconds)"),
+    (lambda d: d.update(end_ns=1e400), "end_ns is inf, not an integer (nanoseconds)"),
+], ids=["layers-text", "no-hidden-size", "rope-text", "window-text", "window-inf"])
+def test_calibrate_names_the_run_json_member_that_does_not_read(tmp_path: Path, edit, line: str) -> None:
+    """Each was a traceback (TypeError from ModelConfig, ValueError/OverflowError from int())."""
+    run = _calibratable_run(tmp_path)
+    doc = json.loads((run / "run.json").read_text())
+    edit(doc)
+    (run / "run.json").write_text(json.dumps(doc))
+    result = runner.invoke(app, ["calibrate", str(run), "--base", "h100", "--out", str(tmp_path / "cal.json")],
+                           terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert len(_lines(result.output)) == 1 and line in result.output, result.output
+    assert not (tmp_path / "cal.json").exists()
+
+
+def test_calibrate_reads_a_model_record_with_members_it_does_not_know(tmp_path: Path) -> None:
+    """A newer itlbench's run.json may record more of the model: the shapes it knows are enough to price steps."""
+    run = _calibratable_run(tmp_path)
+    doc = json.loads((run / "run.json").read_text())
+    doc["engine"]["model"]["attention_sinks"] = 4
+    (run / "run.json").write_text(json.dumps(doc))
+    result = runner.invoke(app, ["calibrate", str(run), "--base", "h100", "--out", str(tmp_path / "cal.json"),
+                                 "--json"], terminal_width=400)
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "cal.json").read_text())["name"] == "calibrated"
