@@ -49,9 +49,13 @@ def read_hf_config(path: Path) -> ModelConfig:
         raise ConfigError("model", f"{path} has no config.json",
                           "point --model at a Hugging Face model directory or use a preset")
     try:
-        raw = json.loads(cfg_file.read_text())
+        raw = json.loads(cfg_file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError("model", f"{cfg_file} is not valid JSON: {exc}", _REPAIR) from exc
+    except UnicodeDecodeError:
+        raise ConfigError("model", f"{cfg_file} is not UTF-8 text", _REPAIR) from None
+    except RecursionError:
+        raise ConfigError("model", f"{cfg_file} is nested too deeply to read", _REPAIR) from None
     if not isinstance(raw, dict):
         raise ConfigError("model", f"{cfg_file} does not hold a JSON object", _REPAIR)
     return model_config_from_hf(raw, path)
