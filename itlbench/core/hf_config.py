@@ -15,6 +15,7 @@ Torch-free, like the rest of the configuration.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,7 @@ def model_config_from_hf(raw: dict[str, Any], path: Path) -> ModelConfig:
         num_heads=heads, num_kv_heads=heads if kv_heads is None else int(kv_heads),
         head_dim=int(head_dim), max_position_embeddings=max_positions,
         rope_theta=theta, rope_scaling=scaling,
-        rms_norm_eps=float(_or(raw.get("rms_norm_eps"), DEFAULT_RMS_NORM_EPS)),
+        rms_norm_eps=_real(raw, "rms_norm_eps", DEFAULT_RMS_NORM_EPS, above=None),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         bos_token_id=_token_id(raw, "bos_token_id", 1), eos_token_id=_token_id(raw, "eos_token_id", 2),
         extra_eos_token_ids=_more_eos_ids(raw),
@@ -112,9 +113,11 @@ def _as_refusal(refusals: list[ConfigError]) -> tuple[str, str, str] | None:
     return None if not refusals else (refusals[0].field, refusals[0].problem, refusals[0].fix or "")
 
 
-def _whole(raw: dict[str, Any], name: str) -> int:
-    """A count (layers, heads, sizes) as a whole number: `int()` would silently turn 32.5 layers into 32."""
+def _whole(raw: dict[str, Any], name: str, key: str | None = None) -> int:
+    """A count (layers, heads, sizes) as a whole number: `int()` would silently turn 32.5 layers into 32. `key`
+    names it where it is nested (rope_scaling.original_max_position_embeddings)."""
     value = raw[name]
+    name = key or name
     try:
         whole = int(value)
         exact = not isinstance(value, bool) and float(value) == whole
@@ -123,6 +126,23 @@ def _whole(raw: dict[str, Any], name: str) -> int:
     if not exact:
         raise _refuse(name, f"is {value!r}, not a whole number", f"give {name} as an integer")
     return whole
+
+
+def _real(raw: dict[str, Any], name: str, default: float, above: float | None = 0.0, key: str | None = None) -> float:
+    """A finite number (`float('small')` was a traceback, NaN or inf a run that died writing run.json), > `above`
+    (>= 0 when `above` is None, as an epsilon may be); `default` when the key is absent or null."""
+    value = raw.get(name)
+    if value is None:
+        return default
+    try:
+        num = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        num = math.nan
+    bound = ">= 0" if above is None else f"> {above:g}"
+    if not math.isfinite(num) or (num < 0 if above is None else num <= above):
+        key = key or name
+        raise _refuse(key, f"is {value!r}, not a finite number {bound}", f"give {key} as a number {bound}")
+    return num
 
 
 def _or(value: Any, default: Any) -> Any:
@@ -191,7 +211,8 @@ def _window(raw: dict[str, Any], family: str) -> int | None:
         if isinstance(layer_types, list):
             slides = "sliding_attention" in layer_types
         else:
-            first = int(_or(raw.get("max_window_layers"), DEFAULT_MAX_WINDOW_LAYERS))
+            first = (DEFAULT_MAX_WINDOW_LAYERS if raw.get("max_window_layers") is None
+                     else _whole(raw, "max_window_layers"))
             slides = bool(raw.get("use_sliding_window")) and first < _whole(raw, "num_hidden_layers")
         if not slides:
             return None
@@ -219,8 +240,10 @@ def _rope(raw: dict[str, Any], max_positions: int, refusals: list[ConfigError]) 
     if nested:
         raise _refuse(source, f"holds per-layer-type settings ({', '.join(nested)})",
                       f"{_ENGINE} applies one RoPE to every layer")
-    theta = float(_or(params.get("rope_theta"), _or(raw.get("rope_theta"), DEFAULT_THETA)))
-    partial = float(_or(params.get("partial_rotary_factor"), _or(raw.get("partial_rotary_factor"), 1.0)))
+    theta = (_real(params, "rope_theta", DEFAULT_THETA, key=f"{source}.rope_theta") if params.get("rope_theta")
+             is not None else _real(raw, "rope_theta", DEFAULT_THETA))
+    partial = (_real(params, "partial_rotary_factor", 1.0, key=f"{source}.partial_rotary_factor")
+               if params.get("partial_rotary_factor") is not None else _real(raw, "partial_rotary_factor", 1.0))
     if partial != 1.0:
         refusals.append(_refuse(f"{source}.partial_rotary_factor", f"{partial} rotates only part of each head",
                                 f"{_ENGINE} rotates whole heads (partial_rotary_factor 1.0)"))
@@ -239,15 +262,22 @@ def _rope(raw: dict[str, Any], max_positions: int, refusals: list[ConfigError]) 
         refusals.append(_refuse(f"{source}.{missing[0]}", f"is required for rope_type {rope_type!r}",
                                 "add it to config.json"))
         return theta, None
+    factor = _real(params, "factor", 1.0, key=f"{source}.factor")
     if rope_type == "linear":
-        return theta, RopeScaling(rope_type="linear", factor=float(params["factor"]))
+        return theta, RopeScaling(rope_type="linear", factor=factor)
+    low, high = (_real(params, n, 1.0, key=f"{source}.{n}") for n in ("low_freq_factor", "high_freq_factor"))
+    if high <= low:  # llama3's smoothing divides by high - low
+        raise _refuse(f"{source}.high_freq_factor", f"{high:g} is not above low_freq_factor {low:g}",
+                      "re-download config.json (Llama 3.1 has low_freq_factor 1, high_freq_factor 4)")
     # transformers lets a top-level original_max_position_embeddings win, else defaults to the model's.
-    original = _or(raw.get("original_max_position_embeddings"),
-                   _or(params.get("original_max_position_embeddings"), max_positions))
-    return theta, RopeScaling(rope_type="llama3", factor=float(params["factor"]),
-                              low_freq_factor=float(params["low_freq_factor"]),
-                              high_freq_factor=float(params["high_freq_factor"]),
-                              original_max_position_embeddings=int(original))
+    name = "original_max_position_embeddings"
+    key = name if raw.get(name) is not None else f"{source}.{name}"
+    original = (_whole(raw, name) if raw.get(name) is not None
+                else _whole(params, name, key) if params.get(name) is not None else max_positions)
+    if original <= 0:
+        raise _refuse(key, f"is {original}, not a positive token count", f"give {name} > 0")
+    return theta, RopeScaling(rope_type="llama3", factor=factor, low_freq_factor=low, high_freq_factor=high,
+                              original_max_position_embeddings=original)
 
 
 def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:

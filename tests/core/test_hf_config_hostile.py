@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from itlbench.core.hf_config import read_hf_config
+from itlbench.core.hf_config import model_config_from_hf, read_hf_config
 from itlbench.errors import ConfigError
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16,
+         "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 32000,
+         "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "rope_theta": 500000.0}
 
 
 def _refused_file(tmp_path: Path, data: bytes, *needles: str) -> ConfigError:
@@ -29,3 +34,51 @@ def test_a_config_json_that_cannot_be_read_is_refused_naming_the_file(tmp_path: 
     # was: UnicodeDecodeError and RecursionError tracebacks, exit 1
     err = _refused_file(tmp_path, data, "config.json", needle)
     assert err.field == "model"
+
+
+def _refused(raw: dict[str, Any], key: str, *needles: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        model_config_from_hf(raw, Path("m"))
+    assert err.value.field == f"config.json {key}", err.value
+    assert "\n" not in str(err.value) and err.value.fix
+    for needle in needles:
+        assert needle in err.value.problem, err.value.problem
+
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
+@pytest.mark.parametrize(("patch", "key", "needle"), [
+    ({"rms_norm_eps": "small"}, "rms_norm_eps", "'small'"),
+    ({"rms_norm_eps": float("nan")}, "rms_norm_eps", "nan"),
+    ({"rms_norm_eps": -1e-5}, "rms_norm_eps", "-1e-05"),
+    ({"rope_theta": "big"}, "rope_theta", "'big'"),
+    ({"rope_theta": float("inf")}, "rope_theta", "inf"),
+    ({"rope_theta": -1}, "rope_theta", "-1"),
+    ({"rope_theta": True}, "rope_theta", "True"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}}, "rope_parameters.rope_theta", "0"),
+    ({"partial_rotary_factor": "half"}, "partial_rotary_factor", "'half'"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": "x"}}, "rope_scaling.factor", "'x'"),
+    ({"rope_scaling": {**LLAMA3_ROPE, "low_freq_factor": "a"}}, "rope_scaling.low_freq_factor", "'a'"),
+    ({"rope_scaling": {**LLAMA3_ROPE, "high_freq_factor": float("nan")}}, "rope_scaling.high_freq_factor", "nan"),
+    ({"rope_scaling": {**LLAMA3_ROPE, "original_max_position_embeddings": "x"}},
+     "rope_scaling.original_max_position_embeddings", "'x'"),
+    ({"rope_scaling": {**LLAMA3_ROPE, "original_max_position_embeddings": 0}},
+     "rope_scaling.original_max_position_embeddings", "is 0"),
+    ({"rope_scaling": {**LLAMA3_ROPE, "high_freq_factor": 1.0}}, "rope_scaling.high_freq_factor", "not above"),
+    ({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "sliding_window": 4096,
+      "use_sliding_window": True, "max_window_layers": "x"}, "max_window_layers", "'x'"),
+], ids=lambda v: str(v)[:40] if isinstance(v, str) else None)
+def test_a_number_that_is_not_a_usable_number_is_refused_naming_its_key(patch: dict[str, Any], key: str,
+                                                                         needle: str) -> None:
+    # was: ValueError tracebacks (float('small')); NaN and inf passed, then the run died writing run.json with a
+    # traceback and left a run directory; a negative θ or ε was simulated without a word
+    _refused({**LLAMA, **patch}, key, needle)
+
+
+def test_usable_numbers_are_still_read() -> None:
+    cfg = model_config_from_hf({**LLAMA, "rms_norm_eps": 0, "rope_theta": "10000", "rope_scaling": LLAMA3_ROPE},
+                               Path("m"))
+    assert cfg.rms_norm_eps == 0.0 and cfg.rope_theta == 10_000.0
+    assert cfg.rope_scaling is not None and cfg.rope_scaling.factor == 8.0
+    assert cfg.rope_scaling.original_max_position_embeddings == 8192
