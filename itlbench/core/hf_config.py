@@ -149,18 +149,29 @@ def _or(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
+def _id(value: Any, name: str) -> int:
+    """One token id: a whole number >= 0 (not a bool, whose int() is 0 or 1)."""
+    try:
+        exact = not isinstance(value, bool) and int(value) == float(value) and int(value) >= 0
+    except (TypeError, ValueError, OverflowError):
+        exact = False
+    if not exact:
+        raise _refuse(name, f"holds {value!r}, not a token id", f"give {name} as an integer id >= 0, or a list of them")
+    return int(value)
+
+
 def _token_id(raw: dict[str, Any], name: str, default: int) -> int:
     """An id, the first of a list of ids, or the default when null."""
     value = raw.get(name, default)
     if isinstance(value, list):
         value = value[0] if value else None
-    return default if value is None else int(value)
+    return default if value is None else _id(value, name)
 
 
 def _more_eos_ids(raw: dict[str, Any]) -> tuple[int, ...]:
     """The EOS ids after the first when config.json lists several (instruct models end a turn on any)."""
     value = raw.get("eos_token_id")
-    return tuple(int(v) for v in value[1:]) if isinstance(value, list) else ()
+    return tuple(_id(v, "eos_token_id") for v in value[1:]) if isinstance(value, list) else ()
 
 
 def _refuse_experts(raw: dict[str, Any]) -> None:

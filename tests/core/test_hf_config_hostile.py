@@ -82,3 +82,21 @@ def test_usable_numbers_are_still_read() -> None:
     assert cfg.rms_norm_eps == 0.0 and cfg.rope_theta == 10_000.0
     assert cfg.rope_scaling is not None and cfg.rope_scaling.factor == 8.0
     assert cfg.rope_scaling.original_max_position_embeddings == 8192
+
+
+@pytest.mark.parametrize(("patch", "key", "needle"), [
+    ({"bos_token_id": "x"}, "bos_token_id", "'x'"),
+    ({"bos_token_id": {"a": 1}}, "bos_token_id", "{'a': 1}"),
+    ({"eos_token_id": -1}, "eos_token_id", "-1"),
+    ({"eos_token_id": [2, "x"]}, "eos_token_id", "'x'"),
+    ({"eos_token_id": [2, None]}, "eos_token_id", "None"),
+    ({"eos_token_id": [True]}, "eos_token_id", "True"),
+], ids=["str", "dict", "negative", "list-str", "list-null", "bool"])
+def test_a_token_id_that_is_not_one_is_refused_naming_its_key(patch: dict[str, Any], key: str, needle: str) -> None:
+    # was: int('x') and int({}) tracebacks; True read as id 1
+    _refused({**LLAMA, **patch}, key, needle)
+
+
+def test_token_ids_as_one_or_a_list_are_read() -> None:
+    cfg = model_config_from_hf({**LLAMA, "bos_token_id": None, "eos_token_id": [128001, 128009.0]}, Path("m"))
+    assert (cfg.bos_token_id, cfg.eos_token_id, cfg.extra_eos_token_ids) == (1, 128001, (128009,))
