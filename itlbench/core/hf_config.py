@@ -101,7 +101,7 @@ def model_config_from_hf(raw: dict[str, Any], path: Path) -> ModelConfig:
         head_dim=int(head_dim), max_position_embeddings=max_positions,
         rope_theta=theta, rope_scaling=scaling,
         rms_norm_eps=_real(raw, "rms_norm_eps", DEFAULT_RMS_NORM_EPS, above=None),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        tie_word_embeddings=_flag(raw, "tie_word_embeddings"),
         bos_token_id=_token_id(raw, "bos_token_id", 1), eos_token_id=_token_id(raw, "eos_token_id", 2),
         extra_eos_token_ids=_more_eos_ids(raw),
         path=str(path), family=family, sliding_window=_window(raw, family),
@@ -143,6 +143,14 @@ def _real(raw: dict[str, Any], name: str, default: float, above: float | None = 
         key = key or name
         raise _refuse(key, f"is {value!r}, not a finite number {bound}", f"give {key} as a number {bound}")
     return num
+
+
+def _flag(raw: dict[str, Any], name: str) -> bool:
+    """A JSON true or false (null: false): bool("false") is True."""
+    value = raw.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise _refuse(name, f"is {value!r}, not true or false", f"give {name} as a JSON boolean")
+    return bool(value)
 
 
 def _or(value: Any, default: Any) -> Any:
@@ -193,6 +201,8 @@ def _check_architecture(raw: dict[str, Any], refusals: list[ConfigError]) -> str
                       f"{_ENGINE} computes 'llama' (LlamaForCausalLM); {SHAPE_ONLY}")
     arch = FAMILY_ARCHITECTURE[model_type]
     archs = raw.get("architectures") or [arch]
+    if not isinstance(archs, list):
+        raise _refuse("architectures", f"is {archs!r}, not a list", f'give ["{arch}"]')
     if arch not in archs:
         raise _refuse("architectures", f"{archs} names no {arch}", f"a {model_type} config.json names {arch}")
     act = raw.get("hidden_act", "silu")

@@ -100,3 +100,16 @@ def test_a_token_id_that_is_not_one_is_refused_naming_its_key(patch: dict[str, A
 def test_token_ids_as_one_or_a_list_are_read() -> None:
     cfg = model_config_from_hf({**LLAMA, "bos_token_id": None, "eos_token_id": [128001, 128009.0]}, Path("m"))
     assert (cfg.bos_token_id, cfg.eos_token_id, cfg.extra_eos_token_ids) == (1, 128001, (128009,))
+
+
+@pytest.mark.parametrize(("patch", "key", "needle"), [
+    ({"architectures": 5}, "architectures", "5"),
+    ({"architectures": "LlamaForCausalLM"}, "architectures", "'LlamaForCausalLM'"),
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings", "'false'"),
+    ({"tie_word_embeddings": 1}, "tie_word_embeddings", "1"),
+], ids=["arch-int", "arch-str", "tie-str", "tie-int"])
+def test_a_key_of_the_wrong_type_is_refused_rather_than_misread(patch: dict[str, Any], key: str, needle: str) -> None:
+    # was: architectures 5 a TypeError traceback; a string matched by substring; "false" tied the embeddings
+    # (bool("false") is True), dropping the LM head from every parameter count
+    _refused({**LLAMA, **patch}, key, needle)
+
