@@ -81,11 +81,11 @@ def model_config_from_hf(raw: dict[str, Any], path: Path) -> ModelConfig:
                           "a Llama-architecture config.json is required")
     refusals: list[ConfigError] = []  # keys that change the math the bundled engine does, not a step's cost
     family = _check_architecture(raw, refusals)
-    heads, hidden = _whole(raw, "num_attention_heads"), _whole(raw, "hidden_size")
-    head_dim = None if raw.get("head_dim") is None else _whole(raw, "head_dim")
+    heads, hidden = _count(raw, "num_attention_heads"), _count(raw, "hidden_size")
+    head_dim = None if raw.get("head_dim") is None else _count(raw, "head_dim")
     head_dim = DEFAULT_HEAD_DIM.get(family) if head_dim is None else head_dim
     if head_dim is None:
-        if heads <= 0 or hidden % heads:
+        if hidden % heads:
             raise _refuse("head_dim", f"is absent and hidden_size={hidden} is not a multiple of "
                           f"num_attention_heads={heads}", "give head_dim explicitly")
         head_dim = hidden // heads
@@ -120,11 +120,20 @@ def _whole(raw: dict[str, Any], name: str, key: str | None = None) -> int:
     name = key or name
     try:
         whole = int(value)
-        exact = not isinstance(value, bool) and float(value) == whole
-    except (TypeError, ValueError):
+        exact = not isinstance(value, bool) and (isinstance(value, int) or float(value) == whole)
+    except (TypeError, ValueError, OverflowError):
         exact = False
     if not exact:
         raise _refuse(name, f"is {value!r}, not a whole number", f"give {name} as an integer")
+    return whole
+
+
+def _count(raw: dict[str, Any], name: str) -> int:
+    """A size every other one is derived from (heads, hidden size, head_dim): whole and > 0, refused by its own key
+    before a derived one (hidden_size / 0 heads) is blamed."""
+    whole = _whole(raw, name)
+    if whole <= 0:
+        raise _refuse(name, f"is {whole}, not a positive whole number", f"give {name} > 0")
     return whole
 
 

@@ -113,3 +113,21 @@ def test_a_key_of_the_wrong_type_is_refused_rather_than_misread(patch: dict[str,
     # (bool("false") is True), dropping the LM head from every parameter count
     _refused({**LLAMA, **patch}, key, needle)
 
+
+@pytest.mark.parametrize(("patch", "key", "needle"), [
+    ({"num_attention_heads": 0}, "num_attention_heads", "is 0"),
+    ({"num_attention_heads": -4}, "num_attention_heads", "is -4"),
+    ({"head_dim": 0}, "head_dim", "is 0"),
+    ({"hidden_size": -2048}, "hidden_size", "is -2048"),
+], ids=["zero", "negative", "head-dim-zero", "hidden-negative"])
+def test_a_head_count_or_size_that_is_not_positive_is_refused_naming_its_key(patch: dict[str, Any], key: str,
+                                                                             needle: str) -> None:
+    # was: 0 or -4 heads told to "give head_dim explicitly" (then refused as model.num_heads); head_dim 0 taken as
+    # absent; -2048 hidden blamed on head_dim (-64)
+    _refused({**LLAMA, **patch}, key, needle)
+
+
+def test_a_count_past_a_float_s_precision_is_a_whole_number() -> None:
+    # was: 10**20 layers "is not a whole number" (float(10**20 + 1) != 10**20 + 1); its size is for the memory
+    # check to refuse, naming the GPU
+    assert model_config_from_hf({**LLAMA, "num_hidden_layers": 10**20 + 1}, Path("m")).num_layers == 10**20 + 1
