@@ -98,6 +98,7 @@ from itlbench.analysis.pooled import describe_pooled
 from itlbench.analysis.queueing import max_num_seqs_of, queueing_summary
 from itlbench.analysis.queueing_metrics import queueing_from_metrics
 from itlbench.analysis.read_together import tag_gaps
+from itlbench.analysis.run_doc import check_run_doc
 from itlbench.analysis.scale import ChunkFigures, chunk_figures
 from itlbench.analysis.scrapes import scrape_summary
 from itlbench.analysis.server_timings import server_timings_check
@@ -384,6 +385,7 @@ def analyze_run(run_dir: str | Path) -> dict[str, object]:
     if not path.is_file():
         raise ConfigError("run_dir", f"{path} not found", "pass a directory written by `itlbench run`")
     meta = read_run_doc(run_dir)
+    check_run_doc(meta, run_dir)
     summary, analysis = summarize_meta(run_dir, meta, _window_from(meta))
     remember(run_dir, summary, analysis)
     return summary
@@ -394,6 +396,7 @@ def summarize_meta(run_dir: str | Path, meta: dict[str, object],
     """`summarize_dir` as run.json asks (its SLOs, stall rule and why there are no GPU samples), with what
     a simulated engine's summary says besides: the report of a run with no summary.json is drawn from this,
     so it must say what `itlbench analyze` would."""
+    check_run_doc(meta, run_dir)
     slo = meta.get("slo")
     plan = meta.get("plan")
     summary, analysis = summarize_dir(run_dir, window, parse_slo(slo if isinstance(slo, str) else None),

@@ -20,6 +20,7 @@ from typing import Any
 import polars as pl
 
 from itlbench.analysis.partitions import chunk_parts
+from itlbench.analysis.run_doc import check_run_doc
 from itlbench.analysis.scale import ChunkFigures
 from itlbench.analysis.summary import recall, summarize_meta
 from itlbench.analysis.window import RunWindow
@@ -102,6 +103,7 @@ def load_run(run_dir: str | Path) -> RunData:
     if doc is None:
         raise ConfigError("RUN_DIR", f"{path} has no readable run.json",
                           "pass a directory written by `itlbench run`")
+    check_run_doc(doc, path)
     tables = {name: read_table(path, name) if name != "chunks" else empty(name) for name in TABLES}
     window, inferred = _window(doc, tables, path)
     summary = read_json(path / "summary.json")
