@@ -27,6 +27,7 @@ from itlbench.analysis.window import RunWindow
 from itlbench.errors import ConfigError
 from itlbench.report.durations import fmt_s
 from itlbench.report.engines import EngineLabel, detect_engine
+from itlbench.report.summary_check import check_summary
 from itlbench.rundir.reader import read_table
 from itlbench.rundir.schema import TABLES, empty
 
@@ -111,6 +112,8 @@ def load_run(run_dir: str | Path) -> RunData:
     computed, analysis = kept or summarize_meta(path, doc, window)
     if summary is None or inferred:
         summary = computed  # type: ignore[assignment]
+    else:
+        check_summary(summary, computed, path)
     data = RunData(path, doc, summary, window, tables, analysis.chunks, analysis.stalls.stalls,
                    analysis.stalls.events, analysis.ttft, analysis.judged,
                    detect_engine(doc, tables["server_metrics"], tables["steps"]), window_inferred=inferred)
