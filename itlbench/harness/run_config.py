@@ -25,6 +25,7 @@ PROMPT_FORMATS = ("auto", "ids", "text")
 
 WARMUP_WAIT_S = 60.0  # the adaptive warm-up waits at most this long past --warmup for a first token
 LOCUST_UI_PORT = 8089  # --locust-ui-port's default
+MAX_SEED = 2**64 - 1  # --seed: numpy's generators take no negative seed, torch's none past this
 
 # What to do once a run has passed its checks, before it prints anything (None: nothing; see after_checks).
 _AFTER_CHECKS: ContextVar[Callable[[], None] | None] = ContextVar("itlbench_after_checks", default=None)
@@ -118,6 +119,8 @@ class RunConfig:
         check_finite(self, lambda name: flag_of(name.removesuffix("_s")))
         self.engine.validate()
         check_load_shape(self.streams, self.rate, self.burstiness, self.duration_s)
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError("--seed", f"must be a whole number from 0 to 2**64 - 1, got {self.seed}", "e.g. --seed 0")
         self._refuse_unused()
         if self.warmup_s < 0:
             raise ConfigError("--warmup", f"must be >= 0 seconds, got {self.warmup_s}")

@@ -99,3 +99,13 @@ def test_extra_body_refuses_what_no_json_encoder_can_send(text: str, words: str)
     with pytest.raises(ConfigError) as err:
         parse_extra_body(text)
     assert err.value.field == "--extra-body" and words in err.value.problem and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64])
+def test_a_seed_no_generator_takes_is_refused_naming_the_flag(seed: int) -> None:
+    # was: --seed -1 reached numpy's default_rng (ValueError: expected non-negative integer, a traceback); torch's
+    # manual_seed overflows past 2**64 - 1
+    with pytest.raises(ConfigError) as err:
+        RunConfig(seed=seed).validate()
+    assert err.value.field == "--seed" and str(seed) in err.value.problem and err.value.fix
+    RunConfig(seed=2**64 - 1).validate()
