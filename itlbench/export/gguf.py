@@ -48,12 +48,14 @@ def export_gguf(preset: str, out: Path, seed: int = 0, force: bool = False) -> E
     if preset not in PRESETS:
         raise ConfigError("PRESET", f"unknown preset {preset!r}", f"use one of {', '.join(PRESETS)}")
     cfg = PRESETS[preset]
+    from itlbench.export.hf import CHAT_TEMPLATE, _dummy_weights, check_room, check_seed
+
+    check_seed(seed)
     out = Path(out)
     if out.is_dir():
         raise ConfigError("OUT", f"{out} is a directory", "name the .gguf file to write")
     if out.exists() and not force:
         raise ConfigError("OUT", f"{out} exists", "choose a new file or pass --force")
-    from itlbench.export.hf import CHAT_TEMPLATE, _dummy_weights, check_room
     from itlbench.rundir.outdir import make_dir
 
     check_room(preset, cfg, out.parent, "OUT")

@@ -40,6 +40,7 @@ def export_model(preset: str, out: Path, seed: int = 0, force: bool = False) -> 
     if preset not in PRESETS:
         raise ConfigError("PRESET", f"unknown preset {preset!r}", f"use one of {', '.join(PRESETS)}")
     cfg = PRESETS[preset]
+    check_seed(seed)
     if out.exists() and not out.is_dir():
         raise ConfigError("OUT", f"{out} exists and is not a directory", "choose a new directory")
     if out.is_dir() and any(out.iterdir()) and not force:
@@ -55,6 +56,12 @@ def export_model(preset: str, out: Path, seed: int = 0, force: bool = False) -> 
                 {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "do_sample": False})
     _write_tokenizer(out, cfg)
     return Exported(out, cfg, seed, sum(t.numel() * t.element_size() for t in tensors.values()))
+
+
+def check_seed(seed: int) -> None:
+    """The bundled engine's seeds, 0 to 2**64 - 1 (`itlbench run --seed`; torch takes none past it)."""
+    if not 0 <= seed <= 2**64 - 1:
+        raise ConfigError("--seed", f"must be a whole number from 0 to 2**64 - 1, got {seed}", "e.g. --seed 0")
 
 
 def check_room(preset: str, cfg: ModelConfig, out: Path, field: str) -> None:
