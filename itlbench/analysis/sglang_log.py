@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -64,21 +65,26 @@ def parse_line(line: str) -> dict[str, Any] | None:
     try:
         row["t_ns"], row["resolution_s"] = (_epoch_ns(precise, "%Y-%m-%dT%H:%M:%S.%f"), 1e-6) if precise and "." in precise \
             else (_epoch_ns(stamp, "%Y-%m-%d %H:%M:%S"), 1.0)
-    except ValueError:
-        row["t_ns"], row["resolution_s"] = _epoch_ns(stamp, "%Y-%m-%d %H:%M:%S"), 1.0
+    except (ValueError, OverflowError, OSError):
+        try:  # a stamp no calendar has (month 13, year 0): not a line the scheduler wrote
+            row["t_ns"], row["resolution_s"] = _epoch_ns(stamp, "%Y-%m-%d %H:%M:%S"), 1.0
+        except (ValueError, OverflowError, OSError):
+            return None
     row["rank"], row["kind"] = (rank or "").strip(), kind.lower()
     for key, col in _INTS.items():
         if key in fields:
             try:
-                row[col] = int(fields[key])
+                value = int(fields[key])
             except ValueError:
-                pass
+                continue
+            row[col] = value if 0 <= value < 2**63 else None  # a count no int64 column holds: not one SGLang logs
     for key, col in _FLOATS.items():
         if key in fields:
             try:
-                row[col] = float(fields[key])
+                value = float(fields[key])
             except ValueError:
-                pass
+                continue
+            row[col] = value if math.isfinite(value) else None
     return row
 
 

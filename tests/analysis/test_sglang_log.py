@@ -49,6 +49,21 @@ def test_a_log_without_batch_lines_or_a_missing_file_is_a_one_line_error(tmp_pat
         assert res.exit_code == 2 and "--server-log" in res.output and says in res.output, res.output
 
 
+
+def test_a_hostile_log_line_is_read_past_not_a_traceback() -> None:
+    """A count no int64 holds was a polars ComputeError, a stamp no calendar has (month 13) a ValueError; the
+    counts are null (the line still says a batch ran), the line without a time is none."""
+    log = parse_log(["[2025-01-23 19:35:28] Prefill batch. #new-seq: 1, #new-token: 99999999999999999999999, "
+                     "#cached-token: -5, token usage: nan",
+                     "[2025-13-45 19:35:28] Prefill batch. #new-seq: 1, #new-token: 7",
+                     "[0000-01-01 00:00:00] Prefill batch. #new-seq: 1, #new-token: 7",
+                     "[2025-01-23 19:35:29] Decode batch. #running-req: 1, timestamp: 2025-99-01T00:00:00.5"])
+    assert log["kind"].to_list() == ["prefill", "decode"]
+    assert log["new_tokens"].to_list() == [None, None] and log["cached_tokens"].to_list() == [None, None]
+    assert log["token_usage"].to_list() == [None, None] and log["new_seq"].to_list() == [1, None]
+    assert log["t_ns"][1] == _local_ns("2025-01-23 19:35:29") and log["resolution_s"][1] == 1.0
+
+
 @pytest.mark.e2e
 def test_the_logged_prefill_batches_carry_the_injected_prompt_the_client_named(tmp_path: Path) -> None:
     log = tmp_path / "sglang.log"
