@@ -106,6 +106,12 @@ def sim_kv_blocks(config: EngineConfig, cost: CostModel, hw: Hardware, max_model
                           f"{hw.memory_bytes / 2**30:.1f} GiB",
                           "choose a larger GPU, a higher --tp, --dtype fp8 (fp4 on a B200), a smaller model"
                           + (", or give the K/V room a runtime reports with --kv-memory-gib" if fits_whole else ""))
+    if tokens < max_model_len and config.kv_memory_gib is not None:
+        need = math.ceil(max_model_len * cost.kv_bytes_per_token_per_gpu / 2**30 * 10) / 10
+        shorter = f", or --max-model-len {tokens} or less" if tokens >= 2 else ""
+        raise ConfigError("kv_memory_gib", f"{config.kv_memory_gib:g} GiB holds {tokens:,} tokens of K/V, fewer than "
+                          f"one {max_model_len:,}-token request (max_model_len)",
+                          f"use --kv-memory-gib {need:g} or more{shorter}")
     if tokens < max_model_len:
         raise ConfigError("max_model_len", f"{max_model_len} tokens of KV cache do not fit on {hw.the_label} "
                           f"(room for {tokens} beside the weights)", f"use --max-model-len {tokens} or less")
