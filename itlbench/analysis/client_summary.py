@@ -8,7 +8,6 @@ from inferred steps (client_attribution.py) and `split` is estimated from them (
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -19,13 +18,14 @@ from itlbench.analysis.client_attribution import ClientStallReport, client_only,
 from itlbench.analysis.goodput import SloSet, parse_slo
 from itlbench.analysis.gpu import gpu_status_of
 from itlbench.analysis.inferred_steps import InferredSteps
+from itlbench.analysis.run_doc import check_run_doc
 from itlbench.analysis.split import split_from_metrics
 from itlbench.analysis.stalls import StallParams
 from itlbench.analysis.stats import json_safe
 from itlbench.analysis.summary import _window_from, summarize
 from itlbench.analysis.window import RunWindow, select_window
 from itlbench.errors import ConfigError
-from itlbench.rundir import load_tables
+from itlbench.rundir import load_tables, read_run_doc
 
 ATTRIBUTIONS = ("engine", "client")
 
@@ -94,7 +94,8 @@ def analyze_run_client(run_dir: str | Path) -> dict[str, object]:
     path = Path(run_dir, "run.json")
     if not path.is_file():
         raise ConfigError("run_dir", f"{path} not found", "pass a directory written by `itlbench run`")
-    meta = json.loads(path.read_text())
+    meta = read_run_doc(run_dir)  # one line where it is not JSON, or not an object
+    check_run_doc(meta, run_dir)
     slo = meta.get("slo")
     plan = meta.get("plan")
     return summarize_client(load_tables(run_dir), _window_from(meta), parse_slo(slo if isinstance(slo, str) else None),

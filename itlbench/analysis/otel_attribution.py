@@ -243,8 +243,8 @@ def analyze_run_otel(run_dir: str | Path, spans_path: Path | None = None) -> dic
     if not path.is_file():
         raise ConfigError("--spans", f"{path} not found", "save the OTLP receiver's spans there "
                           "(itlbench.analysis.otel_attribution.write_spans), or pass --spans FILE")
+    out = analyze_run_client(run_dir)  # reads and checks run.json first (analysis/run_doc.py)
     meta = json.loads(Path(run_dir, "run.json").read_text())
-    out = analyze_run_client(run_dir)
     out["stalls"] = otel_stalls(load_tables(run_dir), _window_from(meta), read_spans(path), StallParams.from_meta(meta))
     out["attribution"] = {"source": SOURCE, "inputs": ["requests", "chunks", "client_pauses", "scrapes",
                                                        str(path.name)], "ignored": ["steps", "server_metrics"]}

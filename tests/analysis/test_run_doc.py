@@ -50,16 +50,32 @@ def test_what_runs_write_is_read() -> None:
     check_run_doc(GOOD | {"end_ns": S // 2, "slo": None, "config": None, "stall_factor": 2}, "r")
 
 
-@pytest.mark.parametrize("command", ["analyze", "report"])
-def test_analyze_and_report_refuse_a_damaged_run_json_and_keep_every_file(tmp_path: Path, command: str) -> None:
+@pytest.mark.parametrize("command", [["analyze"], ["report"], ["analyze", "--attribution", "client"],
+                                     ["analyze", "--attribution", "otel"]], ids=["analyze", "report", "client", "otel"])
+def test_analyze_and_report_refuse_a_damaged_run_json_and_keep_every_file(tmp_path: Path, command: list) -> None:
     """`engine: "x"` was an AttributeError traceback (report/engines.py); nothing in the run may change."""
     run = build_run(tmp_path / "run")
     doc = json.loads((run / "run.json").read_text())
     (run / "run.json").write_text(json.dumps(doc | {"engine": "x"}))
+    (run / "otel_spans.jsonl").write_text("{}\n")
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    result = CliRunner().invoke(app, [command, str(run)], terminal_width=400)
+    result = CliRunner().invoke(app, [*command, str(run)], terminal_width=400)
     assert result.exit_code == 2, result.output
     assert [line for line in result.output.splitlines() if line.strip()] == [
         f"error: {run}/run.json: engine is 'x', not an object (restore run.json from a copy of the run directory, "
         "or correct that member)"]
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("source", ["client", "otel"])
+def test_another_attribution_names_a_run_json_that_is_not_json(tmp_path: Path, source: str) -> None:
+    """`analyze --attribution client|otel` read run.json with json.loads: bytes not UTF-8 were a traceback."""
+    run = build_run(tmp_path / "run")
+    (run / "run.json").write_bytes(b"\xff\xfe{")
+    (run / "otel_spans.jsonl").write_text("{}\n")
+    result = CliRunner().invoke(app, ["analyze", "--attribution", source, str(run)], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert [line for line in result.output.splitlines() if line.strip()] == [
+        f"error: {run}/run.json is not valid JSON ('utf-8' codec can't decode byte 0xff in position 0: invalid "
+        "start byte): not a run directory written by `itlbench run`"]
+    assert not (run / f"summary-{source}.json").exists()
