@@ -26,6 +26,7 @@ seconds, by the rule the client-only attribution uses too (event_cause.py).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -95,20 +96,39 @@ def spans_for_run(run_dir: str | Path, spans: Iterable[Mapping[str, Any]], margi
     """The spans of requests that arrived during the run (from its start, before which only itlbench's
     start-up probes are sent, to its end + `margin_s`), for a receiver that served several runs (a sweep's points)."""
     lo, hi = run_bounds(run_dir, margin_s)
-    return [dict(s) for s in spans if lo <= int(s.get("start_ns") or 0) <= hi]
+    return [dict(s) for s in spans if lo <= (_stamp_ns(s.get("start_ns")) or 0) <= hi]
+
+
+MAX_SPAN_S = 86_400.0  # a latency attribute beyond a day is not one a request had
+
+
+def _seconds(value: object) -> float | None:
+    """A span's latency attribute in seconds: a finite number within a day, else None (the server's data)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) \
+            and abs(value) <= MAX_SPAN_S:
+        return float(value)
+    return None
+
+
+def _stamp_ns(value: object) -> int | None:
+    """A span's start (Unix ns): an integer an int64 holds, else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63 else None
 
 
 def prefill_windows(spans: Iterable[Mapping[str, Any]], clock: WallClockMap) -> pl.DataFrame:
     """One row per `llm_request` span with a first token: its prefill window in the run's clock."""
     rows = []
     for s in spans:
-        a = s.get("attributes") or {}
-        if s.get("name") != SPAN_NAME or a.get(_TTFT) is None or a.get(_PREFILL) is None:
-            continue
-        rows.append({"span_id": str(a.get(_ID) or s.get("span_id")), "wall_ns": int(s["start_ns"]),
-                     "ttft_ns": int(float(a[_TTFT]) * 1e9), "prefill_ns": int(max(float(a[_PREFILL]), 0.0) * 1e9),
-                     "prompt_tokens": int(a.get(_PROMPT) or 0), "queue_s": float(a.get(_QUEUE) or 0.0),
-                     "prefill_s": float(a[_PREFILL])})
+        a = s.get("attributes")
+        a = a if isinstance(a, Mapping) else {}
+        ttft, prefill, wall = _seconds(a.get(_TTFT)), _seconds(a.get(_PREFILL)), _stamp_ns(s.get("start_ns"))
+        if s.get("name") != SPAN_NAME or ttft is None or prefill is None or wall is None:
+            continue  # a span without its timings (or with text, NaN or a year of prefill in their place)
+        prompt = a.get(_PROMPT)
+        rows.append({"span_id": str(a.get(_ID) or s.get("span_id")), "wall_ns": wall, "ttft_ns": int(ttft * 1e9),
+                     "prefill_ns": int(max(prefill, 0.0) * 1e9),
+                     "prompt_tokens": prompt if isinstance(prompt, int) and not isinstance(prompt, bool)
+                     and 0 <= prompt < 2**62 else 0, "queue_s": _seconds(a.get(_QUEUE)) or 0.0, "prefill_s": prefill})
     if not rows:
         return pl.DataFrame(schema=_WINDOWS)
     spans_df = clock.with_run_column(pl.DataFrame(rows), "wall_ns", "arrival_ns")  # one mapping for all spans

@@ -139,3 +139,24 @@ def test_a_runs_spans_leave_out_those_before_it_started(tmp_path: Path) -> None:
     spans = [_span("probe", -5 * MS, -4 * MS, 0.001, 8, 0), *_spans(offset=0), _span("late", 30 * S, 31 * S, 0.1, 9, 0)]
     kept = [s["attributes"].get("gen_ai.request.id") for s in spans_for_run(run_dir, spans)]
     assert "probe" not in kept and "late" not in kept and "cmpl-inj-0" in kept
+
+
+def test_a_span_whose_timings_are_not_numbers_is_skipped_not_a_traceback(tmp_path: Path) -> None:
+    """The spans come from the server: text, NaN, a number no int64 holds or attributes that are not an object
+    were ValueError/OverflowError/AttributeError tracebacks out of `analyze --attribution otel`."""
+    good = _span("cmpl-inj-0", 5001 * MS, 6510 * MS, 1.49, 8192)
+    ttft, prefill = "gen_ai.latency.time_to_first_token", "gen_ai.latency.time_in_model_prefill"
+    hostile = [good | {"attributes": "x"}, good | {"start_ns": "soon"}, good | {"start_ns": 10**30},
+               good | {"attributes": good["attributes"] | {ttft: "fast"}},
+               good | {"attributes": good["attributes"] | {ttft: float("nan")}},
+               good | {"attributes": good["attributes"] | {prefill: 1e308}},
+               good | {"attributes": good["attributes"] | {prefill: True}}]
+    kept = good | {"attributes": good["attributes"] | {"gen_ai.usage.prompt_tokens": "8k",
+                                                       "gen_ai.latency.time_in_queue": float("inf")}}
+    w = prefill_windows([*hostile, kept], WallClockMap.fixed(OFFSET))
+    assert w.height == 1 and w["prompt_tokens"].to_list() == [0] and w["queue_s"].to_list() == [0.0]
+    run = _run(tmp_path)
+    write_spans(run / SPANS_FILE, [*hostile, *_spans()])
+    result = CliRunner().invoke(app, ["analyze", str(run), "--attribution", "otel"], terminal_width=300)
+    assert result.exit_code == 0, result.output
+    assert json.loads((run / "summary-otel.json").read_text())["stalls"]["spans"]["received"] == len(hostile) + 6
