@@ -96,7 +96,8 @@ def spans_for_run(run_dir: str | Path, spans: Iterable[Mapping[str, Any]], margi
     """The spans of requests that arrived during the run (from its start, before which only itlbench's
     start-up probes are sent, to its end + `margin_s`), for a receiver that served several runs (a sweep's points)."""
     lo, hi = run_bounds(run_dir, margin_s)
-    return [dict(s) for s in spans if lo <= (_stamp_ns(s.get("start_ns")) or 0) <= hi]
+    starts = [(s, _stamp_ns(s.get("start_ns") or 0)) for s in spans]
+    return [dict(s) for s, ns in starts if ns is not None and lo <= ns <= hi]
 
 
 MAX_SPAN_S = 86_400.0  # a latency attribute beyond a day is not one a request had
@@ -112,7 +113,7 @@ def _seconds(value: object) -> float | None:
 
 def _stamp_ns(value: object) -> int | None:
     """A span's start (Unix ns): an integer an int64 holds, else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63 else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63 else None
 
 
 def prefill_windows(spans: Iterable[Mapping[str, Any]], clock: WallClockMap) -> pl.DataFrame:
