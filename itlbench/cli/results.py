@@ -141,11 +141,14 @@ def _summary_written(run_dir: Path, compute: Callable[[Path], dict[str, Any]], n
 
 @app.command()
 def report(run_dir: Annotated[Path, typer.Argument(help="A run directory written by `itlbench run`.")],
-           out: Annotated[Path | None, typer.Option(help="Write the report here (default: RUN_DIR).")] = None) -> None:
+           out: Annotated[Path | None, typer.Option(help="Write the report here (default: RUN_DIR); not a directory that holds "
+                                       "another run, sweep, capacity search or comparison.")] = None) -> None:
     """Write report.html (self-contained) and report.md with figures/ for one run."""
     from itlbench.report.run_report import write_run_report
 
     _require_run(run_dir)
+    if out is not None:
+        _check_report_out(out, run_dir)
     try:
         written = write_run_report(run_dir, out)
     except ItlbenchError as exc:
@@ -157,6 +160,19 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run directory written
         return
     console.print(f"[bold]Report[/] {written.html}  (markdown: {written.markdown})", highlight=False)
     print(written.html)
+
+
+def _check_report_out(out: Path, run_dir: Path) -> None:
+    """Refuse an --out that holds another run, a sweep, a capacity search, a phases study or a comparison: their
+    report.html and report.md would be replaced by this run's, and read as theirs."""
+    from itlbench.rundir.reader import RECORD_DOCS
+
+    if not out.is_dir() or out.resolve() == run_dir.resolve():
+        return
+    held = next(((name, what) for name, what in RECORD_DOCS.items() if (out / name).is_file()), None)
+    if held:
+        fail(ConfigError("--out", f"{out} holds {held[1]} ({held[0]}), whose report.html this run's would replace",
+                         "choose a new directory, or leave --out out to write into RUN_DIR"))
 
 
 @app.command()

@@ -423,3 +423,23 @@ def test_calibrate_reads_a_model_record_with_members_it_does_not_know(tmp_path: 
                                  "--json"], terminal_width=400)
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "cal.json").read_text())["name"] == "calibrated"
+
+
+@pytest.mark.parametrize("record", ["run.json", "sweep.json", "compare.json"])
+def test_report_out_never_replaces_another_directorys_report(tmp_path: Path, record: str) -> None:
+    """`itlbench report A --out B` wrote A's report over B's report.html (a run's, or a sweep's comparison), to be
+    read as B's; compare already refused such an --out."""
+    from tests.support.report_runs import build_run
+
+    run = build_run(tmp_path / "a")
+    other = tmp_path / "b"
+    other.mkdir()
+    (other / record).write_text("{}")
+    (other / "report.html").write_text("b's report")
+    result = runner.invoke(app, ["report", str(run), "--out", str(other)], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    what = {"run.json": "a run", "sweep.json": "a sweep", "compare.json": "a comparison"}[record]
+    assert _lines(result.output) == [f"error: --out: {other} holds {what} ({record}), whose report.html this run's "
+                                     "would replace (choose a new directory, or leave --out out to write into "
+                                     "RUN_DIR)"]
+    assert (other / "report.html").read_text() == "b's report" and not (other / "report.md").exists()
