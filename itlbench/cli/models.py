@@ -90,6 +90,7 @@ def calibrate(
     """Fit the simulator's efficiencies and per-step overhead to real step logs; save a --gpu profile."""
     from itlbench.rundir.reader import require_records
     from itlbench.sim.calibrate import calibrate as fit
+    from itlbench.sim.calibrate import check_profile_out
     from itlbench.sim.roofline import load_hardware
 
     try:
@@ -97,6 +98,7 @@ def calibrate(
             raise ConfigError("--holdout", f"must be between 0 and 1, got {holdout}")
         if tp < 1:
             raise ConfigError("--tp", f"must be >= 1, got {tp}")
+        check_profile_out(out)  # never over a run's run.json or another file that is not a profile
         for run_dir in run_dirs:
             require_records(run_dir)
         result = fit(run_dirs, base=load_hardware(base, "--base") if base else None, holdout=holdout, seed=seed, name=name,

@@ -16,6 +16,7 @@ fit and held-out sets so the reported error is a prediction, not a fit residual.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -128,6 +129,23 @@ def _engine_docs(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         served = _object(info.get("itlbench"))
         return _object(served.get("engine")), served
     return _object(_object(doc.get("config")).get("engine")), info
+
+
+def check_profile_out(out: Path) -> None:
+    """`calibrate --out` may replace an earlier profile, never another file: a run's run.json or summary.json
+    named there by mistake was overwritten with the profile, the run's record lost."""
+    if out.is_dir():
+        raise ConfigError("--out", f"{out} is a directory", f"name a file in it, e.g. {out / 'calibrated.json'}")
+    if not out.exists():
+        return
+    try:
+        raw = json.loads(out.read_bytes())
+        if not isinstance(raw, dict):
+            raise ValueError
+        Hardware.from_dict(raw, str(out), "--out")
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # ConfigError and UnicodeDecodeError: ValueErrors
+        raise ConfigError("--out", f"{out} exists and is not a hardware profile: calibrate would replace it",
+                          "name a new file, or a profile an earlier `itlbench calibrate` wrote") from None
 
 
 def read_run_steps(run_dir: str | Path) -> RunSteps:

@@ -443,3 +443,21 @@ def test_report_out_never_replaces_another_directorys_report(tmp_path: Path, rec
                                      "would replace (choose a new directory, or leave --out out to write into "
                                      "RUN_DIR)"]
     assert (other / "report.html").read_text() == "b's report" and not (other / "report.md").exists()
+
+
+def test_calibrate_out_never_replaces_a_file_that_is_not_a_profile(tmp_path: Path) -> None:
+    """`calibrate RUN --out RUN/run.json` overwrote the run's record with the profile; an earlier profile is still
+    replaced (the default calibrated.json is written again on every calibration)."""
+    run = _calibratable_run(tmp_path)
+    record = (run / "run.json").read_bytes()
+    args = ["calibrate", str(run), "--base", "h100", "--out"]
+    result = runner.invoke(app, [*args, str(run / "run.json")], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert _lines(result.output) == [f"error: --out: {run / 'run.json'} exists and is not a hardware profile: "
+                                     "calibrate would replace it (name a new file, or a profile an earlier "
+                                     "`itlbench calibrate` wrote)"]
+    assert (run / "run.json").read_bytes() == record
+    result = runner.invoke(app, [*args, str(run)], terminal_width=400)
+    assert result.exit_code == 2 and f"--out: {run} is a directory" in result.output, result.output
+    for _ in range(2):
+        assert runner.invoke(app, [*args, str(tmp_path / "cal.json"), "--json"]).exit_code == 0
