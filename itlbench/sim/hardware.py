@@ -357,9 +357,13 @@ def load_hardware(spec: str, flag: str = "--gpu") -> Hardware:
     path = Path(spec).expanduser()
     if path.is_file():
         try:
-            raw = json.loads(path.read_text())
+            raw = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise ConfigError(flag, f"{path} is not valid JSON: {exc}", _PROFILE_FIX) from None
+        except UnicodeDecodeError:
+            raise ConfigError(flag, f"{path} is not UTF-8 text", _PROFILE_FIX) from None
+        except RecursionError:
+            raise ConfigError(flag, f"{path} is nested too deeply to read", _PROFILE_FIX) from None
         if not isinstance(raw, dict):
             raise ConfigError(flag, f"{path} does not hold a JSON object", _PROFILE_FIX)
         return Hardware.from_dict(raw, str(path), flag, _h100_example)
