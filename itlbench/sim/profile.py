@@ -122,6 +122,8 @@ class Hardware:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value >= 0):
                 raise ConfigError(f"gpu.{name}", f"must be >= 0, got {value!r}")
+            if not math.isfinite(value):  # an infinite overhead ran until the virtual clock's round(inf) raised
+                raise ConfigError(f"gpu.{name}", f"must be a finite number, got {value!r}")
         for name in ("gemm_tile_rows", "gemm_cluster_rows"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 0):
@@ -131,16 +133,17 @@ class Hardware:
                               "e.g. 8, the GPUs of one HGX baseboard")
         try:
             lo, hi, slow = self.gemm_slow_rows
-            ok = 0 <= lo <= hi and slow >= 1
+            ok = 0 <= lo <= hi and 1 <= slow < math.inf
         except (TypeError, ValueError):
             ok = False
         if not ok:
-            raise ConfigError("gpu.gemm_slow_rows", f"must be [lo, hi, x] with 0 <= lo <= hi and x >= 1, got "
-                              f"{self.gemm_slow_rows!r}", "e.g. [0, 0, 1], no slow band")
+            raise ConfigError("gpu.gemm_slow_rows", "must be [lo, hi, x] with 0 <= lo <= hi and x finite and >= 1, "
+                              f"got {self.gemm_slow_rows!r}", "e.g. [0, 0, 1], no slow band")
         object.__setattr__(self, "gemm_slow_rows", (int(lo), int(hi), float(slow)))  # a JSON profile's list
         object.__setattr__(self, "allreduce_measured", _measured_allreduce(self.allreduce_measured))
-        if self.graph_overhead_s is not None and not self.graph_overhead_s >= 0:
-            raise ConfigError("gpu.graph_overhead_s", f"must be >= 0 or null, got {self.graph_overhead_s!r}",
+        if self.graph_overhead_s is not None and not 0 <= self.graph_overhead_s < math.inf:
+            raise ConfigError("gpu.graph_overhead_s",
+                              f"must be a finite number >= 0 or null, got {self.graph_overhead_s!r}",
                               "null: step_overhead_s")
         if self.dtype not in DTYPE_BYTES:
             raise ConfigError("gpu.dtype", f"unknown dtype {self.dtype!r}", f"use one of {', '.join(DTYPE_BYTES)}")
@@ -295,7 +298,8 @@ def _measured_allreduce(raw: object) -> dict[str, tuple[tuple[float, float], ...
     for tp, points in raw.items():
         try:
             pts = tuple((float(b), float(t)) for b, t in points)
-            ok = str(tp).isdigit() and int(tp) >= 2 and len(pts) >= 2 and all(b > 0 and t > 0 for b, t in pts) \
+            finite = all(0 < b < math.inf and 0 < t < math.inf for b, t in pts)
+            ok = str(tp).isdigit() and int(tp) >= 2 and len(pts) >= 2 and finite \
                 and all(b0 < b1 for (b0, _), (b1, _) in zip(pts, pts[1:], strict=False))
         except (TypeError, ValueError):
             ok = False
