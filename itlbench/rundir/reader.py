@@ -127,6 +127,13 @@ def not_a_run(path: str | Path, flag: str = "RUN_DIR") -> ConfigError:
     """The error for a path without run.json, pointing into a sweep's or capacity search's directory (whose
     runs are one level down, and whose own report is its report.html) rather than only refusing it."""
     root = Path(path)
+    if not root.exists():
+        return ConfigError(flag, f"{root} does not exist", "pass a directory written by `itlbench run`")
+    if not root.is_dir():
+        inside = root.name in RECORD_DOCS or root.name.startswith("summary")  # the run's own file, not its directory
+        return ConfigError(flag, f"{root} is a file, not a run directory",
+                           f"pass the directory that holds it, {root.parent}" if inside
+                           else "pass a directory written by `itlbench run`")
     kind = next((what for name, what in RECORD_DOCS.items() if name != "run.json" and (root / name).is_file()), None)
     if kind is None:
         return ConfigError(flag, f"{root} has no run.json", "pass a directory written by `itlbench run`")

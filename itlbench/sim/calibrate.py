@@ -29,7 +29,7 @@ import polars as pl
 from itlbench.core.model_config import ModelConfig, RopeScaling
 from itlbench.core.presets import load_model_config
 from itlbench.errors import ConfigError, ItlbenchError
-from itlbench.rundir.reader import read_run_doc, read_table
+from itlbench.rundir.reader import not_a_run, read_run_doc, read_table
 from itlbench.sim.roofline import DTYPE_BYTES, CostModel, Hardware, StepShape
 
 PHASES = ("prefill", "decode", "mixed")
@@ -71,7 +71,7 @@ class RunSteps:
 
 def _run_doc(run_dir: Path) -> dict[str, Any]:
     if not (run_dir / "run.json").is_file():
-        raise ConfigError("RUN_DIR", f"{run_dir} has no run.json", "give run directories written by `itlbench run`")
+        raise not_a_run(run_dir)  # a path that does not exist, a file, a sweep's directory: each said so
     return read_run_doc(run_dir)
 
 

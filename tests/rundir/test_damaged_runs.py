@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from itlbench.cli import app
 from itlbench.errors import ConfigError
-from itlbench.rundir.reader import read_table, require_records, unreadable_parts
+from itlbench.rundir.reader import not_a_run, read_table, require_records, unreadable_parts
 from tests.support.report_runs import build_run
 
 runner = CliRunner()
@@ -63,3 +63,18 @@ def test_a_table_with_one_readable_part_is_still_analysed(tmp_path: Path):
     require_records(run)  # no error
     assert unreadable_parts(run) == ["requests/part-99999.parquet"]
     assert read_table(run, "requests").height == 5
+
+
+def test_a_path_that_is_not_a_directory_is_named_as_such(tmp_path: Path):
+    """Both said "has no run.json": a typo read as a run that lost its record, a run's own file as a directory."""
+    run = build_run(tmp_path / "run")
+    assert str(not_a_run(tmp_path / "runn")) == (f"RUN_DIR: {tmp_path / 'runn'} does not exist (pass a directory "
+                                                 "written by `itlbench run`)")
+    (tmp_path / "notes.txt").write_text("x")
+    assert str(not_a_run(tmp_path / "notes.txt", "DIR")) == (f"DIR: {tmp_path / 'notes.txt'} is a file, not a run "
+                                                             "directory (pass a directory written by `itlbench run`)")
+    for command in ("report", "calibrate"):
+        result = runner.invoke(app, [command, str(run / "run.json")], terminal_width=300)
+        assert result.exit_code == 2
+        assert result.output.strip() == (f"error: RUN_DIR: {run / 'run.json'} is a file, not a run directory (pass "
+                                         f"the directory that holds it, {run})")
