@@ -49,17 +49,22 @@ def read_hf_config(path: Path) -> ModelConfig:
     if not cfg_file.is_file():
         raise ConfigError("model", f"{path} has no config.json",
                           "point --model at a Hugging Face model directory or use a preset")
+    return model_config_from_hf(read_json_object(cfg_file, _REPAIR), path)
+
+
+def read_json_object(path: Path, fix: str) -> dict[str, Any]:
+    """The JSON object in `path` (a config.json), or a ConfigError naming `--model` and the file."""
     try:
-        raw = json.loads(cfg_file.read_text(encoding="utf-8"))
+        raw = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise ConfigError("model", f"{cfg_file} is not valid JSON: {exc}", _REPAIR) from exc
+        raise ConfigError("model", f"{path} is not valid JSON: {exc}", fix) from exc
     except UnicodeDecodeError:
-        raise ConfigError("model", f"{cfg_file} is not UTF-8 text", _REPAIR) from None
+        raise ConfigError("model", f"{path} is not UTF-8 text", fix) from None
     except RecursionError:
-        raise ConfigError("model", f"{cfg_file} is nested too deeply to read", _REPAIR) from None
+        raise ConfigError("model", f"{path} is nested too deeply to read", fix) from None
     if not isinstance(raw, dict):
-        raise ConfigError("model", f"{cfg_file} does not hold a JSON object", _REPAIR)
-    return model_config_from_hf(raw, path)
+        raise ConfigError("model", f"{path} does not hold a JSON object", fix)
+    return raw
 
 
 def _key(name: str) -> str:

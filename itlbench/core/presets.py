@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from itlbench.core.hf_config import model_config_from_hf, read_hf_config
+from itlbench.core.hf_config import model_config_from_hf, read_hf_config, read_json_object
 from itlbench.core.model_config import ModelConfig, RopeScaling
 from itlbench.errors import ConfigError
 
@@ -95,10 +94,4 @@ def model_config_from_hf_dir(path: Path) -> ModelConfig:
 
 def _model_config_from_json_file(path: Path) -> ModelConfig:
     """A bare `config.json` (shapes only, e.g. for `itlbench roofline`)."""
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError("model", f"{path} is not valid JSON: {exc}", _BARE_CONFIG) from exc
-    if not isinstance(raw, dict):
-        raise ConfigError("model", f"{path} does not hold a JSON object", _BARE_CONFIG)
-    return model_config_from_hf(raw, path.parent)
+    return model_config_from_hf(read_json_object(path, _BARE_CONFIG), path.parent)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from itlbench.core.hf_config import model_config_from_hf, read_hf_config
+from itlbench.core.presets import load_model_config
 from itlbench.errors import ConfigError
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16,
@@ -131,3 +132,18 @@ def test_a_count_past_a_float_s_precision_is_a_whole_number() -> None:
     # was: 10**20 layers "is not a whole number" (float(10**20 + 1) != 10**20 + 1); its size is for the memory
     # check to refuse, naming the GPU
     assert model_config_from_hf({**LLAMA, "num_hidden_layers": 10**20 + 1}, Path("m")).num_layers == 10**20 + 1
+
+
+@pytest.mark.parametrize(("data", "needle"), [
+    (b"\xff\xfe\x00garbage\x80", "not UTF-8"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+], ids=["binary", "deep"])
+def test_a_bare_config_json_given_as_model_that_cannot_be_read_is_refused(tmp_path: Path, data: bytes,
+                                                                          needle: str) -> None:
+    # was: --model path/to/config.json read by its own loader: UnicodeDecodeError and RecursionError tracebacks
+    path = tmp_path / "my.json"
+    path.write_bytes(data)
+    with pytest.raises(ConfigError) as err:
+        load_model_config(str(path))
+    assert err.value.field == "model" and str(path) in err.value.problem and needle in err.value.problem
+    assert "\n" not in str(err.value) and err.value.fix
