@@ -1,6 +1,7 @@
 """One run directory, read once for every figure and table of a report.
 
-The summary's numbers come from `summary.json` (recomputed when it is missing); the per-stall and
+The summary's numbers come from `summary.json` (recomputed when it is missing, or when a part file it
+counted no longer reads, so that a number and its figure agree and the report names the file); the per-stall and
 per-request frames the figures need come from the same analysis (`summarize_dir`, reused when
 `itlbench analyze` just ran it in this process), so a figure and the number printed beside it cannot
 disagree. No figure holds every gap: a run of 100M chunk rows is drawn from its stalls, its per-request
@@ -110,7 +111,7 @@ def load_run(run_dir: str | Path) -> RunData:
     summary = read_json(path / "summary.json")
     kept = None if inferred else recall(path)
     computed, analysis = kept or summarize_meta(path, doc, window)
-    if summary is None or inferred:
+    if summary is None or inferred or _left_out_since(summary, computed):
         summary = computed  # type: ignore[assignment]
     else:
         check_summary(summary, computed, path)
@@ -119,6 +120,14 @@ def load_run(run_dir: str | Path) -> RunData:
                    detect_engine(doc, tables["server_metrics"], tables["steps"]), window_inferred=inferred)
     data.cut_short = cut_short_reasons(data)
     return data
+
+
+def _left_out_since(summary: dict[str, Any], computed: dict[str, Any]) -> bool:
+    """A part file no longer reads that summary.json counted (a copy cut short since): its numbers are of records
+    the figures no longer have, and it does not name the file left out. The records' summary does both."""
+    now = computed.get("unreadable_parts") or []
+    then = summary.get("unreadable_parts")
+    return bool(now) and sorted(now) != sorted(then if isinstance(then, list) else [])
 
 
 def _chunk_span(path: Path) -> tuple[int | None, int | None]:

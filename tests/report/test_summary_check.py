@@ -59,3 +59,25 @@ def test_report_and_compare_refuse_a_damaged_summary_and_change_nothing(tmp_path
         f"analyze {run}` to write it again from the run's records)"]
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
     assert not out.exists()
+
+
+def test_a_part_cut_short_since_the_summary_was_written_is_named_and_its_numbers_left_out(tmp_path: Path) -> None:
+    """The report showed summary.json's numbers (every chunk) beside figures of half of them, and did not say a
+    record file was left out: the summary it draws is now the records' own, which names the file."""
+    import polars as pl
+
+    from itlbench.report.data import load_run
+
+    run = build_run(tmp_path / "run")
+    (run / "summary.json").write_text(json.dumps(analyze_run(run)))
+    [part] = sorted((run / "chunks").glob("*.parquet"))
+    chunks = pl.read_parquet(part)
+    chunks.head(chunks.height // 2).write_parquet(part)
+    cut = run / "chunks" / "part-00777.parquet"
+    chunks.tail(chunks.height - chunks.height // 2).write_parquet(cut)
+    cut.write_bytes(cut.read_bytes()[:200])
+    whole = json.loads((run / "summary.json").read_text())
+    summary = load_run(run).summary
+    assert summary["unreadable_parts"] == ["chunks/part-00777.parquet"]
+    assert summary["itl_s"]["count"] < whole["itl_s"]["count"]
+    assert json.loads((run / "summary.json").read_text()) == whole  # the report reads, never rewrites it
