@@ -262,7 +262,8 @@ def analyze_run_otel(run_dir: str | Path, spans_path: Path | None = None) -> dic
 
     path = spans_path or Path(run_dir, SPANS_FILE)
     if not path.is_file():
-        raise ConfigError("--spans", f"{path} not found", "save the OTLP receiver's spans there "
+        raise ConfigError("--spans", f"{path} " + ("is a directory" if path.is_dir() else "not found"),
+                          "save the OTLP receiver's spans there "
                           "(itlbench.analysis.otel_attribution.write_spans), or pass --spans FILE")
     out = analyze_run_client(run_dir)  # reads and checks run.json first (analysis/run_doc.py)
     meta = json.loads(Path(run_dir, "run.json").read_text())

@@ -96,7 +96,8 @@ def parse_log(lines: Iterable[str]) -> pl.DataFrame:
 
 def read_log(path: Path) -> pl.DataFrame:
     if not path.is_file():
-        raise ConfigError("--server-log", f"{path} not found", "pass the file SGLang's server wrote its log to "
+        raise ConfigError("--server-log", f"{path} " + ("is a directory" if path.is_dir() else "not found"),
+                          "pass the file SGLang's server wrote its log to "
                           "(a sweep keeps it as POINT/server.log)")
     with path.open(errors="replace") as f:
         return parse_log(f)

@@ -4,6 +4,7 @@ an 8k prompt sent at 5.001 s whose prefill silences every stream over [5.0, 6.5]
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import polars as pl
@@ -160,3 +161,11 @@ def test_a_span_whose_timings_are_not_numbers_is_skipped_not_a_traceback(tmp_pat
     result = CliRunner().invoke(app, ["analyze", str(run), "--attribution", "otel"], terminal_width=300)
     assert result.exit_code == 0, result.output
     assert json.loads((run / "summary-otel.json").read_text())["stalls"]["spans"]["received"] == len(hostile) + 6
+
+
+def test_spans_that_are_a_directory_are_named_as_one(tmp_path: Path) -> None:
+    """It said "not found" of a directory that is there."""
+    from itlbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^--spans: {re.escape(str(tmp_path))} is a directory"):
+        analyze_run_otel(_run(tmp_path), tmp_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,12 @@ def test_the_logged_prefill_batches_carry_the_injected_prompt_the_client_named(t
     top = max((e for e in again["events"] if (e["named_prefill_tokens"] or 0) >= 8000),
               key=lambda e: e["named_prefill_tokens"])
     assert top["log_agrees"] is False and again["disagree"] >= 1, top
+
+
+def test_a_server_log_that_is_a_directory_is_named_as_one(tmp_path: Path) -> None:
+    """It said "not found" of a directory that is there."""
+    from itlbench.analysis.sglang_log import read_log
+    from itlbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^--server-log: {re.escape(str(tmp_path))} is a directory"):
+        read_log(tmp_path)
