@@ -35,6 +35,7 @@ MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
 MOONCAKE_BLOCK_TOKENS = 512
 _FORMAT = "%Y-%m-%d %H:%M:%S%.f"
 _MAX_TOKENS = 1 << 53  # past every context; still exact in a float
+_MAX_SPAN_S = 9.2e9  # ~290 years: int64 nanoseconds hold ±9.22e18
 _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
 _FIX = ("give an Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens), a BurstGPT CSV (Timestamp,Request tokens,"
@@ -163,6 +164,20 @@ def _azure_times(frame: pl.DataFrame, path: Path) -> pl.Series:
                f"{int(line[min(first_naive, first_aware)])}'s does not", "give every timestamp a time zone, or none")
 
 
+def _azure_offsets(stamps: pl.Series, cells: pl.DataFrame, path: Path) -> pl.Series:
+    """Seconds from the first row's time; a row ~290 years or more from it is refused (its nanoseconds would overflow
+    and the later of two rows read as billions of seconds earlier)."""
+    ns = stamps.dt.epoch("ns")
+    apart = (ns.cast(pl.Float64) - float(ns[0])) / 1e9
+    far = apart.abs() > _MAX_SPAN_S
+    if far.any():
+        i = int(far.arg_true()[0])
+        years, way = abs(apart[i]) / (365.25 * 86_400), "after" if apart[i] > 0 else "before"
+        raise _bad(path, int(cells["line"][i]), f"TIMESTAMP '{cells['TIMESTAMP'][i]}' is {years:,.0f} years {way} "
+                   f"line {int(cells['line'][0])}", "check the dates: a trace spans seconds to months")
+    return (ns - ns[0]).cast(pl.Float64) / 1e9
+
+
 def _cells(frame: pl.DataFrame, columns: tuple[str, ...]) -> pl.DataFrame:
     """The columns, stripped, an empty cell as null, with each row's line in the file (the header is line
     1); a blank line (every cell empty) is dropped."""
@@ -183,8 +198,7 @@ def _parse(frame: pl.DataFrame, path: Path) -> pl.DataFrame:
     cells = _cells(frame, COLUMNS)
     if cells.height == 0:
         return pl.DataFrame(schema={"t": pl.Float64, "prompt": pl.Int64, "output": pl.Int64, "line": pl.Int64})
-    stamps = _azure_times(cells, path)
-    return pl.DataFrame({"t": (stamps - stamps[0]).dt.total_nanoseconds().cast(pl.Float64) / 1e9,
+    return pl.DataFrame({"t": _azure_offsets(_azure_times(cells, path), cells, path),
                          "prompt": _tokens_column(cells, "ContextTokens", path, _AZURE_FIX),
                          "output": _tokens_column(cells, "GeneratedTokens", path, _AZURE_FIX),
                          "line": cells["line"]})

@@ -127,3 +127,13 @@ def test_a_mooncake_line_nested_past_the_parser_s_stack_is_refused_with_its_line
     good = '{"timestamp": 0, "input_length": 9, "output_length": 9}\n'
     deep = '{"timestamp": 1, "input_length": 9, "output_length": 9, "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
     _refused(_write(tmp_path, "m.jsonl", good + deep), "line 2", "nested too deeply")
+
+
+def test_timestamps_centuries_apart_are_refused_as_such_not_as_unsorted(tmp_path: Path) -> None:
+    # was: 1700 then 2200 overflowed the nanosecond difference and the later row was called 2.7e9 s earlier
+    path = _write(tmp_path, "years.csv", AZURE + "1700-01-01 00:00:00,10,5\n2200-01-01 00:00:00,10,5\n")
+    message = _refused(path, "line 3", "years after line 2")
+    assert "sorted" not in message
+    # a century is still read
+    ok = _write(tmp_path, "century.csv", AZURE + "1950-01-01 00:00:00,10,5\n2050-01-01 00:00:00,10,5\n")
+    assert load_trace(ok).offsets_s[1] == 36_525 * 86_400
