@@ -46,7 +46,8 @@ def zoom(data: RunData, spans: list[InjectedSpan]) -> tuple[float, float, str]:
         lo, hi = max(0.0, s.start_s - pad), s.end_s + pad  # the whole prefill, even past the window
         more = f" (first of {len(spans)} injected prompts)" if len(spans) > 1 else ""
         return lo, hi, f"around {s.request_id}'s prefill{more}"
-    return 0.0, data.window.seconds, "the whole measured window"
+    return 0.0, data.window.seconds or 1.0, "the whole measured window"  # a window of 0 s: a run that ended in
+    # its warm-up (matplotlib warns of, and widens, an axis from 0 to 0)
 
 
 INFERRED_CAPTION = ("Inferred, not logged: {engine} publishes no step log, so each step is reconstructed from the "

@@ -234,3 +234,19 @@ def test_the_stalls_row_counts_events_as_the_brief_line_does_and_groups_thousand
     s.update(count=1524, events=17, victims=1200, by_cause={"prefill": {"count": 1524, "stalled_s": 9.0}})
     (row,) = [r for r in totals_table(run).rows if r[0] == "stalls"]
     assert row[1].startswith("17 events (1,524 gaps), ") and "1,200 requests; by cause: prefill 1,524" in row[1], row
+
+
+def test_a_run_that_ended_before_its_window_opened_draws_its_steps_without_a_warning(tmp_path: Path) -> None:
+    """A run that failed in its warm-up (orchestrate._window: its end before measure start) has a 0 s window: the
+    steps figure set an x axis from 0 to 0, and matplotlib printed a UserWarning into the terminal."""
+    import json
+    import warnings
+
+    run = build_run(tmp_path / "run")
+    doc = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps(doc | {"end_ns": doc["measure_start_ns"]}))
+    data = load_run(run)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        spec = engine_steps_figure(data)
+    assert spec.figure is not None
