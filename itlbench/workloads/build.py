@@ -199,13 +199,17 @@ def _trace_warnings(rep: TraceReplay, spec: LoadSpec) -> list[str]:
     last, duration, scale = float(rep.send_at_s[-1]), spec.duration_s, spec.trace_time_scale
     late = int(np.sum(rep.send_at_s >= duration))
     if late:
+        longer = f"--duration {math.floor(last) + 1}s or " if last <= _LONGEST_SUGGESTED_S else ""
         out.append(f"--trace: {late:,} of {rows:,} rows not sent: they arrive after --duration {duration:g} s "
-                   f"(the trace spans {last:.6g} s at --time-scale {scale:g}); to replay it all, use --duration "
-                   f"{math.floor(last) + 1}s or --time-scale {_round_up(scale * last / duration * 1.001)}")
+                   f"(the trace spans {last:.6g} s at --time-scale {scale:g}); to replay it all, use {longer}"
+                   f"--time-scale {_round_up(scale * last / duration * 1.001)}")
     elif last < duration / 2:
         out.append(f"--trace: its last row is sent at {last:.3g} s of the {duration:g} s run, so the rest of the "
                    f"window has no trace load (--duration {math.floor(last) + 1}s ends with it)")
     return out
+
+
+_LONGEST_SUGGESTED_S = 7 * 86_400  # past a week of replay, a warning suggests only a faster --time-scale
 
 
 def _round_up(value: float, digits: int = 3) -> str:

@@ -196,3 +196,20 @@ def test_a_run_that_outlasts_its_trace_says_the_window_goes_idle(tmp_path: Path)
     assert plan.description["warnings"] == [
         "--trace: its last row is sent at 4.5 s of the 60 s run, so the rest of the window has no trace load "
         "(--duration 5s ends with it)"]
+
+
+@pytest.mark.parametrize(("last", "scale", "spans", "time_scale"), [
+    ("1e300", 1.0, "1e+300 s", "2.01e+299"),
+    ("40", 1e-300, "4e+301 s", "8.01"),
+])
+def test_a_trace_spanning_more_than_a_week_is_not_told_to_run_for_it(tmp_path: Path, last: str, scale: float,
+                                                                       spans: str, time_scale: str) -> None:
+    # was: "use --duration 1000000000000000052504760255204420248704468581108159154915854115111802457988908195786371
+    # 375080447864043704443832883878176942523235360430575644792184786706982848387200926575803737830233794788090059368
+    # 953234970799945081119038967640880074652742780142494579258788820056842838115467196834763571712s or ..."
+    spec = LoadSpec(workload="trace", trace_path=str(_burst(tmp_path, [("0", "10", "5"), (last, "10", "5")])),
+                    duration_s=5.0, trace_time_scale=scale)
+    [warning] = build_load_plan(spec).description["warnings"]
+    assert f"the trace spans {spans}" in warning and "--duration" not in warning.split("to replay it all")[1]
+    assert warning.endswith(f"to replay it all, use --time-scale {time_scale}"), warning
+    assert len(warning) < 200
