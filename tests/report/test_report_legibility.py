@@ -242,7 +242,7 @@ def test_a_run_that_ended_before_its_window_opened_draws_its_steps_without_a_war
     import json
     import warnings
 
-    run = build_run(tmp_path / "run")
+    run = build_run(tmp_path / "run", inject=False)  # no prefill to zoom to: the figure spans the window
     doc = json.loads((run / "run.json").read_text())
     (run / "run.json").write_text(json.dumps(doc | {"end_ns": doc["measure_start_ns"]}))
     data = load_run(run)
