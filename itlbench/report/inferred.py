@@ -25,6 +25,7 @@ import polars as pl
 
 from itlbench.analysis.inferred_steps import infer_steps
 from itlbench.analysis.partitions import chunk_parts
+from itlbench.rundir.schema import TABLES
 
 if TYPE_CHECKING:
     from itlbench.report.data import RunData
@@ -52,7 +53,9 @@ def _scan(data: RunData, lo_ns: int, hi_ns: int) -> pl.LazyFrame | None:
         return None
     scan = pl.scan_parquet(parts, missing_columns="insert", extra_columns="ignore")
     names = scan.collect_schema().names()
-    cols = [pl.col(c) if c in names else pl.lit(None, dtype=pl.Utf8 if c == "stamp" else pl.Int64).alias(c)
+    # cast as read_table's conform does: a part not typed as itlbench writes it (text in t_ns) reads as nulls
+    types = {c: TABLES["chunks"][c] for c in _COLUMNS}
+    cols = [(pl.col(c).cast(types[c], strict=False) if c in names else pl.lit(None, dtype=types[c])).alias(c)
             for c in _COLUMNS]
     return scan.select(cols).filter((pl.col("t_ns") >= lo_ns) & (pl.col("t_ns") <= hi_ns))
 

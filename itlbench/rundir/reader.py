@@ -13,11 +13,26 @@ from itlbench.rundir.schema import TABLES, empty
 
 
 def conform(df: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame:
-    """Exactly the schema's columns and types: missing columns null, extra ones dropped."""
-    return df.select(
-        (pl.col(name).cast(dtype) if name in df.columns else pl.lit(None, dtype=dtype)).alias(name)
-        for name, dtype in schema.items()
-    )
+    """Exactly the schema's columns and types: missing columns null, extra ones dropped. A column of a part
+    that itlbench did not write as it writes it (text in a time column, a list for a status, a float no int64
+    holds) is coerced as the writers coerce an untrusted peer's rows: a cell that cannot be made the column's
+    type is null, and a column no cell of which can, all null (a strict cast was a traceback, the run unread)."""
+    try:
+        return df.select(
+            (pl.col(name).cast(dtype) if name in df.columns else pl.lit(None, dtype=dtype)).alias(name)
+            for name, dtype in schema.items()
+        )
+    except pl.exceptions.PolarsError:
+        return pl.DataFrame([_column(df, name, dtype) for name, dtype in schema.items()])
+
+
+def _column(df: pl.DataFrame, name: str, dtype: pl.DataType) -> pl.Series:
+    if name in df.columns:
+        try:
+            return df[name].cast(dtype, strict=False)
+        except pl.exceptions.PolarsError:  # no cast between the kinds at all (a list as text)
+            pass
+    return pl.Series(name, [None] * df.height, dtype=dtype)
 
 
 WORKER_PART_BASE = 90000  # a worker's parts, merged, become part-<90000+k> (load.multiproc.MERGED_PART_BASE)

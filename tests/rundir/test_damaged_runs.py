@@ -78,3 +78,36 @@ def test_a_path_that_is_not_a_directory_is_named_as_such(tmp_path: Path):
         assert result.exit_code == 2
         assert result.output.strip() == (f"error: RUN_DIR: {run / 'run.json'} is a file, not a run directory (pass "
                                          f"the directory that holds it, {run})")
+
+
+def test_a_part_not_typed_as_itlbench_writes_it_is_coerced_where_it_is_read(tmp_path: Path):
+    """Text in a time column, a list for a status, a float no int64 holds: a strict cast was a polars traceback out
+    of analyze, report and compare. As the writers do with a peer's rows, a cell that cannot be its column's type
+    is null, and a cell that can (a number written as text) is kept."""
+    import polars as pl
+
+    run = build_run(tmp_path / "run")
+    [part] = sorted((run / "requests").glob("*.parquet"))
+    requests = pl.read_parquet(part)
+    requests.with_columns(pl.col("scheduled_ns").cast(pl.Utf8), pl.lit([1, 2]).alias("status"),
+                          pl.lit(1e300).alias("done_ns")).write_parquet(part)
+    read = read_table(run, "requests")
+    assert read["scheduled_ns"].to_list() == requests["scheduled_ns"].to_list()
+    assert read["status"].null_count() == read["done_ns"].null_count() == requests.height
+
+
+def test_a_killed_run_without_a_step_log_whose_chunks_hold_text_times_is_reported(tmp_path: Path):
+    """report/data's window scan and report/inferred's step scan read the chunks with their own scans: text in t_ns
+    was a polars SchemaError traceback (ComputeError where a filter compared it)."""
+    import polars as pl
+
+    run = build_run(tmp_path / "run", external=True, window=False)
+    [part] = sorted((run / "chunks").glob("*.parquet"))
+    pl.read_parquet(part).with_columns(pl.col("t_ns").cast(pl.Utf8)).write_parquet(part)
+    from itlbench.report.data import load_run
+    from itlbench.report.figure_spec import inferred_for
+
+    data = load_run(run)  # the window, inferred from the chunks' span
+    assert data.window_inferred and data.window.end_ns > data.window.run_start_ns
+    view = inferred_for(data)  # the steps inferred from the chunks' stamps
+    assert view is not None and view.steps.height > 0
