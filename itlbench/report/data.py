@@ -93,7 +93,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON object from disk; None when it is missing, unreadable or not an object."""
     try:
         doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
         return None
     return doc if isinstance(doc, dict) else None
 

@@ -89,6 +89,8 @@ def _read_json(run_dir: str | Path, name: str, fix: str) -> dict[str, Any]:
         doc = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ItlbenchError(f"{path} is not valid JSON ({exc}): {fix}") from None
+    except RecursionError:  # arrays in arrays, thousands deep: json's decoder recurses
+        raise ItlbenchError(f"{path} is not valid JSON (nested deeper than Python's parser goes): {fix}") from None
     if not isinstance(doc, dict):
         raise ItlbenchError(f"{path} is not a JSON object: {fix}")
     return doc
@@ -98,7 +100,7 @@ def _json_object(path: Path) -> dict[str, Any]:
     """A JSON object's members, or none where the file is missing or does not read (refused where it is read)."""
     try:
         doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         return {}
     return doc if isinstance(doc, dict) else {}
 

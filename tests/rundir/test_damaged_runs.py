@@ -111,3 +111,21 @@ def test_a_killed_run_without_a_step_log_whose_chunks_hold_text_times_is_reporte
     assert data.window_inferred and data.window.end_ns > data.window.run_start_ns
     view = inferred_for(data)  # the steps inferred from the chunks' stamps
     assert view is not None and view.steps.height > 0
+
+
+def test_json_nested_deeper_than_the_parser_goes_is_a_document_that_does_not_read(tmp_path: Path):
+    """Arrays in arrays 100,000 deep: json's decoder raised RecursionError, a traceback out of every command."""
+    from itlbench.errors import ItlbenchError
+    from itlbench.report.data import load_run
+    from itlbench.rundir.reader import read_run_doc
+
+    deep = '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    run = build_run(tmp_path / "run")
+    (run / "summary.json").write_text(deep)
+    require_records(run)  # summary.json's count does not read: nothing to hold the records to
+    assert load_run(run).summary["requests"]["total"] == 5  # drawn from the records, as with no summary.json
+    (run / "run.json").write_text(deep)
+    with pytest.raises(ItlbenchError, match="run.json is not valid JSON \\(nested deeper than Python's parser goes"):
+        read_run_doc(run)
+    result = runner.invoke(app, ["analyze", str(run)], terminal_width=300)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
