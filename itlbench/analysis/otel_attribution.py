@@ -72,7 +72,7 @@ def read_spans(path: Path) -> list[dict[str, Any]]:
             continue
         try:
             span = json.loads(line)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: arrays nested thousands deep
             span = exc
         if not isinstance(span, dict):
             raise ConfigError("--spans", f"{path} line {n} is not a JSON object",

@@ -169,3 +169,13 @@ def test_spans_that_are_a_directory_are_named_as_one(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match=f"^--spans: {re.escape(str(tmp_path))} is a directory"):
         analyze_run_otel(_run(tmp_path), tmp_path)
+
+
+def test_a_span_line_nested_deeper_than_the_parser_goes_is_named(tmp_path: Path) -> None:
+    """json's decoder raised RecursionError on it: a traceback, not the line's number."""
+    from itlbench.errors import ConfigError
+
+    path = tmp_path / SPANS_FILE
+    path.write_text("{}\n" + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ConfigError, match="line 2 is not a JSON object"):
+        read_spans(path)
