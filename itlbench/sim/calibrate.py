@@ -350,6 +350,8 @@ def base_hardware(runs: Sequence[RunSteps]) -> Hardware:
 
 def calibrate(run_dirs: Sequence[str | Path], base: Hardware | None = None, holdout: float = 0.25,
               seed: int = 0, name: str = "calibrated", tp: int = 1) -> Calibration:
+    if seed < 0:  # numpy's generators take none: it was a ValueError traceback after the runs were read
+        raise ConfigError("--seed", f"must be >= 0, got {seed}", "give a whole number >= 0")
     seen = [Path(r).resolve() for r in run_dirs]
     if len(set(seen)) < len(seen):
         twice = next(str(r) for r, k in zip(run_dirs, seen, strict=True) if seen.count(k) > 1)

@@ -461,3 +461,13 @@ def test_calibrate_out_never_replaces_a_file_that_is_not_a_profile(tmp_path: Pat
     assert result.exit_code == 2 and f"--out: {run} is a directory" in result.output, result.output
     for _ in range(2):
         assert runner.invoke(app, [*args, str(tmp_path / "cal.json"), "--json"]).exit_code == 0
+
+
+def test_calibrate_refuses_a_negative_seed_in_one_line(tmp_path: Path) -> None:
+    """numpy's generators take no negative seed: it was a ValueError traceback, and no profile."""
+    run = _calibratable_run(tmp_path)
+    result = runner.invoke(app, ["calibrate", str(run), "--base", "h100", "--seed", "-1", "--out",
+                                 str(tmp_path / "cal.json")], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert _lines(result.output) == ["error: --seed: must be >= 0, got -1 (give a whole number >= 0)"]
+    assert not (tmp_path / "cal.json").exists()
