@@ -143,6 +143,10 @@ class EngineConfig:
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ConfigError("max_model_len", f"must be > 0, got {self.max_model_len}",
                               "e.g. --max-model-len 8192, or leave it out for the model's")
+        if self.max_model_len is not None and self.max_model_len < self.block_size:  # the context holds no block
+            raise ConfigError("max_model_len", f"{self.max_model_len:,} tokens is less than one K/V block of "
+                              f"{self.block_size:,} (--block-size)",
+                              f"use --max-model-len {self.block_size} or more, or a smaller --block-size")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError("device", f"unknown device {self.device!r}", "use auto, cpu or cuda")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "fp8", "fp4"):

@@ -82,6 +82,11 @@ def test_missing_shard_names_the_index_to_download_from(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "line"), [  # DIR: a model directory with a broken config.json; GPU: a bad profile
     (["serve", "--engine-config", "{bad"], f"({ENGINE_JSON_FIX})"),
     (["serve", "--max-body-mib", "0"], "error: --max-body-mib: must be > 0, got 0.0"),
+    # a context shorter than one block: once blamed on --block-size 16, with "--block-size 16" as the fix
+    (["serve", "--engine", "sim", "--max-model-len", "8"], "error: --max-model-len: 8 tokens is less than one K/V "
+     "block of 16 (--block-size) (use --max-model-len 16 or more, or a smaller --block-size)"),
+    (["run", "--max-model-len", "64", "--block-size", "128"], "error: --max-model-len: 64 tokens is less than one "
+     "K/V block of 128 (--block-size) (use --max-model-len 128 or more, or a smaller --block-size)"),
     (["roofline", "--model", "DIR"], "(re-download config.json from the model's repository, or point --model at a preset)"),
     (["roofline", "--gpu", "GPU"], "peak_flops must be a positive number, got 0 (e.g. 9.89e+14, the h100 preset's)"),
 ])
