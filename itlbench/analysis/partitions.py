@@ -73,6 +73,20 @@ def _split_by_part(parts: list[Path], n: int, out: Path) -> list[list[Path]]:
     return files
 
 
+def _split(parts: list[Path], n: int, out: Path, streaming: bool) -> list[list[Path]]:
+    """Streamed where polars can; part by part where it cannot, or where a part is not typed as itlbench writes it
+    (the streaming scan casts strictly and fails on text in t_ns; `conform` coerces a cell or nulls it, as every
+    other reader of the run does)."""
+    if streaming and hasattr(pl, "PartitionBy"):
+        streamed = out / "streamed"
+        streamed.mkdir()
+        try:
+            return _split_streaming(parts, n, streamed)
+        except pl.exceptions.PolarsError:
+            shutil.rmtree(streamed, ignore_errors=True)
+    return _split_by_part(parts, n, out)
+
+
 @contextmanager
 def partitions(run_dir: str | Path, count: int | None = None, streaming: bool = True) -> Iterator[list[Partition]]:
     """The run's chunks as `count` partitions by request (default: from its size); temporary files are
@@ -84,8 +98,7 @@ def partitions(run_dir: str | Path, count: int | None = None, streaming: bool = 
         return
     tmp = Path(tempfile.mkdtemp(prefix="itlbench-chunks-"))
     try:
-        split = _split_streaming if streaming and hasattr(pl, "PartitionBy") else _split_by_part
-        yield [Partition(files=f, index=i, count=n) for i, f in enumerate(split(parts, n, tmp))]
+        yield [Partition(files=f, index=i, count=n) for i, f in enumerate(_split(parts, n, tmp, streaming))]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -127,3 +127,16 @@ def test_analyze_run_partitions_a_large_run_by_itself(tmp_path: Path, monkeypatc
     assert differences(analyze_run(run), reference_of_dir(run)) == []
     kept = recall(run)
     assert kept is not None and kept[1].chunks.partitions == -(-parts_mod.chunk_rows(run) // 300) > 1
+
+
+def test_a_chunk_part_not_typed_as_itlbench_writes_it_is_split_part_by_part(tmp_path: Path) -> None:
+    """The streaming split casts strictly: text in t_ns (a number written out) was a polars SchemaError traceback
+    out of analyze on a run large enough to partition, where every other reader coerces it (`conform`)."""
+    import polars as pl
+
+    run = random_run(tmp_path / "run", 11)
+    ref = reference_of_dir(run)
+    for part in sorted((run / "chunks").rglob("*.parquet")):
+        pl.read_parquet(part).with_columns(pl.col("t_ns").cast(pl.Utf8)).write_parquet(part)
+    assert differences(_ours(run, 3), ref) == []
+
