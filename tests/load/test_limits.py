@@ -74,6 +74,8 @@ def test_limits_parse_and_refuse_clearly():
         Limits.parse("evnt=1MiB")
     with pytest.raises(ConfigError, match="--limits: '12' is not a size of at least 1 KiB"):
         Limits.parse("head=12")
+    with pytest.raises(ConfigError, match=r"--limits: event is given twice \(give event=SIZE once\)"):
+        Limits.parse("event=1MiB,head=64KiB,event=8MiB")  # was taken silently, the last one winning
 
 
 def _cfg(url: str, out: Path, reader: str, **kw: object) -> RunConfig:

@@ -36,11 +36,15 @@ class Limits:
         if not text:
             return out
         names = {f.name.removesuffix("_bytes") for f in fields(cls)}
+        given: set[str] = set()
         for item in text.split(","):
             name, sep, size = item.strip().partition("=")
             if not sep or name not in names:
                 raise ConfigError("--limits", f"{item.strip()!r} is not NAME=SIZE with NAME one of "
                                   f"{', '.join(sorted(names))}", "e.g. --limits event=8MiB,metrics=256MiB")
+            if name in given:  # which one was meant, the first or the last, only the user knows
+                raise ConfigError("--limits", f"{name} is given twice", f"give {name}=SIZE once")
+            given.add(name)
             out = replace(out, **{f"{name}_bytes": parse_size(size, "--limits")})
         return out
 
