@@ -14,13 +14,13 @@ Torch-free, like the rest of the configuration.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from itlbench.core.model_config import FAMILIES, ModelConfig, RopeScaling
 from itlbench.errors import ConfigError
+from itlbench.json_file import read_json_object
 
 # transformers' LlamaConfig defaults, used where config.json leaves a key out.
 DEFAULT_THETA = 10_000.0
@@ -50,21 +50,6 @@ def read_hf_config(path: Path) -> ModelConfig:
         raise ConfigError("model", f"{path} has no config.json",
                           "point --model at a Hugging Face model directory or use a preset")
     return model_config_from_hf(read_json_object(cfg_file, _REPAIR), path)
-
-
-def read_json_object(path: Path, fix: str) -> dict[str, Any]:
-    """The JSON object in `path` (a config.json), or a ConfigError naming `--model` and the file."""
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError("model", f"{path} is not valid JSON: {exc}", fix) from exc
-    except UnicodeDecodeError:
-        raise ConfigError("model", f"{path} is not UTF-8 text", fix) from None
-    except RecursionError:
-        raise ConfigError("model", f"{path} is nested too deeply to read", fix) from None
-    if not isinstance(raw, dict):
-        raise ConfigError("model", f"{path} does not hold a JSON object", fix)
-    return raw
 
 
 def _key(name: str) -> str:

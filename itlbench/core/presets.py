@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from itlbench.core.hf_config import model_config_from_hf, read_hf_config, read_json_object
+from itlbench.core.hf_config import model_config_from_hf, read_hf_config
 from itlbench.core.model_config import ModelConfig, RopeScaling
 from itlbench.errors import ConfigError
+from itlbench.json_file import read_json_object
 
 _LLAMA31_ROPE = RopeScaling()
 

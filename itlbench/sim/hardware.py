@@ -7,10 +7,10 @@ Torch-free on purpose: the simulator and the CLI import it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from itlbench.errors import ConfigError
+from itlbench.json_file import read_json_object
 from itlbench.sim.allreduce_tables import ALLREDUCE_2025_US, measured_tables
 from itlbench.sim.profile import (  # noqa: F401 (re-exported: the profile's public names)
     COST_MODELS,
@@ -356,16 +356,7 @@ def load_hardware(spec: str, flag: str = "--gpu") -> Hardware:
         return measure_cpu()
     path = Path(spec).expanduser()
     if path.is_file():
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ConfigError(flag, f"{path} is not valid JSON: {exc}", _PROFILE_FIX) from None
-        except UnicodeDecodeError:
-            raise ConfigError(flag, f"{path} is not UTF-8 text", _PROFILE_FIX) from None
-        except RecursionError:
-            raise ConfigError(flag, f"{path} is nested too deeply to read", _PROFILE_FIX) from None
-        if not isinstance(raw, dict):
-            raise ConfigError(flag, f"{path} does not hold a JSON object", _PROFILE_FIX)
+        raw = read_json_object(path, _PROFILE_FIX, flag)
         return Hardware.from_dict(raw, str(path), flag, _h100_example)
     raise ConfigError(flag, f"unknown GPU or profile {spec!r}",
                       f"use one of {', '.join(GPU_CHOICES)}, a preset with -seeds (e.g. h100-seeds) or -2025 (one "
